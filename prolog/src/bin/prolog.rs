@@ -1,0 +1,8 @@
+//! `muxflow-prolog`: see the crate docs. Never fails the node for muxflow's own errors.
+
+fn main() {
+    muxflow_prolog::run_contained("muxflow-prolog", |_config, env| {
+        tracing::debug!(?env, "muxflow-prolog");
+        Ok(())
+    });
+}

@@ -1,0 +1,1 @@
+//! Simulated GPU: built by the simulated-GPU issue.

@@ -1,0 +1,73 @@
+//! muxflow's SPANK plugin.
+//!
+//! One dispatcher (this file) and one module per Slurm process context, as in
+//! NVIDIA's pyxis:
+//! - [`submit`]: allocator (sbatch/salloc) and local (srun) contexts, run as
+//!   the user: validate `--muxflow` and the admin's settings, export the mode.
+//! - [`remote`]: slurmstepd, per step: the job environment. Never fails in
+//!   `init`/`init_post_opt` (a failure there drains the node).
+//!
+//! Other contexts (slurmd, job_script) have nothing to do yet and do nothing.
+
+use std::error::Error;
+
+use slurm_spank::{Context, Plugin, SpankHandle, SpankOption};
+
+mod args;
+mod remote;
+mod settings;
+mod submit;
+
+/// Name of the option (`--muxflow`) and of the plugin in SPANK_PLUGIN!.
+pub(crate) const OPTION: &str = "muxflow";
+
+include!(concat!(env!("OUT_DIR"), "/plugin_decl.rs"));
+
+#[derive(Default)]
+pub struct MuxflowPlugin {
+    remote: remote::RemoteState,
+}
+
+// SAFETY: the plugin keeps no thread-affine state; slurm-spank calls it
+// sequentially from one thread per process.
+unsafe impl Plugin for MuxflowPlugin {
+    fn init(&mut self, spank: &mut SpankHandle) -> Result<(), Box<dyn Error>> {
+        // Registering can only fail on a duplicate name; in remote context a
+        // failure must not reach Slurm, so it is logged there instead.
+        let registered = spank.register_option(
+            SpankOption::new(OPTION)
+                .takes_value("mode")
+                .usage("Share GPUs with muxflow: 'online' (latency-critical, owns the GPU) or 'offline' (best-effort, runs in the idle capacity)"),
+        );
+        match (spank.context()?, registered) {
+            (_, Ok(())) => Ok(()),
+            (Context::Allocator | Context::Local, Err(e)) => Err(Box::new(e)),
+            (_, Err(e)) => {
+                tracing::error!("muxflow: cannot register --{OPTION}: {e}");
+                Ok(())
+            }
+        }
+    }
+
+    fn init_post_opt(&mut self, spank: &mut SpankHandle) -> Result<(), Box<dyn Error>> {
+        match spank.context()? {
+            Context::Allocator | Context::Local => submit::init_post_opt(spank).map_err(Into::into),
+            Context::Remote => {
+                self.remote.init_post_opt(spank);
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn report_error(&self, error: &dyn Error) {
+        let mut report = error.to_string();
+        let mut source = error.source();
+        while let Some(s) = source {
+            report.push_str(&format!(": {s}"));
+            source = s.source();
+        }
+        // slurm_error: sbatch/srun print it to the user as "error: …".
+        slurm_spank::spank_log(slurm_spank::LogLevel::Error, &report);
+    }
+}

@@ -1,0 +1,664 @@
+//! `muxflow.toml`: one file for every muxflow component.
+//!
+//! Every key has a default, unknown keys are errors, and every error names the
+//! file, the line and the key, so an admin can fix it without reading code.
+//! `etc/muxflow.toml` is the documented sample; a test keeps it in step with
+//! the defaults here.
+
+use std::fmt;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Deserializer};
+
+/// Where the config lives unless plugstack's `config=` says otherwise.
+pub const DEFAULT_PATH: &str = "/etc/slurm/muxflow.toml";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read muxflow config {path}: {source} (set the path with the plugstack argument config=PATH; default {DEFAULT_PATH})")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}:{line}:{column}: key '{key}': {message}")]
+    Invalid {
+        path: PathBuf,
+        line: usize,
+        column: usize,
+        key: String,
+        message: String,
+    },
+}
+
+/// A whole-number percentage, 0 to 100.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Percent(u8);
+
+impl Percent {
+    pub const fn new(v: u8) -> Option<Self> {
+        if v <= 100 {
+            Some(Percent(v))
+        } else {
+            None
+        }
+    }
+    pub const fn get(self) -> u8 {
+        self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for Percent {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = i64::deserialize(d)?;
+        u8::try_from(v).ok().and_then(Percent::new).ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "{v} is not a percentage: use a whole number from 0 to 100"
+            ))
+        })
+    }
+}
+
+impl fmt::Display for Percent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}%", self.0)
+    }
+}
+
+/// A fraction from 0.0 to 1.0 (e.g. of the maximum SM clock).
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
+pub struct Fraction(f64);
+
+impl Fraction {
+    pub fn new(v: f64) -> Option<Self> {
+        (0.0..=1.0).contains(&v).then_some(Fraction(v))
+    }
+    pub const fn get(self) -> f64 {
+        self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for Fraction {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = f64::deserialize(d)?;
+        Fraction::new(v).ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "{v} is not a fraction: use a number from 0.0 to 1.0"
+            ))
+        })
+    }
+}
+
+/// An absolute path (root acts on these; a relative path would depend on the
+/// working directory of whichever daemon reads the file).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AbsPath(PathBuf);
+
+impl AbsPath {
+    pub fn new(p: impl Into<PathBuf>) -> Option<Self> {
+        let p = p.into();
+        p.is_absolute().then_some(AbsPath(p))
+    }
+    pub fn as_path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for AbsPath {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        AbsPath::new(&s).ok_or_else(|| {
+            serde::de::Error::custom(format!("'{s}' is not an absolute path: start it with '/'"))
+        })
+    }
+}
+
+impl AsRef<Path> for AbsPath {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+fn abs(p: &str) -> AbsPath {
+    AbsPath(PathBuf::from(p))
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub paths: Paths,
+    pub slurm: Slurm,
+    pub policy: Policy,
+    pub xcuda: Xcuda,
+    pub health: Health,
+    pub matcher: Matcher,
+}
+
+/// Files and directories. All root-owned, admin-chosen; never under /tmp.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Paths {
+    /// Per-GPU health state and metric history.
+    pub state_dir: AbsPath,
+    /// Parent of the per-GPU MPS pipe directories (`<root>/<gpu>`).
+    pub mps_pipe_root: AbsPath,
+    /// Parent of the per-GPU MPS log directories.
+    pub mps_log_root: AbsPath,
+    /// The xCUDA shim preloaded into offline jobs.
+    pub xcuda_library: AbsPath,
+    /// The MPS control program.
+    pub mps_control: AbsPath,
+    /// libnvidia-ml to load; unset means the system's `libnvidia-ml.so.1`.
+    pub nvml_library: Option<AbsPath>,
+    /// GPU device files, `{index}` replaced by the GPU index.
+    pub gpu_device: String,
+}
+
+impl Default for Paths {
+    fn default() -> Self {
+        Paths {
+            state_dir: abs("/var/lib/muxflow"),
+            mps_pipe_root: abs("/run/muxflow/mps"),
+            mps_log_root: abs("/var/log/muxflow/mps"),
+            xcuda_library: abs("/usr/lib/muxflow/libmuxflow_xcuda.so"),
+            mps_control: abs("/usr/bin/nvidia-cuda-mps-control"),
+            nvml_library: None,
+            gpu_device: "/dev/nvidia{index}".to_string(),
+        }
+    }
+}
+
+/// How muxflow is modelled in Slurm.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Slurm {
+    /// GRES name of the offline slot (one typed slot per GPU, `g<index>`).
+    pub offline_gres: String,
+    /// Feature that parks offline jobs until the matcher places them.
+    pub parking_feature: String,
+}
+
+impl Default for Slurm {
+    fn default() -> Self {
+        Slurm {
+            offline_gres: "mfslot".to_string(),
+            parking_feature: "muxflow_unplaced".to_string(),
+        }
+    }
+}
+
+/// Dynamic SM allocation and the memory cap of offline jobs.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Policy {
+    /// Lowest SM share an offline job gets.
+    pub sm_floor: Percent,
+    /// Highest SM share an offline job gets.
+    pub sm_ceiling: Percent,
+    /// Margin kept above the online job's solo SM activity.
+    pub sm_headroom: Percent,
+    /// SM share when the online partner has no recorded solo activity.
+    pub sm_default: Percent,
+    /// GPU memory kept free for the online job's growth, MiB.
+    pub memory_reserve_mib: u64,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            sm_floor: Percent(10),
+            sm_ceiling: Percent(80),
+            sm_headroom: Percent(10),
+            sm_default: Percent(30),
+            memory_reserve_mib: 2048,
+        }
+    }
+}
+
+/// xCUDA's launch gate.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Xcuda {
+    /// How often the watcher samples the GPU.
+    pub sample_interval_ms: u64,
+    /// Brake when the SM clock falls below this fraction of its maximum.
+    pub clock_brake_fraction: Fraction,
+    /// Brake when GPU utilization reaches this.
+    pub utilization_brake: Percent,
+    /// Largest delay put in front of one launch.
+    pub max_delay_us: u64,
+    /// Additive step of the delay when braking.
+    pub delay_step_us: u64,
+    /// Multiplicative release when the GPU has room (0.5 halves the delay).
+    pub release_factor: Fraction,
+}
+
+impl Default for Xcuda {
+    fn default() -> Self {
+        Xcuda {
+            sample_interval_ms: 20,
+            clock_brake_fraction: Fraction(0.85),
+            utilization_brake: Percent(95),
+            max_delay_us: 20_000,
+            delay_step_us: 200,
+            release_factor: Fraction(0.5),
+        }
+    }
+}
+
+/// SysMonitor's per-GPU health state machine.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Health {
+    /// Enter Busy at this utilization, leave it below `busy_exit_utilization`.
+    pub busy_enter_utilization: Percent,
+    pub busy_exit_utilization: Percent,
+    /// Enter Overloaded at this utilization, leave it below the exit value.
+    pub overloaded_enter_utilization: Percent,
+    pub overloaded_exit_utilization: Percent,
+    /// Enter Busy at this SM activity, leave it below the exit value.
+    pub busy_enter_sm_activity: Percent,
+    pub busy_exit_sm_activity: Percent,
+    /// Overloaded when the SM clock falls below this fraction of its maximum.
+    pub overloaded_enter_clock_fraction: Fraction,
+    pub overloaded_exit_clock_fraction: Fraction,
+    /// Overloaded at this share of GPU memory used.
+    pub overloaded_enter_memory: Percent,
+    pub overloaded_exit_memory: Percent,
+    /// Least time in a state before leaving it (against flapping).
+    pub min_dwell_s: u64,
+    /// Quiet time in Recovering before Healthy again.
+    pub recovery_quiet_s: u64,
+    /// Samples of metric history kept per GPU.
+    pub history_len: usize,
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Health {
+            busy_enter_utilization: Percent(70),
+            busy_exit_utilization: Percent(55),
+            overloaded_enter_utilization: Percent(95),
+            overloaded_exit_utilization: Percent(85),
+            busy_enter_sm_activity: Percent(60),
+            busy_exit_sm_activity: Percent(45),
+            overloaded_enter_clock_fraction: Fraction(0.80),
+            overloaded_exit_clock_fraction: Fraction(0.90),
+            overloaded_enter_memory: Percent(95),
+            overloaded_exit_memory: Percent(85),
+            min_dwell_s: 30,
+            recovery_quiet_s: 60,
+            history_len: 64,
+        }
+    }
+}
+
+/// The controller-side matcher daemon.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Matcher {
+    /// Seconds between rounds.
+    pub interval_s: u64,
+    /// Candidate GPUs kept per offline job before matching.
+    pub candidates_per_job: usize,
+    /// Place offline jobs on any healthy GPU with an online job when no
+    /// matcher has placed them within this many seconds (0 = never).
+    pub fallback_after_s: u64,
+}
+
+impl Default for Matcher {
+    fn default() -> Self {
+        Matcher {
+            interval_s: 60,
+            candidates_per_job: 16,
+            fallback_after_s: 0,
+        }
+    }
+}
+
+impl Config {
+    /// Reads and validates the config at `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Config::parse(&text, path)
+    }
+
+    /// Parses config text; `path` only names the file in errors.
+    pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        let cfg: Config = toml::from_str(text).map_err(|e| {
+            let span = e.span().unwrap_or(0..0);
+            invalid(text, path, span, e.message())
+        })?;
+        cfg.validate(text, path)?;
+        Ok(cfg)
+    }
+
+    /// Checks that span several keys.
+    fn validate(&self, text: &str, path: &Path) -> Result<(), ConfigError> {
+        let err = |section: &str, key: &str, msg: String| {
+            let span = find_key(text, section, key).unwrap_or(0..0);
+            let mut e = invalid(text, path, span, &msg);
+            if let ConfigError::Invalid { key: k, .. } = &mut e {
+                *k = format!("{section}.{key}");
+            }
+            Err(e)
+        };
+        let p = &self.policy;
+        if p.sm_floor > p.sm_ceiling {
+            return err(
+                "policy",
+                "sm_floor",
+                format!(
+                    "sm_floor ({}) is above sm_ceiling ({}): make the floor the lower one",
+                    p.sm_floor, p.sm_ceiling
+                ),
+            );
+        }
+        if p.sm_default < p.sm_floor || p.sm_default > p.sm_ceiling {
+            return err(
+                "policy",
+                "sm_default",
+                format!(
+                    "sm_default ({}) must lie between sm_floor ({}) and sm_ceiling ({})",
+                    p.sm_default, p.sm_floor, p.sm_ceiling
+                ),
+            );
+        }
+        if p.sm_floor.get() == 0 {
+            return err(
+                "policy",
+                "sm_floor",
+                "must be at least 1: an MPS client with 0% of the SMs cannot run".into(),
+            );
+        }
+        let h = &self.health;
+        let pairs = [
+            (
+                "busy_enter_utilization",
+                h.busy_enter_utilization,
+                "busy_exit_utilization",
+                h.busy_exit_utilization,
+            ),
+            (
+                "overloaded_enter_utilization",
+                h.overloaded_enter_utilization,
+                "overloaded_exit_utilization",
+                h.overloaded_exit_utilization,
+            ),
+            (
+                "busy_enter_sm_activity",
+                h.busy_enter_sm_activity,
+                "busy_exit_sm_activity",
+                h.busy_exit_sm_activity,
+            ),
+            (
+                "overloaded_enter_memory",
+                h.overloaded_enter_memory,
+                "overloaded_exit_memory",
+                h.overloaded_exit_memory,
+            ),
+        ];
+        for (enter_key, enter, exit_key, exit) in pairs {
+            if exit > enter {
+                return err(
+                    "health",
+                    exit_key,
+                    format!("{exit_key} ({exit}) is above {enter_key} ({enter}): the exit threshold must not exceed the enter threshold (hysteresis)"),
+                );
+            }
+        }
+        if h.overloaded_exit_clock_fraction < h.overloaded_enter_clock_fraction {
+            return err(
+                "health",
+                "overloaded_exit_clock_fraction",
+                "must be at least overloaded_enter_clock_fraction: the clock must recover above where it entered (hysteresis)".into(),
+            );
+        }
+        if h.history_len == 0 {
+            return err("health", "history_len", "must be at least 1".into());
+        }
+        if self.xcuda.sample_interval_ms == 0 {
+            return err("xcuda", "sample_interval_ms", "must be at least 1".into());
+        }
+        if self.matcher.interval_s == 0 {
+            return err("matcher", "interval_s", "must be at least 1".into());
+        }
+        if self.matcher.candidates_per_job == 0 {
+            return err("matcher", "candidates_per_job", "must be at least 1".into());
+        }
+        if !self.paths.gpu_device.starts_with('/') || !self.paths.gpu_device.contains("{index}") {
+            return err(
+                "paths",
+                "gpu_device",
+                format!(
+                    "'{}' must be an absolute path containing {{index}}, e.g. /dev/nvidia{{index}}",
+                    self.paths.gpu_device
+                ),
+            );
+        }
+        for (key, value) in [
+            ("offline_gres", &self.slurm.offline_gres),
+            ("parking_feature", &self.slurm.parking_feature),
+        ] {
+            if value.is_empty() || !value.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                return err(
+                    "slurm",
+                    key,
+                    format!("'{value}' must be a non-empty Slurm name of letters, digits and '_'"),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Device file of GPU `index`.
+    pub fn gpu_device(&self, index: u32) -> PathBuf {
+        PathBuf::from(self.paths.gpu_device.replace("{index}", &index.to_string()))
+    }
+}
+
+/// Builds an `Invalid` error for the byte range `span` of `text`.
+fn invalid(text: &str, path: &Path, span: Range<usize>, message: &str) -> ConfigError {
+    let start = span.start.min(text.len());
+    let line = text[..start].matches('\n').count() + 1;
+    let line_start = text[..start].rfind('\n').map_or(0, |i| i + 1);
+    let column = text[line_start..start].chars().count() + 1;
+    ConfigError::Invalid {
+        path: path.to_path_buf(),
+        line,
+        column,
+        key: key_at(text, start),
+        message: message.trim().to_string(),
+    }
+}
+
+/// The dotted key whose line holds byte `pos`: the enclosing `[table]` plus
+/// the key before `=` on that line.
+fn key_at(text: &str, pos: usize) -> String {
+    let mut table = String::new();
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        let end = offset + line.len();
+        let trimmed = line.trim();
+        if trimmed.starts_with('[') {
+            table = trimmed
+                .trim_matches(|c| c == '[' || c == ']')
+                .trim()
+                .to_string();
+            if pos < end {
+                return table;
+            }
+        } else if pos < end || end == text.len() {
+            let key = trimmed.split('=').next().unwrap_or("").trim();
+            return match (table.is_empty(), key.is_empty()) {
+                (_, true) => table,
+                (true, false) => key.to_string(),
+                (false, false) => format!("{table}.{key}"),
+            };
+        }
+        offset = end;
+    }
+    table
+}
+
+/// Byte range of `key = …` inside `[section]`, if the file sets it.
+fn find_key(text: &str, section: &str, key: &str) -> Option<Range<usize>> {
+    let mut in_section = false;
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        let trimmed = line.trim();
+        if trimmed.starts_with('[') {
+            in_section = trimmed.trim_matches(|c| c == '[' || c == ']').trim() == section;
+        } else if in_section && trimmed.split('=').next().map(str::trim) == Some(key) {
+            let indent = line.len() - line.trim_start().len();
+            return Some(offset + indent..offset + line.len());
+        }
+        offset += line.len();
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(text, Path::new("/etc/slurm/muxflow.toml"))
+    }
+
+    fn invalid_parts(text: &str) -> (usize, String, String) {
+        match parse(text).unwrap_err() {
+            ConfigError::Invalid {
+                line,
+                key,
+                message,
+                path,
+                ..
+            } => {
+                assert_eq!(path, Path::new("/etc/slurm/muxflow.toml"));
+                (line, key, message)
+            }
+            e => panic!("unexpected {e}"),
+        }
+    }
+
+    #[test]
+    fn empty_file_gives_defaults() {
+        let c = parse("").unwrap();
+        assert_eq!(c.policy.sm_default, Percent(30));
+        assert_eq!(c.paths.state_dir.as_path(), Path::new("/var/lib/muxflow"));
+        assert_eq!(
+            c.paths.mps_pipe_root.as_path(),
+            Path::new("/run/muxflow/mps")
+        );
+        assert_eq!(c.slurm.offline_gres, "mfslot");
+        assert_eq!(c.matcher.interval_s, 60);
+        assert_eq!(c.gpu_device(3), PathBuf::from("/dev/nvidia3"));
+        assert!(c.paths.nvml_library.is_none());
+    }
+
+    #[test]
+    fn defaults_pass_validation() {
+        let d = Config::default();
+        d.validate("", Path::new("x")).unwrap();
+    }
+
+    #[test]
+    fn shipped_sample_parses_and_matches_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("etc/muxflow.toml");
+        let sample = Config::load(&path).unwrap();
+        let d = Config::default();
+        // The sample documents the defaults: they must agree.
+        assert_eq!(format!("{:?}", sample.policy), format!("{:?}", d.policy));
+        assert_eq!(format!("{:?}", sample.xcuda), format!("{:?}", d.xcuda));
+        assert_eq!(format!("{:?}", sample.health), format!("{:?}", d.health));
+        assert_eq!(format!("{:?}", sample.matcher), format!("{:?}", d.matcher));
+        assert_eq!(format!("{:?}", sample.slurm), format!("{:?}", d.slurm));
+        assert_eq!(format!("{:?}", sample.paths), format!("{:?}", d.paths));
+    }
+
+    #[test]
+    fn unknown_key_names_file_line_and_key() {
+        let (line, key, msg) = invalid_parts("[policy]\nsm_floor = 10\nsm_flor = 5\n");
+        assert_eq!(line, 3);
+        assert_eq!(key, "policy.sm_flor");
+        assert!(msg.contains("unknown field `sm_flor`"), "{msg}");
+    }
+
+    #[test]
+    fn unknown_table_is_an_error() {
+        let (line, key, msg) = invalid_parts("# c\n[polcy]\nx = 1\n");
+        assert_eq!(line, 2);
+        assert_eq!(key, "polcy");
+        assert!(msg.contains("unknown field `polcy`"), "{msg}");
+    }
+
+    #[test]
+    fn wrong_type_names_key() {
+        let (line, key, msg) = invalid_parts("[matcher]\n\ninterval_s = \"soon\"\n");
+        assert_eq!((line, key.as_str()), (3, "matcher.interval_s"));
+        assert!(msg.contains("invalid type"), "{msg}");
+    }
+
+    #[test]
+    fn out_of_range_percent_names_fix() {
+        let (line, key, msg) = invalid_parts("[policy]\nsm_ceiling = 140\n");
+        assert_eq!((line, key.as_str()), (2, "policy.sm_ceiling"));
+        assert!(msg.contains("0 to 100"), "{msg}");
+    }
+
+    #[test]
+    fn bad_fraction_names_fix() {
+        let (_, key, msg) = invalid_parts("[xcuda]\nclock_brake_fraction = 85\n");
+        assert_eq!(key, "xcuda.clock_brake_fraction");
+        assert!(msg.contains("0.0 to 1.0"), "{msg}");
+    }
+
+    #[test]
+    fn relative_path_rejected() {
+        let (_, key, msg) = invalid_parts("[paths]\nxcuda_library = \"lib/x.so\"\n");
+        assert_eq!(key, "paths.xcuda_library");
+        assert!(msg.contains("absolute"), "{msg}");
+    }
+
+    #[test]
+    fn syntax_error_has_line() {
+        let (line, _, _) = invalid_parts("[policy]\nsm_floor = = 3\n");
+        assert_eq!(line, 2);
+    }
+
+    #[test]
+    fn cross_key_checks_name_the_key_and_line() {
+        let (line, key, msg) = invalid_parts("[policy]\nsm_ceiling = 20\nsm_floor = 50\n");
+        assert_eq!((line, key.as_str()), (3, "policy.sm_floor"));
+        assert!(msg.contains("above sm_ceiling"), "{msg}");
+
+        let (line, key, msg) = invalid_parts("[health]\nbusy_exit_utilization = 90\n");
+        assert_eq!((line, key.as_str()), (2, "health.busy_exit_utilization"));
+        assert!(msg.contains("hysteresis"), "{msg}");
+
+        let (_, key, _) = invalid_parts("[policy]\nsm_floor = 0\nsm_default = 0\n");
+        assert_eq!(key, "policy.sm_floor");
+
+        let (_, key, _) = invalid_parts("[paths]\ngpu_device = \"/dev/nvidia0\"\n");
+        assert_eq!(key, "paths.gpu_device");
+
+        let (_, key, _) = invalid_parts("[slurm]\noffline_gres = \"a b\"\n");
+        assert_eq!(key, "slurm.offline_gres");
+    }
+
+    #[test]
+    fn missing_file_names_path_and_fix() {
+        let e = Config::load(Path::new("/nonexistent/muxflow.toml")).unwrap_err();
+        let s = e.to_string();
+        assert!(
+            s.contains("/nonexistent/muxflow.toml") && s.contains("config="),
+            "{s}"
+        );
+    }
+}

@@ -1,0 +1,41 @@
+//! The Slurm version this build targets, read from the installed headers by
+//! `build.rs`, and the special step ids from `slurm/slurm.h`.
+
+#![allow(non_upper_case_globals, dead_code)]
+
+mod generated {
+    include!(concat!(env!("OUT_DIR"), "/slurm_version.rs"));
+}
+
+/// `SLURM_VERSION_NUMBER` of the headers built against (e.g. 0x160508).
+pub const SLURM_VERSION_NUMBER: u32 = generated::SLURM_VERSION_NUMBER;
+/// Step id of the extern step (PrologFlags=Contain).
+pub const SLURM_EXTERN_CONT: u32 = generated::SLURM_EXTERN_CONT;
+/// Step id of the batch step.
+pub const SLURM_BATCH_SCRIPT: u32 = generated::SLURM_BATCH_SCRIPT;
+/// Step id of the interactive step (`salloc` with use_interactive_step).
+pub const SLURM_INTERACTIVE_STEP: u32 = generated::SLURM_INTERACTIVE_STEP;
+
+/// "major.minor.micro" of the targeted Slurm.
+pub fn version_string() -> String {
+    let v = SLURM_VERSION_NUMBER;
+    format!("{}.{:02}.{}", (v >> 16) & 0xff, (v >> 8) & 0xff, v & 0xff)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_is_plausible() {
+        // Slurm's loader compares major.minor; both must be set.
+        assert!(
+            SLURM_VERSION_NUMBER >> 16 >= 20,
+            "{:#x}",
+            SLURM_VERSION_NUMBER
+        );
+        assert_eq!(version_string().split('.').count(), 3);
+        assert_eq!(SLURM_EXTERN_CONT, 0xffff_fffc);
+        assert_eq!(SLURM_BATCH_SCRIPT, 0xffff_fffb);
+    }
+}
