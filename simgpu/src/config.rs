@@ -1,0 +1,75 @@
+//! Per-GPU static configuration: `<gpu dir>/config.toml`, human-editable.
+
+use serde::{Deserialize, Serialize};
+
+/// Static description of one simulated GPU and its model parameters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuConfig {
+    /// Index on its node (the NVML / CUDA ordinal before CUDA_VISIBLE_DEVICES).
+    pub index: u32,
+    pub name: String,
+    pub uuid: String,
+    pub sm_count: u32,
+    pub memory_mib: u64,
+    pub max_sm_clock_mhz: u32,
+    /// Telemetry window for utilization / SM activity, milliseconds.
+    #[serde(default = "default_window_ms")]
+    pub window_ms: u64,
+    /// SM activity above which the clock starts to fall (power capping).
+    #[serde(default = "default_clock_knee")]
+    pub clock_knee: f64,
+    /// Clock at 100% SM activity as a fraction of the max clock.
+    #[serde(default = "default_min_clock_frac")]
+    pub min_clock_frac: f64,
+    /// Share of priority-1 demand that still slows a priority-0 kernel
+    /// (MPS priority is a hint, not a guarantee).
+    #[serde(default = "default_interference")]
+    pub low_priority_interference: f64,
+}
+
+fn default_window_ms() -> u64 {
+    1000
+}
+fn default_clock_knee() -> f64 {
+    0.7
+}
+fn default_min_clock_frac() -> f64 {
+    0.75
+}
+fn default_interference() -> f64 {
+    0.1
+}
+
+impl GpuConfig {
+    /// An H100-like default; `node` only feeds the UUID so every GPU differs.
+    pub fn h100_like(node: u32, index: u32) -> Self {
+        GpuConfig {
+            index,
+            name: "NVIDIA H100 80GB HBM3 (simulated)".into(),
+            uuid: format!("GPU-51a0c0de-0000-4000-8000-{node:06x}{index:06x}"),
+            sm_count: 132,
+            memory_mib: 81559,
+            max_sm_clock_mhz: 1980,
+            window_ms: default_window_ms(),
+            clock_knee: default_clock_knee(),
+            min_clock_frac: default_min_clock_frac(),
+            low_priority_interference: default_interference(),
+        }
+    }
+
+    pub fn memory_bytes(&self) -> u64 {
+        self.memory_mib * 1024 * 1024
+    }
+
+    pub fn model(&self) -> crate::model::ModelParams {
+        crate::model::ModelParams {
+            sm_count: self.sm_count.max(1),
+            max_clock_mhz: self.max_sm_clock_mhz,
+            clock_knee: self.clock_knee,
+            min_clock_frac: self.min_clock_frac,
+            interference: self.low_priority_interference,
+            window_ns: self.window_ms.max(1) * 1_000_000,
+        }
+    }
+}

@@ -1,0 +1,345 @@
+//! The contention model: pure functions over explicit times (nanoseconds on
+//! CLOCK_MONOTONIC), so they are unit-testable without processes or sleeps.
+//! It is a deliberately simple model, not a description of real hardware.
+//!
+//! * A kernel with `b` blocks from a client capped at `cap` SMs demands
+//!   `d = max(1, min(b, sm_count, cap))` SMs. Its capped solo duration is
+//!   `solo * min(b, sm_count) / d` (the same work on fewer SMs).
+//! * At its start time `s` it sees the demand of kernels running at `s`.
+//!   Relevant demand `R` is, for a priority-1 client, all other demand plus
+//!   external load; for priority 0, other priority-0 demand plus external load
+//!   plus `interference` x priority-1 demand.
+//! * `share = max(1, (d + R) / sm_count)`, `clock = clock(min(1, (d + all) / sm_count))`,
+//!   `stretch = share * clock(d / sm_count) / clock`, and the kernel runs
+//!   `[s, s + capped_solo * stretch)` where `s = max(now, stream tail)`.
+//! * `clock(a) = max_clock` for `a <= knee`, falling linearly to
+//!   `min_clock_frac * max_clock` at `a = 1` (power capping).
+//! * Utilization over a window = fraction of the window with any kernel
+//!   running, combined with external load `L` as an independent busy fraction:
+//!   `u + L - u*L`. SM activity = time average of `min(sm_count, busy SMs)` /
+//!   sm_count, plus `L`, capped at 1. Reported clock = `clock(SM activity)`.
+
+/// Parameters of one simulated GPU's model.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ModelParams {
+    pub sm_count: u32,
+    pub max_clock_mhz: u32,
+    pub clock_knee: f64,
+    pub min_clock_frac: f64,
+    pub interference: f64,
+    pub window_ns: u64,
+}
+
+impl Default for ModelParams {
+    fn default() -> Self {
+        crate::config::GpuConfig::h100_like(0, 0).model()
+    }
+}
+
+/// One kernel's interval on the GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct KernelSpan {
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub sms: u32,
+    pub priority: u32,
+    pub pid: i32,
+}
+
+/// Background load scripted with `simgpu-ctl load`: a fraction of the SMs
+/// busy, treated as priority-0 demand.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct ExternalLoad {
+    pub fraction: f64,
+}
+
+/// SMs a client may use with an MPS active thread percentage.
+pub fn sm_cap(sm_count: u32, thread_pct: u32) -> u32 {
+    let pct = thread_pct.clamp(1, 100) as u64;
+    ((sm_count as u64 * pct) / 100).max(1) as u32
+}
+
+/// SMs a kernel of `blocks` blocks occupies for a client capped at `cap`.
+pub fn demand(p: &ModelParams, blocks: u64, cap: u32) -> u32 {
+    blocks.min(p.sm_count as u64).min(cap as u64).max(1) as u32
+}
+
+/// SM clock (MHz) at a given SM activity in [0, 1].
+pub fn clock_mhz(p: &ModelParams, activity: f64) -> f64 {
+    let a = activity.clamp(0.0, 1.0);
+    let max = p.max_clock_mhz as f64;
+    if a <= p.clock_knee || p.clock_knee >= 1.0 {
+        return max;
+    }
+    let frac = (a - p.clock_knee) / (1.0 - p.clock_knee);
+    max * (1.0 - frac * (1.0 - p.min_clock_frac))
+}
+
+/// Demand of kernels running at time `t`: (priority 0, priority >= 1).
+fn running_demand(kernels: &[KernelSpan], t: u64) -> (u64, u64) {
+    let mut d = (0u64, 0u64);
+    for k in kernels.iter().filter(|k| k.start_ns <= t && t < k.end_ns) {
+        if k.priority == 0 {
+            d.0 += k.sms as u64;
+        } else {
+            d.1 += k.sms as u64;
+        }
+    }
+    d
+}
+
+/// Slow-down factor of a kernel of demand `d` and priority `prio` starting at `t`.
+pub fn stretch(
+    p: &ModelParams,
+    d: u32,
+    prio: u32,
+    kernels: &[KernelSpan],
+    ext: ExternalLoad,
+    t: u64,
+) -> f64 {
+    let sms = p.sm_count as f64;
+    let (p0, p1) = running_demand(kernels, t);
+    let ext_d = ext.fraction.clamp(0.0, 1.0) * sms;
+    let relevant = if prio == 0 {
+        p0 as f64 + ext_d + p.interference * p1 as f64
+    } else {
+        (p0 + p1) as f64 + ext_d
+    };
+    let share = ((d as f64 + relevant) / sms).max(1.0);
+    let activity = ((d as f64 + (p0 + p1) as f64 + ext_d) / sms).min(1.0);
+    // Solo durations are "as measured alone", which already includes the
+    // kernel's own effect on the clock: only the extra drop stretches it.
+    let alone = (d as f64 / sms).min(1.0);
+    share * clock_mhz(p, alone) / clock_mhz(p, activity)
+}
+
+/// A launch request.
+#[derive(Debug, Clone, Copy)]
+pub struct Launch {
+    pub now_ns: u64,
+    pub stream_tail_ns: u64,
+    pub solo_ns: u64,
+    pub blocks: u64,
+    pub cap_sms: u32,
+    pub priority: u32,
+    pub pid: i32,
+}
+
+/// Places a kernel on the timeline given the kernels already recorded.
+pub fn plan(p: &ModelParams, l: &Launch, kernels: &[KernelSpan], ext: ExternalLoad) -> KernelSpan {
+    let start = l.now_ns.max(l.stream_tail_ns);
+    let d = demand(p, l.blocks, l.cap_sms);
+    let full = l.blocks.clamp(1, p.sm_count as u64) as f64;
+    let capped_solo = l.solo_ns as f64 * full / d as f64;
+    let dur = capped_solo * stretch(p, d, l.priority, kernels, ext, start);
+    KernelSpan {
+        start_ns: start,
+        end_ns: start + dur.round().max(1.0) as u64,
+        sms: d,
+        priority: l.priority,
+        pid: l.pid,
+    }
+}
+
+/// Fraction of `[t0, t1)` during which at least one kernel ran (plus external load).
+pub fn utilization(kernels: &[KernelSpan], ext: ExternalLoad, t0: u64, t1: u64) -> f64 {
+    if t1 <= t0 {
+        return 0.0;
+    }
+    let mut iv: Vec<(u64, u64)> = kernels
+        .iter()
+        .map(|k| (k.start_ns.max(t0), k.end_ns.min(t1)))
+        .filter(|(a, b)| a < b)
+        .collect();
+    iv.sort_unstable();
+    let mut busy = 0u64;
+    let mut cur: Option<(u64, u64)> = None;
+    for (a, b) in iv {
+        match cur {
+            Some((ca, cb)) if a <= cb => cur = Some((ca, cb.max(b))),
+            Some((ca, cb)) => {
+                busy += cb - ca;
+                cur = Some((a, b));
+            }
+            None => cur = Some((a, b)),
+        }
+    }
+    if let Some((ca, cb)) = cur {
+        busy += cb - ca;
+    }
+    let u = busy as f64 / (t1 - t0) as f64;
+    let l = ext.fraction.clamp(0.0, 1.0);
+    (u + l - u * l).clamp(0.0, 1.0)
+}
+
+/// Time-averaged busy SMs over `[t0, t1)` / sm_count (plus external load), in [0, 1].
+pub fn sm_activity(p: &ModelParams, kernels: &[KernelSpan], ext: ExternalLoad, t0: u64, t1: u64) -> f64 {
+    if t1 <= t0 {
+        return 0.0;
+    }
+    let mut ev: Vec<(u64, i64)> = Vec::new();
+    for k in kernels {
+        let (a, b) = (k.start_ns.max(t0), k.end_ns.min(t1));
+        if a < b {
+            ev.push((a, k.sms as i64));
+            ev.push((b, -(k.sms as i64)));
+        }
+    }
+    ev.sort_unstable();
+    let mut area = 0f64;
+    let mut level = 0i64;
+    let mut last = t0;
+    for (t, delta) in ev {
+        area += (t - last) as f64 * (level.max(0) as f64).min(p.sm_count as f64);
+        level += delta;
+        last = t;
+    }
+    let a = area / ((t1 - t0) as f64 * p.sm_count as f64);
+    (a + ext.fraction.clamp(0.0, 1.0)).min(1.0)
+}
+
+/// Telemetry of one window ending at `now`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sample {
+    pub utilization: f64,
+    pub sm_activity: f64,
+    pub sm_clock_mhz: f64,
+}
+
+pub fn sample(p: &ModelParams, kernels: &[KernelSpan], ext: ExternalLoad, now: u64) -> Sample {
+    let t0 = now.saturating_sub(p.window_ns);
+    let sm_activity = sm_activity(p, kernels, ext, t0, now);
+    Sample {
+        utilization: utilization(kernels, ext, t0, now),
+        sm_activity,
+        sm_clock_mhz: clock_mhz(p, sm_activity),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    /// Runs clients launching back-to-back kernels (one stream each) from
+    /// t=0 to `until`, all launches interleaved in time order; returns each
+    /// client's completed kernel count and the recorded spans.
+    fn run(p: &ModelParams, clients: &[(u64, u32, u32)], until: u64) -> (Vec<u64>, Vec<KernelSpan>) {
+        // (blocks, cap, priority); every kernel is 1 ms solo.
+        let mut tails = vec![0u64; clients.len()];
+        let mut done = vec![0u64; clients.len()];
+        let mut spans = Vec::new();
+        loop {
+            let (i, &t) = tails.iter().enumerate().min_by_key(|(_, t)| **t).unwrap();
+            if t >= until {
+                break;
+            }
+            let (blocks, cap, priority) = clients[i];
+            let l = Launch {
+                now_ns: t,
+                stream_tail_ns: t,
+                solo_ns: MS,
+                blocks,
+                cap_sms: cap,
+                priority,
+                pid: i as i32 + 1,
+            };
+            let k = plan(p, &l, &spans, ExternalLoad::default());
+            spans.push(k);
+            tails[i] = k.end_ns;
+            if k.end_ns <= until {
+                done[i] += 1;
+            }
+        }
+        (done, spans)
+    }
+
+    #[test]
+    fn alone_vs_overlapping() {
+        let p = ModelParams::default();
+        let full = p.sm_count;
+        let (alone, s1) = run(&p, &[(full as u64, full, 0)], 1000 * MS);
+        let (two, s2) = run(&p, &[(full as u64, full, 0), (full as u64, full, 0)], 1000 * MS);
+        // Alone: exactly solo time per kernel, GPU saturated, clock at the floor.
+        assert_eq!(alone[0], 1000);
+        // Overlapping: each client's step time grows (fewer kernels done).
+        assert!(two[0] < alone[0] * 6 / 10 && two[1] < alone[0] * 6 / 10, "{two:?}");
+        let a1 = sample(&p, &s1, ExternalLoad::default(), 1000 * MS);
+        let a2 = sample(&p, &s2, ExternalLoad::default(), 1000 * MS);
+        assert!(a1.utilization > 0.99 && a2.utilization > 0.99);
+        assert!(a2.sm_activity > 0.99);
+        assert!(a2.sm_clock_mhz < 0.8 * p.max_clock_mhz as f64);
+    }
+
+    #[test]
+    fn light_load_keeps_clock_and_heavy_load_drops_it() {
+        let p = ModelParams::default();
+        // 20 SMs busy all the time: ~15% activity, full clock, utilization 1.
+        let (_, s) = run(&p, &[(20, 132, 0)], 1000 * MS);
+        let a = sample(&p, &s, ExternalLoad::default(), 1000 * MS);
+        assert!(a.utilization > 0.99);
+        assert!((a.sm_activity - 20.0 / 132.0).abs() < 0.01);
+        assert_eq!(a.sm_clock_mhz, p.max_clock_mhz as f64);
+        // Idle window: nothing.
+        let idle = sample(&p, &s, ExternalLoad::default(), 5000 * MS);
+        assert_eq!(idle.utilization, 0.0);
+        assert_eq!(idle.sm_clock_mhz, p.max_clock_mhz as f64);
+        // Clock curve: flat to the knee, min at 100%.
+        assert_eq!(clock_mhz(&p, 0.7), p.max_clock_mhz as f64);
+        assert!((clock_mhz(&p, 1.0) - 0.75 * p.max_clock_mhz as f64).abs() < 1e-9);
+        assert!(clock_mhz(&p, 0.85) < clock_mhz(&p, 0.75));
+    }
+
+    #[test]
+    fn small_kernels_side_by_side_do_not_slow_down() {
+        let p = ModelParams::default();
+        let (alone, _) = run(&p, &[(40, 132, 0)], 500 * MS);
+        let (two, _) = run(&p, &[(40, 132, 0), (40, 132, 1)], 500 * MS);
+        // 80 of 132 SMs: no SM sharing, activity ~61% < knee: no slowdown.
+        assert_eq!(two[0], alone[0]);
+        assert_eq!(two[1], alone[0]);
+    }
+
+    #[test]
+    fn thread_percentage_caps_sms() {
+        let p = ModelParams::default();
+        assert_eq!(sm_cap(132, 50), 66);
+        assert_eq!(demand(&p, 132, sm_cap(132, 50)), 66);
+        let (full, _) = run(&p, &[(132, 132, 0)], 1000 * MS);
+        let (half, s) = run(&p, &[(132, sm_cap(132, 50), 0)], 1000 * MS);
+        // Half the SMs: the same work takes about twice as long...
+        assert!(half[0] * 2 <= full[0] + 2 && half[0] * 2 + 2 >= full[0], "{half:?} {full:?}");
+        // ...and leaves half the GPU idle.
+        let a = sample(&p, &s, ExternalLoad::default(), 1000 * MS);
+        assert!((a.sm_activity - 0.5).abs() < 0.01);
+        // Capped offline next to online: the online client slows down less.
+        let (shared_uncapped, _) = run(&p, &[(132, 132, 0), (132, 132, 0)], 1000 * MS);
+        let (shared_capped, _) = run(&p, &[(132, 132, 0), (132, sm_cap(132, 25), 0)], 1000 * MS);
+        assert!(shared_capped[0] > shared_uncapped[0], "{shared_capped:?} {shared_uncapped:?}");
+    }
+
+    #[test]
+    fn priority_changes_who_slows_down() {
+        let p = ModelParams::default();
+        let (alone, _) = run(&p, &[(132, 132, 0)], 1000 * MS);
+        let (mixed, _) = run(&p, &[(132, 132, 0), (132, 132, 1)], 1000 * MS);
+        // The priority-0 client keeps most of its speed; the priority-1 one pays.
+        assert!(mixed[0] > mixed[1] * 3 / 2, "{mixed:?}");
+        assert!(mixed[0] * 100 > alone[0] * 60, "{mixed:?} vs {alone:?}");
+        // Swap priorities: the other client now wins.
+        let (swapped, _) = run(&p, &[(132, 132, 1), (132, 132, 0)], 1000 * MS);
+        assert!(swapped[1] > swapped[0] * 3 / 2, "{swapped:?}");
+    }
+
+    #[test]
+    fn external_load_drives_telemetry() {
+        let p = ModelParams::default();
+        let s = sample(&p, &[], ExternalLoad { fraction: 0.9 }, 10 * MS);
+        assert!((s.sm_activity - 0.9).abs() < 1e-9);
+        assert!((s.utilization - 0.9).abs() < 1e-9);
+        assert!(s.sm_clock_mhz < p.max_clock_mhz as f64);
+        // External load also stretches kernels.
+        assert!(stretch(&p, 132, 0, &[], ExternalLoad { fraction: 0.5 }, 0) > 1.4);
+    }
+}

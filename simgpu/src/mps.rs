@@ -1,0 +1,1 @@
+//! MPS control daemon fake (filled below).
