@@ -1,1 +1,475 @@
-//! MPS control daemon fake (filled below).
+//! Fake MPS control daemon and its client protocol.
+//!
+//! The real daemon talks over named pipes in CUDA_MPS_PIPE_DIRECTORY; this one
+//! listens on a unix socket `<pipe dir>/control` and speaks lines. User
+//! commands are the real `nvidia-cuda-mps-control` ones. The fake libcuda
+//! sends internal `@connect`, `@disconnect`, `@fault` lines. A "server" is a
+//! real child process (so its pid can be signalled and shows in `ps`), one per
+//! user id, or a single one in multi-user mode.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+
+pub const ENV_PIPE: &str = "CUDA_MPS_PIPE_DIRECTORY";
+pub const ENV_LOG: &str = "CUDA_MPS_LOG_DIRECTORY";
+pub const ENV_PCT: &str = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE";
+pub const ENV_MEM: &str = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT";
+pub const ENV_PRIO: &str = "CUDA_MPS_CLIENT_PRIORITY";
+
+/// Parses "8G", "512M", "1024K", "4096" (bytes) — binary units like MPS.
+pub fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last()? {
+        'K' | 'k' => (&s[..s.len() - 1], 1u64 << 10),
+        'M' | 'm' => (&s[..s.len() - 1], 1 << 20),
+        'G' | 'g' => (&s[..s.len() - 1], 1 << 30),
+        'T' | 't' => (&s[..s.len() - 1], 1 << 40),
+        _ => (s, 1),
+    };
+    num.trim().parse::<u64>().ok().map(|n| n * mult)
+}
+
+/// Pinned device memory limits: a default and per-device overrides.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MemLimits {
+    pub all: Option<u64>,
+    pub per_dev: BTreeMap<u32, u64>,
+}
+
+impl MemLimits {
+    /// "0=8G,1=512M" or a single value for every device.
+    pub fn parse(s: &str) -> Option<Self> {
+        let mut m = MemLimits::default();
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            match part.split_once('=') {
+                Some((d, v)) => {
+                    m.per_dev.insert(d.trim().parse().ok()?, parse_size(v)?);
+                }
+                None => m.all = Some(parse_size(part)?),
+            }
+        }
+        Some(m)
+    }
+
+    pub fn get(&self, dev: u32) -> Option<u64> {
+        self.per_dev.get(&dev).copied().or(self.all)
+    }
+
+    /// Serialized in bytes ("*=N" for the default), "-" when empty.
+    pub fn encode(&self) -> String {
+        let mut parts: Vec<String> = self.all.iter().map(|v| format!("*={v}")).collect();
+        parts.extend(self.per_dev.iter().map(|(d, v)| format!("{d}={v}")));
+        if parts.is_empty() {
+            "-".into()
+        } else {
+            parts.join(",")
+        }
+    }
+
+    pub fn decode(s: &str) -> Self {
+        let mut m = MemLimits::default();
+        for p in s.split(',') {
+            if let Some((d, v)) = p.split_once('=') {
+                let Ok(v) = v.parse() else { continue };
+                if d == "*" {
+                    m.all = Some(v);
+                } else if let Ok(d) = d.parse() {
+                    m.per_dev.insert(d, v);
+                }
+            }
+        }
+        m
+    }
+
+    /// The tighter of two limits per device.
+    pub fn tighten(&self, other: &MemLimits, dev: u32) -> Option<u64> {
+        match (self.get(dev), other.get(dev)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+pub fn socket_path(pipe_dir: &Path) -> PathBuf {
+    pipe_dir.join("control")
+}
+
+/// Sends one line, returns the whole reply.
+pub fn request(pipe_dir: &Path, line: &str) -> std::io::Result<String> {
+    let mut s = UnixStream::connect(socket_path(pipe_dir))?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
+    s.write_all(line.as_bytes())?;
+    s.write_all(b"\n")?;
+    s.shutdown(std::net::Shutdown::Write)?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    Ok(out)
+}
+
+/// What a connecting client gets from its server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    pub server: i32,
+    pub thread_pct: Option<u32>,
+    pub mem: MemLimits,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum ConnectReply {
+    Ok(Grant),
+    /// A server of another user is busy (no multi-user mode): wait, like real MPS.
+    Wait,
+}
+
+pub fn connect(pipe_dir: &Path, pid: i32, uid: u32) -> std::io::Result<ConnectReply> {
+    let r = request(pipe_dir, &format!("@connect {pid} {uid}"))?;
+    let w: Vec<&str> = r.split_whitespace().collect();
+    match w.as_slice() {
+        ["ok", server, pct, mem] => Ok(ConnectReply::Ok(Grant {
+            server: server.parse().unwrap_or(0),
+            thread_pct: pct.parse().ok(),
+            mem: MemLimits::decode(mem),
+        })),
+        ["wait"] => Ok(ConnectReply::Wait),
+        _ => Err(std::io::Error::other(format!("bad MPS reply {r:?}"))),
+    }
+}
+
+pub fn terminated_marker(pipe_dir: &Path, pid: i32) -> PathBuf {
+    pipe_dir.join("terminated").join(pid.to_string())
+}
+
+/// Timestamp like the real MPS logs: `[2024-01-02 03:04:05.678`.
+fn stamp() -> String {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let secs = d.as_secs() as libc::time_t;
+    // SAFETY: gmtime_r fills the tm we own from a valid time_t.
+    let tm = unsafe {
+        let mut tm: libc::tm = std::mem::zeroed();
+        libc::gmtime_r(&secs, &mut tm);
+        tm
+    };
+    format!(
+        "[{:04}-{:02}-{:02} {:02}:{:02}:{:02}.{:03}",
+        tm.tm_year + 1900,
+        tm.tm_mon + 1,
+        tm.tm_mday,
+        tm.tm_hour,
+        tm.tm_min,
+        tm.tm_sec,
+        d.subsec_millis()
+    )
+}
+
+fn log_to(path: &Path, who: &str, pid: i32, msg: &str) {
+    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+        let _ = writeln!(f, "{} {who} {pid}] {msg}", stamp());
+    }
+}
+
+struct Server {
+    pid: i32,
+    uid: u32,
+    thread_pct: Option<u32>,
+    mem: MemLimits,
+    clients: Vec<i32>,
+    sticky: Vec<i32>,
+}
+
+/// The daemon's state; `run` serves until `quit`.
+pub struct Daemon {
+    pub pipe_dir: PathBuf,
+    pub log_dir: PathBuf,
+    pub multiuser: bool,
+    default_pct: Option<u32>,
+    default_mem: MemLimits,
+    servers: Vec<Server>,
+    pid: i32,
+}
+
+fn spawn_server() -> std::io::Result<i32> {
+    // SAFETY: the daemon is single-threaded; the child only calls
+    // async-signal-safe functions (prctl, getppid, pause, _exit).
+    unsafe {
+        let parent = libc::getpid();
+        match libc::fork() {
+            -1 => Err(std::io::Error::last_os_error()),
+            0 => {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                if libc::getppid() != parent {
+                    libc::_exit(0);
+                }
+                loop {
+                    libc::pause();
+                }
+            }
+            pid => Ok(pid),
+        }
+    }
+}
+
+impl Daemon {
+    pub fn new(pipe_dir: PathBuf, log_dir: PathBuf, multiuser: bool) -> Self {
+        Daemon {
+            pipe_dir,
+            log_dir,
+            multiuser,
+            default_pct: std::env::var(ENV_PCT).ok().and_then(|v| v.trim().parse().ok()),
+            default_mem: std::env::var(ENV_MEM)
+                .ok()
+                .and_then(|v| MemLimits::parse(&v))
+                .unwrap_or_default(),
+            servers: Vec::new(),
+            // SAFETY: getpid has no preconditions.
+            pid: unsafe { libc::getpid() },
+        }
+    }
+
+    fn control_log(&self, msg: &str) {
+        log_to(&self.log_dir.join("control.log"), "Control", self.pid, msg);
+    }
+    fn server_log(&self, spid: i32, msg: &str) {
+        log_to(&self.log_dir.join("server.log"), "Server", spid, msg);
+    }
+
+    /// Serves requests until `quit`. The socket must not exist yet.
+    pub fn run(mut self) -> std::io::Result<()> {
+        std::fs::create_dir_all(&self.pipe_dir)?;
+        std::fs::create_dir_all(&self.log_dir)?;
+        std::fs::create_dir_all(self.pipe_dir.join("terminated"))?;
+        let sock = socket_path(&self.pipe_dir);
+        let _ = std::fs::remove_file(&sock);
+        let listener = UnixListener::bind(&sock)?;
+        std::fs::write(self.pipe_dir.join("nvidia-cuda-mps-control.pid"), format!("{}\n", self.pid))?;
+        // SAFETY: ignoring SIGCHLD makes the kernel reap exited servers.
+        unsafe { libc::signal(libc::SIGCHLD, libc::SIG_IGN) };
+        self.control_log(&format!(
+            "Starting control daemon (multiuser={}, default_active_thread_percentage={:?})",
+            self.multiuser, self.default_pct
+        ));
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+            let mut line = String::new();
+            if BufReader::new(&conn).read_line(&mut line).is_err() {
+                continue;
+            }
+            let line = line.trim().to_string();
+            let (reply, quit) = self.handle(&line);
+            let _ = conn.write_all(reply.as_bytes());
+            drop(conn);
+            if quit {
+                break;
+            }
+        }
+        for s in &self.servers {
+            self.server_log(s.pid, "Server exiting");
+            // SAFETY: signalling our own child server.
+            unsafe { libc::kill(s.pid, libc::SIGTERM) };
+        }
+        let _ = std::fs::remove_file(&sock);
+        let _ = std::fs::remove_file(self.pipe_dir.join("nvidia-cuda-mps-control.pid"));
+        self.control_log("Exit");
+        Ok(())
+    }
+
+    fn prune(&mut self) {
+        let mut gone = Vec::new();
+        for s in &mut self.servers {
+            s.clients.retain(|&c| {
+                let alive = crate::shared::pid_alive(c);
+                if !alive {
+                    gone.push((s.pid, c));
+                }
+                alive
+            });
+        }
+        for (spid, c) in gone {
+            self.client_gone(spid, c, "exited");
+        }
+    }
+
+    fn client_gone(&mut self, spid: i32, c: i32, how: &str) {
+        self.server_log(spid, &format!("Client {c} {how}; disconnected"));
+        let _ = std::fs::remove_file(terminated_marker(&self.pipe_dir, c));
+        let mut recovered = false;
+        if let Some(s) = self.servers.iter_mut().find(|s| s.pid == spid) {
+            s.clients.retain(|&x| x != c);
+            let had = !s.sticky.is_empty();
+            s.sticky.retain(|&x| x != c && crate::shared::pid_alive(x));
+            recovered = had && s.sticky.is_empty();
+        }
+        if recovered {
+            self.server_log(spid, "All clients with a sticky error have exited; server has recovered from the fatal GPU error");
+        }
+    }
+
+    /// Handles one line; returns (reply, quit).
+    pub fn handle(&mut self, line: &str) -> (String, bool) {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        if !line.starts_with('@') {
+            crate::state::append_line(&self.log_dir.join("commands.log"), line);
+            self.control_log(&format!("Accepting connection... User command: {line}"));
+        }
+        self.prune();
+        let find = |servers: &[Server], spid: &str| -> Option<usize> {
+            let spid: i32 = spid.parse().ok()?;
+            servers.iter().position(|s| s.pid == spid)
+        };
+        let pct = |s: &str| s.parse::<u32>().ok().filter(|p| (1..=100).contains(p));
+        let reply = match w.as_slice() {
+            ["quit"] => return (String::new(), true),
+            ["get_server_list"] => self.servers.iter().map(|s| format!("{}\n", s.pid)).collect(),
+            ["get_client_list", spid] => match find(&self.servers, spid) {
+                Some(i) => self.servers[i].clients.iter().map(|c| format!("{c}\n")).collect(),
+                None => "Server not found\n".into(),
+            },
+            ["get_default_active_thread_percentage"] => {
+                format!("{:.1}\n", self.default_pct.unwrap_or(100) as f64)
+            }
+            ["set_default_active_thread_percentage", p] => match pct(p) {
+                Some(p) => {
+                    self.default_pct = Some(p);
+                    format!("{:.1}\n", p as f64)
+                }
+                None => "Invalid percentage\n".into(),
+            },
+            ["set_active_thread_percentage", spid, p] => match (find(&self.servers, spid), pct(p)) {
+                (Some(i), Some(p)) => {
+                    self.servers[i].thread_pct = Some(p);
+                    format!("{:.1}\n", p as f64)
+                }
+                (None, _) => "Server not found\n".into(),
+                _ => "Invalid percentage\n".into(),
+            },
+            ["set_default_device_pinned_mem_limit", dev, v] => match (dev.parse(), parse_size(v)) {
+                (Ok(d), Some(b)) => {
+                    self.default_mem.per_dev.insert(d, b);
+                    String::new()
+                }
+                _ => "Invalid arguments\n".into(),
+            },
+            ["set_device_pinned_mem_limit", spid, dev, v] => {
+                match (find(&self.servers, spid), dev.parse(), parse_size(v)) {
+                    (Some(i), Ok(d), Some(b)) => {
+                        self.servers[i].mem.per_dev.insert(d, b);
+                        String::new()
+                    }
+                    (None, _, _) => "Server not found\n".into(),
+                    _ => "Invalid arguments\n".into(),
+                }
+            }
+            ["terminate_client", spid, cpid] => match (find(&self.servers, spid), cpid.parse::<i32>()) {
+                (Some(i), Ok(c)) if self.servers[i].clients.contains(&c) => {
+                    let _ = std::fs::write(terminated_marker(&self.pipe_dir, c), b"");
+                    self.server_log(self.servers[i].pid, &format!("Terminating client {c}"));
+                    String::new()
+                }
+                _ => "Client not found\n".into(),
+            },
+            ["@connect", pid, uid] => self.connect(pid.parse().unwrap_or(0), uid.parse().unwrap_or(0)),
+            ["@disconnect", pid] => {
+                let pid: i32 = pid.parse().unwrap_or(0);
+                if let Some(s) = self.servers.iter().find(|s| s.clients.contains(&pid)) {
+                    let spid = s.pid;
+                    self.client_gone(spid, pid, "released its contexts");
+                }
+                "ok\n".into()
+            }
+            ["@fault", pid, code, rest @ ..] => {
+                let pid: i32 = pid.parse().unwrap_or(0);
+                if let Some(i) = self.servers.iter().position(|s| s.clients.contains(&pid)) {
+                    let spid = self.servers[i].pid;
+                    let clients = self.servers[i].clients.clone();
+                    self.servers[i].sticky = clients.clone();
+                    self.server_log(spid, &format!("Client {pid} hit error {code} {}", rest.join(" ")));
+                    self.server_log(spid, "Server is handling a fatal GPU error.");
+                    let list: Vec<String> = clients.iter().map(|c| c.to_string()).collect();
+                    self.server_log(
+                        spid,
+                        &format!("The following clients have a sticky error set: {}", list.join(", ")),
+                    );
+                }
+                "ok\n".into()
+            }
+            _ => format!("Unknown command: {line}\n"),
+        };
+        (reply, false)
+    }
+
+    fn connect(&mut self, pid: i32, uid: u32) -> String {
+        let want_uid = if self.multiuser { 0 } else { uid };
+        let idx = match self.servers.iter().position(|s| self.multiuser || s.uid == uid) {
+            Some(i) => {
+                self.control_log(&format!("NEW CLIENT {pid} from user {uid}: Server already exists"));
+                Some(i)
+            }
+            None => {
+                // Not multi-user: another user's busy server makes this client wait.
+                if let Some(i) = self.servers.iter().position(|s| !s.clients.is_empty()) {
+                    self.control_log(&format!(
+                        "NEW CLIENT {pid} from user {uid}: Server {} of user {} is busy; client waits",
+                        self.servers[i].pid, self.servers[i].uid
+                    ));
+                    return "wait\n".into();
+                }
+                for s in self.servers.drain(..) {
+                    // SAFETY: stopping our own idle child server.
+                    unsafe { libc::kill(s.pid, libc::SIGTERM) };
+                }
+                None
+            }
+        };
+        let i = match idx {
+            Some(i) => i,
+            None => match spawn_server() {
+                Ok(spid) => {
+                    self.control_log(&format!("Starting new server {spid} for user {want_uid}"));
+                    self.server_log(spid, "Server starting");
+                    self.servers.push(Server {
+                        pid: spid,
+                        uid: want_uid,
+                        thread_pct: self.default_pct,
+                        mem: self.default_mem.clone(),
+                        clients: Vec::new(),
+                        sticky: Vec::new(),
+                    });
+                    self.servers.len() - 1
+                }
+                Err(e) => return format!("error {e}\n"),
+            },
+        };
+        let s = &mut self.servers[i];
+        s.clients.push(pid);
+        let (spid, pct, mem) = (s.pid, s.thread_pct, s.mem.encode());
+        self.server_log(spid, &format!("New client {pid} connected"));
+        format!(
+            "ok {spid} {} {mem}\n",
+            pct.map_or("-".to_string(), |p| p.to_string())
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_limits() {
+        assert_eq!(parse_size("8G"), Some(8 << 30));
+        assert_eq!(parse_size("512M"), Some(512 << 20));
+        assert_eq!(parse_size("100"), Some(100));
+        assert_eq!(parse_size("x"), None);
+        let m = MemLimits::parse("0=8G,1=512M").unwrap();
+        assert_eq!(m.get(1), Some(512 << 20));
+        assert_eq!(m.get(2), None);
+        let all = MemLimits::parse("2G").unwrap();
+        assert_eq!(all.get(7), Some(2 << 30));
+        assert_eq!(MemLimits::decode(&m.encode()), m);
+        assert_eq!(m.tighten(&all, 0), Some(2 << 30));
+    }
+}
