@@ -1,1 +1,320 @@
-//! fake
+//! Fake `libcuda.so.1` over the simulated GPU model (see simgpu/README.md).
+//! Every export catches panics and returns a CUresult; nothing here aborts.
+//! The entry-point table is declared once (`cuda_exports!`): the macro emits
+//! the exported functions and the table `cuGetProcAddress` resolves against.
+#![allow(clippy::missing_safety_doc)] // C ABI: the CUDA driver API documents these.
+#![allow(non_snake_case)]
+
+mod driver;
+
+use driver::*;
+use muxflow_simgpu::codes::cu;
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+
+pub type CUresult = u32;
+
+/// One exported entry point: `symbol` is the exported name, `base` the name
+/// `cuGetProcAddress` is asked for, `since` the CUDA version (1000*major +
+/// 10*minor) that introduced this variant, `per_thread` whether it is the
+/// per-thread-default-stream (_ptsz/_ptds) variant.
+#[derive(Debug, Clone, Copy)]
+pub struct Entry {
+    pub symbol: &'static str,
+    pub base: &'static str,
+    pub since: i32,
+    pub per_thread: bool,
+    pub addr: usize,
+}
+
+fn guard(f: impl FnOnce() -> CUresult) -> CUresult {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(cu::UNKNOWN)
+}
+
+/// Writes through an out-pointer; INVALID_VALUE when it is null.
+unsafe fn put<T>(p: *mut T, v: T) -> Result<(), CUresult> {
+    if p.is_null() {
+        return Err(cu::INVALID_VALUE);
+    }
+    // SAFETY: non-null out-pointer supplied by the caller per the CUDA API.
+    unsafe { p.write(v) };
+    Ok(())
+}
+
+fn done(r: Result<(), CUresult>) -> CUresult {
+    r.err().unwrap_or(cu::SUCCESS)
+}
+
+macro_rules! cuda_exports {
+    ($( [$base:literal, $since:literal, $pt:literal] fn $name:ident($($arg:ident : $ty:ty),* $(,)?) $body:block )*) => {
+        $(
+            #[no_mangle]
+            pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
+                guard(|| $body)
+            }
+        )*
+        /// The table of every exported entry point.
+        pub fn entry_points() -> &'static [Entry] {
+            static T: std::sync::OnceLock<Vec<Entry>> = std::sync::OnceLock::new();
+            T.get_or_init(|| vec![$(Entry {
+                symbol: stringify!($name),
+                base: $base,
+                since: $since,
+                per_thread: $pt,
+                addr: $name as *const () as usize,
+            }),*])
+        }
+    };
+}
+
+pub const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: u64 = 2;
+pub const STATUS_SUCCESS: c_int = 0;
+pub const STATUS_SYMBOL_NOT_FOUND: c_int = 1;
+pub const STATUS_VERSION_NOT_SUFFICIENT: c_int = 2;
+
+/// Picks the variant the real driver would: the newest one not newer than
+/// `version`, the per-thread one when that flag is given and one exists.
+pub fn resolve(name: &str, version: c_int, flags: u64) -> Result<&'static Entry, c_int> {
+    let all: Vec<&Entry> = entry_points().iter().filter(|e| e.base == name).collect();
+    if all.is_empty() {
+        return Err(STATUS_SYMBOL_NOT_FOUND);
+    }
+    let pt = flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM != 0 && all.iter().any(|e| e.per_thread);
+    all.into_iter()
+        .filter(|e| e.per_thread == pt && e.since <= version)
+        .max_by_key(|e| e.since)
+        .ok_or(STATUS_VERSION_NOT_SUFFICIENT)
+}
+
+unsafe fn proc_address(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+    status: *mut c_int,
+) -> CUresult {
+    if pfn.is_null() || symbol.is_null() {
+        return cu::INVALID_VALUE;
+    }
+    // SAFETY: non-null NUL-terminated string per the API.
+    let name = unsafe { CStr::from_ptr(symbol) }.to_string_lossy();
+    let (ptr, st, rc) = match resolve(&name, version, flags) {
+        Ok(e) => (e.addr as *mut c_void, STATUS_SUCCESS, cu::SUCCESS),
+        Err(st) => (std::ptr::null_mut(), st, cu::NOT_FOUND),
+    };
+    // SAFETY: both pointers checked non-null (status is optional).
+    unsafe {
+        pfn.write(ptr);
+        if !status.is_null() {
+            status.write(st);
+        }
+    }
+    rc
+}
+
+#[repr(C)]
+pub struct CUlaunchConfig {
+    pub grid_dim_x: c_uint,
+    pub grid_dim_y: c_uint,
+    pub grid_dim_z: c_uint,
+    pub block_dim_x: c_uint,
+    pub block_dim_y: c_uint,
+    pub block_dim_z: c_uint,
+    pub shared_mem_bytes: c_uint,
+    pub h_stream: Handle,
+    pub attrs: *mut c_void,
+    pub num_attrs: c_uint,
+}
+
+pub type Handle = *mut c_void;
+type Dptr = u64;
+
+fn blocks(x: c_uint, y: c_uint, z: c_uint) -> u64 {
+    x.max(1) as u64 * y.max(1) as u64 * z.max(1) as u64
+}
+
+unsafe fn launch_ex(cfg: *const CUlaunchConfig, f: Handle, pt: bool) -> CUresult {
+    if cfg.is_null() {
+        return cu::INVALID_VALUE;
+    }
+    // SAFETY: non-null config per the API.
+    let c = unsafe { &*cfg };
+    done(launch(f, blocks(c.grid_dim_x, c.grid_dim_y, c.grid_dim_z), c.h_stream, pt))
+}
+
+cuda_exports! {
+    ["cuInit", 2000, false] fn cuInit(_flags: c_uint) { done(init()) }
+    ["cuDriverGetVersion", 2020, false] fn cuDriverGetVersion(v: *mut c_int) { done(put(v, DRIVER_VERSION)) }
+    ["cuGetErrorString", 6000, false] fn cuGetErrorString(e: CUresult, s: *mut *const c_char) {
+        match error_strings(e) { Some((_, d)) => done(put(s, d)), None => { let _ = put(s, std::ptr::null()); cu::INVALID_VALUE } }
+    }
+    ["cuGetErrorName", 6000, false] fn cuGetErrorName(e: CUresult, s: *mut *const c_char) {
+        match error_strings(e) { Some((n, _)) => done(put(s, n)), None => { let _ = put(s, std::ptr::null()); cu::INVALID_VALUE } }
+    }
+    ["cuGetProcAddress", 11030, false] fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64) {
+        proc_address(symbol, pfn, version, flags, std::ptr::null_mut())
+    }
+    ["cuGetProcAddress", 12000, false] fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int) {
+        proc_address(symbol, pfn, version, flags, status)
+    }
+    ["cuDeviceGetCount", 2000, false] fn cuDeviceGetCount(n: *mut c_int) { done(with_proc(|p| put(n, p.devs.len() as c_int))) }
+    ["cuDeviceGet", 2000, false] fn cuDeviceGet(d: *mut c_int, ordinal: c_int) {
+        done(with_proc(|p| { p.dev(ordinal)?; put(d, ordinal) }))
+    }
+    ["cuDeviceGetName", 2000, false] fn cuDeviceGetName(name: *mut c_char, len: c_int, d: c_int) {
+        done(with_proc(|p| copy_str(name, len, &p.dev(d)?.cfg.name)))
+    }
+    ["cuDeviceGetUuid", 9020, false] fn cuDeviceGetUuid(uuid: *mut [u8; 16], d: c_int) { done(with_proc(|p| put(uuid, p.dev(d)?.uuid_bytes()))) }
+    ["cuDeviceGetUuid", 11040, false] fn cuDeviceGetUuid_v2(uuid: *mut [u8; 16], d: c_int) { done(with_proc(|p| put(uuid, p.dev(d)?.uuid_bytes()))) }
+    ["cuDeviceTotalMem", 3020, false] fn cuDeviceTotalMem_v2(bytes: *mut usize, d: c_int) {
+        done(with_proc(|p| put(bytes, p.dev(d)?.cfg.memory_bytes() as usize)))
+    }
+    ["cuDeviceGetAttribute", 2000, false] fn cuDeviceGetAttribute(v: *mut c_int, attr: c_int, d: c_int) {
+        done(with_proc(|p| put(v, p.attribute(d, attr)?)))
+    }
+    ["cuDeviceComputeCapability", 2000, false] fn cuDeviceComputeCapability(major: *mut c_int, minor: *mut c_int, _d: c_int) {
+        done(put(major, 9).and_then(|_| put(minor, 0)))
+    }
+    ["cuDevicePrimaryCtxRetain", 7000, false] fn cuDevicePrimaryCtxRetain(ctx: *mut Handle, d: c_int) {
+        done(primary_retain(d).and_then(|h| put(ctx, h)))
+    }
+    ["cuDevicePrimaryCtxRelease", 7000, false] fn cuDevicePrimaryCtxRelease(d: c_int) { done(primary_release(d)) }
+    ["cuDevicePrimaryCtxRelease", 11000, false] fn cuDevicePrimaryCtxRelease_v2(d: c_int) { done(primary_release(d)) }
+    ["cuDevicePrimaryCtxReset", 11000, false] fn cuDevicePrimaryCtxReset_v2(d: c_int) { done(primary_reset(d)) }
+    ["cuDevicePrimaryCtxGetState", 7000, false] fn cuDevicePrimaryCtxGetState(d: c_int, flags: *mut c_uint, active: *mut c_int) {
+        done(primary_state(d).and_then(|a| { put(flags, 0)?; put(active, a as c_int) }))
+    }
+    ["cuDevicePrimaryCtxSetFlags", 11000, false] fn cuDevicePrimaryCtxSetFlags_v2(d: c_int, _flags: c_uint) { done(with_proc(|p| p.dev(d).map(|_| ()))) }
+    ["cuCtxCreate", 3020, false] fn cuCtxCreate_v2(ctx: *mut Handle, _flags: c_uint, d: c_int) { done(ctx_create(d).and_then(|h| put(ctx, h))) }
+    ["cuCtxCreate", 11040, false] fn cuCtxCreate_v3(ctx: *mut Handle, _params: *mut c_void, _n: c_int, _flags: c_uint, d: c_int) {
+        done(ctx_create(d).and_then(|h| put(ctx, h)))
+    }
+    ["cuCtxCreate", 12050, false] fn cuCtxCreate_v4(ctx: *mut Handle, _params: *mut c_void, _flags: c_uint, d: c_int) {
+        done(ctx_create(d).and_then(|h| put(ctx, h)))
+    }
+    ["cuCtxDestroy", 4000, false] fn cuCtxDestroy_v2(ctx: Handle) { done(ctx_destroy(ctx)) }
+    ["cuCtxSetCurrent", 4000, false] fn cuCtxSetCurrent(ctx: Handle) { done(ctx_set_current(ctx)) }
+    ["cuCtxGetCurrent", 4000, false] fn cuCtxGetCurrent(ctx: *mut Handle) { done(put(ctx, current_ctx())) }
+    ["cuCtxPushCurrent", 4000, false] fn cuCtxPushCurrent_v2(ctx: Handle) { done(ctx_push(ctx)) }
+    ["cuCtxPopCurrent", 4000, false] fn cuCtxPopCurrent_v2(ctx: *mut Handle) { done(ctx_pop().and_then(|h| if ctx.is_null() { Ok(()) } else { put(ctx, h) })) }
+    ["cuCtxGetDevice", 2000, false] fn cuCtxGetDevice(d: *mut c_int) { done(current_dev().and_then(|x| put(d, x as c_int))) }
+    ["cuCtxSynchronize", 2000, false] fn cuCtxSynchronize() { done(ctx_synchronize()) }
+    ["cuMemGetInfo", 3020, false] fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) {
+        done(mem_info().and_then(|(f, t)| { put(free, f as usize)?; put(total, t as usize) }))
+    }
+    ["cuMemAlloc", 3020, false] fn cuMemAlloc_v2(p: *mut Dptr, size: usize) { done(mem_alloc(size as u64).and_then(|a| put(p, a))) }
+    ["cuMemAllocPitch", 3020, false] fn cuMemAllocPitch_v2(p: *mut Dptr, pitch: *mut usize, width: usize, height: usize, _elem: c_uint) {
+        let pt = width.div_ceil(512) * 512;
+        done(mem_alloc((pt * height) as u64).and_then(|a| { put(pitch, pt)?; put(p, a) }))
+    }
+    ["cuMemAllocManaged", 6000, false] fn cuMemAllocManaged(p: *mut Dptr, size: usize, _flags: c_uint) { done(mem_alloc(size as u64).and_then(|a| put(p, a))) }
+    ["cuMemAllocAsync", 11020, false] fn cuMemAllocAsync(p: *mut Dptr, size: usize, _s: Handle) { done(mem_alloc(size as u64).and_then(|a| put(p, a))) }
+    ["cuMemAllocAsync", 11020, true] fn cuMemAllocAsync_ptsz(p: *mut Dptr, size: usize, _s: Handle) { done(mem_alloc(size as u64).and_then(|a| put(p, a))) }
+    ["cuMemAllocFromPoolAsync", 11020, false] fn cuMemAllocFromPoolAsync(p: *mut Dptr, size: usize, _pool: Handle, _s: Handle) {
+        done(mem_alloc(size as u64).and_then(|a| put(p, a)))
+    }
+    ["cuMemAllocFromPoolAsync", 11020, true] fn cuMemAllocFromPoolAsync_ptsz(p: *mut Dptr, size: usize, _pool: Handle, _s: Handle) {
+        done(mem_alloc(size as u64).and_then(|a| put(p, a)))
+    }
+    ["cuMemFree", 3020, false] fn cuMemFree_v2(p: Dptr) { done(mem_free(p)) }
+    ["cuMemFreeAsync", 11020, false] fn cuMemFreeAsync(p: Dptr, _s: Handle) { done(mem_free(p)) }
+    ["cuMemFreeAsync", 11020, true] fn cuMemFreeAsync_ptsz(p: Dptr, _s: Handle) { done(mem_free(p)) }
+    ["cuMemCreate", 10020, false] fn cuMemCreate(h: *mut u64, size: usize, _prop: *const c_void, _flags: u64) {
+        done(mem_alloc(size as u64).and_then(|a| put(h, a)))
+    }
+    ["cuMemRelease", 10020, false] fn cuMemRelease(h: u64) { done(mem_free(h)) }
+    ["cuMemcpyHtoD", 3020, false] fn cuMemcpyHtoD_v2(_d: Dptr, _h: *const c_void, _n: usize) { done(check_current()) }
+    ["cuMemcpyHtoD", 7000, true] fn cuMemcpyHtoD_v2_ptds(_d: Dptr, _h: *const c_void, _n: usize) { done(check_current()) }
+    ["cuMemcpyDtoH", 3020, false] fn cuMemcpyDtoH_v2(_h: *mut c_void, _d: Dptr, _n: usize) { done(ctx_synchronize()) }
+    ["cuMemcpyDtoH", 7000, true] fn cuMemcpyDtoH_v2_ptds(_h: *mut c_void, _d: Dptr, _n: usize) { done(ctx_synchronize()) }
+    ["cuModuleLoad", 2000, false] fn cuModuleLoad(m: *mut Handle, _fname: *const c_char) { done(check_current().and_then(|_| put(m, new_handle()))) }
+    ["cuModuleLoadData", 2000, false] fn cuModuleLoadData(m: *mut Handle, _image: *const c_void) { done(check_current().and_then(|_| put(m, new_handle()))) }
+    ["cuModuleUnload", 2000, false] fn cuModuleUnload(_m: Handle) { cu::SUCCESS }
+    ["cuModuleGetFunction", 2000, false] fn cuModuleGetFunction(f: *mut Handle, _m: Handle, name: *const c_char) {
+        if name.is_null() { return cu::INVALID_VALUE; }
+        done(function(&CStr::from_ptr(name).to_string_lossy()).and_then(|h| put(f, h)))
+    }
+    ["cuLaunchKernel", 4000, false] fn cuLaunchKernel(f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, _bx: c_uint, _by: c_uint, _bz: c_uint, _shm: c_uint, s: Handle, _p: *mut *mut c_void, _e: *mut *mut c_void) {
+        done(launch(f, blocks(gx, gy, gz), s, false))
+    }
+    ["cuLaunchKernel", 7000, true] fn cuLaunchKernel_ptsz(f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, _bx: c_uint, _by: c_uint, _bz: c_uint, _shm: c_uint, s: Handle, _p: *mut *mut c_void, _e: *mut *mut c_void) {
+        done(launch(f, blocks(gx, gy, gz), s, true))
+    }
+    ["cuLaunchKernelEx", 11060, false] fn cuLaunchKernelEx(cfg: *const CUlaunchConfig, f: Handle, _p: *mut *mut c_void, _e: *mut *mut c_void) { launch_ex(cfg, f, false) }
+    ["cuLaunchKernelEx", 11060, true] fn cuLaunchKernelEx_ptsz(cfg: *const CUlaunchConfig, f: Handle, _p: *mut *mut c_void, _e: *mut *mut c_void) { launch_ex(cfg, f, true) }
+    ["cuLaunchCooperativeKernel", 9000, false] fn cuLaunchCooperativeKernel(f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, _bx: c_uint, _by: c_uint, _bz: c_uint, _shm: c_uint, s: Handle, _p: *mut *mut c_void) {
+        done(launch(f, blocks(gx, gy, gz), s, false))
+    }
+    ["cuLaunchCooperativeKernel", 9000, true] fn cuLaunchCooperativeKernel_ptsz(f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, _bx: c_uint, _by: c_uint, _bz: c_uint, _shm: c_uint, s: Handle, _p: *mut *mut c_void) {
+        done(launch(f, blocks(gx, gy, gz), s, true))
+    }
+    ["cuStreamCreate", 2000, false] fn cuStreamCreate(s: *mut Handle, _flags: c_uint) { done(stream_create().and_then(|h| put(s, h))) }
+    ["cuStreamCreateWithPriority", 5050, false] fn cuStreamCreateWithPriority(s: *mut Handle, _flags: c_uint, _prio: c_int) { done(stream_create().and_then(|h| put(s, h))) }
+    ["cuStreamDestroy", 4000, false] fn cuStreamDestroy_v2(s: Handle) { done(stream_destroy(s)) }
+    ["cuStreamSynchronize", 2000, false] fn cuStreamSynchronize(s: Handle) { done(stream_synchronize(s, false)) }
+    ["cuStreamSynchronize", 7000, true] fn cuStreamSynchronize_ptsz(s: Handle) { done(stream_synchronize(s, true)) }
+    ["cuStreamQuery", 2000, false] fn cuStreamQuery(s: Handle) { done(stream_query(s, false)) }
+    ["cuStreamQuery", 7000, true] fn cuStreamQuery_ptsz(s: Handle) { done(stream_query(s, true)) }
+    ["cuStreamBeginCapture", 10010, false] fn cuStreamBeginCapture_v2(s: Handle, _mode: c_int) { done(begin_capture(s, false)) }
+    ["cuStreamBeginCapture", 10010, true] fn cuStreamBeginCapture_v2_ptsz(s: Handle, _mode: c_int) { done(begin_capture(s, true)) }
+    ["cuStreamEndCapture", 10000, false] fn cuStreamEndCapture(s: Handle, g: *mut Handle) { done(end_capture(s, false).and_then(|h| put(g, h))) }
+    ["cuStreamEndCapture", 10000, true] fn cuStreamEndCapture_ptsz(s: Handle, g: *mut Handle) { done(end_capture(s, true).and_then(|h| put(g, h))) }
+    ["cuGraphInstantiateWithFlags", 11040, false] fn cuGraphInstantiateWithFlags(e: *mut Handle, g: Handle, _flags: u64) {
+        done(graph_instantiate(g).and_then(|h| put(e, h)))
+    }
+    ["cuGraphLaunch", 10000, false] fn cuGraphLaunch(e: Handle, s: Handle) { done(graph_launch(e, s, false)) }
+    ["cuGraphLaunch", 10000, true] fn cuGraphLaunch_ptsz(e: Handle, s: Handle) { done(graph_launch(e, s, true)) }
+    ["cuGraphExecDestroy", 10000, false] fn cuGraphExecDestroy(e: Handle) { done(graph_destroy(e)) }
+    ["cuGraphDestroy", 10000, false] fn cuGraphDestroy(g: Handle) { done(graph_destroy(g)) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sym(name: &str, v: c_int, flags: u64) -> Option<&'static str> {
+        resolve(name, v, flags).ok().map(|e| e.symbol)
+    }
+
+    #[test]
+    fn variants_by_version_and_flag() {
+        assert_eq!(sym("cuMemAlloc", 12000, 0), Some("cuMemAlloc_v2"));
+        assert_eq!(sym("cuMemAlloc", 3000, 0), None);
+        assert_eq!(resolve("cuMemAlloc", 3000, 0).unwrap_err(), STATUS_VERSION_NOT_SUFFICIENT);
+        assert_eq!(sym("cuCtxCreate", 11000, 0), Some("cuCtxCreate_v2"));
+        assert_eq!(sym("cuCtxCreate", 11040, 0), Some("cuCtxCreate_v3"));
+        assert_eq!(sym("cuCtxCreate", 12050, 0), Some("cuCtxCreate_v4"));
+        assert_eq!(sym("cuGetProcAddress", 11080, 0), Some("cuGetProcAddress"));
+        assert_eq!(sym("cuGetProcAddress", 12000, 0), Some("cuGetProcAddress_v2"));
+        assert_eq!(sym("cuMemGetInfo", 12000, 0), Some("cuMemGetInfo_v2"));
+        assert_eq!(sym("cuLaunchKernel", 12000, 0), Some("cuLaunchKernel"));
+        assert_eq!(sym("cuLaunchKernel", 12000, 1), Some("cuLaunchKernel"));
+        assert_eq!(sym("cuLaunchKernel", 12000, 2), Some("cuLaunchKernel_ptsz"));
+        assert_eq!(sym("cuGraphLaunch", 12000, 2), Some("cuGraphLaunch_ptsz"));
+        assert_eq!(sym("cuMemAllocAsync", 12000, 2), Some("cuMemAllocAsync_ptsz"));
+        assert_eq!(sym("cuMemcpyHtoD", 12000, 2), Some("cuMemcpyHtoD_v2_ptds"));
+        // No per-thread variant: the flag falls back to the normal one.
+        assert_eq!(sym("cuMemAlloc", 12000, 2), Some("cuMemAlloc_v2"));
+        assert_eq!(sym("cuDevicePrimaryCtxRelease", 12000, 0), Some("cuDevicePrimaryCtxRelease_v2"));
+        assert_eq!(resolve("cuNoSuchThing", 12000, 0).unwrap_err(), STATUS_SYMBOL_NOT_FOUND);
+        // Exported names are unique.
+        let mut names: Vec<_> = entry_points().iter().map(|e| e.symbol).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), entry_points().len());
+    }
+
+    #[test]
+    fn proc_address_returns_own_functions() {
+        let mut p: *mut c_void = std::ptr::null_mut();
+        let mut st: c_int = -1;
+        let name = c"cuLaunchKernel";
+        // SAFETY: valid pointers to locals.
+        let rc = unsafe { cuGetProcAddress_v2(name.as_ptr(), &mut p, 12040, 2, &mut st) };
+        assert_eq!((rc, st), (cu::SUCCESS, STATUS_SUCCESS));
+        assert_eq!(p as usize, cuLaunchKernel_ptsz as *const () as usize);
+        let bad = c"cuBogus";
+        // SAFETY: as above.
+        let rc = unsafe { cuGetProcAddress_v2(bad.as_ptr(), &mut p, 12040, 0, &mut st) };
+        assert_eq!((rc, st, p.is_null()), (cu::NOT_FOUND, STATUS_SYMBOL_NOT_FOUND, true));
+    }
+}
