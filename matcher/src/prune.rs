@@ -1,0 +1,186 @@
+//! Candidate pruning: keep each job's best `k` GPUs (config
+//! `matcher.candidates_per_job`). This is part of the production path; the
+//! solver is exact on the pruned graph.
+//!
+//! Order: higher weight first, on equal weight the lower GPU index, so the
+//! kept set is a function of the scores alone.
+
+use crate::solver::Edge;
+
+/// The best `k` of a stream of (weight, gpu) offers.
+struct TopK {
+    k: usize,
+    items: Vec<(i64, u32)>,
+    /// Index of the worst kept item once full.
+    worst: usize,
+}
+
+/// `a` ranks above `b`: higher weight, then lower GPU.
+fn better(a: (i64, u32), b: (i64, u32)) -> bool {
+    a.0 > b.0 || (a.0 == b.0 && a.1 < b.1)
+}
+
+impl TopK {
+    fn new(k: usize) -> Self {
+        TopK {
+            k,
+            items: Vec::with_capacity(k),
+            worst: 0,
+        }
+    }
+
+    fn clear(&mut self) {
+        self.items.clear();
+        self.worst = 0;
+    }
+
+    /// Cheap pre-check for the hot loop: could weight `w` enter at all?
+    #[inline]
+    fn admits(&self, w: i64) -> bool {
+        self.items.len() < self.k || w >= self.items[self.worst].0
+    }
+
+    fn offer(&mut self, item: (i64, u32)) {
+        if self.k == 0 {
+            return;
+        }
+        if self.items.len() < self.k {
+            self.items.push(item);
+            if self.items.len() == self.k {
+                self.find_worst();
+            }
+        } else if better(item, self.items[self.worst]) {
+            self.items[self.worst] = item;
+            self.find_worst();
+        }
+    }
+
+    fn find_worst(&mut self) {
+        let mut worst = 0;
+        for i in 1..self.items.len() {
+            if better(self.items[worst], self.items[i]) {
+                worst = i;
+            }
+        }
+        self.worst = worst;
+    }
+
+    fn drain_into(&mut self, job: u32, out: &mut Vec<Edge>) {
+        self.items.sort_unstable_by_key(|&(_, g)| g);
+        out.extend(
+            self.items
+                .iter()
+                .map(|&(weight, gpu)| Edge { job, gpu, weight }),
+        );
+        self.clear();
+    }
+}
+
+/// Keeps each job's best `k` edges of an explicit edge list. Output sorted by
+/// (job, GPU).
+pub fn prune_candidates(edges: &[Edge], k: usize) -> Vec<Edge> {
+    let mut sorted = edges.to_vec();
+    sorted.sort_unstable_by_key(|e| (e.job, e.gpu));
+    let mut out = Vec::with_capacity(sorted.len().min(k * 1024));
+    let mut top = TopK::new(k);
+    let mut i = 0;
+    while i < sorted.len() {
+        let job = sorted[i].job;
+        while i < sorted.len() && sorted[i].job == job {
+            top.offer((sorted[i].weight, sorted[i].gpu));
+            i += 1;
+        }
+        top.drain_into(job, &mut out);
+    }
+    out
+}
+
+/// Scores every (job, GPU) pair with `score` (`None` = infeasible) and keeps
+/// each job's best `k`, on `threads` threads (jobs split in contiguous
+/// blocks). Output sorted by (job, GPU). This is the path a predictor feeds:
+/// the dense score matrix is never stored, memory is O(jobs × k).
+pub fn prune_scored<F>(jobs: usize, gpus: usize, k: usize, threads: usize, score: F) -> Vec<Edge>
+where
+    F: Fn(u32, u32) -> Option<i64> + Sync,
+{
+    let scan = |lo: usize, hi: usize| {
+        let mut out = Vec::with_capacity((hi - lo) * k);
+        let mut top = TopK::new(k);
+        for j in lo..hi {
+            for g in 0..gpus as u32 {
+                if let Some(w) = score(j as u32, g) {
+                    if top.admits(w) {
+                        top.offer((w, g));
+                    }
+                }
+            }
+            top.drain_into(j as u32, &mut out);
+        }
+        out
+    };
+    let threads = threads.clamp(1, jobs.max(1));
+    if threads == 1 {
+        return scan(0, jobs);
+    }
+    let block = jobs.div_ceil(threads);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let (lo, hi) = ((t * block).min(jobs), ((t + 1) * block).min(jobs));
+                let scan = &scan;
+                s.spawn(move || scan(lo, hi))
+            })
+            .collect();
+        let mut out = Vec::with_capacity(jobs * k);
+        for h in handles {
+            out.extend(h.join().expect("pruning worker panicked"));
+        }
+        out
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn e(job: u32, gpu: u32, weight: i64) -> Edge {
+        Edge { job, gpu, weight }
+    }
+
+    #[test]
+    fn keeps_best_k_with_ties_to_lower_gpu() {
+        let edges = vec![
+            e(0, 5, 10),
+            e(0, 1, 30),
+            e(0, 3, 10),
+            e(0, 2, 20),
+            e(1, 0, 7),
+            e(0, 4, 10),
+        ];
+        let kept = prune_candidates(&edges, 3);
+        assert_eq!(
+            kept,
+            vec![e(0, 1, 30), e(0, 2, 20), e(0, 3, 10), e(1, 0, 7)]
+        );
+    }
+
+    #[test]
+    fn scored_matches_explicit_on_any_thread_count() {
+        let score = |j: u32, g: u32| {
+            let h = (j as i64 * 7919 + g as i64 * 104_729) % 97;
+            (h % 5 != 0).then_some(h / 3 + 1)
+        };
+        let mut all = Vec::new();
+        for j in 0..37 {
+            for g in 0..53 {
+                if let Some(w) = score(j, g) {
+                    all.push(e(j, g, w));
+                }
+            }
+        }
+        let expect = prune_candidates(&all, 6);
+        for threads in [1, 2, 3] {
+            assert_eq!(prune_scored(37, 53, 6, threads, score), expect);
+        }
+    }
+}

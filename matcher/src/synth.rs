@@ -1,0 +1,377 @@
+//! Synthetic clusters for tests and the bench, deterministic by seed.
+//!
+//! A cluster is GPUs of a few models, each running an online service of some
+//! kind (SM activity, memory), and pending offline jobs of a few kinds (SM
+//! demand, memory). The stand-in for the predictor gives the normalized
+//! offline throughput of job `j` on GPU `g`:
+//!
+//! ```text
+//! base(kind, model, online) = speed(model) · min(1, (1 − sm(online)) / demand(kind))
+//!                                          · (1 − 0.3 · sm(online))
+//! w(j, g) = base · job_factor(j) · gpu_factor(g) · (1 ± 3% noise(j, g))
+//! ```
+//!
+//! capped at 1.0, and absent (infeasible) when the GPU is unhealthy (5%), its
+//! offline slot is taken (10%), or job memory + online memory + 2 GB headroom
+//! exceeds the GPU's memory. That is the "job factor times GPU factor plus
+//! noise" shape that makes dense Kuhn–Munkres slow. `Uniform` mode keeps the
+//! health/slot filter and draws every feasible weight uniformly from (0, 1].
+//! Per-pair values are hashes of (seed, job, GPU): the dense weight matrix is
+//! never stored, a pair costs a few nanoseconds to score.
+
+use crate::prune::prune_scored;
+use crate::solver::Edge;
+use crate::weights::quantize;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightMode {
+    Structured,
+    Uniform,
+}
+
+pub struct GpuModel {
+    pub name: &'static str,
+    /// Offline speed alone on the GPU, relative to the fastest model.
+    pub speed: f64,
+    pub mem_gb: f64,
+    pub share: f64,
+}
+
+pub struct OnlineKind {
+    pub name: &'static str,
+    pub sm_activity: f64,
+    pub mem_gb: f64,
+    pub share: f64,
+}
+
+pub struct OfflineKind {
+    pub name: &'static str,
+    pub sm_demand: f64,
+    pub mem_gb: f64,
+    pub share: f64,
+}
+
+pub const GPU_MODELS: [GpuModel; 4] = [
+    GpuModel {
+        name: "H100",
+        speed: 1.0,
+        mem_gb: 80.0,
+        share: 0.20,
+    },
+    GpuModel {
+        name: "A100",
+        speed: 0.60,
+        mem_gb: 80.0,
+        share: 0.45,
+    },
+    GpuModel {
+        name: "L40",
+        speed: 0.42,
+        mem_gb: 48.0,
+        share: 0.20,
+    },
+    GpuModel {
+        name: "A10",
+        speed: 0.22,
+        mem_gb: 24.0,
+        share: 0.15,
+    },
+];
+
+pub const ONLINE_KINDS: [OnlineKind; 4] = [
+    OnlineKind {
+        name: "search-embedding",
+        sm_activity: 0.12,
+        mem_gb: 8.0,
+        share: 0.30,
+    },
+    OnlineKind {
+        name: "ads-ranking",
+        sm_activity: 0.25,
+        mem_gb: 18.0,
+        share: 0.30,
+    },
+    OnlineKind {
+        name: "llm-serving",
+        sm_activity: 0.45,
+        mem_gb: 40.0,
+        share: 0.20,
+    },
+    OnlineKind {
+        name: "video-ocr",
+        sm_activity: 0.60,
+        mem_gb: 12.0,
+        share: 0.20,
+    },
+];
+
+pub const OFFLINE_KINDS: [OfflineKind; 5] = [
+    OfflineKind {
+        name: "cv-train",
+        sm_demand: 0.35,
+        mem_gb: 10.0,
+        share: 0.30,
+    },
+    OfflineKind {
+        name: "bert-finetune",
+        sm_demand: 0.55,
+        mem_gb: 22.0,
+        share: 0.25,
+    },
+    OfflineKind {
+        name: "recsys-train",
+        sm_demand: 0.45,
+        mem_gb: 16.0,
+        share: 0.20,
+    },
+    OfflineKind {
+        name: "llm-lora",
+        sm_demand: 0.85,
+        mem_gb: 34.0,
+        share: 0.15,
+    },
+    OfflineKind {
+        name: "rl-rollout",
+        sm_demand: 0.25,
+        mem_gb: 6.0,
+        share: 0.10,
+    },
+];
+
+const CLASSES: usize = GPU_MODELS.len() * ONLINE_KINDS.len();
+const NOISE: f64 = 0.03;
+const UNHEALTHY: f64 = 0.05;
+const SLOT_TAKEN: f64 = 0.10;
+const MEM_HEADROOM_GB: f64 = 2.0;
+
+#[derive(Debug, Clone, Copy)]
+pub struct Gpu {
+    pub model: u8,
+    pub online: u8,
+    pub healthy: bool,
+    pub slot_free: bool,
+    pub factor: f64,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Job {
+    pub kind: u8,
+    pub factor: f64,
+}
+
+pub struct Cluster {
+    pub mode: WeightMode,
+    pub seed: u64,
+    pub gpus: Vec<Gpu>,
+    pub jobs: Vec<Job>,
+    /// Per GPU: its class (model × online kind), or `u8::MAX` when it cannot
+    /// take an offline job at all (unhealthy, slot taken).
+    eligible_class: Vec<u8>,
+    /// `base[kind][class]`, 0.0 where the job does not fit.
+    base: Vec<[f64; CLASSES]>,
+}
+
+/// SplitMix64: small, fast, and good enough for synthetic data.
+pub struct SplitMix64(u64);
+
+impl SplitMix64 {
+    pub fn new(seed: u64) -> Self {
+        SplitMix64(seed)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        mix(self.0)
+    }
+    /// Uniform in [0, 1).
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+    fn pick(&mut self, shares: &[f64]) -> u8 {
+        let total: f64 = shares.iter().sum();
+        let mut x = self.next_f64() * total;
+        for (i, s) in shares.iter().enumerate() {
+            if x < *s {
+                return i as u8;
+            }
+            x -= s;
+        }
+        (shares.len() - 1) as u8
+    }
+}
+
+#[inline]
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Uniform in [0, 1) from (seed, job, GPU).
+#[inline]
+fn pair_unit(seed: u64, j: u32, g: u32) -> f64 {
+    let h = mix(seed ^ ((j as u64) << 32 | g as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    (h >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+}
+
+impl Cluster {
+    pub fn generate(gpus: usize, jobs: usize, seed: u64, mode: WeightMode) -> Cluster {
+        let mut rng = SplitMix64::new(seed);
+        let model_shares: Vec<f64> = GPU_MODELS.iter().map(|m| m.share).collect();
+        let online_shares: Vec<f64> = ONLINE_KINDS.iter().map(|k| k.share).collect();
+        let kind_shares: Vec<f64> = OFFLINE_KINDS.iter().map(|k| k.share).collect();
+        let gpus: Vec<Gpu> = (0..gpus)
+            .map(|_| Gpu {
+                model: rng.pick(&model_shares),
+                online: rng.pick(&online_shares),
+                healthy: rng.next_f64() >= UNHEALTHY,
+                slot_free: rng.next_f64() >= SLOT_TAKEN,
+                factor: 0.85 + 0.15 * rng.next_f64(),
+            })
+            .collect();
+        let jobs: Vec<Job> = (0..jobs)
+            .map(|_| Job {
+                kind: rng.pick(&kind_shares),
+                factor: 0.8 + 0.2 * rng.next_f64(),
+            })
+            .collect();
+        let eligible_class = gpus
+            .iter()
+            .map(|g| {
+                if g.healthy && g.slot_free {
+                    g.model * ONLINE_KINDS.len() as u8 + g.online
+                } else {
+                    u8::MAX
+                }
+            })
+            .collect();
+        let base = OFFLINE_KINDS
+            .iter()
+            .map(|kind| {
+                let mut row = [0.0; CLASSES];
+                for (m, model) in GPU_MODELS.iter().enumerate() {
+                    for (o, online) in ONLINE_KINDS.iter().enumerate() {
+                        let fits = kind.mem_gb + online.mem_gb + MEM_HEADROOM_GB <= model.mem_gb;
+                        if fits {
+                            let share = ((1.0 - online.sm_activity) / kind.sm_demand).min(1.0);
+                            row[m * ONLINE_KINDS.len() + o] =
+                                model.speed * share * (1.0 - 0.3 * online.sm_activity);
+                        }
+                    }
+                }
+                row
+            })
+            .collect();
+        Cluster {
+            mode,
+            seed,
+            gpus,
+            jobs,
+            eligible_class,
+            base,
+        }
+    }
+
+    /// Predicted normalized throughput of job `j` on GPU `g`; `None` when the
+    /// pair is infeasible.
+    #[inline]
+    pub fn throughput(&self, j: u32, g: u32) -> Option<f64> {
+        let class = self.eligible_class[g as usize];
+        if class == u8::MAX {
+            return None;
+        }
+        let u = pair_unit(self.seed, j, g);
+        match self.mode {
+            // 1 − u is in (0, 1].
+            WeightMode::Uniform => Some(1.0 - u),
+            WeightMode::Structured => {
+                let job = self.jobs[j as usize];
+                let b = self.base[job.kind as usize][class as usize];
+                if b == 0.0 {
+                    return None;
+                }
+                let w =
+                    b * job.factor * self.gpus[g as usize].factor * (1.0 + NOISE * (2.0 * u - 1.0));
+                Some(w.min(1.0))
+            }
+        }
+    }
+
+    /// Integer weight of a pair (see [`crate::weights`]).
+    #[inline]
+    pub fn weight(&self, j: u32, g: u32) -> Option<i64> {
+        self.throughput(j, g).and_then(quantize)
+    }
+
+    /// The candidate graph: every pair scored, each job's best `k` kept.
+    pub fn candidates(&self, k: usize, threads: usize) -> Vec<Edge> {
+        prune_scored(self.jobs.len(), self.gpus.len(), k, threads, |j, g| {
+            self.weight(j, g)
+        })
+    }
+
+    /// All feasible edges (tests and small instances only: |J|·|G| of them).
+    pub fn all_edges(&self) -> Vec<Edge> {
+        let mut out = Vec::new();
+        for j in 0..self.jobs.len() as u32 {
+            for g in 0..self.gpus.len() as u32 {
+                if let Some(weight) = self.weight(j, g) {
+                    out.push(Edge {
+                        job: j,
+                        gpu: g,
+                        weight,
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    pub fn eligible_gpus(&self) -> usize {
+        self.eligible_class
+            .iter()
+            .filter(|&&c| c != u8::MAX)
+            .count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deterministic_by_seed_and_in_range() {
+        for mode in [WeightMode::Structured, WeightMode::Uniform] {
+            let a = Cluster::generate(50, 30, 7, mode).all_edges();
+            let b = Cluster::generate(50, 30, 7, mode).all_edges();
+            let c = Cluster::generate(50, 30, 8, mode).all_edges();
+            assert_eq!(a, b);
+            assert_ne!(a, c);
+            assert!(!a.is_empty());
+            assert!(a.iter().all(|e| e.weight > 0 && e.weight <= 1_000_000));
+        }
+    }
+
+    #[test]
+    fn structured_excludes_memory_misfits() {
+        let c = Cluster::generate(400, 100, 1, WeightMode::Structured);
+        // llm-lora (34 GB) never fits an A10 (24 GB).
+        let lora = OFFLINE_KINDS
+            .iter()
+            .position(|k| k.name == "llm-lora")
+            .unwrap() as u8;
+        let a10 = GPU_MODELS.iter().position(|m| m.name == "A10").unwrap() as u8;
+        for (j, job) in c.jobs.iter().enumerate() {
+            for (g, gpu) in c.gpus.iter().enumerate() {
+                if job.kind == lora && gpu.model == a10 {
+                    assert_eq!(c.weight(j as u32, g as u32), None);
+                }
+                if !gpu.healthy || !gpu.slot_free {
+                    assert_eq!(c.weight(j as u32, g as u32), None);
+                }
+            }
+        }
+    }
+}
