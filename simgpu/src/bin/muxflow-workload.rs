@@ -1,0 +1,316 @@
+//! Workload program: loads libcuda like frameworks do (dlopen, then
+//! cuGetProcAddress for every entry point) and runs an online service or an
+//! offline trainer. Prints one `key=value` report line; exits 0 on SIGTERM/SIGINT.
+
+use clap::{Parser, Subcommand};
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+type Res = u32;
+type H = *mut c_void;
+type GetProc = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> Res;
+
+#[derive(Parser)]
+#[command(name = "muxflow-workload", about = "Simulated DL workload over the CUDA driver API")]
+struct Cli {
+    #[command(subcommand)]
+    mode: Mode,
+}
+
+#[derive(Subcommand)]
+enum Mode {
+    /// Latency-critical service: requests at a fixed rate, each a few kernels.
+    Online {
+        #[arg(long, default_value_t = 200.0)]
+        rate: f64,
+        /// Seconds; runs until signalled when absent.
+        #[arg(long)]
+        duration: Option<f64>,
+        #[arg(long, default_value_t = 3)]
+        kernels: u32,
+        #[arg(long, default_value_t = 300)]
+        kernel_us: u64,
+        #[arg(long, default_value_t = 64)]
+        blocks: u32,
+        #[arg(long, default_value_t = 0)]
+        device: c_int,
+    },
+    /// Best-effort trainer: back-to-back steps of many kernels plus allocations.
+    Offline {
+        #[arg(long)]
+        duration: Option<f64>,
+        #[arg(long, default_value_t = 20)]
+        kernels_per_step: u32,
+        #[arg(long, default_value_t = 500)]
+        kernel_us: u64,
+        #[arg(long, default_value_t = 132)]
+        blocks: u32,
+        /// Persistent allocation (weights), MiB; each step also allocates and frees a quarter of it.
+        #[arg(long, default_value_t = 256)]
+        alloc_mib: u64,
+        /// Replay each step as a captured CUDA graph (cuGraphLaunch).
+        #[arg(long)]
+        graph: bool,
+        #[arg(long, default_value_t = 0)]
+        device: c_int,
+    },
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+struct Api {
+    get: GetProc,
+    version: c_int,
+    flags: u64,
+}
+
+impl Api {
+    /// Resolves through cuGetProcAddress; a missing entry point is fatal.
+    fn sym<T: Copy>(&self, name: &str) -> T {
+        let c = CString::new(name).expect("name");
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: cuGetProcAddress with valid pointers.
+        let rc = unsafe { (self.get)(c.as_ptr(), &mut p, self.version, self.flags) };
+        if rc != 0 || p.is_null() {
+            eprintln!("muxflow-workload: cuGetProcAddress({name}) failed: {rc}");
+            std::process::exit(2);
+        }
+        assert_eq!(std::mem::size_of::<T>(), std::mem::size_of::<*mut c_void>());
+        // SAFETY: T is the function-pointer type of `name` as declared by the CUDA API.
+        unsafe { std::mem::transmute_copy(&p) }
+    }
+}
+
+struct Cuda {
+    err_name: unsafe extern "C" fn(Res, *mut *const c_char) -> Res,
+    retain: unsafe extern "C" fn(*mut H, c_int) -> Res,
+    release: unsafe extern "C" fn(c_int) -> Res,
+    set_current: unsafe extern "C" fn(H) -> Res,
+    module_load_data: unsafe extern "C" fn(*mut H, *const c_void) -> Res,
+    get_function: unsafe extern "C" fn(*mut H, H, *const c_char) -> Res,
+    launch: unsafe extern "C" fn(H, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, H, *mut *mut c_void, *mut *mut c_void) -> Res,
+    stream_sync: unsafe extern "C" fn(H) -> Res,
+    ctx_sync: unsafe extern "C" fn() -> Res,
+    alloc: unsafe extern "C" fn(*mut u64, usize) -> Res,
+    free: unsafe extern "C" fn(u64) -> Res,
+    alloc_async: unsafe extern "C" fn(*mut u64, usize, H) -> Res,
+    free_async: unsafe extern "C" fn(u64, H) -> Res,
+    begin_capture: unsafe extern "C" fn(H, c_int) -> Res,
+    end_capture: unsafe extern "C" fn(H, *mut H) -> Res,
+    instantiate: unsafe extern "C" fn(*mut H, H, u64) -> Res,
+    graph_launch: unsafe extern "C" fn(H, H) -> Res,
+}
+
+struct Failed(Res, &'static str);
+
+fn ok(rc: Res, what: &'static str) -> Result<(), Failed> {
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(Failed(rc, what))
+    }
+}
+
+fn load(flags: u64) -> Cuda {
+    let lib = c"libcuda.so.1";
+    // SAFETY: dlopen/dlsym with NUL-terminated names; the handle is kept for the process lifetime.
+    let get: GetProc = unsafe {
+        let h = libc::dlopen(lib.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
+        if h.is_null() {
+            let e = CStr::from_ptr(libc::dlerror()).to_string_lossy().into_owned();
+            eprintln!("muxflow-workload: dlopen(libcuda.so.1): {e}");
+            std::process::exit(2);
+        }
+        let s = libc::dlsym(h, c"cuGetProcAddress".as_ptr());
+        if s.is_null() {
+            eprintln!("muxflow-workload: libcuda.so.1 has no cuGetProcAddress");
+            std::process::exit(2);
+        }
+        std::mem::transmute::<*mut c_void, GetProc>(s)
+    };
+    let api = Api { get, version: 12040, flags };
+    // SAFETY: resolved by the driver for this exact name.
+    let init: unsafe extern "C" fn(c_uint) -> Res = api.sym("cuInit");
+    // SAFETY: cuInit(0).
+    let rc = unsafe { init(0) };
+    if rc != 0 {
+        eprintln!("muxflow-workload: cuInit failed: {rc}");
+        println!("error={rc}");
+        std::process::exit(3);
+    }
+    Cuda {
+        err_name: api.sym("cuGetErrorName"),
+        retain: api.sym("cuDevicePrimaryCtxRetain"),
+        release: api.sym("cuDevicePrimaryCtxRelease"),
+        set_current: api.sym("cuCtxSetCurrent"),
+        module_load_data: api.sym("cuModuleLoadData"),
+        get_function: api.sym("cuModuleGetFunction"),
+        launch: api.sym("cuLaunchKernel"),
+        stream_sync: api.sym("cuStreamSynchronize"),
+        ctx_sync: api.sym("cuCtxSynchronize"),
+        alloc: api.sym("cuMemAlloc"),
+        free: api.sym("cuMemFree"),
+        alloc_async: api.sym("cuMemAllocAsync"),
+        free_async: api.sym("cuMemFreeAsync"),
+        begin_capture: api.sym("cuStreamBeginCapture"),
+        end_capture: api.sym("cuStreamEndCapture"),
+        instantiate: api.sym("cuGraphInstantiateWithFlags"),
+        graph_launch: api.sym("cuGraphLaunch"),
+    }
+}
+
+fn pct(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+}
+
+fn main() {
+    let cli = Cli::parse();
+    // SAFETY: installing a handler that only stores to an atomic.
+    unsafe {
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+    }
+    let (flags, device) = match &cli.mode {
+        Mode::Online { device, .. } => (0, *device),
+        // The trainer exercises the per-thread-default-stream (_ptsz) variants.
+        Mode::Offline { device, .. } => (2, *device),
+    };
+    let cu = load(flags);
+    let mut ctx: H = std::ptr::null_mut();
+    let start = Instant::now();
+    let mut report = String::new();
+    let mut allocs: Vec<u64> = Vec::new();
+    // SAFETY: every call below goes to entry points resolved for their exact signatures.
+    let result = unsafe {
+        (|| -> Result<(), Failed> {
+            ok((cu.retain)(&mut ctx, device), "cuDevicePrimaryCtxRetain")?;
+            ok((cu.set_current)(ctx), "cuCtxSetCurrent")?;
+            let mut module: H = std::ptr::null_mut();
+            ok((cu.module_load_data)(&mut module, c"simgpu".as_ptr() as *const c_void), "cuModuleLoadData")?;
+            let done = |d: Option<f64>| STOP.load(Ordering::SeqCst) || d.is_some_and(|d| start.elapsed().as_secs_f64() >= d);
+            match cli.mode {
+                Mode::Online { rate, duration, kernels, kernel_us, blocks, .. } => {
+                    let name = CString::new(format!("sim_kernel_{kernel_us}us")).unwrap();
+                    let mut f: H = std::ptr::null_mut();
+                    ok((cu.get_function)(&mut f, module, name.as_ptr()), "cuModuleGetFunction")?;
+                    let mut lat = Vec::new();
+                    let period = 1.0 / rate.max(0.001);
+                    let mut res = Ok(());
+                    while !done(duration) {
+                        let due = start + Duration::from_secs_f64(period * lat.len() as f64);
+                        let now = Instant::now();
+                        if due > now {
+                            std::thread::sleep((due - now).min(Duration::from_millis(50)));
+                            continue;
+                        }
+                        let r = (|| {
+                            for _ in 0..kernels {
+                                ok((cu.launch)(f, blocks, 1, 1, 128, 1, 1, 0, std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut()), "cuLaunchKernel")?;
+                            }
+                            ok((cu.stream_sync)(std::ptr::null_mut()), "cuStreamSynchronize")
+                        })();
+                        if r.is_err() {
+                            res = r;
+                            break;
+                        }
+                        lat.push(due.elapsed().as_secs_f64() * 1e3);
+                    }
+                    let el = start.elapsed().as_secs_f64();
+                    let n = lat.len();
+                    lat.sort_by(|a, b| a.total_cmp(b));
+                    report = format!(
+                        "mode=online requests={n} rps={:.1} p50_ms={:.3} p99_ms={:.3} elapsed_s={el:.2}",
+                        n as f64 / el,
+                        pct(&lat, 0.5),
+                        pct(&lat, 0.99)
+                    );
+                    res
+                }
+                Mode::Offline { duration, kernels_per_step, kernel_us, blocks, alloc_mib, graph, .. } => {
+                    let name = CString::new(format!("sim_kernel_{kernel_us}us")).unwrap();
+                    let mut f: H = std::ptr::null_mut();
+                    ok((cu.get_function)(&mut f, module, name.as_ptr()), "cuModuleGetFunction")?;
+                    let mib = 1u64 << 20;
+                    let mut weights = 0u64;
+                    ok((cu.alloc)(&mut weights, (alloc_mib * mib) as usize), "cuMemAlloc")?;
+                    allocs.push(weights);
+                    let step_bytes = (alloc_mib * mib / 4).max(mib);
+                    let null = std::ptr::null_mut();
+                    let mut exec: H = null;
+                    if graph {
+                        ok((cu.begin_capture)(null, 0), "cuStreamBeginCapture")?;
+                        for _ in 0..kernels_per_step {
+                            ok((cu.launch)(f, blocks, 1, 1, 256, 1, 1, 0, null, std::ptr::null_mut(), std::ptr::null_mut()), "cuLaunchKernel")?;
+                        }
+                        let mut g: H = null;
+                        ok((cu.end_capture)(null, &mut g), "cuStreamEndCapture")?;
+                        ok((cu.instantiate)(&mut exec, g, 0), "cuGraphInstantiateWithFlags")?;
+                    }
+                    let mut steps = 0u64;
+                    let mut res = Ok(());
+                    while !done(duration) {
+                        let r = (|| {
+                            let mut act = 0u64;
+                            ok((cu.alloc_async)(&mut act, step_bytes as usize, null), "cuMemAllocAsync")?;
+                            if graph {
+                                ok((cu.graph_launch)(exec, null), "cuGraphLaunch")?;
+                            } else {
+                                for _ in 0..kernels_per_step {
+                                    ok((cu.launch)(f, blocks, 1, 1, 256, 1, 1, 0, null, std::ptr::null_mut(), std::ptr::null_mut()), "cuLaunchKernel")?;
+                                }
+                            }
+                            ok((cu.free_async)(act, null), "cuMemFreeAsync")?;
+                            ok((cu.stream_sync)(null), "cuStreamSynchronize")
+                        })();
+                        if r.is_err() {
+                            res = r;
+                            break;
+                        }
+                        steps += 1;
+                    }
+                    let el = start.elapsed().as_secs_f64();
+                    report = format!(
+                        "mode=offline steps={steps} steps_per_s={:.2} peak_mib={} elapsed_s={el:.2}",
+                        steps as f64 / el,
+                        alloc_mib + step_bytes / mib
+                    );
+                    res
+                }
+            }
+        })()
+    };
+    // Graceful exit: synchronize, free, release the context.
+    // SAFETY: entry points resolved above; failures here are reported, not fatal.
+    let code = unsafe {
+        match result {
+            Ok(()) => {
+                let _ = (cu.ctx_sync)();
+                for a in allocs {
+                    let _ = (cu.free)(a);
+                }
+                if !ctx.is_null() {
+                    let _ = (cu.release)(device);
+                }
+                println!("{report}");
+                0
+            }
+            Err(Failed(rc, what)) => {
+                let mut n: *const c_char = std::ptr::null();
+                (cu.err_name)(rc, &mut n);
+                let name = if n.is_null() { "?".into() } else { CStr::from_ptr(n).to_string_lossy().into_owned() };
+                eprintln!("muxflow-workload: {what} failed: {name} ({rc})");
+                println!("{report}{}error={name} code={rc} call={what}", if report.is_empty() { "" } else { " " });
+                1
+            }
+        }
+    };
+    std::process::exit(code);
+}
