@@ -193,7 +193,7 @@ pub struct Daemon {
 
 fn spawn_server() -> std::io::Result<i32> {
     // SAFETY: the daemon is single-threaded; the child only calls
-    // async-signal-safe functions (prctl, getppid, pause, _exit).
+    // async-signal-safe functions (prctl, getppid, close, pause, _exit).
     unsafe {
         let parent = libc::getpid();
         match libc::fork() {
@@ -202,6 +202,11 @@ fn spawn_server() -> std::io::Result<i32> {
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
                 if libc::getppid() != parent {
                     libc::_exit(0);
+                }
+                // Drop inherited sockets (the client connection being served
+                // must see EOF when the daemon closes it).
+                for fd in 3..1024 {
+                    libc::close(fd);
                 }
                 loop {
                     libc::pause();
