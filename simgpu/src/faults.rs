@@ -27,7 +27,13 @@ pub fn is_fatal_xid(xid: u64) -> bool {
 }
 
 /// Applies a fault; returns the pids it touched.
-pub fn inject(dir: &SimDir, index: u32, gpu: &SharedGpu, fault: Fault, pid: Option<i32>) -> Vec<i32> {
+pub fn inject(
+    dir: &SimDir,
+    index: u32,
+    gpu: &SharedGpu,
+    fault: Fault,
+    pid: Option<i32>,
+) -> Vec<i32> {
     let mut t = gpu.lock();
     t.prune_dead();
     let mut touched = Vec::new();

@@ -173,7 +173,13 @@ pub fn utilization(kernels: &[KernelSpan], ext: ExternalLoad, t0: u64, t1: u64) 
 }
 
 /// Time-averaged busy SMs over `[t0, t1)` / sm_count (plus external load), in [0, 1].
-pub fn sm_activity(p: &ModelParams, kernels: &[KernelSpan], ext: ExternalLoad, t0: u64, t1: u64) -> f64 {
+pub fn sm_activity(
+    p: &ModelParams,
+    kernels: &[KernelSpan],
+    ext: ExternalLoad,
+    t0: u64,
+    t1: u64,
+) -> f64 {
     if t1 <= t0 {
         return 0.0;
     }
@@ -225,7 +231,11 @@ mod tests {
     /// Runs clients launching back-to-back kernels (one stream each) from
     /// t=0 to `until`, all launches interleaved in time order; returns each
     /// client's completed kernel count and the recorded spans.
-    fn run(p: &ModelParams, clients: &[(u64, u32, u32)], until: u64) -> (Vec<u64>, Vec<KernelSpan>) {
+    fn run(
+        p: &ModelParams,
+        clients: &[(u64, u32, u32)],
+        until: u64,
+    ) -> (Vec<u64>, Vec<KernelSpan>) {
         // (blocks, cap, priority); every kernel is 1 ms solo.
         let mut tails = vec![0u64; clients.len()];
         let mut done = vec![0u64; clients.len()];
@@ -260,11 +270,18 @@ mod tests {
         let p = ModelParams::default();
         let full = p.sm_count;
         let (alone, s1) = run(&p, &[(full as u64, full, 0)], 1000 * MS);
-        let (two, s2) = run(&p, &[(full as u64, full, 0), (full as u64, full, 0)], 1000 * MS);
+        let (two, s2) = run(
+            &p,
+            &[(full as u64, full, 0), (full as u64, full, 0)],
+            1000 * MS,
+        );
         // Alone: exactly solo time per kernel, GPU saturated, clock at the floor.
         assert_eq!(alone[0], 1000);
         // Overlapping: each client's step time grows (fewer kernels done).
-        assert!(two[0] < alone[0] * 6 / 10 && two[1] < alone[0] * 6 / 10, "{two:?}");
+        assert!(
+            two[0] < alone[0] * 6 / 10 && two[1] < alone[0] * 6 / 10,
+            "{two:?}"
+        );
         let a1 = sample(&p, &s1, ExternalLoad::default(), 1000 * MS);
         let a2 = sample(&p, &s2, ExternalLoad::default(), 1000 * MS);
         assert!(a1.utilization > 0.99 && a2.utilization > 0.99);
@@ -309,14 +326,20 @@ mod tests {
         let (full, _) = run(&p, &[(132, 132, 0)], 1000 * MS);
         let (half, s) = run(&p, &[(132, sm_cap(132, 50), 0)], 1000 * MS);
         // Half the SMs: the same work takes about twice as long...
-        assert!(half[0] * 2 <= full[0] + 2 && half[0] * 2 + 2 >= full[0], "{half:?} {full:?}");
+        assert!(
+            half[0] * 2 <= full[0] + 2 && half[0] * 2 + 2 >= full[0],
+            "{half:?} {full:?}"
+        );
         // ...and leaves half the GPU idle.
         let a = sample(&p, &s, ExternalLoad::default(), 1000 * MS);
         assert!((a.sm_activity - 0.5).abs() < 0.01);
         // Capped offline next to online: the online client slows down less.
         let (shared_uncapped, _) = run(&p, &[(132, 132, 0), (132, 132, 0)], 1000 * MS);
         let (shared_capped, _) = run(&p, &[(132, 132, 0), (132, sm_cap(132, 25), 0)], 1000 * MS);
-        assert!(shared_capped[0] > shared_uncapped[0], "{shared_capped:?} {shared_uncapped:?}");
+        assert!(
+            shared_capped[0] > shared_uncapped[0],
+            "{shared_capped:?} {shared_uncapped:?}"
+        );
     }
 
     #[test]

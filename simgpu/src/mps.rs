@@ -166,7 +166,11 @@ fn stamp() -> String {
 }
 
 fn log_to(path: &Path, who: &str, pid: i32, msg: &str) {
-    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
         let _ = writeln!(f, "{} {who} {pid}] {msg}", stamp());
     }
 }
@@ -223,7 +227,9 @@ impl Daemon {
             pipe_dir,
             log_dir,
             multiuser,
-            default_pct: std::env::var(ENV_PCT).ok().and_then(|v| v.trim().parse().ok()),
+            default_pct: std::env::var(ENV_PCT)
+                .ok()
+                .and_then(|v| v.trim().parse().ok()),
             default_mem: std::env::var(ENV_MEM)
                 .ok()
                 .and_then(|v| MemLimits::parse(&v))
@@ -249,7 +255,10 @@ impl Daemon {
         let sock = socket_path(&self.pipe_dir);
         let _ = std::fs::remove_file(&sock);
         let listener = UnixListener::bind(&sock)?;
-        std::fs::write(self.pipe_dir.join("nvidia-cuda-mps-control.pid"), format!("{}\n", self.pid))?;
+        std::fs::write(
+            self.pipe_dir.join("nvidia-cuda-mps-control.pid"),
+            format!("{}\n", self.pid),
+        )?;
         // SAFETY: ignoring SIGCHLD makes the kernel reap exited servers.
         unsafe { libc::signal(libc::SIGCHLD, libc::SIG_IGN) };
         self.control_log(&format!(
@@ -328,9 +337,17 @@ impl Daemon {
         let pct = |s: &str| s.parse::<u32>().ok().filter(|p| (1..=100).contains(p));
         let reply = match w.as_slice() {
             ["quit"] => return (String::new(), true),
-            ["get_server_list"] => self.servers.iter().map(|s| format!("{}\n", s.pid)).collect(),
+            ["get_server_list"] => self
+                .servers
+                .iter()
+                .map(|s| format!("{}\n", s.pid))
+                .collect(),
             ["get_client_list", spid] => match find(&self.servers, spid) {
-                Some(i) => self.servers[i].clients.iter().map(|c| format!("{c}\n")).collect(),
+                Some(i) => self.servers[i]
+                    .clients
+                    .iter()
+                    .map(|c| format!("{c}\n"))
+                    .collect(),
                 None => "Server not found\n".into(),
             },
             ["get_default_active_thread_percentage"] => {
@@ -343,14 +360,16 @@ impl Daemon {
                 }
                 None => "Invalid percentage\n".into(),
             },
-            ["set_active_thread_percentage", spid, p] => match (find(&self.servers, spid), pct(p)) {
-                (Some(i), Some(p)) => {
-                    self.servers[i].thread_pct = Some(p);
-                    format!("{:.1}\n", p as f64)
+            ["set_active_thread_percentage", spid, p] => {
+                match (find(&self.servers, spid), pct(p)) {
+                    (Some(i), Some(p)) => {
+                        self.servers[i].thread_pct = Some(p);
+                        format!("{:.1}\n", p as f64)
+                    }
+                    (None, _) => "Server not found\n".into(),
+                    _ => "Invalid percentage\n".into(),
                 }
-                (None, _) => "Server not found\n".into(),
-                _ => "Invalid percentage\n".into(),
-            },
+            }
             ["set_default_device_pinned_mem_limit", dev, v] => match (dev.parse(), parse_size(v)) {
                 (Ok(d), Some(b)) => {
                     self.default_mem.per_dev.insert(d, b);
@@ -368,15 +387,19 @@ impl Daemon {
                     _ => "Invalid arguments\n".into(),
                 }
             }
-            ["terminate_client", spid, cpid] => match (find(&self.servers, spid), cpid.parse::<i32>()) {
-                (Some(i), Ok(c)) if self.servers[i].clients.contains(&c) => {
-                    let _ = std::fs::write(terminated_marker(&self.pipe_dir, c), b"");
-                    self.server_log(self.servers[i].pid, &format!("Terminating client {c}"));
-                    String::new()
+            ["terminate_client", spid, cpid] => {
+                match (find(&self.servers, spid), cpid.parse::<i32>()) {
+                    (Some(i), Ok(c)) if self.servers[i].clients.contains(&c) => {
+                        let _ = std::fs::write(terminated_marker(&self.pipe_dir, c), b"");
+                        self.server_log(self.servers[i].pid, &format!("Terminating client {c}"));
+                        String::new()
+                    }
+                    _ => "Client not found\n".into(),
                 }
-                _ => "Client not found\n".into(),
-            },
-            ["@connect", pid, uid] => self.connect(pid.parse().unwrap_or(0), uid.parse().unwrap_or(0)),
+            }
+            ["@connect", pid, uid] => {
+                self.connect(pid.parse().unwrap_or(0), uid.parse().unwrap_or(0))
+            }
             ["@disconnect", pid] => {
                 let pid: i32 = pid.parse().unwrap_or(0);
                 if let Some(s) = self.servers.iter().find(|s| s.clients.contains(&pid)) {
@@ -391,12 +414,18 @@ impl Daemon {
                     let spid = self.servers[i].pid;
                     let clients = self.servers[i].clients.clone();
                     self.servers[i].sticky = clients.clone();
-                    self.server_log(spid, &format!("Client {pid} hit error {code} {}", rest.join(" ")));
+                    self.server_log(
+                        spid,
+                        &format!("Client {pid} hit error {code} {}", rest.join(" ")),
+                    );
                     self.server_log(spid, "Server is handling a fatal GPU error.");
                     let list: Vec<String> = clients.iter().map(|c| c.to_string()).collect();
                     self.server_log(
                         spid,
-                        &format!("The following clients have a sticky error set: {}", list.join(", ")),
+                        &format!(
+                            "The following clients have a sticky error set: {}",
+                            list.join(", ")
+                        ),
                     );
                 }
                 "ok\n".into()
@@ -408,9 +437,15 @@ impl Daemon {
 
     fn connect(&mut self, pid: i32, uid: u32) -> String {
         let want_uid = if self.multiuser { 0 } else { uid };
-        let idx = match self.servers.iter().position(|s| self.multiuser || s.uid == uid) {
+        let idx = match self
+            .servers
+            .iter()
+            .position(|s| self.multiuser || s.uid == uid)
+        {
             Some(i) => {
-                self.control_log(&format!("NEW CLIENT {pid} from user {uid}: Server already exists"));
+                self.control_log(&format!(
+                    "NEW CLIENT {pid} from user {uid}: Server already exists"
+                ));
                 Some(i)
             }
             None => {

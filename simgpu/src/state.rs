@@ -40,13 +40,14 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StateError + '_ {
 }
 
 /// Path of the shared object containing `addr` (dladdr).
-pub fn object_path_of(addr: *const libc::c_void) -> Option<PathBuf> {
+/// `addr` is an address inside the object (e.g. a function's), as an integer.
+pub fn object_path_of(addr: usize) -> Option<PathBuf> {
     use std::os::unix::ffi::OsStrExt;
     // SAFETY: dladdr only reads `addr` and fills `info`; dli_fname, when
     // non-null, is a NUL-terminated string owned by the loader.
     unsafe {
         let mut info: libc::Dl_info = std::mem::zeroed();
-        if libc::dladdr(addr, &mut info) == 0 || info.dli_fname.is_null() {
+        if libc::dladdr(addr as *const libc::c_void, &mut info) == 0 || info.dli_fname.is_null() {
             return None;
         }
         let name = std::ffi::CStr::from_ptr(info.dli_fname);
@@ -161,7 +162,12 @@ pub fn append_line(path: &Path, line: &str) {
 }
 
 /// Creates one node's GPUs under `root` from a template (index/uuid set per GPU).
-pub fn init_node(root: &Path, node: u32, gpus: u32, template: &GpuConfig) -> Result<SimDir, StateError> {
+pub fn init_node(
+    root: &Path,
+    node: u32,
+    gpus: u32,
+    template: &GpuConfig,
+) -> Result<SimDir, StateError> {
     for i in 0..gpus {
         let d = gpu_dir(root, i);
         std::fs::create_dir_all(&d).map_err(io(&d))?;
@@ -182,11 +188,23 @@ pub fn init_node(root: &Path, node: u32, gpus: u32, template: &GpuConfig) -> Res
 }
 
 /// Creates the whole layout: flat when `nodes` is None, else `nodes/node1..N`.
-pub fn init(dir: &Path, gpus: u32, nodes: Option<u32>, template: &GpuConfig) -> Result<Vec<SimDir>, StateError> {
+pub fn init(
+    dir: &Path,
+    gpus: u32,
+    nodes: Option<u32>,
+    template: &GpuConfig,
+) -> Result<Vec<SimDir>, StateError> {
     match nodes {
         None => Ok(vec![init_node(dir, 0, gpus, template)?]),
         Some(n) => (1..=n)
-            .map(|k| init_node(&dir.join("nodes").join(format!("node{k}")), k, gpus, template))
+            .map(|k| {
+                init_node(
+                    &dir.join("nodes").join(format!("node{k}")),
+                    k,
+                    gpus,
+                    template,
+                )
+            })
             .collect(),
     }
 }
@@ -202,7 +220,7 @@ pub fn all_nodes(dir: &Path) -> Result<Vec<(String, SimDir)>, StateError> {
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
-    names.sort_by(|a, b| natural_key(a).cmp(&natural_key(b)));
+    names.sort_by_key(|a| natural_key(a));
     names
         .into_iter()
         .map(|n| Ok((n.clone(), SimDir::open(&nodes.join(&n))?)))
@@ -212,7 +230,10 @@ pub fn all_nodes(dir: &Path) -> Result<Vec<(String, SimDir)>, StateError> {
 fn natural_key(s: &str) -> (String, u64) {
     let digits: String = s.chars().rev().take_while(|c| c.is_ascii_digit()).collect();
     let num: String = digits.chars().rev().collect();
-    (s[..s.len() - num.len()].to_string(), num.parse().unwrap_or(0))
+    (
+        s[..s.len() - num.len()].to_string(),
+        num.parse().unwrap_or(0),
+    )
 }
 
 #[cfg(test)]
@@ -227,14 +248,23 @@ mod tests {
         let lib = t.path().join("lib/libcuda.so.1");
         let none = |_: &str| None;
         assert_eq!(resolve_with(&none, Some(&lib)).unwrap(), st);
-        assert!(matches!(resolve_with(&none, None), Err(StateError::NoStateDir)));
+        assert!(matches!(
+            resolve_with(&none, None),
+            Err(StateError::NoStateDir)
+        ));
         let d = st.to_string_lossy().into_owned();
         let env = move |k: &str| (k == ENV_DIR).then(|| d.clone());
         assert_eq!(resolve_with(&env, None).unwrap(), st);
         std::fs::create_dir_all(st.join("nodes/node2")).unwrap();
-        assert!(matches!(resolve_with(&none, Some(&lib)), Err(StateError::NoNode(_))));
+        assert!(matches!(
+            resolve_with(&none, Some(&lib)),
+            Err(StateError::NoNode(_))
+        ));
         let slurm = |k: &str| (k == "SLURMD_NODENAME").then(|| "node2".to_string());
-        assert_eq!(resolve_with(&slurm, Some(&lib)).unwrap(), st.join("nodes/node2"));
+        assert_eq!(
+            resolve_with(&slurm, Some(&lib)).unwrap(),
+            st.join("nodes/node2")
+        );
     }
 
     #[test]

@@ -25,10 +25,18 @@ pub struct Dev {
 
 impl Dev {
     pub fn uuid_bytes(&self) -> [u8; 16] {
-        let hex: String = self.cfg.uuid.chars().filter(|c| c.is_ascii_hexdigit()).collect();
+        let hex: String = self
+            .cfg
+            .uuid
+            .chars()
+            .filter(|c| c.is_ascii_hexdigit())
+            .collect();
         let mut out = [0u8; 16];
         for (i, b) in out.iter_mut().enumerate() {
-            *b = hex.get(2 * i..2 * i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()).unwrap_or(0);
+            *b = hex
+                .get(2 * i..2 * i + 2)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .unwrap_or(0);
         }
         out
     }
@@ -85,7 +93,7 @@ thread_local! {
 }
 
 fn load() -> Result<Proc, u32> {
-    let lib = state::object_path_of(load as *const libc::c_void);
+    let lib = state::object_path_of(load as *const () as usize);
     let root = state::resolve(lib.as_deref()).map_err(|e| {
         eprintln!("{e}");
         cu::NO_DEVICE
@@ -105,12 +113,18 @@ fn load() -> Result<Proc, u32> {
     };
     let mut devs = Vec::new();
     for i in order {
-        let Some(cfg) = dir.gpus.iter().find(|g| g.index == i).cloned() else { break };
+        let Some(cfg) = dir.gpus.iter().find(|g| g.index == i).cloned() else {
+            break;
+        };
         let gpu = dir.open_gpu(i).map_err(|e| {
             eprintln!("{e}");
             cu::NO_DEVICE
         })?;
-        devs.push(Dev { sim_index: i, cfg, gpu });
+        devs.push(Dev {
+            sim_index: i,
+            cfg,
+            gpu,
+        });
     }
     if devs.is_empty() {
         return Err(cu::NO_DEVICE);
@@ -151,7 +165,10 @@ pub fn with_proc<T>(f: impl FnOnce(&Proc) -> R<T>) -> R<T> {
 
 impl Proc {
     pub fn dev(&self, ordinal: c_int) -> R<&Dev> {
-        let d = usize::try_from(ordinal).ok().and_then(|i| self.devs.get(i)).ok_or(cu::INVALID_DEVICE)?;
+        let d = usize::try_from(ordinal)
+            .ok()
+            .and_then(|i| self.devs.get(i))
+            .ok_or(cu::INVALID_DEVICE)?;
         if d.gpu.is_lost() {
             return Err(cu::DEVICE_UNAVAILABLE);
         }
@@ -166,15 +183,15 @@ impl Proc {
         let dev = self.dev(d)?;
         let cap = self.local().clients[d as usize].as_ref().map(|c| c.sm_cap);
         Ok(match attr {
-            1 => 1024,                                                 // MAX_THREADS_PER_BLOCK
-            2 | 3 => 1024,                                             // MAX_BLOCK_DIM_X/Y
-            4 => 64,                                                   // MAX_BLOCK_DIM_Z
-            5..=7 => i32::MAX,                                         // MAX_GRID_DIM
-            10 => 32,                                                  // WARP_SIZE
-            13 => dev.cfg.max_sm_clock_mhz as c_int * 1000,            // CLOCK_RATE (kHz)
-            16 => cap.unwrap_or(dev.cfg.sm_count) as c_int,            // MULTIPROCESSOR_COUNT (MPS-limited)
-            75 => 9,                                                   // COMPUTE_CAPABILITY_MAJOR
-            76 => 0,                                                   // COMPUTE_CAPABILITY_MINOR
+            1 => 1024,                                      // MAX_THREADS_PER_BLOCK
+            2 | 3 => 1024,                                  // MAX_BLOCK_DIM_X/Y
+            4 => 64,                                        // MAX_BLOCK_DIM_Z
+            5..=7 => i32::MAX,                              // MAX_GRID_DIM
+            10 => 32,                                       // WARP_SIZE
+            13 => dev.cfg.max_sm_clock_mhz as c_int * 1000, // CLOCK_RATE (kHz)
+            16 => cap.unwrap_or(dev.cfg.sm_count) as c_int, // MULTIPROCESSOR_COUNT (MPS-limited)
+            75 => 9,                                        // COMPUTE_CAPABILITY_MAJOR
+            76 => 0,                                        // COMPUTE_CAPABILITY_MINOR
             _ => 0,
         })
     }
@@ -196,10 +213,16 @@ pub fn copy_str(dst: *mut c_char, len: c_int, s: &str) -> R<()> {
 pub fn error_strings(code: u32) -> Option<(*const c_char, *const c_char)> {
     static T: OnceLock<Mutex<HashMap<u32, (CString, CString)>>> = OnceLock::new();
     let (n, d) = cu::describe(code)?;
-    let mut m = T.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
-    let e = m
-        .entry(code)
-        .or_insert_with(|| (CString::new(n).unwrap_or_default(), CString::new(d).unwrap_or_default()));
+    let mut m = T
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let e = m.entry(code).or_insert_with(|| {
+        (
+            CString::new(n).unwrap_or_default(),
+            CString::new(d).unwrap_or_default(),
+        )
+    });
     // The CStrings live in a static map and are never removed.
     Some((e.0.as_ptr(), e.1.as_ptr()))
 }
@@ -236,7 +259,9 @@ fn check(p: &Proc, dev: usize) -> R<()> {
         return Err(cu::DEVICE_UNAVAILABLE);
     }
     let t = d.gpu.table();
-    let Some(slot) = t.slot_of(p.pid) else { return Ok(()) };
+    let Some(slot) = t.slot_of(p.pid) else {
+        return Ok(());
+    };
     let code = t.clients[slot].sticky.load(Ordering::Relaxed);
     if code == 0 {
         return Ok(());
@@ -250,23 +275,33 @@ fn check(p: &Proc, dev: usize) -> R<()> {
 fn report_fault(p: &Proc, dev: usize, code: u32, mps: Option<&(PathBuf, Grant)>) {
     {
         let mut l = p.local();
-        let Some(c) = l.clients[dev].as_mut() else { return };
+        let Some(c) = l.clients[dev].as_mut() else {
+            return;
+        };
         if c.fault_reported {
             return;
         }
         c.fault_reported = true;
     }
     let d = &p.devs[dev];
-    p.dir.event(d.sim_index, &format!("pid={} event=sticky code={code}", p.pid));
+    p.dir.event(
+        d.sim_index,
+        &format!("pid={} event=sticky code={code}", p.pid),
+    );
     if let Some((pipe, g)) = mps {
         let t = d.gpu.lock();
         for c in t.clients.iter() {
             if c.mps_server == g.server as u32 && c.pid.load(Ordering::Relaxed) != 0 {
-                let _ = c.sticky.compare_exchange(0, code, Ordering::Relaxed, Ordering::Relaxed);
+                let _ = c
+                    .sticky
+                    .compare_exchange(0, code, Ordering::Relaxed, Ordering::Relaxed);
             }
         }
         drop(t);
-        let _ = mps::request(pipe, &format!("@fault {} {code} device={}", p.pid, d.sim_index));
+        let _ = mps::request(
+            pipe,
+            &format!("@fault {} {code} device={}", p.pid, d.sim_index),
+        );
     }
 }
 
@@ -279,7 +314,10 @@ fn mps_connect(p: &Proc) -> R<Option<(PathBuf, Grant)>> {
             let dir = PathBuf::from(dir);
             // SAFETY: getuid has no preconditions.
             let uid = unsafe { libc::getuid() };
-            let wait_ms: u64 = std::env::var("MUXFLOW_SIM_MPS_WAIT_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(30_000);
+            let wait_ms: u64 = std::env::var("MUXFLOW_SIM_MPS_WAIT_MS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(30_000);
             let start = now_ns();
             loop {
                 match mps::connect(&dir, p.pid, uid) {
@@ -304,8 +342,13 @@ fn attach(p: &Proc, dev: usize) -> R<()> {
     }
     let mps = mps_connect(p)?;
     let d = &p.devs[dev];
-    let env_pct = std::env::var(mps::ENV_PCT).ok().and_then(|v| v.trim().parse::<f64>().ok());
-    let env_mem = std::env::var(mps::ENV_MEM).ok().and_then(|v| MemLimits::parse(&v)).unwrap_or_default();
+    let env_pct = std::env::var(mps::ENV_PCT)
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok());
+    let env_mem = std::env::var(mps::ENV_MEM)
+        .ok()
+        .and_then(|v| MemLimits::parse(&v))
+        .unwrap_or_default();
     let (pct, mem_limit, prio, server) = match &mps {
         Some((_, g)) => {
             // A client's own settings can only tighten the server's.
@@ -314,8 +357,17 @@ fn attach(p: &Proc, dev: usize) -> R<()> {
                 (a, b) => a.map(|x| x as f64).or(b).unwrap_or(100.0),
             };
             let mem = g.mem.tighten(&env_mem, dev as u32).unwrap_or(u64::MAX);
-            let prio = std::env::var(mps::ENV_PRIO).ok().and_then(|v| v.trim().parse().ok()).unwrap_or(0u32).min(1);
-            (pct.clamp(1.0, 100.0).round() as u32, mem, prio, g.server as u32)
+            let prio = std::env::var(mps::ENV_PRIO)
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0u32)
+                .min(1);
+            (
+                pct.clamp(1.0, 100.0).round() as u32,
+                mem,
+                prio,
+                g.server as u32,
+            )
         }
         // Without an MPS server the real driver ignores the MPS variables.
         None => (100, u64::MAX, 0, 0),
@@ -323,13 +375,18 @@ fn attach(p: &Proc, dev: usize) -> R<()> {
     let cap = model::sm_cap(d.cfg.sm_count, pct);
     let mut t = d.gpu.lock();
     for dead in t.prune_dead() {
-        p.dir.event(d.sim_index, &format!("pid={dead} event=pruned"));
+        p.dir
+            .event(d.sim_index, &format!("pid={dead} event=pruned"));
     }
     let slot = t
         .clients
         .iter()
         .position(|c| c.pid.load(Ordering::Relaxed) == 0)
-        .ok_or(if mps.is_some() { 808 } else { cu::OUT_OF_MEMORY })?; // MPS_MAX_CLIENTS_REACHED
+        .ok_or(if mps.is_some() {
+            808
+        } else {
+            cu::OUT_OF_MEMORY
+        })?; // MPS_MAX_CLIENTS_REACHED
     let c = &mut t.clients[slot];
     c.pid.store(p.pid, Ordering::Relaxed);
     c.priority = prio;
@@ -341,12 +398,20 @@ fn attach(p: &Proc, dev: usize) -> R<()> {
     c.contexts = 1;
     c.mps_server = server;
     drop(t);
-    let lim = if mem_limit == u64::MAX { "none".to_string() } else { mem_limit.to_string() };
+    let lim = if mem_limit == u64::MAX {
+        "none".to_string()
+    } else {
+        mem_limit.to_string()
+    };
     p.dir.event(
         d.sim_index,
         &format!("pid={} event=attach priority={prio} thread_pct={pct} sm_cap={cap} mem_limit={lim} mps_server={server}", p.pid),
     );
-    p.local().clients[dev] = Some(ClientState { thread_pct: pct, sm_cap: cap, ..Default::default() });
+    p.local().clients[dev] = Some(ClientState {
+        thread_pct: pct,
+        sm_cap: cap,
+        ..Default::default()
+    });
     Ok(())
 }
 
@@ -371,7 +436,8 @@ fn detach(p: &Proc, dev: usize) {
         c.pid.store(0, Ordering::Relaxed);
     }
     drop(t);
-    p.dir.event(d.sim_index, &format!("pid={} event=released", p.pid));
+    p.dir
+        .event(d.sim_index, &format!("pid={} event=released", p.pid));
     if let (Some((pipe, _)), false) = (mps, others) {
         let _ = mps::request(&pipe, &format!("@disconnect {}", p.pid));
         p.local().mps = None;
@@ -415,10 +481,17 @@ pub fn primary_retain(d: c_int) -> R<Handle> {
 
 pub fn primary_release(d: c_int) -> R<()> {
     let p = proc_()?;
-    let dev = usize::try_from(d).ok().filter(|&i| i < p.devs.len()).ok_or(cu::INVALID_DEVICE)?;
+    let dev = usize::try_from(d)
+        .ok()
+        .filter(|&i| i < p.devs.len())
+        .ok_or(cu::INVALID_DEVICE)?;
     let mut l = p.local();
-    let Some(c) = l.clients[dev].as_mut() else { return Err(cu::INVALID_CONTEXT) };
-    let Some((h, n)) = c.primary else { return Err(cu::INVALID_CONTEXT) };
+    let Some(c) = l.clients[dev].as_mut() else {
+        return Err(cu::INVALID_CONTEXT);
+    };
+    let Some((h, n)) = c.primary else {
+        return Err(cu::INVALID_CONTEXT);
+    };
     if n > 1 {
         c.primary = Some((h, n - 1));
         return Ok(());
@@ -443,7 +516,10 @@ pub fn primary_reset(d: c_int) -> R<()> {
 pub fn primary_state(d: c_int) -> R<bool> {
     let p = proc_()?;
     p.dev(d)?;
-    Ok(p.local().clients[d as usize].as_ref().and_then(|c| c.primary).is_some())
+    Ok(p.local().clients[d as usize]
+        .as_ref()
+        .and_then(|c| c.primary)
+        .is_some())
 }
 
 pub fn ctx_create(d: c_int) -> R<Handle> {
@@ -516,12 +592,17 @@ pub fn ctx_push(ctx: Handle) -> R<()> {
 
 pub fn ctx_pop() -> R<Handle> {
     proc_()?;
-    CTX_STACK.with(|s| s.borrow_mut().pop()).map(|h| h as Handle).ok_or(cu::INVALID_CONTEXT)
+    CTX_STACK
+        .with(|s| s.borrow_mut().pop())
+        .map(|h| h as Handle)
+        .ok_or(cu::INVALID_CONTEXT)
 }
 
 pub fn current_dev() -> R<usize> {
     let p = proc_()?;
-    let h = CTX_STACK.with(|s| s.borrow().last().copied()).ok_or(cu::INVALID_CONTEXT)?;
+    let h = CTX_STACK
+        .with(|s| s.borrow().last().copied())
+        .ok_or(cu::INVALID_CONTEXT)?;
     let dev = ctx_dev(&p.local(), h)?;
     Ok(dev)
 }
@@ -545,7 +626,14 @@ pub fn ctx_synchronize() -> R<()> {
     let p = proc_()?;
     let dev = current_dev()?;
     check(p, dev)?;
-    let tail = p.local().tails.values().filter(|(d, _)| *d == dev).map(|(_, t)| *t).max().unwrap_or(0);
+    let tail = p
+        .local()
+        .tails
+        .values()
+        .filter(|(d, _)| *d == dev)
+        .map(|(_, t)| *t)
+        .max()
+        .unwrap_or(0);
     sleep_until(tail);
     check(p, dev)
 }
@@ -596,7 +684,9 @@ pub fn mem_alloc(size: u64) -> R<u64> {
 
 pub fn mem_free(addr: u64) -> R<()> {
     let p = proc_()?;
-    let Some((dev, size)) = p.local().allocs.remove(&addr) else { return Err(cu::INVALID_VALUE) };
+    let Some((dev, size)) = p.local().allocs.remove(&addr) else {
+        return Err(cu::INVALID_VALUE);
+    };
     let d = &p.devs[dev];
     let mut t = d.gpu.lock();
     if let Some(s) = t.slot_of(p.pid) {
@@ -662,7 +752,15 @@ fn enqueue(p: &Proc, dev: usize, key: u64, kernels: &[(Kernel, u64)]) -> R<()> {
     for (k, blocks) in kernels {
         let span = model::plan(
             &params,
-            &Launch { now_ns: now, stream_tail_ns: tail, solo_ns: k.solo_ns, blocks: *blocks, cap_sms: cap, priority: prio, pid: p.pid },
+            &Launch {
+                now_ns: now,
+                stream_tail_ns: tail,
+                solo_ns: k.solo_ns,
+                blocks: *blocks,
+                cap_sms: cap,
+                priority: prio,
+                pid: p.pid,
+            },
             &recent,
             t.external(),
         );
@@ -755,7 +853,10 @@ pub fn end_capture(s: Handle, pt: bool) -> R<Handle> {
     let dev = current_dev()?;
     let mut l = p.local();
     let key = stream_key(&l, s, pt, dev)?;
-    let ks = l.captures.remove(&key).ok_or(cu::STREAM_CAPTURE_INVALIDATED)?;
+    let ks = l
+        .captures
+        .remove(&key)
+        .ok_or(cu::STREAM_CAPTURE_INVALIDATED)?;
     let h = alloc_id(&mut l);
     l.objs.insert(h, Obj::Graph(ks));
     Ok(h as Handle)

@@ -78,7 +78,8 @@ pub fn resolve(name: &str, version: c_int, flags: u64) -> Result<&'static Entry,
     if all.is_empty() {
         return Err(STATUS_SYMBOL_NOT_FOUND);
     }
-    let pt = flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM != 0 && all.iter().any(|e| e.per_thread);
+    let pt = flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM != 0
+        && all.iter().any(|e| e.per_thread);
     all.into_iter()
         .filter(|e| e.per_thread == pt && e.since <= version)
         .max_by_key(|e| e.since)
@@ -138,7 +139,12 @@ unsafe fn launch_ex(cfg: *const CUlaunchConfig, f: Handle, pt: bool) -> CUresult
     }
     // SAFETY: non-null config per the API.
     let c = unsafe { &*cfg };
-    done(launch(f, blocks(c.grid_dim_x, c.grid_dim_y, c.grid_dim_z), c.h_stream, pt))
+    done(launch(
+        f,
+        blocks(c.grid_dim_x, c.grid_dim_y, c.grid_dim_z),
+        c.h_stream,
+        pt,
+    ))
 }
 
 cuda_exports! {
@@ -279,23 +285,38 @@ mod tests {
     fn variants_by_version_and_flag() {
         assert_eq!(sym("cuMemAlloc", 12000, 0), Some("cuMemAlloc_v2"));
         assert_eq!(sym("cuMemAlloc", 3000, 0), None);
-        assert_eq!(resolve("cuMemAlloc", 3000, 0).unwrap_err(), STATUS_VERSION_NOT_SUFFICIENT);
+        assert_eq!(
+            resolve("cuMemAlloc", 3000, 0).unwrap_err(),
+            STATUS_VERSION_NOT_SUFFICIENT
+        );
         assert_eq!(sym("cuCtxCreate", 11000, 0), Some("cuCtxCreate_v2"));
         assert_eq!(sym("cuCtxCreate", 11040, 0), Some("cuCtxCreate_v3"));
         assert_eq!(sym("cuCtxCreate", 12050, 0), Some("cuCtxCreate_v4"));
         assert_eq!(sym("cuGetProcAddress", 11080, 0), Some("cuGetProcAddress"));
-        assert_eq!(sym("cuGetProcAddress", 12000, 0), Some("cuGetProcAddress_v2"));
+        assert_eq!(
+            sym("cuGetProcAddress", 12000, 0),
+            Some("cuGetProcAddress_v2")
+        );
         assert_eq!(sym("cuMemGetInfo", 12000, 0), Some("cuMemGetInfo_v2"));
         assert_eq!(sym("cuLaunchKernel", 12000, 0), Some("cuLaunchKernel"));
         assert_eq!(sym("cuLaunchKernel", 12000, 1), Some("cuLaunchKernel"));
         assert_eq!(sym("cuLaunchKernel", 12000, 2), Some("cuLaunchKernel_ptsz"));
         assert_eq!(sym("cuGraphLaunch", 12000, 2), Some("cuGraphLaunch_ptsz"));
-        assert_eq!(sym("cuMemAllocAsync", 12000, 2), Some("cuMemAllocAsync_ptsz"));
+        assert_eq!(
+            sym("cuMemAllocAsync", 12000, 2),
+            Some("cuMemAllocAsync_ptsz")
+        );
         assert_eq!(sym("cuMemcpyHtoD", 12000, 2), Some("cuMemcpyHtoD_v2_ptds"));
         // No per-thread variant: the flag falls back to the normal one.
         assert_eq!(sym("cuMemAlloc", 12000, 2), Some("cuMemAlloc_v2"));
-        assert_eq!(sym("cuDevicePrimaryCtxRelease", 12000, 0), Some("cuDevicePrimaryCtxRelease_v2"));
-        assert_eq!(resolve("cuNoSuchThing", 12000, 0).unwrap_err(), STATUS_SYMBOL_NOT_FOUND);
+        assert_eq!(
+            sym("cuDevicePrimaryCtxRelease", 12000, 0),
+            Some("cuDevicePrimaryCtxRelease_v2")
+        );
+        assert_eq!(
+            resolve("cuNoSuchThing", 12000, 0).unwrap_err(),
+            STATUS_SYMBOL_NOT_FOUND
+        );
         // Exported names are unique.
         let mut names: Vec<_> = entry_points().iter().map(|e| e.symbol).collect();
         names.sort();
@@ -315,6 +336,9 @@ mod tests {
         let bad = c"cuBogus";
         // SAFETY: as above.
         let rc = unsafe { cuGetProcAddress_v2(bad.as_ptr(), &mut p, 12040, 0, &mut st) };
-        assert_eq!((rc, st, p.is_null()), (cu::NOT_FOUND, STATUS_SYMBOL_NOT_FOUND, true));
+        assert_eq!(
+            (rc, st, p.is_null()),
+            (cu::NOT_FOUND, STATUS_SYMBOL_NOT_FOUND, true)
+        );
     }
 }

@@ -37,7 +37,7 @@ fn guard(f: impl FnOnce() -> Result<(), Ret>) -> Ret {
 }
 
 fn load() -> Result<Lib, Ret> {
-    let me = state::object_path_of(load as *const libc::c_void);
+    let me = state::object_path_of(load as *const () as usize);
     let root = state::resolve(me.as_deref()).map_err(|e| {
         eprintln!("{e}");
         rc::UNINITIALIZED
@@ -52,19 +52,27 @@ fn load() -> Result<Lib, Ret> {
             eprintln!("{e}");
             rc::UNINITIALIZED
         })?;
-        gpus.push(Gpu { cfg: cfg.clone(), shared });
+        gpus.push(Gpu {
+            cfg: cfg.clone(),
+            shared,
+        });
     }
     Ok(Lib { dir, gpus })
 }
 
 fn lib() -> Result<&'static Lib, Ret> {
-    LIB.lock().unwrap_or_else(|e| e.into_inner()).ok_or(rc::UNINITIALIZED)
+    LIB.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .ok_or(rc::UNINITIALIZED)
 }
 
 /// Device handles are 1-based indices disguised as pointers.
 fn gpu(d: nvmlDevice_t) -> Result<(&'static Lib, &'static Gpu), Ret> {
     let l = lib()?;
-    let g = (d as usize).checked_sub(1).and_then(|i| l.gpus.get(i)).ok_or(rc::INVALID_ARGUMENT)?;
+    let g = (d as usize)
+        .checked_sub(1)
+        .and_then(|i| l.gpus.get(i))
+        .ok_or(rc::INVALID_ARGUMENT)?;
     if g.shared.is_lost() {
         return Err(rc::GPU_IS_LOST);
     }
@@ -191,14 +199,21 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(i: c_uint, d: *mut nvmlDe
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(uuid: *const c_char, d: *mut nvmlDevice_t) -> Ret {
+pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
+    uuid: *const c_char,
+    d: *mut nvmlDevice_t,
+) -> Ret {
     guard(|| {
         if uuid.is_null() {
             return Err(rc::INVALID_ARGUMENT);
         }
         // SAFETY: NUL-terminated per nvml.h.
         let u = unsafe { CStr::from_ptr(uuid) }.to_string_lossy();
-        let i = lib()?.gpus.iter().position(|g| g.cfg.uuid == u).ok_or(rc::NOT_FOUND)?;
+        let i = lib()?
+            .gpus
+            .iter()
+            .position(|g| g.cfg.uuid == u)
+            .ok_or(rc::NOT_FOUND)?;
         put(d, handle(i))
     })
 }
@@ -219,11 +234,20 @@ pub unsafe extern "C" fn nvmlDeviceGetIndex(d: nvmlDevice_t, i: *mut c_uint) -> 
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(d: nvmlDevice_t, u: *mut nvmlUtilization_t) -> Ret {
+pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
+    d: nvmlDevice_t,
+    u: *mut nvmlUtilization_t,
+) -> Ret {
     guard(|| {
         let r = reading(gpu(d)?.1);
-        let mem = if r.mem_total == 0 { 0 } else { (r.mem_used * 100 / r.mem_total) as c_uint };
-        put(u, nvmlUtilization_t { gpu: (r.utilization * 100.0).round() as c_uint, memory: mem })
+        let mem = (r.mem_used * 100).checked_div(r.mem_total).unwrap_or(0) as c_uint;
+        put(
+            u,
+            nvmlUtilization_t {
+                gpu: (r.utilization * 100.0).round() as c_uint,
+                memory: mem,
+            },
+        )
     })
 }
 
@@ -243,18 +267,31 @@ fn clock(g: &Gpu, ty: c_uint, max: bool) -> Result<c_uint, Ret> {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetClockInfo(d: nvmlDevice_t, ty: nvmlClockType_t, c: *mut c_uint) -> Ret {
+pub unsafe extern "C" fn nvmlDeviceGetClockInfo(
+    d: nvmlDevice_t,
+    ty: nvmlClockType_t,
+    c: *mut c_uint,
+) -> Ret {
     guard(|| put(c, clock(gpu(d)?.1, ty, false)?))
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMaxClockInfo(d: nvmlDevice_t, ty: nvmlClockType_t, c: *mut c_uint) -> Ret {
+pub unsafe extern "C" fn nvmlDeviceGetMaxClockInfo(
+    d: nvmlDevice_t,
+    ty: nvmlClockType_t,
+    c: *mut c_uint,
+) -> Ret {
     guard(|| put(c, clock(gpu(d)?.1, ty, true)?))
 }
 
 /// nvmlDeviceGetClock(device, type, id): id 0 = current, others = max-like.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetClock(d: nvmlDevice_t, ty: nvmlClockType_t, id: nvmlClockId_t, c: *mut c_uint) -> Ret {
+pub unsafe extern "C" fn nvmlDeviceGetClock(
+    d: nvmlDevice_t,
+    ty: nvmlClockType_t,
+    id: nvmlClockId_t,
+    c: *mut c_uint,
+) -> Ret {
     guard(|| put(c, clock(gpu(d)?.1, ty, id != 0)?))
 }
 
@@ -262,12 +299,22 @@ pub unsafe extern "C" fn nvmlDeviceGetClock(d: nvmlDevice_t, ty: nvmlClockType_t
 pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(d: nvmlDevice_t, m: *mut nvmlMemory_t) -> Ret {
     guard(|| {
         let r = reading(gpu(d)?.1);
-        put(m, nvmlMemory_t { total: r.mem_total, free: r.mem_total.saturating_sub(r.mem_used), used: r.mem_used })
+        put(
+            m,
+            nvmlMemory_t {
+                total: r.mem_total,
+                free: r.mem_total.saturating_sub(r.mem_used),
+                used: r.mem_used,
+            },
+        )
     })
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(d: nvmlDevice_t, m: *mut nvmlMemory_v2_t) -> Ret {
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    d: nvmlDevice_t,
+    m: *mut nvmlMemory_v2_t,
+) -> Ret {
     guard(|| {
         let r = reading(gpu(d)?.1);
         if m.is_null() {
@@ -316,12 +363,20 @@ unsafe fn processes(d: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcess
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(d: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) -> Ret {
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
+    d: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> Ret {
     processes(d, count, infos)
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(d: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) -> Ret {
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(
+    d: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> Ret {
     processes(d, count, infos)
 }
 
@@ -333,7 +388,10 @@ struct GpmSample {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlGpmQueryDeviceSupport(d: nvmlDevice_t, s: *mut nvmlGpmSupport_t) -> Ret {
+pub unsafe extern "C" fn nvmlGpmQueryDeviceSupport(
+    d: nvmlDevice_t,
+    s: *mut nvmlGpmSupport_t,
+) -> Ret {
     guard(|| {
         gpu(d)?;
         if s.is_null() {
@@ -355,7 +413,15 @@ pub unsafe extern "C" fn nvmlGpmQueryIfStreamingEnabled(d: nvmlDevice_t, s: *mut
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlGpmSampleAlloc(s: *mut nvmlGpmSample_t) -> Ret {
-    guard(|| put(s, Box::into_raw(Box::new(GpmSample { dev: usize::MAX, t_ns: 0 })) as nvmlGpmSample_t))
+    guard(|| {
+        put(
+            s,
+            Box::into_raw(Box::new(GpmSample {
+                dev: usize::MAX,
+                t_ns: 0,
+            })) as nvmlGpmSample_t,
+        )
+    })
 }
 
 #[no_mangle]
@@ -397,7 +463,12 @@ pub unsafe extern "C" fn nvmlGpmMetricsGet(m: *mut nvmlGpmMetricsGet_t) -> Ret {
             return Err(rc::INVALID_ARGUMENT);
         }
         // SAFETY: live samples from nvmlGpmSampleAlloc.
-        let (a, b) = unsafe { (&*(m.sample1 as *const GpmSample), &*(m.sample2 as *const GpmSample)) };
+        let (a, b) = unsafe {
+            (
+                &*(m.sample1 as *const GpmSample),
+                &*(m.sample2 as *const GpmSample),
+            )
+        };
         if a.dev != b.dev {
             return Err(rc::INVALID_ARGUMENT);
         }
@@ -406,8 +477,14 @@ pub unsafe extern "C" fn nvmlGpmMetricsGet(m: *mut nvmlGpmMetricsGet_t) -> Ret {
         let act = telemetry::sm_activity_between(&g.cfg, &g.shared, t0, t1) * 100.0;
         for metric in m.metrics.iter_mut().take(m.numMetrics as usize) {
             let (val, short, long): (f64, &'static CStr, &'static CStr) = match metric.metricId {
-                x if x == nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_UTIL => (act, c"SM_UTIL", c"SM activity (simulated model)"),
-                x if x == nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_OCCUPANCY => (act, c"SM_OCCUPANCY", c"SM occupancy (simulated: equals SM activity)"),
+                x if x == nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_UTIL => {
+                    (act, c"SM_UTIL", c"SM activity (simulated model)")
+                }
+                x if x == nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_OCCUPANCY => (
+                    act,
+                    c"SM_OCCUPANCY",
+                    c"SM occupancy (simulated: equals SM activity)",
+                ),
                 _ => {
                     metric.nvmlReturn = rc::NOT_SUPPORTED;
                     continue;
@@ -434,12 +511,20 @@ struct EventSet {
 pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut nvmlEventSet_t) -> Ret {
     guard(|| {
         lib()?;
-        put(set, Box::into_raw(Box::new(EventSet { regs: Mutex::new(Vec::new()) })) as nvmlEventSet_t)
+        put(
+            set,
+            Box::into_raw(Box::new(EventSet {
+                regs: Mutex::new(Vec::new()),
+            })) as nvmlEventSet_t,
+        )
     })
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(d: nvmlDevice_t, types: *mut c_ulonglong) -> Ret {
+pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
+    d: nvmlDevice_t,
+    types: *mut c_ulonglong,
+) -> Ret {
     guard(|| {
         gpu(d)?;
         put(types, nvmlEventTypeXidCriticalError as c_ulonglong)
@@ -447,7 +532,11 @@ pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(d: nvmlDevice_t, types
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceRegisterEvents(d: nvmlDevice_t, types: c_ulonglong, set: nvmlEventSet_t) -> Ret {
+pub unsafe extern "C" fn nvmlDeviceRegisterEvents(
+    d: nvmlDevice_t,
+    types: c_ulonglong,
+    set: nvmlEventSet_t,
+) -> Ret {
     guard(|| {
         let (_, g) = gpu(d)?;
         if set.is_null() {
@@ -458,14 +547,25 @@ pub unsafe extern "C" fn nvmlDeviceRegisterEvents(d: nvmlDevice_t, types: c_ulon
         }
         // SAFETY: a live set from nvmlEventSetCreate.
         let s = unsafe { &*(set as *const EventSet) };
-        let seq = g.shared.table().xid_next.load(std::sync::atomic::Ordering::Acquire);
-        s.regs.lock().unwrap_or_else(|e| e.into_inner()).push((d as usize, types, seq));
+        let seq = g
+            .shared
+            .table()
+            .xid_next
+            .load(std::sync::atomic::Ordering::Acquire);
+        s.regs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((d as usize, types, seq));
         Ok(())
     })
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlEventSetWait_v2(set: nvmlEventSet_t, data: *mut nvmlEventData_t, timeout_ms: c_uint) -> Ret {
+pub unsafe extern "C" fn nvmlEventSetWait_v2(
+    set: nvmlEventSet_t,
+    data: *mut nvmlEventData_t,
+    timeout_ms: c_uint,
+) -> Ret {
     guard(|| {
         let l = lib()?;
         if set.is_null() || data.is_null() {
@@ -478,7 +578,9 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(set: nvmlEventSet_t, data: *mut nvm
             {
                 let mut regs = s.regs.lock().unwrap_or_else(|e| e.into_inner());
                 for (h, _, seen) in regs.iter_mut() {
-                    let Some(g) = l.gpus.get(*h - 1) else { continue };
+                    let Some(g) = l.gpus.get(*h - 1) else {
+                        continue;
+                    };
                     if let Some(x) = g.shared.table().xids_after(*seen).first().copied() {
                         *seen = x.seq;
                         return put(

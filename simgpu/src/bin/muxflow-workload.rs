@@ -12,7 +12,10 @@ type H = *mut c_void;
 type GetProc = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> Res;
 
 #[derive(Parser)]
-#[command(name = "muxflow-workload", about = "Simulated DL workload over the CUDA driver API")]
+#[command(
+    name = "muxflow-workload",
+    about = "Simulated DL workload over the CUDA driver API"
+)]
 struct Cli {
     #[command(subcommand)]
     mode: Mode,
@@ -93,7 +96,19 @@ struct Cuda {
     set_current: unsafe extern "C" fn(H) -> Res,
     module_load_data: unsafe extern "C" fn(*mut H, *const c_void) -> Res,
     get_function: unsafe extern "C" fn(*mut H, H, *const c_char) -> Res,
-    launch: unsafe extern "C" fn(H, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, H, *mut *mut c_void, *mut *mut c_void) -> Res,
+    launch: unsafe extern "C" fn(
+        H,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        H,
+        *mut *mut c_void,
+        *mut *mut c_void,
+    ) -> Res,
     stream_sync: unsafe extern "C" fn(H) -> Res,
     ctx_sync: unsafe extern "C" fn() -> Res,
     alloc: unsafe extern "C" fn(*mut u64, usize) -> Res,
@@ -122,7 +137,9 @@ fn load(flags: u64) -> Cuda {
     let get: GetProc = unsafe {
         let h = libc::dlopen(lib.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
         if h.is_null() {
-            let e = CStr::from_ptr(libc::dlerror()).to_string_lossy().into_owned();
+            let e = CStr::from_ptr(libc::dlerror())
+                .to_string_lossy()
+                .into_owned();
             eprintln!("muxflow-workload: dlopen(libcuda.so.1): {e}");
             std::process::exit(2);
         }
@@ -133,7 +150,11 @@ fn load(flags: u64) -> Cuda {
         }
         std::mem::transmute::<*mut c_void, GetProc>(s)
     };
-    let api = Api { get, version: 12040, flags };
+    let api = Api {
+        get,
+        version: 12040,
+        flags,
+    };
     // SAFETY: resolved by the driver for this exact name.
     let init: unsafe extern "C" fn(c_uint) -> Res = api.sym("cuInit");
     // SAFETY: cuInit(0).
@@ -194,13 +215,28 @@ fn main() {
             ok((cu.retain)(&mut ctx, device), "cuDevicePrimaryCtxRetain")?;
             ok((cu.set_current)(ctx), "cuCtxSetCurrent")?;
             let mut module: H = std::ptr::null_mut();
-            ok((cu.module_load_data)(&mut module, c"simgpu".as_ptr() as *const c_void), "cuModuleLoadData")?;
-            let done = |d: Option<f64>| STOP.load(Ordering::SeqCst) || d.is_some_and(|d| start.elapsed().as_secs_f64() >= d);
+            ok(
+                (cu.module_load_data)(&mut module, c"simgpu".as_ptr() as *const c_void),
+                "cuModuleLoadData",
+            )?;
+            let done = |d: Option<f64>| {
+                STOP.load(Ordering::SeqCst) || d.is_some_and(|d| start.elapsed().as_secs_f64() >= d)
+            };
             match cli.mode {
-                Mode::Online { rate, duration, kernels, kernel_us, blocks, .. } => {
+                Mode::Online {
+                    rate,
+                    duration,
+                    kernels,
+                    kernel_us,
+                    blocks,
+                    ..
+                } => {
                     let name = CString::new(format!("sim_kernel_{kernel_us}us")).unwrap();
                     let mut f: H = std::ptr::null_mut();
-                    ok((cu.get_function)(&mut f, module, name.as_ptr()), "cuModuleGetFunction")?;
+                    ok(
+                        (cu.get_function)(&mut f, module, name.as_ptr()),
+                        "cuModuleGetFunction",
+                    )?;
                     let mut lat = Vec::new();
                     let period = 1.0 / rate.max(0.001);
                     let mut res = Ok(());
@@ -213,9 +249,27 @@ fn main() {
                         }
                         let r = (|| {
                             for _ in 0..kernels {
-                                ok((cu.launch)(f, blocks, 1, 1, 128, 1, 1, 0, std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut()), "cuLaunchKernel")?;
+                                ok(
+                                    (cu.launch)(
+                                        f,
+                                        blocks,
+                                        1,
+                                        1,
+                                        128,
+                                        1,
+                                        1,
+                                        0,
+                                        std::ptr::null_mut(),
+                                        std::ptr::null_mut(),
+                                        std::ptr::null_mut(),
+                                    ),
+                                    "cuLaunchKernel",
+                                )?;
                             }
-                            ok((cu.stream_sync)(std::ptr::null_mut()), "cuStreamSynchronize")
+                            ok(
+                                (cu.stream_sync)(std::ptr::null_mut()),
+                                "cuStreamSynchronize",
+                            )
                         })();
                         if r.is_err() {
                             res = r;
@@ -234,13 +288,27 @@ fn main() {
                     );
                     res
                 }
-                Mode::Offline { duration, kernels_per_step, kernel_us, blocks, alloc_mib, graph, .. } => {
+                Mode::Offline {
+                    duration,
+                    kernels_per_step,
+                    kernel_us,
+                    blocks,
+                    alloc_mib,
+                    graph,
+                    ..
+                } => {
                     let name = CString::new(format!("sim_kernel_{kernel_us}us")).unwrap();
                     let mut f: H = std::ptr::null_mut();
-                    ok((cu.get_function)(&mut f, module, name.as_ptr()), "cuModuleGetFunction")?;
+                    ok(
+                        (cu.get_function)(&mut f, module, name.as_ptr()),
+                        "cuModuleGetFunction",
+                    )?;
                     let mib = 1u64 << 20;
                     let mut weights = 0u64;
-                    ok((cu.alloc)(&mut weights, (alloc_mib * mib) as usize), "cuMemAlloc")?;
+                    ok(
+                        (cu.alloc)(&mut weights, (alloc_mib * mib) as usize),
+                        "cuMemAlloc",
+                    )?;
                     allocs.push(weights);
                     let step_bytes = (alloc_mib * mib / 4).max(mib);
                     let null = std::ptr::null_mut();
@@ -248,23 +316,59 @@ fn main() {
                     if graph {
                         ok((cu.begin_capture)(null, 0), "cuStreamBeginCapture")?;
                         for _ in 0..kernels_per_step {
-                            ok((cu.launch)(f, blocks, 1, 1, 256, 1, 1, 0, null, std::ptr::null_mut(), std::ptr::null_mut()), "cuLaunchKernel")?;
+                            ok(
+                                (cu.launch)(
+                                    f,
+                                    blocks,
+                                    1,
+                                    1,
+                                    256,
+                                    1,
+                                    1,
+                                    0,
+                                    null,
+                                    std::ptr::null_mut(),
+                                    std::ptr::null_mut(),
+                                ),
+                                "cuLaunchKernel",
+                            )?;
                         }
                         let mut g: H = null;
                         ok((cu.end_capture)(null, &mut g), "cuStreamEndCapture")?;
-                        ok((cu.instantiate)(&mut exec, g, 0), "cuGraphInstantiateWithFlags")?;
+                        ok(
+                            (cu.instantiate)(&mut exec, g, 0),
+                            "cuGraphInstantiateWithFlags",
+                        )?;
                     }
                     let mut steps = 0u64;
                     let mut res = Ok(());
                     while !done(duration) {
                         let r = (|| {
                             let mut act = 0u64;
-                            ok((cu.alloc_async)(&mut act, step_bytes as usize, null), "cuMemAllocAsync")?;
+                            ok(
+                                (cu.alloc_async)(&mut act, step_bytes as usize, null),
+                                "cuMemAllocAsync",
+                            )?;
                             if graph {
                                 ok((cu.graph_launch)(exec, null), "cuGraphLaunch")?;
                             } else {
                                 for _ in 0..kernels_per_step {
-                                    ok((cu.launch)(f, blocks, 1, 1, 256, 1, 1, 0, null, std::ptr::null_mut(), std::ptr::null_mut()), "cuLaunchKernel")?;
+                                    ok(
+                                        (cu.launch)(
+                                            f,
+                                            blocks,
+                                            1,
+                                            1,
+                                            256,
+                                            1,
+                                            1,
+                                            0,
+                                            null,
+                                            std::ptr::null_mut(),
+                                            std::ptr::null_mut(),
+                                        ),
+                                        "cuLaunchKernel",
+                                    )?;
                                 }
                             }
                             ok((cu.free_async)(act, null), "cuMemFreeAsync")?;
@@ -305,9 +409,16 @@ fn main() {
             Err(Failed(rc, what)) => {
                 let mut n: *const c_char = std::ptr::null();
                 (cu.err_name)(rc, &mut n);
-                let name = if n.is_null() { "?".into() } else { CStr::from_ptr(n).to_string_lossy().into_owned() };
+                let name = if n.is_null() {
+                    "?".into()
+                } else {
+                    CStr::from_ptr(n).to_string_lossy().into_owned()
+                };
                 eprintln!("muxflow-workload: {what} failed: {name} ({rc})");
-                println!("{report}{}error={name} code={rc} call={what}", if report.is_empty() { "" } else { " " });
+                println!(
+                    "{report}{}error={name} code={rc} call={what}",
+                    if report.is_empty() { "" } else { " " }
+                );
                 1
             }
         }

@@ -7,7 +7,9 @@ use std::io::BufRead;
 use std::path::PathBuf;
 
 fn dir(var: &str, default: &str) -> PathBuf {
-    std::env::var_os(var).map(PathBuf::from).unwrap_or_else(|| PathBuf::from(default))
+    std::env::var_os(var)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(default))
 }
 
 fn main() {
@@ -16,8 +18,15 @@ fn main() {
     let log = dir(mps::ENV_LOG, "/var/log/nvidia-mps");
     let daemon = args.iter().any(|a| a == "-d");
     let foreground = args.iter().any(|a| a == "-f");
-    let multiuser = args.iter().any(|a| a == "-multiuser-server" || a == "--multiuser-server");
-    if let Some(bad) = args.iter().find(|a| !matches!(a.as_str(), "-d" | "-f" | "-multiuser-server" | "--multiuser-server")) {
+    let multiuser = args
+        .iter()
+        .any(|a| a == "-multiuser-server" || a == "--multiuser-server");
+    if let Some(bad) = args.iter().find(|a| {
+        !matches!(
+            a.as_str(),
+            "-d" | "-f" | "-multiuser-server" | "--multiuser-server"
+        )
+    }) {
         eprintln!("nvidia-cuda-mps-control: unknown option {bad}");
         std::process::exit(2);
     }

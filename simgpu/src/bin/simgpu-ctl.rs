@@ -6,7 +6,10 @@ use muxflow_simgpu::{state, telemetry, GpuConfig};
 use std::path::PathBuf;
 
 #[derive(Parser)]
-#[command(name = "simgpu-ctl", about = "Control the simulated GPUs (a model, not real hardware)")]
+#[command(
+    name = "simgpu-ctl",
+    about = "Control the simulated GPUs (a model, not real hardware)"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -68,7 +71,16 @@ fn node_dir(dir: &std::path::Path, node: Option<&str>) -> PathBuf {
 
 fn run() -> Result<(), String> {
     match Cli::parse().cmd {
-        Cmd::Init { dir, gpus, nodes, sm_count, memory_mib, max_sm_clock_mhz, name, window_ms } => {
+        Cmd::Init {
+            dir,
+            gpus,
+            nodes,
+            sm_count,
+            memory_mib,
+            max_sm_clock_mhz,
+            name,
+            window_ms,
+        } => {
             let mut t = GpuConfig::h100_like(0, 0);
             t.sm_count = sm_count;
             t.memory_mib = memory_mib;
@@ -87,7 +99,11 @@ fn run() -> Result<(), String> {
                 for g in &d.gpus {
                     let gpu = d.open_gpu(g.index).map_err(|e| e.to_string())?;
                     let r = telemetry::read(g, &gpu, now);
-                    let clients: Vec<String> = r.clients.iter().map(|c| format!("{}:{}", c.pid, c.priority)).collect();
+                    let clients: Vec<String> = r
+                        .clients
+                        .iter()
+                        .map(|c| format!("{}:{}", c.pid, c.priority))
+                        .collect();
                     println!(
                         "{:<8} {:>3} {:>6.1} {:>6.1} {:>5}/{:<5} {:>8}/{:<8} {:>7}  {} [{}]",
                         if node.is_empty() { "-" } else { &node },
@@ -98,14 +114,27 @@ fn run() -> Result<(), String> {
                         r.max_sm_clock_mhz,
                         r.mem_used >> 20,
                         r.mem_total >> 20,
-                        if r.lost { "LOST" } else if r.clients.iter().any(|c| c.sticky != 0) { "FAULT" } else { "ok" },
+                        if r.lost {
+                            "LOST"
+                        } else if r.clients.iter().any(|c| c.sticky != 0) {
+                            "FAULT"
+                        } else {
+                            "ok"
+                        },
                         r.clients.len(),
                         clients.join(" ")
                     );
                 }
             }
         }
-        Cmd::Fault { dir, node, gpu, pid, kind, code } => {
+        Cmd::Fault {
+            dir,
+            node,
+            gpu,
+            pid,
+            kind,
+            code,
+        } => {
             let fault = match (kind.as_str(), code) {
                 ("sticky", _) => Fault::Sticky,
                 ("xid", Some(c)) => Fault::Xid(c),
@@ -113,13 +142,20 @@ fn run() -> Result<(), String> {
                 ("clear", _) => Fault::Clear,
                 _ => return Err("fault kind: sticky | xid <code> | lost | clear".into()),
             };
-            let d = muxflow_simgpu::SimDir::open(&node_dir(&dir, node.as_deref())).map_err(|e| e.to_string())?;
+            let d = muxflow_simgpu::SimDir::open(&node_dir(&dir, node.as_deref()))
+                .map_err(|e| e.to_string())?;
             let g = d.open_gpu(gpu).map_err(|e| e.to_string())?;
             let pids = faults::inject(&d, gpu, &g, fault, pid);
             println!("fault={fault:?} gpu={gpu} pids={pids:?}");
         }
-        Cmd::Load { dir, node, gpu, fraction } => {
-            let d = muxflow_simgpu::SimDir::open(&node_dir(&dir, node.as_deref())).map_err(|e| e.to_string())?;
+        Cmd::Load {
+            dir,
+            node,
+            gpu,
+            fraction,
+        } => {
+            let d = muxflow_simgpu::SimDir::open(&node_dir(&dir, node.as_deref()))
+                .map_err(|e| e.to_string())?;
             let g = d.open_gpu(gpu).map_err(|e| e.to_string())?;
             g.lock().external_ppm = (fraction.clamp(0.0, 1.0) * 1e6) as u32;
             d.event(gpu, &format!("event=external_load fraction={fraction}"));
