@@ -329,6 +329,49 @@ impl Cluster {
         out
     }
 
+    /// An upper bound on the maximum-weight matching of the *full* feasible
+    /// graph (every pair, no pruning), from a solution's duals on the pruned
+    /// graph: raising each job's dual to its best profit `w − price` over all
+    /// feasible GPUs makes the duals feasible for the full graph. Returns the
+    /// bound and how many jobs needed raising (they have a better GPU
+    /// outside their candidates at the current prices).
+    pub fn full_graph_bound(&self, duals: &crate::solver::Duals, threads: usize) -> (i128, usize) {
+        let jobs = self.jobs.len();
+        let threads = threads.clamp(1, jobs.max(1));
+        let block = jobs.div_ceil(threads).max(1);
+        let raised: Vec<(i128, usize)> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..threads)
+                .map(|t| {
+                    let (lo, hi) = ((t * block).min(jobs), ((t + 1) * block).min(jobs));
+                    s.spawn(move || {
+                        let (mut sum, mut count) = (0i128, 0usize);
+                        for j in lo..hi {
+                            let mut best = duals.job[j];
+                            for g in 0..self.gpus.len() {
+                                if let Some(w) = self.weight(j as u32, g as u32) {
+                                    best = best.max(w - duals.gpu[g]);
+                                }
+                            }
+                            if best > duals.job[j] {
+                                count += 1;
+                            }
+                            sum += best as i128;
+                        }
+                        (sum, count)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("bound worker panicked"))
+                .collect()
+        });
+        let gpu_sum: i128 = duals.gpu.iter().map(|&p| p as i128).sum();
+        raised
+            .iter()
+            .fold((gpu_sum, 0), |(s, c), &(rs, rc)| (s + rs, c + rc))
+    }
+
     pub fn eligible_gpus(&self) -> usize {
         self.eligible_class
             .iter()
