@@ -12,6 +12,21 @@
 //!
 //! Nothing here knows about Slurm: callers give job and GPU indices and
 //! weights.
+//!
+//! ```text
+//! let edges = prune_scored(jobs, gpus, k, threads, |j, g| predictor(j, g).and_then(weights::quantize));
+//! let matching = solve(jobs, gpus, &edges)?;   // exact on the integer weights
+//! ```
+//!
+//! Bench: `muxflow-matcher bench --gpus 18000 --jobs 10000 [--seed S]
+//! [--weights structured|uniform] [--dense auto|always|never]
+//! [--candidates-per-job K] [--threads T]`.
+//!
+//! Known limit of the pruning rule (not of the solver): when every job ranks
+//! GPUs alike (weights shaped job factor × GPU factor), each job's best `k`
+//! are the same few GPUs, so the exact optimum of the pruned graph places few
+//! jobs. The bench prints an upper bound for the unpruned graph to show what
+//! pruning costs.
 
 pub mod bench;
 pub mod prune;
