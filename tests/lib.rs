@@ -1,1 +1,252 @@
-//! Helpers for the integration tests.
+//! Helpers for the integration tests: they drive a running dev cluster
+//! (`scripts/devcluster up`; `scripts/test` brings one up and runs these).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// The dev cluster named by the environment `scripts/devcluster up` prints.
+pub struct Cluster {
+    pub dir: PathBuf,
+    pub slurm_conf: PathBuf,
+}
+
+/// How a job ended, from `scontrol show job`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobEnd {
+    pub state: String,
+    pub exit_code: String,
+    pub reason: String,
+}
+
+/// Job states after which a job is over.
+pub const ENDED: [&str; 9] = [
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+];
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+impl Cluster {
+    /// The running dev cluster; panics with the fix when there is none.
+    pub fn get() -> Cluster {
+        let dir = std::env::var_os("MUXFLOW_DEV_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                panic!(
+                    "no dev cluster: run scripts/test, or `scripts/devcluster up` and \
+                 `source .devcluster/env` before `cargo test -p muxflow-tests`"
+                )
+            });
+        let slurm_conf = dir.join("etc/slurm.conf");
+        assert!(
+            slurm_conf.is_file(),
+            "{} missing: is the dev cluster up?",
+            slurm_conf.display()
+        );
+        Cluster { dir, slurm_conf }
+    }
+
+    /// A Slurm client command pointed at this cluster.
+    pub fn cmd(&self, program: &str) -> Command {
+        let mut c = Command::new(program);
+        c.env("SLURM_CONF", &self.slurm_conf);
+        c
+    }
+
+    /// Runs a command and returns (success, stdout, stderr).
+    pub fn run(&self, mut cmd: Command) -> (bool, String, String) {
+        let out: Output = cmd
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// A fresh directory under the cluster for one test's files.
+    pub fn scratch(&self, name: &str) -> PathBuf {
+        let n = SEQ.fetch_add(1, Ordering::SeqCst);
+        let d = self
+            .dir
+            .join("jobs")
+            .join(format!("{name}-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// Submits `script` with `args`; Ok(job id) or Err(sbatch's stderr).
+    /// Output goes to `<dir>/jobs/<id>.out`.
+    pub fn sbatch(&self, args: &[&str], script: &str) -> Result<u32, String> {
+        self.sbatch_with(self.cmd("sbatch"), args, script)
+    }
+
+    /// As [`sbatch`](Self::sbatch) with a prepared command (e.g. another SLURM_CONF).
+    pub fn sbatch_with(
+        &self,
+        mut cmd: Command,
+        args: &[&str],
+        script: &str,
+    ) -> Result<u32, String> {
+        let dir = self.scratch("script");
+        let path = dir.join("job.sh");
+        std::fs::write(&path, script).unwrap();
+        cmd.arg("--parsable")
+            .arg(format!("--output={}/jobs/%j.out", self.dir.display()))
+            .args(args)
+            .arg(&path);
+        let (ok, stdout, stderr) = self.run(cmd);
+        if !ok {
+            return Err(stderr);
+        }
+        let id = stdout.trim().split(';').next().unwrap_or("");
+        Ok(id
+            .parse()
+            .unwrap_or_else(|_| panic!("sbatch printed '{stdout}'")))
+    }
+
+    /// Waits until job `id` has ended.
+    pub fn wait(&self, id: u32, timeout: Duration) -> JobEnd {
+        let start = Instant::now();
+        loop {
+            let mut c = self.cmd("scontrol");
+            c.args(["-o", "show", "job", &id.to_string()]);
+            let (_, out, _) = self.run(c);
+            let field = |k: &str| {
+                out.split_whitespace()
+                    .find_map(|w| w.strip_prefix(&format!("{k}=")))
+                    .unwrap_or("")
+                    .to_string()
+            };
+            let state = field("JobState");
+            if ENDED.contains(&state.as_str()) {
+                return JobEnd {
+                    state,
+                    exit_code: field("ExitCode"),
+                    reason: field("Reason"),
+                };
+            }
+            assert!(
+                start.elapsed() < timeout,
+                "job {id} still {state} after {timeout:?}: {out}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// The job's standard output.
+    pub fn output(&self, id: u32) -> String {
+        let p = self.dir.join("jobs").join(format!("{id}.out"));
+        std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    }
+
+    /// `sacct` lines for job `id` (allocation only), waiting for slurmdbd to
+    /// have the record with a final state.
+    pub fn sacct(&self, id: u32, fields: &str) -> String {
+        let start = Instant::now();
+        loop {
+            let mut c = self.cmd("sacct");
+            c.args([
+                "-n",
+                "-X",
+                "-P",
+                "-j",
+                &id.to_string(),
+                "-o",
+                &format!("State,{fields}"),
+            ]);
+            let (ok, out, err) = self.run(c);
+            let state = out
+                .split('|')
+                .next()
+                .unwrap_or("")
+                .split_whitespace()
+                .next()
+                .unwrap_or("");
+            if ok && ENDED.contains(&state) {
+                return out.trim().to_string();
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "sacct has no record of job {id}: {out}{err}"
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+
+    /// Nodes that are drained or draining, with their reasons.
+    pub fn drained_nodes(&self) -> Vec<String> {
+        let mut c = self.cmd("sinfo");
+        c.args(["-h", "-N", "-o", "%N|%T|%E"]);
+        let (_, out, _) = self.run(c);
+        out.lines()
+            .filter(|l| l.to_lowercase().contains("drain"))
+            .map(str::to_string)
+            .collect()
+    }
+
+    pub fn assert_no_drain(&self) {
+        let d = self.drained_nodes();
+        assert!(d.is_empty(), "nodes drained: {d:?}");
+    }
+
+    /// A copy of the cluster's slurm.conf in `dir` whose PlugStackConfig is
+    /// `plugstack` (a client-side view: daemons keep the real one).
+    pub fn client_conf_with_plugstack(&self, dir: &Path, plugstack: &str) -> PathBuf {
+        std::fs::write(dir.join("plugstack.conf"), plugstack).unwrap();
+        let conf = std::fs::read_to_string(&self.slurm_conf).unwrap();
+        let conf: String = conf
+            .lines()
+            .map(|l| {
+                if l.starts_with("PlugStackConfig=") {
+                    format!("PlugStackConfig={}/plugstack.conf", dir.display())
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let path = dir.join("slurm.conf");
+        std::fs::write(&path, conf + "\n").unwrap();
+        path
+    }
+
+    /// The plugin's path and config, as the cluster's plugstack.conf has them.
+    pub fn plugstack_line(&self) -> (String, String) {
+        let text = std::fs::read_to_string(self.dir.join("etc/plugstack.conf")).unwrap();
+        let mut words = text.split_whitespace();
+        let _required = words.next();
+        let plugin = words.next().expect("plugin path").to_string();
+        let config = words
+            .find_map(|w| w.strip_prefix("config="))
+            .expect("config=")
+            .to_string();
+        (plugin, config)
+    }
+
+    /// Where the simulated GPUs' fake driver libraries are.
+    pub fn sim_lib_dir(&self) -> PathBuf {
+        self.dir.join("sim/lib")
+    }
+
+    pub fn sim_bin(&self, name: &str) -> PathBuf {
+        self.dir.join("sim/bin").join(name)
+    }
+}
+
+/// A line `key=value ...` as a lookup.
+pub fn kv(line: &str, key: &str) -> Option<String> {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(&format!("{key}=")))
+        .map(str::to_string)
+}

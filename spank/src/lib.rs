@@ -61,13 +61,8 @@ unsafe impl Plugin for MuxflowPlugin {
     }
 
     fn report_error(&self, error: &dyn Error) {
-        let mut report = error.to_string();
-        let mut source = error.source();
-        while let Some(s) = source {
-            report.push_str(&format!(": {s}"));
-            source = s.source();
-        }
+        // muxflow's error messages already carry their causes.
         // slurm_error: sbatch/srun print it to the user as "error: …".
-        slurm_spank::spank_log(slurm_spank::LogLevel::Error, &report);
+        slurm_spank::spank_log(slurm_spank::LogLevel::Error, &error.to_string());
     }
 }
