@@ -153,6 +153,13 @@ impl Cluster {
     /// `sacct` lines for job `id` (allocation only), waiting for slurmdbd to
     /// have the record with a final state.
     pub fn sacct(&self, id: u32, fields: &str) -> String {
+        self.sacct_until(id, fields, |_| true)
+    }
+
+    /// As [`sacct`](Self::sacct), waiting until `done` accepts the line:
+    /// slurmdbd fills a record in several messages (e.g. the job name can
+    /// read "allocation" for a moment after the end state is stored).
+    pub fn sacct_until(&self, id: u32, fields: &str, done: impl Fn(&str) -> bool) -> String {
         let start = Instant::now();
         loop {
             let mut c = self.cmd("sacct");
@@ -173,7 +180,7 @@ impl Cluster {
                 .split_whitespace()
                 .next()
                 .unwrap_or("");
-            if ok && ENDED.contains(&state) {
+            if ok && ENDED.contains(&state) && done(out.trim()) {
                 return out.trim().to_string();
             }
             assert!(

@@ -81,7 +81,7 @@ fn sacct_shows_finished_jobs() {
         )
         .unwrap();
     c.wait(id, WAIT);
-    let line = c.sacct(id, "JobName,ExitCode");
+    let line = c.sacct_until(id, "JobName,ExitCode", |l| l.contains("mf-sacct"));
     assert_eq!(line, "COMPLETED|mf-sacct|0:0");
 }
 
