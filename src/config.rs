@@ -22,6 +22,8 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
+    #[error("node name '{0}' cannot be used in a path")]
+    BadNode(String),
     #[error("{path}:{line}:{column}: key '{key}': {message}")]
     Invalid {
         path: PathBuf,
@@ -134,13 +136,36 @@ pub struct Config {
     pub xcuda: Xcuda,
     pub health: Health,
     pub matcher: Matcher,
+    pub mps: Mps,
+}
+
+/// The MPS control daemons (one per GPU).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Mps {
+    /// Flag of `nvidia-cuda-mps-control -d` for multi-user server mode
+    /// (Volta and newer): clients of every user share one server. Without it
+    /// MPS runs one user per server and time-slices different users.
+    pub multiuser_flag: String,
+    /// Longest wait for one MPS control command.
+    pub command_timeout_ms: u64,
+}
+
+impl Default for Mps {
+    fn default() -> Self {
+        Mps {
+            multiuser_flag: "-M".to_string(),
+            command_timeout_ms: 5000,
+        }
+    }
 }
 
 /// Files and directories. All root-owned, admin-chosen; never under /tmp.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Paths {
-    /// Per-GPU health state and metric history.
+    /// Per-GPU health state and metric history. `{node}` in this and the two
+    /// MPS roots is replaced by the node name (several slurmd on one host).
     pub state_dir: AbsPath,
     /// Parent of the per-GPU MPS pipe directories (`<root>/<gpu>`).
     pub mps_pipe_root: AbsPath,
@@ -425,6 +450,16 @@ impl Config {
         if self.xcuda.sample_interval_ms == 0 {
             return err("xcuda", "sample_interval_ms", "must be at least 1".into());
         }
+        if self.mps.command_timeout_ms == 0 {
+            return err("mps", "command_timeout_ms", "must be at least 1".into());
+        }
+        if self.mps.multiuser_flag.contains(char::is_whitespace) {
+            return err(
+                "mps",
+                "multiuser_flag",
+                "must be one word, e.g. -M (or empty to run one user per server)".into(),
+            );
+        }
         if self.matcher.interval_s == 0 {
             return err("matcher", "interval_s", "must be at least 1".into());
         }
@@ -454,6 +489,29 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// The config as node `node` uses it: `{node}` in `state_dir`,
+    /// `mps_pipe_root` and `mps_log_root` replaced by the node name.
+    pub fn for_node(mut self, node: &str) -> Result<Config, ConfigError> {
+        let ok = !node.is_empty()
+            && node != "."
+            && node != ".."
+            && node
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+        if !ok {
+            return Err(ConfigError::BadNode(node.to_string()));
+        }
+        for p in [
+            &mut self.paths.state_dir,
+            &mut self.paths.mps_pipe_root,
+            &mut self.paths.mps_log_root,
+        ] {
+            let s = p.0.to_string_lossy().replace("{node}", node);
+            p.0 = PathBuf::from(s);
+        }
+        Ok(self)
     }
 
     /// Device file of GPU `index`.
@@ -580,6 +638,7 @@ mod tests {
         assert_eq!(format!("{:?}", sample.matcher), format!("{:?}", d.matcher));
         assert_eq!(format!("{:?}", sample.slurm), format!("{:?}", d.slurm));
         assert_eq!(format!("{:?}", sample.paths), format!("{:?}", d.paths));
+        assert_eq!(format!("{:?}", sample.mps), format!("{:?}", d.mps));
     }
 
     #[test]
@@ -650,6 +709,27 @@ mod tests {
 
         let (_, key, _) = invalid_parts("[slurm]\noffline_gres = \"a b\"\n");
         assert_eq!(key, "slurm.offline_gres");
+    }
+
+    #[test]
+    fn node_placeholder_expands_and_rejects_traversal() {
+        let c = parse(
+            "[paths]\nstate_dir = \"/srv/{node}/state\"\nmps_pipe_root = \"/run/mf/{node}\"\n",
+        )
+        .unwrap();
+        let n = c.clone().for_node("node3").unwrap();
+        assert_eq!(n.paths.state_dir.as_path(), Path::new("/srv/node3/state"));
+        assert_eq!(n.paths.mps_pipe_root.as_path(), Path::new("/run/mf/node3"));
+        assert_eq!(
+            n.paths.mps_log_root.as_path(),
+            Path::new("/var/log/muxflow/mps")
+        );
+        for bad in ["", "..", "a/b", "x y"] {
+            assert!(
+                matches!(c.clone().for_node(bad), Err(ConfigError::BadNode(_))),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

@@ -5,8 +5,15 @@
 //! programs (`prolog/`) and the matcher daemon (`matcher/`). It exports no FFI.
 
 pub mod config;
+pub mod health;
+pub mod kv;
 pub mod mode;
+pub mod mps;
+pub mod node_state;
+pub mod published;
+pub mod report;
 pub mod slurm_version;
+pub mod xcuda_env;
 
 pub use config::Config;
 pub use mode::Mode;

@@ -20,11 +20,11 @@ fn main() {
     let foreground = args.iter().any(|a| a == "-f");
     let multiuser = args
         .iter()
-        .any(|a| a == "-multiuser-server" || a == "--multiuser-server");
+        .any(|a| matches!(a.as_str(), "-M" | "-multiuser-server" | "--multiuser-server"));
     if let Some(bad) = args.iter().find(|a| {
         !matches!(
             a.as_str(),
-            "-d" | "-f" | "-multiuser-server" | "--multiuser-server"
+            "-d" | "-f" | "-M" | "-multiuser-server" | "--multiuser-server"
         )
     }) {
         eprintln!("nvidia-cuda-mps-control: unknown option {bad}");

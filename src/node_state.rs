@@ -1,0 +1,338 @@
+//! muxflow's state on one node, under `paths.state_dir` (root-owned):
+//!
+//! ```text
+//! <state_dir>/gpu<i>/lock          flock: one writer per GPU at a time
+//! <state_dir>/gpu<i>/state         health state word (healthy, busy, …)
+//! <state_dir>/gpu<i>/jobs/<jobid>  one file per muxflow job on the GPU (key=value)
+//! ```
+//!
+//! Every write is atomic (temporary file + rename) under the GPU's lock, so
+//! concurrent Prologs, Epilogs and health checks never see a torn file.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use crate::health::HealthState;
+use crate::kv;
+use crate::Mode;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Corrupt { path: PathBuf, message: String },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StateError + '_ {
+    move |source| StateError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Writes `bytes` to `path` atomically: a reader sees the old or the new file.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StateError> {
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    fs::create_dir_all(dir).map_err(io(dir))?;
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let tmp = dir.join(format!(
+        ".{}.tmp.{}.{}",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("state"),
+        std::process::id(),
+        SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)
+        .map_err(io(&tmp))?;
+    f.write_all(bytes).map_err(io(&tmp))?;
+    f.sync_data().map_err(io(&tmp))?;
+    fs::rename(&tmp, path).map_err(io(path))
+}
+
+/// An exclusive lock on one GPU's state, released on drop (and by the kernel
+/// if the holder dies).
+pub struct GpuLock {
+    _file: File,
+}
+
+/// The state directory of one node.
+#[derive(Debug, Clone)]
+pub struct NodeState {
+    dir: PathBuf,
+}
+
+/// One muxflow job recorded on a GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobRecord {
+    pub job_id: u32,
+    pub mode: Mode,
+    pub uid: u32,
+}
+
+impl NodeState {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        NodeState { dir: dir.into() }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn gpu_dir(&self, gpu: u32) -> PathBuf {
+        self.dir.join(format!("gpu{gpu}"))
+    }
+
+    /// Blocks until this process holds GPU `gpu`'s lock.
+    pub fn lock_gpu(&self, gpu: u32) -> Result<GpuLock, StateError> {
+        let dir = self.gpu_dir(gpu);
+        fs::create_dir_all(&dir).map_err(io(&dir))?;
+        let path = dir.join("lock");
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+            .map_err(io(&path))?;
+        // SAFETY: flock on a file descriptor this function owns.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
+        if rc != 0 {
+            return Err(StateError::Io {
+                path,
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        Ok(GpuLock { _file: file })
+    }
+
+    pub fn health_file(&self, gpu: u32) -> PathBuf {
+        self.gpu_dir(gpu).join("state")
+    }
+
+    /// The recorded health of GPU `gpu`; None when never recorded.
+    pub fn health(&self, gpu: u32) -> Result<Option<HealthState>, StateError> {
+        let path = self.health_file(gpu);
+        match fs::read_to_string(&path) {
+            Ok(s) => s
+                .parse()
+                .map(Some)
+                .map_err(|e: crate::health::ParseHealthError| StateError::Corrupt {
+                    path,
+                    message: e.to_string(),
+                }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(StateError::Io { path, source: e }),
+        }
+    }
+
+    /// Records GPU `gpu`'s health (caller holds the GPU lock).
+    pub fn set_health(
+        &self,
+        _lock: &GpuLock,
+        gpu: u32,
+        state: HealthState,
+    ) -> Result<(), StateError> {
+        write_atomic(&self.health_file(gpu), format!("{state}\n").as_bytes())
+    }
+
+    fn job_path(&self, gpu: u32, job_id: u32) -> PathBuf {
+        self.gpu_dir(gpu).join("jobs").join(job_id.to_string())
+    }
+
+    /// Records a muxflow job on GPU `gpu` (caller holds the GPU lock).
+    pub fn add_job(&self, _lock: &GpuLock, gpu: u32, job: &JobRecord) -> Result<(), StateError> {
+        let mut w = kv::Writer::new();
+        w.push("mode", job.mode).push("uid", job.uid);
+        write_atomic(
+            &self.job_path(gpu, job.job_id),
+            (w.finish() + "\n").as_bytes(),
+        )
+    }
+
+    /// Forgets job `job_id` on GPU `gpu`; Ok(false) if it was not recorded.
+    pub fn remove_job(&self, _lock: &GpuLock, gpu: u32, job_id: u32) -> Result<bool, StateError> {
+        let path = self.job_path(gpu, job_id);
+        match fs::remove_file(&path) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(StateError::Io { path, source: e }),
+        }
+    }
+
+    /// The muxflow jobs recorded on GPU `gpu`, by job id.
+    pub fn jobs(&self, gpu: u32) -> Result<Vec<JobRecord>, StateError> {
+        let dir = self.gpu_dir(gpu).join("jobs");
+        let entries = match fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => {
+                return Err(StateError::Io {
+                    path: dir,
+                    source: e,
+                })
+            }
+        };
+        let mut jobs = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(io(&dir))?;
+            let name = entry.file_name();
+            let Some(job_id) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                continue; // temporary files
+            };
+            let path = entry.path();
+            let text = fs::read_to_string(&path).map_err(io(&path))?;
+            let corrupt = |message: String| StateError::Corrupt {
+                path: path.clone(),
+                message,
+            };
+            let map = kv::parse(&text).map_err(|e| corrupt(e.to_string()))?;
+            let f = kv::Fields(&map);
+            jobs.push(JobRecord {
+                job_id,
+                mode: f.require("mode").map_err(|e| corrupt(e.to_string()))?,
+                uid: f.require("uid").map_err(|e| corrupt(e.to_string()))?,
+            });
+        }
+        jobs.sort_by_key(|j| j.job_id);
+        Ok(jobs)
+    }
+
+    /// GPUs that have a state directory, ascending.
+    pub fn gpus(&self) -> Result<Vec<u32>, StateError> {
+        let entries = match fs::read_dir(&self.dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => {
+                return Err(StateError::Io {
+                    path: self.dir.clone(),
+                    source: e,
+                })
+            }
+        };
+        let mut gpus: Vec<u32> = entries
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                e.file_name()
+                    .to_str()
+                    .and_then(|n| n.strip_prefix("gpu"))
+                    .and_then(|i| i.parse().ok())
+            })
+            .collect();
+        gpus.sort_unstable();
+        Ok(gpus)
+    }
+
+    /// Where job `job_id` is recorded: (GPU, record).
+    pub fn find_job(&self, job_id: u32) -> Result<Option<(u32, JobRecord)>, StateError> {
+        for gpu in self.gpus()? {
+            if let Some(j) = self.jobs(gpu)?.into_iter().find(|j| j.job_id == job_id) {
+                return Ok(Some((gpu, j)));
+            }
+        }
+        Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jobs_and_health_round_trip() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ns = NodeState::new(tmp.path());
+        assert_eq!(ns.health(0).unwrap(), None);
+        assert!(ns.jobs(0).unwrap().is_empty());
+        let lock = ns.lock_gpu(1).unwrap();
+        let job = JobRecord {
+            job_id: 42,
+            mode: Mode::Offline,
+            uid: 1000,
+        };
+        ns.add_job(&lock, 1, &job).unwrap();
+        ns.add_job(
+            &lock,
+            1,
+            &JobRecord {
+                job_id: 7,
+                mode: Mode::Online,
+                uid: 0,
+            },
+        )
+        .unwrap();
+        ns.set_health(&lock, 1, HealthState::Busy).unwrap();
+        drop(lock);
+        assert_eq!(ns.health(1).unwrap(), Some(HealthState::Busy));
+        assert_eq!(
+            ns.jobs(1)
+                .unwrap()
+                .iter()
+                .map(|j| j.job_id)
+                .collect::<Vec<_>>(),
+            [7, 42]
+        );
+        assert_eq!(ns.find_job(42).unwrap(), Some((1, job)));
+        assert_eq!(ns.gpus().unwrap(), [1]);
+        let lock = ns.lock_gpu(1).unwrap();
+        assert!(ns.remove_job(&lock, 1, 42).unwrap());
+        assert!(!ns.remove_job(&lock, 1, 42).unwrap());
+    }
+
+    #[test]
+    fn corrupt_files_are_named() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ns = NodeState::new(tmp.path());
+        fs::create_dir_all(ns.gpu_dir(0).join("jobs")).unwrap();
+        fs::write(ns.health_file(0), "sick\n").unwrap();
+        fs::write(ns.gpu_dir(0).join("jobs/5"), "mode=weird uid=1\n").unwrap();
+        let e = ns.health(0).unwrap_err().to_string();
+        assert!(e.contains("gpu0/state") && e.contains("sick"), "{e}");
+        let e = ns.jobs(0).unwrap_err().to_string();
+        assert!(e.contains("jobs/5") && e.contains("weird"), "{e}");
+    }
+
+    #[test]
+    fn concurrent_writers_never_tear_a_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ns = NodeState::new(tmp.path());
+        std::thread::scope(|s| {
+            for t in 0..4u32 {
+                let ns = ns.clone();
+                s.spawn(move || {
+                    for i in 0..50u32 {
+                        let lock = ns.lock_gpu(0).unwrap();
+                        let job = JobRecord {
+                            job_id: t * 1000 + i,
+                            mode: Mode::Offline,
+                            uid: t,
+                        };
+                        ns.add_job(&lock, 0, &job).unwrap();
+                        ns.set_health(&lock, 0, HealthState::ALL[(i % 5) as usize])
+                            .unwrap();
+                    }
+                });
+            }
+            for _ in 0..100 {
+                // Readers never see a partial record.
+                ns.jobs(0).unwrap();
+                ns.health(0).unwrap();
+            }
+        });
+        assert_eq!(ns.jobs(0).unwrap().len(), 200);
+    }
+}

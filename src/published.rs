@@ -1,0 +1,122 @@
+//! What a node publishes to slurmctld about its GPUs, for the matcher and
+//! the offline gating: one line in the node's `Extra` field, e.g.
+//!
+//! ```text
+//! muxflow:v1 gpu0.state=healthy gpu0.solo_sm=35 gpu0.online_mem_mib=12000 gpu0.mem_mib=81559 gpu0.offline=0 gpu1.state=busy …
+//! ```
+//!
+//! `solo_sm` is the online job's SM activity (percent) measured while no
+//! offline client ran on that GPU; absent when never measured.
+
+use crate::health::HealthState;
+use crate::kv::{self, Fields, KvError};
+
+pub const TAG: &str = "muxflow:v1";
+
+/// One GPU as published.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuPublished {
+    pub index: u32,
+    pub state: HealthState,
+    pub solo_sm_pct: Option<u8>,
+    pub online_mem_mib: Option<u64>,
+    pub mem_mib: u64,
+    /// Offline jobs running on it.
+    pub offline: u32,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PublishedError {
+    #[error("node Extra does not start with '{TAG}'")]
+    NotMuxflow,
+    #[error("node Extra: {0}")]
+    Kv(#[from] KvError),
+}
+
+pub fn encode(gpus: &[GpuPublished]) -> String {
+    let mut w = kv::Writer::new().tag(TAG);
+    for g in gpus {
+        let k = |f: &str| format!("gpu{}.{f}", g.index);
+        w.push(&k("state"), g.state)
+            .push_opt(&k("solo_sm"), g.solo_sm_pct)
+            .push_opt(&k("online_mem_mib"), g.online_mem_mib)
+            .push(&k("mem_mib"), g.mem_mib)
+            .push(&k("offline"), g.offline);
+    }
+    w.finish()
+}
+
+/// Parses a node's Extra; GPUs come back by ascending index.
+pub fn decode(extra: &str) -> Result<Vec<GpuPublished>, PublishedError> {
+    let rest = extra
+        .trim()
+        .strip_prefix(TAG)
+        .ok_or(PublishedError::NotMuxflow)?;
+    let map = kv::parse(rest)?;
+    let mut indices: Vec<u32> = map
+        .keys()
+        .filter_map(|k| k.strip_prefix("gpu")?.split_once('.')?.0.parse().ok())
+        .collect();
+    indices.sort_unstable();
+    indices.dedup();
+    let f = Fields(&map);
+    indices
+        .into_iter()
+        .map(|i| {
+            let k = |f: &str| format!("gpu{i}.{f}");
+            Ok(GpuPublished {
+                index: i,
+                state: f.require(&k("state"))?,
+                solo_sm_pct: f.get(&k("solo_sm"))?,
+                online_mem_mib: f.get(&k("online_mem_mib"))?,
+                mem_mib: f.require(&k("mem_mib"))?,
+                offline: f.get(&k("offline"))?.unwrap_or(0),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpu(index: u32, state: HealthState) -> GpuPublished {
+        GpuPublished {
+            index,
+            state,
+            solo_sm_pct: Some(35),
+            online_mem_mib: None,
+            mem_mib: 81559,
+            offline: 1,
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        let gpus = vec![
+            gpu(0, HealthState::Healthy),
+            gpu(1, HealthState::Faulty),
+            gpu(10, HealthState::Busy),
+        ];
+        let text = encode(&gpus);
+        assert!(
+            text.starts_with("muxflow:v1 gpu0.state=healthy gpu0.solo_sm=35 "),
+            "{text}"
+        );
+        assert_eq!(decode(&text).unwrap(), gpus);
+    }
+
+    #[test]
+    fn rejects_foreign_and_broken_text() {
+        assert_eq!(decode("rack=12"), Err(PublishedError::NotMuxflow));
+        assert!(decode("muxflow:v1 gpu0.state=sick gpu0.mem_mib=1")
+            .unwrap_err()
+            .to_string()
+            .contains("gpu0.state"));
+        assert!(decode("muxflow:v1 gpu0.state=healthy")
+            .unwrap_err()
+            .to_string()
+            .contains("gpu0.mem_mib"));
+        assert_eq!(decode("muxflow:v1").unwrap(), vec![]);
+    }
+}
