@@ -7,6 +7,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::config::Health;
+
 /// Health of one GPU, as the offline side sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum HealthState {
@@ -74,6 +76,162 @@ impl fmt::Display for HealthState {
     }
 }
 
+/// One reading of a GPU, as the state machine sees it. Metrics a GPU cannot
+/// report (no GPM, no clock) are None and take no part in the decision.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Metrics {
+    /// GPU utilization, percent (any kernel running).
+    pub utilization_pct: f64,
+    /// SM activity, percent (the spatial metric; GPM on Hopper and newer).
+    pub sm_activity_pct: Option<f64>,
+    /// Current SM clock / maximum SM clock (falls under power capping).
+    pub sm_clock_fraction: Option<f64>,
+    /// Memory in use, percent of the total.
+    pub memory_pct: f64,
+}
+
+/// What one step sees: the time, the reading (None when NVML could not be
+/// read) and whether the error detector found a fault on this GPU.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Input {
+    /// Seconds on a clock that all node programs share (Unix time).
+    pub now_s: u64,
+    pub metrics: Option<Metrics>,
+    pub fault: bool,
+}
+
+/// The persistent part of the machine: the state and when it was entered
+/// (for Faulty: when the last fault was seen, so the quiet period restarts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fsm {
+    pub state: HealthState,
+    pub since_s: u64,
+}
+
+/// Why a step ended where it did (logged, and asserted by the table tests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Why {
+    /// The detector reported a fault.
+    Fault,
+    /// A metric crossed an Overloaded enter threshold.
+    OverloadEnter,
+    /// A metric crossed a Busy enter threshold.
+    BusyEnter,
+    /// Every metric is below the exit thresholds of the state and the dwell elapsed.
+    Calmed,
+    /// No fault for the dwell time: start the quiet period.
+    FaultCleared,
+    /// The quiet period passed with the load below the Busy exit thresholds.
+    QuietElapsed,
+    /// Nothing moved it (within hysteresis or dwell, or no reading).
+    Hold,
+}
+
+/// How loaded a reading is, with respect to the enter and exit thresholds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Load {
+    over_enter: bool,
+    /// Not yet below every Overloaded exit threshold.
+    over_stay: bool,
+    busy_enter: bool,
+    /// Not yet below every Busy exit threshold.
+    busy_stay: bool,
+}
+
+fn classify(m: &Metrics, c: &Health) -> Load {
+    let pct = |p: crate::config::Percent| f64::from(p.get());
+    let util = m.utilization_pct;
+    let sm = m.sm_activity_pct;
+    let clock = m.sm_clock_fraction;
+    let mem = m.memory_pct;
+    let over_enter = util >= pct(c.overloaded_enter_utilization)
+        || clock.is_some_and(|f| f < c.overloaded_enter_clock_fraction.get())
+        || mem >= pct(c.overloaded_enter_memory);
+    let over_stay = util >= pct(c.overloaded_exit_utilization)
+        || clock.is_some_and(|f| f < c.overloaded_exit_clock_fraction.get())
+        || mem >= pct(c.overloaded_exit_memory);
+    let busy_enter = util >= pct(c.busy_enter_utilization)
+        || sm.is_some_and(|s| s >= pct(c.busy_enter_sm_activity));
+    let busy_stay = util >= pct(c.busy_exit_utilization)
+        || sm.is_some_and(|s| s >= pct(c.busy_exit_sm_activity));
+    Load {
+        over_enter,
+        over_stay: over_stay || over_enter,
+        busy_enter,
+        busy_stay: busy_stay || busy_enter,
+    }
+}
+
+impl Fsm {
+    /// A GPU seen for the first time: Healthy from `now_s` (the first step
+    /// escalates at once if the reading says so).
+    pub fn new(now_s: u64) -> Fsm {
+        Fsm {
+            state: HealthState::Healthy,
+            since_s: now_s,
+        }
+    }
+
+    /// The transition function. Pure: the same inputs give the same result.
+    ///
+    /// * A fault moves any state to Faulty at once; Faulty lasts until
+    ///   `min_dwell_s` without a fault, then Recovering.
+    /// * Escalation on load (Healthy -> Busy -> Overloaded) is immediate, so
+    ///   the online job is protected without delay; de-escalation needs every
+    ///   metric below its exit threshold (hysteresis) and `min_dwell_s` in the
+    ///   state, so a noisy metric cannot flap it.
+    /// * Overloaded calms to Busy (still above the Busy exit thresholds) or
+    ///   to Recovering; Recovering becomes Healthy after `recovery_quiet_s`
+    ///   below the Busy exit thresholds.
+    /// * No reading (and no fault): the state holds.
+    pub fn step(self, input: &Input, c: &Health) -> (Fsm, Why) {
+        use HealthState::*;
+        let now = input.now_s;
+        let in_state = now.saturating_sub(self.since_s);
+        let dwelt = in_state >= c.min_dwell_s;
+        let go = |state: HealthState, why: Why| {
+            (
+                Fsm {
+                    state,
+                    since_s: now,
+                },
+                why,
+            )
+        };
+        let hold = (self, Why::Hold);
+        if input.fault {
+            return go(Faulty, Why::Fault);
+        }
+        if self.state == Faulty {
+            return if dwelt {
+                go(Recovering, Why::FaultCleared)
+            } else {
+                hold
+            };
+        }
+        let Some(m) = input.metrics else {
+            return hold;
+        };
+        let load = classify(&m, c);
+        match self.state {
+            Healthy | Busy | Recovering if load.over_enter => go(Overloaded, Why::OverloadEnter),
+            Healthy | Recovering if load.busy_enter => go(Busy, Why::BusyEnter),
+            Busy if dwelt && !load.busy_stay => go(Healthy, Why::Calmed),
+            Overloaded if dwelt && !load.over_stay => {
+                if load.busy_stay {
+                    go(Busy, Why::Calmed)
+                } else {
+                    go(Recovering, Why::Calmed)
+                }
+            }
+            Recovering if in_state >= c.recovery_quiet_s && !load.busy_stay => {
+                go(Healthy, Why::QuietElapsed)
+            }
+            _ => hold,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -99,5 +257,385 @@ mod tests {
         assert_eq!(accepting, [HealthState::Healthy]);
         assert!(HealthState::Overloaded.pauses_offline() && HealthState::Faulty.pauses_offline());
         assert!(!HealthState::Busy.pauses_offline());
+    }
+}
+
+#[cfg(test)]
+mod fsm_tests {
+    use super::HealthState::*;
+    use super::*;
+
+    /// Test thresholds: the shipped defaults with short times.
+    fn cfg() -> Health {
+        Health {
+            min_dwell_s: 10,
+            recovery_quiet_s: 20,
+            ..Health::default()
+        }
+    }
+
+    fn m(util: f64, sm: f64, clock: f64, mem: f64) -> Option<Metrics> {
+        Some(Metrics {
+            utilization_pct: util,
+            sm_activity_pct: Some(sm),
+            sm_clock_fraction: Some(clock),
+            memory_pct: mem,
+        })
+    }
+
+    const IDLE: Option<Metrics> = Some(Metrics {
+        utilization_pct: 10.0,
+        sm_activity_pct: Some(5.0),
+        sm_clock_fraction: Some(1.0),
+        memory_pct: 20.0,
+    });
+
+    /// One row: from state entered at t=100, step at `now` with `metrics`/`fault`.
+    struct Row {
+        from: HealthState,
+        now: u64,
+        metrics: Option<Metrics>,
+        fault: bool,
+        to: HealthState,
+        why: Why,
+    }
+
+    fn row(
+        from: HealthState,
+        now: u64,
+        metrics: Option<Metrics>,
+        fault: bool,
+        to: HealthState,
+        why: Why,
+    ) -> Row {
+        Row {
+            from,
+            now,
+            metrics,
+            fault,
+            to,
+            why,
+        }
+    }
+
+    #[test]
+    fn every_edge() {
+        let c = cfg();
+        // Defaults: busy 70/55 util, 60/45 SM; overloaded 95/85 util,
+        // clock < 0.80 / 0.90, memory 95/85. Dwell 10 s, quiet 20 s.
+        let long = 100 + 30; // past dwell and quiet
+        let short = 100 + 5; // within dwell
+        let rows = [
+            // Healthy
+            row(Healthy, short, IDLE, false, Healthy, Why::Hold),
+            row(
+                Healthy,
+                short,
+                m(70.0, 5.0, 1.0, 0.0),
+                false,
+                Busy,
+                Why::BusyEnter,
+            ),
+            row(
+                Healthy,
+                short,
+                m(10.0, 60.0, 1.0, 0.0),
+                false,
+                Busy,
+                Why::BusyEnter,
+            ),
+            row(
+                Healthy,
+                short,
+                m(69.0, 59.0, 1.0, 0.0),
+                false,
+                Healthy,
+                Why::Hold,
+            ),
+            row(
+                Healthy,
+                short,
+                m(95.0, 5.0, 1.0, 0.0),
+                false,
+                Overloaded,
+                Why::OverloadEnter,
+            ),
+            row(
+                Healthy,
+                short,
+                m(10.0, 5.0, 0.79, 0.0),
+                false,
+                Overloaded,
+                Why::OverloadEnter,
+            ),
+            row(
+                Healthy,
+                short,
+                m(10.0, 5.0, 1.0, 95.0),
+                false,
+                Overloaded,
+                Why::OverloadEnter,
+            ),
+            row(Healthy, short, IDLE, true, Faulty, Why::Fault),
+            row(Healthy, short, None, true, Faulty, Why::Fault),
+            row(Healthy, short, None, false, Healthy, Why::Hold),
+            // Busy
+            row(
+                Busy,
+                long,
+                m(54.0, 44.0, 1.0, 0.0),
+                false,
+                Healthy,
+                Why::Calmed,
+            ),
+            row(Busy, short, m(54.0, 44.0, 1.0, 0.0), false, Busy, Why::Hold), // dwell
+            row(Busy, long, m(60.0, 10.0, 1.0, 0.0), false, Busy, Why::Hold),  // util hysteresis
+            row(Busy, long, m(10.0, 50.0, 1.0, 0.0), false, Busy, Why::Hold),  // SM hysteresis
+            row(
+                Busy,
+                short,
+                m(96.0, 50.0, 1.0, 0.0),
+                false,
+                Overloaded,
+                Why::OverloadEnter,
+            ),
+            row(
+                Busy,
+                short,
+                m(60.0, 50.0, 0.7, 0.0),
+                false,
+                Overloaded,
+                Why::OverloadEnter,
+            ),
+            row(Busy, short, IDLE, true, Faulty, Why::Fault),
+            row(Busy, long, None, false, Busy, Why::Hold),
+            // Overloaded
+            row(
+                Overloaded,
+                long,
+                m(60.0, 50.0, 0.95, 50.0),
+                false,
+                Busy,
+                Why::Calmed,
+            ),
+            row(Overloaded, long, IDLE, false, Recovering, Why::Calmed),
+            row(Overloaded, short, IDLE, false, Overloaded, Why::Hold), // dwell
+            row(
+                Overloaded,
+                long,
+                m(90.0, 50.0, 1.0, 0.0),
+                false,
+                Overloaded,
+                Why::Hold,
+            ), // util hysteresis
+            row(
+                Overloaded,
+                long,
+                m(10.0, 5.0, 0.85, 0.0),
+                false,
+                Overloaded,
+                Why::Hold,
+            ), // clock hysteresis
+            row(
+                Overloaded,
+                long,
+                m(10.0, 5.0, 1.0, 90.0),
+                false,
+                Overloaded,
+                Why::Hold,
+            ), // memory hysteresis
+            row(Overloaded, short, IDLE, true, Faulty, Why::Fault),
+            // Faulty
+            row(Faulty, short, IDLE, true, Faulty, Why::Fault),
+            row(Faulty, short, IDLE, false, Faulty, Why::Hold),
+            row(Faulty, long, IDLE, false, Recovering, Why::FaultCleared),
+            row(
+                Faulty,
+                long,
+                m(99.0, 99.0, 0.5, 99.0),
+                false,
+                Recovering,
+                Why::FaultCleared,
+            ),
+            row(Faulty, long, None, false, Recovering, Why::FaultCleared),
+            // Recovering
+            row(Recovering, long, IDLE, false, Healthy, Why::QuietElapsed),
+            row(Recovering, short, IDLE, false, Recovering, Why::Hold), // quiet period
+            row(Recovering, 100 + 15, IDLE, false, Recovering, Why::Hold), // past dwell, within quiet
+            row(
+                Recovering,
+                long,
+                m(60.0, 10.0, 1.0, 0.0),
+                false,
+                Recovering,
+                Why::Hold,
+            ), // hysteresis
+            row(
+                Recovering,
+                short,
+                m(75.0, 10.0, 1.0, 0.0),
+                false,
+                Busy,
+                Why::BusyEnter,
+            ),
+            row(
+                Recovering,
+                short,
+                m(99.0, 10.0, 1.0, 0.0),
+                false,
+                Overloaded,
+                Why::OverloadEnter,
+            ),
+            row(Recovering, short, IDLE, true, Faulty, Why::Fault),
+            row(Recovering, long, None, false, Recovering, Why::Hold),
+        ];
+        let mut covered = std::collections::BTreeSet::new();
+        for (i, r) in rows.iter().enumerate() {
+            let fsm = Fsm {
+                state: r.from,
+                since_s: 100,
+            };
+            let input = Input {
+                now_s: r.now,
+                metrics: r.metrics,
+                fault: r.fault,
+            };
+            let (next, why) = fsm.step(&input, &c);
+            assert_eq!(
+                (next.state, why),
+                (r.to, r.why),
+                "row {i}: {:?} at {} with {:?} fault={}",
+                r.from,
+                r.now,
+                r.metrics,
+                r.fault
+            );
+            let expected_since = if why == Why::Hold { 100 } else { r.now };
+            assert_eq!(next.since_s, expected_since, "row {i}: since");
+            covered.insert((r.from, r.to));
+        }
+        // Every edge of the documented machine appears in the table.
+        let edges = [
+            (Healthy, Busy),
+            (Healthy, Overloaded),
+            (Healthy, Faulty),
+            (Busy, Healthy),
+            (Busy, Overloaded),
+            (Busy, Faulty),
+            (Overloaded, Busy),
+            (Overloaded, Recovering),
+            (Overloaded, Faulty),
+            (Faulty, Faulty),
+            (Faulty, Recovering),
+            (Recovering, Healthy),
+            (Recovering, Busy),
+            (Recovering, Overloaded),
+            (Recovering, Faulty),
+        ];
+        for e in edges {
+            assert!(covered.contains(&e), "edge {e:?} untested");
+        }
+        // And no edge outside that list is reachable from the rows.
+        for (from, to) in &covered {
+            assert!(
+                from == to || edges.contains(&(*from, *to)),
+                "undocumented edge {from:?} -> {to:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn noisy_metric_around_a_threshold_does_not_flap() {
+        let c = cfg();
+        let mut fsm = Fsm::new(0);
+        let mut changes = 0;
+        // Utilization oscillates 50..80 every second for five minutes.
+        for t in 0..300u64 {
+            let util = if t % 2 == 0 { 80.0 } else { 50.0 };
+            let (next, _) = fsm.step(
+                &Input {
+                    now_s: t,
+                    metrics: m(util, 10.0, 1.0, 10.0),
+                    fault: false,
+                },
+                &c,
+            );
+            changes += usize::from(next.state != fsm.state);
+            fsm = next;
+        }
+        // At most one change per dwell period (enter immediately, leave after dwell).
+        assert!(changes <= 2 * 300 / c.min_dwell_s as usize, "{changes}");
+        // Steady oscillation between 60 and 80 never leaves Busy (60 > exit 55).
+        let mut fsm = Fsm::new(0);
+        for t in 0..300u64 {
+            let util = if t % 2 == 0 { 80.0 } else { 60.0 };
+            fsm = fsm
+                .step(
+                    &Input {
+                        now_s: t,
+                        metrics: m(util, 10.0, 1.0, 10.0),
+                        fault: false,
+                    },
+                    &c,
+                )
+                .0;
+            assert_eq!(fsm.state, Busy, "t={t}");
+        }
+    }
+
+    #[test]
+    fn faults_restart_the_quiet_period_and_clock_skew_is_harmless() {
+        let c = cfg();
+        let f = Fsm {
+            state: Faulty,
+            since_s: 100,
+        };
+        let at = |now_s, fault| Input {
+            now_s,
+            metrics: IDLE,
+            fault,
+        };
+        let (f, _) = f.step(&at(108, true), &c);
+        assert_eq!(
+            f,
+            Fsm {
+                state: Faulty,
+                since_s: 108
+            }
+        );
+        assert_eq!(f.step(&at(115, false), &c).0.state, Faulty);
+        assert_eq!(f.step(&at(118, false), &c).0.state, Recovering);
+        // A clock that went backwards counts as no time in the state.
+        assert_eq!(f.step(&at(50, false), &c).0.state, Faulty);
+    }
+
+    #[test]
+    fn missing_optional_metrics_take_no_part() {
+        let c = cfg();
+        let busy = Fsm {
+            state: Busy,
+            since_s: 0,
+        };
+        let only_util = Some(Metrics {
+            utilization_pct: 10.0,
+            sm_activity_pct: None,
+            sm_clock_fraction: None,
+            memory_pct: 10.0,
+        });
+        let input = Input {
+            now_s: 100,
+            metrics: only_util,
+            fault: false,
+        };
+        assert_eq!(
+            busy.step(&input, &c),
+            (
+                Fsm {
+                    state: Healthy,
+                    since_s: 100
+                },
+                Why::Calmed
+            )
+        );
     }
 }
