@@ -75,7 +75,8 @@ function muxflow_job_submit(job_desc)
 	if mode == "offline" then
 		local others = without_gpu(job_desc.tres_per_node)
 		if PARK_OFFLINE then
-			job_desc.tres_per_node = others
+			-- Slurm's Lua binding takes strings only: "" clears the request.
+			job_desc.tres_per_node = others or ""
 			job_desc.priority = 0
 		else
 			local slot = "gres:" .. OFFLINE_GRES .. ":1"
