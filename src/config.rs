@@ -298,6 +298,11 @@ pub struct Health {
     pub recovery_quiet_s: u64,
     /// Samples of metric history kept per GPU.
     pub history_len: usize,
+    /// How long the health check waits for NVML Xid events after its read
+    /// (events are seen only while a program is registered for them).
+    pub xid_watch_ms: u64,
+    /// Re-send the published state at least this often, changed or not.
+    pub publish_refresh_s: u64,
 }
 
 impl Default for Health {
@@ -316,6 +321,8 @@ impl Default for Health {
             min_dwell_s: 30,
             recovery_quiet_s: 60,
             history_len: 64,
+            xid_watch_ms: 0,
+            publish_refresh_s: 300,
         }
     }
 }
@@ -446,6 +453,13 @@ impl Config {
         }
         if h.history_len == 0 {
             return err("health", "history_len", "must be at least 1".into());
+        }
+        if h.xid_watch_ms > 50_000 {
+            return err(
+                "health",
+                "xid_watch_ms",
+                "must be at most 50000: slurmd kills a HealthCheckProgram after 60 s".into(),
+            );
         }
         if self.xcuda.sample_interval_ms == 0 {
             return err("xcuda", "sample_interval_ms", "must be at least 1".into());

@@ -10,6 +10,8 @@ pub mod kv;
 pub mod mode;
 pub mod mps;
 pub mod node_state;
+pub mod policy;
+pub mod process;
 pub mod published;
 pub mod report;
 pub mod slurm_version;

@@ -7,21 +7,17 @@
 //! daemon through `nvidia-cuda-mps-control` on stdin, with a timeout so a hung
 //! daemon cannot hang a Prolog.
 
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::process::{self, RunError};
 use crate::Config;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MpsError {
-    #[error("cannot run {program}: {source} (check paths.mps_control in muxflow.toml)")]
-    Spawn {
-        program: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("{0} (check paths.mps_control in muxflow.toml)")]
+    Run(#[from] RunError),
     #[error("{dir}: {source}")]
     Dir {
         dir: PathBuf,
@@ -92,10 +88,9 @@ impl MpsDaemon {
     }
 
     fn command(&self) -> Command {
-        let mut c = Command::new(&self.control);
         // Nothing from the caller's environment reaches the daemon.
-        c.env_clear()
-            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        let mut c = process::command(&self.control);
+        c.env_remove("SLURM_CONF")
             .env("CUDA_VISIBLE_DEVICES", self.gpu.to_string())
             .env("CUDA_MPS_PIPE_DIRECTORY", &self.pipe_dir)
             .env("CUDA_MPS_LOG_DIRECTORY", &self.log_dir);
@@ -116,12 +111,12 @@ impl MpsDaemon {
         if !self.multiuser_flag.is_empty() {
             c.arg(&self.multiuser_flag);
         }
-        let out = run_with_timeout(c, None, self.timeout, &self.control, self.gpu, "-d")?;
-        if !out.0 {
+        let out = process::run(c, None, self.timeout, true)?;
+        if !out.success {
             return Err(MpsError::Failed {
                 gpu: self.gpu,
                 command: "-d".into(),
-                output: out.1,
+                output: format!("non-zero exit (log: {})", self.log_dir.display()),
             });
         }
         let start = Instant::now();
@@ -145,21 +140,14 @@ impl MpsDaemon {
 
     /// Sends one command and returns the daemon's reply.
     pub fn send(&self, command: &str) -> Result<String, MpsError> {
-        let (ok, output) = run_with_timeout(
-            self.command(),
-            Some(command),
-            self.timeout,
-            &self.control,
-            self.gpu,
-            command,
-        )?;
-        if ok {
-            Ok(output)
+        let out = process::run(self.command(), Some(command), self.timeout, false)?;
+        if out.success {
+            Ok(out.stdout.trim().to_string())
         } else {
             Err(MpsError::Failed {
                 gpu: self.gpu,
                 command: command.into(),
-                output,
+                output: format!("{}{}", out.stdout, out.stderr).trim().to_string(),
             })
         }
     }
@@ -238,67 +226,4 @@ fn create_private_dir(dir: &Path) -> Result<(), MpsError> {
 fn euid() -> u32 {
     // SAFETY: geteuid cannot fail and touches no memory.
     unsafe { libc::geteuid() }
-}
-
-/// Runs `cmd`, feeding `input` (plus newline) on stdin; returns (success,
-/// stdout+stderr), killing it after `timeout`.
-fn run_with_timeout(
-    mut cmd: Command,
-    input: Option<&str>,
-    timeout: Duration,
-    program: &Path,
-    gpu: u32,
-    label: &str,
-) -> Result<(bool, String), MpsError> {
-    cmd.stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().map_err(|source| MpsError::Spawn {
-        program: program.to_path_buf(),
-        source,
-    })?;
-    if let Some(mut stdin) = child.stdin.take() {
-        if let Some(input) = input {
-            // A daemon that exits early closes the pipe; its reply says why.
-            let _ = writeln!(stdin, "{input}");
-        }
-    }
-    let mut stdout = child.stdout.take().expect("piped");
-    let mut stderr = child.stderr.take().expect("piped");
-    let readers = std::thread::spawn(move || {
-        let mut out = String::new();
-        let _ = stdout.read_to_string(&mut out);
-        let mut err = String::new();
-        let _ = stderr.read_to_string(&mut err);
-        out + &err
-    });
-    let start = Instant::now();
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if start.elapsed() > timeout => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(MpsError::Timeout {
-                    gpu,
-                    command: label.into(),
-                    timeout,
-                });
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
-            Err(source) => {
-                return Err(MpsError::Spawn {
-                    program: program.to_path_buf(),
-                    source,
-                })
-            }
-        }
-    };
-    // `-d` leaves a daemon holding the pipes: don't wait for EOF there.
-    let output = if label == "-d" {
-        String::new()
-    } else {
-        readers.join().unwrap_or_default()
-    };
-    Ok((status.success(), output.trim().to_string()))
 }

@@ -4,6 +4,8 @@
 //! <state_dir>/gpu<i>/lock          flock: one writer per GPU at a time
 //! <state_dir>/gpu<i>/state         health state word (healthy, busy, …)
 //! <state_dir>/gpu<i>/jobs/<jobid>  one file per muxflow job on the GPU (key=value)
+//! <state_dir>/gpu<i>/facts         what the SM and memory policies need (key=value)
+//! <state_dir>/xcuda/<jobid>/       xCUDA counters of an offline job (owned by its user)
 //! ```
 //!
 //! Every write is atomic (temporary file + rename) under the GPU's lock, so
@@ -17,6 +19,7 @@ use std::path::{Path, PathBuf};
 
 use crate::health::HealthState;
 use crate::kv;
+use crate::policy::GpuFacts;
 use crate::Mode;
 
 #[derive(Debug, thiserror::Error)]
@@ -212,6 +215,49 @@ impl NodeState {
         Ok(jobs)
     }
 
+    fn facts_file(&self, gpu: u32) -> PathBuf {
+        self.gpu_dir(gpu).join("facts")
+    }
+
+    /// Records what the policies need about GPU `gpu` (caller holds its lock).
+    pub fn set_facts(&self, _lock: &GpuLock, gpu: u32, facts: &GpuFacts) -> Result<(), StateError> {
+        let mut w = kv::Writer::new();
+        w.push_opt("online_solo_sm_pct", facts.online_solo_sm_pct)
+            .push_opt("online_mem_mib", facts.online_mem_mib)
+            .push_opt("mem_total_mib", facts.mem_total_mib);
+        write_atomic(&self.facts_file(gpu), (w.finish() + "\n").as_bytes())
+    }
+
+    /// What the health checks recorded about GPU `gpu` (all unknown if never).
+    pub fn facts(&self, gpu: u32) -> Result<GpuFacts, StateError> {
+        let path = self.facts_file(gpu);
+        let text = match fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(GpuFacts::default()),
+            Err(e) => return Err(StateError::Io { path, source: e }),
+        };
+        let corrupt = |message: String| StateError::Corrupt {
+            path: path.clone(),
+            message,
+        };
+        let map = kv::parse(&text).map_err(|e| corrupt(e.to_string()))?;
+        let f = kv::Fields(&map);
+        Ok(GpuFacts {
+            online_solo_sm_pct: f
+                .get("online_solo_sm_pct")
+                .map_err(|e| corrupt(e.to_string()))?,
+            online_mem_mib: f
+                .get("online_mem_mib")
+                .map_err(|e| corrupt(e.to_string()))?,
+            mem_total_mib: f.get("mem_total_mib").map_err(|e| corrupt(e.to_string()))?,
+        })
+    }
+
+    /// Where the xCUDA counters of offline job `job_id` go.
+    pub fn xcuda_stats_dir(&self, job_id: u32) -> PathBuf {
+        self.dir.join("xcuda").join(job_id.to_string())
+    }
+
     /// GPUs that have a state directory, ascending.
     pub fn gpus(&self) -> Result<Vec<u32>, StateError> {
         let entries = match fs::read_dir(&self.dir) {
@@ -291,6 +337,14 @@ mod tests {
         let lock = ns.lock_gpu(1).unwrap();
         assert!(ns.remove_job(&lock, 1, 42).unwrap());
         assert!(!ns.remove_job(&lock, 1, 42).unwrap());
+        assert_eq!(ns.facts(1).unwrap(), GpuFacts::default());
+        let facts = GpuFacts {
+            online_solo_sm_pct: Some(35),
+            online_mem_mib: None,
+            mem_total_mib: Some(81559),
+        };
+        ns.set_facts(&lock, 1, &facts).unwrap();
+        assert_eq!(ns.facts(1).unwrap(), facts);
     }
 
     #[test]
