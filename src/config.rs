@@ -203,6 +203,10 @@ pub struct Slurm {
     pub offline_gres: String,
     /// Feature that parks offline jobs until the matcher places them.
     pub parking_feature: String,
+    /// The scontrol the node side runs (root) to read slots and write AdminComment.
+    pub scontrol: AbsPath,
+    /// Longest wait for one scontrol call.
+    pub command_timeout_ms: u64,
 }
 
 impl Default for Slurm {
@@ -210,6 +214,8 @@ impl Default for Slurm {
         Slurm {
             offline_gres: "mfslot".to_string(),
             parking_feature: "muxflow_unplaced".to_string(),
+            scontrol: abs("/usr/bin/scontrol"),
+            command_timeout_ms: 10_000,
         }
     }
 }
@@ -463,6 +469,9 @@ impl Config {
         }
         if self.xcuda.sample_interval_ms == 0 {
             return err("xcuda", "sample_interval_ms", "must be at least 1".into());
+        }
+        if self.slurm.command_timeout_ms == 0 {
+            return err("slurm", "command_timeout_ms", "must be at least 1".into());
         }
         if self.mps.command_timeout_ms == 0 {
             return err("mps", "command_timeout_ms", "must be at least 1".into());

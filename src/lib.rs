@@ -14,6 +14,7 @@ pub mod policy;
 pub mod process;
 pub mod published;
 pub mod report;
+pub mod slurm_cli;
 pub mod slurm_version;
 pub mod xcuda_env;
 

@@ -1,0 +1,141 @@
+//! The few scontrol calls the node side makes (root): where an offline job's
+//! slot is, and writing a job's AdminComment.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::process::{self, RunError};
+use crate::Config;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ScontrolError {
+    #[error("{0} (check slurm.scontrol in muxflow.toml)")]
+    Run(#[from] RunError),
+    #[error("scontrol {args}: {output}")]
+    Failed { args: String, output: String },
+}
+
+pub struct Scontrol {
+    program: PathBuf,
+    timeout: Duration,
+}
+
+impl Scontrol {
+    pub fn new(config: &Config) -> Self {
+        Scontrol {
+            program: config.slurm.scontrol.as_path().to_path_buf(),
+            timeout: Duration::from_millis(config.slurm.command_timeout_ms),
+        }
+    }
+
+    fn run(&self, args: &[&str]) -> Result<String, ScontrolError> {
+        let mut c = process::command(&self.program);
+        c.args(args);
+        let out = process::run(c, None, self.timeout, false)?;
+        if out.success {
+            Ok(out.stdout)
+        } else {
+            Err(ScontrolError::Failed {
+                args: args.join(" "),
+                output: format!("{}{}", out.stdout, out.stderr).trim().to_string(),
+            })
+        }
+    }
+
+    /// The GPU indices of the offline slots (`<gres>:g<i>`) job `job_id`
+    /// holds on `node`, from `scontrol show job -d`.
+    pub fn offline_slots(
+        &self,
+        job_id: u32,
+        node: &str,
+        gres: &str,
+    ) -> Result<Vec<u32>, ScontrolError> {
+        let out = self.run(&["show", "job", "-d", &job_id.to_string()])?;
+        Ok(parse_offline_slots(&out, node, gres))
+    }
+
+    /// Sets job `job_id`'s AdminComment (root/SlurmUser, while it runs).
+    pub fn set_admin_comment(&self, job_id: u32, text: &str) -> Result<(), ScontrolError> {
+        self.run(&[
+            "update",
+            &format!("JobId={job_id}"),
+            &format!("AdminComment={text}"),
+        ])
+        .map(drop)
+    }
+}
+
+/// Parses the per-node detail lines of `scontrol show job -d`, e.g.
+/// `     Nodes=node3 CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:0),mfslot:g1:1(IDX:1)`:
+/// GPU indices from the types `g<i>` of `gres` with a non-zero count.
+pub fn parse_offline_slots(show_job: &str, node: &str, gres: &str) -> Vec<u32> {
+    let mut gpus = Vec::new();
+    for line in show_job.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let on_node = words.iter().any(|w| w.strip_prefix("Nodes=") == Some(node));
+        if !on_node {
+            continue;
+        }
+        let Some(list) = words.iter().find_map(|w| w.strip_prefix("GRES=")) else {
+            continue;
+        };
+        for item in split_gres(list) {
+            // mfslot:g1:1(IDX:1)
+            let spec = item.split('(').next().unwrap_or("");
+            let mut parts = spec.split(':');
+            let (Some(name), Some(ty), Some(count)) = (parts.next(), parts.next(), parts.next())
+            else {
+                continue;
+            };
+            let count: u32 = count.parse().unwrap_or(0);
+            if name == gres && count > 0 {
+                if let Some(i) = ty.strip_prefix('g').and_then(|i| i.parse().ok()) {
+                    gpus.push(i);
+                }
+            }
+        }
+    }
+    gpus.sort_unstable();
+    gpus.dedup();
+    gpus
+}
+
+/// Splits a GRES list on commas outside parentheses (`IDX:0,2` has commas).
+fn split_gres(list: &str) -> Vec<&str> {
+    let mut items = Vec::new();
+    let (mut depth, mut start) = (0i32, 0);
+    for (i, c) in list.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            ',' if depth == 0 => {
+                items.push(&list[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    items.push(&list[start..]);
+    items
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SHOW: &str = "JobId=10 JobName=wrap\n   JobState=RUNNING Reason=None\n   JOB_GRES=gpu:1,mfslot:g1:1\n     Nodes=node3 CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:0),mfslot:g1:1(IDX:1)\n   Features=(null)\n";
+
+    #[test]
+    fn finds_the_slot_on_this_node() {
+        assert_eq!(parse_offline_slots(SHOW, "node3", "mfslot"), [1]);
+        assert!(parse_offline_slots(SHOW, "node1", "mfslot").is_empty());
+        assert!(parse_offline_slots(SHOW, "node3", "other").is_empty());
+    }
+
+    #[test]
+    fn ignores_zero_counts_and_handles_index_lists() {
+        let show = "     Nodes=n1 CPU_IDs=0 Mem=0 GRES=mfslot:g1:0(IDX:),mfslot:g0:1(IDX:0),gpu:2(IDX:0,1)\n";
+        assert_eq!(parse_offline_slots(show, "n1", "mfslot"), [0]);
+        assert!(parse_offline_slots("JobId=1\n", "n1", "mfslot").is_empty());
+    }
+}
