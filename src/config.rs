@@ -179,6 +179,8 @@ pub struct Paths {
     pub nvml_library: Option<AbsPath>,
     /// GPU device files, `{index}` replaced by the GPU index.
     pub gpu_device: String,
+    /// Log of the node programs (Prolog, Epilog, health check); `{node}` expands.
+    pub node_log: AbsPath,
 }
 
 impl Default for Paths {
@@ -191,6 +193,7 @@ impl Default for Paths {
             mps_control: abs("/usr/bin/nvidia-cuda-mps-control"),
             nvml_library: None,
             gpu_device: "/dev/nvidia{index}".to_string(),
+            node_log: abs("/var/log/muxflow/node.log"),
         }
     }
 }
@@ -530,6 +533,7 @@ impl Config {
             &mut self.paths.state_dir,
             &mut self.paths.mps_pipe_root,
             &mut self.paths.mps_log_root,
+            &mut self.paths.node_log,
         ] {
             let s = p.0.to_string_lossy().replace("{node}", node);
             p.0 = PathBuf::from(s);

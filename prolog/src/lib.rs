@@ -39,21 +39,19 @@ impl JobEnv {
 
 /// Runs `body` with logging set up and every error contained: the process
 /// exits 0 whatever muxflow's own code did, after logging what went wrong.
+/// `body` gets the config as this node uses it (`{node}` expanded). Logs go
+/// to `paths.node_log` (slurmd drops a Prolog's output) and to stderr.
 pub fn run_contained(program: &str, body: impl FnOnce(&Config, &JobEnv) -> anyhow::Result<()>) {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("MUXFLOW_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_ansi(false)
-        .init();
     let cli = Cli::parse();
     let env = JobEnv::from_env();
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let config = Config::load(&cli.config)?;
-        body(&config, &env)
-    }));
+    let config = Config::load(&cli.config)
+        .map_err(anyhow::Error::from)
+        .and_then(|c| match &env.node {
+            Some(node) => Ok(c.for_node(node)?),
+            None => Ok(c),
+        });
+    init_logging(config.as_ref().ok());
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(&config?, &env)));
     match result {
         Ok(Ok(())) => {}
         Ok(Err(e)) => tracing::error!(
@@ -66,3 +64,41 @@ pub fn run_contained(program: &str, body: impl FnOnce(&Config, &JobEnv) -> anyho
         ),
     }
 }
+
+fn init_logging(config: Option<&Config>) {
+    use std::io::Write;
+    use tracing_subscriber::fmt::writer::MakeWriterExt;
+    let filter = tracing_subscriber::EnvFilter::try_from_env("MUXFLOW_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let file = config.and_then(|c| {
+        let path = c.paths.node_log.as_path();
+        std::fs::create_dir_all(path.parent()?).ok()?;
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .ok()
+    });
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(false);
+    match file {
+        Some(f) => {
+            let file = std::sync::Mutex::new(f);
+            let _ = builder.with_writer(std::io::stderr.and(file)).try_init();
+        }
+        None => {
+            let _ = builder.with_writer(std::io::stderr).try_init();
+            let _ = writeln!(
+                std::io::stderr(),
+                "muxflow: no node log; logging to stderr only"
+            );
+        }
+    }
+}
+
+pub mod detector;
+pub mod job;
+pub mod nvml;
+pub mod publish;
+pub mod sysmon;

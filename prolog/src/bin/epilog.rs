@@ -1,8 +1,7 @@
-//! `muxflow-epilog`: see the crate docs. Never fails the node for muxflow's own errors.
+//! `muxflow-epilog` (slurm.conf Epilog=): forgets a muxflow job and stops a
+//! GPU's MPS daemon once no muxflow job is left on it. Never fails the node
+//! for muxflow's own errors.
 
 fn main() {
-    muxflow_prolog::run_contained("muxflow-epilog", |_config, env| {
-        tracing::debug!(?env, "muxflow-epilog");
-        Ok(())
-    });
+    muxflow_prolog::run_contained("muxflow-epilog", muxflow_prolog::job::end);
 }

@@ -1,8 +1,7 @@
-//! `muxflow-prolog`: see the crate docs. Never fails the node for muxflow's own errors.
+//! `muxflow-prolog` (slurm.conf Prolog=, with PrologFlags=Alloc): starts the
+//! MPS daemons of a muxflow job's GPUs and records the job. Never fails the
+//! node for muxflow's own errors.
 
 fn main() {
-    muxflow_prolog::run_contained("muxflow-prolog", |_config, env| {
-        tracing::debug!(?env, "muxflow-prolog");
-        Ok(())
-    });
+    muxflow_prolog::run_contained("muxflow-prolog", muxflow_prolog::job::start);
 }
