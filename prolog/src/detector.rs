@@ -1,0 +1,284 @@
+//! Mixed error handling, the part that is not SIGINT/SIGTERM: a table of
+//! rules, each a pattern over one observation (an NVML Xid event, an MPS log
+//! line, an NVML failure, a lost GPU) and the actions it calls for.
+//!
+//! Pure: [`classify`] maps observations to matches; `sysmon` carries the
+//! actions out and counts them.
+
+use std::fmt;
+
+/// Something seen on one GPU during a step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Observation {
+    /// An NVML XidCriticalError event with its Xid.
+    Xid(u64),
+    /// A line of the GPU's MPS server or control log.
+    MpsLog(String),
+    /// An NVML query failed (not "lost"): what failed.
+    NvmlFailure(String),
+    /// NVML says the GPU is lost (NVML_ERROR_GPU_IS_LOST).
+    Lost,
+}
+
+/// What muxflow does about a match.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Action {
+    /// Feed a fault to the state machine (Faulty: nothing placed, offline paused).
+    MarkFaulty,
+    /// `terminate_client` every offline MPS client on the GPU, so the online
+    /// job is not taken down with them.
+    EvictOffline,
+    /// Quit and restart the GPU's MPS daemon, only when no online client is
+    /// attached (a restart would kill it).
+    RestartMpsIfNoOnline,
+    /// Drain the node, reason `muxflow: gpu<i> lost`.
+    DrainNode,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::MarkFaulty => "mark_faulty",
+            Action::EvictOffline => "evict_offline",
+            Action::RestartMpsIfNoOnline => "restart_mps",
+            Action::DrainNode => "drain_node",
+        }
+    }
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A pattern over one observation.
+#[derive(Debug, Clone, Copy)]
+pub enum Pattern {
+    /// An Xid from this list.
+    Xid(&'static [u64]),
+    /// An MPS log line containing this text.
+    LogContains(&'static str),
+    /// Any NVML query failure.
+    NvmlFailure,
+    /// The GPU is lost.
+    Lost,
+}
+
+impl Pattern {
+    fn matches(&self, o: &Observation) -> bool {
+        match (self, o) {
+            (Pattern::Xid(list), Observation::Xid(x)) => list.contains(x),
+            (Pattern::LogContains(text), Observation::MpsLog(line)) => line.contains(text),
+            (Pattern::NvmlFailure, Observation::NvmlFailure(_)) => true,
+            (Pattern::Lost, Observation::Lost) => true,
+            _ => false,
+        }
+    }
+}
+
+/// One rule: a name (logged and counted), a pattern, the actions.
+#[derive(Debug, Clone, Copy)]
+pub struct Rule {
+    pub name: &'static str,
+    pub pattern: Pattern,
+    pub actions: &'static [Action],
+}
+
+use Action::*;
+
+/// Xids after which the GPU needs a reset: double-bit ECC (48), GSP/engine
+/// failures (62, 119, 120, 140), row-remap failure (64), NVLink (74), fallen
+/// off the bus (79), high single-bit ECC rate (92), contained/uncontained ECC
+/// (94, 95). Every client on the GPU is affected.
+pub const FATAL_XIDS: &[u64] = &[48, 62, 64, 74, 79, 92, 94, 95, 119, 120, 140];
+
+/// Xids caused by one application (graphics engine exception, MMU fault,
+/// GPU stopped processing, preemptive cleanup): the suspect is the offline
+/// client, which is cheaper to lose than the online one.
+pub const APP_XIDS: &[u64] = &[13, 31, 43, 45, 69];
+
+/// The rules, first match per observation wins.
+pub const RULES: &[Rule] = &[
+    Rule {
+        name: "gpu_lost",
+        pattern: Pattern::Lost,
+        actions: &[MarkFaulty, EvictOffline, DrainNode],
+    },
+    Rule {
+        name: "xid_fatal",
+        pattern: Pattern::Xid(FATAL_XIDS),
+        actions: &[MarkFaulty, EvictOffline, RestartMpsIfNoOnline],
+    },
+    Rule {
+        name: "xid_app",
+        pattern: Pattern::Xid(APP_XIDS),
+        actions: &[MarkFaulty, EvictOffline],
+    },
+    Rule {
+        name: "mps_fatal_gpu_error",
+        pattern: Pattern::LogContains("Server is handling a fatal GPU error"),
+        actions: &[MarkFaulty, EvictOffline, RestartMpsIfNoOnline],
+    },
+    Rule {
+        name: "mps_client_sticky_error",
+        pattern: Pattern::LogContains("have a sticky error set"),
+        actions: &[MarkFaulty, EvictOffline, RestartMpsIfNoOnline],
+    },
+    Rule {
+        name: "mps_server_fault_state",
+        pattern: Pattern::LogContains("FAULT"),
+        actions: &[MarkFaulty, EvictOffline, RestartMpsIfNoOnline],
+    },
+    Rule {
+        name: "nvml_query_failed",
+        pattern: Pattern::NvmlFailure,
+        actions: &[MarkFaulty],
+    },
+];
+
+/// The rule an observation matches, if any.
+pub fn rule_for(o: &Observation) -> Option<&'static Rule> {
+    RULES.iter().find(|r| r.pattern.matches(o))
+}
+
+/// The rules matched by a step's observations, in order, each once.
+pub fn classify<'a>(
+    observations: impl IntoIterator<Item = &'a Observation>,
+) -> Vec<(&'static Rule, &'a Observation)> {
+    let mut out: Vec<(&'static Rule, &'a Observation)> = Vec::new();
+    for o in observations {
+        if let Some(r) = rule_for(o) {
+            if !out.iter().any(|(seen, _)| seen.name == r.name) {
+                out.push((r, o));
+            }
+        }
+    }
+    out
+}
+
+/// The union of the actions of `matches`, in a fixed order.
+pub fn actions(matches: &[(&'static Rule, &Observation)]) -> Vec<Action> {
+    let mut a: Vec<Action> = matches
+        .iter()
+        .flat_map(|(r, _)| r.actions.iter().copied())
+        .collect();
+    a.sort_unstable();
+    a.dedup();
+    a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn log(line: &str) -> Observation {
+        Observation::MpsLog(line.to_string())
+    }
+
+    fn name(o: &Observation) -> Option<&'static str> {
+        rule_for(o).map(|r| r.name)
+    }
+
+    #[test]
+    fn recorded_mps_server_lines() {
+        // Lines as the MPS server writes them (the simulated one copies the format).
+        let cases = [
+            (
+                "[2024-05-02 10:11:12.345 Server 4242] Server is handling a fatal GPU error.",
+                Some("mps_fatal_gpu_error"),
+            ),
+            (
+                "[2024-05-02 10:11:12.346 Server 4242] The following clients have a sticky error set: 5001, 5002",
+                Some("mps_client_sticky_error"),
+            ),
+            (
+                "[2024-05-02 10:11:13.000 Control 4200] Server 4242 has changed its state to FAULT",
+                Some("mps_server_fault_state"),
+            ),
+            ("[2024-05-02 10:11:10.000 Server 4242] New client 5001 connected", None),
+            ("[2024-05-02 10:11:11.000 Server 4242] Client 5001 disconnected", None),
+            ("[2024-05-02 10:11:11.000 Server 4242] Terminating client 5001", None),
+            (
+                "[2024-05-02 10:11:20.000 Server 4242] All clients with a sticky error have exited; server has recovered from the fatal GPU error",
+                None,
+            ),
+            (
+                "[2024-05-02 10:11:00.000 Control 4200] Starting control daemon multiuser=true",
+                None,
+            ),
+        ];
+        for (line, want) in cases {
+            assert_eq!(name(&log(line)), want, "{line}");
+        }
+    }
+
+    #[test]
+    fn recorded_xid_events() {
+        for x in FATAL_XIDS {
+            assert_eq!(name(&Observation::Xid(*x)), Some("xid_fatal"), "xid {x}");
+        }
+        for x in [13, 31, 43] {
+            assert_eq!(name(&Observation::Xid(x)), Some("xid_app"), "xid {x}");
+        }
+        // Informational Xids (e.g. 63: row remapping pending) trigger nothing.
+        assert_eq!(name(&Observation::Xid(63)), None);
+        assert_eq!(name(&Observation::Xid(0)), None);
+    }
+
+    #[test]
+    fn only_a_lost_gpu_drains() {
+        let all = [
+            Observation::Lost,
+            Observation::Xid(79),
+            Observation::Xid(31),
+            Observation::NvmlFailure("utilization: Unknown".into()),
+            log("Server is handling a fatal GPU error."),
+            log("The following clients have a sticky error set: 1"),
+            log("Server 1 state FAULT"),
+        ];
+        for o in &all {
+            let r = rule_for(o).expect("every recorded fault matches a rule");
+            assert_eq!(
+                r.actions.contains(&DrainNode),
+                matches!(o, Observation::Lost),
+                "{o:?}"
+            );
+            assert!(r.actions.contains(&MarkFaulty), "{o:?}");
+        }
+        // A query failure alone evicts nothing: it may be muxflow's problem.
+        assert_eq!(
+            rule_for(&Observation::NvmlFailure("x".into()))
+                .unwrap()
+                .actions,
+            &[MarkFaulty]
+        );
+    }
+
+    #[test]
+    fn classify_dedups_rules_and_unions_actions() {
+        let obs = [
+            log("Server is handling a fatal GPU error."),
+            log("Server is handling a fatal GPU error."),
+            Observation::Xid(31),
+            log("New client 7 connected"),
+        ];
+        let m = classify(&obs);
+        let names: Vec<_> = m.iter().map(|(r, _)| r.name).collect();
+        assert_eq!(names, ["mps_fatal_gpu_error", "xid_app"]);
+        assert_eq!(
+            actions(&m),
+            [MarkFaulty, EvictOffline, RestartMpsIfNoOnline]
+        );
+        assert!(actions(&classify(&[log("hello")])).is_empty());
+    }
+
+    #[test]
+    fn rule_names_are_unique_and_every_rule_marks_faulty() {
+        let mut names: Vec<_> = RULES.iter().map(|r| r.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), RULES.len());
+        assert!(RULES.iter().all(|r| r.actions.contains(&MarkFaulty)));
+    }
+}

@@ -1,0 +1,208 @@
+//! One NVML read per step: every GPU's utilization, SM activity (GPM), SM
+//! clock, memory and compute processes, plus pending Xid events.
+
+use std::time::{Duration, Instant};
+
+use muxflow::health::Metrics;
+use nvml_wrapper::bitmasks::event::EventTypes;
+use nvml_wrapper::enum_wrappers::device::Clock;
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::enums::event::XidError;
+use nvml_wrapper::enums::gpm::GpmMetricId;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::Nvml;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("cannot initialise NVML ({lib}): {source}")]
+    Init {
+        lib: String,
+        #[source]
+        source: NvmlError,
+    },
+    #[error("NVML device count: {0}")]
+    Count(#[source] NvmlError),
+}
+
+/// A compute process on a GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Process {
+    pub pid: u32,
+    pub used_mib: Option<u64>,
+}
+
+/// One GPU's reading.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reading {
+    pub metrics: Metrics,
+    pub mem_used_mib: u64,
+    pub mem_total_mib: u64,
+    pub processes: Vec<Process>,
+}
+
+/// What NVML said about one GPU.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GpuRead {
+    Ok(Reading),
+    /// NVML_ERROR_GPU_IS_LOST.
+    Lost,
+    /// Another failure: which query, and NVML's error.
+    Failed(String),
+}
+
+/// Everything one step reads.
+#[derive(Debug, Clone, Default)]
+pub struct Telemetry {
+    pub gpus: Vec<(u32, GpuRead)>,
+    /// (GPU index, Xid) in arrival order.
+    pub xids: Vec<(u32, u64)>,
+}
+
+const MIB: u64 = 1 << 20;
+
+/// Reads every GPU once. `xid_watch` is how long to wait for Xid events
+/// after registering for them (0: only those already pending).
+pub fn read(lib: Option<&std::path::Path>, xid_watch: Duration) -> Result<Telemetry, ReadError> {
+    let nvml = match lib {
+        Some(p) => Nvml::builder().lib_path(p.as_os_str()).init(),
+        None => Nvml::init(),
+    }
+    .map_err(|source| ReadError::Init {
+        lib: lib.map_or("libnvidia-ml.so.1".into(), |p| p.display().to_string()),
+        source,
+    })?;
+    let count = nvml.device_count().map_err(ReadError::Count)?;
+
+    // Register for Xids first, so events raised during the read are caught.
+    let mut events = match nvml.create_event_set() {
+        Ok(set) => Some(set),
+        Err(e) => {
+            tracing::debug!("NVML event set: {e}");
+            None
+        }
+    };
+    let mut devices = Vec::new();
+    for i in 0..count {
+        let d = nvml.device_by_index(i).map_err(|e| classify(("handle", e)));
+        if let (Ok(dev), Some(set)) = (&d, events.take()) {
+            events = match dev.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
+                Ok(set) => Some(set),
+                Err(e) => {
+                    tracing::debug!("GPU {i}: Xid events unavailable: {}", e.error);
+                    None
+                }
+            };
+        }
+        devices.push(d);
+    }
+
+    // GPM SM activity is a rate between two samples: take the first of every
+    // GPU now, the second after the other queries.
+    let first: Vec<_> = devices
+        .iter()
+        .map(|d| d.as_ref().ok().and_then(|d| d.gpm_sample().ok()))
+        .collect();
+    let start = Instant::now();
+    let mut gpus = Vec::with_capacity(devices.len());
+    for (i, d) in devices.iter().enumerate() {
+        let i = i as u32;
+        let read = match d {
+            Ok(dev) => read_one(dev).map_or_else(classify, GpuRead::Ok),
+            Err(e) => e.clone(),
+        };
+        gpus.push((i, read));
+    }
+    // The simulated GPU averages over the interval; a few ms is enough there
+    // and for real GPM, which needs distinct samples.
+    let min_gap = Duration::from_millis(2);
+    if let Some(rest) = min_gap.checked_sub(start.elapsed()) {
+        std::thread::sleep(rest);
+    }
+    for ((i, read), (d, s1)) in gpus.iter_mut().zip(devices.iter().zip(first)) {
+        let (Ok(dev), Some(s1)) = (d, s1) else {
+            continue;
+        };
+        let GpuRead::Ok(r) = read else {
+            continue;
+        };
+        let sm = dev.gpm_sample().and_then(|s2| {
+            nvml_wrapper::gpm::gpm_metrics_get(&nvml, &s1, &s2, &[GpmMetricId::SmUtil])
+        });
+        match sm {
+            Ok(v) => {
+                r.metrics.sm_activity_pct = v
+                    .into_iter()
+                    .next()
+                    .and_then(|m| m.ok())
+                    .map(|m| m.value.clamp(0.0, 100.0))
+            }
+            Err(NvmlError::GpuLost) => *read = GpuRead::Lost,
+            Err(e) => tracing::debug!("GPU {i}: no GPM SM activity: {e}"),
+        }
+    }
+
+    let mut xids = Vec::new();
+    if let Some(set) = &events {
+        let deadline = Instant::now() + xid_watch;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match set.wait(left.as_millis() as u32) {
+                Ok(ev) => {
+                    let gpu = ev.device.index().unwrap_or(u32::MAX);
+                    if let Some(XidError::Value(x)) = ev.event_data {
+                        xids.push((gpu, x));
+                    }
+                }
+                Err(NvmlError::Timeout) => break,
+                Err(e) => {
+                    tracing::debug!("NVML event wait: {e}");
+                    break;
+                }
+            }
+        }
+    }
+    Ok(Telemetry { gpus, xids })
+}
+
+fn classify((what, e): (&'static str, NvmlError)) -> GpuRead {
+    match e {
+        NvmlError::GpuLost => GpuRead::Lost,
+        e => GpuRead::Failed(format!("{what}: {e}")),
+    }
+}
+
+fn read_one(dev: &nvml_wrapper::Device) -> Result<Reading, (&'static str, NvmlError)> {
+    let util = dev.utilization_rates().map_err(|e| ("utilization", e))?;
+    let mem = dev.memory_info().map_err(|e| ("memory", e))?;
+    let clock = dev.clock_info(Clock::SM).map_err(|e| ("SM clock", e))?;
+    // A GPU without a max clock reading still has the other metrics.
+    let max_clock = dev.max_clock_info(Clock::SM).ok().filter(|&m| m > 0);
+    let processes = dev
+        .running_compute_processes()
+        .map_err(|e| ("compute processes", e))?
+        .into_iter()
+        .map(|p| Process {
+            pid: p.pid,
+            used_mib: match p.used_gpu_memory {
+                UsedGpuMemory::Used(b) => Some(b / MIB),
+                UsedGpuMemory::Unavailable => None,
+            },
+        })
+        .collect();
+    let total_mib = mem.total / MIB;
+    Ok(Reading {
+        metrics: Metrics {
+            utilization_pct: f64::from(util.gpu),
+            sm_activity_pct: None,
+            sm_clock_fraction: max_clock.map(|m| f64::from(clock) / f64::from(m)),
+            memory_pct: if mem.total == 0 {
+                0.0
+            } else {
+                mem.used as f64 * 100.0 / mem.total as f64
+            },
+        },
+        mem_used_mib: mem.used / MIB,
+        mem_total_mib: total_mib,
+        processes,
+    })
+}

@@ -1,0 +1,238 @@
+//! Publishing the node's GPU states to slurmctld, and the GPU-lost drain.
+//!
+//! The text ([`muxflow::published::encode`]) goes into the node's `Extra`
+//! field with `scontrol update NodeName=… Extra=…` (Slurm 22.05 accepts it,
+//! `sinfo --json` shows it as `extra`, and `scontrol reconfigure` keeps it).
+//! It is sent only when it changed or is older than
+//! `health.publish_refresh_s`; a health check also reads the field back and
+//! re-asserts it if slurmctld lost it. The last text sent is kept in
+//! `<state_dir>/node.json`, under `<state_dir>/node.lock`.
+
+use std::fs::OpenOptions;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::{bail, Context};
+use muxflow::node_state::{write_atomic, NodeState};
+use muxflow::published::{encode, GpuPublished};
+use muxflow::Config;
+use serde::{Deserialize, Serialize};
+
+use crate::sysmon::{load_record, Trigger};
+
+/// Prefix of every drain reason muxflow sets; only such drains are undone.
+pub const DRAIN_PREFIX: &str = "muxflow:";
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeRecord {
+    pub published: Option<String>,
+    pub published_at_s: u64,
+    /// This node was drained by muxflow (a GPU was lost).
+    pub drained: bool,
+    pub publish_failures: u64,
+}
+
+fn node_path(ns: &NodeState) -> PathBuf {
+    ns.dir().join("node.json")
+}
+
+pub fn load_node(ns: &NodeState) -> anyhow::Result<NodeRecord> {
+    match std::fs::read(node_path(ns)) {
+        Ok(b) => Ok(serde_json::from_slice(&b).unwrap_or_default()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(NodeRecord::default()),
+        Err(e) => Err(e).context("reading node.json"),
+    }
+}
+
+/// An exclusive flock on `<state_dir>/node.lock`, released on drop.
+struct NodeLock(#[allow(dead_code)] std::fs::File);
+
+fn lock_node(ns: &NodeState) -> anyhow::Result<NodeLock> {
+    std::fs::create_dir_all(ns.dir())?;
+    let path = ns.dir().join("node.lock");
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    // SAFETY: flock on a file descriptor owned by `f`, which outlives the call.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(std::io::Error::last_os_error()).context("flock node.lock");
+    }
+    Ok(NodeLock(f))
+}
+
+/// Publishes the persisted GPU records of the node and drains/undrains on a
+/// lost GPU. Runs under the node lock and reads the records from disk, so
+/// concurrent steps publish the newest state whatever order they finish in.
+pub fn publish(
+    config: &Config,
+    ns: &NodeState,
+    node: &str,
+    trigger: Trigger,
+    now: u64,
+) -> anyhow::Result<()> {
+    let _lock = lock_node(ns)?;
+    let mut rec = load_node(ns)?;
+    let mut gpus: Vec<GpuPublished> = Vec::new();
+    let mut lost = Vec::new();
+    for gpu in ns.gpus()? {
+        if let Some(r) = load_record(ns, gpu)? {
+            if r.lost {
+                lost.push(gpu);
+            }
+            gpus.push(r.published(gpu));
+        }
+    }
+    let text = encode(&gpus);
+    let slurm = Slurm::discover();
+    let stale = now.saturating_sub(rec.published_at_s) >= config.health.publish_refresh_s;
+    let mut send = rec.published.as_deref() != Some(text.as_str()) || stale;
+    if !send && trigger == Trigger::HealthCheck {
+        // slurmctld may have lost it (restart with a clean state): re-assert.
+        match slurm.node_field(node, "Extra") {
+            Ok(current) if current.trim() != text => send = true,
+            Ok(_) => {}
+            Err(e) => tracing::debug!("reading back Extra: {e:#}"),
+        }
+    }
+    let mut result = Ok(());
+    if send {
+        match slurm.update_node(node, &[&format!("Extra={text}")]) {
+            Ok(()) => {
+                tracing::info!(%node, %text, "published GPU states");
+                rec.published = Some(text);
+                rec.published_at_s = now;
+            }
+            Err(e) => {
+                rec.publish_failures += 1;
+                result = Err(e);
+            }
+        }
+    }
+    if let Err(e) = drain_or_resume(&slurm, node, &lost, &mut rec) {
+        tracing::error!(%node, "drain/resume: {e:#}");
+    }
+    write_atomic(&node_path(ns), &serde_json::to_vec(&rec)?)?;
+    result
+}
+
+/// Drains the node when a GPU is lost; resumes it when none is and the
+/// drain is muxflow's own (reason starting `muxflow:`).
+fn drain_or_resume(
+    slurm: &Slurm,
+    node: &str,
+    lost: &[u32],
+    rec: &mut NodeRecord,
+) -> anyhow::Result<()> {
+    if !lost.is_empty() && !rec.drained {
+        let list: Vec<String> = lost.iter().map(|g| format!("gpu{g}")).collect();
+        let reason = format!("{DRAIN_PREFIX} {} lost (NVML: GPU is lost)", list.join(","));
+        let current = slurm.node_field(node, "Reason").unwrap_or_default();
+        if !current.is_empty() && !current.starts_with(DRAIN_PREFIX) {
+            // Someone else's drain: leave it (and never undo it).
+            tracing::warn!(%node, %current, "GPU lost on a node already drained by someone else");
+            return Ok(());
+        }
+        slurm.update_node(node, &["State=DRAIN", &format!("Reason={reason}")])?;
+        tracing::error!(%node, %reason, "node drained");
+        rec.drained = true;
+    } else if lost.is_empty() && rec.drained {
+        let current = slurm.node_field(node, "Reason")?;
+        if current.starts_with(DRAIN_PREFIX) {
+            slurm.update_node(node, &["State=RESUME"])?;
+            tracing::warn!(%node, "GPU back: node resumed (muxflow's drain undone)");
+        } else {
+            tracing::info!(%node, %current, "muxflow's drain was replaced by another; left alone");
+        }
+        rec.drained = false;
+    }
+    Ok(())
+}
+
+/// Slurm's commands as the node programs can run them: slurmd gives the
+/// HealthCheckProgram neither PATH nor SLURM_CONF (checked on 22.05), so
+/// both are supplied here.
+pub struct Slurm {
+    conf: Option<PathBuf>,
+}
+
+impl Slurm {
+    /// SLURM_CONF from the environment, else the slurm.conf of the slurmd
+    /// that started this program (its `-f` argument or its SLURM_CONF), else
+    /// Slurm's default.
+    pub fn discover() -> Slurm {
+        if let Some(c) = std::env::var_os("SLURM_CONF") {
+            return Slurm {
+                conf: Some(c.into()),
+            };
+        }
+        // SAFETY: getppid cannot fail and touches no memory.
+        let ppid = unsafe { libc::getppid() };
+        let conf = parent_conf(ppid);
+        Slurm { conf }
+    }
+
+    fn cmd(&self, program: &str) -> Command {
+        let mut c = Command::new(program);
+        if std::env::var_os("PATH").is_none() {
+            c.env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/bin");
+        }
+        if let Some(conf) = &self.conf {
+            c.env("SLURM_CONF", conf);
+        }
+        c
+    }
+
+    fn run(&self, mut c: Command) -> anyhow::Result<String> {
+        let out = c.output().with_context(|| format!("running {c:?}"))?;
+        if !out.status.success() {
+            bail!(
+                "{:?} failed: {}",
+                c,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    pub fn update_node(&self, node: &str, fields: &[&str]) -> anyhow::Result<()> {
+        let mut c = self.cmd("scontrol");
+        c.arg("update").arg(format!("NodeName={node}")).args(fields);
+        self.run(c).map(drop)
+    }
+
+    /// A node field through sinfo's `-O` (values with spaces intact).
+    pub fn node_field(&self, node: &str, field: &str) -> anyhow::Result<String> {
+        let mut c = self.cmd("sinfo");
+        c.args(["-h", "-N", "-n", node, "-O", &format!("{field}:4096")]);
+        let out = self.run(c)?;
+        let v = out.lines().next().unwrap_or("").trim();
+        Ok(if v == "none" || v == "(null)" {
+            String::new()
+        } else {
+            v.to_string()
+        })
+    }
+}
+
+fn parent_conf(ppid: i32) -> Option<PathBuf> {
+    let cmdline = std::fs::read(format!("/proc/{ppid}/cmdline")).ok()?;
+    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+    for w in args.windows(2) {
+        if w[0] == b"-f" {
+            return Some(PathBuf::from(String::from_utf8_lossy(w[1]).into_owned()));
+        }
+    }
+    let environ = std::fs::read(format!("/proc/{ppid}/environ")).ok()?;
+    environ
+        .split(|b| *b == 0)
+        .find_map(|v| v.strip_prefix(b"SLURM_CONF="))
+        .map(|v| PathBuf::from(String::from_utf8_lossy(v).into_owned()))
+}

@@ -1,0 +1,532 @@
+//! SysMonitor: one step of every GPU's health state machine.
+//!
+//! Each Prolog, Epilog and health check calls [`step`]: NVML is read once,
+//! the MPS logs are scanned from where the last step stopped, the error
+//! detector's rules are applied and their actions carried out, the state
+//! machine ([`muxflow::health::Fsm`]) is stepped, and the result is persisted
+//! per GPU under the GPU's lock:
+//!
+//! ```text
+//! <state_dir>/gpu<i>/state         health word (xCUDA reads it)
+//! <state_dir>/gpu<i>/record.json   FSM, metric history, solo figures, log cursors, counters
+//! ```
+//!
+//! Then the node's GPUs are published to slurmctld ([`crate::publish`]).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use muxflow::health::{Fsm, HealthState, Input, Metrics, Why};
+use muxflow::mps::MpsDaemon;
+use muxflow::node_state::{write_atomic, GpuLock, JobRecord, NodeState};
+use muxflow::published::GpuPublished;
+use muxflow::{Config, Mode};
+use serde::{Deserialize, Serialize};
+
+use crate::detector::{self, Action, Observation};
+use crate::nvml::{self, GpuRead, Reading};
+use crate::JobEnv;
+
+/// Which program runs the step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    JobStart,
+    JobEnd,
+    HealthCheck,
+}
+
+/// One history sample.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Sample {
+    pub t_s: u64,
+    pub util_pct: f64,
+    pub sm_pct: Option<f64>,
+    pub clock_frac: Option<f64>,
+    pub mem_used_mib: u64,
+    pub mem_total_mib: u64,
+    /// Online / offline clients (processes and registered jobs) on the GPU.
+    pub online: u32,
+    pub offline: u32,
+    /// An online job ran and no offline one: a solo measurement.
+    pub solo: bool,
+}
+
+/// The online job's figures measured while it ran alone.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Solo {
+    /// The online jobs they were measured for; a new set starts afresh.
+    pub online_jobs: Vec<u32>,
+    pub sm_pct: Option<f64>,
+    pub mem_mib: u64,
+    pub samples: u32,
+    pub at_s: u64,
+}
+
+/// Everything persisted per GPU besides the health word.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuRecord {
+    pub state: String,
+    pub since_s: u64,
+    pub lost: bool,
+    pub mem_total_mib: u64,
+    pub history: VecDeque<Sample>,
+    pub solo: Option<Solo>,
+    /// Byte offsets of the MPS log files already scanned.
+    pub log_offsets: BTreeMap<String, u64>,
+    /// Matched rules and actions taken, by name.
+    pub counters: BTreeMap<String, u64>,
+    pub last_fault: Option<String>,
+    pub offline: u32,
+}
+
+impl GpuRecord {
+    fn new(now_s: u64) -> Self {
+        GpuRecord {
+            state: HealthState::Healthy.to_string(),
+            since_s: now_s,
+            lost: false,
+            mem_total_mib: 0,
+            history: VecDeque::new(),
+            solo: None,
+            log_offsets: BTreeMap::new(),
+            counters: BTreeMap::new(),
+            last_fault: None,
+            offline: 0,
+        }
+    }
+
+    pub fn fsm(&self) -> Fsm {
+        Fsm {
+            state: self.state.parse().unwrap_or(HealthState::Healthy),
+            since_s: self.since_s,
+        }
+    }
+
+    pub fn published(&self, index: u32) -> GpuPublished {
+        let solo = self.solo.as_ref();
+        GpuPublished {
+            index,
+            state: self.fsm().state,
+            solo_sm_pct: solo
+                .and_then(|s| s.sm_pct)
+                .map(|p| p.round().clamp(0.0, 100.0) as u8),
+            online_mem_mib: solo.map(|s| s.mem_mib),
+            mem_mib: self.mem_total_mib,
+            offline: self.offline,
+        }
+    }
+
+    fn count(&mut self, key: &str) {
+        *self.counters.entry(key.to_string()).or_insert(0) += 1;
+    }
+}
+
+pub fn record_path(ns: &NodeState, gpu: u32) -> PathBuf {
+    ns.gpu_dir(gpu).join("record.json")
+}
+
+/// GPU `gpu`'s record; None when never written.
+pub fn load_record(ns: &NodeState, gpu: u32) -> anyhow::Result<Option<GpuRecord>> {
+    let path = record_path(ns, gpu);
+    match std::fs::read(&path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .with_context(|| format!("{}: corrupt record", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+}
+
+fn save_record(ns: &NodeState, _lock: &GpuLock, gpu: u32, r: &GpuRecord) -> anyhow::Result<()> {
+    let bytes = serde_json::to_vec(r)?;
+    write_atomic(&record_path(ns, gpu), &bytes)?;
+    Ok(())
+}
+
+pub fn now_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The node this program runs for. slurmd sets SLURMD_NODENAME for the
+/// Prolog, Epilog and HealthCheckProgram (checked on 22.05), which also
+/// tells several `slurmd -N` on one host apart.
+pub fn node_name(env: &JobEnv) -> anyhow::Result<String> {
+    env.node
+        .clone()
+        .filter(|n| !n.is_empty())
+        .context("SLURMD_NODENAME is not set: run this from slurmd, or set it to the node name")
+}
+
+/// One step for every GPU of the node, then publishing.
+pub fn step(config: &Config, env: &JobEnv, trigger: Trigger) -> anyhow::Result<()> {
+    let node = node_name(env)?;
+    let config = config.clone().for_node(&node)?;
+    let watch = match trigger {
+        Trigger::HealthCheck => Duration::from_millis(config.health.xid_watch_ms),
+        _ => Duration::ZERO,
+    };
+    let telemetry = nvml::read(
+        config.paths.nvml_library.as_ref().map(|p| p.as_path()),
+        watch,
+    );
+    step_with(&config, &node, trigger, telemetry, now_s())?;
+    Ok(())
+}
+
+/// [`step`] after the NVML read (the tests feed their own readings).
+pub fn step_with(
+    config: &Config,
+    node: &str,
+    trigger: Trigger,
+    telemetry: Result<nvml::Telemetry, nvml::ReadError>,
+    now: u64,
+) -> anyhow::Result<()> {
+    let ns = NodeState::new(config.paths.state_dir.as_path());
+    let telemetry = match telemetry {
+        Ok(t) => t,
+        Err(e) => {
+            // NVML itself fails: every GPU this node has seen gets the failure.
+            tracing::warn!(%node, "{e}");
+            nvml::Telemetry {
+                gpus: ns
+                    .gpus()?
+                    .into_iter()
+                    .map(|g| (g, GpuRead::Failed(e.to_string())))
+                    .collect(),
+                xids: Vec::new(),
+            }
+        }
+    };
+    for (gpu, read) in &telemetry.gpus {
+        let xids = telemetry
+            .xids
+            .iter()
+            .filter(|(g, _)| g == gpu)
+            .map(|(_, x)| *x);
+        if let Err(e) = step_gpu(config, &ns, *gpu, read, xids, now) {
+            // One GPU's trouble must not stop the others' steps.
+            tracing::error!(%node, gpu, "health step: {e:#}");
+        }
+    }
+    if let Err(e) = crate::publish::publish(config, &ns, node, trigger, now) {
+        tracing::warn!(%node, "publishing GPU states failed (retried next step): {e:#}");
+    }
+    Ok(())
+}
+
+fn step_gpu(
+    config: &Config,
+    ns: &NodeState,
+    gpu: u32,
+    read: &GpuRead,
+    xids: impl Iterator<Item = u64>,
+    now: u64,
+) -> anyhow::Result<()> {
+    let lock = ns.lock_gpu(gpu)?;
+    let mut rec = match load_record(ns, gpu) {
+        Ok(Some(r)) => r,
+        Ok(None) => GpuRecord::new(now),
+        Err(e) => {
+            // A corrupt record is replaced; the history restarts.
+            tracing::warn!(gpu, "{e:#}; starting a fresh record");
+            GpuRecord::new(now)
+        }
+    };
+    let mps = MpsDaemon::for_gpu(config, gpu);
+
+    let mut obs: Vec<Observation> = xids.map(Observation::Xid).collect();
+    match read {
+        GpuRead::Ok(_) => {}
+        GpuRead::Lost => obs.push(Observation::Lost),
+        GpuRead::Failed(what) => obs.push(Observation::NvmlFailure(what.clone())),
+    }
+    for line in scan_logs(mps.log_dir(), &mut rec.log_offsets) {
+        obs.push(Observation::MpsLog(line));
+    }
+    let matches = detector::classify(&obs);
+    for (rule, o) in &matches {
+        tracing::warn!(gpu, rule = rule.name, observation = ?o, "fault detected");
+        rec.count(&format!("rule.{}", rule.name));
+        rec.last_fault = Some(format!("{} at {now}", rule.name));
+    }
+    let actions = detector::actions(&matches);
+
+    let jobs = ns.jobs(gpu)?;
+    let reading = match read {
+        GpuRead::Ok(r) => Some(r),
+        _ => None,
+    };
+    let (fsm, why) = rec.fsm().step(
+        &Input {
+            now_s: now,
+            metrics: reading.map(|r| r.metrics),
+            fault: actions.contains(&Action::MarkFaulty),
+        },
+        &config.health,
+    );
+    if fsm.state != rec.fsm().state {
+        tracing::info!(gpu, from = %rec.fsm().state, to = %fsm.state, ?why, "GPU health changed");
+        rec.count(&format!("enter.{}", fsm.state));
+    } else if why == Why::Fault {
+        tracing::debug!(gpu, "still faulty");
+    }
+    rec.state = fsm.state.to_string();
+    rec.since_s = fsm.since_s;
+    rec.lost = matches!(read, GpuRead::Lost);
+
+    for action in &actions {
+        let done = match action {
+            Action::MarkFaulty => Ok(true),
+            Action::EvictOffline => evict_offline(&mps, ns, gpu, &jobs).map(|n| n > 0),
+            Action::RestartMpsIfNoOnline => restart_mps(&mps, ns, gpu, &jobs),
+            // Carried out node-wide by publish, from the persisted `lost`.
+            Action::DrainNode => Ok(true),
+        };
+        match done {
+            Ok(true) => {
+                tracing::warn!(gpu, action = %action, "error-handling action taken");
+                rec.count(&format!("action.{action}"));
+            }
+            Ok(false) => tracing::info!(gpu, action = %action, "nothing to do"),
+            Err(e) => {
+                tracing::error!(gpu, action = %action, "action failed: {e:#}");
+                rec.count(&format!("action_failed.{action}"));
+            }
+        }
+    }
+
+    if let Some(r) = reading {
+        record_sample(&mut rec, r, &jobs, now, config.health.history_len);
+    }
+    save_record(ns, &lock, gpu, &rec)?;
+    if ns.health(gpu).ok().flatten() != Some(fsm.state) {
+        ns.set_health(&lock, gpu, fsm.state)?;
+    }
+    Ok(())
+}
+
+/// Appends a sample and updates the solo figures.
+fn record_sample(rec: &mut GpuRecord, r: &Reading, jobs: &[JobRecord], now: u64, keep: usize) {
+    let modes: Vec<Option<Mode>> = r
+        .processes
+        .iter()
+        .map(|p| process_mode(p.pid, jobs))
+        .collect();
+    let registered = |m: Mode| jobs.iter().filter(|j| j.mode == m).count() as u32;
+    let running = |m: Mode| modes.iter().filter(|x| **x == Some(m)).count() as u32;
+    let online = registered(Mode::Online).max(running(Mode::Online));
+    let offline = registered(Mode::Offline).max(running(Mode::Offline));
+    let solo = online > 0 && offline == 0;
+    rec.mem_total_mib = r.mem_total_mib;
+    rec.offline = offline;
+    rec.history.push_back(Sample {
+        t_s: now,
+        util_pct: r.metrics.utilization_pct,
+        sm_pct: r.metrics.sm_activity_pct,
+        clock_frac: r.metrics.sm_clock_fraction,
+        mem_used_mib: r.mem_used_mib,
+        mem_total_mib: r.mem_total_mib,
+        online,
+        offline,
+        solo,
+    });
+    while rec.history.len() > keep {
+        rec.history.pop_front();
+    }
+    if solo {
+        let ids: Vec<u32> = jobs
+            .iter()
+            .filter(|j| j.mode == Mode::Online)
+            .map(|j| j.job_id)
+            .collect();
+        rec.solo = Some(update_solo(
+            rec.solo.take(),
+            ids,
+            &r.metrics,
+            r.mem_used_mib,
+            now,
+        ));
+    }
+}
+
+/// Running mean of the solo SM activity; the largest memory use seen (what
+/// the online job may need again).
+fn update_solo(prev: Option<Solo>, ids: Vec<u32>, m: &Metrics, mem: u64, now: u64) -> Solo {
+    match prev {
+        Some(s) if s.online_jobs == ids => {
+            let n = f64::from(s.samples);
+            Solo {
+                sm_pct: match (s.sm_pct, m.sm_activity_pct) {
+                    (Some(a), Some(b)) => Some((a * n + b) / (n + 1.0)),
+                    (a, b) => a.or(b),
+                },
+                mem_mib: s.mem_mib.max(mem),
+                samples: s.samples + 1,
+                at_s: now,
+                online_jobs: ids,
+            }
+        }
+        _ => Solo {
+            online_jobs: ids,
+            sm_pct: m.sm_activity_pct,
+            mem_mib: mem,
+            samples: 1,
+            at_s: now,
+        },
+    }
+}
+
+/// The mode of the job a process belongs to: its SLURM_JOB_ID looked up in
+/// the GPU's registry, else the mode the plugin exported into its
+/// environment. None when neither says (treated as possibly online).
+pub fn process_mode(pid: u32, jobs: &[JobRecord]) -> Option<Mode> {
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let mut job_id = None;
+    let mut mode = None;
+    for var in environ.split(|b| *b == 0) {
+        let Ok(var) = std::str::from_utf8(var) else {
+            continue;
+        };
+        if let Some(v) = var.strip_prefix("SLURM_JOB_ID=") {
+            job_id = v.parse::<u32>().ok();
+        } else if let Some(v) = var
+            .strip_prefix("MUXFLOW_MODE=")
+            .or_else(|| var.strip_prefix("SLURM_SPANK_MUXFLOW_MODE="))
+        {
+            mode = mode.or_else(|| v.parse().ok());
+        }
+    }
+    job_id
+        .and_then(|id| jobs.iter().find(|j| j.job_id == id).map(|j| j.mode))
+        .or(mode)
+}
+
+/// `terminate_client` for every offline client of the GPU's MPS servers;
+/// returns how many.
+fn evict_offline(
+    mps: &MpsDaemon,
+    _ns: &NodeState,
+    gpu: u32,
+    jobs: &[JobRecord],
+) -> anyhow::Result<usize> {
+    if !mps.is_running() {
+        return Ok(0);
+    }
+    let mut n = 0;
+    for server in mps.server_pids()? {
+        for client in mps.client_pids(server)? {
+            if process_mode(client, jobs) == Some(Mode::Offline) {
+                mps.terminate_client(server, client)?;
+                tracing::warn!(gpu, server, client, "terminated offline MPS client");
+                n += 1;
+            }
+        }
+    }
+    Ok(n)
+}
+
+/// Restarts the GPU's MPS daemon when no client that may be online is
+/// attached (a restart would take an online job down with it).
+fn restart_mps(
+    mps: &MpsDaemon,
+    ns: &NodeState,
+    gpu: u32,
+    jobs: &[JobRecord],
+) -> anyhow::Result<bool> {
+    if !mps.is_running() {
+        return Ok(false);
+    }
+    for server in mps.server_pids()? {
+        for client in mps.client_pids(server)? {
+            if process_mode(client, jobs) != Some(Mode::Offline) {
+                tracing::info!(
+                    gpu,
+                    client,
+                    "MPS daemon not restarted: a client that may be online is attached"
+                );
+                return Ok(false);
+            }
+        }
+    }
+    mps.quit()?;
+    // Started again only for the jobs still recorded on the GPU; otherwise
+    // the next Prolog starts it.
+    if !ns.jobs(gpu)?.is_empty() {
+        mps.ensure_running()?;
+    }
+    Ok(true)
+}
+
+/// New complete lines of the MPS logs since the recorded offsets. A file
+/// that shrank (rotated, recreated) is read from its start.
+fn scan_logs(dir: &Path, offsets: &mut BTreeMap<String, u64>) -> Vec<String> {
+    let mut lines = Vec::new();
+    for name in ["server.log", "control.log"] {
+        let path = dir.join(name);
+        let Ok(mut f) = std::fs::File::open(&path) else {
+            continue;
+        };
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        let mut off = offsets.get(name).copied().unwrap_or(0);
+        if off > len {
+            off = 0;
+        }
+        if off == len || f.seek(SeekFrom::Start(off)).is_err() {
+            offsets.insert(name.into(), off);
+            continue;
+        }
+        let mut buf = Vec::new();
+        if f.read_to_end(&mut buf).is_err() {
+            continue;
+        }
+        // Only whole lines: a line being written is read next time.
+        let whole = buf.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+        lines.extend(
+            String::from_utf8_lossy(&buf[..whole])
+                .lines()
+                .map(str::to_string),
+        );
+        offsets.insert(name.into(), off + whole as u64);
+    }
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn log_scan_resumes_and_restarts_after_truncation() {
+        let tmp = tempfile::tempdir().unwrap();
+        let log = tmp.path().join("server.log");
+        let mut offs = BTreeMap::new();
+        assert!(scan_logs(tmp.path(), &mut offs).is_empty());
+        std::fs::write(&log, "a\nb\npartial").unwrap();
+        assert_eq!(scan_logs(tmp.path(), &mut offs), ["a", "b"]);
+        assert!(scan_logs(tmp.path(), &mut offs).is_empty());
+        let mut f = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+        writeln!(f, " line").unwrap();
+        assert_eq!(scan_logs(tmp.path(), &mut offs), ["partial line"]);
+        std::fs::write(&log, "new\n").unwrap();
+        assert_eq!(scan_logs(tmp.path(), &mut offs), ["new"]);
+    }
+
+    #[test]
+    fn solo_figures_average_and_restart_for_a_new_online_job() {
+        let m = |sm| Metrics {
+            sm_activity_pct: Some(sm),
+            ..Metrics::default()
+        };
+        let s = update_solo(None, vec![1], &m(30.0), 1000, 5);
+        let s = update_solo(Some(s), vec![1], &m(40.0), 800, 6);
+        assert_eq!((s.sm_pct, s.mem_mib, s.samples), (Some(35.0), 1000, 2));
+        let s = update_solo(Some(s), vec![2], &m(10.0), 100, 7);
+        assert_eq!((s.sm_pct, s.mem_mib, s.samples), (Some(10.0), 100, 1));
+    }
+}
