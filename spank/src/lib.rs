@@ -14,6 +14,7 @@ use std::error::Error;
 use slurm_spank::{Context, Plugin, SpankHandle, SpankOption};
 
 mod args;
+mod preload;
 mod remote;
 mod settings;
 mod submit;
@@ -58,6 +59,20 @@ unsafe impl Plugin for MuxflowPlugin {
             }
             _ => Ok(()),
         }
+    }
+
+    fn task_init(&mut self, spank: &mut SpankHandle) -> Result<(), Box<dyn Error>> {
+        match spank.context()? {
+            Context::Remote => self.remote.task_init().map_err(Into::into),
+            _ => Ok(()),
+        }
+    }
+
+    fn exit(&mut self, spank: &mut SpankHandle) -> Result<(), Box<dyn Error>> {
+        if spank.context()? == Context::Remote {
+            self.remote.exit();
+        }
+        Ok(())
     }
 
     fn report_error(&self, error: &dyn Error) {

@@ -1,32 +1,68 @@
 //! Remote context: slurmstepd, once per job step.
 //!
-//! Nothing here may fail back to Slurm from `init`/`init_post_opt`: a failure
-//! there drains the node. Problems are logged to the slurmd log instead.
+//! `init_post_opt` (root) sets the step's environment: MPS pipe directory and
+//! client priority for both modes; for offline steps also the GPU, the SM
+//! share and memory cap from the policies, the xCUDA settings and xCUDA in
+//! LD_PRELOAD — always overwriting what the user set. Nothing here may fail
+//! back to Slurm from `init`/`init_post_opt` (that drains the node): problems
+//! are logged to the slurmd log, and an offline step that cannot be protected
+//! is refused in `task_init` instead (the job fails, the node does not).
+//! `exit` of the batch step (root, job still running) writes the job's
+//! sharing figures into its AdminComment.
 
-use muxflow::slurm_version::{SLURM_EXTERN_CONT, SLURM_INTERACTIVE_STEP};
-use muxflow::Mode;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use muxflow::node_state::NodeState;
+use muxflow::policy::{offline_mem_cap_mib, offline_sm_percent};
+use muxflow::report::JobReport;
+use muxflow::slurm_cli::Scontrol;
+use muxflow::slurm_version::{SLURM_BATCH_SCRIPT, SLURM_EXTERN_CONT, SLURM_INTERACTIVE_STEP};
+use muxflow::xcuda_env::{self, XcudaEnv};
+use muxflow::{kv, mps, Config, Mode};
 use slurm_spank::SpankHandle;
 
-use crate::OPTION;
+use crate::{preload, settings, OPTION};
 
-/// The step's mode, exported to its tasks as `MUXFLOW_MODE`.
+/// The step's mode, exported to its tasks.
 pub const MODE_VAR: &str = "MUXFLOW_MODE";
+/// Where a workload may write its own figures (`key=value`) for the report.
+pub const JOB_REPORT_VAR: &str = "MUXFLOW_JOB_REPORT";
 
 #[derive(Default)]
 pub struct RemoteState {
     pub mode: Option<Mode>,
+    /// Why this offline step must not run; `task_init` refuses with it.
+    refusal: Option<String>,
+    /// Set in the batch step of a muxflow job: what `exit` reports.
+    report: Option<ReportContext>,
 }
+
+struct ReportContext {
+    config: Config,
+    job_id: u32,
+    node: String,
+    gpu: u32,
+    mode: Mode,
+    sm_pct: Option<u8>,
+    mem_cap_mib: Option<u64>,
+    stats_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Refused(pub String);
 
 impl RemoteState {
     pub fn init_post_opt(&mut self, spank: &mut SpankHandle) {
-        match spank.job_stepid() {
+        let step = match spank.job_stepid() {
             Ok(SLURM_EXTERN_CONT) | Ok(SLURM_INTERACTIVE_STEP) => return,
-            Ok(_) => {}
+            Ok(s) => s,
             Err(e) => {
                 tracing::error!("muxflow: cannot read the step id, leaving the step alone: {e}");
                 return;
             }
-        }
+        };
         let value = match spank.get_option_value(OPTION) {
             Ok(Some(v)) => v.into_owned(),
             Ok(None) => return,
@@ -35,8 +71,7 @@ impl RemoteState {
                 return;
             }
         };
-        // Validated at submit; a value that still fails here was forged in
-        // the environment, and the step runs without muxflow.
+        // Validated at submit; a value that still fails here was forged.
         let mode = match value.parse::<Mode>() {
             Ok(m) => m,
             Err(e) => {
@@ -45,8 +80,281 @@ impl RemoteState {
             }
         };
         self.mode = Some(mode);
-        if let Err(e) = spank.setenv(MODE_VAR, mode.as_str(), true) {
-            tracing::error!("muxflow: cannot set {MODE_VAR}: {e}");
+        set(spank, MODE_VAR, mode.as_str());
+        if let Err(e) = self.prepare(spank, mode, step) {
+            let msg = format!("muxflow: {e}");
+            tracing::error!("{msg}");
+            if mode == Mode::Offline {
+                // Unprotected offline work could hurt the online job: refuse it.
+                self.refusal = Some(msg);
+            }
         }
     }
+
+    fn prepare(&mut self, spank: &mut SpankHandle, mode: Mode, step: u32) -> anyhow::Result<()> {
+        let (_, config) = settings::load(spank)?;
+        let node = spank
+            .getenv("SLURMD_NODENAME")?
+            .ok_or_else(|| anyhow::anyhow!("SLURMD_NODENAME is not set"))?;
+        let config = config.for_node(&node)?;
+        let job_id = spank.job_id()?;
+        let state = NodeState::new(config.paths.state_dir.as_path());
+        let Some((gpu, _)) = state.find_job(job_id)? else {
+            anyhow::bail!(match mode {
+                Mode::Offline => format!(
+                    "offline job {job_id} holds no GPU on {node}: it was started before muxflow-matcher \
+                     placed it (was it released by hand?). Resubmit it and let the matcher place it."
+                ),
+                Mode::Online => format!("job {job_id} was not recorded by the muxflow Prolog on {node}; it runs without MPS"),
+            });
+        };
+        set(
+            spank,
+            "CUDA_MPS_PIPE_DIRECTORY",
+            mps::pipe_dir(&config, gpu).to_string_lossy().as_ref(),
+        );
+        set(
+            spank,
+            "CUDA_MPS_CLIENT_PRIORITY",
+            if mode == Mode::Offline { "1" } else { "0" },
+        );
+
+        let mut ctx = ReportContext {
+            config: config.clone(),
+            job_id,
+            node,
+            gpu,
+            mode,
+            sm_pct: None,
+            mem_cap_mib: None,
+            stats_dir: None,
+        };
+        if mode == Mode::Offline {
+            self.prepare_offline(spank, &config, &state, &mut ctx)?;
+        }
+        if step == SLURM_BATCH_SCRIPT {
+            self.report = Some(ctx);
+        }
+        Ok(())
+    }
+
+    fn prepare_offline(
+        &mut self,
+        spank: &mut SpankHandle,
+        config: &Config,
+        state: &NodeState,
+        ctx: &mut ReportContext,
+    ) -> anyhow::Result<()> {
+        let xcuda = config.paths.xcuda_library.as_path();
+        if !xcuda.is_file() {
+            anyhow::bail!(
+                "the xCUDA library {} is missing, so this offline job cannot run without risk to the online job; \
+                 an administrator must install it (or fix paths.xcuda_library in muxflow.toml)",
+                xcuda.display()
+            );
+        }
+        let gpu = ctx.gpu;
+        let facts = state.facts(gpu)?;
+        let sm_pct = offline_sm_percent(&config.policy, facts.online_solo_sm_pct);
+        let cap = offline_mem_cap_mib(&config.policy, &facts);
+        ctx.sm_pct = Some(sm_pct);
+        ctx.mem_cap_mib = cap;
+
+        set(spank, "CUDA_VISIBLE_DEVICES", &gpu.to_string());
+        set(
+            spank,
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+            &sm_pct.to_string(),
+        );
+        // The client sees one device (CUDA_VISIBLE_DEVICES): device 0.
+        match cap {
+            Some(mib) => set(
+                spank,
+                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+                &format!("0={mib}M"),
+            ),
+            None => {
+                unset(spank, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT");
+                tracing::warn!(
+                    job = ctx.job_id,
+                    gpu,
+                    "GPU memory not recorded yet: offline job runs without a memory cap"
+                );
+            }
+        }
+
+        let stats = state.xcuda_stats_dir(ctx.job_id);
+        let (uid, gid) = (spank.job_uid()?, spank.job_gid()?);
+        make_user_dir(&stats, uid, gid)?;
+        ctx.stats_dir = Some(stats.clone());
+
+        let mut env = XcudaEnv::from_config(&config.xcuda, gpu);
+        env.mem_limit_bytes = cap.map(|m| m.saturating_mul(1 << 20));
+        env.nvml_library = config
+            .paths
+            .nvml_library
+            .as_ref()
+            .map(|p| p.as_path().to_path_buf());
+        env.health_file = Some(state.health_file(gpu));
+        env.stats_dir = Some(stats.clone());
+        for var in xcuda_env::ALL {
+            unset(spank, var);
+        }
+        for (var, value) in env.to_env() {
+            set(spank, var, &value);
+        }
+        set(
+            spank,
+            JOB_REPORT_VAR,
+            stats.join("job.report").to_string_lossy().as_ref(),
+        );
+        let current = spank.getenv("LD_PRELOAD").ok().flatten();
+        set(
+            spank,
+            "LD_PRELOAD",
+            &preload::prepend(xcuda, current.as_deref()),
+        );
+        Ok(())
+    }
+
+    /// Per task, as the user: refuse an offline step that cannot be protected.
+    pub fn task_init(&self) -> Result<(), Refused> {
+        match &self.refusal {
+            Some(why) => Err(Refused(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// End of the step (root). In the batch step, the job is still running:
+    /// the last moment its AdminComment can be written.
+    pub fn exit(&mut self) {
+        let Some(ctx) = self.report.take() else {
+            return;
+        };
+        let report = build_report(&ctx);
+        let text = report.encode();
+        match Scontrol::new(&ctx.config).set_admin_comment(ctx.job_id, &text) {
+            Ok(()) => tracing::info!(job = ctx.job_id, "muxflow report: {text}"),
+            Err(e) => tracing::error!(
+                job = ctx.job_id,
+                "muxflow: cannot write the AdminComment: {e}"
+            ),
+        }
+    }
+}
+
+fn set(spank: &SpankHandle, var: &str, value: &str) {
+    if let Err(e) = spank.setenv(var, value, true) {
+        tracing::error!("muxflow: cannot set {var}: {e}");
+    }
+}
+
+fn unset(spank: &SpankHandle, var: &str) {
+    if let Err(e) = spank.unsetenv(var) {
+        tracing::error!("muxflow: cannot unset {var}: {e}");
+    }
+}
+
+/// Creates `dir` for the job's user (mode 0700) under a root-owned parent,
+/// refusing anything that is not a plain directory of that user.
+fn make_user_dir(dir: &Path, uid: u32, gid: u32) -> anyhow::Result<()> {
+    let parent = dir
+        .parent()
+        .ok_or_else(|| anyhow::anyhow!("{} has no parent", dir.display()))?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(parent)?;
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => std::os::unix::fs::chown(dir, Some(uid), Some(gid))?,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e.into()),
+    }
+    let meta = std::fs::symlink_metadata(dir)?;
+    if !meta.is_dir() || meta.uid() != uid {
+        anyhow::bail!("{} is not a directory of uid {uid}", dir.display());
+    }
+    Ok(())
+}
+
+/// The job's figures: where it ran, what the policies gave it, the xCUDA
+/// counters and the workload's own figures from the stats directory.
+fn build_report(ctx: &ReportContext) -> JobReport {
+    let mut r = JobReport {
+        mode: Some(ctx.mode),
+        node: Some(ctx.node.clone()),
+        gpu: Some(ctx.gpu),
+        sm_pct: ctx.sm_pct,
+        mem_cap_mib: ctx.mem_cap_mib,
+        ..JobReport::default()
+    };
+    let state = NodeState::new(ctx.config.paths.state_dir.as_path());
+    r.partner = state
+        .jobs(ctx.gpu)
+        .unwrap_or_default()
+        .into_iter()
+        .find(|j| j.mode != ctx.mode && j.job_id != ctx.job_id)
+        .map(|j| j.job_id);
+    let Some(dir) = &ctx.stats_dir else { return r };
+    let mut peak_bytes: Option<u64> = None;
+    let mut delay_us: Option<u64> = None;
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(map) = read_user_kv(&entry.path()) else {
+            continue;
+        };
+        let f = kv::Fields(&map);
+        let num = |k: &str| f.get::<u64>(k).ok().flatten();
+        let float = |k: &str| {
+            f.get::<f64>(k)
+                .ok()
+                .flatten()
+                .filter(|v| v.is_finite() && *v >= 0.0)
+        };
+        if name.starts_with("xcuda.") {
+            let add = |acc: Option<u64>, v: Option<u64>| match (acc, v) {
+                (a, None) => a,
+                (None, Some(v)) => Some(v),
+                (Some(a), Some(v)) => Some(a.saturating_add(v)),
+            };
+            r.launches = add(r.launches, num("launches"));
+            r.delayed = add(r.delayed, num("delayed"));
+            r.oom = add(r.oom, num("oom"));
+            delay_us = add(delay_us, num("delay_us"));
+            peak_bytes = peak_bytes.max(num("peak_bytes"));
+        } else if name == "job.report" {
+            r.steps = num("steps");
+            r.steps_per_s = float("steps_per_s");
+            r.requests = num("requests");
+            r.rps = float("rps");
+            r.p50_ms = float("p50_ms");
+            r.p99_ms = float("p99_ms");
+        }
+    }
+    r.delay_ms = delay_us.map(|us| us / 1000);
+    r.peak_mib = peak_bytes.map(|b| b >> 20);
+    r
+}
+
+/// Reads a small `key=value` file the job's user wrote, as root: no
+/// symlinks, no FIFOs (O_NONBLOCK + regular-file check), at most 4 KiB.
+fn read_user_kv(path: &Path) -> Option<std::collections::BTreeMap<String, String>> {
+    use std::io::Read;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut text = String::new();
+    file.take(4096).read_to_string(&mut text).ok()?;
+    // A workload may write several lines; the last complete one counts.
+    let line = text.lines().rev().find(|l| !l.trim().is_empty())?;
+    let words: Vec<&str> = line
+        .split_whitespace()
+        .filter(|w| w.contains('='))
+        .collect();
+    kv::parse(&words.join(" ")).ok()
 }
