@@ -1,0 +1,197 @@
+//! The real driver and the `dlsym` hook.
+//!
+//! The real entry points come from our own `dlopen("libcuda.so.1")` handle
+//! (RTLD_LOCAL: its lookups search libcuda and its dependencies only, never
+//! this library), so a wrapper never calls itself. The real `dlsym` comes
+//! from `dlvsym(RTLD_NEXT, "dlsym", <glibc version>)`.
+//!
+//! `dlsym(handle, "cu…")` for a hooked name returns our wrapper whenever the
+//! real lookup finds the symbol; every other lookup goes to the real `dlsym`.
+//! On x86_64 the hook is a naked trampoline that *jumps* to the real `dlsym`
+//! for names it does not answer, so `dlsym(RTLD_NEXT, …)` keeps the caller's
+//! return address and resolves relative to the caller, not to this library.
+
+use std::ffi::{c_char, c_void, CStr};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::OnceLock;
+
+use crate::hooks::{self, COUNT};
+
+type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+
+/// The driver's entry point for each hook (index = `hooks::Id`); 0 = unknown.
+static REAL: [AtomicUsize; COUNT] = [const { AtomicUsize::new(0) }; COUNT];
+/// libc's `dlsym`; read by the x86_64 trampoline.
+static REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
+static DRIVER: OnceLock<usize> = OnceLock::new();
+
+fn real_dlsym() -> Option<DlsymFn> {
+    let mut p = REAL_DLSYM.load(Relaxed);
+    if p == 0 {
+        for v in [c"GLIBC_2.34", c"GLIBC_2.2.5", c"GLIBC_2.17"] {
+            // SAFETY: dlvsym with NUL-terminated strings; RTLD_NEXT from this
+            // library finds libc's definition (we do not hook dlvsym).
+            p = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), v.as_ptr()) } as usize;
+            if p != 0 {
+                break;
+            }
+        }
+        REAL_DLSYM.store(p, Relaxed);
+    }
+    // SAFETY: p is libc's dlsym, whose signature DlsymFn is.
+    (p != 0).then(|| unsafe { std::mem::transmute::<usize, DlsymFn>(p) })
+}
+
+/// Looks `name` up with the real `dlsym`.
+pub fn lookup(handle: *mut c_void, name: &CStr) -> usize {
+    match real_dlsym() {
+        // SAFETY: the real dlsym with a caller-supplied handle and a valid name.
+        Some(f) => unsafe { f(handle, name.as_ptr()) as usize },
+        None => 0,
+    }
+}
+
+/// Opens the driver once and resolves every hooked entry point.
+/// Returns the handle (0 when libcuda.so.1 cannot be opened).
+pub fn load() -> usize {
+    *DRIVER.get_or_init(|| {
+        // SAFETY: dlopen with a NUL-terminated name; the handle is kept forever.
+        let h = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        if h.is_null() {
+            crate::log(format_args!("cannot open libcuda.so.1; driver calls fail"));
+            return 0;
+        }
+        for (i, hk) in hooks::table().iter().enumerate() {
+            let p = lookup(h, hk.symbol);
+            if p != 0 && p != hk.wrapper {
+                let _ = REAL[i].compare_exchange(0, p, Relaxed, Relaxed);
+            }
+        }
+        h as usize
+    })
+}
+
+/// The driver's function for hook `i`, loading the driver on first use.
+#[inline]
+pub fn real(i: usize) -> Option<usize> {
+    let p = REAL[i].load(Relaxed);
+    if p != 0 {
+        return Some(p);
+    }
+    load();
+    let p = REAL[i].load(Relaxed);
+    (p != 0).then_some(p)
+}
+
+/// The driver's function for hook `i` without loading anything.
+pub fn real_if_known(i: usize) -> usize {
+    REAL[i].load(Relaxed)
+}
+
+/// The driver's export `name` (for calls xCUDA makes itself, e.g. at exit).
+pub fn driver_symbol(name: &CStr) -> usize {
+    match load() {
+        0 => 0,
+        h => lookup(h as *mut c_void, name),
+    }
+}
+
+/// Our answer to `dlsym(handle, name)`: the wrapper, or 0 for "ask the real dlsym".
+fn answer(handle: *mut c_void, name: *const c_char) -> usize {
+    if name.is_null() {
+        return 0;
+    }
+    // SAFETY: dlsym's name is a NUL-terminated string.
+    let name = unsafe { CStr::from_ptr(name) };
+    let Some(i) = hooks::index_of(name.to_bytes()) else {
+        return 0;
+    };
+    let found = lookup(handle, name);
+    if found == 0 {
+        return 0;
+    }
+    let hk = &hooks::table()[i];
+    if found != hk.wrapper {
+        // The driver's own function, reached through the caller's handle (maybe
+        // another path to libcuda than ours): remember it if ours lacks it.
+        let _ = REAL[i].compare_exchange(0, found, Relaxed, Relaxed);
+    }
+    // Found our own export (RTLD_DEFAULT): only an answer if the driver has it.
+    if real(i).is_some() {
+        hk.wrapper
+    } else {
+        0
+    }
+}
+
+/// Called by the trampoline; never unwinds.
+extern "C" fn dlsym_answer(handle: *mut c_void, name: *const c_char) -> usize {
+    let a = std::panic::catch_unwind(|| answer(handle, name)).unwrap_or(0);
+    // Make sure the trampoline has somewhere to jump.
+    if a == 0 && real_dlsym().is_none() {
+        crate::log(format_args!("no real dlsym found"));
+        std::process::abort();
+    }
+    a
+}
+
+#[cfg(target_arch = "x86_64")]
+#[unsafe(naked)]
+#[no_mangle]
+/// # Safety
+/// The C `dlsym` contract.
+pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+    // Keep rdi/rsi (and 16-byte alignment) across the call, return the
+    // answer if any, else tail-jump to the real dlsym with the caller's
+    // return address still on the stack.
+    core::arch::naked_asm!(
+        "push rdi",
+        "push rsi",
+        "sub rsp, 8",
+        "call {answer}",
+        "add rsp, 8",
+        "pop rsi",
+        "pop rdi",
+        "test rax, rax",
+        "jz 2f",
+        "ret",
+        "2:",
+        "jmp qword ptr [rip + {real}]",
+        answer = sym dlsym_answer,
+        real = sym REAL_DLSYM,
+    )
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+#[no_mangle]
+/// # Safety
+/// The C `dlsym` contract. (Here `RTLD_NEXT` resolves relative to xCUDA.)
+pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+    match dlsym_answer(handle, name) {
+        0 => match real_dlsym() {
+            // SAFETY: forwarding the caller's arguments to libc's dlsym.
+            Some(f) => unsafe { f(handle, name) },
+            None => std::ptr::null_mut(),
+        },
+        a => a as *mut c_void,
+    }
+}
+
+/// Which hook's driver function is `p`? By address, then by the exported
+/// name `dladdr` gives it (drivers may hand out other addresses than dlsym).
+pub fn hook_of_driver_fn(base: &[u8], p: usize) -> Option<usize> {
+    let t = hooks::table();
+    if let Some(i) = (0..COUNT).find(|&i| t[i].base.as_bytes() == base && real_if_known(i) == p) {
+        return Some(i);
+    }
+    // SAFETY: dladdr only reads the address; the info is plain data.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; a valid out-pointer.
+    let ok = unsafe { libc::dladdr(p as *const c_void, &mut info) } != 0;
+    if !ok || info.dli_sname.is_null() || info.dli_saddr as usize != p {
+        return None;
+    }
+    // SAFETY: dladdr returned a NUL-terminated symbol name.
+    let sname = unsafe { CStr::from_ptr(info.dli_sname) };
+    hooks::index_of(sname.to_bytes()).filter(|&i| t[i].base.as_bytes() == base)
+}

@@ -1,0 +1,226 @@
+//! Process-wide state: settings (read once from the plugin's environment),
+//! the gate, the memory cap, the context book, and start-up at `cuInit`.
+
+use std::collections::HashMap;
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Mutex, Once, OnceLock};
+
+use muxflow::config::Xcuda;
+use muxflow::xcuda_env::{self, XcudaEnv};
+
+use crate::gate::Gate;
+use crate::memcap::MemCap;
+use crate::stats::{self, Counters};
+use crate::{cu, CUresult};
+
+#[derive(Debug)]
+pub struct Settings {
+    pub env: XcudaEnv,
+    /// False when a gate setting was unreadable: the gate then stays open.
+    pub gate_enabled: bool,
+}
+
+impl Settings {
+    /// Reads the settings with `get`. A bad value is logged (naming the
+    /// variable) and the safe fallback is taken: the cap if it parses on its
+    /// own, the stats directory if it is absolute, the gate left open.
+    pub fn from_env(get: impl Fn(&str) -> Option<String>) -> Settings {
+        match XcudaEnv::from_env(&get) {
+            Ok(env) => Settings {
+                env,
+                gate_enabled: true,
+            },
+            Err(e) => {
+                crate::log(format_args!("{e}; launch gate disabled"));
+                let mut env = XcudaEnv::from_config(&Xcuda::default(), 0);
+                env.mem_limit_bytes = get(xcuda_env::MEM_LIMIT_BYTES).and_then(|v| v.trim().parse().ok());
+                env.stats_dir = get(xcuda_env::STATS_DIR)
+                    .filter(|v| v.starts_with('/'))
+                    .map(Into::into);
+                Settings {
+                    env,
+                    gate_enabled: false,
+                }
+            }
+        }
+    }
+}
+
+pub fn settings() -> &'static Settings {
+    static S: OnceLock<Settings> = OnceLock::new();
+    S.get_or_init(|| Settings::from_env(|k| std::env::var(k).ok()))
+}
+
+static GATE: Gate = Gate::new();
+
+pub fn gate() -> &'static Gate {
+    &GATE
+}
+
+pub fn memcap() -> &'static MemCap {
+    static M: OnceLock<MemCap> = OnceLock::new();
+    M.get_or_init(|| MemCap::new(settings().env.mem_limit_bytes))
+}
+
+/// The contexts this process holds, for the graceful exit.
+#[derive(Debug, Default)]
+pub struct Contexts {
+    book: Mutex<Book>,
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct Book {
+    /// Device ordinal -> primary-context retain count.
+    pub primary: HashMap<c_int, u32>,
+    /// Contexts made with cuCtxCreate.
+    pub created: Vec<usize>,
+}
+
+impl Contexts {
+    fn with(&self, f: impl FnOnce(&mut Book)) {
+        f(&mut self.book.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+    pub fn retained(&self, dev: c_int, rc: CUresult) -> CUresult {
+        if rc == cu::SUCCESS {
+            self.with(|b| *b.primary.entry(dev).or_default() += 1);
+        }
+        rc
+    }
+    pub fn released(&self, dev: c_int, rc: CUresult) -> CUresult {
+        if rc == cu::SUCCESS {
+            self.with(|b| {
+                if let Some(n) = b.primary.get_mut(&dev) {
+                    *n = n.saturating_sub(1);
+                    if *n == 0 {
+                        b.primary.remove(&dev);
+                    }
+                }
+            });
+        }
+        rc
+    }
+    pub fn reset(&self, dev: c_int, rc: CUresult) -> CUresult {
+        if rc == cu::SUCCESS {
+            self.with(|b| {
+                b.primary.remove(&dev);
+            });
+        }
+        rc
+    }
+    pub fn created(&self, rc: CUresult, ctx: *mut *mut c_void) -> CUresult {
+        if rc == cu::SUCCESS && !ctx.is_null() {
+            // SAFETY: non-null out-pointer the driver just filled.
+            let h = unsafe { *ctx } as usize;
+            self.with(|b| b.created.push(h));
+        }
+        rc
+    }
+    pub fn destroyed(&self, ctx: *mut c_void, rc: CUresult) -> CUresult {
+        if rc == cu::SUCCESS {
+            self.with(|b| b.created.retain(|&c| c != ctx as usize));
+        }
+        rc
+    }
+    /// Empties the book, returning what was in it.
+    pub fn take(&self) -> Book {
+        std::mem::take(&mut *self.book.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+pub fn contexts() -> &'static Contexts {
+    static C: OnceLock<Contexts> = OnceLock::new();
+    C.get_or_init(Contexts::default)
+}
+
+/// After the real cuInit: start the watcher and the signal handling once.
+pub fn on_init(rc: CUresult) -> CUresult {
+    static START: Once = Once::new();
+    if rc == cu::SUCCESS {
+        START.call_once(|| {
+            let s = settings();
+            memcap();
+            crate::shutdown::install();
+            crate::watcher::spawn(s);
+            extern "C" fn at_exit() {
+                let _ = std::panic::catch_unwind(write_stats);
+            }
+            // SAFETY: registering a plain extern "C" fn that never unwinds.
+            unsafe { libc::atexit(at_exit) };
+        });
+    }
+    rc
+}
+
+pub fn counters() -> Counters {
+    let g = gate().counts();
+    let m = memcap();
+    Counters {
+        launches: g.launches,
+        delayed: g.delayed,
+        delay_us: g.delay_us,
+        oom: m.refused(),
+        peak_bytes: m.peak(),
+    }
+}
+
+/// Writes the stats file if the plugin asked for one; logs the first failure.
+pub fn write_stats() {
+    static LOGGED: AtomicBool = AtomicBool::new(false);
+    if let Some(dir) = &settings().env.stats_dir {
+        if let Err(e) = stats::write(dir, std::process::id(), &counters()) {
+            if !LOGGED.swap(true, Relaxed) {
+                crate::log(format_args!("{e}"));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn from(vars: &[(&str, &str)]) -> Settings {
+        let m: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Settings::from_env(|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn bad_gate_value_keeps_the_cap_and_opens_the_gate() {
+        let s = from(&[
+            (xcuda_env::MEM_LIMIT_BYTES, "1048576"),
+            (xcuda_env::UTILIZATION_BRAKE, "lots"),
+            (xcuda_env::STATS_DIR, "/var/lib/x"),
+        ]);
+        assert!(!s.gate_enabled);
+        assert_eq!(s.env.mem_limit_bytes, Some(1 << 20));
+        assert_eq!(s.env.stats_dir, Some("/var/lib/x".into()));
+        let s = from(&[(xcuda_env::MEM_LIMIT_BYTES, "8G")]);
+        assert!(!s.gate_enabled);
+        assert_eq!(s.env.mem_limit_bytes, None);
+        let s = from(&[(xcuda_env::MEM_LIMIT_BYTES, "100")]);
+        assert!(s.gate_enabled);
+        assert_eq!(s.env.mem_limit_bytes, Some(100));
+    }
+
+    #[test]
+    fn context_book() {
+        let c = Contexts::default();
+        c.retained(0, 0);
+        c.retained(0, 0);
+        c.retained(1, 2);
+        c.released(0, 0);
+        let mut h: *mut c_void = 0x10 as *mut c_void;
+        c.created(0, &mut h);
+        c.created(1, &mut h);
+        c.destroyed(0x20 as *mut c_void, 0);
+        let b = c.take();
+        assert_eq!(b.primary, HashMap::from([(0, 1)]));
+        assert_eq!(b.created, vec![0x10]);
+        assert!(c.take().primary.is_empty());
+    }
+}

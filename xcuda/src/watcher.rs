@@ -1,0 +1,149 @@
+//! The watcher thread (started at cuInit): every sample interval it reads
+//! the GPU's health state and samples the GPU through NVML, feeds the
+//! [`Controller`] and sets the gate; every second it rewrites the stats file
+//! and re-asserts the signal handlers.
+
+use std::ffi::OsStr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use muxflow::health::HealthState;
+use nvml_wrapper::enum_wrappers::device::Clock;
+use nvml_wrapper::enums::gpm::GpmMetricId;
+use nvml_wrapper::{Device, Nvml};
+
+use crate::controller::{Controller, Params, Sample};
+use crate::gate::Mode;
+use crate::runtime::{self, Settings};
+
+const HOUSEKEEPING: Duration = Duration::from_secs(1);
+
+pub fn spawn(s: &'static Settings) {
+    if let Err(e) = std::thread::Builder::new()
+        .name("xcuda-watch".into())
+        .spawn(move || run(s))
+    {
+        crate::log(format_args!("cannot start the watcher ({e}); launch gate open"));
+    }
+}
+
+fn open_nvml(s: &Settings) -> Option<Nvml> {
+    let r = match &s.env.nvml_library {
+        Some(p) => Nvml::builder().lib_path(p.as_os_str()).init(),
+        None => Nvml::builder().lib_path(OsStr::new("libnvidia-ml.so.1")).init(),
+    };
+    r.map_err(|e| crate::log(format_args!("NVML unavailable ({e}); launches are not braked")))
+        .ok()
+}
+
+/// Health pause from the node's health file; unreadable or unknown: no pause.
+fn health_pauses(path: &Path, logged: &mut bool) -> bool {
+    match std::fs::read_to_string(path)
+        .ok()
+        .and_then(|s| s.parse::<HealthState>().ok())
+    {
+        Some(h) => h.pauses_offline(),
+        None => {
+            if !std::mem::replace(logged, true) {
+                crate::log(format_args!(
+                    "health file {} unreadable; not pausing on it",
+                    path.display()
+                ));
+            }
+            false
+        }
+    }
+}
+
+fn is_mps_server(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .is_ok_and(|c| c.trim() == "nvidia-cuda-mps-server")
+}
+
+struct Sampler<'n> {
+    nvml: &'n Nvml,
+    dev: Device<'n>,
+    max_clock: u32,
+    gpm: Option<nvml_wrapper::gpm::GpmSample<'n>>,
+    me: u32,
+}
+
+impl<'n> Sampler<'n> {
+    fn new(nvml: &'n Nvml, index: u32) -> Option<Sampler<'n>> {
+        let dev = nvml
+            .device_by_index(index)
+            .map_err(|e| crate::log(format_args!("NVML device {index}: {e}; launches are not braked")))
+            .ok()?;
+        let max_clock = dev.max_clock_info(Clock::SM).unwrap_or(0);
+        let gpm = if dev.gpm_support().unwrap_or(false) {
+            dev.gpm_sample().ok()
+        } else {
+            None
+        };
+        Some(Sampler {
+            nvml,
+            dev,
+            max_clock,
+            gpm,
+            me: std::process::id(),
+        })
+    }
+
+    fn sample(&mut self) -> Option<Sample> {
+        let clock = self.dev.clock_info(Clock::SM).ok()?;
+        let util = self.dev.utilization_rates().ok()?.gpu;
+        let others = self
+            .dev
+            .running_compute_processes()
+            .map(|ps| ps.iter().any(|p| p.pid != self.me && !is_mps_server(p.pid)))
+            .unwrap_or(false);
+        let mut sm_activity = None;
+        if let Some(prev) = self.gpm.take() {
+            if let Ok(cur) = self.dev.gpm_sample() {
+                sm_activity = nvml_wrapper::gpm::gpm_metrics_get(self.nvml, &prev, &cur, &[GpmMetricId::SmUtil])
+                    .ok()
+                    .and_then(|v| v.into_iter().next())
+                    .and_then(|m| m.ok())
+                    .map(|m| m.value);
+                self.gpm = Some(cur);
+            }
+        }
+        Some(Sample {
+            sm_clock_mhz: clock,
+            max_sm_clock_mhz: self.max_clock,
+            utilization_pct: util,
+            sm_activity_pct: sm_activity,
+            others_active: others,
+        })
+    }
+}
+
+fn run(s: &'static Settings) {
+    let gate = runtime::gate();
+    let interval = Duration::from_millis(s.env.sample_interval_ms);
+    let nvml = if s.gate_enabled { open_nvml(s) } else { None };
+    let mut sampler = nvml.as_ref().and_then(|n| Sampler::new(n, s.env.gpu_index));
+    let mut controller = Controller::new(Params::from_env(&s.env));
+    let mut health_logged = false;
+    let mut last_housekeeping = Instant::now();
+    while !gate.shutting_down() {
+        std::thread::sleep(interval);
+        if s.gate_enabled {
+            let paused = s
+                .env
+                .health_file
+                .as_deref()
+                .is_some_and(|p| health_pauses(p, &mut health_logged));
+            let delay = match sampler.as_mut().and_then(Sampler::sample) {
+                Some(x) => controller.step(&x),
+                None => controller.delay(),
+            };
+            gate.set(if paused { Mode::Paused } else { Mode::Delay(delay) });
+        }
+        if last_housekeeping.elapsed() >= HOUSEKEEPING {
+            last_housekeeping = Instant::now();
+            runtime::write_stats();
+            crate::shutdown::reassert();
+        }
+    }
+}
