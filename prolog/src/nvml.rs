@@ -143,9 +143,17 @@ pub fn read(lib: Option<&std::path::Path>, xid_watch: Duration) -> Result<Teleme
 
     let mut xids = Vec::new();
     if let Some(set) = &events {
+        if !xid_watch.is_zero() {
+            tracing::info!(?xid_watch, "watching for Xid events");
+        }
         let deadline = Instant::now() + xid_watch;
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
+            // Once something arrived, only drain what is pending: act now.
+            let left = if xids.is_empty() {
+                deadline.saturating_duration_since(Instant::now())
+            } else {
+                Duration::ZERO
+            };
             match set.wait(left.as_millis() as u32) {
                 Ok(ev) => {
                     let gpu = ev.device.index().unwrap_or(u32::MAX);

@@ -164,8 +164,8 @@ pub fn node_name(env: &JobEnv) -> anyhow::Result<String> {
 
 /// One step for every GPU of the node, then publishing.
 pub fn step(config: &Config, env: &JobEnv, trigger: Trigger) -> anyhow::Result<()> {
+    // `config` comes from run_contained with `{node}` already expanded.
     let node = node_name(env)?;
-    let config = config.clone().for_node(&node)?;
     let watch = match trigger {
         Trigger::HealthCheck => Duration::from_millis(config.health.xid_watch_ms),
         _ => Duration::ZERO,
@@ -174,7 +174,7 @@ pub fn step(config: &Config, env: &JobEnv, trigger: Trigger) -> anyhow::Result<(
         config.paths.nvml_library.as_ref().map(|p| p.as_path()),
         watch,
     );
-    step_with(&config, &node, trigger, telemetry, now_s())?;
+    step_with(config, &node, trigger, telemetry, now_s())?;
     Ok(())
 }
 

@@ -1,0 +1,564 @@
+//! SysMonitor on the dev cluster: the health state machine driven by
+//! scripted load on simulated GPUs, what it publishes in Slurm, concurrent
+//! steps, error handling (evict the offline client, keep the online job) and
+//! the GPU-lost drain.
+//!
+//! The tests run `muxflow-health` directly (as slurmd would, with
+//! SLURMD_NODENAME) with a test config of short dwell times; each test uses
+//! its own node so they can run in parallel.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use muxflow::health::HealthState;
+use muxflow::mps::MpsDaemon;
+use muxflow::node_state::{JobRecord, NodeState};
+use muxflow::{Config, Mode};
+use muxflow_tests::Cluster;
+
+/// The cluster's muxflow.toml with a `[health]` section for tests.
+fn test_config(c: &Cluster, name: &str, health: &str) -> PathBuf {
+    let base = std::fs::read_to_string(c.dir.join("etc/muxflow.toml")).unwrap();
+    assert!(!base.contains("[health]"), "cluster config has [health]");
+    let path = c.scratch(name).join("muxflow.toml");
+    std::fs::write(&path, format!("{base}\n[health]\n{health}\n")).unwrap();
+    path
+}
+
+fn target() -> PathBuf {
+    std::env::var_os("MUXFLOW_TARGET")
+        .map(PathBuf::from)
+        .expect("MUXFLOW_TARGET (source the dev cluster's env)")
+}
+
+fn health_cmd(c: &Cluster, config: &Path, node: &str) -> Command {
+    let mut cmd = c.cmd(target().join("muxflow-health").to_str().unwrap());
+    cmd.arg("--config")
+        .arg(config)
+        .env("SLURMD_NODENAME", node)
+        .env("MUXFLOW_LOG", "info");
+    cmd
+}
+
+/// One health step for `node`; returns its log.
+fn health(c: &Cluster, config: &Path, node: &str) -> String {
+    let (ok, out, err) = c.run(health_cmd(c, config, node));
+    assert!(ok, "muxflow-health failed: {out}{err}");
+    err
+}
+
+fn node_config(config: &Path, node: &str) -> Config {
+    Config::load(config).unwrap().for_node(node).unwrap()
+}
+
+fn sim(c: &Cluster, args: &[&str]) {
+    let mut cmd = Command::new(target().join("simgpu-ctl"));
+    cmd.args(args);
+    let (ok, out, err) = c.run(cmd);
+    assert!(ok, "simgpu-ctl {args:?}: {out}{err}");
+}
+
+fn load(c: &Cluster, node: &str, gpu: u32, fraction: f64) {
+    let dir = c.dir.join("sim/state");
+    sim(
+        c,
+        &[
+            "load",
+            dir.to_str().unwrap(),
+            "--node",
+            node,
+            "--gpu",
+            &gpu.to_string(),
+            &fraction.to_string(),
+        ],
+    );
+}
+
+fn fault(c: &Cluster, node: &str, gpu: u32, what: &[&str]) {
+    let dir = c.dir.join("sim/state");
+    let gpu = gpu.to_string();
+    let mut args = vec![
+        "fault",
+        dir.to_str().unwrap(),
+        "--node",
+        node,
+        "--gpu",
+        &gpu,
+    ];
+    args.extend_from_slice(what);
+    sim(c, &args);
+}
+
+/// The node's published GPU states, from `sinfo`.
+fn published(c: &Cluster, node: &str) -> Vec<muxflow::published::GpuPublished> {
+    let mut cmd = c.cmd("sinfo");
+    cmd.args(["-h", "-N", "-n", node, "-O", "Extra:4096"]);
+    let (ok, out, err) = c.run(cmd);
+    assert!(ok, "{err}");
+    muxflow::published::decode(out.trim()).unwrap_or_else(|e| panic!("{e}: '{out}'"))
+}
+
+fn record(ns: &NodeState, gpu: u32) -> serde_json::Value {
+    let text = std::fs::read_to_string(ns.gpu_dir(gpu).join("record.json")).unwrap();
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("corrupt record: {e}: {text}"))
+}
+
+/// Steps `node` and checks that GPU `gpu` is in `want`, locally (health
+/// word, record) and as published in Slurm.
+fn expect(c: &Cluster, config: &Path, node: &str, gpu: u32, want: HealthState, what: &str) {
+    let log = health(c, config, node);
+    let ns = NodeState::new(node_config(config, node).paths.state_dir.as_path());
+    assert_eq!(ns.health(gpu).unwrap(), Some(want), "{what}: local\n{log}");
+    assert_eq!(record(&ns, gpu)["state"], want.as_str(), "{what}: record");
+    let p = published(c, node);
+    let g = p.iter().find(|g| g.index == gpu).expect("GPU published");
+    assert_eq!(g.state, want, "{what}: published in Slurm ({p:?})");
+}
+
+const DWELL: &str = "min_dwell_s = 2\nrecovery_quiet_s = 3\nhistory_len = 500\n";
+
+/// Sleeps past the test config's dwell (2 s) or quiet period (3 s).
+fn pass(secs: u64) {
+    std::thread::sleep(Duration::from_millis(secs * 1000 + 200));
+}
+
+#[test]
+fn scripted_load_walks_the_states_with_hysteresis_and_slurm_agrees() {
+    let c = Cluster::get();
+    let cfg = test_config(&c, "load", DWELL);
+    let (node, gpu) = ("node1", 1);
+    load(&c, node, gpu, 0.0);
+    // Start from a settled Healthy GPU.
+    health(&c, &cfg, node);
+    pass(3);
+    health(&c, &cfg, node);
+    pass(3);
+    expect(&c, &cfg, node, gpu, HealthState::Healthy, "idle");
+
+    load(&c, node, gpu, 0.75);
+    expect(
+        &c,
+        &cfg,
+        node,
+        gpu,
+        HealthState::Busy,
+        "75% enters Busy at once",
+    );
+    load(&c, node, gpu, 0.5);
+    expect(&c, &cfg, node, gpu, HealthState::Busy, "50% within dwell");
+    load(&c, node, gpu, 0.97);
+    expect(
+        &c,
+        &cfg,
+        node,
+        gpu,
+        HealthState::Overloaded,
+        "97% (clock falls too)",
+    );
+    pass(2);
+    load(&c, node, gpu, 0.9);
+    expect(
+        &c,
+        &cfg,
+        node,
+        gpu,
+        HealthState::Overloaded,
+        "90%: above the exit threshold 85",
+    );
+    load(&c, node, gpu, 0.6);
+    expect(
+        &c,
+        &cfg,
+        node,
+        gpu,
+        HealthState::Busy,
+        "60% after dwell: calmed to Busy",
+    );
+    load(&c, node, gpu, 0.3);
+    expect(
+        &c,
+        &cfg,
+        node,
+        gpu,
+        HealthState::Busy,
+        "30% but within Busy's dwell",
+    );
+    pass(2);
+    expect(&c, &cfg, node, gpu, HealthState::Healthy, "30% after dwell");
+
+    // Overloaded straight to idle goes through the quiet period.
+    load(&c, node, gpu, 0.99);
+    expect(&c, &cfg, node, gpu, HealthState::Overloaded, "99%");
+    load(&c, node, gpu, 0.1);
+    pass(2);
+    expect(
+        &c,
+        &cfg,
+        node,
+        gpu,
+        HealthState::Recovering,
+        "idle after overload",
+    );
+    expect(
+        &c,
+        &cfg,
+        node,
+        gpu,
+        HealthState::Recovering,
+        "within the quiet period",
+    );
+    pass(3);
+    expect(
+        &c,
+        &cfg,
+        node,
+        gpu,
+        HealthState::Healthy,
+        "after the quiet period",
+    );
+
+    // The other GPU of the node never moved, and no node was drained.
+    assert_eq!(
+        published(&c, node)
+            .iter()
+            .find(|g| g.index == 0)
+            .unwrap()
+            .state,
+        HealthState::Healthy
+    );
+    load(&c, node, gpu, 0.0);
+    c.assert_no_drain();
+}
+
+#[test]
+fn concurrent_steps_never_corrupt_or_lose_a_record() {
+    let c = Cluster::get();
+    let cfg = test_config(&c, "concurrent", DWELL);
+    let node = "node3";
+    let ns = NodeState::new(node_config(&cfg, node).paths.state_dir.as_path());
+    health(&c, &cfg, node);
+    let before: Vec<usize> = (0..2)
+        .map(|g| record(&ns, g)["history"].as_array().unwrap().len())
+        .collect();
+    let (rounds, width) = (4, 8);
+    for _ in 0..rounds {
+        let children: Vec<Child> = (0..width)
+            .map(|_| {
+                health_cmd(&c, &cfg, node)
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for mut ch in children {
+            assert!(ch.wait().unwrap().success());
+        }
+    }
+    for g in 0..2u32 {
+        let r = record(&ns, g);
+        let n = r["history"].as_array().unwrap().len();
+        // Every step's sample is there: no write was lost or torn.
+        assert_eq!(n, (before[g as usize] + rounds * width).min(500), "gpu{g}");
+        assert!(ns.health(g).unwrap().is_some());
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(ns.gpu_dir(0))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains(".tmp."))
+        .collect();
+    assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+}
+
+/// An MPS daemon on `node`/`gpu` with an online and an offline workload
+/// attached (registered as jobs `base` and `base + 1`).
+struct Pair {
+    online: Child,
+    offline: Child,
+    mps: MpsDaemon,
+    ns: NodeState,
+    gpu: u32,
+    jobs: [u32; 2],
+}
+
+impl Pair {
+    fn start(c: &Cluster, config: &Path, node: &str, gpu: u32, base: u32) -> Pair {
+        let cfg = node_config(config, node);
+        let mps = MpsDaemon::for_gpu(&cfg, gpu);
+        mps.ensure_running().unwrap();
+        let ns = NodeState::new(cfg.paths.state_dir.as_path());
+        let jobs = [base, base + 1];
+        {
+            let lock = ns.lock_gpu(gpu).unwrap();
+            for (id, mode) in [(jobs[0], Mode::Online), (jobs[1], Mode::Offline)] {
+                let job = JobRecord {
+                    job_id: id,
+                    mode,
+                    uid: 0,
+                };
+                ns.add_job(&lock, gpu, &job).unwrap();
+            }
+        }
+        let spawn = |args: &[&str], job: u32| {
+            let mut cmd = Command::new(c.sim_bin("muxflow-workload"));
+            cmd.args(args)
+                .env("LD_LIBRARY_PATH", c.sim_lib_dir())
+                .env("MUXFLOW_SIM_NODE", node)
+                .env("CUDA_VISIBLE_DEVICES", gpu.to_string())
+                .env("CUDA_MPS_PIPE_DIRECTORY", mps.pipe_dir())
+                .env("SLURM_JOB_ID", job.to_string())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            cmd.spawn().unwrap()
+        };
+        let online = spawn(&["online", "--duration", "120"], jobs[0]);
+        let offline = spawn(&["offline", "--duration", "120"], jobs[1]);
+        let pair = Pair {
+            online,
+            offline,
+            mps,
+            ns,
+            gpu,
+            jobs,
+        };
+        pair.wait_clients(2);
+        pair
+    }
+
+    fn clients(&self) -> Vec<u32> {
+        let mut all = Vec::new();
+        for s in self.mps.server_pids().unwrap_or_default() {
+            all.extend(self.mps.client_pids(s).unwrap_or_default());
+        }
+        all
+    }
+
+    fn wait_clients(&self, n: usize) {
+        let start = Instant::now();
+        while self.clients().len() < n {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "MPS clients: {:?}",
+                self.clients()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The offline workload was evicted (exited on its own: terminated by
+    /// MPS) while the online one still runs.
+    fn assert_offline_evicted_online_alive(&mut self) {
+        let start = Instant::now();
+        let status = loop {
+            if let Some(s) = self.offline.try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "offline client still running"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let mut out = String::new();
+        std::io::Read::read_to_string(self.offline.stdout.as_mut().unwrap(), &mut out).unwrap();
+        std::io::Read::read_to_string(self.offline.stderr.as_mut().unwrap(), &mut out).unwrap();
+        assert!(!status.success(), "offline: {out}");
+        assert!(out.contains("CUDA_ERROR_MPS_CLIENT_TERMINATED"), "{out}");
+        assert!(
+            self.online.try_wait().unwrap().is_none(),
+            "the online job died"
+        );
+        assert!(
+            self.clients().contains(&self.online.id()),
+            "online detached"
+        );
+    }
+
+    fn stop(mut self) {
+        // SIGTERM: the workload's graceful exit (sync, release, exit 0).
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.online.id().to_string()])
+            .status();
+        let _ = self.offline.kill();
+        let online = self.online.wait_with_output().unwrap();
+        let _ = self.offline.wait();
+        let _ = self.mps.quit();
+        let lock = self.ns.lock_gpu(self.gpu).unwrap();
+        for j in self.jobs {
+            self.ns.remove_job(&lock, self.gpu, j).unwrap();
+        }
+        let out = String::from_utf8_lossy(&online.stdout);
+        assert!(
+            online.status.success(),
+            "online job failed: {out}{}",
+            String::from_utf8_lossy(&online.stderr)
+        );
+    }
+}
+
+fn counter(r: &serde_json::Value, key: &str) -> u64 {
+    r["counters"][key].as_u64().unwrap_or(0)
+}
+
+#[test]
+fn mps_fault_line_evicts_the_offline_client_and_keeps_the_online_job() {
+    let c = Cluster::get();
+    let cfg = test_config(&c, "mpsfault", DWELL);
+    let (node, gpu) = ("node2", 0);
+    let mut pair = Pair::start(&c, &cfg, node, gpu, 990_001);
+    // Before the fault: whatever the load makes it, not Faulty.
+    health(&c, &cfg, node);
+    assert_ne!(pair.ns.health(gpu).unwrap(), Some(HealthState::Faulty));
+    let before = record(&pair.ns, gpu);
+    let offline = pair.offline.id();
+    // The server's report of a client fault, as the MPS server logs it.
+    let log = pair.mps.log_dir().join("server.log");
+    let mut text = std::fs::read_to_string(&log).unwrap_or_default();
+    text.push_str(&format!(
+        "[2026-01-01 00:00:00.000 Server 1] The following clients have a sticky error set: {offline}\n"
+    ));
+    std::fs::write(&log, text).unwrap();
+
+    expect(
+        &c,
+        &cfg,
+        node,
+        gpu,
+        HealthState::Faulty,
+        "after the fault line",
+    );
+    pair.assert_offline_evicted_online_alive();
+    let r = record(&pair.ns, gpu);
+    let delta = |key: &str| counter(&r, key) - counter(&before, key);
+    assert_eq!(delta("rule.mps_client_sticky_error"), 1, "{r}");
+    assert_eq!(delta("action.evict_offline"), 1, "{r}");
+    // The online client is attached: the daemon is not restarted.
+    assert_eq!(delta("action.restart_mps"), 0, "{r}");
+    // The line is handled once: no second eviction, and Faulty passes.
+    pass(2);
+    expect(
+        &c,
+        &cfg,
+        node,
+        gpu,
+        HealthState::Recovering,
+        "quiet after the fault",
+    );
+    assert_eq!(
+        counter(&record(&pair.ns, gpu), "action.evict_offline"),
+        counter(&r, "action.evict_offline")
+    );
+    pair.stop();
+    c.assert_no_drain();
+}
+
+#[test]
+fn xid_event_evicts_the_offline_client_and_keeps_the_online_job() {
+    let c = Cluster::get();
+    let cfg = test_config(&c, "xid", &format!("{DWELL}xid_watch_ms = 30000\n"));
+    let (node, gpu) = ("node2", 1);
+    let mut pair = Pair::start(&c, &cfg, node, gpu, 990_011);
+    let before = pair
+        .ns
+        .health(gpu)
+        .ok()
+        .flatten()
+        .map(|_| record(&pair.ns, gpu));
+    // Xid events reach only a program registered for them: inject while
+    // the health check watches.
+    let mut child = health_cmd(&c, &cfg, node)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut log = String::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        log.push_str(&line);
+        log.push('\n');
+        if line.contains("watching for Xid events") {
+            break;
+        }
+    }
+    // Xid 31 (MMU fault) implicates one application, not the whole GPU.
+    fault(&c, node, gpu, &["xid", "31"]);
+    for line in lines {
+        log.push_str(&line.unwrap());
+        log.push('\n');
+    }
+    assert!(child.wait().unwrap().success(), "{log}");
+    assert!(log.contains("xid_app"), "{log}");
+    assert_eq!(pair.ns.health(gpu).unwrap(), Some(HealthState::Faulty));
+    let p = published(&c, node);
+    assert_eq!(
+        p.iter().find(|g| g.index == gpu).unwrap().state,
+        HealthState::Faulty
+    );
+    pair.assert_offline_evicted_online_alive();
+    let r = record(&pair.ns, gpu);
+    let delta = |key: &str| counter(&r, key) - before.as_ref().map_or(0, |b| counter(b, key));
+    assert_eq!(delta("rule.xid_app"), 1, "{r}");
+    assert_eq!(delta("action.evict_offline"), 1, "{r}");
+    pair.stop();
+    c.assert_no_drain();
+}
+
+fn node_reason(c: &Cluster, node: &str) -> (String, String) {
+    let mut cmd = c.cmd("sinfo");
+    cmd.args(["-h", "-N", "-n", node, "-O", "StateLong:30,Reason:200"]);
+    let (_, out, _) = c.run(cmd);
+    let out = out.trim().to_string();
+    let (state, reason) = out.split_once(char::is_whitespace).unwrap_or((&out, ""));
+    (state.to_string(), reason.trim().to_string())
+}
+
+#[test]
+fn only_a_lost_gpu_drains_and_only_muxflows_drain_is_undone() {
+    let c = Cluster::get();
+    let cfg = test_config(&c, "lost", DWELL);
+    let (node, gpu) = ("node4", 1);
+    health(&c, &cfg, node);
+    assert!(!node_reason(&c, node).0.contains("drain"));
+
+    fault(&c, node, gpu, &["lost"]);
+    health(&c, &cfg, node);
+    let (state, reason) = node_reason(&c, node);
+    assert!(state.contains("drain"), "{state} {reason}");
+    assert!(reason.starts_with("muxflow:"), "{reason}");
+    assert!(reason.contains("gpu1"), "{reason}");
+    let ns = NodeState::new(node_config(&cfg, node).paths.state_dir.as_path());
+    assert_eq!(ns.health(gpu).unwrap(), Some(HealthState::Faulty));
+    // Only this node.
+    let others: Vec<_> = c
+        .drained_nodes()
+        .into_iter()
+        .filter(|l| !l.starts_with(node))
+        .collect();
+    assert!(others.is_empty(), "{others:?}");
+
+    fault(&c, node, gpu, &["clear"]);
+    health(&c, &cfg, node);
+    let (state, reason) = node_reason(&c, node);
+    assert!(!state.contains("drain"), "still {state}: {reason}");
+
+    // An administrator's drain is never undone by muxflow.
+    let mut cmd = c.cmd("scontrol");
+    cmd.args([
+        "update",
+        &format!("NodeName={node}"),
+        "State=DRAIN",
+        "Reason=admin: maintenance",
+    ]);
+    assert!(c.run(cmd).0);
+    fault(&c, node, gpu, &["lost"]);
+    health(&c, &cfg, node);
+    fault(&c, node, gpu, &["clear"]);
+    health(&c, &cfg, node);
+    let (state, reason) = node_reason(&c, node);
+    let mut cmd = c.cmd("scontrol");
+    cmd.args(["update", &format!("NodeName={node}"), "State=RESUME"]);
+    assert!(c.run(cmd).0);
+    assert!(state.contains("drain"), "{state}");
+    assert_eq!(reason, "admin: maintenance");
+}
