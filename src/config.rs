@@ -347,6 +347,12 @@ pub struct Matcher {
     /// Place offline jobs on any healthy GPU with an online job when no
     /// matcher has placed them within this many seconds (0 = never).
     pub fallback_after_s: u64,
+    /// Most `scontrol update` calls one round makes; the rest wait a round.
+    pub max_updates_per_round: usize,
+    /// Days of sacct history the predictor learns from.
+    pub history_days: u32,
+    /// Longest wait for one Slurm command (squeue, sinfo, sacct, scontrol).
+    pub command_timeout_s: u64,
 }
 
 impl Default for Matcher {
@@ -355,6 +361,9 @@ impl Default for Matcher {
             interval_s: 60,
             candidates_per_job: 16,
             fallback_after_s: 0,
+            max_updates_per_round: 200,
+            history_days: 30,
+            command_timeout_s: 30,
         }
     }
 }
@@ -491,6 +500,16 @@ impl Config {
         }
         if self.matcher.candidates_per_job == 0 {
             return err("matcher", "candidates_per_job", "must be at least 1".into());
+        }
+        if self.matcher.max_updates_per_round == 0 {
+            return err(
+                "matcher",
+                "max_updates_per_round",
+                "must be at least 1".into(),
+            );
+        }
+        if self.matcher.command_timeout_s == 0 {
+            return err("matcher", "command_timeout_s", "must be at least 1".into());
         }
         if !self.paths.gpu_device.starts_with('/') || !self.paths.gpu_device.contains("{index}") {
             return err(

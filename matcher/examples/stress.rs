@@ -4,8 +4,9 @@
 
 use std::time::Instant;
 
-use muxflow_matcher::synth::SplitMix64;
 use muxflow_matcher::{solve_with, verify_certificate, Edge, SolveOptions};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -13,9 +14,13 @@ fn main() {
     let gpus: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(18_000);
     let degree: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(16);
     let kind = args.get(4).map_or("product", String::as_str);
-    let mut rng = SplitMix64::new(1);
-    let a: Vec<i64> = (0..jobs).map(|_| 500 + rng.below(500) as i64).collect();
-    let b: Vec<i64> = (0..gpus).map(|_| 500 + rng.below(500) as i64).collect();
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    let a: Vec<i64> = (0..jobs)
+        .map(|_| 500 + rng.gen_range(0..500) as i64)
+        .collect();
+    let b: Vec<i64> = (0..gpus)
+        .map(|_| 500 + rng.gen_range(0..500) as i64)
+        .collect();
     let mut edges = Vec::with_capacity(jobs * degree);
     for (j, aj) in a.iter().enumerate() {
         let mut seen = std::collections::HashSet::new();
@@ -25,9 +30,9 @@ fn main() {
                 "clustered" => {
                     let centre = j * gpus / jobs;
                     let span = (4 * degree).min(gpus);
-                    (centre + rng.below(span as u64) as usize) % gpus
+                    (centre + rng.gen_range(0..span as u64) as usize) % gpus
                 }
-                _ => rng.below(gpus as u64) as usize,
+                _ => rng.gen_range(0..gpus as u64) as usize,
             };
             seen.insert(g);
         }
@@ -35,8 +40,8 @@ fn main() {
         gs.sort_unstable();
         for g in gs {
             let weight = match kind {
-                "uniform" => 1 + rng.below(1_000_000) as i64,
-                _ => aj * b[g] + rng.below(20_000) as i64,
+                "uniform" => 1 + rng.gen_range(0..1_000_000) as i64,
+                _ => aj * b[g] + rng.gen_range(0..20_000) as i64,
             };
             edges.push(Edge {
                 job: j as u32,

@@ -1,20 +1,27 @@
-//! muxflow's matcher core: pairs pending offline jobs with GPUs that run
-//! online jobs, maximizing predicted offline throughput.
+//! muxflow's matcher: pairs pending offline jobs with GPUs that run online
+//! jobs, maximizing predicted offline throughput, and steers Slurm there.
+//!
+//! One round: [`slurm`] reads the cluster ([`reader`]: typed Slurm 22.05
+//! JSON → [`reader::ClusterState`]) and the offline history; [`predict`]
+//! scores each (job, GPU) candidate; [`round::plan`] prunes, solves and
+//! diffs the hints ([`hints`]); [`slurm::SlurmCli::update`] applies them.
+//! The decision table and `--json` formats are documented in [`round`].
 //!
 //! * [`weights`]: predicted throughputs → integer weights (exactness is on
 //!   integers).
-//! * [`prune`]: each job's best `k` candidate GPUs (`matcher.candidates_per_job`).
+//! * [`prune`]: the candidate graph (`matcher.candidates_per_job`): each
+//!   job's best `k` GPUs ∪ capacity-spread lists.
 //! * [`solver`]: exact sparse maximum-weight matching with an LP-dual
 //!   certificate.
 //! * [`reference`]: dense Kuhn–Munkres, brute force and greedy, for checks.
 //! * [`synth`]: deterministic synthetic clusters; [`bench`]: the `bench`
 //!   subcommand.
 //!
-//! Nothing here knows about Slurm: callers give job and GPU indices and
-//! weights.
+//! The matching core (weights, prune, solver) knows nothing about Slurm:
+//! callers give job and GPU indices and weights.
 //!
 //! ```text
-//! let edges = prune_scored(jobs, gpus, k, threads, |j, g| predictor(j, g).and_then(weights::quantize));
+//! let edges = spread_scored(jobs, gpus, k, threads, |j, g| predictor(j, g).and_then(weights::quantize));
 //! let matching = solve(jobs, gpus, &edges)?;   // exact on the integer weights
 //! ```
 //!
@@ -22,20 +29,24 @@
 //! [--weights structured|uniform] [--dense auto|always|never]
 //! [--candidates-per-job K] [--threads T]`.
 //!
-//! Known limit of the pruning rule (not of the solver): when every job ranks
-//! GPUs alike (weights shaped job factor × GPU factor), each job's best `k`
-//! are the same few GPUs, so the exact optimum of the pruned graph places few
-//! jobs. The bench prints an upper bound for the unpruned graph to show what
-//! pruning costs.
+//! Pruning to each job's best `k` alone placed few jobs when every job ranks
+//! GPUs alike (weights shaped job factor × GPU factor); the capacity-spread
+//! lists fix that (see [`prune`]). The bench prints the matched count and an
+//! upper bound for the unpruned graph to show what pruning costs.
 
 pub mod bench;
+pub mod hints;
+pub mod predict;
 pub mod prune;
+pub mod reader;
 pub mod reference;
+pub mod round;
+pub mod slurm;
 pub mod solver;
 pub mod synth;
 pub mod weights;
 
-pub use prune::{prune_candidates, prune_scored};
+pub use prune::{prune_candidates, prune_scored, spread_scored};
 pub use solver::{
     solve, solve_with, verify_certificate, Duals, Edge, InputError, Matching, Solution,
     SolveOptions, SolveStats,

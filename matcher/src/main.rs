@@ -1,20 +1,61 @@
 //! `muxflow-matcher`: pairs pending offline jobs with GPUs running online
-//! jobs. The Slurm-facing round is not built yet; `bench` runs the matching
-//! core on a synthetic cluster.
+//! jobs and steers Slurm to start them there.
+//!
+//! * `muxflow-matcher --once [--dry-run] [--json]`: one round; prints the
+//!   decision table (or JSON; formats in the library's `round` module docs).
+//! * `muxflow-matcher [--interval S]`: a round every `matcher.interval_s`
+//!   seconds, one summary line logged per round; errors are logged and the
+//!   next round retries (it keeps no state that matters).
+//! * `muxflow-matcher --evaluate [--sacct-json FILE | --synthetic N]`: the
+//!   predictor's held-out error next to the default's.
+//! * `muxflow-matcher bench …`: one matching round on a synthetic cluster.
 
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use muxflow_matcher::bench::{self, BenchArgs, DenseMode};
+use muxflow_matcher::predict::{self, runs_from_sacct, samples, Model};
+use muxflow_matcher::reader::{parse_sacct, Names};
+use muxflow_matcher::round::{plan, Plan};
+use muxflow_matcher::slurm::SlurmCli;
 use muxflow_matcher::synth::WeightMode;
 
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(
+    version,
+    about = "muxflow's matcher: places pending offline jobs next to online jobs",
+    after_help = "Decision table columns: JOB NAME ACTION NODE GPU SPEED REASON. ACTION: place \
+(hint written), keep (already placed there), park (hint cleared), none (stays parked). SPEED: \
+predicted normalized throughput (shared / alone). --json prints {\"summary\": {...}, \
+\"decisions\": [{job, name, user, action, node, gpu, predicted, reason}]}."
+)]
 struct Cli {
     /// muxflow config file.
     #[arg(long, default_value = muxflow::config::DEFAULT_PATH)]
     config: PathBuf,
+    /// Run one round and exit.
+    #[arg(long)]
+    once: bool,
+    /// Decide but change nothing in Slurm.
+    #[arg(long)]
+    dry_run: bool,
+    /// With --once: print the round as JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Seconds between rounds (default: matcher.interval_s).
+    #[arg(long)]
+    interval: Option<u64>,
+    /// Print the predictor's held-out error next to the default's and exit.
+    #[arg(long)]
+    evaluate: bool,
+    /// With --evaluate: read history from this `sacct --json` file.
+    #[arg(long, requires = "evaluate")]
+    sacct_json: Option<PathBuf>,
+    /// With --evaluate: use N synthetic jobs' history (a contention model).
+    #[arg(long, requires = "evaluate", conflicts_with = "sacct_json")]
+    synthetic: Option<usize>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -22,7 +63,8 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Time one matching round on a synthetic cluster against dense
-    /// Kuhn-Munkres; ends with `round_s=X peak_mb=Y objective_gap=Z`.
+    /// Kuhn-Munkres; ends with `round_s=X peak_mb=Y objective_gap=Z matched=N
+    /// pruning_bound=B`.
     Bench {
         #[arg(long, default_value_t = 18_000)]
         gpus: usize,
@@ -35,7 +77,7 @@ enum Command {
         /// Dense Kuhn-Munkres reference: auto runs it when both sides are <= 4000.
         #[arg(long, value_enum, default_value_t = Dense::Auto)]
         dense: Dense,
-        /// Candidate GPUs kept per job (default: matcher.candidates_per_job's default).
+        /// Candidate GPUs per job (default: matcher.candidates_per_job's default).
         #[arg(long)]
         candidates_per_job: Option<usize>,
         /// Worker threads for pruning and the solve.
@@ -59,40 +101,130 @@ enum Dense {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    match cli.command {
-        Some(Command::Bench {
+    if let Some(Command::Bench {
+        gpus,
+        jobs,
+        seed,
+        weights,
+        dense,
+        candidates_per_job,
+        threads,
+    }) = cli.command
+    {
+        let args = BenchArgs {
             gpus,
             jobs,
             seed,
-            weights,
-            dense,
-            candidates_per_job,
-            threads,
-        }) => {
-            let args = BenchArgs {
-                gpus,
-                jobs,
-                seed,
-                weights: match weights {
-                    Weights::Structured => WeightMode::Structured,
-                    Weights::Uniform => WeightMode::Uniform,
-                },
-                dense: match dense {
-                    Dense::Auto => DenseMode::Auto,
-                    Dense::Always => DenseMode::Always,
-                    Dense::Never => DenseMode::Never,
-                },
-                candidates_per_job: candidates_per_job
-                    .unwrap_or(muxflow::config::Matcher::default().candidates_per_job),
-                threads: threads.max(1),
-            };
-            let report = bench::run(&args)?;
-            print!("{}", report.text);
-            Ok(())
+            weights: match weights {
+                Weights::Structured => WeightMode::Structured,
+                Weights::Uniform => WeightMode::Uniform,
+            },
+            dense: match dense {
+                Dense::Auto => DenseMode::Auto,
+                Dense::Always => DenseMode::Always,
+                Dense::Never => DenseMode::Never,
+            },
+            candidates_per_job: candidates_per_job
+                .unwrap_or(muxflow::config::Matcher::default().candidates_per_job),
+            threads: threads.max(1),
+        };
+        let report = bench::run(&args)?;
+        print!("{}", report.text);
+        return Ok(());
+    }
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+
+    if cli.evaluate {
+        return evaluate(&cli);
+    }
+    let config = muxflow::Config::load(&cli.config)
+        .with_context(|| format!("loading the muxflow config {}", cli.config.display()))?;
+    let slurm = SlurmCli {
+        timeout_s: config.matcher.command_timeout_s,
+    };
+    if cli.once {
+        let plan = round(&config, &slurm, cli.dry_run)?;
+        if cli.json {
+            println!("{}", plan.json());
+        } else {
+            println!("{}", plan.table());
         }
-        None => {
-            muxflow::Config::load(&cli.config).with_context(|| "loading the muxflow config")?;
-            anyhow::bail!("muxflow-matcher: matching is not built yet (see the matcher issue)")
+        return Ok(());
+    }
+    let interval = Duration::from_secs(cli.interval.unwrap_or(config.matcher.interval_s).max(1));
+    tracing::info!(?interval, dry_run = cli.dry_run, "muxflow-matcher looping");
+    loop {
+        let start = Instant::now();
+        match round(&config, &slurm, cli.dry_run) {
+            Ok(plan) => tracing::info!("{}", plan.summary_line()),
+            // Nothing is carried between rounds: the next one starts afresh.
+            Err(e) => tracing::error!("round failed: {e:#}"),
+        }
+        std::thread::sleep(interval.saturating_sub(start.elapsed()));
+    }
+}
+
+/// One round: read, predict, match, apply.
+fn round(config: &muxflow::Config, slurm: &SlurmCli, dry_run: bool) -> anyhow::Result<Plan> {
+    let names = Names::from_config(&config.slurm);
+    let state = slurm
+        .read_state(&names)
+        .context("reading jobs and nodes from Slurm")?;
+    for note in &state.notes {
+        tracing::warn!("{note}");
+    }
+    // History is optional: without it every job gets the default prediction.
+    let runs = match slurm.history(config.matcher.history_days) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!("no offline history from sacct ({e}); using the default predictor");
+            Vec::new()
+        }
+    };
+    let model = Model::train(&samples(&runs), &runs);
+    let mut plan = plan(&state, &model, &config.policy, &config.matcher, &names);
+    if !dry_run {
+        for d in &mut plan.decisions {
+            if let Some(args) = &d.update {
+                if let Err(e) = slurm.update(args) {
+                    // The next round sees Slurm's real hints and retries.
+                    tracing::warn!("job {}: {e}", d.job);
+                    d.reason = format!("update failed ({e}); {}", d.reason);
+                }
+            }
         }
     }
+    Ok(plan)
+}
+
+fn evaluate(cli: &Cli) -> anyhow::Result<()> {
+    let runs = if let Some(n) = cli.synthetic {
+        predict::synthetic_runs(n, 8, 1)
+    } else if let Some(path) = &cli.sacct_json {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        runs_from_sacct(&parse_sacct(&text).with_context(|| path.display().to_string())?)
+    } else {
+        let config = muxflow::Config::load(&cli.config)
+            .with_context(|| format!("loading the muxflow config {}", cli.config.display()))?;
+        SlurmCli {
+            timeout_s: config.matcher.command_timeout_s,
+        }
+        .history(config.matcher.history_days)
+        .context("reading offline history from sacct")?
+    };
+    let e = predict::evaluate(&runs);
+    if e.test == 0 {
+        println!(
+            "{} offline runs give no held-out sample (a sample is a shared run of a (user, job name) that also ran alone); nothing to evaluate",
+            e.records
+        );
+    }
+    println!("{e}");
+    Ok(())
 }

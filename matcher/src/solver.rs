@@ -64,7 +64,6 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
-use std::fmt;
 
 /// A candidate: job `job` may run on GPU `gpu` with integer weight `weight > 0`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -133,39 +132,19 @@ impl Default for SolveOptions {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InputError {
+    #[error("edge {edge:?}: job index ≥ job count {jobs}")]
     JobOutOfRange { edge: Edge, jobs: usize },
+    #[error("edge {edge:?}: GPU index ≥ GPU count {gpus}")]
     GpuOutOfRange { edge: Edge, gpus: usize },
+    #[error("edge {edge:?}: weight must be > 0 (leave pairs that are not worth running out)")]
     NonPositiveWeight { edge: Edge },
+    #[error("more than one edge between job {job} and GPU {gpu}")]
     DuplicateEdge { job: u32, gpu: u32 },
+    #[error("{count} {what}: indices must fit below u32::MAX - 1")]
     TooLarge { what: &'static str, count: usize },
 }
-
-impl fmt::Display for InputError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            InputError::JobOutOfRange { edge, jobs } => {
-                write!(f, "edge {edge:?}: job index ≥ job count {jobs}")
-            }
-            InputError::GpuOutOfRange { edge, gpus } => {
-                write!(f, "edge {edge:?}: GPU index ≥ GPU count {gpus}")
-            }
-            InputError::NonPositiveWeight { edge } => write!(
-                f,
-                "edge {edge:?}: weight must be > 0 (leave pairs that are not worth running out)"
-            ),
-            InputError::DuplicateEdge { job, gpu } => {
-                write!(f, "more than one edge between job {job} and GPU {gpu}")
-            }
-            InputError::TooLarge { what, count } => {
-                write!(f, "{count} {what}: indices must fit below u32::MAX - 1")
-            }
-        }
-    }
-}
-
-impl std::error::Error for InputError {}
 
 /// Maximum-weight matching of the candidate graph, exact on integer weights.
 pub fn solve(jobs: usize, gpus: usize, edges: &[Edge]) -> Result<Matching, InputError> {

@@ -19,7 +19,11 @@
 //! Per-pair values are hashes of (seed, job, GPU): the dense weight matrix is
 //! never stored, a pair costs a few nanoseconds to score.
 
-use crate::prune::prune_scored;
+use rand::distributions::{Distribution, WeightedIndex};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::prune::{prune_scored, spread_scored};
 use crate::solver::Edge;
 use crate::weights::quantize;
 
@@ -171,37 +175,14 @@ pub struct Cluster {
     base: Vec<[f64; CLASSES]>,
 }
 
-/// SplitMix64: small, fast, and good enough for synthetic data.
-pub struct SplitMix64(u64);
-
-impl SplitMix64 {
-    pub fn new(seed: u64) -> Self {
-        SplitMix64(seed)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        mix(self.0)
-    }
-    /// Uniform in [0, 1).
-    pub fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
-    fn pick(&mut self, shares: &[f64]) -> u8 {
-        let total: f64 = shares.iter().sum();
-        let mut x = self.next_f64() * total;
-        for (i, s) in shares.iter().enumerate() {
-            if x < *s {
-                return i as u8;
-            }
-            x -= s;
-        }
-        (shares.len() - 1) as u8
-    }
+/// Draws an index with probability proportional to `shares`.
+fn pick(rng: &mut ChaCha8Rng, shares: &[f64]) -> u8 {
+    WeightedIndex::new(shares).map_or(0, |d| d.sample(rng) as u8)
 }
 
+/// SplitMix64's finalizer as a stateless hash: a pair's noise is a function
+/// of (seed, job, GPU), so any pair can be scored in any order without
+/// storing the weight matrix (an RNG stream could not do that).
 #[inline]
 fn mix(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -218,23 +199,23 @@ fn pair_unit(seed: u64, j: u32, g: u32) -> f64 {
 
 impl Cluster {
     pub fn generate(gpus: usize, jobs: usize, seed: u64, mode: WeightMode) -> Cluster {
-        let mut rng = SplitMix64::new(seed);
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let model_shares: Vec<f64> = GPU_MODELS.iter().map(|m| m.share).collect();
         let online_shares: Vec<f64> = ONLINE_KINDS.iter().map(|k| k.share).collect();
         let kind_shares: Vec<f64> = OFFLINE_KINDS.iter().map(|k| k.share).collect();
         let gpus: Vec<Gpu> = (0..gpus)
             .map(|_| Gpu {
-                model: rng.pick(&model_shares),
-                online: rng.pick(&online_shares),
-                healthy: rng.next_f64() >= UNHEALTHY,
-                slot_free: rng.next_f64() >= SLOT_TAKEN,
-                factor: 0.85 + 0.15 * rng.next_f64(),
+                model: pick(&mut rng, &model_shares),
+                online: pick(&mut rng, &online_shares),
+                healthy: rng.gen::<f64>() >= UNHEALTHY,
+                slot_free: rng.gen::<f64>() >= SLOT_TAKEN,
+                factor: 0.85 + 0.15 * rng.gen::<f64>(),
             })
             .collect();
         let jobs: Vec<Job> = (0..jobs)
             .map(|_| Job {
-                kind: rng.pick(&kind_shares),
-                factor: 0.8 + 0.2 * rng.next_f64(),
+                kind: pick(&mut rng, &kind_shares),
+                factor: 0.8 + 0.2 * rng.gen::<f64>(),
             })
             .collect();
         let eligible_class = gpus
@@ -305,8 +286,15 @@ impl Cluster {
         self.throughput(j, g).and_then(quantize)
     }
 
-    /// The candidate graph: every pair scored, each job's best `k` kept.
+    /// The production candidate graph ([`spread_scored`]).
     pub fn candidates(&self, k: usize, threads: usize) -> Vec<Edge> {
+        spread_scored(self.jobs.len(), self.gpus.len(), k, threads, |j, g| {
+            self.weight(j, g)
+        })
+    }
+
+    /// The old rule, each job's best `k` only (for comparison).
+    pub fn top_k_candidates(&self, k: usize, threads: usize) -> Vec<Edge> {
         prune_scored(self.jobs.len(), self.gpus.len(), k, threads, |j, g| {
             self.weight(j, g)
         })

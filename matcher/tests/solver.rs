@@ -2,11 +2,13 @@
 //! 300), and its own LP-dual certificate. No timing assertions here.
 
 use muxflow_matcher::reference::{brute_force, dense_kuhn_munkres, greedy};
-use muxflow_matcher::synth::{Cluster, SplitMix64, WeightMode};
+use muxflow_matcher::synth::{Cluster, WeightMode};
 use muxflow_matcher::{
     prune_candidates, solve, solve_with, verify_certificate, Edge, InputError, Matching,
     SolveOptions,
 };
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 
 fn e(job: u32, gpu: u32, weight: i64) -> Edge {
     Edge { job, gpu, weight }
@@ -14,7 +16,7 @@ fn e(job: u32, gpu: u32, weight: i64) -> Edge {
 
 /// Random sparse instance; `max_w` small makes ties likely.
 fn random_instance(
-    rng: &mut SplitMix64,
+    rng: &mut ChaCha8Rng,
     jobs: usize,
     gpus: usize,
     density: f64,
@@ -23,8 +25,8 @@ fn random_instance(
     let mut edges = Vec::new();
     for j in 0..jobs as u32 {
         for g in 0..gpus as u32 {
-            if rng.next_f64() < density {
-                edges.push(e(j, g, 1 + rng.below(max_w) as i64));
+            if rng.gen::<f64>() < density {
+                edges.push(e(j, g, 1 + rng.gen_range(0..max_w) as i64));
             }
         }
     }
@@ -33,14 +35,18 @@ fn random_instance(
 
 /// Rank-one weights (job factor × GPU factor + small noise), the shape that
 /// is slow for dense Kuhn–Munkres and makes long augmenting paths.
-fn product_instance(rng: &mut SplitMix64, jobs: usize, gpus: usize, density: f64) -> Vec<Edge> {
-    let a: Vec<i64> = (0..jobs).map(|_| 500 + rng.below(500) as i64).collect();
-    let b: Vec<i64> = (0..gpus).map(|_| 500 + rng.below(500) as i64).collect();
+fn product_instance(rng: &mut ChaCha8Rng, jobs: usize, gpus: usize, density: f64) -> Vec<Edge> {
+    let a: Vec<i64> = (0..jobs)
+        .map(|_| 500 + rng.gen_range(0..500) as i64)
+        .collect();
+    let b: Vec<i64> = (0..gpus)
+        .map(|_| 500 + rng.gen_range(0..500) as i64)
+        .collect();
     let mut edges = Vec::new();
     for (j, aj) in a.iter().enumerate() {
         for (g, bg) in b.iter().enumerate() {
-            if rng.next_f64() < density {
-                let w = aj * bg + rng.below(2000) as i64;
+            if rng.gen::<f64>() < density {
+                let w = aj * bg + rng.gen_range(0..2000) as i64;
                 edges.push(e(j as u32, g as u32, w));
             }
         }
@@ -62,11 +68,11 @@ fn checked_solve(jobs: usize, gpus: usize, edges: &[Edge], threads: usize) -> Ma
 
 #[test]
 fn tiny_instances_match_brute_force() {
-    let mut rng = SplitMix64::new(42);
+    let mut rng = ChaCha8Rng::seed_from_u64(42);
     for case in 0..3000 {
-        let jobs = 1 + rng.below(7) as usize;
-        let gpus = 1 + rng.below(7) as usize;
-        let density = 0.2 + 0.8 * rng.next_f64();
+        let jobs = 1 + rng.gen_range(0..7) as usize;
+        let gpus = 1 + rng.gen_range(0..7) as usize;
+        let density = 0.2 + 0.8 * rng.gen::<f64>();
         let max_w = [3, 10, 1000][case % 3];
         let edges = random_instance(&mut rng, jobs, gpus, density, max_w);
         let m = checked_solve(jobs, gpus, &edges, 1 + case % 2);
@@ -80,10 +86,10 @@ fn tiny_instances_match_brute_force() {
 
 #[test]
 fn random_sparse_instances_match_dense_km() {
-    let mut rng = SplitMix64::new(7);
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
     for case in 0..40 {
-        let jobs = 20 + rng.below(280) as usize;
-        let gpus = 20 + rng.below(280) as usize;
+        let jobs = 20 + rng.gen_range(0..280) as usize;
+        let gpus = 20 + rng.gen_range(0..280) as usize;
         let density = [0.01, 0.05, 0.2][case % 3];
         let max_w = [5, 1_000_000][case % 2];
         let edges = random_instance(&mut rng, jobs, gpus, density, max_w);
@@ -98,10 +104,10 @@ fn random_sparse_instances_match_dense_km() {
 
 #[test]
 fn rank_one_instances_match_dense_km() {
-    let mut rng = SplitMix64::new(11);
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
     for case in 0..20 {
-        let jobs = 30 + rng.below(270) as usize;
-        let gpus = 30 + rng.below(270) as usize;
+        let jobs = 30 + rng.gen_range(0..270) as usize;
+        let gpus = 30 + rng.gen_range(0..270) as usize;
         let density = [1.0, 0.3, 0.05][case % 3];
         let edges = product_instance(&mut rng, jobs, gpus, density);
         let m = checked_solve(jobs, gpus, &edges, 2);
@@ -150,9 +156,12 @@ fn synthetic_clusters_match_dense_km() {
 
 #[test]
 fn all_equal_weights_give_a_maximum_cardinality_matching() {
-    let mut rng = SplitMix64::new(3);
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
     for _ in 0..50 {
-        let (jobs, gpus) = (1 + rng.below(40) as usize, 1 + rng.below(40) as usize);
+        let (jobs, gpus) = (
+            1 + rng.gen_range(0..40) as usize,
+            1 + rng.gen_range(0..40) as usize,
+        );
         let edges = random_instance(&mut rng, jobs, gpus, 0.1, 1);
         let m = checked_solve(jobs, gpus, &edges, 2);
         assert_eq!(
@@ -165,12 +174,12 @@ fn all_equal_weights_give_a_maximum_cardinality_matching() {
 
 #[test]
 fn result_does_not_depend_on_edge_order_or_threads() {
-    let mut rng = SplitMix64::new(5);
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
     let edges = random_instance(&mut rng, 120, 90, 0.05, 4);
     let base = checked_solve(120, 90, &edges, 1);
     let mut shuffled = edges.clone();
     for i in (1..shuffled.len()).rev() {
-        shuffled.swap(i, rng.below(i as u64 + 1) as usize);
+        shuffled.swap(i, rng.gen_range(0..i as u64 + 1) as usize);
     }
     for threads in [1, 2, 4] {
         assert_eq!(checked_solve(120, 90, &shuffled, threads), base);

@@ -1,0 +1,451 @@
+//! Reads the cluster from Slurm 22.05's JSON (openapi v0.0.38): `squeue
+//! --json`, `sinfo --json`, `sacct --json`. Only the fields the matcher uses
+//! are typed; the rest is ignored, so newer Slurm output still parses.
+//!
+//! `squeue --json` ignores `-j`, `-t` and the other filters in 22.05: every
+//! job comes back and [`ClusterState::build`] filters by itself.
+//!
+//! Sources of each fact:
+//!
+//! | fact | source |
+//! |---|---|
+//! | offline / online job | `admin_comment` starting `muxflow:v1 mode=offline` / `mode=online` (set by job_submit.lua) |
+//! | pending offline job's hint | `features` (parking term), `required_nodes`, the typed slot in `tres_per_node` |
+//! | online job's GPU | `gres_detail` of a running job, `gpu:1(IDX:0)` |
+//! | offline slot in use | node `gres_used`, `mfslot:g1:1(IDX:1)` |
+//! | GPU health, online solo SM and memory | node `extra`, [`muxflow::published`] text |
+//! | offline history | `sacct --json` `comment.administrator`, [`muxflow::report::JobReport`] |
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use muxflow::health::HealthState;
+use muxflow::published::{self, GpuPublished};
+use muxflow::report::JobReport;
+use muxflow::Mode;
+use serde::Deserialize;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("{what}: not Slurm JSON: {source}")]
+    Json {
+        what: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{what}: Slurm reported errors: {errors}")]
+    Slurm { what: &'static str, errors: String },
+}
+
+/// One job of `squeue --json`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct SqueueJob {
+    pub job_id: u32,
+    pub name: String,
+    pub user_name: String,
+    pub job_state: String,
+    pub nodes: String,
+    pub admin_comment: String,
+    pub features: String,
+    pub tres_per_node: String,
+    /// One entry per allocated node: `gpu:1(IDX:0)`, `mfslot:g1:1(IDX:1)`.
+    pub gres_detail: Vec<String>,
+    pub required_nodes: String,
+    pub state_reason: String,
+}
+
+/// One node of `sinfo --json`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct SinfoNode {
+    pub name: String,
+    pub state: String,
+    pub state_flags: Vec<String>,
+    pub extra: String,
+    pub gres: String,
+    pub gres_used: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct SacctComment {
+    pub administrator: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct SacctState {
+    pub current: String,
+}
+
+/// One job of `sacct --json -X`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct SacctJob {
+    pub job_id: u32,
+    pub name: String,
+    pub user: String,
+    pub state: SacctState,
+    pub comment: SacctComment,
+}
+
+#[derive(Debug, Deserialize)]
+struct Envelope<T> {
+    #[serde(default)]
+    errors: Vec<serde_json::Value>,
+    #[serde(default = "Vec::new", alias = "nodes")]
+    jobs: Vec<T>,
+}
+
+fn parse<T: for<'de> Deserialize<'de>>(
+    what: &'static str,
+    text: &str,
+) -> Result<Vec<T>, ReadError> {
+    let env: Envelope<T> =
+        serde_json::from_str(text).map_err(|source| ReadError::Json { what, source })?;
+    if !env.errors.is_empty() {
+        return Err(ReadError::Slurm {
+            what,
+            errors: serde_json::Value::Array(env.errors).to_string(),
+        });
+    }
+    Ok(env.jobs)
+}
+
+pub fn parse_squeue(text: &str) -> Result<Vec<SqueueJob>, ReadError> {
+    parse("squeue --json", text)
+}
+
+pub fn parse_sinfo(text: &str) -> Result<Vec<SinfoNode>, ReadError> {
+    parse("sinfo --json", text)
+}
+
+pub fn parse_sacct(text: &str) -> Result<Vec<SacctJob>, ReadError> {
+    parse("sacct --json", text)
+}
+
+/// One entry of a GRES allocation string.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GresAlloc {
+    pub name: String,
+    pub kind: Option<String>,
+    pub count: u64,
+    pub indices: Vec<u32>,
+}
+
+/// Parses `gpu:2(IDX:0-1),mfslot:g0:0(IDX:N/A),mfslot:g1:1(IDX:1)` (also
+/// without the `(IDX:…)` part, and with a `gres:` prefix as in
+/// `tres_per_node`). Unparsable entries are skipped.
+pub fn parse_gres(s: &str) -> Vec<GresAlloc> {
+    let mut out = Vec::new();
+    let mut depth = 0;
+    let mut start = 0;
+    let bytes = s.as_bytes();
+    for i in 0..=bytes.len() {
+        let c = bytes.get(i).copied();
+        match c {
+            Some(b'(') => depth += 1,
+            Some(b')') => depth -= 1,
+            Some(b',') | None if depth == 0 => {
+                if let Some(a) = parse_one_gres(&s[start..i]) {
+                    out.push(a);
+                }
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+fn parse_one_gres(entry: &str) -> Option<GresAlloc> {
+    let entry = entry.trim();
+    let entry = entry.strip_prefix("gres:").unwrap_or(entry);
+    let (spec, idx) = match entry.split_once('(') {
+        Some((spec, rest)) => (spec, rest.trim_end_matches(')')),
+        None => (entry, ""),
+    };
+    let parts: Vec<&str> = spec.split(':').collect();
+    let (name, kind, count) = match parts.as_slice() {
+        [name] if !name.is_empty() => (*name, None, 1),
+        [name, c] => match c.parse() {
+            Ok(n) => (*name, None, n),
+            Err(_) => (*name, Some(c.to_string()), 1),
+        },
+        [name, kind, c] => (*name, Some(kind.to_string()), c.parse().ok()?),
+        _ => return None,
+    };
+    let indices = idx
+        .strip_prefix("IDX:")
+        .map(parse_index_list)
+        .unwrap_or_default();
+    Some(GresAlloc {
+        name: name.to_string(),
+        kind,
+        count,
+        indices,
+    })
+}
+
+/// `0-1,3` → [0, 1, 3]; `N/A` → [].
+fn parse_index_list(s: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for part in s.split(',') {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                if let (Ok(a), Ok(b)) = (a.parse::<u32>(), b.parse::<u32>()) {
+                    out.extend(a..=b.min(a.saturating_add(1024)));
+                }
+            }
+            None => out.extend(part.parse::<u32>().ok()),
+        }
+    }
+    out
+}
+
+/// GPU index of an offline slot type `g<index>`.
+pub fn slot_index(kind: &str) -> Option<u32> {
+    kind.strip_prefix('g')?.parse().ok()
+}
+
+/// The muxflow mode in a live job's AdminComment.
+pub fn job_mode(admin_comment: &str) -> Option<Mode> {
+    JobReport::decode(admin_comment).ok().and_then(|r| r.mode)
+}
+
+/// How the matcher names its Slurm objects (config `[slurm]`).
+#[derive(Debug, Clone)]
+pub struct Names {
+    pub offline_gres: String,
+    pub parking_feature: String,
+}
+
+impl Names {
+    pub fn from_config(c: &muxflow::config::Slurm) -> Names {
+        Names {
+            offline_gres: c.offline_gres.clone(),
+            parking_feature: c.parking_feature.clone(),
+        }
+    }
+}
+
+/// A GPU that runs an online job, as the matcher sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuState {
+    pub node: String,
+    pub index: u32,
+    pub published: GpuPublished,
+    pub online_jobs: Vec<u32>,
+    /// The offline slot is held by a running job.
+    pub slot_used: bool,
+}
+
+/// A pending offline job and its current hint.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PendingJob {
+    pub id: u32,
+    pub user: String,
+    pub name: String,
+    /// The job's constraint as Slurm has it (may contain the parking term).
+    pub features: String,
+    pub required_nodes: String,
+    /// GPU index of the typed offline slot it requests, if any. Slurm 22.05
+    /// keeps the first typed GRES a job was given through every later update,
+    /// so once set it fixes the GPU index the job can be placed on.
+    pub slot_gpu: Option<u32>,
+}
+
+/// Everything one round needs, read from Slurm.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterState {
+    /// GPUs with a running online job, by (node, index).
+    pub gpus: Vec<GpuState>,
+    pub pending: Vec<PendingJob>,
+    /// Running offline jobs: (job, node, GPU index).
+    pub running_offline: Vec<(u32, String, u32)>,
+    /// Things the round should log once (node without muxflow Extra, ...).
+    pub notes: Vec<String>,
+}
+
+impl ClusterState {
+    pub fn build(jobs: &[SqueueJob], nodes: &[SinfoNode], names: &Names) -> ClusterState {
+        let mut st = ClusterState::default();
+        // (node, gpu) -> online jobs
+        let mut online: BTreeMap<(String, u32), Vec<u32>> = BTreeMap::new();
+        for j in jobs {
+            let mode = job_mode(&j.admin_comment);
+            let running = j.job_state == "RUNNING";
+            match (mode, running) {
+                (Some(Mode::Online), true) => {
+                    // One gres_detail entry per node of the allocation.
+                    let hosts = expand_hostlist(&j.nodes);
+                    for (node, detail) in hosts.iter().zip(&j.gres_detail) {
+                        for g in parse_gres(detail).into_iter().filter(|g| g.name == "gpu") {
+                            for i in g.indices {
+                                online.entry((node.clone(), i)).or_default().push(j.job_id);
+                            }
+                        }
+                    }
+                }
+                (Some(Mode::Offline), true) => {
+                    let hosts = expand_hostlist(&j.nodes);
+                    for (node, detail) in hosts.iter().zip(&j.gres_detail) {
+                        for g in parse_gres(detail)
+                            .into_iter()
+                            .filter(|g| g.name == names.offline_gres && g.count > 0)
+                        {
+                            if let Some(i) = g.kind.as_deref().and_then(slot_index) {
+                                st.running_offline.push((j.job_id, node.clone(), i));
+                            }
+                        }
+                    }
+                }
+                (Some(Mode::Offline), false) if j.job_state == "PENDING" => {
+                    let slot_gpu = parse_gres(&j.tres_per_node)
+                        .into_iter()
+                        .filter(|g| g.name == names.offline_gres && g.count > 0)
+                        .find_map(|g| g.kind.as_deref().and_then(slot_index));
+                    st.pending.push(PendingJob {
+                        id: j.job_id,
+                        user: j.user_name.clone(),
+                        name: j.name.clone(),
+                        features: j.features.clone(),
+                        required_nodes: j.required_nodes.clone(),
+                        slot_gpu,
+                    });
+                }
+                _ => {}
+            }
+        }
+        st.pending.sort_by_key(|p| p.id);
+        for n in nodes {
+            let used: BTreeSet<u32> = parse_gres(&n.gres_used)
+                .into_iter()
+                .filter(|g| g.name == names.offline_gres && g.count > 0)
+                .filter_map(|g| g.kind.as_deref().and_then(slot_index))
+                .collect();
+            let has_online = online.keys().any(|(node, _)| node == &n.name);
+            let published = match published::decode(&n.extra) {
+                Ok(p) => p,
+                Err(e) => {
+                    if has_online {
+                        st.notes.push(format!(
+                            "node {}: no usable muxflow Extra ({e}); its GPUs get no offline job",
+                            n.name
+                        ));
+                    }
+                    continue;
+                }
+            };
+            if node_unusable(n) {
+                if has_online {
+                    st.notes
+                        .push(format!("node {}: state {}; skipped", n.name, n.state));
+                }
+                continue;
+            }
+            for p in published {
+                if let Some(jobs) = online.get(&(n.name.clone(), p.index)) {
+                    st.gpus.push(GpuState {
+                        node: n.name.clone(),
+                        index: p.index,
+                        slot_used: used.contains(&p.index),
+                        online_jobs: jobs.clone(),
+                        published: p,
+                    });
+                }
+            }
+        }
+        st.gpus
+            .sort_by(|a, b| (&a.node, a.index).cmp(&(&b.node, b.index)));
+        st
+    }
+
+    /// GPUs that may take a new offline job: Healthy, slot free.
+    pub fn open_gpus(&self) -> impl Iterator<Item = (usize, &GpuState)> {
+        self.gpus
+            .iter()
+            .enumerate()
+            .filter(|(_, g)| g.published.state == HealthState::Healthy && !g.slot_used)
+    }
+}
+
+fn node_unusable(n: &SinfoNode) -> bool {
+    let bad = [
+        "DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "MAINT",
+    ];
+    let st = n.state.to_ascii_uppercase();
+    bad.iter().any(|b| st.contains(b))
+        || n.state_flags
+            .iter()
+            .any(|f| bad.contains(&f.to_ascii_uppercase().as_str()))
+}
+
+/// Expands a Slurm hostlist: `node[1-3,5],gpu7` → node1 node2 node3 node5 gpu7.
+pub fn expand_hostlist(s: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut depth = 0;
+    let mut start = 0;
+    let b = s.as_bytes();
+    for i in 0..=b.len() {
+        match b.get(i) {
+            Some(b'[') => depth += 1,
+            Some(b']') => depth -= 1,
+            Some(b',') | None if depth == 0 => {
+                let part = s[start..i].trim();
+                start = i + 1;
+                if part.is_empty() {
+                    continue;
+                }
+                match part.split_once('[') {
+                    Some((prefix, rest)) => {
+                        let (ranges, suffix) = rest.split_once(']').unwrap_or((rest, ""));
+                        for r in ranges.split(',') {
+                            let (a, z) = r.split_once('-').unwrap_or((r, r));
+                            let width = a.len();
+                            if let (Ok(a), Ok(z)) = (a.parse::<u64>(), z.parse::<u64>()) {
+                                for v in a..=z.min(a + 100_000) {
+                                    out.push(format!("{prefix}{v:0width$}{suffix}"));
+                                }
+                            }
+                        }
+                    }
+                    None => out.push(part.to_string()),
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gres_strings() {
+        let v = parse_gres("gpu:2(IDX:0-1),mfslot:g0:0(IDX:N/A),mfslot:g1:1(IDX:1)");
+        assert_eq!(v.len(), 3);
+        assert_eq!(v[0].indices, vec![0, 1]);
+        assert_eq!(v[1].count, 0);
+        assert_eq!(v[2].kind.as_deref(), Some("g1"));
+        assert_eq!(v[2].indices, vec![1]);
+        let v = parse_gres("gres:mfslot:g1:1,gres:mfslot:g0:0");
+        assert_eq!((v[0].kind.as_deref(), v[0].count), (Some("g1"), 1));
+        let v = parse_gres("gpu:4(IDX:0,2-3)");
+        assert_eq!(v[0].indices, vec![0, 2, 3]);
+        assert_eq!(parse_gres("gres:mfslot:1")[0].kind, None);
+        assert!(parse_gres("").is_empty());
+    }
+
+    #[test]
+    fn hostlists() {
+        assert_eq!(
+            expand_hostlist("node[1-3,05],gpu7"),
+            ["node1", "node2", "node3", "node05", "gpu7"]
+        );
+        assert_eq!(expand_hostlist("node2"), ["node2"]);
+        assert!(expand_hostlist("").is_empty());
+    }
+}

@@ -1,0 +1,287 @@
+//! One matching round on a [`ClusterState`]: candidates, predictions, the
+//! exact matching, and the hint updates to send. Pure: Slurm I/O lives in
+//! [`crate::slurm`].
+//!
+//! Candidates of a pending offline job: GPUs that run an online job, are
+//! Healthy, have their offline slot free, leave room for the job's memory
+//! (its history's peak, or nothing known), and — for a job whose slot type
+//! Slurm already fixed — have that GPU index. The graph is pruned with
+//! [`crate::prune::spread_scored`] (`matcher.candidates_per_job`) and
+//! solved exactly.
+//!
+//! # Decision table (`--once`), one line per pending offline job
+//!
+//! ```text
+//! JOB     NAME        ACTION  NODE    GPU  SPEED  REASON
+//! 17      train-x     place   node1   0    0.812  best total predicted throughput
+//! ```
+//!
+//! ACTION is `place` (hint written), `keep` (already placed there), `park`
+//! (hint cleared), `none` (stays parked). SPEED is the predicted normalized
+//! throughput, `-` when not placed. `--json` prints the same as
+//! `{"summary": {...}, "decisions": [{"job", "name", "user", "action",
+//! "node", "gpu", "predicted", "reason"}]}`; `node`, `gpu`, `predicted` are
+//! null when not placed. Both formats are stable.
+
+use std::fmt::Write as _;
+
+use muxflow::config::{Matcher, Policy};
+use serde::Serialize;
+
+use crate::hints::{update_args, Target};
+use crate::predict::{memory_room_mib, Model};
+use crate::prune::spread_scored;
+use crate::reader::{ClusterState, Names};
+use crate::solver::{solve_with, SolveOptions};
+use crate::weights::{quantize, to_throughput};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Action {
+    Place,
+    Keep,
+    Park,
+    None,
+}
+
+impl Action {
+    fn as_str(self) -> &'static str {
+        match self {
+            Action::Place => "place",
+            Action::Keep => "keep",
+            Action::Park => "park",
+            Action::None => "none",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Decision {
+    pub job: u32,
+    pub name: String,
+    pub user: String,
+    pub action: Action,
+    pub node: Option<String>,
+    pub gpu: Option<u32>,
+    pub predicted: Option<f64>,
+    pub reason: String,
+    /// `scontrol update` arguments, when the hint changes.
+    #[serde(skip)]
+    pub update: Option<Vec<String>>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Summary {
+    pub pending_offline: usize,
+    pub online_gpus: usize,
+    pub open_gpus: usize,
+    pub candidate_edges: usize,
+    pub placed: usize,
+    pub predicted_total: f64,
+    pub updates: usize,
+    /// Updates left for the next round (bounded per round).
+    pub deferred: usize,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Plan {
+    pub summary: Summary,
+    pub decisions: Vec<Decision>,
+    #[serde(skip)]
+    pub notes: Vec<String>,
+}
+
+/// Plans a round. `max_updates` bounds the `scontrol update` calls: parks
+/// first (they free slots), then placements by predicted speed.
+pub fn plan(
+    state: &ClusterState,
+    model: &Model,
+    policy: &Policy,
+    matcher: &Matcher,
+    names: &Names,
+) -> Plan {
+    let open: Vec<usize> = state.open_gpus().map(|(i, _)| i).collect();
+    let jobs = &state.pending;
+    let score = |j: u32, g: u32| -> Option<i64> {
+        let job = &jobs[j as usize];
+        let gpu = &state.gpus[open[g as usize]];
+        if job.slot_gpu.is_some_and(|i| i != gpu.index) {
+            return None;
+        }
+        let key = (job.user.clone(), job.name.clone());
+        if let Some(peak) = model.peak_mib(&key) {
+            if peak > memory_room_mib(gpu, policy) {
+                return None;
+            }
+        }
+        quantize(model.predict(&key, gpu, policy))
+    };
+    let threads = SolveOptions::default().threads;
+    let edges = spread_scored(
+        jobs.len(),
+        open.len(),
+        matcher.candidates_per_job,
+        threads,
+        score,
+    );
+    let sol = solve_with(jobs.len(), open.len(), &edges, &SolveOptions::default())
+        .expect("candidate edges are in range, positive and unique");
+    let mut assigned: Vec<Option<(u32, i64)>> = vec![None; jobs.len()];
+    for &(j, g) in &sol.matching.pairs {
+        // spread_scored returns edges sorted by (job, GPU).
+        let w = edges
+            .binary_search_by_key(&(j, g), |e| (e.job, e.gpu))
+            .map_or(0, |k| edges[k].weight);
+        assigned[j as usize] = Some((g, w));
+    }
+    let has_edge: Vec<bool> = {
+        let mut v = vec![false; jobs.len()];
+        for e in &edges {
+            v[e.job as usize] = true;
+        }
+        v
+    };
+
+    let mut decisions = Vec::with_capacity(jobs.len());
+    for (j, job) in jobs.iter().enumerate() {
+        let (target, predicted, reason) = match assigned[j] {
+            Some((g, w)) => {
+                let gpu = &state.gpus[open[g as usize]];
+                (
+                    Target::Gpu {
+                        node: gpu.node.clone(),
+                        gpu: gpu.index,
+                    },
+                    Some(to_throughput(w)),
+                    format!(
+                        "best total predicted throughput (online job {})",
+                        gpu.online_jobs
+                            .iter()
+                            .map(u32::to_string)
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    ),
+                )
+            }
+            None if !has_edge[j] => (
+                Target::Parked,
+                None,
+                "no candidate: no Healthy GPU with an online job, a free offline slot and room"
+                    .to_string(),
+            ),
+            None => (
+                Target::Parked,
+                None,
+                "its candidate GPUs went to jobs with a higher total".to_string(),
+            ),
+        };
+        let update = update_args(job, &target, names);
+        let action = match (&target, update.is_some()) {
+            (Target::Gpu { .. }, true) => Action::Place,
+            (Target::Gpu { .. }, false) => Action::Keep,
+            (Target::Parked, true) => Action::Park,
+            (Target::Parked, false) => Action::None,
+        };
+        let (node, gpu) = match &target {
+            Target::Gpu { node, gpu } => (Some(node.clone()), Some(*gpu)),
+            Target::Parked => (None, None),
+        };
+        decisions.push(Decision {
+            job: job.id,
+            name: job.name.clone(),
+            user: job.user.clone(),
+            action,
+            node,
+            gpu,
+            predicted,
+            reason,
+            update,
+        });
+    }
+
+    // Bound the Slurm calls: parks first, then the fastest placements.
+    let mut order: Vec<usize> = (0..decisions.len())
+        .filter(|&i| decisions[i].update.is_some())
+        .collect();
+    order.sort_by(|&a, &b| {
+        let key = |i: usize| {
+            (
+                decisions[i].action != Action::Park,
+                -(decisions[i].predicted.unwrap_or(0.0) * 1e6) as i64,
+                decisions[i].job,
+            )
+        };
+        key(a).cmp(&key(b))
+    });
+    let limit = matcher.max_updates_per_round;
+    let mut deferred = 0;
+    for &i in order.iter().skip(limit) {
+        let d = &mut decisions[i];
+        d.update = None;
+        d.reason = format!(
+            "deferred to the next round (max_updates_per_round = {limit}); {}",
+            d.reason
+        );
+        deferred += 1;
+    }
+    let placed: Vec<&Decision> = decisions
+        .iter()
+        .filter(|d| matches!(d.action, Action::Place | Action::Keep))
+        .collect();
+    let summary = Summary {
+        pending_offline: jobs.len(),
+        online_gpus: state.gpus.len(),
+        open_gpus: open.len(),
+        candidate_edges: edges.len(),
+        placed: placed.len(),
+        predicted_total: to_throughput(sol.matching.objective),
+        updates: decisions.iter().filter(|d| d.update.is_some()).count(),
+        deferred,
+    };
+    Plan {
+        summary,
+        decisions,
+        notes: state.notes.clone(),
+    }
+}
+
+impl Plan {
+    /// The decision table (format documented in the module docs).
+    pub fn table(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "{:<8} {:<16} {:<6} {:<10} {:>3} {:>6}  REASON",
+            "JOB", "NAME", "ACTION", "NODE", "GPU", "SPEED"
+        );
+        for d in &self.decisions {
+            let _ = writeln!(
+                s,
+                "{:<8} {:<16} {:<6} {:<10} {:>3} {:>6}  {}",
+                d.job,
+                d.name,
+                d.action.as_str(),
+                d.node.as_deref().unwrap_or("-"),
+                d.gpu.map_or("-".into(), |g| g.to_string()),
+                d.predicted.map_or("-".into(), |p| format!("{p:.3}")),
+                d.reason
+            );
+        }
+        let _ = write!(s, "{}", self.summary_line());
+        s
+    }
+
+    /// One-line summary, also what loop mode logs.
+    pub fn summary_line(&self) -> String {
+        let m = &self.summary;
+        format!(
+            "round: {} pending offline, {} online GPUs ({} open), {} candidate edges, {} placed, predicted total {:.3}, {} updates, {} deferred",
+            m.pending_offline, m.online_gpus, m.open_gpus, m.candidate_edges, m.placed,
+            m.predicted_total, m.updates, m.deferred
+        )
+    }
+
+    pub fn json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("plan serializes")
+    }
+}

@@ -1,0 +1,94 @@
+//! Slurm I/O of a round: the JSON listings in, `scontrol update` out. Each
+//! command runs under coreutils `timeout`, so a hung slurmctld cannot hang
+//! the daemon; `SLURM_CONF` from the environment selects the cluster.
+
+use std::process::Command;
+
+use crate::predict::{runs_from_sacct, Run};
+use crate::reader::{self, ClusterState, Names, ReadError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SlurmError {
+    #[error("cannot run {cmd}: {source}")]
+    Spawn {
+        cmd: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{cmd} timed out after {secs} s")]
+    Timeout { cmd: String, secs: u64 },
+    #[error("{cmd} failed ({status}): {stderr}")]
+    Failed {
+        cmd: String,
+        status: String,
+        stderr: String,
+    },
+    #[error(transparent)]
+    Read(#[from] ReadError),
+}
+
+/// Runs Slurm's client commands.
+#[derive(Debug, Clone)]
+pub struct SlurmCli {
+    pub timeout_s: u64,
+}
+
+impl SlurmCli {
+    fn run(&self, program: &str, args: &[String]) -> Result<String, SlurmError> {
+        let cmd = format!("{program} {}", args.join(" "));
+        let out = Command::new("timeout")
+            .arg("--kill-after=5")
+            .arg(self.timeout_s.to_string())
+            .arg(program)
+            .args(args)
+            .output()
+            .map_err(|source| SlurmError::Spawn {
+                cmd: cmd.clone(),
+                source,
+            })?;
+        if out.status.code() == Some(124) || out.status.code() == Some(137) {
+            return Err(SlurmError::Timeout {
+                cmd,
+                secs: self.timeout_s,
+            });
+        }
+        if !out.status.success() {
+            return Err(SlurmError::Failed {
+                cmd,
+                status: out.status.to_string(),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            });
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Jobs and nodes, as one [`ClusterState`].
+    pub fn read_state(&self, names: &Names) -> Result<ClusterState, SlurmError> {
+        // 22.05's `squeue --json` ignores filters: ask for everything once.
+        let jobs = reader::parse_squeue(&self.run("squeue", &["--json".into()])?)?;
+        let nodes = reader::parse_sinfo(&self.run("sinfo", &["--json".into()])?)?;
+        Ok(ClusterState::build(&jobs, &nodes, names))
+    }
+
+    /// Offline runs of the last `days` days from sacct.
+    pub fn history(&self, days: u32) -> Result<Vec<Run>, SlurmError> {
+        let text = self.run(
+            "sacct",
+            &[
+                "--json".into(),
+                "-X".into(),
+                "-a".into(),
+                "-S".into(),
+                format!("now-{days}days"),
+            ],
+        )?;
+        Ok(runs_from_sacct(&reader::parse_sacct(&text)?))
+    }
+
+    /// One `scontrol update` with the given `Key=value` arguments.
+    pub fn update(&self, args: &[String]) -> Result<(), SlurmError> {
+        let mut a = vec!["update".to_string()];
+        a.extend(args.iter().cloned());
+        self.run("scontrol", &a).map(|_| ())
+    }
+}

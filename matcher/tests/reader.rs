@@ -1,0 +1,138 @@
+//! The reader, predictor inputs and a planned round on Slurm 22.05 JSON
+//! recorded from the dev cluster (`matcher/tests/data/`):
+//!
+//! * jobs 1 (`serve-a`, node1 GPU 0) and 2 (`serve-b`, node2 GPUs 0-1):
+//!   running online jobs;
+//! * job 16 (`train-run`): a running offline job on node2's `mfslot:g1`;
+//! * job 17 (`train-x`): a pending offline job parked on `muxflow_unplaced`;
+//! * jobs 4-15: finished experiments (ignored; 3 and 6 were refused at submit);
+//! * node Extra: node1 both GPUs healthy; node2 GPU 0 busy, GPU 1 healthy
+//!   (its slot taken by job 16); node3 `rack=12` (not muxflow); node4 empty;
+//! * sacct: `hist-a` (one run alone, one shared), `hist-b` (shared only),
+//!   an online record.
+
+use muxflow::health::HealthState;
+use muxflow::Mode;
+use muxflow_matcher::hints::{current, Target};
+use muxflow_matcher::predict::{profiles, runs_from_sacct, samples, Model};
+use muxflow_matcher::reader::{parse_sacct, parse_sinfo, parse_squeue, ClusterState, Names};
+use muxflow_matcher::round::{plan, Action};
+
+const SQUEUE: &str = include_str!("data/squeue.json");
+const SINFO: &str = include_str!("data/sinfo.json");
+const SACCT: &str = include_str!("data/sacct.json");
+
+fn names() -> Names {
+    Names::from_config(&muxflow::config::Slurm::default())
+}
+
+fn state() -> ClusterState {
+    ClusterState::build(
+        &parse_squeue(SQUEUE).unwrap(),
+        &parse_sinfo(SINFO).unwrap(),
+        &names(),
+    )
+}
+
+#[test]
+fn squeue_and_sinfo_give_online_gpus_slots_and_pending_jobs() {
+    let jobs = parse_squeue(SQUEUE).unwrap();
+    assert_eq!(jobs.len(), 15);
+    let j1 = jobs.iter().find(|j| j.job_id == 1).unwrap();
+    assert_eq!(j1.gres_detail, ["gpu:1(IDX:0)"]);
+    assert_eq!(j1.job_state, "RUNNING");
+
+    let st = state();
+    let gpus: Vec<(&str, u32, HealthState, bool, Vec<u32>)> = st
+        .gpus
+        .iter()
+        .map(|g| {
+            (
+                g.node.as_str(),
+                g.index,
+                g.published.state,
+                g.slot_used,
+                g.online_jobs.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        gpus,
+        [
+            ("node1", 0, HealthState::Healthy, false, vec![1]),
+            ("node2", 0, HealthState::Busy, false, vec![2]),
+            ("node2", 1, HealthState::Healthy, true, vec![2]),
+        ]
+    );
+    assert_eq!(st.gpus[0].published.solo_sm_pct, Some(35));
+    assert_eq!(st.gpus[0].published.online_mem_mib, Some(12000));
+    let open: Vec<_> = st
+        .open_gpus()
+        .map(|(_, g)| (g.node.clone(), g.index))
+        .collect();
+    assert_eq!(open, [("node1".to_string(), 0)]);
+    assert_eq!(st.running_offline, [(16, "node2".to_string(), 1)]);
+    assert_eq!(st.pending.len(), 1);
+    let p = &st.pending[0];
+    assert_eq!(
+        (p.id, p.name.as_str(), p.user.as_str()),
+        (17, "train-x", "root")
+    );
+    assert_eq!(p.features, "muxflow_unplaced");
+    assert_eq!(p.slot_gpu, None);
+    assert_eq!(current(p, &names()), Target::Parked);
+    // node3's Extra is not muxflow's, but it runs no online job: no note.
+    assert!(st.notes.is_empty(), "{:?}", st.notes);
+}
+
+#[test]
+fn sacct_gives_offline_runs_and_profiles() {
+    let jobs = parse_sacct(SACCT).unwrap();
+    assert!(jobs.iter().any(|j| j.name == "serve-a"));
+    let runs = runs_from_sacct(&jobs);
+    // Two cancelled offline experiments (no figures) and the three hist-* runs.
+    assert_eq!(runs.len(), 5, "{runs:?}");
+    assert!(runs.iter().all(|r| r.report.mode == Some(Mode::Offline)));
+    let prof = profiles(&runs);
+    let a = &prof[&("root".to_string(), "hist-a".to_string())];
+    assert_eq!(a.alone_steps_per_s, Some(120.0));
+    assert_eq!(a.peak_mib, Some(9100));
+    let b = &prof[&("root".to_string(), "hist-b".to_string())];
+    assert_eq!(b.alone_steps_per_s, None);
+    // hist-a's shared run against its alone run: 80.5 / 120.
+    let s = samples(&runs);
+    assert_eq!(s.len(), 1);
+    assert!((s[0].y - 80.5 / 120.0).abs() < 1e-9);
+    assert_eq!(s[0].share, 0.40);
+}
+
+#[test]
+fn a_round_on_the_recording_places_the_parked_job_on_the_only_open_gpu() {
+    let st = state();
+    let cfg = muxflow::Config::default();
+    let p = plan(&st, &Model::default(), &cfg.policy, &cfg.matcher, &names());
+    assert_eq!(p.decisions.len(), 1);
+    let d = &p.decisions[0];
+    assert_eq!(d.action, Action::Place);
+    assert_eq!((d.node.as_deref(), d.gpu), (Some("node1"), Some(0)));
+    assert_eq!(
+        d.update.as_deref().unwrap(),
+        [
+            "JobId=17",
+            "ReqNodeList=node1",
+            "Gres=mfslot:g0:1",
+            "Features="
+        ]
+    );
+    // Default predictor: share = 100 - 35 - 10 = 55% -> min(1, 0.55 / 0.5).
+    assert_eq!(d.predicted, Some(1.0));
+    let table = p.table();
+    assert!(table.starts_with("JOB "), "{table}");
+    assert!(
+        table.contains("17       train-x          place  node1"),
+        "{table}"
+    );
+    let json: serde_json::Value = serde_json::from_str(&p.json()).unwrap();
+    assert_eq!(json["decisions"][0]["action"], "place");
+    assert_eq!(json["summary"]["placed"], 1);
+}
