@@ -167,7 +167,11 @@ pub fn counters() -> Counters {
 /// Writes the stats file if the plugin asked for one; logs the first failure.
 pub fn write_stats() {
     static LOGGED: AtomicBool = AtomicBool::new(false);
+    // One writer at a time (watcher, exit thread, atexit share the temp name);
+    // counters read inside, so the last file written is the newest.
+    static WRITING: Mutex<()> = Mutex::new(());
     if let Some(dir) = &settings().env.stats_dir {
+        let _w = WRITING.lock().unwrap_or_else(|e| e.into_inner());
         if let Err(e) = stats::write(dir, std::process::id(), &counters()) {
             if !LOGGED.swap(true, Relaxed) {
                 crate::log(format_args!("{e}"));

@@ -1,1 +1,405 @@
-fn main() {}
+//! xcuda-probe: test and benchmark helper. Reaches the driver one of five
+//! ways and prints `key=value` lines:
+//!
+//! ```text
+//! xcuda-probe HOW [--pt] SCENARIO [N]
+//!   HOW       direct (linked symbols) | dlsym (dlopen + dlsym(handle)) |
+//!             dlsym-default (dlsym(RTLD_DEFAULT)) | getproc (cuGetProcAddress) |
+//!             getproc2 (cuGetProcAddress_v2)
+//!   --pt      per-thread default stream: the _ptsz variants
+//!             (cuGetProcAddress flag 2; the explicit names otherwise)
+//!   SCENARIO  api        every gated and capped entry point once; quota checks
+//!             storm N    8 threads x N cuMemAlloc/cuMemFree of 3 MiB
+//!             launches N N back-to-back launches; ns per launch
+//!             allocs N   N cuMemAlloc/cuMemFree pairs; ns per pair
+//! ```
+//! The quota checks in `api` assume MUXFLOW_XCUDA_MEM_LIMIT_BYTES = 64 MiB.
+
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
+use std::time::Instant;
+
+include!(concat!(env!("OUT_DIR"), "/linked.rs"));
+
+type Res = u32;
+type H = *mut c_void;
+type GetProc = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> Res;
+type GetProc2 =
+    unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> Res;
+type Launch = unsafe extern "C" fn(
+    H,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    H,
+    *mut H,
+    *mut H,
+) -> Res;
+type Coop =
+    unsafe extern "C" fn(H, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, H, *mut H) -> Res;
+
+const MIB: usize = 1 << 20;
+
+#[derive(Clone, Copy, PartialEq)]
+enum How {
+    Direct,
+    Dlsym,
+    DlsymDefault,
+    GetProc,
+    GetProc2,
+}
+
+struct Resolver {
+    how: How,
+    pt: bool,
+    handle: H,
+    getproc: usize,
+    /// (wanted symbol, got pointer) of every resolution, for the report.
+    seen: std::cell::RefCell<Vec<(String, usize)>>,
+}
+
+fn die(msg: &str) -> ! {
+    eprintln!("xcuda-probe: {msg}");
+    std::process::exit(2)
+}
+
+impl Resolver {
+    fn new(how: How, pt: bool) -> Resolver {
+        // SAFETY: dlopen with a NUL-terminated name.
+        let handle = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        if handle.is_null() {
+            die("dlopen(libcuda.so.1) failed");
+        }
+        let mut r = Resolver {
+            how,
+            pt,
+            handle,
+            getproc: 0,
+            seen: Default::default(),
+        };
+        if matches!(how, How::GetProc | How::GetProc2) {
+            let name = if how == How::GetProc { "cuGetProcAddress" } else { "cuGetProcAddress_v2" };
+            // The entry point itself as a framework finds it: dlsym on its handle.
+            let c = CString::new(name).unwrap();
+            // SAFETY: dlsym on a valid handle with a NUL-terminated name.
+            r.getproc = unsafe { libc::dlsym(handle, c.as_ptr()) } as usize;
+            if r.getproc == 0 {
+                die("no cuGetProcAddress");
+            }
+        }
+        r
+    }
+
+    /// `base` as cuGetProcAddress is asked; `symbol` the variant wanted
+    /// (what the other paths name explicitly).
+    fn get<T: Copy>(&self, base: &str, symbol: &str) -> T {
+        let c = CString::new(if matches!(self.how, How::GetProc | How::GetProc2) { base } else { symbol }).unwrap();
+        let flags = if self.pt { 2 } else { 0 };
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: the lookups below with valid pointers; getproc is the driver's
+        // (or xCUDA's) cuGetProcAddress of the matching signature.
+        let addr = unsafe {
+            match self.how {
+                How::Direct => linked(symbol).unwrap_or_else(|| die(&format!("{symbol} not linked"))),
+                How::Dlsym => libc::dlsym(self.handle, c.as_ptr()) as usize,
+                How::DlsymDefault => libc::dlsym(libc::RTLD_DEFAULT, c.as_ptr()) as usize,
+                How::GetProc => {
+                    let f: GetProc = std::mem::transmute(self.getproc);
+                    f(c.as_ptr(), &mut p, 12040, flags);
+                    p as usize
+                }
+                How::GetProc2 => {
+                    let f: GetProc2 = std::mem::transmute(self.getproc);
+                    let mut st = -1;
+                    f(c.as_ptr(), &mut p, 12040, flags, &mut st);
+                    p as usize
+                }
+            }
+        };
+        if addr == 0 {
+            die(&format!("cannot resolve {symbol}"));
+        }
+        self.seen.borrow_mut().push((symbol.to_string(), addr));
+        assert_eq!(std::mem::size_of::<T>(), std::mem::size_of::<usize>());
+        // SAFETY: T is the C function-pointer type of `symbol`.
+        unsafe { std::mem::transmute_copy(&addr) }
+    }
+
+    /// Which library and symbol each resolved pointer is.
+    fn report(&self) {
+        let mut inside = 0;
+        let mut wrong_variant = Vec::new();
+        let seen = self.seen.borrow();
+        for (want, p) in seen.iter() {
+            // SAFETY: dladdr only reads; zeroed Dl_info is valid.
+            let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+            // SAFETY: as above.
+            unsafe { libc::dladdr(*p as *const c_void, &mut info) };
+            let file = if info.dli_fname.is_null() {
+                String::new()
+            } else {
+                // SAFETY: dladdr's NUL-terminated strings.
+                unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned()
+            };
+            let sym = if info.dli_sname.is_null() {
+                String::new()
+            } else {
+                // SAFETY: as above.
+                unsafe { CStr::from_ptr(info.dli_sname) }.to_string_lossy().into_owned()
+            };
+            if file.contains("libmuxflow_xcuda") {
+                inside += 1;
+            }
+            if &sym != want {
+                wrong_variant.push(format!("{want}->{sym}"));
+            }
+        }
+        println!("resolved={} in_xcuda={inside}", seen.len());
+        println!("wrong_variants={}", wrong_variant.join(","));
+    }
+}
+
+struct Cuda {
+    init: unsafe extern "C" fn(c_uint) -> Res,
+    retain: unsafe extern "C" fn(*mut H, c_int) -> Res,
+    release: unsafe extern "C" fn(c_int) -> Res,
+    set_current: unsafe extern "C" fn(H) -> Res,
+    load: unsafe extern "C" fn(*mut H, *const c_void) -> Res,
+    function: unsafe extern "C" fn(*mut H, H, *const c_char) -> Res,
+    alloc: unsafe extern "C" fn(*mut u64, usize) -> Res,
+    free: unsafe extern "C" fn(u64) -> Res,
+    info: unsafe extern "C" fn(*mut usize, *mut usize) -> Res,
+}
+
+fn check(rc: Res, what: &str) {
+    if rc != 0 {
+        println!("error={rc} call={what}");
+        std::process::exit(1);
+    }
+}
+
+fn setup(r: &Resolver) -> (Cuda, H, H) {
+    let cu = Cuda {
+        init: r.get("cuInit", "cuInit"),
+        retain: r.get("cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain"),
+        release: r.get("cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease_v2"),
+        set_current: r.get("cuCtxSetCurrent", "cuCtxSetCurrent"),
+        load: r.get("cuModuleLoadData", "cuModuleLoadData"),
+        function: r.get("cuModuleGetFunction", "cuModuleGetFunction"),
+        alloc: r.get("cuMemAlloc", "cuMemAlloc_v2"),
+        free: r.get("cuMemFree", "cuMemFree_v2"),
+        info: r.get("cuMemGetInfo", "cuMemGetInfo_v2"),
+    };
+    let mut ctx: H = std::ptr::null_mut();
+    let mut module: H = std::ptr::null_mut();
+    let mut f: H = std::ptr::null_mut();
+    // SAFETY: driver calls with valid out-pointers.
+    unsafe {
+        check((cu.init)(0), "cuInit");
+        check((cu.retain)(&mut ctx, 0), "cuDevicePrimaryCtxRetain");
+        check((cu.set_current)(ctx), "cuCtxSetCurrent");
+        check((cu.load)(&mut module, c"probe".as_ptr() as *const c_void), "cuModuleLoadData");
+        check((cu.function)(&mut f, module, c"sim_kernel_1us".as_ptr()), "cuModuleGetFunction");
+    }
+    (cu, ctx, f)
+}
+
+fn pt(r: &Resolver, name: &str) -> String {
+    if r.pt {
+        format!("{name}_ptsz")
+    } else {
+        name.to_string()
+    }
+}
+
+/// Allocates 48 MiB (fits 64), 48 MiB more (must not), frees the first.
+fn quota_case(name: &str, mut alloc: impl FnMut(&mut u64) -> Res, free: impl Fn(u64) -> Res) {
+    let (mut a, mut b) = (0u64, 0u64);
+    let first = alloc(&mut a);
+    let second = alloc(&mut b);
+    let freed = free(a);
+    if second == 0 {
+        free(b);
+    }
+    println!("quota_{name}={first},{second},{freed}");
+}
+
+fn api(r: &Resolver) {
+    let (cu, _ctx, f) = setup(r);
+    let null: H = std::ptr::null_mut();
+    let launch: Launch = r.get("cuLaunchKernel", &pt(r, "cuLaunchKernel"));
+    type Ex = unsafe extern "C" fn(*const c_void, H, *mut H, *mut H) -> Res;
+    let ex: Ex = r.get("cuLaunchKernelEx", &pt(r, "cuLaunchKernelEx"));
+    let coop: Coop = r.get("cuLaunchCooperativeKernel", &pt(r, "cuLaunchCooperativeKernel"));
+    let sync: unsafe extern "C" fn(H) -> Res = r.get("cuStreamSynchronize", &pt(r, "cuStreamSynchronize"));
+    let begin: unsafe extern "C" fn(H, c_int) -> Res =
+        r.get("cuStreamBeginCapture", &pt(r, "cuStreamBeginCapture_v2"));
+    let end: unsafe extern "C" fn(H, *mut H) -> Res = r.get("cuStreamEndCapture", &pt(r, "cuStreamEndCapture"));
+    let inst: unsafe extern "C" fn(*mut H, H, u64) -> Res =
+        r.get("cuGraphInstantiateWithFlags", "cuGraphInstantiateWithFlags");
+    let glaunch: unsafe extern "C" fn(H, H) -> Res = r.get("cuGraphLaunch", &pt(r, "cuGraphLaunch"));
+    let pitch: unsafe extern "C" fn(*mut u64, *mut usize, usize, usize, c_uint) -> Res =
+        r.get("cuMemAllocPitch", "cuMemAllocPitch_v2");
+    let managed: unsafe extern "C" fn(*mut u64, usize, c_uint) -> Res = r.get("cuMemAllocManaged", "cuMemAllocManaged");
+    let a_async: unsafe extern "C" fn(*mut u64, usize, H) -> Res = r.get("cuMemAllocAsync", &pt(r, "cuMemAllocAsync"));
+    let f_async: unsafe extern "C" fn(u64, H) -> Res = r.get("cuMemFreeAsync", &pt(r, "cuMemFreeAsync"));
+    let pool: unsafe extern "C" fn(*mut u64, usize, H, H) -> Res =
+        r.get("cuMemAllocFromPoolAsync", &pt(r, "cuMemAllocFromPoolAsync"));
+    let create: unsafe extern "C" fn(*mut u64, usize, *const c_void, u64) -> Res = r.get("cuMemCreate", "cuMemCreate");
+    let mrelease: unsafe extern "C" fn(u64) -> Res = r.get("cuMemRelease", "cuMemRelease");
+    r.report();
+    #[repr(C)]
+    struct Cfg {
+        grid: [c_uint; 3],
+        block: [c_uint; 3],
+        shm: c_uint,
+        stream: H,
+        attrs: H,
+        nattrs: c_uint,
+    }
+    let cfg = Cfg {
+        grid: [1, 1, 1],
+        block: [32, 1, 1],
+        shm: 0,
+        stream: null,
+        attrs: null,
+        nattrs: 0,
+    };
+    let pp = std::ptr::null_mut();
+    // SAFETY: entry points resolved for these signatures; valid arguments.
+    unsafe {
+        let mut rcs = vec![(launch)(f, 1, 1, 1, 32, 1, 1, 0, null, pp, pp)];
+        rcs.push(ex(&cfg as *const Cfg as *const c_void, f, pp, pp));
+        rcs.push(coop(f, 1, 1, 1, 32, 1, 1, 0, null, pp));
+        rcs.push(begin(null, 0));
+        rcs.push((launch)(f, 1, 1, 1, 32, 1, 1, 0, null, pp, pp));
+        let (mut g, mut e) = (null, null);
+        rcs.push(end(null, &mut g));
+        rcs.push(inst(&mut e, g, 0));
+        rcs.push(glaunch(e, null));
+        rcs.push(sync(null));
+        println!("launch_rcs={}", rcs.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(","));
+        let n = 48 * MIB;
+        quota_case("cuMemAlloc", |p| (cu.alloc)(p, n), |p| (cu.free)(p));
+        let mut pitch_out = 0usize;
+        quota_case("cuMemAllocPitch", |p| pitch(p, &mut pitch_out, 4096, n / 4096, 4), |p| (cu.free)(p));
+        quota_case("cuMemAllocManaged", |p| managed(p, n, 1), |p| (cu.free)(p));
+        quota_case("cuMemAllocAsync", |p| a_async(p, n, null), |p| f_async(p, null));
+        quota_case("cuMemAllocFromPoolAsync", |p| pool(p, n, null, null), |p| f_async(p, null));
+        quota_case("cuMemCreate", |p| create(p, n, std::ptr::null(), 0), |p| mrelease(p));
+        let (mut free, mut total) = (0usize, 0usize);
+        check((cu.info)(&mut free, &mut total), "cuMemGetInfo");
+        println!("meminfo_free={free} meminfo_total={total}");
+        check((cu.release)(0), "cuDevicePrimaryCtxRelease");
+    }
+}
+
+fn storm(r: &Resolver, n: usize) {
+    let (cu, ctx, _) = setup(r);
+    let ctx = ctx as usize;
+    let (alloc, free, set) = (cu.alloc as usize, cu.free as usize, cu.set_current as usize);
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            std::thread::spawn(move || {
+                // SAFETY: the pointers resolved above, with their signatures.
+                unsafe {
+                    let alloc: unsafe extern "C" fn(*mut u64, usize) -> Res = std::mem::transmute(alloc);
+                    let free: unsafe extern "C" fn(u64) -> Res = std::mem::transmute(free);
+                    let set: unsafe extern "C" fn(H) -> Res = std::mem::transmute(set);
+                    set(ctx as H);
+                    let (mut ok, mut oom) = (0u64, 0u64);
+                    for _ in 0..n {
+                        let mut p = 0u64;
+                        match alloc(&mut p, 3 * MIB) {
+                            0 => {
+                                ok += 1;
+                                check(free(p), "cuMemFree");
+                            }
+                            2 => oom += 1,
+                            rc => check(rc, "cuMemAlloc"),
+                        }
+                    }
+                    (ok, oom)
+                }
+            })
+        })
+        .collect();
+    let (ok, oom) = threads
+        .into_iter()
+        .map(|t| t.join().unwrap())
+        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: resolved entry points, valid out-pointers.
+    unsafe {
+        check((cu.info)(&mut free, &mut total), "cuMemGetInfo");
+        (cu.release)(0);
+    }
+    println!("storm_ok={ok} storm_oom={oom} meminfo_free={free} meminfo_total={total}");
+}
+
+fn launches(r: &Resolver, n: usize) {
+    let (cu, _ctx, f) = setup(r);
+    let launch: Launch = r.get("cuLaunchKernel", &pt(r, "cuLaunchKernel"));
+    let sync: unsafe extern "C" fn(H) -> Res = r.get("cuStreamSynchronize", &pt(r, "cuStreamSynchronize"));
+    let null: H = std::ptr::null_mut();
+    let pp = std::ptr::null_mut();
+    let mut busy = std::time::Duration::ZERO;
+    // SAFETY: resolved entry points with valid arguments.
+    unsafe {
+        for chunk in 0..n.div_ceil(1000) {
+            let m = (n - chunk * 1000).min(1000);
+            let t = Instant::now();
+            for _ in 0..m {
+                check(launch(f, 1, 1, 1, 32, 1, 1, 0, null, pp, pp), "cuLaunchKernel");
+            }
+            busy += t.elapsed();
+            // Drain outside the timed part so the queue never fills.
+            check(sync(null), "cuStreamSynchronize");
+        }
+        (cu.release)(0);
+    }
+    println!("ns_per_launch={:.1}", busy.as_nanos() as f64 / n as f64);
+}
+
+fn allocs(r: &Resolver, n: usize) {
+    let (cu, _ctx, _) = setup(r);
+    let t = Instant::now();
+    // SAFETY: resolved entry points with valid arguments.
+    unsafe {
+        for _ in 0..n {
+            let mut p = 0u64;
+            check((cu.alloc)(&mut p, MIB), "cuMemAlloc");
+            check((cu.free)(p), "cuMemFree");
+        }
+    }
+    let el = t.elapsed();
+    // SAFETY: as above.
+    unsafe { (cu.release)(0) };
+    println!("ns_per_alloc_free={:.1}", el.as_nanos() as f64 / n as f64);
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let how = match args.first().map(String::as_str) {
+        Some("direct") => How::Direct,
+        Some("dlsym") => How::Dlsym,
+        Some("dlsym-default") => How::DlsymDefault,
+        Some("getproc") => How::GetProc,
+        Some("getproc2") => How::GetProc2,
+        _ => die("usage: xcuda-probe direct|dlsym|dlsym-default|getproc|getproc2 [--pt] api|storm N|launches N|allocs N"),
+    };
+    let pt = args.iter().any(|a| a == "--pt");
+    let rest: Vec<&str> = args[1..].iter().map(String::as_str).filter(|a| *a != "--pt").collect();
+    let n = rest.get(1).and_then(|s| s.parse().ok()).unwrap_or(1000);
+    let r = Resolver::new(how, pt);
+    match rest.first() {
+        Some(&"api") => api(&r),
+        Some(&"storm") => storm(&r, n),
+        Some(&"launches") => launches(&r, n),
+        Some(&"allocs") => allocs(&r, n),
+        _ => die("unknown scenario"),
+    }
+}
