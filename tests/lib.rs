@@ -251,6 +251,91 @@ impl Cluster {
     }
 }
 
+impl Cluster {
+    /// Places held offline job `id` on `node`'s GPU `gpu` the way
+    /// muxflow-matcher does, and releases it.
+    pub fn place(&self, id: u32, node: &str, gpu: u32) {
+        let mut c = self.cmd("scontrol");
+        c.args([
+            "update",
+            &format!("JobId={id}"),
+            &format!("ReqNodeList={node}"),
+            &format!("Gres=mfslot:g{gpu}:1"),
+        ]);
+        let (ok, out, err) = self.run(c);
+        assert!(ok, "placing job {id}: {out}{err}");
+        let mut c = self.cmd("scontrol");
+        c.args(["release", &id.to_string()]);
+        let (ok, out, err) = self.run(c);
+        assert!(ok, "releasing job {id}: {out}{err}");
+    }
+
+    /// `scontrol show job` field `key` of job `id`.
+    pub fn job_field(&self, id: u32, key: &str) -> String {
+        let mut c = self.cmd("scontrol");
+        c.args(["-o", "show", "job", &id.to_string()]);
+        let (_, out, _) = self.run(c);
+        kv(&out, key).unwrap_or_default()
+    }
+
+    /// Waits until job `id` is RUNNING; returns its node.
+    pub fn wait_running(&self, id: u32, timeout: Duration) -> String {
+        let start = Instant::now();
+        loop {
+            let state = self.job_field(id, "JobState");
+            if state == "RUNNING" {
+                return self.job_field(id, "NodeList");
+            }
+            assert!(
+                !ENDED.contains(&state.as_str()),
+                "job {id} ended ({state}) before running: {}",
+                self.output_or_empty(id)
+            );
+            assert!(
+                start.elapsed() < timeout,
+                "job {id} still {state} after {timeout:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The job's output so far ("" if none yet).
+    pub fn output_or_empty(&self, id: u32) -> String {
+        std::fs::read_to_string(self.dir.join("jobs").join(format!("{id}.out"))).unwrap_or_default()
+    }
+
+    /// Waits until the job's output contains `needle`; returns the output.
+    pub fn wait_output(&self, id: u32, needle: &str, timeout: Duration) -> String {
+        let start = Instant::now();
+        loop {
+            let out = self.output_or_empty(id);
+            if out.contains(needle) {
+                return out;
+            }
+            assert!(
+                start.elapsed() < timeout,
+                "job {id} never printed '{needle}':\n{out}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// A node's per-node directory (`{node}` paths of the dev config).
+    pub fn node_path(&self, rel: &str, node: &str) -> PathBuf {
+        self.dir.join(rel.replace("{node}", node))
+    }
+
+    /// A job script line that runs the simulated-GPU workload with `args`,
+    /// printing its pid first (`pid=N`) so tests can find it in MPS logs.
+    pub fn workload(&self, args: &str) -> String {
+        format!(
+            "sh -c 'echo pid=$$; LD_LIBRARY_PATH={lib} exec {bin} {args}'",
+            lib = self.sim_lib_dir().display(),
+            bin = self.sim_bin("muxflow-workload").display()
+        )
+    }
+}
+
 /// A line `key=value ...` as a lookup.
 pub fn kv(line: &str, key: &str) -> Option<String> {
     line.split_whitespace()

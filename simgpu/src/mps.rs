@@ -255,6 +255,9 @@ impl Daemon {
         let sock = socket_path(&self.pipe_dir);
         let _ = std::fs::remove_file(&sock);
         let listener = UnixListener::bind(&sock)?;
+        // Like the real daemon's pipes: every user may connect; which uid a
+        // server serves is the daemon's decision, not the socket's.
+        std::fs::set_permissions(&sock, std::os::unix::fs::PermissionsExt::from_mode(0o666))?;
         std::fs::write(
             self.pipe_dir.join("nvidia-cuda-mps-control.pid"),
             format!("{}\n", self.pid),

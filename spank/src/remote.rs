@@ -46,6 +46,7 @@ struct ReportContext {
     mode: Mode,
     sm_pct: Option<u8>,
     mem_cap_mib: Option<u64>,
+    partner: Option<u32>,
     stats_dir: Option<PathBuf>,
 }
 
@@ -93,9 +94,7 @@ impl RemoteState {
 
     fn prepare(&mut self, spank: &mut SpankHandle, mode: Mode, step: u32) -> anyhow::Result<()> {
         let (_, config) = settings::load(spank)?;
-        let node = spank
-            .getenv("SLURMD_NODENAME")?
-            .ok_or_else(|| anyhow::anyhow!("SLURMD_NODENAME is not set"))?;
+        let node = node_name(spank)?;
         let config = config.for_node(&node)?;
         let job_id = spank.job_id()?;
         let state = NodeState::new(config.paths.state_dir.as_path());
@@ -127,8 +126,19 @@ impl RemoteState {
             mode,
             sm_pct: None,
             mem_cap_mib: None,
+            partner: partner(&state, gpu, job_id, mode),
             stats_dir: None,
         };
+        // Where xCUDA (offline) and the workload itself (both modes) leave
+        // figures for the report.
+        let stats = state.xcuda_stats_dir(job_id);
+        make_user_dir(&stats, spank.job_uid()?, spank.job_gid()?)?;
+        set(
+            spank,
+            JOB_REPORT_VAR,
+            stats.join("job.report").to_string_lossy().as_ref(),
+        );
+        ctx.stats_dir = Some(stats);
         if mode == Mode::Offline {
             self.prepare_offline(spank, &config, &state, &mut ctx)?;
         }
@@ -183,10 +193,10 @@ impl RemoteState {
             }
         }
 
-        let stats = state.xcuda_stats_dir(ctx.job_id);
-        let (uid, gid) = (spank.job_uid()?, spank.job_gid()?);
-        make_user_dir(&stats, uid, gid)?;
-        ctx.stats_dir = Some(stats.clone());
+        let stats = ctx
+            .stats_dir
+            .clone()
+            .expect("prepare made the stats directory");
 
         let mut env = XcudaEnv::from_config(&config.xcuda, gpu);
         env.mem_limit_bytes = cap.map(|m| m.saturating_mul(1 << 20));
@@ -243,6 +253,19 @@ impl RemoteState {
     }
 }
 
+/// This node's Slurm name. SLURMD_NODENAME reaches the tasks only later, so
+/// for muxflow's single-node jobs the job's node list is the name.
+fn node_name(spank: &SpankHandle) -> anyhow::Result<String> {
+    for var in ["SLURMD_NODENAME", "SLURM_JOB_NODELIST", "SLURM_NODELIST"] {
+        if let Some(v) = spank.getenv(var)? {
+            if !v.is_empty() && !v.contains([',', '[']) {
+                return Ok(v);
+            }
+        }
+    }
+    anyhow::bail!("cannot tell this node's name (multi-node muxflow jobs are not supported)")
+}
+
 fn set(spank: &SpankHandle, var: &str, value: &str) {
     if let Err(e) = spank.setenv(var, value, true) {
         tracing::error!("muxflow: cannot set {var}: {e}");
@@ -288,13 +311,11 @@ fn build_report(ctx: &ReportContext) -> JobReport {
         mem_cap_mib: ctx.mem_cap_mib,
         ..JobReport::default()
     };
+    // The partner at the start, else whoever shared the GPU by the end.
     let state = NodeState::new(ctx.config.paths.state_dir.as_path());
-    r.partner = state
-        .jobs(ctx.gpu)
-        .unwrap_or_default()
-        .into_iter()
-        .find(|j| j.mode != ctx.mode && j.job_id != ctx.job_id)
-        .map(|j| j.job_id);
+    r.partner = ctx
+        .partner
+        .or_else(|| partner(&state, ctx.gpu, ctx.job_id, ctx.mode));
     let Some(dir) = &ctx.stats_dir else { return r };
     let mut peak_bytes: Option<u64> = None;
     let mut delay_us: Option<u64> = None;
@@ -334,6 +355,15 @@ fn build_report(ctx: &ReportContext) -> JobReport {
     r.delay_ms = delay_us.map(|us| us / 1000);
     r.peak_mib = peak_bytes.map(|b| b >> 20);
     r
+}
+
+/// A job of the other mode on the GPU: an offline job's online partner, or
+/// an offline job an online job hosts.
+fn partner(state: &NodeState, gpu: u32, job_id: u32, mode: Mode) -> Option<u32> {
+    let jobs = state.jobs(gpu).unwrap_or_default();
+    jobs.into_iter()
+        .find(|j| j.mode != mode && j.job_id != job_id)
+        .map(|j| j.job_id)
 }
 
 /// Reads a small `key=value` file the job's user wrote, as root: no

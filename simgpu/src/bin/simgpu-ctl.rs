@@ -165,6 +165,9 @@ fn run() -> Result<(), String> {
 }
 
 fn main() {
+    // Die quietly on a closed pipe (`simgpu-ctl table | head`), like other CLIs.
+    // SAFETY: restoring the default disposition of one signal before any thread starts.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     if let Err(e) = run() {
         eprintln!("simgpu-ctl: {e}");
         std::process::exit(1);
