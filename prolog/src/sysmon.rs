@@ -22,6 +22,7 @@ use anyhow::Context;
 use muxflow::health::{Fsm, HealthState, Input, Metrics, Why};
 use muxflow::mps::MpsDaemon;
 use muxflow::node_state::{write_atomic, GpuLock, JobRecord, NodeState};
+use muxflow::policy::GpuFacts;
 use muxflow::published::GpuPublished;
 use muxflow::{Config, Mode};
 use serde::{Deserialize, Serialize};
@@ -140,9 +141,19 @@ pub fn load_record(ns: &NodeState, gpu: u32) -> anyhow::Result<Option<GpuRecord>
     }
 }
 
-fn save_record(ns: &NodeState, _lock: &GpuLock, gpu: u32, r: &GpuRecord) -> anyhow::Result<()> {
+fn save_record(ns: &NodeState, lock: &GpuLock, gpu: u32, r: &GpuRecord) -> anyhow::Result<()> {
     let bytes = serde_json::to_vec(r)?;
     write_atomic(&record_path(ns, gpu), &bytes)?;
+    // What the plugin's SM and memory policies read when an offline job starts.
+    let p = r.published(gpu);
+    let facts = GpuFacts {
+        online_solo_sm_pct: p.solo_sm_pct,
+        online_mem_mib: p.online_mem_mib,
+        mem_total_mib: (p.mem_mib > 0).then_some(p.mem_mib),
+    };
+    if ns.facts(gpu).ok() != Some(facts) {
+        ns.set_facts(lock, gpu, &facts)?;
+    }
     Ok(())
 }
 

@@ -124,6 +124,20 @@ fn online_and_offline_share_one_daemon_and_report_to_sacct() {
     assert_eq!(inner.matches("libmuxflow_xcuda.so").count(), 1, "{inner}");
     assert!(inner.starts_with(&xcuda), "{inner}");
     assert!(env_value(env, "MUXFLOW_XCUDA_STATS_DIR").is_some());
+    // Memory cap: the GPU's memory (recorded by the health step) less the
+    // online job's use and the 2048 MiB reserve, for device 0 of the client.
+    let limit = env_value(env, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT").expect("a memory cap");
+    let mib: u64 = limit
+        .strip_prefix("0=")
+        .and_then(|m| m.strip_suffix('M'))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(mib > 0 && mib <= 81559 - 2048, "{limit}");
+    assert_eq!(
+        env_value(env, "MUXFLOW_XCUDA_MEM_LIMIT_BYTES"),
+        Some((mib << 20).to_string())
+    );
 
     // Both were clients of the one server of that GPU's daemon.
     let online_pid = pids(&c.output_or_empty(online)).pop().unwrap();
@@ -159,6 +173,7 @@ fn online_and_offline_share_one_daemon_and_report_to_sacct() {
         (Some(node), Some(gpu))
     );
     assert_eq!(report.sm_pct, Some(pct));
+    assert_eq!(report.mem_cap_mib, Some(mib));
     assert_eq!(report.partner, Some(online));
     assert!(
         report.steps.unwrap() > 0 && report.steps_per_s.unwrap() > 0.0,
