@@ -141,6 +141,8 @@ pub fn on_init(rc: CUresult) -> CUresult {
             let s = settings();
             memcap();
             crate::shutdown::install();
+            // Health first, before the first launch can pass.
+            crate::watcher::apply_health(s, &mut false);
             crate::watcher::spawn(s);
             extern "C" fn at_exit() {
                 let _ = std::panic::catch_unwind(write_stats);

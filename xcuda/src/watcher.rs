@@ -55,6 +55,19 @@ fn health_pauses(path: &Path, logged: &mut bool) -> bool {
     }
 }
 
+/// Pauses the gate if the health file says so; returns whether it did.
+pub fn apply_health(s: &Settings, logged: &mut bool) -> bool {
+    let paused = s.gate_enabled
+        && s.env
+            .health_file
+            .as_deref()
+            .is_some_and(|p| health_pauses(p, logged));
+    if paused {
+        runtime::gate().set(Mode::Paused);
+    }
+    paused
+}
+
 fn is_mps_server(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/comm"))
         .is_ok_and(|c| c.trim() == "nvidia-cuda-mps-server")
@@ -129,16 +142,14 @@ fn run(s: &'static Settings) {
     while !gate.shutting_down() {
         std::thread::sleep(interval);
         if s.gate_enabled {
-            let paused = s
-                .env
-                .health_file
-                .as_deref()
-                .is_some_and(|p| health_pauses(p, &mut health_logged));
+            let paused = apply_health(s, &mut health_logged);
             let delay = match sampler.as_mut().and_then(Sampler::sample) {
                 Some(x) => controller.step(&x),
                 None => controller.delay(),
             };
-            gate.set(if paused { Mode::Paused } else { Mode::Delay(delay) });
+            if !paused {
+                gate.set(Mode::Delay(delay));
+            }
         }
         if last_housekeeping.elapsed() >= HOUSEKEEPING {
             last_housekeeping = Instant::now();

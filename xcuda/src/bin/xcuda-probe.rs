@@ -9,7 +9,7 @@
 //!   --pt      per-thread default stream: the _ptsz variants
 //!             (cuGetProcAddress flag 2; the explicit names otherwise)
 //!   SCENARIO  api        every gated and capped entry point once; quota checks
-//!             storm N    8 threads x N cuMemAlloc/cuMemFree of 3 MiB
+//!             storm N    8 threads x N x (two 20 MiB cuMemAlloc, then their cuMemFree)
 //!             launches N N back-to-back launches; ns per launch
 //!             allocs N   N cuMemAlloc/cuMemFree pairs; ns per pair
 //! ```
@@ -181,7 +181,7 @@ fn check(rc: Res, what: &str) {
     }
 }
 
-fn setup(r: &Resolver) -> (Cuda, H, H) {
+fn setup(r: &Resolver, kernel: &CStr) -> (Cuda, H, H) {
     let cu = Cuda {
         init: r.get("cuInit", "cuInit"),
         retain: r.get("cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain"),
@@ -202,7 +202,7 @@ fn setup(r: &Resolver) -> (Cuda, H, H) {
         check((cu.retain)(&mut ctx, 0), "cuDevicePrimaryCtxRetain");
         check((cu.set_current)(ctx), "cuCtxSetCurrent");
         check((cu.load)(&mut module, c"probe".as_ptr() as *const c_void), "cuModuleLoadData");
-        check((cu.function)(&mut f, module, c"sim_kernel_1us".as_ptr()), "cuModuleGetFunction");
+        check((cu.function)(&mut f, module, kernel.as_ptr()), "cuModuleGetFunction");
     }
     (cu, ctx, f)
 }
@@ -228,7 +228,7 @@ fn quota_case(name: &str, mut alloc: impl FnMut(&mut u64) -> Res, free: impl Fn(
 }
 
 fn api(r: &Resolver) {
-    let (cu, _ctx, f) = setup(r);
+    let (cu, _ctx, f) = setup(r, c"sim_kernel_1us");
     let null: H = std::ptr::null_mut();
     let launch: Launch = r.get("cuLaunchKernel", &pt(r, "cuLaunchKernel"));
     type Ex = unsafe extern "C" fn(*const c_void, H, *mut H, *mut H) -> Res;
@@ -298,7 +298,7 @@ fn api(r: &Resolver) {
 }
 
 fn storm(r: &Resolver, n: usize) {
-    let (cu, ctx, _) = setup(r);
+    let (cu, ctx, _) = setup(r, c"sim_kernel_1us");
     let ctx = ctx as usize;
     let (alloc, free, set) = (cu.alloc as usize, cu.free as usize, cu.set_current as usize);
     let threads: Vec<_> = (0..8)
@@ -312,14 +312,21 @@ fn storm(r: &Resolver, n: usize) {
                     set(ctx as H);
                     let (mut ok, mut oom) = (0u64, 0u64);
                     for _ in 0..n {
-                        let mut p = 0u64;
-                        match alloc(&mut p, 3 * MIB) {
-                            0 => {
-                                ok += 1;
-                                check(free(p), "cuMemFree");
+                        // Two held at once: threads running together overshoot the quota.
+                        let mut held = Vec::new();
+                        for _ in 0..2 {
+                            let mut p = 0u64;
+                            match alloc(&mut p, 20 * MIB) {
+                                0 => {
+                                    ok += 1;
+                                    held.push(p);
+                                }
+                                2 => oom += 1,
+                                rc => check(rc, "cuMemAlloc"),
                             }
-                            2 => oom += 1,
-                            rc => check(rc, "cuMemAlloc"),
+                        }
+                        for p in held {
+                            check(free(p), "cuMemFree");
                         }
                     }
                     (ok, oom)
@@ -341,7 +348,8 @@ fn storm(r: &Resolver, n: usize) {
 }
 
 fn launches(r: &Resolver, n: usize) {
-    let (cu, _ctx, f) = setup(r);
+    // 1 ns kernels: the queue stays short, so the loop measures the call path.
+    let (cu, _ctx, f) = setup(r, c"sim_kernel_1ns");
     let launch: Launch = r.get("cuLaunchKernel", &pt(r, "cuLaunchKernel"));
     let sync: unsafe extern "C" fn(H) -> Res = r.get("cuStreamSynchronize", &pt(r, "cuStreamSynchronize"));
     let null: H = std::ptr::null_mut();
@@ -365,7 +373,7 @@ fn launches(r: &Resolver, n: usize) {
 }
 
 fn allocs(r: &Resolver, n: usize) {
-    let (cu, _ctx, _) = setup(r);
+    let (cu, _ctx, _) = setup(r, c"sim_kernel_1us");
     let t = Instant::now();
     // SAFETY: resolved entry points with valid arguments.
     unsafe {
