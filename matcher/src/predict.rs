@@ -35,6 +35,7 @@ use std::collections::BTreeMap;
 use muxflow::config::Policy;
 use muxflow::report::JobReport;
 use muxflow::Mode;
+use nalgebra::{SMatrix, SVector};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -171,22 +172,20 @@ impl Model {
                 ..Model::default()
             };
         }
-        // Normal equations with a small ridge: (XᵀX + λI) b = Xᵀy.
-        let mut a = [[0.0; FEATURES]; FEATURES];
-        let mut v = [0.0; FEATURES];
+        // Normal equations with a small ridge: (XᵀX + λI) b = Xᵀy; the ridge
+        // makes the matrix positive definite, so Cholesky applies.
+        let mut a = SMatrix::<f64, FEATURES, FEATURES>::identity() * (RIDGE * train.len() as f64);
+        let mut v = SVector::<f64, FEATURES>::zeros();
         for s in train {
-            let x = features(s.share, s.mem);
-            for i in 0..FEATURES {
-                v[i] += x[i] * s.y;
-                for j in 0..FEATURES {
-                    a[i][j] += x[i] * x[j];
-                }
-            }
+            let x = SVector::<f64, FEATURES>::from(features(s.share, s.mem));
+            a += x * x.transpose();
+            v += x * s.y;
         }
-        for (i, row) in a.iter_mut().enumerate() {
-            row[i] += RIDGE * train.len() as f64;
-        }
-        let Some(coef) = solve_linear(a, v) else {
+        let coef = a
+            .cholesky()
+            .map(|c| c.solve(&v))
+            .filter(|b| b.iter().all(|x| x.is_finite()));
+        let Some(coef) = coef.map(<[f64; FEATURES]>::from) else {
             return Model {
                 profiles,
                 trained_on: train.len(),
@@ -259,34 +258,6 @@ pub fn memory_room_mib(gpu: &GpuState, p: &Policy) -> u64 {
     g.mem_mib
         .saturating_sub(g.online_mem_mib.unwrap_or(0))
         .saturating_sub(p.memory_reserve_mib)
-}
-
-/// Gaussian elimination with partial pivoting; `None` if singular.
-fn solve_linear(
-    mut a: [[f64; FEATURES]; FEATURES],
-    mut b: [f64; FEATURES],
-) -> Option<[f64; FEATURES]> {
-    for col in 0..FEATURES {
-        let piv = (col..FEATURES).max_by(|&i, &j| a[i][col].abs().total_cmp(&a[j][col].abs()))?;
-        if a[piv][col].abs() < 1e-12 {
-            return None;
-        }
-        a.swap(col, piv);
-        b.swap(col, piv);
-        for r in col + 1..FEATURES {
-            let f = a[r][col] / a[col][col];
-            for c in col..FEATURES {
-                a[r][c] -= f * a[col][c];
-            }
-            b[r] -= f * b[col];
-        }
-    }
-    let mut x = [0.0; FEATURES];
-    for r in (0..FEATURES).rev() {
-        let s: f64 = (r + 1..FEATURES).map(|c| a[r][c] * x[c]).sum();
-        x[r] = (b[r] - s) / a[r][r];
-    }
-    x.iter().all(|v| v.is_finite()).then_some(x)
 }
 
 /// Held-out split: 1 in 5 records by a hash of the job id.

@@ -155,67 +155,93 @@ where
     })
 }
 
+/// GPUs sampled to order jobs by strength before the full scan.
+const ORDER_SAMPLE: usize = 2048;
+
 /// The production candidate graph: each job's best `k` GPUs ∪ the
 /// capacity-spread lists (see the module docs). Output sorted by (job, GPU),
-/// no duplicates. Scores every pair twice; memory O(jobs × k + gpus).
+/// no duplicates. One full scan scores every pair once and feeds both lists;
+/// the strength order comes from a strided sample of at most
+/// [`ORDER_SAMPLE`] GPUs first (the order only shapes the spread lists, so a
+/// sample is enough). Memory O(jobs × k + gpus × threads).
 pub fn spread_scored<F>(jobs: usize, gpus: usize, k: usize, threads: usize, score: F) -> Vec<Edge>
 where
     F: Fn(u32, u32) -> Option<i64> + Sync,
 {
-    let top = prune_scored(jobs, gpus, k, threads, &score);
     if jobs == 0 || gpus == 0 || k == 0 {
-        return top;
+        return Vec::new();
     }
-    // Strongest job first: its best weight, then its index.
-    let mut best = vec![0i64; jobs];
-    for e in &top {
-        best[e.job as usize] = best[e.job as usize].max(e.weight);
-    }
-    let mut order: Vec<u32> = (0..jobs as u32).filter(|&j| best[j as usize] > 0).collect();
+    let stride = gpus.div_ceil(ORDER_SAMPLE).max(1);
+    let strength = |j: u32| {
+        (0..gpus)
+            .step_by(stride)
+            .filter_map(|g| score(j, g as u32))
+            .max()
+            .unwrap_or(0)
+    };
+    let threads = threads.clamp(1, jobs);
+    let block = jobs.div_ceil(threads);
+    let best: Vec<i64> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let strength = &strength;
+                s.spawn(move || {
+                    let (lo, hi) = ((t * block).min(jobs), ((t + 1) * block).min(jobs));
+                    (lo..hi).map(|j| strength(j as u32)).collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("pruning worker panicked"))
+            .collect()
+    });
+    // Strongest job first: its sampled best weight, then its index.
+    let mut order: Vec<u32> = (0..jobs as u32).collect();
     order.sort_unstable_by_key(|&j| (std::cmp::Reverse(best[j as usize]), j));
-    let capacity = k;
-    let threads = threads.clamp(1, order.len().max(1));
     // Workers take every `threads`-th job of the order and share each GPU's
-    // capacity equally, so the lists interleave as in one sequential pass.
-    let per_worker = capacity.div_ceil(threads).min(u16::MAX as usize) as u16;
-    let spread = |t: usize| {
+    // capacity (k) equally, so the lists interleave as in one sequential pass.
+    let per_worker = k.div_ceil(threads).min(u16::MAX as usize) as u16;
+    let scan = |t: usize| {
         let mut cap = vec![per_worker; gpus];
-        let mut heap = TopK::new(k);
-        let mut out = Vec::with_capacity(order.len() / threads * k + k);
+        let mut top = TopK::new(k);
+        let mut spread = TopK::new(k);
+        let mut out = Vec::with_capacity(2 * k * (jobs / threads + 1));
         for &j in order.iter().skip(t).step_by(threads) {
             for g in 0..gpus as u32 {
-                if cap[g as usize] == 0 {
-                    continue;
+                let Some(w) = score(j, g) else { continue };
+                if top.admits(w) {
+                    top.offer((w, g));
                 }
-                if let Some(w) = score(j, g) {
-                    if heap.admits(w) {
-                        heap.offer((w, g));
-                    }
+                if cap[g as usize] > 0 && spread.admits(w) {
+                    spread.offer((w, g));
                 }
             }
-            for &(_, g) in &heap.items {
+            for &(_, g) in &spread.items {
                 cap[g as usize] -= 1;
             }
-            heap.drain_into(j, &mut out);
+            top.drain_into(j, &mut out);
+            spread.drain_into(j, &mut out);
         }
         out
     };
-    let mut all = top;
-    if threads == 1 {
-        all.extend(spread(0));
+    let mut all = if threads == 1 {
+        scan(0)
     } else {
         std::thread::scope(|s| {
             let handles: Vec<_> = (0..threads)
                 .map(|t| {
-                    let spread = &spread;
-                    s.spawn(move || spread(t))
+                    let scan = &scan;
+                    s.spawn(move || scan(t))
                 })
                 .collect();
+            let mut all = Vec::new();
             for h in handles {
                 all.extend(h.join().expect("pruning worker panicked"));
             }
-        });
-    }
+            all
+        })
+    };
     all.sort_unstable_by_key(|e| (e.job, e.gpu));
     all.dedup_by_key(|e| (e.job, e.gpu));
     all
