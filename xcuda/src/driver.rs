@@ -25,15 +25,34 @@ static REAL: [AtomicUsize; COUNT] = [const { AtomicUsize::new(0) }; COUNT];
 static REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
 static DRIVER: OnceLock<usize> = OnceLock::new();
 
+/// Is `p` inside this library? (By load base: a name like `dlsym` may bind
+/// to another library's definition even from inside ours.)
+fn is_ours(p: usize) -> bool {
+    fn base(p: usize) -> usize {
+        // SAFETY: dladdr only reads; a zeroed Dl_info is valid.
+        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+        // SAFETY: as above, with a valid out-pointer.
+        match unsafe { libc::dladdr(p as *const c_void, &mut info) } {
+            0 => 0,
+            _ => info.dli_fbase as usize,
+        }
+    }
+    base(p) == base(is_ours as *const () as usize)
+}
+
 fn real_dlsym() -> Option<DlsymFn> {
     let mut p = REAL_DLSYM.load(Relaxed);
     if p == 0 {
-        for v in [c"GLIBC_2.34", c"GLIBC_2.2.5", c"GLIBC_2.17"] {
-            // SAFETY: dlvsym with NUL-terminated strings; RTLD_NEXT from this
-            // library finds libc's definition (we do not hook dlvsym).
-            p = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), v.as_ptr()) } as usize;
-            if p != 0 {
-                break;
+        // RTLD_NEXT when preloaded; RTLD_DEFAULT when dlopen'ed locally (the
+        // benchmark), where RTLD_NEXT has nothing after us. Never our own.
+        'found: for h in [libc::RTLD_NEXT, libc::RTLD_DEFAULT] {
+            for v in [c"GLIBC_2.34", c"GLIBC_2.2.5", c"GLIBC_2.17"] {
+                // SAFETY: dlvsym with NUL-terminated strings (we do not hook dlvsym).
+                p = unsafe { libc::dlvsym(h, c"dlsym".as_ptr(), v.as_ptr()) } as usize;
+                if p != 0 && !is_ours(p) {
+                    break 'found;
+                }
+                p = 0;
             }
         }
         REAL_DLSYM.store(p, Relaxed);
@@ -63,7 +82,7 @@ pub fn load() -> usize {
         }
         for (i, hk) in hooks::table().iter().enumerate() {
             let p = lookup(h, hk.symbol);
-            if p != 0 && p != hk.wrapper {
+            if p != 0 && !is_ours(p) {
                 let _ = REAL[i].compare_exchange(0, p, Relaxed, Relaxed);
             }
         }
@@ -111,7 +130,7 @@ fn answer(handle: *mut c_void, name: *const c_char) -> usize {
         return 0;
     }
     let hk = &hooks::table()[i];
-    if found != hk.wrapper {
+    if !is_ours(found) {
         // The driver's own function, reached through the caller's handle (maybe
         // another path to libcuda than ours): remember it if ours lacks it.
         let _ = REAL[i].compare_exchange(0, found, Relaxed, Relaxed);

@@ -12,6 +12,10 @@
 //!             storm N    8 threads x N x (two 20 MiB cuMemAlloc, then their cuMemFree)
 //!             launches N N back-to-back launches; ns per launch
 //!             allocs N   N cuMemAlloc/cuMemFree pairs; ns per pair
+//!             shim-bench N   (run without LD_PRELOAD; XCUDA_PROBE_SHIM = the .so)
+//!                        N launches and N alloc/free pairs each way, direct
+//!                        and through the dlopen'ed shim, interleaved in blocks
+//!                        in one process so machine noise hits both alike
 //! ```
 //! The quota checks in `api` assume MUXFLOW_XCUDA_MEM_LIMIT_BYTES = 64 MiB.
 
@@ -389,6 +393,81 @@ fn allocs(r: &Resolver, n: usize) {
     println!("ns_per_alloc_free={:.1}", el.as_nanos() as f64 / n as f64);
 }
 
+/// Median and mean of per-call times (ns).
+fn summary(mut v: Vec<u64>) -> (f64, f64) {
+    v.sort_unstable();
+    let mean = v.iter().sum::<u64>() as f64 / v.len().max(1) as f64;
+    (v.get(v.len() / 2).copied().unwrap_or(0) as f64, mean)
+}
+
+fn shim_bench(r: &Resolver, n: usize) {
+    let path = std::env::var("XCUDA_PROBE_SHIM").unwrap_or_else(|_| die("XCUDA_PROBE_SHIM unset"));
+    let c = CString::new(path).unwrap();
+    // SAFETY: dlopen/dlsym with NUL-terminated names; handles kept for the process.
+    let shim = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    if shim.is_null() {
+        die("cannot dlopen the shim");
+    }
+    let from_shim = |name: &CStr| -> usize {
+        // SAFETY: as above.
+        let p = unsafe { libc::dlsym(shim, name.as_ptr()) } as usize;
+        if p == 0 {
+            die("symbol missing from the shim");
+        }
+        p
+    };
+    // SAFETY: the shim's exports with their C signatures.
+    let (x_init, x_launch, x_alloc, x_free) = unsafe {
+        (
+            std::mem::transmute::<usize, unsafe extern "C" fn(c_uint) -> Res>(from_shim(c"cuInit")),
+            std::mem::transmute::<usize, Launch>(from_shim(c"cuLaunchKernel")),
+            std::mem::transmute::<usize, unsafe extern "C" fn(*mut u64, usize) -> Res>(from_shim(c"cuMemAlloc_v2")),
+            std::mem::transmute::<usize, unsafe extern "C" fn(u64) -> Res>(from_shim(c"cuMemFree_v2")),
+        )
+    };
+    // The shim's cuInit starts its watcher, as in a real job; the gate stays open.
+    // SAFETY: cuInit(0).
+    check(unsafe { x_init(0) }, "xcuda cuInit");
+    let (cu, _ctx, f) = setup(r, c"sim_kernel_1ns");
+    let d_launch: Launch = r.get("cuLaunchKernel", "cuLaunchKernel");
+    let sync: unsafe extern "C" fn(H) -> Res = r.get("cuStreamSynchronize", "cuStreamSynchronize");
+    let null: H = std::ptr::null_mut();
+    let pp = std::ptr::null_mut();
+    let block = 200;
+    let (mut ld, mut lx, mut ad, mut ax) = (vec![], vec![], vec![], vec![]);
+    // SAFETY: resolved entry points with valid arguments.
+    unsafe {
+        for round in 0..n.div_ceil(block) {
+            for which in [round % 2, 1 - round % 2] {
+                let (launch, out) = if which == 0 { (d_launch, &mut ld) } else { (x_launch, &mut lx) };
+                for _ in 0..block {
+                    let t = Instant::now();
+                    check(launch(f, 1, 1, 1, 32, 1, 1, 0, null, pp, pp), "cuLaunchKernel");
+                    out.push(t.elapsed().as_nanos() as u64);
+                }
+                check(sync(null), "cuStreamSynchronize");
+                let (alloc, free, out) = if which == 0 { (cu.alloc, cu.free, &mut ad) } else { (x_alloc, x_free, &mut ax) };
+                for _ in 0..block / 4 {
+                    let mut p = 0u64;
+                    let t = Instant::now();
+                    check(alloc(&mut p, MIB), "cuMemAlloc");
+                    check(free(p), "cuMemFree");
+                    out.push(t.elapsed().as_nanos() as u64);
+                }
+            }
+        }
+    }
+    let ((ld50, ldm), (lx50, lxm)) = (summary(ld), summary(lx));
+    let ((ad50, _), (ax50, _)) = (summary(ad), summary(ax));
+    println!(
+        "direct_launch_ns={ld50:.0} xcuda_launch_ns={lx50:.0} direct_launches_per_s={:.0} xcuda_launches_per_s={:.0}",
+        1e9 / ldm,
+        1e9 / lxm
+    );
+    println!("direct_alloc_free_ns={ad50:.0} xcuda_alloc_free_ns={ax50:.0} added_ns_per_alloc_free={:.0}", ax50 - ad50);
+    println!("added_ns_per_launch={:.0} ratio={:.3}", lx50 - ld50, ldm / lxm);
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let how = match args.first().map(String::as_str) {
@@ -408,6 +487,7 @@ fn main() {
         Some(&"storm") => storm(&r, n),
         Some(&"launches") => launches(&r, n),
         Some(&"allocs") => allocs(&r, n),
+        Some(&"shim-bench") => shim_bench(&r, n),
         _ => die("unknown scenario"),
     }
 }
