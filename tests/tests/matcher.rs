@@ -316,6 +316,11 @@ fn matcher_places_best_total_avoids_unhealthy_gpus_and_converges_after_kill_9() 
 
     script_health("faulty");
     let round = once_json(&c);
+    let node3 = scontrol(&c, &["-o", "show", "node", "node3"]).unwrap();
+    assert!(
+        node3.contains(&format!("gpu{g3}.state=faulty")),
+        "node3's health check rewrote Extra during the round (rerun): {node3}"
+    );
     let d_big = decision(&round, big);
     let d_small = decision(&round, small);
     let d_extra = decision(&round, extra);
@@ -400,11 +405,24 @@ fn matcher_places_best_total_avoids_unhealthy_gpus_and_converges_after_kill_9() 
     }
     let l = Loop::start(&c);
     let start = Instant::now();
-    let mut placed = Vec::new();
-    for &id in &jobs {
-        let left = Duration::from_secs(60).saturating_sub(start.elapsed());
-        placed.push(wait_placed(&c, id, left));
+    loop {
+        // Keep the scripted health in place: the nodes' own health checks
+        // (HealthCheckProgram, Prolog) publish the simulated GPUs' state.
+        script_health("healthy");
+        let states: Vec<String> = jobs.iter().map(|&id| c.job_field(id, "JobState")).collect();
+        if states.iter().all(|s| s == "RUNNING") {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "offline jobs {jobs:?} not all running after 60 s: {states:?}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
     }
+    let placed: Vec<(String, String)> = jobs
+        .iter()
+        .map(|&id| wait_placed(&c, id, Duration::from_secs(5)))
+        .collect();
     l.kill9();
 
     // Every job runs next to an online job, on that job's GPU, one per GPU.
