@@ -231,13 +231,52 @@ impl Model {
 
     /// Normalized throughput of job `key` next to GPU `gpu`'s online job.
     pub fn predict(&self, key: &JobKey, gpu: &GpuState, policy: &Policy) -> f64 {
-        let share = sm_share(gpu.published.solo_sm_pct, policy);
-        let room = memory_room_mib(gpu, policy);
-        let mem = match self.peak_mib(key) {
-            Some(p) if room > 0 => (p as f64 / room as f64).min(1.0),
+        self.predict_terms(&self.job_terms(key), &GpuTerms::new(gpu, policy))
+            .unwrap_or(0.01)
+    }
+
+    /// What the model needs of a job, looked up once per round.
+    pub fn job_terms(&self, key: &JobKey) -> JobTerms {
+        JobTerms {
+            offset: self.job_offset.get(key).copied().unwrap_or(0.0),
+            peak_mib: self.peak_mib(key),
+        }
+    }
+
+    /// The prediction from precomputed terms (the per-pair hot path of a
+    /// round: no lookups, no allocation); `None` when the job's recorded
+    /// peak memory does not fit the room the online job leaves.
+    #[inline]
+    pub fn predict_terms(&self, job: &JobTerms, gpu: &GpuTerms) -> Option<f64> {
+        let mem = match job.peak_mib {
+            Some(p) if p > gpu.room_mib => return None,
+            Some(p) if gpu.room_mib > 0 => (p as f64 / gpu.room_mib as f64).min(1.0),
             _ => DEFAULT_MEM,
         };
-        self.predict_features(key, share, mem)
+        Some((self.raw(gpu.share, mem) + job.offset).clamp(0.01, 1.0))
+    }
+}
+
+/// Per-job inputs of [`Model::predict_terms`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct JobTerms {
+    pub offset: f64,
+    pub peak_mib: Option<u64>,
+}
+
+/// Per-GPU inputs of [`Model::predict_terms`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GpuTerms {
+    pub share: f64,
+    pub room_mib: u64,
+}
+
+impl GpuTerms {
+    pub fn new(gpu: &GpuState, policy: &Policy) -> GpuTerms {
+        GpuTerms {
+            share: sm_share(gpu.published.solo_sm_pct, policy),
+            room_mib: memory_room_mib(gpu, policy),
+        }
     }
 }
 

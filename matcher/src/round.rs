@@ -29,7 +29,7 @@ use muxflow::config::{Matcher, Policy};
 use serde::Serialize;
 
 use crate::hints::{update_args, Target};
-use crate::predict::{memory_room_mib, Model};
+use crate::predict::{GpuTerms, JobTerms, Model};
 use crate::prune::spread_scored;
 use crate::reader::{ClusterState, Names};
 use crate::solver::{solve_with, SolveOptions};
@@ -102,19 +102,28 @@ pub fn plan(
 ) -> Plan {
     let open: Vec<usize> = state.open_gpus().map(|(i, _)| i).collect();
     let jobs = &state.pending;
+    // Lookups once per job and per GPU; the per-pair score is arithmetic.
+    let job_terms: Vec<(JobTerms, Option<u32>)> = jobs
+        .iter()
+        .map(|j| {
+            (
+                model.job_terms(&(j.user.clone(), j.name.clone())),
+                j.slot_gpu,
+            )
+        })
+        .collect();
+    let gpu_terms: Vec<(GpuTerms, u32)> = open
+        .iter()
+        .map(|&i| (GpuTerms::new(&state.gpus[i], policy), state.gpus[i].index))
+        .collect();
     let score = |j: u32, g: u32| -> Option<i64> {
-        let job = &jobs[j as usize];
-        let gpu = &state.gpus[open[g as usize]];
-        if job.slot_gpu.is_some_and(|i| i != gpu.index) {
+        let (job, slot_gpu) = &job_terms[j as usize];
+        let (gpu, index) = &gpu_terms[g as usize];
+        // Slurm 22.05 cannot move a job's typed slot to another GPU index.
+        if slot_gpu.is_some_and(|i| i != *index) {
             return None;
         }
-        let key = (job.user.clone(), job.name.clone());
-        if let Some(peak) = model.peak_mib(&key) {
-            if peak > memory_room_mib(gpu, policy) {
-                return None;
-            }
-        }
-        quantize(model.predict(&key, gpu, policy))
+        model.predict_terms(job, gpu).and_then(quantize)
     };
     let threads = SolveOptions::default().threads;
     let edges = spread_scored(
@@ -283,5 +292,140 @@ impl Plan {
 
     pub fn json(&self) -> String {
         serde_json::to_string_pretty(self).expect("plan serializes")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reader::{GpuState, PendingJob};
+    use muxflow::health::HealthState;
+    use muxflow::published::GpuPublished;
+
+    fn gpu(node: &str, state: HealthState, solo: u8, online_mem: u64, used: bool) -> GpuState {
+        GpuState {
+            node: node.into(),
+            index: 0,
+            published: GpuPublished {
+                index: 0,
+                state,
+                solo_sm_pct: Some(solo),
+                online_mem_mib: Some(online_mem),
+                mem_mib: 81_559,
+                offline: 0,
+            },
+            online_jobs: vec![1],
+            slot_used: used,
+        }
+    }
+
+    fn job(id: u32, name: &str, features: &str, req: &str, slot: Option<u32>) -> PendingJob {
+        PendingJob {
+            id,
+            user: "u".into(),
+            name: name.into(),
+            features: features.into(),
+            required_nodes: req.into(),
+            slot_gpu: slot,
+        }
+    }
+
+    fn names() -> Names {
+        Names::from_config(&muxflow::config::Slurm::default())
+    }
+
+    /// A model with no learned part, but peaks for `big` (60 GB).
+    fn model() -> Model {
+        let mut m = Model::default();
+        m.profiles.insert(
+            ("u".into(), "big".into()),
+            crate::predict::Profile {
+                peak_mib: Some(60_000),
+                ..Default::default()
+            },
+        );
+        m
+    }
+
+    #[test]
+    fn highest_total_wins_and_unhealthy_or_taken_gpus_get_nothing() {
+        let state = ClusterState {
+            gpus: vec![
+                gpu("a", HealthState::Healthy, 10, 4_000, false),
+                gpu("b", HealthState::Healthy, 60, 30_000, false),
+                gpu("c", HealthState::Faulty, 0, 0, false),
+                gpu("d", HealthState::Busy, 0, 0, false),
+                gpu("e", HealthState::Healthy, 0, 0, true),
+            ],
+            pending: vec![
+                job(1, "small", "muxflow_unplaced", "", None),
+                job(2, "big", "muxflow_unplaced", "", None),
+            ],
+            ..ClusterState::default()
+        };
+        let cfg = muxflow::Config::default();
+        let p = plan(&state, &model(), &cfg.policy, &cfg.matcher, &names());
+        let at: Vec<_> = p.decisions.iter().map(|d| d.node.as_deref()).collect();
+        // big only fits a; small goes to b; c (faulty), d (busy), e (slot
+        // taken) are never used.
+        assert_eq!(at, [Some("b"), Some("a")]);
+        assert!((p.summary.predicted_total - 1.6).abs() < 1e-9);
+        assert_eq!(p.summary.open_gpus, 2);
+    }
+
+    #[test]
+    fn updates_are_bounded_parks_first_and_the_rest_deferred() {
+        let state = ClusterState {
+            gpus: vec![gpu("a", HealthState::Healthy, 10, 4_000, false)],
+            pending: vec![
+                // Placed on a GPU that is gone; typed for GPU 1, so it cannot
+                // go to a (22.05 keeps the first slot type): parked again.
+                job(1, "x", "", "gone", Some(1)),
+                job(2, "y", "fast&muxflow_unplaced", "", None),
+                job(3, "z", "muxflow_unplaced", "", Some(1)),
+            ],
+            ..ClusterState::default()
+        };
+        let cfg = muxflow::Config::default();
+        let mut matcher = cfg.matcher.clone();
+        let p = plan(&state, &model(), &cfg.policy, &matcher, &names());
+        let d: Vec<_> = p
+            .decisions
+            .iter()
+            .map(|d| (d.job, d.action, d.update.clone()))
+            .collect();
+        let args = |v: &[&str]| Some(v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        assert_eq!(
+            d,
+            [
+                (
+                    1,
+                    Action::Park,
+                    args(&["JobId=1", "ReqNodeList=", "Features=muxflow_unplaced"])
+                ),
+                (
+                    2,
+                    Action::Place,
+                    args(&[
+                        "JobId=2",
+                        "ReqNodeList=a",
+                        "Gres=mfslot:g0:1",
+                        "Features=fast"
+                    ])
+                ),
+                (3, Action::None, None),
+            ]
+        );
+        // One update per round: the park goes first, the placement waits.
+        matcher.max_updates_per_round = 1;
+        let p = plan(&state, &model(), &cfg.policy, &matcher, &names());
+        assert_eq!((p.summary.updates, p.summary.deferred), (1, 1));
+        assert!(p.decisions[0].update.is_some());
+        assert!(p.decisions[1].update.is_none());
+        assert!(
+            p.decisions[1].reason.starts_with("deferred"),
+            "{:?}",
+            p.decisions[1]
+        );
     }
 }
