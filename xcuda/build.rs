@@ -35,7 +35,14 @@ fn main() {
     std::fs::create_dir_all(&dir).unwrap();
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
     let st = Command::new(rustc)
-        .args(["--edition", "2021", "--crate-type", "cdylib", "--crate-name", "cuda_stub"])
+        .args([
+            "--edition",
+            "2021",
+            "--crate-type",
+            "cdylib",
+            "--crate-name",
+            "cuda_stub",
+        ])
         .args(["-C", "link-arg=-Wl,-soname,libcuda.so.1", "-o"])
         .arg(dir.join("libcuda.so"))
         .arg(&src)

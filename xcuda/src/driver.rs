@@ -62,7 +62,7 @@ fn real_dlsym() -> Option<DlsymFn> {
 }
 
 /// Looks `name` up with the real `dlsym`.
-pub fn lookup(handle: *mut c_void, name: &CStr) -> usize {
+fn lookup(handle: *mut c_void, name: &CStr) -> usize {
     match real_dlsym() {
         // SAFETY: the real dlsym with a caller-supplied handle and a valid name.
         Some(f) => unsafe { f(handle, name.as_ptr()) as usize },
@@ -75,7 +75,8 @@ pub fn lookup(handle: *mut c_void, name: &CStr) -> usize {
 pub fn load() -> usize {
     *DRIVER.get_or_init(|| {
         // SAFETY: dlopen with a NUL-terminated name; the handle is kept forever.
-        let h = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        let h =
+            unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
         if h.is_null() {
             crate::log(format_args!("cannot open libcuda.so.1; driver calls fail"));
             return 0;

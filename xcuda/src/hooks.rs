@@ -164,11 +164,11 @@ hooks! {
     "cuDevicePrimaryCtxReset" fn cuDevicePrimaryCtxReset_v2(dev: c_int)
         => |real| runtime::contexts().reset(dev, real(dev));
     "cuCtxCreate" fn cuCtxCreate_v2(ctx: *mut H, flags: c_uint, dev: c_int)
-        => |real| runtime::contexts().created(real(ctx, flags, dev), ctx);
+        => |real| runtime::contexts().created(real(ctx, flags, dev), || ptr_out(ctx));
     "cuCtxCreate" fn cuCtxCreate_v3(ctx: *mut H, params: H, n: c_int, flags: c_uint, dev: c_int)
-        => |real| runtime::contexts().created(real(ctx, params, n, flags, dev), ctx);
+        => |real| runtime::contexts().created(real(ctx, params, n, flags, dev), || ptr_out(ctx));
     "cuCtxCreate" fn cuCtxCreate_v4(ctx: *mut H, params: H, flags: c_uint, dev: c_int)
-        => |real| runtime::contexts().created(real(ctx, params, flags, dev), ctx);
+        => |real| runtime::contexts().created(real(ctx, params, flags, dev), || ptr_out(ctx));
     "cuCtxDestroy" fn cuCtxDestroy_v2(ctx: H) => |real| runtime::contexts().destroyed(ctx, real(ctx));
     // Memory: capped allocations, frees that give quota back, the cap as the total.
     "cuMemGetInfo" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) => |real| mem_info(free, total, real(free, total));
@@ -223,10 +223,17 @@ fn alloc_pitch(
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
     // Reserve with the widest pitch alignment drivers use; settle on the real pitch.
-    let bound = width.div_ceil(512).saturating_mul(512).saturating_mul(height.max(1));
-    runtime::memcap().alloc(Kind::Device, bound as u64, call, || out(p), || {
-        out(pitch as *const usize as *const u64).saturating_mul(height.max(1) as u64)
-    })
+    let bound = width
+        .div_ceil(512)
+        .saturating_mul(512)
+        .saturating_mul(height.max(1));
+    runtime::memcap().alloc(
+        Kind::Device,
+        bound as u64,
+        call,
+        || out(p),
+        || out(pitch as *const usize as *const u64).saturating_mul(height.max(1) as u64),
+    )
 }
 
 fn mem_info(free: *mut usize, total: *mut usize, rc: CUresult) -> CUresult {
@@ -277,7 +284,10 @@ mod tests {
                 "{s}"
             );
         }
-        assert_eq!(index_of(b"cuLaunchKernel_ptsz"), Some(Id::cuLaunchKernel_ptsz as usize));
+        assert_eq!(
+            index_of(b"cuLaunchKernel_ptsz"),
+            Some(Id::cuLaunchKernel_ptsz as usize)
+        );
         assert_eq!(index_of(b"cuNotHooked"), None);
         assert_eq!(index_of(b"malloc"), None);
     }

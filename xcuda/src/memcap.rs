@@ -54,9 +54,7 @@ impl MemCap {
         let limit = self.limit.unwrap_or(u64::MAX);
         let ok = self
             .used
-            .fetch_update(SeqCst, SeqCst, |u| {
-                u.checked_add(n).filter(|&t| t <= limit)
-            })
+            .fetch_update(SeqCst, SeqCst, |u| u.checked_add(n).filter(|&t| t <= limit))
             .map(|prev| self.peak.fetch_max(prev + n, SeqCst));
         if ok.is_err() {
             self.refused.fetch_add(1, SeqCst);
@@ -125,10 +123,7 @@ impl MemCap {
     pub fn info(&self, free: u64, total: u64) -> (u64, u64) {
         match self.limit {
             None => (free, total),
-            Some(l) => (
-                free.min(l.saturating_sub(self.used())),
-                total.min(l),
-            ),
+            Some(l) => (free.min(l.saturating_sub(self.used())), total.min(l)),
         }
     }
 }
@@ -138,7 +133,7 @@ impl MemCap {
 /// channel: the widest known element, so the cap errs on the safe side.
 pub fn array_bytes(elements: u64, format: u32, channels: u32) -> u64 {
     let per = match format {
-        0x01 | 0x08 => 1, // UNSIGNED_INT8, SIGNED_INT8
+        0x01 | 0x08 => 1,        // UNSIGNED_INT8, SIGNED_INT8
         0x02 | 0x09 | 0x10 => 2, // UNSIGNED_INT16, SIGNED_INT16, HALF
         0x03 | 0x0a | 0x20 => 4, // UNSIGNED_INT32, SIGNED_INT32, FLOAT
         _ => 16,

@@ -34,7 +34,8 @@ impl Settings {
             Err(e) => {
                 crate::log(format_args!("{e}; launch gate disabled"));
                 let mut env = XcudaEnv::from_config(&Xcuda::default(), 0);
-                env.mem_limit_bytes = get(xcuda_env::MEM_LIMIT_BYTES).and_then(|v| v.trim().parse().ok());
+                env.mem_limit_bytes =
+                    get(xcuda_env::MEM_LIMIT_BYTES).and_then(|v| v.trim().parse().ok());
                 env.stats_dir = get(xcuda_env::STATS_DIR)
                     .filter(|v| v.starts_with('/'))
                     .map(Into::into);
@@ -108,10 +109,10 @@ impl Contexts {
         }
         rc
     }
-    pub fn created(&self, rc: CUresult, ctx: *mut *mut c_void) -> CUresult {
-        if rc == cu::SUCCESS && !ctx.is_null() {
-            // SAFETY: non-null out-pointer the driver just filled.
-            let h = unsafe { *ctx } as usize;
+    /// `ctx`: the context the driver returned (read after the call).
+    pub fn created(&self, rc: CUresult, ctx: impl FnOnce() -> u64) -> CUresult {
+        if rc == cu::SUCCESS {
+            let h = ctx() as usize;
             self.with(|b| b.created.push(h));
         }
         rc
@@ -220,9 +221,8 @@ mod tests {
         c.retained(0, 0);
         c.retained(1, 2);
         c.released(0, 0);
-        let mut h: *mut c_void = 0x10 as *mut c_void;
-        c.created(0, &mut h);
-        c.created(1, &mut h);
+        c.created(0, || 0x10);
+        c.created(1, || 0x30);
         c.destroyed(0x20 as *mut c_void, 0);
         let b = c.take();
         assert_eq!(b.primary, HashMap::from([(0, 1)]));

@@ -87,7 +87,9 @@ pub fn install() {
     let mut fds = [0 as c_int; 2];
     // SAFETY: pipe2 fills the two descriptors.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        crate::log(format_args!("no pipe for the exit thread; no graceful exit"));
+        crate::log(format_args!(
+            "no pipe for the exit thread; no graceful exit"
+        ));
         return;
     }
     let r = fds[0];
@@ -100,7 +102,9 @@ pub fn install() {
             exit(CAUGHT.load(SeqCst));
         });
     if spawned.is_err() {
-        crate::log(format_args!("cannot start the exit thread; no graceful exit"));
+        crate::log(format_args!(
+            "cannot start the exit thread; no graceful exit"
+        ));
         return;
     }
     PIPE_W.store(fds[1], SeqCst);
@@ -174,7 +178,9 @@ fn exit(sig: c_int) {
     let gate = runtime::gate();
     gate.begin_shutdown();
     if !gate.drain(Instant::now() + DRAIN_DEADLINE) {
-        crate::log(format_args!("launches still in the driver after {DRAIN_DEADLINE:?}; releasing anyway"));
+        crate::log(format_args!(
+            "launches still in the driver after {DRAIN_DEADLINE:?}; releasing anyway"
+        ));
     }
     release_contexts();
     gate.finish_shutdown();

@@ -23,17 +23,25 @@ pub fn spawn(s: &'static Settings) {
         .name("xcuda-watch".into())
         .spawn(move || run(s))
     {
-        crate::log(format_args!("cannot start the watcher ({e}); launch gate open"));
+        crate::log(format_args!(
+            "cannot start the watcher ({e}); launch gate open"
+        ));
     }
 }
 
 fn open_nvml(s: &Settings) -> Option<Nvml> {
     let r = match &s.env.nvml_library {
         Some(p) => Nvml::builder().lib_path(p.as_os_str()).init(),
-        None => Nvml::builder().lib_path(OsStr::new("libnvidia-ml.so.1")).init(),
+        None => Nvml::builder()
+            .lib_path(OsStr::new("libnvidia-ml.so.1"))
+            .init(),
     };
-    r.map_err(|e| crate::log(format_args!("NVML unavailable ({e}); launches are not braked")))
-        .ok()
+    r.map_err(|e| {
+        crate::log(format_args!(
+            "NVML unavailable ({e}); launches are not braked"
+        ))
+    })
+    .ok()
 }
 
 /// Health pause from the node's health file; unreadable or unknown: no pause.
@@ -85,7 +93,11 @@ impl<'n> Sampler<'n> {
     fn new(nvml: &'n Nvml, index: u32) -> Option<Sampler<'n>> {
         let dev = nvml
             .device_by_index(index)
-            .map_err(|e| crate::log(format_args!("NVML device {index}: {e}; launches are not braked")))
+            .map_err(|e| {
+                crate::log(format_args!(
+                    "NVML device {index}: {e}; launches are not braked"
+                ))
+            })
             .ok()?;
         let max_clock = dev.max_clock_info(Clock::SM).unwrap_or(0);
         let gpm = if dev.gpm_support().unwrap_or(false) {
@@ -113,11 +125,16 @@ impl<'n> Sampler<'n> {
         let mut sm_activity = None;
         if let Some(prev) = self.gpm.take() {
             if let Ok(cur) = self.dev.gpm_sample() {
-                sm_activity = nvml_wrapper::gpm::gpm_metrics_get(self.nvml, &prev, &cur, &[GpmMetricId::SmUtil])
-                    .ok()
-                    .and_then(|v| v.into_iter().next())
-                    .and_then(|m| m.ok())
-                    .map(|m| m.value);
+                sm_activity = nvml_wrapper::gpm::gpm_metrics_get(
+                    self.nvml,
+                    &prev,
+                    &cur,
+                    &[GpmMetricId::SmUtil],
+                )
+                .ok()
+                .and_then(|v| v.into_iter().next())
+                .and_then(|m| m.ok())
+                .map(|m| m.value);
                 self.gpm = Some(cur);
             }
         }

@@ -67,7 +67,10 @@ impl Sim {
         if preload {
             c.env("LD_PRELOAD", built("libmuxflow_xcuda.so"))
                 .env(muxflow::xcuda_env::STATS_DIR, self.stats())
-                .env(muxflow::xcuda_env::NVML_LIBRARY, self.root.join("lib/libnvidia-ml.so.1"));
+                .env(
+                    muxflow::xcuda_env::NVML_LIBRARY,
+                    self.root.join("lib/libnvidia-ml.so.1"),
+                );
         }
         c
     }
@@ -82,7 +85,12 @@ impl Sim {
     }
     fn stats_of(&self, pid: u32) -> Option<HashMap<String, u64>> {
         let s = std::fs::read_to_string(self.stats().join(format!("xcuda.{pid}"))).ok()?;
-        Some(kv(&s).into_iter().map(|(k, v)| (k, v.parse().unwrap())).collect())
+        Some(
+            kv(&s)
+                .into_iter()
+                .map(|(k, v)| (k, v.parse().unwrap()))
+                .collect(),
+        )
     }
 }
 
@@ -202,7 +210,10 @@ fn concurrent_allocate_free_storm_ends_at_zero() {
     assert!(r["storm_oom"].parse::<u64>().unwrap() > 0, "{r:?}");
     assert_eq!(r["meminfo_free"], (64 * MIB).to_string());
     let s = sim.stats_of(pid).expect("stats file written at exit");
-    assert!(s["peak_bytes"] <= 64 * MIB && s["peak_bytes"] >= 40 * MIB, "{s:?}");
+    assert!(
+        s["peak_bytes"] <= 64 * MIB && s["peak_bytes"] >= 40 * MIB,
+        "{s:?}"
+    );
     assert_eq!(s["oom"], r["storm_oom"].parse::<u64>().unwrap());
 }
 
@@ -210,7 +221,15 @@ fn concurrent_allocate_free_storm_ends_at_zero() {
 fn stats_file_counts_launches_and_refusals() {
     let sim = Sim::new();
     let mut c = sim.workload(
-        &["offline", "--duration", "1", "--kernels-per-step", "5", "--alloc-mib", "16"],
+        &[
+            "offline",
+            "--duration",
+            "1",
+            "--kernels-per-step",
+            "5",
+            "--alloc-mib",
+            "16",
+        ],
         true,
     );
     c.env(muxflow::xcuda_env::MEM_LIMIT_BYTES, (64 * MIB).to_string());
@@ -218,7 +237,9 @@ fn stats_file_counts_launches_and_refusals() {
     let pid = child.id();
     let o = child.wait_with_output().unwrap();
     assert!(o.status.success(), "{o:?}");
-    let steps: u64 = kv(&String::from_utf8_lossy(&o.stdout))["steps"].parse().unwrap();
+    let steps: u64 = kv(&String::from_utf8_lossy(&o.stdout))["steps"]
+        .parse()
+        .unwrap();
     let s = sim.stats_of(pid).expect("stats file");
     assert_eq!(s["launches"], steps * 5, "{s:?}");
     assert_eq!(s["oom"], 0);
@@ -235,7 +256,10 @@ fn stats_file_counts_launches_and_refusals() {
     let child = c.spawn().unwrap();
     let pid = child.id();
     let o = child.wait_with_output().unwrap();
-    assert_eq!(kv(&String::from_utf8_lossy(&o.stdout))["error"], "CUDA_ERROR_OUT_OF_MEMORY");
+    assert_eq!(
+        kv(&String::from_utf8_lossy(&o.stdout))["error"],
+        "CUDA_ERROR_OUT_OF_MEMORY"
+    );
     assert_eq!(sim.stats_of(pid).unwrap()["oom"], 1);
 }
 
@@ -243,7 +267,10 @@ fn stats_file_counts_launches_and_refusals() {
 fn health_pause_closes_the_gate_and_healthy_reopens_it() {
     let sim = Sim::new();
     std::fs::write(sim.health(), "overloaded\n").unwrap();
-    let mut c = sim.workload(&["offline", "--duration", "30", "--kernels-per-step", "5"], true);
+    let mut c = sim.workload(
+        &["offline", "--duration", "30", "--kernels-per-step", "5"],
+        true,
+    );
     c.env(muxflow::xcuda_env::HEALTH_FILE, sim.health());
     let mut child = c.spawn().unwrap();
     let pid = child.id();
@@ -278,7 +305,10 @@ fn sigterm_in_a_launch_storm_releases_contexts_while_online_keeps_running() {
         .spawn()
         .unwrap();
     let mut offline = sim
-        .workload(&["offline", "--kernels-per-step", "50", "--kernel-us", "200"], true)
+        .workload(
+            &["offline", "--kernels-per-step", "50", "--kernel-us", "200"],
+            true,
+        )
         .spawn()
         .unwrap();
     let pid = offline.id();
@@ -308,7 +338,9 @@ fn application_handler_still_runs_after_the_graceful_exit() {
     c.env(muxflow::xcuda_env::STATS_DIR, sim.stats());
     let child = c.spawn().unwrap();
     let pid = child.id();
-    wait_for("attach", || sim.events().contains(&format!("pid={pid} event=attach")));
+    wait_for("attach", || {
+        sim.events().contains(&format!("pid={pid} event=attach"))
+    });
     std::thread::sleep(Duration::from_millis(300));
     // SAFETY: signalling our own child.
     unsafe { libc::kill(pid as i32, libc::SIGINT) };
@@ -328,6 +360,10 @@ fn bad_setting_is_logged_and_the_cap_still_holds() {
     let (o, r) = run(c);
     assert!(o.status.success(), "{o:?}");
     let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(err.matches(muxflow::xcuda_env::UTILIZATION_BRAKE).count(), 1, "{err}");
+    assert_eq!(
+        err.matches(muxflow::xcuda_env::UTILIZATION_BRAKE).count(),
+        1,
+        "{err}"
+    );
     assert_eq!(r["quota_cuMemAlloc"], "0,2,0");
 }

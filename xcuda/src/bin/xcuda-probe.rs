@@ -42,8 +42,18 @@ type Launch = unsafe extern "C" fn(
     *mut H,
     *mut H,
 ) -> Res;
-type Coop =
-    unsafe extern "C" fn(H, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, H, *mut H) -> Res;
+type Coop = unsafe extern "C" fn(
+    H,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    H,
+    *mut H,
+) -> Res;
 
 const MIB: usize = 1 << 20;
 
@@ -73,7 +83,8 @@ fn die(msg: &str) -> ! {
 impl Resolver {
     fn new(how: How, pt: bool) -> Resolver {
         // SAFETY: dlopen with a NUL-terminated name.
-        let handle = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        let handle =
+            unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
         if handle.is_null() {
             die("dlopen(libcuda.so.1) failed");
         }
@@ -85,7 +96,11 @@ impl Resolver {
             seen: Default::default(),
         };
         if matches!(how, How::GetProc | How::GetProc2) {
-            let name = if how == How::GetProc { "cuGetProcAddress" } else { "cuGetProcAddress_v2" };
+            let name = if how == How::GetProc {
+                "cuGetProcAddress"
+            } else {
+                "cuGetProcAddress_v2"
+            };
             // The entry point itself as a framework finds it: dlsym on its handle.
             let c = CString::new(name).unwrap();
             // SAFETY: dlsym on a valid handle with a NUL-terminated name.
@@ -100,14 +115,21 @@ impl Resolver {
     /// `base` as cuGetProcAddress is asked; `symbol` the variant wanted
     /// (what the other paths name explicitly).
     fn get<T: Copy>(&self, base: &str, symbol: &str) -> T {
-        let c = CString::new(if matches!(self.how, How::GetProc | How::GetProc2) { base } else { symbol }).unwrap();
+        let c = CString::new(if matches!(self.how, How::GetProc | How::GetProc2) {
+            base
+        } else {
+            symbol
+        })
+        .unwrap();
         let flags = if self.pt { 2 } else { 0 };
         let mut p: *mut c_void = std::ptr::null_mut();
         // SAFETY: the lookups below with valid pointers; getproc is the driver's
         // (or xCUDA's) cuGetProcAddress of the matching signature.
         let addr = unsafe {
             match self.how {
-                How::Direct => linked(symbol).unwrap_or_else(|| die(&format!("{symbol} not linked"))),
+                How::Direct => {
+                    linked(symbol).unwrap_or_else(|| die(&format!("{symbol} not linked")))
+                }
                 How::Dlsym => libc::dlsym(self.handle, c.as_ptr()) as usize,
                 How::DlsymDefault => libc::dlsym(libc::RTLD_DEFAULT, c.as_ptr()) as usize,
                 How::GetProc => {
@@ -146,13 +168,17 @@ impl Resolver {
                 String::new()
             } else {
                 // SAFETY: dladdr's NUL-terminated strings.
-                unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned()
+                unsafe { CStr::from_ptr(info.dli_fname) }
+                    .to_string_lossy()
+                    .into_owned()
             };
             let sym = if info.dli_sname.is_null() {
                 String::new()
             } else {
                 // SAFETY: as above.
-                unsafe { CStr::from_ptr(info.dli_sname) }.to_string_lossy().into_owned()
+                unsafe { CStr::from_ptr(info.dli_sname) }
+                    .to_string_lossy()
+                    .into_owned()
             };
             if file.contains("libmuxflow_xcuda") {
                 inside += 1;
@@ -205,8 +231,14 @@ fn setup(r: &Resolver, kernel: &CStr) -> (Cuda, H, H) {
         check((cu.init)(0), "cuInit");
         check((cu.retain)(&mut ctx, 0), "cuDevicePrimaryCtxRetain");
         check((cu.set_current)(ctx), "cuCtxSetCurrent");
-        check((cu.load)(&mut module, c"probe".as_ptr() as *const c_void), "cuModuleLoadData");
-        check((cu.function)(&mut f, module, kernel.as_ptr()), "cuModuleGetFunction");
+        check(
+            (cu.load)(&mut module, c"probe".as_ptr() as *const c_void),
+            "cuModuleLoadData",
+        );
+        check(
+            (cu.function)(&mut f, module, kernel.as_ptr()),
+            "cuModuleGetFunction",
+        );
     }
     (cu, ctx, f)
 }
@@ -237,22 +269,32 @@ fn api(r: &Resolver) {
     let launch: Launch = r.get("cuLaunchKernel", &pt(r, "cuLaunchKernel"));
     type Ex = unsafe extern "C" fn(*const c_void, H, *mut H, *mut H) -> Res;
     let ex: Ex = r.get("cuLaunchKernelEx", &pt(r, "cuLaunchKernelEx"));
-    let coop: Coop = r.get("cuLaunchCooperativeKernel", &pt(r, "cuLaunchCooperativeKernel"));
-    let sync: unsafe extern "C" fn(H) -> Res = r.get("cuStreamSynchronize", &pt(r, "cuStreamSynchronize"));
+    let coop: Coop = r.get(
+        "cuLaunchCooperativeKernel",
+        &pt(r, "cuLaunchCooperativeKernel"),
+    );
+    let sync: unsafe extern "C" fn(H) -> Res =
+        r.get("cuStreamSynchronize", &pt(r, "cuStreamSynchronize"));
     let begin: unsafe extern "C" fn(H, c_int) -> Res =
         r.get("cuStreamBeginCapture", &pt(r, "cuStreamBeginCapture_v2"));
-    let end: unsafe extern "C" fn(H, *mut H) -> Res = r.get("cuStreamEndCapture", &pt(r, "cuStreamEndCapture"));
+    let end: unsafe extern "C" fn(H, *mut H) -> Res =
+        r.get("cuStreamEndCapture", &pt(r, "cuStreamEndCapture"));
     let inst: unsafe extern "C" fn(*mut H, H, u64) -> Res =
         r.get("cuGraphInstantiateWithFlags", "cuGraphInstantiateWithFlags");
-    let glaunch: unsafe extern "C" fn(H, H) -> Res = r.get("cuGraphLaunch", &pt(r, "cuGraphLaunch"));
+    let glaunch: unsafe extern "C" fn(H, H) -> Res =
+        r.get("cuGraphLaunch", &pt(r, "cuGraphLaunch"));
     let pitch: unsafe extern "C" fn(*mut u64, *mut usize, usize, usize, c_uint) -> Res =
         r.get("cuMemAllocPitch", "cuMemAllocPitch_v2");
-    let managed: unsafe extern "C" fn(*mut u64, usize, c_uint) -> Res = r.get("cuMemAllocManaged", "cuMemAllocManaged");
-    let a_async: unsafe extern "C" fn(*mut u64, usize, H) -> Res = r.get("cuMemAllocAsync", &pt(r, "cuMemAllocAsync"));
-    let f_async: unsafe extern "C" fn(u64, H) -> Res = r.get("cuMemFreeAsync", &pt(r, "cuMemFreeAsync"));
+    let managed: unsafe extern "C" fn(*mut u64, usize, c_uint) -> Res =
+        r.get("cuMemAllocManaged", "cuMemAllocManaged");
+    let a_async: unsafe extern "C" fn(*mut u64, usize, H) -> Res =
+        r.get("cuMemAllocAsync", &pt(r, "cuMemAllocAsync"));
+    let f_async: unsafe extern "C" fn(u64, H) -> Res =
+        r.get("cuMemFreeAsync", &pt(r, "cuMemFreeAsync"));
     let pool: unsafe extern "C" fn(*mut u64, usize, H, H) -> Res =
         r.get("cuMemAllocFromPoolAsync", &pt(r, "cuMemAllocFromPoolAsync"));
-    let create: unsafe extern "C" fn(*mut u64, usize, *const c_void, u64) -> Res = r.get("cuMemCreate", "cuMemCreate");
+    let create: unsafe extern "C" fn(*mut u64, usize, *const c_void, u64) -> Res =
+        r.get("cuMemCreate", "cuMemCreate");
     let mrelease: unsafe extern "C" fn(u64) -> Res = r.get("cuMemRelease", "cuMemRelease");
     r.report();
     #[repr(C)]
@@ -285,15 +327,37 @@ fn api(r: &Resolver) {
         rcs.push(inst(&mut e, g, 0));
         rcs.push(glaunch(e, null));
         rcs.push(sync(null));
-        println!("launch_rcs={}", rcs.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(","));
+        println!(
+            "launch_rcs={}",
+            rcs.iter()
+                .map(|r| r.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        );
         let n = 48 * MIB;
         quota_case("cuMemAlloc", |p| (cu.alloc)(p, n), |p| (cu.free)(p));
         let mut pitch_out = 0usize;
-        quota_case("cuMemAllocPitch", |p| pitch(p, &mut pitch_out, 4096, n / 4096, 4), |p| (cu.free)(p));
+        quota_case(
+            "cuMemAllocPitch",
+            |p| pitch(p, &mut pitch_out, 4096, n / 4096, 4),
+            |p| (cu.free)(p),
+        );
         quota_case("cuMemAllocManaged", |p| managed(p, n, 1), |p| (cu.free)(p));
-        quota_case("cuMemAllocAsync", |p| a_async(p, n, null), |p| f_async(p, null));
-        quota_case("cuMemAllocFromPoolAsync", |p| pool(p, n, null, null), |p| f_async(p, null));
-        quota_case("cuMemCreate", |p| create(p, n, std::ptr::null(), 0), |p| mrelease(p));
+        quota_case(
+            "cuMemAllocAsync",
+            |p| a_async(p, n, null),
+            |p| f_async(p, null),
+        );
+        quota_case(
+            "cuMemAllocFromPoolAsync",
+            |p| pool(p, n, null, null),
+            |p| f_async(p, null),
+        );
+        quota_case(
+            "cuMemCreate",
+            |p| create(p, n, std::ptr::null(), 0),
+            |p| mrelease(p),
+        );
         let (mut free, mut total) = (0usize, 0usize);
         check((cu.info)(&mut free, &mut total), "cuMemGetInfo");
         println!("meminfo_free={free} meminfo_total={total}");
@@ -310,7 +374,8 @@ fn storm(r: &Resolver, n: usize) {
             std::thread::spawn(move || {
                 // SAFETY: the pointers resolved above, with their signatures.
                 unsafe {
-                    let alloc: unsafe extern "C" fn(*mut u64, usize) -> Res = std::mem::transmute(alloc);
+                    let alloc: unsafe extern "C" fn(*mut u64, usize) -> Res =
+                        std::mem::transmute(alloc);
                     let free: unsafe extern "C" fn(u64) -> Res = std::mem::transmute(free);
                     let set: unsafe extern "C" fn(H) -> Res = std::mem::transmute(set);
                     set(ctx as H);
@@ -355,7 +420,8 @@ fn launches(r: &Resolver, n: usize) {
     // 1 ns kernels: the queue stays short, so the loop measures the call path.
     let (cu, _ctx, f) = setup(r, c"sim_kernel_1ns");
     let launch: Launch = r.get("cuLaunchKernel", &pt(r, "cuLaunchKernel"));
-    let sync: unsafe extern "C" fn(H) -> Res = r.get("cuStreamSynchronize", &pt(r, "cuStreamSynchronize"));
+    let sync: unsafe extern "C" fn(H) -> Res =
+        r.get("cuStreamSynchronize", &pt(r, "cuStreamSynchronize"));
     let null: H = std::ptr::null_mut();
     let pp = std::ptr::null_mut();
     let mut busy = std::time::Duration::ZERO;
@@ -365,7 +431,10 @@ fn launches(r: &Resolver, n: usize) {
             let m = (n - chunk * 1000).min(1000);
             let t = Instant::now();
             for _ in 0..m {
-                check(launch(f, 1, 1, 1, 32, 1, 1, 0, null, pp, pp), "cuLaunchKernel");
+                check(
+                    launch(f, 1, 1, 1, 32, 1, 1, 0, null, pp, pp),
+                    "cuLaunchKernel",
+                );
             }
             busy += t.elapsed();
             // Drain outside the timed part so the queue never fills.
@@ -421,8 +490,12 @@ fn shim_bench(r: &Resolver, n: usize) {
         (
             std::mem::transmute::<usize, unsafe extern "C" fn(c_uint) -> Res>(from_shim(c"cuInit")),
             std::mem::transmute::<usize, Launch>(from_shim(c"cuLaunchKernel")),
-            std::mem::transmute::<usize, unsafe extern "C" fn(*mut u64, usize) -> Res>(from_shim(c"cuMemAlloc_v2")),
-            std::mem::transmute::<usize, unsafe extern "C" fn(u64) -> Res>(from_shim(c"cuMemFree_v2")),
+            std::mem::transmute::<usize, unsafe extern "C" fn(*mut u64, usize) -> Res>(from_shim(
+                c"cuMemAlloc_v2",
+            )),
+            std::mem::transmute::<usize, unsafe extern "C" fn(u64) -> Res>(from_shim(
+                c"cuMemFree_v2",
+            )),
         )
     };
     // The shim's cuInit starts its watcher, as in a real job; the gate stays open.
@@ -439,14 +512,25 @@ fn shim_bench(r: &Resolver, n: usize) {
     unsafe {
         for round in 0..n.div_ceil(block) {
             for which in [round % 2, 1 - round % 2] {
-                let (launch, out) = if which == 0 { (d_launch, &mut ld) } else { (x_launch, &mut lx) };
+                let (launch, out) = if which == 0 {
+                    (d_launch, &mut ld)
+                } else {
+                    (x_launch, &mut lx)
+                };
                 for _ in 0..block {
                     let t = Instant::now();
-                    check(launch(f, 1, 1, 1, 32, 1, 1, 0, null, pp, pp), "cuLaunchKernel");
+                    check(
+                        launch(f, 1, 1, 1, 32, 1, 1, 0, null, pp, pp),
+                        "cuLaunchKernel",
+                    );
                     out.push(t.elapsed().as_nanos() as u64);
                 }
                 check(sync(null), "cuStreamSynchronize");
-                let (alloc, free, out) = if which == 0 { (cu.alloc, cu.free, &mut ad) } else { (x_alloc, x_free, &mut ax) };
+                let (alloc, free, out) = if which == 0 {
+                    (cu.alloc, cu.free, &mut ad)
+                } else {
+                    (x_alloc, x_free, &mut ax)
+                };
                 for _ in 0..block / 4 {
                     let mut p = 0u64;
                     let t = Instant::now();
@@ -465,7 +549,11 @@ fn shim_bench(r: &Resolver, n: usize) {
         1e9 / lxm
     );
     println!("direct_alloc_free_ns={ad50:.0} xcuda_alloc_free_ns={ax50:.0} added_ns_per_alloc_free={:.0}", ax50 - ad50);
-    println!("added_ns_per_launch={:.0} ratio={:.3}", lx50 - ld50, ldm / lxm);
+    println!(
+        "added_ns_per_launch={:.0} ratio={:.3}",
+        lx50 - ld50,
+        ldm / lxm
+    );
 }
 
 fn main() {
@@ -479,7 +567,11 @@ fn main() {
         _ => die("usage: xcuda-probe direct|dlsym|dlsym-default|getproc|getproc2 [--pt] api|storm N|launches N|allocs N"),
     };
     let pt = args.iter().any(|a| a == "--pt");
-    let rest: Vec<&str> = args[1..].iter().map(String::as_str).filter(|a| *a != "--pt").collect();
+    let rest: Vec<&str> = args[1..]
+        .iter()
+        .map(String::as_str)
+        .filter(|a| *a != "--pt")
+        .collect();
     let n = rest.get(1).and_then(|s| s.parse().ok()).unwrap_or(1000);
     let r = Resolver::new(how, pt);
     match rest.first() {
