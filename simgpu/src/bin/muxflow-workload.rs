@@ -408,7 +408,10 @@ fn main() {
                 // job's AdminComment.
                 if let Some(path) = std::env::var_os("MUXFLOW_JOB_REPORT") {
                     if let Err(e) = std::fs::write(&path, format!("{report}\n")) {
-                        eprintln!("muxflow-workload: cannot write {}: {e}", path.to_string_lossy());
+                        eprintln!(
+                            "muxflow-workload: cannot write {}: {e}",
+                            path.to_string_lossy()
+                        );
                     }
                 }
                 0

@@ -18,9 +18,12 @@ fn main() {
     let log = dir(mps::ENV_LOG, "/var/log/nvidia-mps");
     let daemon = args.iter().any(|a| a == "-d");
     let foreground = args.iter().any(|a| a == "-f");
-    let multiuser = args
-        .iter()
-        .any(|a| matches!(a.as_str(), "-M" | "-multiuser-server" | "--multiuser-server"));
+    let multiuser = args.iter().any(|a| {
+        matches!(
+            a.as_str(),
+            "-M" | "-multiuser-server" | "--multiuser-server"
+        )
+    });
     if let Some(bad) = args.iter().find(|a| {
         !matches!(
             a.as_str(),
