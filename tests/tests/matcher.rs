@@ -71,10 +71,27 @@ fn online(c: &Cluster, name: &str, node: &str) -> (u32, u32) {
     (id, idx)
 }
 
-/// The parking feature is unknown to a fresh slurmctld (no node has it),
-/// and 22.05 refuses an unknown feature in an update: let one node list it
-/// for a moment so the name is known, as job_submit.lua's setup must.
+/// Our pending jobs, by id.
+fn pending_ours(c: &Cluster) -> Vec<String> {
+    let mut cmd = c.cmd("squeue");
+    cmd.args(["-h", "-t", "PD", "-o", "%i %j"]);
+    let (_, out, _) = c.run(cmd);
+    out.lines()
+        .filter_map(|l| l.split_once(' '))
+        .filter(|(_, n)| n.starts_with(PREFIX))
+        .map(|(i, _)| i.to_string())
+        .collect()
+}
+
+/// Fallback when slurmctld refuses the parking feature as unknown (seen
+/// once in 22.05; a fresh dev cluster accepts it): let one node list it for
+/// a moment so the name is known. Our pending jobs are held meanwhile, so
+/// none starts on that node while it has the feature.
 fn make_parking_feature_known(c: &Cluster) {
+    let held = pending_ours(c);
+    for id in &held {
+        let _ = scontrol(c, &["hold", id]);
+    }
     let node = "node4";
     let before = scontrol(c, &["-o", "show", "node", node]).unwrap();
     let avail = kv(&before, "AvailableFeatures").unwrap_or_default();
@@ -106,6 +123,9 @@ fn make_parking_feature_known(c: &Cluster) {
         ],
     )
     .unwrap();
+    for id in &held {
+        let _ = scontrol(c, &["release", id]);
+    }
 }
 
 /// A parked offline job, as job_submit.lua leaves it.
@@ -395,14 +415,19 @@ fn matcher_places_best_total_avoids_unhealthy_gpus_and_converges_after_kill_9() 
         std::thread::sleep(Duration::from_millis(ms));
         l.kill9();
     }
-    // A half-made hint no round wrote (a node left on a parked job): the
-    // next rounds must repair it too.
-    if c.job_field(jobs[2], "JobState") == "PENDING" {
-        let _ = scontrol(
-            &c,
-            &["update", &format!("JobId={}", jobs[2]), "ReqNodeList=node4"],
-        );
-    }
+    // A stale hint no round wrote (parked, but a node left in ReqNodeList),
+    // set in one update so the job stays parked whatever the killed rounds
+    // did to it: the next rounds must repair it too. (Fails harmlessly if
+    // the job has started meanwhile.)
+    let _ = scontrol(
+        &c,
+        &[
+            "update",
+            &format!("JobId={}", jobs[2]),
+            "ReqNodeList=node4",
+            &format!("Features={PARK}"),
+        ],
+    );
     let l = Loop::start(&c);
     let start = Instant::now();
     loop {
