@@ -40,7 +40,7 @@ pub fn inject(
     let mut mark = |code: u32, t: &mut crate::shared::Table| {
         for c in t.clients.iter() {
             let p = c.pid.load(Ordering::Relaxed);
-            if p != 0 && pid.map_or(true, |want| want == p) {
+            if p != 0 && pid.is_none_or(|want| want == p) {
                 c.sticky.store(code, Ordering::Relaxed);
                 touched.push(p);
             }
