@@ -51,9 +51,12 @@ impl TopK {
     }
 
     /// Cheap pre-check for the hot loop: could weight `w` enter at all?
+    /// Strict: every caller offers GPUs in increasing index, and on equal
+    /// weight the lower index ranks higher, so a tie never enters (the
+    /// structured weights cap at 1.0 and tie often).
     #[inline]
     fn admits(&self, w: i64) -> bool {
-        self.items.len() < self.k || w >= self.items[self.worst].0
+        self.items.len() < self.k || w > self.items[self.worst].0
     }
 
     fn offer(&mut self, item: (i64, u32)) {
