@@ -45,8 +45,10 @@
 //! the worst case. Memory O(|J| + |G| + |E|).
 //!
 //! Measured (release, 2 cores; `bench` and `examples/stress.rs`): the bench's
-//! pruned graphs (10 000 jobs × 18 000 GPUs, k = 16, 160 000 edges) solve in
-//! about 10 ms; rank-one weights (job factor × GPU factor + noise) on random
+//! top-k-only graphs (10 000 jobs × 18 000 GPUs, k = 16, 160 000 edges)
+//! solve in about 10 ms, its production graphs (top k ∪ spread lists, about
+//! 320 000 edges, every job placeable) in 0.6–0.7 s structured and 10–20 ms
+//! uniform; rank-one weights (job factor × GPU factor + noise) on random
 //! candidates take 0.2 s at degree 16 and 2.7 s at degree 64; the unpruned
 //! structured 2000 × 2000 graph (2.9 M edges) takes 6 s (dense Kuhn–Munkres:
 //! about 18 s). Deep searches on dense rank-one graphs are the weak spot;
