@@ -218,13 +218,6 @@ fn evaluate(cli: &Cli) -> anyhow::Result<()> {
         .history(config.matcher.history_days)
         .context("reading offline history from sacct")?
     };
-    let e = predict::evaluate(&runs);
-    if e.test == 0 {
-        println!(
-            "{} offline runs give no held-out sample (a sample is a shared run of a (user, job name) that also ran alone); nothing to evaluate",
-            e.records
-        );
-    }
-    println!("{e}");
+    println!("{}", predict::evaluate(&runs));
     Ok(())
 }

@@ -324,6 +324,10 @@ impl std::fmt::Display for Evaluation {
             "offline runs {} -> samples: {} train, {} held out (normalized throughput = shared/alone steps/s)",
             self.records, self.train, self.test
         )?;
+        if self.test == 0 {
+            writeln!(f, "no held-out sample: a sample is a shared run of a (user, job name) that also ran alone")?;
+            return write!(f, "model_mae=- default_mae=- test_samples=0");
+        }
         writeln!(f, "{:<28} {:>8} {:>8}", "predictor", "MAE", "RMSE")?;
         writeln!(
             f,
