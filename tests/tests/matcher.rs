@@ -334,6 +334,27 @@ fn matcher_places_best_total_avoids_unhealthy_gpus_and_converges_after_kill_9() 
     let big = offline(&c, "mfm-big");
     let extra = offline(&c, "mfm-extra");
 
+    // --dry-run: the decision table, and nothing changes in Slurm.
+    script_health("faulty");
+    let mut cmd = matcher(&c);
+    cmd.args(["--once", "--dry-run"]);
+    let (ok, table, err) = c.run(cmd);
+    assert!(ok, "{table}{err}");
+    assert!(table.starts_with("JOB "), "{table}");
+    let line = |id: u32| {
+        table
+            .lines()
+            .find(|l| l.starts_with(&format!("{id} ")))
+            .unwrap_or_else(|| panic!("no line for job {id}:\n{table}"))
+            .to_string()
+    };
+    assert!(line(big).contains(" place  node1 "), "{table}");
+    assert!(line(extra).contains(" none "), "{table}");
+    assert!(
+        c.job_field(big, "Features").contains(PARK),
+        "dry run changed job {big}"
+    );
+
     script_health("faulty");
     let round = once_json(&c);
     let node3 = scontrol(&c, &["-o", "show", "node", "node3"]).unwrap();
