@@ -16,7 +16,10 @@
 //!   job's best k only) placed, for comparison.
 //! * `pruning_bound` = (full-graph bound − production) / full-graph bound:
 //!   the most that pruning can cost against the unpruned graph, from the
-//!   solution's duals raised to feasibility on every pair.
+//!   solution's duals raised to feasibility on every pair. It is loose on
+//!   structured weights: `examples/pruning_loss.rs` solves the unpruned
+//!   graph exactly where that fits and measured the real loss at 0.6–0.9%
+//!   (1000², 3600×2000, 4000²) where this bound says 7–16%.
 
 use std::fmt::Write as _;
 use std::time::Instant;
