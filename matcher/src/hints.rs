@@ -1,16 +1,17 @@
 //! The hints that steer a pending offline job, and the diff between what
 //! Slurm has and what the round wants.
 //!
+//! * **Parked**: held (job_submit.lua submits offline jobs with priority 0,
+//!   Reason=JobHeldUser), or — for jobs parked by hand — carrying the parking
+//!   feature in their constraint.
 //! * **Placed** on (node K, GPU I): `ReqNodeList=K`, `Gres=<slot>:gI:1`, the
-//!   constraint without the parking term. Slurm starts it there by itself.
-//! * **Parked**: the parking term in the constraint (no node has that
-//!   feature: Reason=BadConstraints), `ReqNodeList` empty.
+//!   constraint without the parking term, and not held: Slurm starts it there.
 //!
-//! Each change is one `scontrol update` (one RPC, applied whole by
-//! slurmctld), so a matcher killed at any instant leaves every job either
-//! parked or placed, never half-placed; the next round reads the hints back
-//! and repairs what it no longer wants. Nothing the matcher remembers is
-//! needed for that.
+//! Placing a held job is `scontrol update …` then `scontrol release`; parking
+//! is `scontrol hold`. A matcher killed between the two calls of a placement
+//! leaves a held job with its hint; the next round reads that back as parked
+//! and places it again (the same values, then the release). Nothing the
+//! matcher remembers is needed for that.
 //!
 //! Slurm 22.05 keeps the first typed GRES a job was given through every
 //! later `Gres=` update (a job moved from `mfslot:g0` to `mfslot:g1` would
@@ -46,9 +47,11 @@ pub fn with_parking(features: &str, parking: &str) -> String {
 }
 
 pub fn is_parked(job: &PendingJob, names: &Names) -> bool {
-    job.features
-        .split('&')
-        .any(|t| t.trim() == names.parking_feature)
+    job.held
+        || job
+            .features
+            .split('&')
+            .any(|t| t.trim() == names.parking_feature)
 }
 
 /// Where Slurm's hints currently put the job.
@@ -62,38 +65,43 @@ pub fn current(job: &PendingJob, names: &Names) -> Target {
                 gpu,
             }
         }
-        // Not parked but not fully placed either (e.g. edited by hand):
+        // Not parked but not fully placed either (e.g. released by hand):
         // treat as parked so the round rewrites it one way or the other.
-        (false, _) => Target::Parked,
-        (true, _) => Target::Parked,
+        _ => Target::Parked,
     }
 }
 
-/// `scontrol update` arguments that move `job` to `target`, or `None` when
-/// Slurm already has it there.
-pub fn update_args(job: &PendingJob, target: &Target, names: &Names) -> Option<Vec<String>> {
+/// The scontrol calls (each a full argument list) that move `job` to
+/// `target`, in order, or `None` when Slurm already has it there.
+pub fn update_args(job: &PendingJob, target: &Target, names: &Names) -> Option<Vec<Vec<String>>> {
     let cur = current(job, names);
-    let fully_parked = is_parked(job, names) && job.required_nodes.is_empty();
     match target {
-        Target::Parked if cur == Target::Parked && fully_parked => None,
-        Target::Parked => Some(vec![
-            format!("JobId={}", job.id),
-            "ReqNodeList=".to_string(),
-            format!(
-                "Features={}",
-                with_parking(&job.features, &names.parking_feature)
-            ),
-        ]),
+        Target::Parked if is_parked(job, names) => None,
+        Target::Parked => Some(vec![vec!["hold".to_string(), job.id.to_string()]]),
         t if *t == cur => None,
-        Target::Gpu { node, gpu } => Some(vec![
-            format!("JobId={}", job.id),
-            format!("ReqNodeList={node}"),
-            format!("Gres={}:g{gpu}:1", names.offline_gres),
-            format!(
-                "Features={}",
-                strip_parking(&job.features, &names.parking_feature)
-            ),
-        ]),
+        Target::Gpu { node, gpu } => {
+            let mut update = vec![
+                "update".to_string(),
+                format!("JobId={}", job.id),
+                format!("ReqNodeList={node}"),
+                format!("Gres={}:g{gpu}:1", names.offline_gres),
+            ];
+            if job
+                .features
+                .split('&')
+                .any(|t| t.trim() == names.parking_feature)
+            {
+                update.push(format!(
+                    "Features={}",
+                    strip_parking(&job.features, &names.parking_feature)
+                ));
+            }
+            let mut calls = vec![update];
+            if job.held {
+                calls.push(vec!["release".to_string(), job.id.to_string()]);
+            }
+            Some(calls)
+        }
     }
 }
 
@@ -116,6 +124,14 @@ mod tests {
             features: features.into(),
             required_nodes: req.into(),
             slot_gpu: slot,
+            held: false,
+        }
+    }
+
+    fn held(features: &str, req: &str, slot: Option<u32>) -> PendingJob {
+        PendingJob {
+            held: true,
+            ..job(features, req, slot)
         }
     }
 
@@ -140,21 +156,33 @@ mod tests {
     #[test]
     fn place_only_when_the_hint_changes() {
         let n = names();
-        let parked = job("fast&muxflow_unplaced", "", None);
         let t = Target::Gpu {
             node: "node3".into(),
             gpu: 1,
         };
+        // As job_submit.lua leaves it: held, no slot.
+        let fresh = held("", "", None);
+        assert_eq!(current(&fresh, &n), Target::Parked);
+        assert_eq!(
+            update_args(&fresh, &t, &n).unwrap(),
+            [
+                vec!["update", "JobId=7", "ReqNodeList=node3", "Gres=mfslot:g1:1"],
+                vec!["release", "7"]
+            ]
+        );
+        assert_eq!(update_args(&fresh, &Target::Parked, &n), None);
+        // Parked by hand with the feature: the term goes, nothing to release.
+        let parked = job("fast&muxflow_unplaced", "", None);
         assert_eq!(
             update_args(&parked, &t, &n).unwrap(),
-            [
+            [vec![
+                "update",
                 "JobId=7",
                 "ReqNodeList=node3",
                 "Gres=mfslot:g1:1",
                 "Features=fast"
-            ]
+            ]]
         );
-        assert_eq!(update_args(&parked, &Target::Parked, &n), None);
         let placed = job("fast", "node3", Some(1));
         assert_eq!(current(&placed, &n), t);
         assert_eq!(update_args(&placed, &t, &n), None);
@@ -163,26 +191,35 @@ mod tests {
             gpu: 1,
         };
         assert_eq!(
-            update_args(&placed, &moved, &n).unwrap()[1],
+            update_args(&placed, &moved, &n).unwrap()[0][2],
             "ReqNodeList=node4"
         );
     }
 
     #[test]
-    fn clearing_restores_parking_and_repairs_half_states() {
+    fn clearing_holds_and_half_placements_are_repaired() {
         let n = names();
         let placed = job("fast", "node3", Some(1));
         assert_eq!(
             update_args(&placed, &Target::Parked, &n).unwrap(),
-            ["JobId=7", "ReqNodeList=", "Features=fast&muxflow_unplaced"]
+            [vec!["hold", "7"]]
         );
-        // Parked but a node left in ReqNodeList (hand edit): cleaned.
-        let stale = job("muxflow_unplaced", "node2", Some(0));
-        assert_eq!(current(&stale, &n), Target::Parked);
-        assert!(update_args(&stale, &Target::Parked, &n).is_some());
-        // Unparked without a typed slot: not placed, so it is parked again.
+        // Killed between update and release: held with its hint. Read back
+        // as parked; placing it again repeats the update and releases it.
+        let half = held("", "node3", Some(1));
+        assert_eq!(current(&half, &n), Target::Parked);
+        let t = Target::Gpu {
+            node: "node3".into(),
+            gpu: 1,
+        };
+        let calls = update_args(&half, &t, &n).unwrap();
+        assert_eq!(calls.last().unwrap(), &vec!["release", "7"]);
+        // Released by hand without a slot: not placed, so it is held again.
         let loose = job("", "", None);
         assert_eq!(current(&loose, &n), Target::Parked);
-        assert!(update_args(&loose, &Target::Parked, &n).is_some());
+        assert_eq!(
+            update_args(&loose, &Target::Parked, &n).unwrap(),
+            [vec!["hold", "7"]]
+        );
     }
 }

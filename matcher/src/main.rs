@@ -190,11 +190,12 @@ fn round(config: &muxflow::Config, slurm: &SlurmCli, dry_run: bool) -> anyhow::R
     let mut plan = plan(&state, &model, &config.policy, &config.matcher, &names);
     if !dry_run {
         for d in &mut plan.decisions {
-            if let Some(args) = &d.update {
-                if let Err(e) = slurm.update(args) {
+            for call in d.update.iter().flatten() {
+                if let Err(e) = slurm.scontrol(call) {
                     // The next round sees Slurm's real hints and retries.
                     tracing::warn!("job {}: {e}", d.job);
                     d.reason = format!("update failed ({e}); {}", d.reason);
+                    break;
                 }
             }
         }

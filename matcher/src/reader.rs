@@ -253,6 +253,8 @@ pub struct PendingJob {
     /// keeps the first typed GRES a job was given through every later update,
     /// so once set it fixes the GPU index the job can be placed on.
     pub slot_gpu: Option<u32>,
+    /// Held (priority 0): how job_submit.lua parks offline jobs.
+    pub held: bool,
 }
 
 /// Everything one round needs, read from Slurm.
@@ -312,6 +314,7 @@ impl ClusterState {
                         features: j.features.clone(),
                         required_nodes: j.required_nodes.clone(),
                         slot_gpu,
+                        held: j.state_reason.starts_with("JobHeld"),
                     });
                 }
                 _ => {}

@@ -65,9 +65,9 @@ pub struct Decision {
     pub gpu: Option<u32>,
     pub predicted: Option<f64>,
     pub reason: String,
-    /// `scontrol update` arguments, when the hint changes.
+    /// The scontrol calls (full argument lists) that change the hint.
     #[serde(skip)]
-    pub update: Option<Vec<String>>,
+    pub update: Option<Vec<Vec<String>>>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -327,6 +327,7 @@ mod tests {
             features: features.into(),
             required_nodes: req.into(),
             slot_gpu: slot,
+            held: false,
         }
     }
 
@@ -394,19 +395,16 @@ mod tests {
             .iter()
             .map(|d| (d.job, d.action, d.update.clone()))
             .collect();
-        let args = |v: &[&str]| Some(v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        let args = |v: &[&str]| Some(vec![v.iter().map(|s| s.to_string()).collect::<Vec<_>>()]);
         assert_eq!(
             d,
             [
-                (
-                    1,
-                    Action::Park,
-                    args(&["JobId=1", "ReqNodeList=", "Features=muxflow_unplaced"])
-                ),
+                (1, Action::Park, args(&["hold", "1"])),
                 (
                     2,
                     Action::Place,
                     args(&[
+                        "update",
                         "JobId=2",
                         "ReqNodeList=a",
                         "Gres=mfslot:g0:1",

@@ -85,10 +85,8 @@ impl SlurmCli {
         Ok(runs_from_sacct(&reader::parse_sacct(&text)?))
     }
 
-    /// One `scontrol update` with the given `Key=value` arguments.
-    pub fn update(&self, args: &[String]) -> Result<(), SlurmError> {
-        let mut a = vec!["update".to_string()];
-        a.extend(args.iter().cloned());
-        self.run("scontrol", &a).map(|_| ())
+    /// One scontrol call (`update …`, `hold N`, `release N`).
+    pub fn scontrol(&self, args: &[String]) -> Result<(), SlurmError> {
+        self.run("scontrol", args).map(|_| ())
     }
 }

@@ -117,12 +117,13 @@ fn a_round_on_the_recording_places_the_parked_job_on_the_only_open_gpu() {
     assert_eq!((d.node.as_deref(), d.gpu), (Some("node1"), Some(0)));
     assert_eq!(
         d.update.as_deref().unwrap(),
-        [
+        [vec![
+            "update",
             "JobId=17",
             "ReqNodeList=node1",
             "Gres=mfslot:g0:1",
             "Features="
-        ]
+        ]]
     );
     // Default predictor: share = 100 - 35 - 10 = 55% -> min(1, 0.55 / 0.5).
     assert_eq!(d.predicted, Some(1.0));
