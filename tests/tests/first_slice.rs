@@ -46,6 +46,9 @@ fn offline_mode_reaches_the_batch_step_and_an_inner_srun() {
              srun sh -c 'echo \"step MUXFLOW_MODE=$MUXFLOW_MODE\"'\n",
         )
         .unwrap();
+    // Offline jobs wait, held, for a placement (the matcher's job).
+    assert_eq!(c.job_field(id, "Reason"), "JobHeldUser");
+    c.place(id, "node3", 0);
     let end = c.wait(id, WAIT);
     assert_eq!(
         (end.state.as_str(), end.exit_code.as_str()),
