@@ -228,6 +228,21 @@ impl Cluster {
         path
     }
 
+    /// Submits with a client-side plugstack.conf of `plugstack` (see
+    /// [`client_conf_with_plugstack`](Self::client_conf_with_plugstack)).
+    pub fn sbatch_with_plugstack(
+        &self,
+        dir: &Path,
+        plugstack: &str,
+        args: &[&str],
+        script: &str,
+    ) -> Result<u32, String> {
+        let conf = self.client_conf_with_plugstack(dir, plugstack);
+        let mut cmd = self.cmd("sbatch");
+        cmd.env("SLURM_CONF", &conf);
+        self.sbatch_with(cmd, args, script)
+    }
+
     /// The plugin's path and config, as the cluster's plugstack.conf has them.
     pub fn plugstack_line(&self) -> (String, String) {
         let text = std::fs::read_to_string(self.dir.join("etc/plugstack.conf")).unwrap();

@@ -93,14 +93,13 @@ fn unknown_plugstack_key_is_rejected_at_submit() {
     let c = Cluster::get();
     let (plugin, config) = c.plugstack_line();
     let dir = c.scratch("badargs");
-    let conf = c.client_conf_with_plugstack(
-        &dir,
-        &format!("required {plugin} config={config} colour=blue\n"),
-    );
-    let mut cmd = c.cmd("sbatch");
-    cmd.env("SLURM_CONF", &conf);
     let err = c
-        .sbatch_with(cmd, &["--muxflow=offline"], "#!/bin/sh\ntrue\n")
+        .sbatch_with_plugstack(
+            &dir,
+            &format!("required {plugin} config={config} colour=blue\n"),
+            &["--muxflow=offline"],
+            "#!/bin/sh\ntrue\n",
+        )
         .unwrap_err();
     assert!(
         err.contains("unknown muxflow argument key 'colour'"),
@@ -117,14 +116,13 @@ fn bad_config_value_is_rejected_at_submit_naming_file_line_and_key() {
     let dir = c.scratch("badconfig");
     let toml = dir.join("muxflow.toml");
     std::fs::write(&toml, "[policy]\nsm_floor = 10\nsm_ceiling = 250\n").unwrap();
-    let conf = c.client_conf_with_plugstack(
-        &dir,
-        &format!("required {plugin} config={}\n", toml.display()),
-    );
-    let mut cmd = c.cmd("sbatch");
-    cmd.env("SLURM_CONF", &conf);
     let err = c
-        .sbatch_with(cmd, &["--muxflow=online"], "#!/bin/sh\ntrue\n")
+        .sbatch_with_plugstack(
+            &dir,
+            &format!("required {plugin} config={}\n", toml.display()),
+            &["--muxflow=online"],
+            "#!/bin/sh\ntrue\n",
+        )
         .unwrap_err();
     assert!(err.contains(&format!("{}:3:", toml.display())), "{err}");
     assert!(err.contains("policy.sm_ceiling"), "{err}");
@@ -137,14 +135,13 @@ fn missing_config_is_rejected_at_submit() {
     let c = Cluster::get();
     let (plugin, _) = c.plugstack_line();
     let dir = c.scratch("noconfig");
-    let conf = c.client_conf_with_plugstack(
-        &dir,
-        &format!("required {plugin} config={}/absent.toml\n", dir.display()),
-    );
-    let mut cmd = c.cmd("sbatch");
-    cmd.env("SLURM_CONF", &conf);
     let err = c
-        .sbatch_with(cmd, &["--muxflow=offline"], "#!/bin/sh\ntrue\n")
+        .sbatch_with_plugstack(
+            &dir,
+            &format!("required {plugin} config={}/absent.toml\n", dir.display()),
+            &["--muxflow=offline"],
+            "#!/bin/sh\ntrue\n",
+        )
         .unwrap_err();
     assert!(
         err.contains("cannot read muxflow config") && err.contains("absent.toml"),
@@ -157,13 +154,14 @@ fn broken_plugstack_does_not_stop_jobs_that_do_not_use_muxflow() {
     let c = Cluster::get();
     let (plugin, config) = c.plugstack_line();
     let dir = c.scratch("badargs-plain");
-    let conf = c.client_conf_with_plugstack(
-        &dir,
-        &format!("required {plugin} config={config} colour=blue\n"),
-    );
-    let mut cmd = c.cmd("sbatch");
-    cmd.env("SLURM_CONF", &conf);
-    let id = c.sbatch_with(cmd, &[], "#!/bin/sh\ntrue\n").unwrap();
+    let id = c
+        .sbatch_with_plugstack(
+            &dir,
+            &format!("required {plugin} config={config} colour=blue\n"),
+            &[],
+            "#!/bin/sh\ntrue\n",
+        )
+        .unwrap();
     assert_eq!(c.wait(id, WAIT).state, "COMPLETED");
     c.assert_no_drain();
 }
