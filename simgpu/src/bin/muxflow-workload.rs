@@ -36,6 +36,9 @@ enum Mode {
         kernel_us: u64,
         #[arg(long, default_value_t = 64)]
         blocks: u32,
+        /// Memory held for the whole run (model weights, KV cache), MiB.
+        #[arg(long, default_value_t = 0)]
+        alloc_mib: u64,
         #[arg(long, default_value_t = 0)]
         device: c_int,
     },
@@ -229,6 +232,7 @@ fn main() {
                     kernels,
                     kernel_us,
                     blocks,
+                    alloc_mib,
                     ..
                 } => {
                     let name = CString::new(format!("sim_kernel_{kernel_us}us")).unwrap();
@@ -237,6 +241,14 @@ fn main() {
                         (cu.get_function)(&mut f, module, name.as_ptr()),
                         "cuModuleGetFunction",
                     )?;
+                    if alloc_mib > 0 {
+                        let mut held = 0u64;
+                        ok(
+                            (cu.alloc)(&mut held, (alloc_mib << 20) as usize),
+                            "cuMemAlloc",
+                        )?;
+                        allocs.push(held);
+                    }
                     let mut lat = Vec::new();
                     let period = 1.0 / rate.max(0.001);
                     let mut res = Ok(());
