@@ -181,6 +181,11 @@ pub struct Paths {
     pub gpu_device: String,
     /// Log of the node programs (Prolog, Epilog, health check); `{node}` expands.
     pub node_log: AbsPath,
+    /// The kernel log the NVIDIA driver writes Xid records to. The node
+    /// programs read it from a cursor, so an Xid between two runs is still
+    /// seen (NVML events reach only a program registered at that moment).
+    /// Skipped with a debug line when unreadable. `{node}` expands.
+    pub kernel_log: AbsPath,
 }
 
 impl Default for Paths {
@@ -194,6 +199,7 @@ impl Default for Paths {
             nvml_library: None,
             gpu_device: "/dev/nvidia{index}".to_string(),
             node_log: abs("/var/log/muxflow/node.log"),
+            kernel_log: abs("/dev/kmsg"),
         }
     }
 }
@@ -553,6 +559,7 @@ impl Config {
             &mut self.paths.mps_pipe_root,
             &mut self.paths.mps_log_root,
             &mut self.paths.node_log,
+            &mut self.paths.kernel_log,
         ] {
             let s = p.0.to_string_lossy().replace("{node}", node);
             p.0 = PathBuf::from(s);

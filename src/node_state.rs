@@ -71,6 +71,33 @@ pub struct GpuLock {
     _file: File,
 }
 
+/// Held node-wide lock (flock on `<dir>/lock`), released on drop.
+pub struct NodeLock {
+    _file: File,
+}
+
+/// Opens `path` (never through a symlink) and takes an exclusive flock.
+fn lock_file(path: &Path) -> Result<File, StateError> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(io(path))?;
+    // SAFETY: flock on a file descriptor this function owns.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
+    if rc != 0 {
+        return Err(StateError::Io {
+            path: path.to_path_buf(),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(file)
+}
+
 /// The state directory of one node.
 #[derive(Debug, Clone)]
 pub struct NodeState {
@@ -102,25 +129,19 @@ impl NodeState {
     pub fn lock_gpu(&self, gpu: u32) -> Result<GpuLock, StateError> {
         let dir = self.gpu_dir(gpu);
         fs::create_dir_all(&dir).map_err(io(&dir))?;
-        let path = dir.join("lock");
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o644)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&path)
-            .map_err(io(&path))?;
-        // SAFETY: flock on a file descriptor this function owns.
-        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
-        if rc != 0 {
-            return Err(StateError::Io {
-                path,
-                source: std::io::Error::last_os_error(),
-            });
-        }
-        Ok(GpuLock { _file: file })
+        Ok(GpuLock {
+            _file: lock_file(&dir.join("lock"))?,
+        })
+    }
+
+    /// Blocks until this process holds the node-wide lock (for state of the
+    /// whole node, such as the kernel log cursor). Never taken while a GPU
+    /// lock is held.
+    pub fn lock_node(&self) -> Result<NodeLock, StateError> {
+        fs::create_dir_all(&self.dir).map_err(io(&self.dir))?;
+        Ok(NodeLock {
+            _file: lock_file(&self.dir.join("lock"))?,
+        })
     }
 
     pub fn health_file(&self, gpu: u32) -> PathBuf {

@@ -99,6 +99,7 @@ fn init_logging(config: Option<&Config>) {
 
 pub mod detector;
 pub mod job;
+pub mod kmsg;
 pub mod nvml;
 pub mod publish;
 pub mod sysmon;

@@ -56,6 +56,8 @@ pub struct Telemetry {
     pub gpus: Vec<(u32, GpuRead)>,
     /// (GPU index, Xid) in arrival order.
     pub xids: Vec<(u32, u64)>,
+    /// (GPU index, PCI location), to place the kernel log's Xid records.
+    pub pci: Vec<(u32, crate::kmsg::Pci)>,
 }
 
 const MIB: u64 = 1 << 20;
@@ -82,8 +84,15 @@ pub fn read(lib: Option<&std::path::Path>, xid_watch: Duration) -> Result<Teleme
         }
     };
     let mut devices = Vec::new();
+    let mut pci = Vec::new();
     for i in 0..count {
         let d = nvml.device_by_index(i).map_err(|e| classify(("handle", e)));
+        if let Ok(p) = d.as_ref().map(|d| d.pci_info()) {
+            match p {
+                Ok(p) => pci.push((i, (p.domain, p.bus, p.device))),
+                Err(e) => tracing::debug!("GPU {i}: no PCI location: {e}"),
+            }
+        }
         if let (Ok(dev), Some(set)) = (&d, events.take()) {
             events = match dev.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
                 Ok(set) => Some(set),
@@ -169,7 +178,7 @@ pub fn read(lib: Option<&std::path::Path>, xid_watch: Duration) -> Result<Teleme
             }
         }
     }
-    Ok(Telemetry { gpus, xids })
+    Ok(Telemetry { gpus, xids, pci })
 }
 
 fn classify((what, e): (&'static str, NvmlError)) -> GpuRead {

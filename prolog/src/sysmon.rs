@@ -181,12 +181,43 @@ pub fn step(config: &Config, env: &JobEnv, trigger: Trigger) -> anyhow::Result<(
         Trigger::HealthCheck => Duration::from_millis(config.health.xid_watch_ms),
         _ => Duration::ZERO,
     };
-    let telemetry = nvml::read(
+    let mut telemetry = nvml::read(
         config.paths.nvml_library.as_ref().map(|p| p.as_path()),
         watch,
     );
+    if let Ok(t) = &mut telemetry {
+        add_kernel_log_xids(config, t);
+    }
     step_with(config, &node, trigger, telemetry, now_s())?;
     Ok(())
+}
+
+/// Adds the Xids the driver logged since the previous run (see
+/// [`crate::kmsg`]); one already delivered as an NVML event in this run is
+/// not counted twice.
+fn add_kernel_log_xids(config: &Config, t: &mut nvml::Telemetry) {
+    let ns = NodeState::new(config.paths.state_dir.as_path());
+    let logged = match crate::kmsg::new_xids(&ns, config.paths.kernel_log.as_path()) {
+        Ok(x) => x,
+        Err(e) => {
+            // No kernel log (a container, a restricted dmesg): NVML events remain.
+            tracing::debug!("{e}");
+            return;
+        }
+    };
+    let mut from_events = t.xids.clone();
+    for k in logged {
+        let Some(&(gpu, _)) = t.pci.iter().find(|(_, p)| *p == k.pci) else {
+            tracing::debug!(?k, "Xid of a PCI device that is no GPU here");
+            continue;
+        };
+        tracing::info!(gpu, xid = k.xid, seq = k.seq, "Xid in the kernel log");
+        if let Some(i) = from_events.iter().position(|e| *e == (gpu, k.xid)) {
+            from_events.swap_remove(i);
+        } else {
+            t.xids.push((gpu, k.xid));
+        }
+    }
 }
 
 /// [`step`] after the NVML read (the tests feed their own readings).
@@ -210,6 +241,7 @@ pub fn step_with(
                     .map(|g| (g, GpuRead::Failed(e.to_string())))
                     .collect(),
                 xids: Vec::new(),
+                pci: Vec::new(),
             }
         }
     };
@@ -392,6 +424,19 @@ fn update_solo(prev: Option<Solo>, ids: Vec<u32>, m: &Metrics, mem: u64, now: u6
     }
 }
 
+/// The process is gone or a zombie: it holds nothing a restart could break
+/// (and its environment can no longer be read).
+fn exited(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // `pid (comm) S ...`: the state follows the last ')'.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state == "Z" || state == "X"),
+        Err(_) => true,
+    }
+}
+
 /// The mode of the job a process belongs to: its SLURM_JOB_ID looked up in
 /// the GPU's registry, else the mode the plugin exported into its
 /// environment. None when neither says (treated as possibly online).
@@ -454,7 +499,7 @@ fn restart_mps(
     }
     for server in mps.server_pids()? {
         for client in mps.client_pids(server)? {
-            if process_mode(client, jobs) != Some(Mode::Offline) {
+            if !exited(client) && process_mode(client, jobs) != Some(Mode::Offline) {
                 tracing::info!(
                     gpu,
                     client,

@@ -58,6 +58,19 @@ impl GpuConfig {
         }
     }
 
+    /// PCI (domain, bus, device) the fake NVML reports and the simulated
+    /// kernel log names in Xid lines: bus 0x18 + 0x10 * index, like the
+    /// spread-out buses of an 8-GPU server.
+    pub fn pci(&self) -> (u32, u32, u32) {
+        (0, (0x18 + 0x10 * self.index) % 0x100, 0)
+    }
+
+    /// NVML's `busId` form of [`pci`](Self::pci): `00000000:18:00.0`.
+    pub fn pci_bus_id(&self) -> String {
+        let (domain, bus, device) = self.pci();
+        format!("{domain:08X}:{bus:02X}:{device:02X}.0")
+    }
+
     pub fn memory_bytes(&self) -> u64 {
         self.memory_mib * 1024 * 1024
     }

@@ -136,6 +136,11 @@ impl SimDir {
         append_line(&self.gpu_dir(index).join("events.log"), line);
     }
 
+    /// The node's simulated kernel log (what `/dev/kmsg` is on a real node).
+    pub fn kernel_log(&self) -> PathBuf {
+        self.root.join("kmsg")
+    }
+
     pub fn events(&self, index: u32) -> String {
         std::fs::read_to_string(self.gpu_dir(index).join("events.log")).unwrap_or_default()
     }

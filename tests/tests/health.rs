@@ -271,10 +271,11 @@ fn concurrent_steps_never_corrupt_or_lose_a_record() {
     assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
 }
 
-/// An MPS daemon on `node`/`gpu` with an online and an offline workload
-/// attached (registered as jobs `base` and `base + 1`).
+/// An MPS daemon on `node`/`gpu` with an offline workload attached and,
+/// unless started `offline_only`, an online one (registered as jobs `base`
+/// and `base + 1`).
 struct Pair {
-    online: Child,
+    online: Option<Child>,
     offline: Child,
     mps: MpsDaemon,
     ns: NodeState,
@@ -284,6 +285,21 @@ struct Pair {
 
 impl Pair {
     fn start(c: &Cluster, config: &Path, node: &str, gpu: u32, base: u32) -> Pair {
+        Pair::start_with(c, config, node, gpu, base, true)
+    }
+
+    fn offline_only(c: &Cluster, config: &Path, node: &str, gpu: u32, base: u32) -> Pair {
+        Pair::start_with(c, config, node, gpu, base, false)
+    }
+
+    fn start_with(
+        c: &Cluster,
+        config: &Path,
+        node: &str,
+        gpu: u32,
+        base: u32,
+        with_online: bool,
+    ) -> Pair {
         let cfg = node_config(config, node);
         let mps = MpsDaemon::for_gpu(&cfg, gpu);
         mps.ensure_running().unwrap();
@@ -291,7 +307,8 @@ impl Pair {
         let jobs = [base, base + 1];
         {
             let lock = ns.lock_gpu(gpu).unwrap();
-            for (id, mode) in [(jobs[0], Mode::Online), (jobs[1], Mode::Offline)] {
+            let modes = [(jobs[0], Mode::Online), (jobs[1], Mode::Offline)];
+            for &(id, mode) in &modes[usize::from(!with_online)..] {
                 let job = JobRecord {
                     job_id: id,
                     mode,
@@ -312,7 +329,7 @@ impl Pair {
                 .stderr(Stdio::piped());
             cmd.spawn().unwrap()
         };
-        let online = spawn(&["online", "--duration", "120"], jobs[0]);
+        let online = with_online.then(|| spawn(&["online", "--duration", "120"], jobs[0]));
         let offline = spawn(&["offline", "--duration", "120"], jobs[1]);
         let pair = Pair {
             online,
@@ -322,7 +339,7 @@ impl Pair {
             gpu,
             jobs,
         };
-        pair.wait_clients(2);
+        pair.wait_clients(1 + usize::from(with_online));
         pair
     }
 
@@ -365,29 +382,30 @@ impl Pair {
         std::io::Read::read_to_string(self.offline.stderr.as_mut().unwrap(), &mut out).unwrap();
         assert!(!status.success(), "offline: {out}");
         assert!(out.contains("CUDA_ERROR_MPS_CLIENT_TERMINATED"), "{out}");
-        assert!(
-            self.online.try_wait().unwrap().is_none(),
-            "the online job died"
-        );
-        assert!(
-            self.clients().contains(&self.online.id()),
-            "online detached"
-        );
+        let online = self.online.as_mut().expect("an online workload");
+        assert!(online.try_wait().unwrap().is_none(), "the online job died");
+        let pid = online.id();
+        assert!(self.clients().contains(&pid), "online detached");
     }
 
     fn stop(mut self) {
         // SIGTERM: the workload's graceful exit (sync, release, exit 0).
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.online.id().to_string()])
-            .status();
+        if let Some(online) = &self.online {
+            let _ = Command::new("kill")
+                .args(["-TERM", &online.id().to_string()])
+                .status();
+        }
         let _ = self.offline.kill();
-        let online = self.online.wait_with_output().unwrap();
+        let online = self.online.take().map(|o| o.wait_with_output().unwrap());
         let _ = self.offline.wait();
         let _ = self.mps.quit();
         let lock = self.ns.lock_gpu(self.gpu).unwrap();
         for j in self.jobs {
             self.ns.remove_job(&lock, self.gpu, j).unwrap();
         }
+        let Some(online) = online else {
+            return;
+        };
         let out = String::from_utf8_lossy(&online.stdout);
         assert!(
             online.status.success(),
@@ -502,6 +520,84 @@ fn xid_event_evicts_the_offline_client_and_keeps_the_online_job() {
     assert_eq!(delta("action.evict_offline"), 1, "{r}");
     pair.stop();
     c.assert_no_drain();
+}
+
+#[test]
+fn xid_between_health_checks_is_read_from_the_kernel_log() {
+    let c = Cluster::get();
+    // No NVML watch window: only the kernel log can tell. (Another test's
+    // step on this node may read the record first; it acts the same.)
+    let cfg = test_config(&c, "kmsg", &format!("{DWELL}xid_watch_ms = 0\n"));
+    let (node, gpu) = ("node1", 0);
+    let mut pair = Pair::start(&c, &cfg, node, gpu, 990_021);
+    health(&c, &cfg, node);
+    let before = record(&pair.ns, gpu);
+    // Xid 43 (GPU stopped processing) while no program watches NVML events.
+    fault(&c, node, gpu, &["xid", "43"]);
+    let log = health(&c, &cfg, node);
+    assert_eq!(
+        pair.ns.health(gpu).unwrap(),
+        Some(HealthState::Faulty),
+        "{log}"
+    );
+    pair.assert_offline_evicted_online_alive();
+    let delta = |key: &str| {
+        let r = record(&pair.ns, gpu);
+        (counter(&r, key) - counter(&before, key), r)
+    };
+    let (n, r) = delta("rule.xid_app");
+    assert_eq!(n, 1, "{r}\n{log}");
+    assert_eq!(delta("action.evict_offline").0, 1, "{r}");
+    // The record is acted on once.
+    health(&c, &cfg, node);
+    assert_eq!(delta("rule.xid_app").0, 1);
+    pair.stop();
+    assert_not_drained(&c, node);
+}
+
+#[test]
+fn fatal_xid_restarts_the_mps_daemon_only_without_an_online_client() {
+    let c = Cluster::get();
+    let cfg = test_config(&c, "restart", DWELL);
+    let (node, gpu) = ("node4", 0);
+    let mut pair = Pair::offline_only(&c, &cfg, node, gpu, 990_031);
+    health(&c, &cfg, node);
+    let before = record(&pair.ns, gpu);
+    let servers = pair.mps.server_pids().unwrap();
+    assert_eq!(servers.len(), 1, "{servers:?}");
+    // Xid 48 (double-bit ECC): every client of the GPU fails.
+    fault(&c, node, gpu, &["xid", "48"]);
+    let log = health(&c, &cfg, node);
+    let r = record(&pair.ns, gpu);
+    let delta = |key: &str| counter(&r, key) - counter(&before, key);
+    assert_eq!(delta("rule.xid_fatal"), 1, "{r}\n{log}");
+    assert_eq!(delta("action.restart_mps"), 1, "{r}\n{log}");
+    assert_eq!(pair.ns.health(gpu).unwrap(), Some(HealthState::Faulty));
+    // The old server is gone; the daemon is back for the job still recorded.
+    assert!(pair.mps.is_running(), "daemon not restarted:\n{log}");
+    let now = pair.mps.server_pids().unwrap_or_default();
+    assert!(
+        !now.contains(&servers[0]),
+        "old server {servers:?} still up"
+    );
+    let start = Instant::now();
+    while pair.offline.try_wait().unwrap().is_none() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "offline client alive"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    fault(&c, node, gpu, &["clear"]);
+    pair.stop();
+    // (node4's gpu1 is drained on purpose by the lost-GPU test.)
+    let (_, reason) = node_reason(&c, node);
+    assert!(!reason.contains("gpu0"), "{reason}");
+}
+
+fn assert_not_drained(c: &Cluster, node: &str) {
+    let (state, reason) = node_reason(c, node);
+    assert!(!state.contains("drain"), "{node}: {state} {reason}");
 }
 
 fn node_reason(c: &Cluster, node: &str) -> (String, String) {

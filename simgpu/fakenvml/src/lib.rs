@@ -233,6 +233,32 @@ pub unsafe extern "C" fn nvmlDeviceGetIndex(d: nvmlDevice_t, i: *mut c_uint) -> 
     guard(|| put(i, gpu(d)?.1.cfg.index))
 }
 
+/// PCI location; H100's device id 0x2330 (10de vendor in the low half).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(d: nvmlDevice_t, p: *mut nvmlPciInfo_t) -> Ret {
+    guard(|| {
+        let cfg = &gpu(d)?.1.cfg;
+        let (domain, bus, device) = cfg.pci();
+        // SAFETY: an all-zero nvmlPciInfo_t is valid (integers and C strings).
+        let mut info: nvmlPciInfo_t = unsafe { std::mem::zeroed() };
+        info.domain = domain;
+        info.bus = bus;
+        info.device = device;
+        info.pciDeviceId = 0x2330_10de;
+        info.pciSubSystemId = 0x16c1_10de;
+        let id = cfg.pci_bus_id();
+        for (dst, b) in info.busId.iter_mut().zip(id.bytes()) {
+            *dst = b as c_char;
+        }
+        let legacy = &id[4..];
+        for (dst, b) in info.busIdLegacy.iter_mut().zip(legacy.bytes()) {
+            *dst = b as c_char;
+        }
+        // SAFETY: `p` checked non-null by `put`.
+        unsafe { put(p, info) }
+    })
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     d: nvmlDevice_t,

@@ -1,0 +1,285 @@
+//! Xid records in the kernel log. The NVIDIA driver logs every Xid there
+//! (`NVRM: Xid (PCI:0000:18:00): 31, pid=…`), while an NVML event reaches
+//! only a program registered at that moment; reading the log from a cursor
+//! lets each node program see the Xids since the previous one ran.
+//!
+//! The log is `/dev/kmsg` (one `prio,seq,usec,flags;text` record per read,
+//! EAGAIN at the end) or a regular file of such lines (the simulated GPU's).
+//! The cursor (boot id + next sequence number) lives in the node's state
+//! directory, taken and advanced under the node lock so two concurrent runs
+//! never act on the same record twice.
+
+use std::io::{ErrorKind, Read};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use muxflow::node_state::{write_atomic, NodeState, StateError};
+use serde::{Deserialize, Serialize};
+
+/// A PCI location: (domain, bus, device).
+pub type Pci = (u32, u32, u32);
+
+/// One Xid the driver logged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelXid {
+    pub seq: u64,
+    pub pci: Pci,
+    pub xid: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum KmsgError {
+    #[error("reading the kernel log {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    State(#[from] StateError),
+}
+
+/// Where reading resumes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cursor {
+    /// `/proc/sys/kernel/random/boot_id` when written: sequence numbers
+    /// restart at every boot.
+    pub boot_id: String,
+    /// The first sequence number not yet looked at.
+    pub next: u64,
+}
+
+/// `prio,seq,usec,flags;text` -> (seq, text). Continuation lines (a leading
+/// space: the record's key=value dictionary) and other text give None.
+pub fn parse_record(line: &str) -> Option<(u64, &str)> {
+    let (head, text) = line.split_once(';')?;
+    let seq = head.split(',').nth(1)?.parse().ok()?;
+    Some((seq, text.trim_end()))
+}
+
+/// `NVRM: Xid (PCI:0000:18:00): 31, pid=…` -> ((0, 0x18, 0), 31).
+pub fn parse_xid(text: &str) -> Option<(Pci, u64)> {
+    let rest = &text[text.find("NVRM: Xid (PCI:")? + "NVRM: Xid (PCI:".len()..];
+    let (addr, rest) = rest.split_once("): ")?;
+    let mut parts = addr.split(':').map(|p| u32::from_str_radix(p, 16).ok());
+    let pci = match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some(Some(d)), Some(Some(b)), Some(Some(dev)), None) => (d, b, dev),
+        // Older drivers leave the domain out: `PCI:18:00`.
+        (Some(Some(b)), Some(Some(dev)), None, None) => (0, b, dev),
+        _ => return None,
+    };
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    Some((pci, digits.parse().ok()?))
+}
+
+/// Every (seq, text) record in the log, oldest first.
+pub fn read_records(path: &Path) -> std::io::Result<Vec<(u64, String)>> {
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let mut records = Vec::new();
+    if f.metadata()?.file_type().is_char_device() {
+        // /dev/kmsg: one record per read; EPIPE when the ring buffer
+        // overwrote the next record (reading goes on at the oldest left).
+        let mut buf = vec![0u8; 8192];
+        loop {
+            match f.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    let text = String::from_utf8_lossy(&buf[..n]);
+                    if let Some((seq, t)) = text.lines().next().and_then(parse_record) {
+                        records.push((seq, t.to_string()));
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::BrokenPipe => continue,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    } else {
+        let mut text = String::new();
+        f.read_to_string(&mut text)?;
+        records.extend(
+            text.lines()
+                .filter_map(parse_record)
+                .map(|(s, t)| (s, t.to_string())),
+        );
+    }
+    Ok(records)
+}
+
+/// The records after `cursor`, and the cursor to store. Without a cursor
+/// (first run on this node) the log's history is skipped: old Xids were
+/// handled, or not, before muxflow was installed. A new boot, or a log that
+/// restarted below the cursor, is read from its start.
+pub fn select_new(
+    records: &[(u64, String)],
+    cursor: Option<&Cursor>,
+    boot_id: &str,
+) -> (Vec<KernelXid>, Cursor) {
+    let last = records.iter().map(|(s, _)| *s).max();
+    let next_after = last.map_or(0, |l| l + 1);
+    let from = match cursor {
+        None => next_after,
+        Some(c) if c.boot_id != boot_id => 0,
+        Some(c) if next_after < c.next => 0,
+        Some(c) => c.next,
+    };
+    let xids = records
+        .iter()
+        .filter(|(s, _)| *s >= from)
+        .filter_map(|(seq, text)| {
+            parse_xid(text).map(|(pci, xid)| KernelXid {
+                seq: *seq,
+                pci,
+                xid,
+            })
+        })
+        .collect();
+    let next = match cursor {
+        Some(c) if records.is_empty() && c.boot_id == boot_id => c.next,
+        _ => next_after,
+    };
+    (
+        xids,
+        Cursor {
+            boot_id: boot_id.to_string(),
+            next,
+        },
+    )
+}
+
+fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+fn cursor_path(ns: &NodeState) -> PathBuf {
+    ns.dir().join("kernel-log-cursor.json")
+}
+
+/// The Xids logged since the previous run on this node; advances the cursor.
+pub fn new_xids(ns: &NodeState, log: &Path) -> Result<Vec<KernelXid>, KmsgError> {
+    let _lock = ns.lock_node()?;
+    let records = read_records(log).map_err(|source| KmsgError::Read {
+        path: log.to_path_buf(),
+        source,
+    })?;
+    let path = cursor_path(ns);
+    let cursor = std::fs::read(&path)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Cursor>(&b).ok());
+    let (xids, next) = select_new(&records, cursor.as_ref(), &boot_id());
+    if cursor.as_ref() != Some(&next) {
+        let bytes = serde_json::to_vec(&next).expect("cursor serializes");
+        write_atomic(&path, &bytes)?;
+    }
+    Ok(xids)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const APP: &str = "NVRM: Xid (PCI:0000:3b:00): 31, pid=10553, name=python, Ch 00000008, intr 00000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x7f2a_d9000000.";
+    const LOST: &str =
+        "NVRM: Xid (PCI:0000:9a:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.";
+
+    #[test]
+    fn parses_driver_xid_lines() {
+        assert_eq!(parse_xid(APP), Some(((0, 0x3b, 0), 31)));
+        assert_eq!(parse_xid(LOST), Some(((0, 0x9a, 0), 79)));
+        assert_eq!(
+            parse_xid("NVRM: Xid (PCI:18:00): 48, An uncorrectable double bit error"),
+            Some(((0, 0x18, 0), 48))
+        );
+        for other in [
+            "NVRM: GPU at PCI:0000:3b:00: GPU-1234",
+            "NVRM: Xid (PCI:zz:00): 31, x",
+            "NVRM: Xid (PCI:0000:3b:00): , pid=1",
+            "usb 1-1: new high-speed USB device",
+        ] {
+            assert_eq!(parse_xid(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn parses_kmsg_records() {
+        assert_eq!(
+            parse_record(&format!("3,1042,8123456789,-;{APP}")),
+            Some((1042, APP))
+        );
+        assert_eq!(parse_record(" DEVICE=+pci:0000:3b:00.0"), None);
+        assert_eq!(parse_record("garbage"), None);
+    }
+
+    fn recs(list: &[(u64, &str)]) -> Vec<(u64, String)> {
+        list.iter().map(|(s, t)| (*s, t.to_string())).collect()
+    }
+
+    #[test]
+    fn cursor_skips_history_then_reads_only_new_records() {
+        let log = recs(&[(7, APP), (8, "other")]);
+        let (xids, c) = select_new(&log, None, "boot-a");
+        assert!(xids.is_empty(), "history before the first run is skipped");
+        assert_eq!(c.next, 9);
+
+        let log = recs(&[(7, APP), (8, "other"), (9, LOST), (10, APP)]);
+        let (xids, c2) = select_new(&log, Some(&c), "boot-a");
+        assert_eq!(
+            xids.iter().map(|x| (x.seq, x.xid)).collect::<Vec<_>>(),
+            vec![(9, 79), (10, 31)]
+        );
+        assert_eq!(c2.next, 11);
+
+        let (xids, c3) = select_new(&log, Some(&c2), "boot-a");
+        assert!(xids.is_empty(), "nothing twice");
+        assert_eq!(c3, c2);
+    }
+
+    #[test]
+    fn new_boot_or_restarted_log_reads_from_the_start() {
+        let c = Cursor {
+            boot_id: "boot-a".into(),
+            next: 500,
+        };
+        let log = recs(&[(0, "Linux version"), (3, APP)]);
+        let (xids, c2) = select_new(&log, Some(&c), "boot-b");
+        assert_eq!(xids.len(), 1, "a new boot");
+        assert_eq!(c2.next, 4);
+        let (xids, _) = select_new(&log, Some(&c), "boot-a");
+        assert_eq!(
+            xids.len(),
+            1,
+            "sequence below the cursor: the log restarted"
+        );
+        // An empty log keeps the cursor.
+        let (xids, c3) = select_new(&[], Some(&c), "boot-a");
+        assert!(xids.is_empty());
+        assert_eq!(c3, c);
+    }
+
+    #[test]
+    fn file_log_round_trip_through_the_state_dir() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let log = dir.join("kmsg");
+        std::fs::write(&log, format!("6,0,1,-;boot\n3,1,2,-;{APP}\n")).unwrap();
+        let ns = NodeState::new(dir.join("state"));
+        assert!(new_xids(&ns, &log).unwrap().is_empty(), "first run");
+        let mut text = std::fs::read_to_string(&log).unwrap();
+        text.push_str(&format!("3,2,3,-;{LOST}\n"));
+        std::fs::write(&log, text).unwrap();
+        let got = new_xids(&ns, &log).unwrap();
+        assert_eq!(got.len(), 1);
+        assert_eq!((got[0].pci, got[0].xid), ((0, 0x9a, 0), 79));
+        assert!(new_xids(&ns, &log).unwrap().is_empty());
+        assert!(matches!(
+            new_xids(&ns, &dir.join("missing")),
+            Err(KmsgError::Read { .. })
+        ));
+    }
+}
