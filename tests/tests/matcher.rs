@@ -1,9 +1,11 @@
 //! muxflow-matcher on the dev cluster (4 nodes x 2 simulated GPUs).
 //!
-//! Health is scripted through each node's `Extra` (what the node health
-//! checks publish), set just before each round; online and offline jobs are
-//! `sleep`s tagged in AdminComment the way job_submit.lua tags them; offline
-//! jobs are parked by hand (held submit, parking feature, release).
+//! Nothing is scripted behind the node programs' back: online jobs are
+//! `--muxflow=online` workloads on the simulated GPUs (an external load on
+//! their GPU sets their SM activity, `--alloc-mib` their memory), and the
+//! node health checks measure and publish what the matcher reads. A faulty
+//! GPU is made by an Xid the health check finds in the kernel log. Offline
+//! jobs are `--muxflow=offline`, parked by job_submit.lua's hold.
 //!
 //! One test function: the matcher acts on every pending offline job of the
 //! cluster, so the steps must not run in parallel with each other.
@@ -12,20 +14,21 @@ use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use muxflow_tests::{kv, Cluster};
+use muxflow::health::HealthState;
+use muxflow::published::GpuPublished;
+use muxflow_tests::Cluster;
 
-const PARK: &str = "muxflow_unplaced";
 const PREFIX: &str = "mfm-";
+const WAIT: Duration = Duration::from_secs(60);
 
-fn matcher_bin() -> PathBuf {
+fn target() -> PathBuf {
     std::env::var_os("MUXFLOW_TARGET")
         .map(PathBuf::from)
         .expect("MUXFLOW_TARGET (source the dev cluster's env)")
-        .join("muxflow-matcher")
 }
 
 fn matcher(c: &Cluster) -> Command {
-    let mut cmd = c.cmd(matcher_bin().to_str().unwrap());
+    let mut cmd = c.cmd(target().join("muxflow-matcher").to_str().unwrap());
     cmd.arg("--config").arg(c.dir.join("etc/muxflow.toml"));
     cmd
 }
@@ -41,112 +44,166 @@ fn scontrol(c: &Cluster, args: &[&str]) -> Result<String, String> {
     }
 }
 
-fn submit(c: &Cluster, name: &str, extra: &[&str]) -> u32 {
-    let mut args = vec!["-H", "--job-name", name];
-    args.extend_from_slice(extra);
-    c.sbatch(&args, "#!/bin/sh\nsleep 300\n")
-        .unwrap_or_else(|e| panic!("sbatch {name}: {e}"))
+fn sim(c: &Cluster, args: &[&str]) {
+    let mut cmd = Command::new(target().join("simgpu-ctl"));
+    cmd.args(args);
+    let (ok, out, err) = c.run(cmd);
+    assert!(ok, "simgpu-ctl {args:?}: {out}{err}");
 }
 
-/// An online job on `node`; returns (job, GPU index Slurm gave it).
-fn online(c: &Cluster, name: &str, node: &str) -> (u32, u32) {
-    let id = submit(c, name, &["-w", node, "--gres=gpu:1"]);
-    scontrol(
+/// A constant external load on a simulated GPU: what the online job's own
+/// kernels would keep busy.
+fn load(c: &Cluster, node: &str, gpu: u32, fraction: f64) {
+    let dir = c.dir.join("sim/state");
+    let gpu = gpu.to_string();
+    let fraction = fraction.to_string();
+    sim(
         c,
         &[
-            "update",
-            &format!("JobId={id}"),
-            "AdminComment=muxflow:v1 mode=online",
+            "load",
+            dir.to_str().unwrap(),
+            "--node",
+            node,
+            "--gpu",
+            &gpu,
+            &fraction,
         ],
+    );
+}
+
+/// An Xid on a simulated GPU (NVML event + kernel log record).
+fn xid(c: &Cluster, node: &str, gpu: u32, code: u32) {
+    let dir = c.dir.join("sim/state");
+    let (gpu, code) = (gpu.to_string(), code.to_string());
+    sim(
+        c,
+        &[
+            "fault",
+            dir.to_str().unwrap(),
+            "--node",
+            node,
+            "--gpu",
+            &gpu,
+            "xid",
+            &code,
+        ],
+    );
+}
+
+/// The cluster's muxflow.toml with short dwell times, for health steps
+/// that settle a GPU quickly.
+fn quick_config(c: &Cluster) -> PathBuf {
+    let base = std::fs::read_to_string(c.dir.join("etc/muxflow.toml")).unwrap();
+    let path = c.scratch("matcher-health").join("muxflow.toml");
+    std::fs::write(
+        &path,
+        format!("{base}\n[health]\nmin_dwell_s = 1\nrecovery_quiet_s = 1\n"),
     )
     .unwrap();
-    scontrol(c, &["release", &id.to_string()]).unwrap();
-    c.wait_running(id, Duration::from_secs(30));
+    path
+}
+
+/// One health step on `node`, as slurmd's HealthCheckProgram runs it.
+fn health(c: &Cluster, config: &std::path::Path, node: &str) {
+    let mut cmd = c.cmd(target().join("muxflow-health").to_str().unwrap());
+    cmd.arg("--config").arg(config).env("SLURMD_NODENAME", node);
+    let (ok, out, err) = c.run(cmd);
+    assert!(ok, "muxflow-health {node}: {out}{err}");
+}
+
+/// The node's GPU states as published in Slurm (what the matcher reads).
+fn published(c: &Cluster, node: &str) -> Vec<GpuPublished> {
+    let mut cmd = c.cmd("sinfo");
+    cmd.args(["-h", "-N", "-n", node, "-O", "Extra:4096"]);
+    let (_, out, _) = c.run(cmd);
+    muxflow::published::decode(out.trim()).unwrap_or_default()
+}
+
+fn gpu_published(c: &Cluster, node: &str, gpu: u32) -> Option<GpuPublished> {
+    published(c, node).into_iter().find(|g| g.index == gpu)
+}
+
+/// Steps `node` until GPU `gpu` is published Healthy with its online job's
+/// solo figures measured (at least `mem_mib` of memory in use).
+fn settle(c: &Cluster, config: &std::path::Path, node: &str, gpu: u32, mem_mib: u64) {
+    let start = Instant::now();
+    loop {
+        health(c, config, node);
+        let g = gpu_published(c, node, gpu);
+        let ready = g.as_ref().is_some_and(|g| {
+            g.state == HealthState::Healthy
+                && g.solo_sm_pct.is_some()
+                && g.online_mem_mib.unwrap_or(0) >= mem_mib
+        });
+        if ready {
+            return;
+        }
+        assert!(
+            start.elapsed() < WAIT,
+            "{node} gpu{gpu} never settled healthy with solo figures: {g:?}"
+        );
+        std::thread::sleep(Duration::from_millis(1100));
+    }
+}
+
+/// `GRES=` of the job's first node in `scontrol -d show job`.
+fn detail_gres(c: &Cluster, id: u32) -> String {
+    let out = scontrol(c, &["-d", "show", "job", &id.to_string()]).unwrap();
+    out.split_whitespace()
+        .find_map(|w| w.strip_prefix("GRES="))
+        .unwrap_or("")
+        .to_string()
+}
+
+/// An online workload on `node` that keeps `sm` of its GPU busy and holds
+/// `mem_mib`; returns (job, GPU index Slurm gave it).
+fn online(c: &Cluster, name: &str, node: &str, sm: f64, mem_mib: u64) -> (u32, u32) {
+    // Slurm picks the GPU: load both, then take the load off the other.
+    for g in 0..2 {
+        load(c, node, g, sm);
+    }
+    let script = format!(
+        "#!/bin/sh\n{}\n",
+        c.workload(&format!("online --rate 20 --alloc-mib {mem_mib}"))
+    );
+    let id = c
+        .sbatch(
+            &[
+                "--muxflow=online",
+                "--gres=gpu:1",
+                "-w",
+                node,
+                "--job-name",
+                name,
+            ],
+            &script,
+        )
+        .unwrap_or_else(|e| panic!("sbatch {name}: {e}"));
+    c.wait_running(id, WAIT);
+    c.wait_output(id, "pid=", WAIT);
     let gres = detail_gres(c, id);
-    let idx = gres
+    let idx: u32 = gres
         .strip_prefix("gpu:1(IDX:")
         .and_then(|s| s.strip_suffix(')'))
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("job {id}: GRES '{gres}'"));
+    load(c, node, 1 - idx, 0.0);
     (id, idx)
 }
 
-/// Our pending jobs, by id.
-fn pending_ours(c: &Cluster) -> Vec<String> {
-    let mut cmd = c.cmd("squeue");
-    cmd.args(["-h", "-t", "PD", "-o", "%i %j"]);
-    let (_, out, _) = c.run(cmd);
-    out.lines()
-        .filter_map(|l| l.split_once(' '))
-        .filter(|(_, n)| n.starts_with(PREFIX))
-        .map(|(i, _)| i.to_string())
-        .collect()
-}
-
-/// Fallback when slurmctld refuses the parking feature as unknown (seen
-/// once in 22.05; a fresh dev cluster accepts it): let one node list it for
-/// a moment so the name is known. Our pending jobs are held meanwhile, so
-/// none starts on that node while it has the feature.
-fn make_parking_feature_known(c: &Cluster) {
-    let held = pending_ours(c);
-    for id in &held {
-        let _ = scontrol(c, &["hold", id]);
-    }
-    let node = "node4";
-    let before = scontrol(c, &["-o", "show", "node", node]).unwrap();
-    let avail = kv(&before, "AvailableFeatures").unwrap_or_default();
-    let active = kv(&before, "ActiveFeatures").unwrap_or_default();
-    let clean = |v: &str| {
-        if v == "(null)" {
-            String::new()
-        } else {
-            v.to_string()
-        }
-    };
-    scontrol(
-        c,
-        &[
-            "update",
-            &format!("NodeName={node}"),
-            &format!("AvailableFeatures={PARK}"),
-            &format!("ActiveFeatures={PARK}"),
-        ],
-    )
-    .unwrap();
-    scontrol(
-        c,
-        &[
-            "update",
-            &format!("NodeName={node}"),
-            &format!("AvailableFeatures={}", clean(&avail)),
-            &format!("ActiveFeatures={}", clean(&active)),
-        ],
-    )
-    .unwrap();
-    for id in &held {
-        let _ = scontrol(c, &["release", id]);
-    }
-}
-
-/// A parked offline job, as job_submit.lua leaves it.
+/// An offline job as users submit it: held by job_submit.lua until placed.
 fn offline(c: &Cluster, name: &str) -> u32 {
-    let id = submit(c, name, &[]);
-    let park = || {
-        scontrol(
-            c,
-            &[
-                "update",
-                &format!("JobId={id}"),
-                &format!("Features={PARK}"),
-                "AdminComment=muxflow:v1 mode=offline",
-            ],
+    let id = c
+        .sbatch(
+            &["--muxflow=offline", "--job-name", name],
+            "#!/bin/sh\nsleep 300\n",
         )
-    };
-    if park().is_err() {
-        make_parking_feature_known(c);
-        park().unwrap();
-    }
-    scontrol(c, &["release", &id.to_string()]).unwrap();
+        .unwrap_or_else(|e| panic!("sbatch {name}: {e}"));
+    assert_eq!(
+        c.job_field(id, "Reason"),
+        "JobHeldUser",
+        "job {id} not parked"
+    );
     id
 }
 
@@ -166,44 +223,6 @@ fn history(c: &Cluster, name: &str, report: &str) -> u32 {
     .unwrap();
     scontrol(c, &["release", &id.to_string()]).unwrap();
     id
-}
-
-/// `GRES=` of the job's first node in `scontrol -d show job`.
-fn detail_gres(c: &Cluster, id: u32) -> String {
-    let out = scontrol(c, &["-d", "show", "job", &id.to_string()]).unwrap();
-    out.split_whitespace()
-        .find_map(|w| w.strip_prefix("GRES="))
-        .unwrap_or("")
-        .to_string()
-}
-
-fn set_extra(c: &Cluster, node: &str, extra: &str) {
-    scontrol(
-        c,
-        &[
-            "update",
-            &format!("NodeName={node}"),
-            &format!("Extra={extra}"),
-        ],
-    )
-    .unwrap();
-}
-
-fn gpu_text(i: u32, state: &str, solo: u32, online_mem: u64) -> String {
-    format!(
-        "gpu{i}.state={state} gpu{i}.solo_sm={solo} gpu{i}.online_mem_mib={online_mem} gpu{i}.mem_mib=81559 gpu{i}.offline=0"
-    )
-}
-
-/// Node Extra: GPU `gpu` as given, the other GPU healthy and idle.
-fn publish(c: &Cluster, node: &str, gpu: u32, state: &str, solo: u32, online_mem: u64) {
-    let other = 1 - gpu;
-    let text = format!(
-        "muxflow:v1 {} {}",
-        gpu_text(gpu, state, solo, online_mem),
-        gpu_text(other, "healthy", 0, 0)
-    );
-    set_extra(c, node, &text);
 }
 
 fn once_json(c: &Cluster) -> serde_json::Value {
@@ -266,21 +285,10 @@ impl Loop {
 }
 
 #[test]
-#[ignore = "fails since job_submit.lua parks offline jobs by hold: the round places mfm-big on node2 (see issue 7's note); run with --ignored"]
 fn matcher_places_best_total_avoids_unhealthy_gpus_and_converges_after_kill_9() {
     let c = Cluster::get();
     cancel_ours(&c);
-    let saved: Vec<(String, String)> = ["node1", "node2", "node3", "node4"]
-        .iter()
-        .map(|n| {
-            let out = scontrol(&c, &["-o", "show", "node", n]).unwrap();
-            let extra = out
-                .split_once(" Extra=")
-                .map(|(_, r)| r.split(" Reason=").next().unwrap_or("").trim())
-                .unwrap_or("");
-            (n.to_string(), extra.replace("(null)", ""))
-        })
-        .collect();
+    let quick = quick_config(&c);
 
     // History: mfm-big needs 60 GB of GPU memory, mfm-small 4 GB,
     // mfm-extra 90 GB (more than any GPU has room for).
@@ -305,29 +313,27 @@ fn matcher_places_best_total_avoids_unhealthy_gpus_and_converges_after_kill_9() 
         c.sacct_until(id, "AdminComment", |l| l.contains("peak_mib"));
     }
 
-    // Online jobs on node1..3; node4 has none (no candidate there).
-    let (on1, g1) = online(&c, "mfm-online-1", "node1");
-    let (on2, g2) = online(&c, "mfm-online-2", "node2");
-    let (_on3, g3) = online(&c, "mfm-online-3", "node3");
-
-    // node1: quiet online job, little memory -> best for anyone, only one
-    // with room for mfm-big (81559 - 4000 - 2048 >= 60000).
-    // node2: busier (solo SM 60%) and 30 GB online: mfm-big does not fit.
-    // node3: the quietest, but faulty: must get nothing.
-    let script_health = |node3_state: &str| {
-        publish(&c, "node1", g1, "healthy", 10, 4000);
-        publish(&c, "node2", g2, "healthy", 60, 30_000);
-        publish(&c, "node3", g3, node3_state, 5, 1000);
-        set_extra(
-            &c,
-            "node4",
-            &format!(
-                "muxflow:v1 {} {}",
-                gpu_text(0, "healthy", 0, 0),
-                gpu_text(1, "healthy", 0, 0)
-            ),
-        );
-    };
+    // node1: a quiet online job with little memory: best for anyone, and
+    // the only GPU with room for mfm-big (81559 - 4000 - 2048 >= 60000).
+    // node2: busier (about half the SMs) with 30 GB: mfm-big does not fit.
+    // node3: the quietest, but faulty: must get nothing. node4: no online
+    // job, so no candidate.
+    let (on1, g1) = online(&c, "mfm-online-1", "node1", 0.1, 4000);
+    let (on2, g2) = online(&c, "mfm-online-2", "node2", 0.5, 30_000);
+    let (on3, g3) = online(&c, "mfm-online-3", "node3", 0.02, 1000);
+    settle(&c, &quick, "node1", g1, 4000);
+    settle(&c, &quick, "node2", g2, 30_000);
+    settle(&c, &quick, "node3", g3, 1000);
+    // The Xid reaches the health check through the kernel log; with the
+    // cluster's dwell times the GPU stays Faulty, then Recovering, for
+    // 90 s (the health steps below never touch node3).
+    xid(&c, "node3", g3, 43);
+    health(&c, &c.dir.join("etc/muxflow.toml"), "node3");
+    let p3 = gpu_published(&c, "node3", g3).unwrap();
+    assert_eq!(p3.state, HealthState::Faulty, "{p3:?}");
+    let solo = |node, g| gpu_published(&c, node, g).unwrap().solo_sm_pct.unwrap();
+    let (s1, s2) = (solo("node1", g1), solo("node2", g2));
+    assert!(s1 + 20 < s2, "node2 must be the busier: {s1} vs {s2}");
 
     // Submitted small first: a greedy first-come placement would give
     // mfm-small node1 and leave mfm-big nowhere.
@@ -335,27 +341,11 @@ fn matcher_places_best_total_avoids_unhealthy_gpus_and_converges_after_kill_9() 
     let big = offline(&c, "mfm-big");
     let extra = offline(&c, "mfm-extra");
 
-    // --dry-run: the decision table, and nothing changes in Slurm. The
-    // node programs re-publish their own Extra when a job starts or ends or
-    // a health check runs; a round that read such a rewrite is run again.
-    let mut table = String::new();
-    for attempt in 0..5 {
-        script_health("faulty");
-        let mut cmd = matcher(&c);
-        cmd.args(["--once", "--dry-run"]);
-        let (ok, out, err) = c.run(cmd);
-        assert!(ok, "{out}{err}");
-        table = out;
-        let big_line = table
-            .lines()
-            .find(|l| l.starts_with(&format!("{big} ")))
-            .unwrap_or("");
-        if big_line.contains(" place  node1 ") {
-            break;
-        }
-        eprintln!("attempt {attempt}: health was re-published during the round; again:\n{table}");
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    // --dry-run: the decision table, and nothing changes in Slurm.
+    let mut cmd = matcher(&c);
+    cmd.args(["--once", "--dry-run"]);
+    let (ok, table, err) = c.run(cmd);
+    assert!(ok, "{table}{err}");
     assert!(table.starts_with("JOB "), "{table}");
     let line = |id: u32| {
         table
@@ -365,40 +355,31 @@ fn matcher_places_best_total_avoids_unhealthy_gpus_and_converges_after_kill_9() 
             .to_string()
     };
     assert!(line(big).contains(" place  node1 "), "{table}");
+    assert!(line(small).contains(" place  node2 "), "{table}");
     assert!(line(extra).contains(" none "), "{table}");
-    assert!(
-        c.job_field(big, "Features").contains(PARK),
-        "dry run changed job {big}"
-    );
+    for id in [small, big, extra] {
+        assert_eq!(
+            c.job_field(id, "Reason"),
+            "JobHeldUser",
+            "dry run changed job {id}"
+        );
+        assert_eq!(c.job_field(id, "ReqNodeList"), "(null)", "dry run: {id}");
+    }
 
-    script_health("faulty");
     let round = once_json(&c);
-    let node3 = scontrol(&c, &["-o", "show", "node", "node3"]).unwrap();
-    assert!(
-        node3.contains(&format!("gpu{g3}.state=faulty")),
-        "node3's health check rewrote Extra during the round (rerun): {node3}"
-    );
     let d_big = decision(&round, big);
     let d_small = decision(&round, small);
     let d_extra = decision(&round, extra);
-    assert_eq!(
+    let at = |d: &serde_json::Value| {
         (
-            d_big["action"].as_str(),
-            d_big["node"].as_str(),
-            d_big["gpu"].as_u64()
-        ),
-        (Some("place"), Some("node1"), Some(g1 as u64)),
-        "{round}"
-    );
-    assert_eq!(
-        (
-            d_small["action"].as_str(),
-            d_small["node"].as_str(),
-            d_small["gpu"].as_u64()
-        ),
-        (Some("place"), Some("node2"), Some(g2 as u64)),
-        "{round}"
-    );
+            d["action"].as_str().map(str::to_string),
+            d["node"].as_str().map(str::to_string),
+            d["gpu"].as_u64(),
+        )
+    };
+    let want = |node: &str, g: u32| (Some("place".into()), Some(node.into()), Some(g as u64));
+    assert_eq!(at(&d_big), want("node1", g1), "{round}");
+    assert_eq!(at(&d_small), want("node2", g2), "{round}");
     // Too big for every GPU: stays parked, saying why.
     assert_eq!(d_extra["action"], "none", "{round}");
     assert!(
@@ -415,69 +396,78 @@ fn matcher_places_best_total_avoids_unhealthy_gpus_and_converges_after_kill_9() 
             "placed without an online partner: {round}"
         );
     }
-    // Default predictor: share 80% -> 1.0, share 30% -> 0.6; best total 1.6.
-    assert_eq!(round["summary"]["placed"], 2);
-    assert!((round["summary"]["predicted_total"].as_f64().unwrap() - 1.6).abs() < 1e-6);
+    assert_eq!(round["summary"]["placed"], 2, "{round}");
+    // The total is the sum of what was placed, and beats the greedy one
+    // (mfm-small alone on node1, predicted at most 1.0).
+    let total = round["summary"]["predicted_total"].as_f64().unwrap();
+    let sum = d_big["predicted"].as_f64().unwrap() + d_small["predicted"].as_f64().unwrap();
+    assert!((total - sum).abs() < 1e-6, "{round}");
+    assert!(total > 1.0 + 1e-6, "{round}");
 
     // Slurm starts them where placed, on the online job's GPU slot.
-    let (n, gres) = wait_placed(&c, big, Duration::from_secs(30));
+    let (n, gres) = wait_placed(&c, big, WAIT);
     assert_eq!(
         (n.as_str(), gres),
         ("node1", format!("mfslot:g{g1}:1(IDX:{g1})"))
     );
-    let (n, gres) = wait_placed(&c, small, Duration::from_secs(30));
+    let (n, gres) = wait_placed(&c, small, WAIT);
     assert_eq!(
         (n.as_str(), gres),
         ("node2", format!("mfslot:g{g2}:1(IDX:{g2})"))
     );
     assert_eq!(c.job_field(extra, "JobState"), "PENDING");
-    assert!(c.job_field(extra, "Features").contains(PARK));
+    assert_eq!(c.job_field(extra, "Reason"), "JobHeldUser");
 
     // A second round changes nothing: hints are only rewritten on change.
-    script_health("faulty");
     let again = once_json(&c);
     assert_eq!(again["summary"]["updates"], 0, "{again}");
     assert_eq!(decision(&again, extra)["action"], "none");
 
-    // Kill -9 mid-loop. Free the slots, add jobs, node3 healthy again.
+    // Kill -9 mid-loop. Free the slots, add an online job on node4, keep
+    // node3 faulty (a new Xid), add jobs.
     for id in [big, small, extra] {
         let mut cmd = c.cmd("scancel");
         cmd.arg(id.to_string());
         c.run(cmd);
     }
+    for id in [big, small] {
+        c.wait(id, WAIT);
+    }
+    let (on4, g4) = online(&c, "mfm-online-4", "node4", 0.2, 1000);
+    settle(&c, &quick, "node4", g4, 1000);
+    for (node, g) in [("node1", g1), ("node2", g2)] {
+        settle(&c, &quick, node, g, 0);
+    }
+    xid(&c, "node3", g3, 43);
+    health(&c, &c.dir.join("etc/muxflow.toml"), "node3");
+    assert_eq!(
+        gpu_published(&c, "node3", g3).unwrap().state,
+        HealthState::Faulty
+    );
     let jobs: Vec<u32> = (1..=3).map(|i| offline(&c, &format!("mfm-k{i}"))).collect();
-    script_health("healthy");
     for ms in [150u64, 450, 900] {
         let l = Loop::start(&c);
         std::thread::sleep(Duration::from_millis(ms));
         l.kill9();
     }
-    // A stale hint no round wrote (parked, but a node left in ReqNodeList),
-    // set in one update so the job stays parked whatever the killed rounds
-    // did to it: the next rounds must repair it too. (Fails harmlessly if
-    // the job has started meanwhile.)
+    // A stale hint no round wrote: held, with a node in ReqNodeList (the
+    // faulty one). The next rounds must repair it too. (Fails harmlessly
+    // if the job has started meanwhile.)
+    let _ = scontrol(&c, &["hold", &jobs[2].to_string()]);
     let _ = scontrol(
         &c,
-        &[
-            "update",
-            &format!("JobId={}", jobs[2]),
-            "ReqNodeList=node4",
-            &format!("Features={PARK}"),
-        ],
+        &["update", &format!("JobId={}", jobs[2]), "ReqNodeList=node3"],
     );
     let l = Loop::start(&c);
     let start = Instant::now();
     loop {
-        // Keep the scripted health in place: the nodes' own health checks
-        // (HealthCheckProgram, Prolog) publish the simulated GPUs' state.
-        script_health("healthy");
         let states: Vec<String> = jobs.iter().map(|&id| c.job_field(id, "JobState")).collect();
         if states.iter().all(|s| s == "RUNNING") {
             break;
         }
         assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "offline jobs {jobs:?} not all running after 60 s: {states:?}"
+            start.elapsed() < WAIT,
+            "offline jobs {jobs:?} not all running after {WAIT:?}: {states:?}"
         );
         std::thread::sleep(Duration::from_millis(500));
     }
@@ -487,14 +477,15 @@ fn matcher_places_best_total_avoids_unhealthy_gpus_and_converges_after_kill_9() 
         .collect();
     l.kill9();
 
-    // Every job runs next to an online job, on that job's GPU, one per GPU.
-    let partners = [("node1", g1), ("node2", g2), ("node3", g3)];
+    // Every job runs next to a healthy online job, on that job's GPU, one
+    // per GPU: node1, node2 and node4, never the faulty node3.
+    let partners = [("node1", g1), ("node2", g2), ("node4", g4)];
     let mut used: Vec<(String, String)> = Vec::new();
     for (id, (node, gres)) in jobs.iter().zip(&placed) {
         let (_, g) = partners
             .iter()
             .find(|(n, _)| n == node)
-            .unwrap_or_else(|| panic!("job {id} runs on {node}, which has no online job"));
+            .unwrap_or_else(|| panic!("job {id} runs on {node}, not next to a healthy online job"));
         assert_eq!(*gres, format!("mfslot:g{g}:1(IDX:{g})"), "job {id}");
         assert!(
             !used.contains(&(node.clone(), gres.clone())),
@@ -510,11 +501,15 @@ fn matcher_places_best_total_avoids_unhealthy_gpus_and_converges_after_kill_9() 
         !out.lines().any(|l| l.starts_with(PREFIX)),
         "stuck pending: {out}"
     );
-    let _ = (on1, on2);
 
     cancel_ours(&c);
-    for (node, extra) in saved {
-        set_extra(&c, &node, &extra);
+    for id in [on1, on2, on3, on4] {
+        c.wait(id, WAIT);
+    }
+    for node in ["node1", "node2", "node3", "node4"] {
+        for g in 0..2 {
+            load(&c, node, g, 0.0);
+        }
     }
 }
 
