@@ -351,6 +351,172 @@ impl Cluster {
     }
 }
 
+/// The directory of the workspace's built programs (`MUXFLOW_TARGET`).
+pub fn target() -> PathBuf {
+    std::env::var_os("MUXFLOW_TARGET")
+        .map(PathBuf::from)
+        .expect("MUXFLOW_TARGET (source the dev cluster's env)")
+}
+
+/// Simulated GPUs and the node health checks, driven the way slurmd and an
+/// operator would.
+impl Cluster {
+    /// Runs `simgpu-ctl <args>`; panics with its output on failure.
+    pub fn simgpu(&self, args: &[&str]) {
+        let mut cmd = Command::new(target().join("simgpu-ctl"));
+        cmd.args(args);
+        let (ok, out, err) = self.run(cmd);
+        assert!(ok, "simgpu-ctl {args:?}: {out}{err}");
+    }
+
+    /// `simgpu-ctl <verb> <state> --node N --gpu G <rest>`.
+    fn simgpu_on(&self, verb: &str, node: &str, gpu: u32, rest: &[&str]) {
+        let dir = self.dir.join("sim/state");
+        let gpu = gpu.to_string();
+        let mut args = vec![verb, dir.to_str().unwrap(), "--node", node, "--gpu", &gpu];
+        args.extend_from_slice(rest);
+        self.simgpu(&args);
+    }
+
+    /// A constant external load (fraction of SMs busy) on a simulated GPU.
+    pub fn sim_load(&self, node: &str, gpu: u32, fraction: f64) {
+        self.simgpu_on("load", node, gpu, &[&fraction.to_string()]);
+    }
+
+    /// Injects a fault: `["xid", "31"]`, `["lost"]`, `["clear"]`, `["sticky"]`.
+    pub fn sim_fault(&self, node: &str, gpu: u32, what: &[&str]) {
+        self.simgpu_on("fault", node, gpu, what);
+    }
+
+    /// The cluster's muxflow.toml plus a `[health]` section, for health
+    /// steps with test dwell times.
+    pub fn health_config(&self, name: &str, health: &str) -> PathBuf {
+        let base = std::fs::read_to_string(self.dir.join("etc/muxflow.toml")).unwrap();
+        assert!(!base.contains("[health]"), "cluster config has [health]");
+        let path = self.scratch(name).join("muxflow.toml");
+        std::fs::write(&path, format!("{base}\n[health]\n{health}\n")).unwrap();
+        path
+    }
+
+    /// `muxflow-health` for `node` as slurmd runs it (SLURMD_NODENAME).
+    pub fn health_cmd(&self, config: &Path, node: &str) -> Command {
+        let mut cmd = self.cmd(target().join("muxflow-health").to_str().unwrap());
+        cmd.arg("--config")
+            .arg(config)
+            .env("SLURMD_NODENAME", node)
+            .env("MUXFLOW_LOG", "info");
+        cmd
+    }
+
+    /// One health step for `node`; returns its log.
+    pub fn health_step(&self, config: &Path, node: &str) -> String {
+        let (ok, out, err) = self.run(self.health_cmd(config, node));
+        assert!(ok, "muxflow-health {node} failed: {out}{err}");
+        err
+    }
+
+    /// The node's GPU states as published in Slurm (node Extra).
+    pub fn published(&self, node: &str) -> Vec<muxflow::published::GpuPublished> {
+        let mut c = self.cmd("sinfo");
+        c.args(["-h", "-N", "-n", node, "-O", "Extra:4096"]);
+        let (ok, out, err) = self.run(c);
+        assert!(ok, "{err}");
+        muxflow::published::decode(out.trim()).unwrap_or_else(|e| panic!("{e}: '{out}'"))
+    }
+
+    /// GPU `gpu` of `node` as published.
+    pub fn published_gpu(&self, node: &str, gpu: u32) -> muxflow::published::GpuPublished {
+        let p = self.published(node);
+        p.iter()
+            .find(|g| g.index == gpu)
+            .cloned()
+            .unwrap_or_else(|| panic!("{node} gpu{gpu} not published: {p:?}"))
+    }
+
+    /// `node`'s muxflow state directory (per-GPU health, job registry).
+    pub fn node_state(&self, config: &Path, node: &str) -> muxflow::node_state::NodeState {
+        let cfg = muxflow::Config::load(config)
+            .unwrap()
+            .for_node(node)
+            .unwrap();
+        muxflow::node_state::NodeState::new(cfg.paths.state_dir.as_path())
+    }
+}
+
+/// Jobs on the simulated GPUs.
+impl Cluster {
+    /// `GRES=` of the job's first node in `scontrol -d show job`
+    /// (e.g. `gpu:1(IDX:0)`, `mfslot:g1:1(IDX:1)`).
+    pub fn gres_detail(&self, id: u32) -> String {
+        let mut c = self.cmd("scontrol");
+        c.args(["-d", "show", "job", &id.to_string()]);
+        let (_, out, _) = self.run(c);
+        out.split_whitespace()
+            .find_map(|w| w.strip_prefix("GRES="))
+            .unwrap_or("")
+            .to_string()
+    }
+
+    /// A running `--muxflow=online` workload on `node` that keeps `sm` of
+    /// its GPU busy (an external load on the simulated GPU) and holds
+    /// `mem_mib`; returns (job, GPU index Slurm gave it).
+    pub fn online_workload(&self, name: &str, node: &str, sm: f64, mem_mib: u64) -> (u32, u32) {
+        // Slurm picks the GPU: load both, then take the load off the other.
+        for g in 0..2 {
+            self.sim_load(node, g, sm);
+        }
+        let script = format!(
+            "#!/bin/sh\n{}\n",
+            self.workload(&format!("online --rate 20 --alloc-mib {mem_mib}"))
+        );
+        let args = [
+            "--muxflow=online",
+            "--gres=gpu:1",
+            "-w",
+            node,
+            "--job-name",
+            name,
+        ];
+        let id = self
+            .sbatch(&args, &script)
+            .unwrap_or_else(|e| panic!("sbatch {name}: {e}"));
+        let wait = Duration::from_secs(60);
+        self.wait_running(id, wait);
+        self.wait_output(id, "pid=", wait);
+        let gres = self.gres_detail(id);
+        let idx: u32 = gres
+            .strip_prefix("gpu:1(IDX:")
+            .and_then(|s| s.strip_suffix(')'))
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("job {id}: GRES '{gres}'"));
+        self.sim_load(node, 1 - idx, 0.0);
+        (id, idx)
+    }
+
+    /// Steps `node` until GPU `gpu` is published Healthy with its online
+    /// job's solo figures measured (at least `mem_mib` of memory in use).
+    pub fn settle_healthy(&self, config: &Path, node: &str, gpu: u32, mem_mib: u64) {
+        let start = Instant::now();
+        loop {
+            self.health_step(config, node);
+            let g = self.published(node).into_iter().find(|g| g.index == gpu);
+            let ready = g.as_ref().is_some_and(|g| {
+                g.state == muxflow::health::HealthState::Healthy
+                    && g.solo_sm_pct.is_some()
+                    && g.online_mem_mib.unwrap_or(0) >= mem_mib
+            });
+            if ready {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "{node} gpu{gpu} never settled healthy with solo figures: {g:?}"
+            );
+            std::thread::sleep(Duration::from_millis(1100));
+        }
+    }
+}
+
 /// A line `key=value ...` as a lookup.
 pub fn kv(line: &str, key: &str) -> Option<String> {
     line.split_whitespace()

@@ -8,7 +8,7 @@
 //! its own node so they can run in parallel.
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -18,86 +18,8 @@ use muxflow::node_state::{JobRecord, NodeState};
 use muxflow::{Config, Mode};
 use muxflow_tests::Cluster;
 
-/// The cluster's muxflow.toml with a `[health]` section for tests.
-fn test_config(c: &Cluster, name: &str, health: &str) -> PathBuf {
-    let base = std::fs::read_to_string(c.dir.join("etc/muxflow.toml")).unwrap();
-    assert!(!base.contains("[health]"), "cluster config has [health]");
-    let path = c.scratch(name).join("muxflow.toml");
-    std::fs::write(&path, format!("{base}\n[health]\n{health}\n")).unwrap();
-    path
-}
-
-fn target() -> PathBuf {
-    std::env::var_os("MUXFLOW_TARGET")
-        .map(PathBuf::from)
-        .expect("MUXFLOW_TARGET (source the dev cluster's env)")
-}
-
-fn health_cmd(c: &Cluster, config: &Path, node: &str) -> Command {
-    let mut cmd = c.cmd(target().join("muxflow-health").to_str().unwrap());
-    cmd.arg("--config")
-        .arg(config)
-        .env("SLURMD_NODENAME", node)
-        .env("MUXFLOW_LOG", "info");
-    cmd
-}
-
-/// One health step for `node`; returns its log.
-fn health(c: &Cluster, config: &Path, node: &str) -> String {
-    let (ok, out, err) = c.run(health_cmd(c, config, node));
-    assert!(ok, "muxflow-health failed: {out}{err}");
-    err
-}
-
 fn node_config(config: &Path, node: &str) -> Config {
     Config::load(config).unwrap().for_node(node).unwrap()
-}
-
-fn sim(c: &Cluster, args: &[&str]) {
-    let mut cmd = Command::new(target().join("simgpu-ctl"));
-    cmd.args(args);
-    let (ok, out, err) = c.run(cmd);
-    assert!(ok, "simgpu-ctl {args:?}: {out}{err}");
-}
-
-fn load(c: &Cluster, node: &str, gpu: u32, fraction: f64) {
-    let dir = c.dir.join("sim/state");
-    sim(
-        c,
-        &[
-            "load",
-            dir.to_str().unwrap(),
-            "--node",
-            node,
-            "--gpu",
-            &gpu.to_string(),
-            &fraction.to_string(),
-        ],
-    );
-}
-
-fn fault(c: &Cluster, node: &str, gpu: u32, what: &[&str]) {
-    let dir = c.dir.join("sim/state");
-    let gpu = gpu.to_string();
-    let mut args = vec![
-        "fault",
-        dir.to_str().unwrap(),
-        "--node",
-        node,
-        "--gpu",
-        &gpu,
-    ];
-    args.extend_from_slice(what);
-    sim(c, &args);
-}
-
-/// The node's published GPU states, from `sinfo`.
-fn published(c: &Cluster, node: &str) -> Vec<muxflow::published::GpuPublished> {
-    let mut cmd = c.cmd("sinfo");
-    cmd.args(["-h", "-N", "-n", node, "-O", "Extra:4096"]);
-    let (ok, out, err) = c.run(cmd);
-    assert!(ok, "{err}");
-    muxflow::published::decode(out.trim()).unwrap_or_else(|e| panic!("{e}: '{out}'"))
 }
 
 fn record(ns: &NodeState, gpu: u32) -> serde_json::Value {
@@ -108,11 +30,11 @@ fn record(ns: &NodeState, gpu: u32) -> serde_json::Value {
 /// Steps `node` and checks that GPU `gpu` is in `want`, locally (health
 /// word, record) and as published in Slurm.
 fn expect(c: &Cluster, config: &Path, node: &str, gpu: u32, want: HealthState, what: &str) {
-    let log = health(c, config, node);
+    let log = c.health_step(config, node);
     let ns = NodeState::new(node_config(config, node).paths.state_dir.as_path());
     assert_eq!(ns.health(gpu).unwrap(), Some(want), "{what}: local\n{log}");
     assert_eq!(record(&ns, gpu)["state"], want.as_str(), "{what}: record");
-    let p = published(c, node);
+    let p = c.published(node);
     let g = p.iter().find(|g| g.index == gpu).expect("GPU published");
     assert_eq!(g.state, want, "{what}: published in Slurm ({p:?})");
 }
@@ -127,17 +49,17 @@ fn pass(secs: u64) {
 #[test]
 fn scripted_load_walks_the_states_with_hysteresis_and_slurm_agrees() {
     let c = Cluster::get();
-    let cfg = test_config(&c, "load", DWELL);
+    let cfg = c.health_config("load", DWELL);
     let (node, gpu) = ("node1", 1);
-    load(&c, node, gpu, 0.0);
+    c.sim_load(node, gpu, 0.0);
     // Start from a settled Healthy GPU.
-    health(&c, &cfg, node);
+    c.health_step(&cfg, node);
     pass(3);
-    health(&c, &cfg, node);
+    c.health_step(&cfg, node);
     pass(3);
     expect(&c, &cfg, node, gpu, HealthState::Healthy, "idle");
 
-    load(&c, node, gpu, 0.75);
+    c.sim_load(node, gpu, 0.75);
     expect(
         &c,
         &cfg,
@@ -146,9 +68,9 @@ fn scripted_load_walks_the_states_with_hysteresis_and_slurm_agrees() {
         HealthState::Busy,
         "75% enters Busy at once",
     );
-    load(&c, node, gpu, 0.5);
+    c.sim_load(node, gpu, 0.5);
     expect(&c, &cfg, node, gpu, HealthState::Busy, "50% within dwell");
-    load(&c, node, gpu, 0.97);
+    c.sim_load(node, gpu, 0.97);
     expect(
         &c,
         &cfg,
@@ -158,7 +80,7 @@ fn scripted_load_walks_the_states_with_hysteresis_and_slurm_agrees() {
         "97% (clock falls too)",
     );
     pass(2);
-    load(&c, node, gpu, 0.9);
+    c.sim_load(node, gpu, 0.9);
     expect(
         &c,
         &cfg,
@@ -167,7 +89,7 @@ fn scripted_load_walks_the_states_with_hysteresis_and_slurm_agrees() {
         HealthState::Overloaded,
         "90%: above the exit threshold 85",
     );
-    load(&c, node, gpu, 0.6);
+    c.sim_load(node, gpu, 0.6);
     expect(
         &c,
         &cfg,
@@ -176,7 +98,7 @@ fn scripted_load_walks_the_states_with_hysteresis_and_slurm_agrees() {
         HealthState::Busy,
         "60% after dwell: calmed to Busy",
     );
-    load(&c, node, gpu, 0.3);
+    c.sim_load(node, gpu, 0.3);
     expect(
         &c,
         &cfg,
@@ -189,9 +111,9 @@ fn scripted_load_walks_the_states_with_hysteresis_and_slurm_agrees() {
     expect(&c, &cfg, node, gpu, HealthState::Healthy, "30% after dwell");
 
     // Overloaded straight to idle goes through the quiet period.
-    load(&c, node, gpu, 0.99);
+    c.sim_load(node, gpu, 0.99);
     expect(&c, &cfg, node, gpu, HealthState::Overloaded, "99%");
-    load(&c, node, gpu, 0.1);
+    c.sim_load(node, gpu, 0.1);
     pass(2);
     expect(
         &c,
@@ -221,24 +143,24 @@ fn scripted_load_walks_the_states_with_hysteresis_and_slurm_agrees() {
 
     // The other GPU of the node never moved, and no node was drained.
     assert_eq!(
-        published(&c, node)
+        c.published(node)
             .iter()
             .find(|g| g.index == 0)
             .unwrap()
             .state,
         HealthState::Healthy
     );
-    load(&c, node, gpu, 0.0);
+    c.sim_load(node, gpu, 0.0);
     c.assert_no_drain();
 }
 
 #[test]
 fn concurrent_steps_never_corrupt_or_lose_a_record() {
     let c = Cluster::get();
-    let cfg = test_config(&c, "concurrent", DWELL);
+    let cfg = c.health_config("concurrent", DWELL);
     let node = "node3";
     let ns = NodeState::new(node_config(&cfg, node).paths.state_dir.as_path());
-    health(&c, &cfg, node);
+    c.health_step(&cfg, node);
     let before: Vec<usize> = (0..2)
         .map(|g| record(&ns, g)["history"].as_array().unwrap().len())
         .collect();
@@ -246,7 +168,7 @@ fn concurrent_steps_never_corrupt_or_lose_a_record() {
     for _ in 0..rounds {
         let children: Vec<Child> = (0..width)
             .map(|_| {
-                health_cmd(&c, &cfg, node)
+                c.health_cmd(&cfg, node)
                     .stderr(Stdio::null())
                     .spawn()
                     .unwrap()
@@ -422,11 +344,11 @@ fn counter(r: &serde_json::Value, key: &str) -> u64 {
 #[test]
 fn mps_fault_line_evicts_the_offline_client_and_keeps_the_online_job() {
     let c = Cluster::get();
-    let cfg = test_config(&c, "mpsfault", DWELL);
+    let cfg = c.health_config("mpsfault", DWELL);
     let (node, gpu) = ("node2", 0);
     let mut pair = Pair::start(&c, &cfg, node, gpu, 990_001);
     // Before the fault: whatever the load makes it, not Faulty.
-    health(&c, &cfg, node);
+    c.health_step(&cfg, node);
     assert_ne!(pair.ns.health(gpu).unwrap(), Some(HealthState::Faulty));
     let before = record(&pair.ns, gpu);
     let offline = pair.offline.id();
@@ -474,7 +396,7 @@ fn mps_fault_line_evicts_the_offline_client_and_keeps_the_online_job() {
 #[test]
 fn xid_event_evicts_the_offline_client_and_keeps_the_online_job() {
     let c = Cluster::get();
-    let cfg = test_config(&c, "xid", &format!("{DWELL}xid_watch_ms = 30000\n"));
+    let cfg = c.health_config("xid", &format!("{DWELL}xid_watch_ms = 30000\n"));
     let (node, gpu) = ("node2", 1);
     let mut pair = Pair::start(&c, &cfg, node, gpu, 990_011);
     let before = pair
@@ -485,7 +407,8 @@ fn xid_event_evicts_the_offline_client_and_keeps_the_online_job() {
         .map(|_| record(&pair.ns, gpu));
     // Xid events reach only a program registered for them: inject while
     // the health check watches.
-    let mut child = health_cmd(&c, &cfg, node)
+    let mut child = c
+        .health_cmd(&cfg, node)
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -500,7 +423,7 @@ fn xid_event_evicts_the_offline_client_and_keeps_the_online_job() {
         }
     }
     // Xid 31 (MMU fault) implicates one application, not the whole GPU.
-    fault(&c, node, gpu, &["xid", "31"]);
+    c.sim_fault(node, gpu, &["xid", "31"]);
     for line in lines {
         log.push_str(&line.unwrap());
         log.push('\n');
@@ -508,7 +431,7 @@ fn xid_event_evicts_the_offline_client_and_keeps_the_online_job() {
     assert!(child.wait().unwrap().success(), "{log}");
     assert!(log.contains("xid_app"), "{log}");
     assert_eq!(pair.ns.health(gpu).unwrap(), Some(HealthState::Faulty));
-    let p = published(&c, node);
+    let p = c.published(node);
     assert_eq!(
         p.iter().find(|g| g.index == gpu).unwrap().state,
         HealthState::Faulty
@@ -527,14 +450,14 @@ fn xid_between_health_checks_is_read_from_the_kernel_log() {
     let c = Cluster::get();
     // No NVML watch window: only the kernel log can tell. (Another test's
     // step on this node may read the record first; it acts the same.)
-    let cfg = test_config(&c, "kmsg", &format!("{DWELL}xid_watch_ms = 0\n"));
+    let cfg = c.health_config("kmsg", &format!("{DWELL}xid_watch_ms = 0\n"));
     let (node, gpu) = ("node1", 0);
     let mut pair = Pair::start(&c, &cfg, node, gpu, 990_021);
-    health(&c, &cfg, node);
+    c.health_step(&cfg, node);
     let before = record(&pair.ns, gpu);
     // Xid 43 (GPU stopped processing) while no program watches NVML events.
-    fault(&c, node, gpu, &["xid", "43"]);
-    let log = health(&c, &cfg, node);
+    c.sim_fault(node, gpu, &["xid", "43"]);
+    let log = c.health_step(&cfg, node);
     assert_eq!(
         pair.ns.health(gpu).unwrap(),
         Some(HealthState::Faulty),
@@ -549,7 +472,7 @@ fn xid_between_health_checks_is_read_from_the_kernel_log() {
     assert_eq!(n, 1, "{r}\n{log}");
     assert_eq!(delta("action.evict_offline").0, 1, "{r}");
     // The record is acted on once.
-    health(&c, &cfg, node);
+    c.health_step(&cfg, node);
     assert_eq!(delta("rule.xid_app").0, 1);
     pair.stop();
     assert_not_drained(&c, node);
@@ -558,16 +481,16 @@ fn xid_between_health_checks_is_read_from_the_kernel_log() {
 #[test]
 fn fatal_xid_restarts_the_mps_daemon_only_without_an_online_client() {
     let c = Cluster::get();
-    let cfg = test_config(&c, "restart", DWELL);
+    let cfg = c.health_config("restart", DWELL);
     let (node, gpu) = ("node4", 0);
     let mut pair = Pair::offline_only(&c, &cfg, node, gpu, 990_031);
-    health(&c, &cfg, node);
+    c.health_step(&cfg, node);
     let before = record(&pair.ns, gpu);
     let servers = pair.mps.server_pids().unwrap();
     assert_eq!(servers.len(), 1, "{servers:?}");
     // Xid 48 (double-bit ECC): every client of the GPU fails.
-    fault(&c, node, gpu, &["xid", "48"]);
-    let log = health(&c, &cfg, node);
+    c.sim_fault(node, gpu, &["xid", "48"]);
+    let log = c.health_step(&cfg, node);
     let r = record(&pair.ns, gpu);
     let delta = |key: &str| counter(&r, key) - counter(&before, key);
     assert_eq!(delta("rule.xid_fatal"), 1, "{r}\n{log}");
@@ -588,7 +511,7 @@ fn fatal_xid_restarts_the_mps_daemon_only_without_an_online_client() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    fault(&c, node, gpu, &["clear"]);
+    c.sim_fault(node, gpu, &["clear"]);
     pair.stop();
     // (node4's gpu1 is drained on purpose by the lost-GPU test.)
     let (_, reason) = node_reason(&c, node);
@@ -612,13 +535,13 @@ fn node_reason(c: &Cluster, node: &str) -> (String, String) {
 #[test]
 fn only_a_lost_gpu_drains_and_only_muxflows_drain_is_undone() {
     let c = Cluster::get();
-    let cfg = test_config(&c, "lost", DWELL);
+    let cfg = c.health_config("lost", DWELL);
     let (node, gpu) = ("node4", 1);
-    health(&c, &cfg, node);
+    c.health_step(&cfg, node);
     assert!(!node_reason(&c, node).0.contains("drain"));
 
-    fault(&c, node, gpu, &["lost"]);
-    health(&c, &cfg, node);
+    c.sim_fault(node, gpu, &["lost"]);
+    c.health_step(&cfg, node);
     let (state, reason) = node_reason(&c, node);
     assert!(state.contains("drain"), "{state} {reason}");
     assert!(reason.starts_with("muxflow:"), "{reason}");
@@ -633,8 +556,8 @@ fn only_a_lost_gpu_drains_and_only_muxflows_drain_is_undone() {
         .collect();
     assert!(others.is_empty(), "{others:?}");
 
-    fault(&c, node, gpu, &["clear"]);
-    health(&c, &cfg, node);
+    c.sim_fault(node, gpu, &["clear"]);
+    c.health_step(&cfg, node);
     let (state, reason) = node_reason(&c, node);
     assert!(!state.contains("drain"), "still {state}: {reason}");
 
@@ -647,10 +570,10 @@ fn only_a_lost_gpu_drains_and_only_muxflows_drain_is_undone() {
         "Reason=admin: maintenance",
     ]);
     assert!(c.run(cmd).0);
-    fault(&c, node, gpu, &["lost"]);
-    health(&c, &cfg, node);
-    fault(&c, node, gpu, &["clear"]);
-    health(&c, &cfg, node);
+    c.sim_fault(node, gpu, &["lost"]);
+    c.health_step(&cfg, node);
+    c.sim_fault(node, gpu, &["clear"]);
+    c.health_step(&cfg, node);
     let (state, reason) = node_reason(&c, node);
     let mut cmd = c.cmd("scontrol");
     cmd.args(["update", &format!("NodeName={node}"), "State=RESUME"]);

@@ -15,17 +15,10 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use muxflow::health::HealthState;
-use muxflow::published::GpuPublished;
-use muxflow_tests::Cluster;
+use muxflow_tests::{target, Cluster};
 
 const PREFIX: &str = "mfm-";
 const WAIT: Duration = Duration::from_secs(60);
-
-fn target() -> PathBuf {
-    std::env::var_os("MUXFLOW_TARGET")
-        .map(PathBuf::from)
-        .expect("MUXFLOW_TARGET (source the dev cluster's env)")
-}
 
 fn matcher(c: &Cluster) -> Command {
     let mut cmd = c.cmd(target().join("muxflow-matcher").to_str().unwrap());
@@ -44,151 +37,10 @@ fn scontrol(c: &Cluster, args: &[&str]) -> Result<String, String> {
     }
 }
 
-fn sim(c: &Cluster, args: &[&str]) {
-    let mut cmd = Command::new(target().join("simgpu-ctl"));
-    cmd.args(args);
-    let (ok, out, err) = c.run(cmd);
-    assert!(ok, "simgpu-ctl {args:?}: {out}{err}");
-}
-
-/// A constant external load on a simulated GPU: what the online job's own
-/// kernels would keep busy.
-fn load(c: &Cluster, node: &str, gpu: u32, fraction: f64) {
-    let dir = c.dir.join("sim/state");
-    let gpu = gpu.to_string();
-    let fraction = fraction.to_string();
-    sim(
-        c,
-        &[
-            "load",
-            dir.to_str().unwrap(),
-            "--node",
-            node,
-            "--gpu",
-            &gpu,
-            &fraction,
-        ],
-    );
-}
-
-/// An Xid on a simulated GPU (NVML event + kernel log record).
-fn xid(c: &Cluster, node: &str, gpu: u32, code: u32) {
-    let dir = c.dir.join("sim/state");
-    let (gpu, code) = (gpu.to_string(), code.to_string());
-    sim(
-        c,
-        &[
-            "fault",
-            dir.to_str().unwrap(),
-            "--node",
-            node,
-            "--gpu",
-            &gpu,
-            "xid",
-            &code,
-        ],
-    );
-}
-
 /// The cluster's muxflow.toml with short dwell times, for health steps
 /// that settle a GPU quickly.
 fn quick_config(c: &Cluster) -> PathBuf {
-    let base = std::fs::read_to_string(c.dir.join("etc/muxflow.toml")).unwrap();
-    let path = c.scratch("matcher-health").join("muxflow.toml");
-    std::fs::write(
-        &path,
-        format!("{base}\n[health]\nmin_dwell_s = 1\nrecovery_quiet_s = 1\n"),
-    )
-    .unwrap();
-    path
-}
-
-/// One health step on `node`, as slurmd's HealthCheckProgram runs it.
-fn health(c: &Cluster, config: &std::path::Path, node: &str) {
-    let mut cmd = c.cmd(target().join("muxflow-health").to_str().unwrap());
-    cmd.arg("--config").arg(config).env("SLURMD_NODENAME", node);
-    let (ok, out, err) = c.run(cmd);
-    assert!(ok, "muxflow-health {node}: {out}{err}");
-}
-
-/// The node's GPU states as published in Slurm (what the matcher reads).
-fn published(c: &Cluster, node: &str) -> Vec<GpuPublished> {
-    let mut cmd = c.cmd("sinfo");
-    cmd.args(["-h", "-N", "-n", node, "-O", "Extra:4096"]);
-    let (_, out, _) = c.run(cmd);
-    muxflow::published::decode(out.trim()).unwrap_or_default()
-}
-
-fn gpu_published(c: &Cluster, node: &str, gpu: u32) -> Option<GpuPublished> {
-    published(c, node).into_iter().find(|g| g.index == gpu)
-}
-
-/// Steps `node` until GPU `gpu` is published Healthy with its online job's
-/// solo figures measured (at least `mem_mib` of memory in use).
-fn settle(c: &Cluster, config: &std::path::Path, node: &str, gpu: u32, mem_mib: u64) {
-    let start = Instant::now();
-    loop {
-        health(c, config, node);
-        let g = gpu_published(c, node, gpu);
-        let ready = g.as_ref().is_some_and(|g| {
-            g.state == HealthState::Healthy
-                && g.solo_sm_pct.is_some()
-                && g.online_mem_mib.unwrap_or(0) >= mem_mib
-        });
-        if ready {
-            return;
-        }
-        assert!(
-            start.elapsed() < WAIT,
-            "{node} gpu{gpu} never settled healthy with solo figures: {g:?}"
-        );
-        std::thread::sleep(Duration::from_millis(1100));
-    }
-}
-
-/// `GRES=` of the job's first node in `scontrol -d show job`.
-fn detail_gres(c: &Cluster, id: u32) -> String {
-    let out = scontrol(c, &["-d", "show", "job", &id.to_string()]).unwrap();
-    out.split_whitespace()
-        .find_map(|w| w.strip_prefix("GRES="))
-        .unwrap_or("")
-        .to_string()
-}
-
-/// An online workload on `node` that keeps `sm` of its GPU busy and holds
-/// `mem_mib`; returns (job, GPU index Slurm gave it).
-fn online(c: &Cluster, name: &str, node: &str, sm: f64, mem_mib: u64) -> (u32, u32) {
-    // Slurm picks the GPU: load both, then take the load off the other.
-    for g in 0..2 {
-        load(c, node, g, sm);
-    }
-    let script = format!(
-        "#!/bin/sh\n{}\n",
-        c.workload(&format!("online --rate 20 --alloc-mib {mem_mib}"))
-    );
-    let id = c
-        .sbatch(
-            &[
-                "--muxflow=online",
-                "--gres=gpu:1",
-                "-w",
-                node,
-                "--job-name",
-                name,
-            ],
-            &script,
-        )
-        .unwrap_or_else(|e| panic!("sbatch {name}: {e}"));
-    c.wait_running(id, WAIT);
-    c.wait_output(id, "pid=", WAIT);
-    let gres = detail_gres(c, id);
-    let idx: u32 = gres
-        .strip_prefix("gpu:1(IDX:")
-        .and_then(|s| s.strip_suffix(')'))
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("job {id}: GRES '{gres}'"));
-    load(c, node, 1 - idx, 0.0);
-    (id, idx)
+    c.health_config("matcher-health", "min_dwell_s = 1\nrecovery_quiet_s = 1")
 }
 
 /// An offline job as users submit it: held by job_submit.lua until placed.
@@ -246,7 +98,7 @@ fn decision(round: &serde_json::Value, job: u32) -> serde_json::Value {
 /// Waits until the offline job runs; returns (node, slot GRES detail).
 fn wait_placed(c: &Cluster, id: u32, timeout: Duration) -> (String, String) {
     let node = c.wait_running(id, timeout);
-    (node, detail_gres(c, id))
+    (node, c.gres_detail(id))
 }
 
 fn cancel_ours(c: &Cluster) {
@@ -318,20 +170,20 @@ fn matcher_places_best_total_avoids_unhealthy_gpus_and_converges_after_kill_9() 
     // node2: busier (about half the SMs) with 30 GB: mfm-big does not fit.
     // node3: the quietest, but faulty: must get nothing. node4: no online
     // job, so no candidate.
-    let (on1, g1) = online(&c, "mfm-online-1", "node1", 0.1, 4000);
-    let (on2, g2) = online(&c, "mfm-online-2", "node2", 0.5, 30_000);
-    let (on3, g3) = online(&c, "mfm-online-3", "node3", 0.02, 1000);
-    settle(&c, &quick, "node1", g1, 4000);
-    settle(&c, &quick, "node2", g2, 30_000);
-    settle(&c, &quick, "node3", g3, 1000);
+    let (on1, g1) = c.online_workload("mfm-online-1", "node1", 0.1, 4000);
+    let (on2, g2) = c.online_workload("mfm-online-2", "node2", 0.5, 30_000);
+    let (on3, g3) = c.online_workload("mfm-online-3", "node3", 0.02, 1000);
+    c.settle_healthy(&quick, "node1", g1, 4000);
+    c.settle_healthy(&quick, "node2", g2, 30_000);
+    c.settle_healthy(&quick, "node3", g3, 1000);
     // The Xid reaches the health check through the kernel log; with the
     // cluster's dwell times the GPU stays Faulty, then Recovering, for
     // 90 s (the health steps below never touch node3).
-    xid(&c, "node3", g3, 43);
-    health(&c, &c.dir.join("etc/muxflow.toml"), "node3");
-    let p3 = gpu_published(&c, "node3", g3).unwrap();
+    c.sim_fault("node3", g3, &["xid", "43"]);
+    c.health_step(&c.dir.join("etc/muxflow.toml"), "node3");
+    let p3 = c.published_gpu("node3", g3);
     assert_eq!(p3.state, HealthState::Faulty, "{p3:?}");
-    let solo = |node, g| gpu_published(&c, node, g).unwrap().solo_sm_pct.unwrap();
+    let solo = |node, g| c.published_gpu(node, g).solo_sm_pct.unwrap();
     let (s1, s2) = (solo("node1", g1), solo("node2", g2));
     assert!(s1 + 20 < s2, "node2 must be the busier: {s1} vs {s2}");
 
@@ -433,17 +285,14 @@ fn matcher_places_best_total_avoids_unhealthy_gpus_and_converges_after_kill_9() 
     for id in [big, small] {
         c.wait(id, WAIT);
     }
-    let (on4, g4) = online(&c, "mfm-online-4", "node4", 0.2, 1000);
-    settle(&c, &quick, "node4", g4, 1000);
+    let (on4, g4) = c.online_workload("mfm-online-4", "node4", 0.2, 1000);
+    c.settle_healthy(&quick, "node4", g4, 1000);
     for (node, g) in [("node1", g1), ("node2", g2)] {
-        settle(&c, &quick, node, g, 0);
+        c.settle_healthy(&quick, node, g, 0);
     }
-    xid(&c, "node3", g3, 43);
-    health(&c, &c.dir.join("etc/muxflow.toml"), "node3");
-    assert_eq!(
-        gpu_published(&c, "node3", g3).unwrap().state,
-        HealthState::Faulty
-    );
+    c.sim_fault("node3", g3, &["xid", "43"]);
+    c.health_step(&c.dir.join("etc/muxflow.toml"), "node3");
+    assert_eq!(c.published_gpu("node3", g3).state, HealthState::Faulty);
     let jobs: Vec<u32> = (1..=3).map(|i| offline(&c, &format!("mfm-k{i}"))).collect();
     for ms in [150u64, 450, 900] {
         let l = Loop::start(&c);
@@ -508,7 +357,7 @@ fn matcher_places_best_total_avoids_unhealthy_gpus_and_converges_after_kill_9() 
     }
     for node in ["node1", "node2", "node3", "node4"] {
         for g in 0..2 {
-            load(&c, node, g, 0.0);
+            c.sim_load(node, g, 0.0);
         }
     }
 }
