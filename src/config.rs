@@ -210,8 +210,6 @@ impl Default for Paths {
 pub struct Slurm {
     /// GRES name of the offline slot (one typed slot per GPU, `g<index>`).
     pub offline_gres: String,
-    /// Feature that parks offline jobs until the matcher places them.
-    pub parking_feature: String,
     /// The scontrol the node side runs (root) to read slots and write AdminComment.
     pub scontrol: AbsPath,
     /// Longest wait for one scontrol call.
@@ -222,7 +220,6 @@ impl Default for Slurm {
     fn default() -> Self {
         Slurm {
             offline_gres: "mfslot".to_string(),
-            parking_feature: "muxflow_unplaced".to_string(),
             scontrol: abs("/usr/bin/scontrol"),
             command_timeout_ms: 10_000,
         }
@@ -350,9 +347,6 @@ pub struct Matcher {
     pub interval_s: u64,
     /// Candidate GPUs kept per offline job before matching.
     pub candidates_per_job: usize,
-    /// Place offline jobs on any healthy GPU with an online job when no
-    /// matcher has placed them within this many seconds (0 = never).
-    pub fallback_after_s: u64,
     /// Most `scontrol update` calls one round makes; the rest wait a round.
     pub max_updates_per_round: usize,
     /// Days of sacct history the predictor learns from.
@@ -366,7 +360,6 @@ impl Default for Matcher {
         Matcher {
             interval_s: 60,
             candidates_per_job: 16,
-            fallback_after_s: 0,
             max_updates_per_round: 200,
             history_days: 30,
             command_timeout_s: 30,
@@ -527,10 +520,7 @@ impl Config {
                 ),
             );
         }
-        for (key, value) in [
-            ("offline_gres", &self.slurm.offline_gres),
-            ("parking_feature", &self.slurm.parking_feature),
-        ] {
+        for (key, value) in [("offline_gres", &self.slurm.offline_gres)] {
             if value.is_empty() || !value.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
                 return err(
                     "slurm",

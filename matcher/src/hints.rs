@@ -2,10 +2,9 @@
 //! Slurm has and what the round wants.
 //!
 //! * **Parked**: held (job_submit.lua submits offline jobs with priority 0,
-//!   Reason=JobHeldUser), or — for jobs parked by hand — carrying the parking
-//!   feature in their constraint.
-//! * **Placed** on (node K, GPU I): `ReqNodeList=K`, `Gres=<slot>:gI:1`, the
-//!   constraint without the parking term, and not held: Slurm starts it there.
+//!   Reason=JobHeldUser).
+//! * **Placed** on (node K, GPU I): `ReqNodeList=K`, `Gres=<slot>:gI:1`, and
+//!   not held: Slurm starts it there.
 //!
 //! Placing a held job is `scontrol update …` then `scontrol release`; parking
 //! is `scontrol hold`. A matcher killed between the two calls of a placement
@@ -17,6 +16,9 @@
 //! later `Gres=` update (a job moved from `mfslot:g0` to `mfslot:g1` would
 //! hold both), so a job whose slot type is set is only ever re-placed on the
 //! same GPU index, and parking leaves the slot request alone.
+//!
+//! Parking by a constraint no node has is not possible: Slurm 22.05 rejects
+//! such a job at submit ("Invalid feature specification").
 
 use crate::reader::{Names, PendingJob};
 
@@ -27,36 +29,9 @@ pub enum Target {
     Gpu { node: String, gpu: u32 },
 }
 
-/// The parking term removed from a constraint (`X&park` → `X`).
-pub fn strip_parking(features: &str, parking: &str) -> String {
-    features
-        .split('&')
-        .filter(|t| t.trim() != parking)
-        .collect::<Vec<_>>()
-        .join("&")
-}
-
-/// The constraint with the parking term (once).
-pub fn with_parking(features: &str, parking: &str) -> String {
-    let base = strip_parking(features, parking);
-    if base.is_empty() {
-        parking.to_string()
-    } else {
-        format!("{base}&{parking}")
-    }
-}
-
-pub fn is_parked(job: &PendingJob, names: &Names) -> bool {
-    job.held
-        || job
-            .features
-            .split('&')
-            .any(|t| t.trim() == names.parking_feature)
-}
-
 /// Where Slurm's hints currently put the job.
-pub fn current(job: &PendingJob, names: &Names) -> Target {
-    match (is_parked(job, names), job.slot_gpu) {
+pub fn current(job: &PendingJob) -> Target {
+    match (job.held, job.slot_gpu) {
         (false, Some(gpu))
             if !job.required_nodes.is_empty() && !job.required_nodes.contains(',') =>
         {
@@ -65,7 +40,7 @@ pub fn current(job: &PendingJob, names: &Names) -> Target {
                 gpu,
             }
         }
-        // Not parked but not fully placed either (e.g. released by hand):
+        // Not held but not fully placed either (e.g. released by hand):
         // treat as parked so the round rewrites it one way or the other.
         _ => Target::Parked,
     }
@@ -74,29 +49,17 @@ pub fn current(job: &PendingJob, names: &Names) -> Target {
 /// The scontrol calls (each a full argument list) that move `job` to
 /// `target`, in order, or `None` when Slurm already has it there.
 pub fn update_args(job: &PendingJob, target: &Target, names: &Names) -> Option<Vec<Vec<String>>> {
-    let cur = current(job, names);
     match target {
-        Target::Parked if is_parked(job, names) => None,
+        Target::Parked if job.held => None,
         Target::Parked => Some(vec![vec!["hold".to_string(), job.id.to_string()]]),
-        t if *t == cur => None,
+        t if *t == current(job) => None,
         Target::Gpu { node, gpu } => {
-            let mut update = vec![
+            let mut calls = vec![vec![
                 "update".to_string(),
                 format!("JobId={}", job.id),
                 format!("ReqNodeList={node}"),
                 format!("Gres={}:g{gpu}:1", names.offline_gres),
-            ];
-            if job
-                .features
-                .split('&')
-                .any(|t| t.trim() == names.parking_feature)
-            {
-                update.push(format!(
-                    "Features={}",
-                    strip_parking(&job.features, &names.parking_feature)
-                ));
-            }
-            let mut calls = vec![update];
+            ]];
             if job.held {
                 calls.push(vec!["release".to_string(), job.id.to_string()]);
             }
@@ -112,45 +75,25 @@ mod tests {
     fn names() -> Names {
         Names {
             offline_gres: "mfslot".into(),
-            parking_feature: "muxflow_unplaced".into(),
         }
     }
 
-    fn job(features: &str, req: &str, slot: Option<u32>) -> PendingJob {
+    fn job(req: &str, slot: Option<u32>) -> PendingJob {
         PendingJob {
             id: 7,
             user: "u".into(),
             name: "n".into(),
-            features: features.into(),
             required_nodes: req.into(),
             slot_gpu: slot,
             held: false,
         }
     }
 
-    fn held(features: &str, req: &str, slot: Option<u32>) -> PendingJob {
+    fn held(req: &str, slot: Option<u32>) -> PendingJob {
         PendingJob {
             held: true,
-            ..job(features, req, slot)
+            ..job(req, slot)
         }
-    }
-
-    #[test]
-    fn parking_term_edits() {
-        assert_eq!(strip_parking("muxflow_unplaced", "muxflow_unplaced"), "");
-        assert_eq!(
-            strip_parking("fast&muxflow_unplaced", "muxflow_unplaced"),
-            "fast"
-        );
-        assert_eq!(with_parking("", "muxflow_unplaced"), "muxflow_unplaced");
-        assert_eq!(
-            with_parking("fast", "muxflow_unplaced"),
-            "fast&muxflow_unplaced"
-        );
-        assert_eq!(
-            with_parking("fast&muxflow_unplaced", "muxflow_unplaced"),
-            "fast&muxflow_unplaced"
-        );
     }
 
     #[test]
@@ -161,8 +104,8 @@ mod tests {
             gpu: 1,
         };
         // As job_submit.lua leaves it: held, no slot.
-        let fresh = held("", "", None);
-        assert_eq!(current(&fresh, &n), Target::Parked);
+        let fresh = held("", None);
+        assert_eq!(current(&fresh), Target::Parked);
         assert_eq!(
             update_args(&fresh, &t, &n).unwrap(),
             [
@@ -171,20 +114,8 @@ mod tests {
             ]
         );
         assert_eq!(update_args(&fresh, &Target::Parked, &n), None);
-        // Parked by hand with the feature: the term goes, nothing to release.
-        let parked = job("fast&muxflow_unplaced", "", None);
-        assert_eq!(
-            update_args(&parked, &t, &n).unwrap(),
-            [vec![
-                "update",
-                "JobId=7",
-                "ReqNodeList=node3",
-                "Gres=mfslot:g1:1",
-                "Features=fast"
-            ]]
-        );
-        let placed = job("fast", "node3", Some(1));
-        assert_eq!(current(&placed, &n), t);
+        let placed = job("node3", Some(1));
+        assert_eq!(current(&placed), t);
         assert_eq!(update_args(&placed, &t, &n), None);
         let moved = Target::Gpu {
             node: "node4".into(),
@@ -199,15 +130,15 @@ mod tests {
     #[test]
     fn clearing_holds_and_half_placements_are_repaired() {
         let n = names();
-        let placed = job("fast", "node3", Some(1));
+        let placed = job("node3", Some(1));
         assert_eq!(
             update_args(&placed, &Target::Parked, &n).unwrap(),
             [vec!["hold", "7"]]
         );
         // Killed between update and release: held with its hint. Read back
         // as parked; placing it again repeats the update and releases it.
-        let half = held("", "node3", Some(1));
-        assert_eq!(current(&half, &n), Target::Parked);
+        let half = held("node3", Some(1));
+        assert_eq!(current(&half), Target::Parked);
         let t = Target::Gpu {
             node: "node3".into(),
             gpu: 1,
@@ -215,8 +146,8 @@ mod tests {
         let calls = update_args(&half, &t, &n).unwrap();
         assert_eq!(calls.last().unwrap(), &vec!["release", "7"]);
         // Released by hand without a slot: not placed, so it is held again.
-        let loose = job("", "", None);
-        assert_eq!(current(&loose, &n), Target::Parked);
+        let loose = job("", None);
+        assert_eq!(current(&loose), Target::Parked);
         assert_eq!(
             update_args(&loose, &Target::Parked, &n).unwrap(),
             [vec!["hold", "7"]]

@@ -10,7 +10,7 @@
 //! | fact | source |
 //! |---|---|
 //! | offline / online job | `admin_comment` starting `muxflow:v1 mode=offline` / `mode=online` (set by job_submit.lua) |
-//! | pending offline job's hint | `features` (parking term), `required_nodes`, the typed slot in `tres_per_node` |
+//! | pending offline job's hint | held (`state_reason`), `required_nodes`, the typed slot in `tres_per_node` |
 //! | online job's GPU | `gres_detail` of a running job, `gpu:1(IDX:0)` |
 //! | offline slot in use | node `gres_used`, `mfslot:g1:1(IDX:1)` |
 //! | GPU health, online solo SM and memory | node `extra`, [`muxflow::published`] text |
@@ -46,7 +46,6 @@ pub struct SqueueJob {
     pub job_state: String,
     pub nodes: String,
     pub admin_comment: String,
-    pub features: String,
     pub tres_per_node: String,
     /// One entry per allocated node: `gpu:1(IDX:0)`, `mfslot:g1:1(IDX:1)`.
     pub gres_detail: Vec<String>,
@@ -217,14 +216,12 @@ pub fn job_mode(admin_comment: &str) -> Option<Mode> {
 #[derive(Debug, Clone)]
 pub struct Names {
     pub offline_gres: String,
-    pub parking_feature: String,
 }
 
 impl Names {
     pub fn from_config(c: &muxflow::config::Slurm) -> Names {
         Names {
             offline_gres: c.offline_gres.clone(),
-            parking_feature: c.parking_feature.clone(),
         }
     }
 }
@@ -246,8 +243,6 @@ pub struct PendingJob {
     pub id: u32,
     pub user: String,
     pub name: String,
-    /// The job's constraint as Slurm has it (may contain the parking term).
-    pub features: String,
     pub required_nodes: String,
     /// GPU index of the typed offline slot it requests, if any. Slurm 22.05
     /// keeps the first typed GRES a job was given through every later update,
@@ -311,7 +306,6 @@ impl ClusterState {
                         id: j.job_id,
                         user: j.user_name.clone(),
                         name: j.name.clone(),
-                        features: j.features.clone(),
                         required_nodes: j.required_nodes.clone(),
                         slot_gpu,
                         held: j.state_reason.starts_with("JobHeld"),

@@ -319,15 +319,14 @@ mod tests {
         }
     }
 
-    fn job(id: u32, name: &str, features: &str, req: &str, slot: Option<u32>) -> PendingJob {
+    fn job(id: u32, name: &str, held: bool, req: &str, slot: Option<u32>) -> PendingJob {
         PendingJob {
             id,
             user: "u".into(),
             name: name.into(),
-            features: features.into(),
             required_nodes: req.into(),
             slot_gpu: slot,
-            held: false,
+            held,
         }
     }
 
@@ -359,8 +358,8 @@ mod tests {
                 gpu("e", HealthState::Healthy, 0, 0, true),
             ],
             pending: vec![
-                job(1, "small", "muxflow_unplaced", "", None),
-                job(2, "big", "muxflow_unplaced", "", None),
+                job(1, "small", true, "", None),
+                job(2, "big", true, "", None),
             ],
             ..ClusterState::default()
         };
@@ -381,9 +380,9 @@ mod tests {
             pending: vec![
                 // Placed on a GPU that is gone; typed for GPU 1, so it cannot
                 // go to a (22.05 keeps the first slot type): parked again.
-                job(1, "x", "", "gone", Some(1)),
-                job(2, "y", "fast&muxflow_unplaced", "", None),
-                job(3, "z", "muxflow_unplaced", "", Some(1)),
+                job(1, "x", false, "gone", Some(1)),
+                job(2, "y", true, "", None),
+                job(3, "z", true, "", Some(1)),
             ],
             ..ClusterState::default()
         };
@@ -395,20 +394,18 @@ mod tests {
             .iter()
             .map(|d| (d.job, d.action, d.update.clone()))
             .collect();
-        let args = |v: &[&str]| Some(vec![v.iter().map(|s| s.to_string()).collect::<Vec<_>>()]);
+        let call = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let args = |calls: &[&[&str]]| Some(calls.iter().map(|v| call(v)).collect::<Vec<_>>());
         assert_eq!(
             d,
             [
-                (1, Action::Park, args(&["hold", "1"])),
+                (1, Action::Park, args(&[&["hold", "1"]])),
                 (
                     2,
                     Action::Place,
                     args(&[
-                        "update",
-                        "JobId=2",
-                        "ReqNodeList=a",
-                        "Gres=mfslot:g0:1",
-                        "Features=fast"
+                        &["update", "JobId=2", "ReqNodeList=a", "Gres=mfslot:g0:1"],
+                        &["release", "2"]
                     ])
                 ),
                 (3, Action::None, None),

@@ -4,7 +4,9 @@
 //! * jobs 1 (`serve-a`, node1 GPU 0) and 2 (`serve-b`, node2 GPUs 0-1):
 //!   running online jobs;
 //! * job 16 (`train-run`): a running offline job on node2's `mfslot:g1`;
-//! * job 17 (`train-x`): a pending offline job parked on `muxflow_unplaced`;
+//! * job 17 (`train-x`): a pending offline job, parked (recorded when parking
+//!   was a constraint; its `features` and `state_reason` were edited to what
+//!   job_submit.lua leaves now: held, Reason=JobHeldUser, no constraint);
 //! * jobs 4-15: finished experiments (ignored; 3 and 6 were refused at submit);
 //! * node Extra: node1 both GPUs healthy; node2 GPU 0 busy, GPU 1 healthy
 //!   (its slot taken by job 16); node3 `rack=12` (not muxflow); node4 empty;
@@ -78,9 +80,8 @@ fn squeue_and_sinfo_give_online_gpus_slots_and_pending_jobs() {
         (p.id, p.name.as_str(), p.user.as_str()),
         (17, "train-x", "root")
     );
-    assert_eq!(p.features, "muxflow_unplaced");
     assert_eq!(p.slot_gpu, None);
-    assert_eq!(current(p, &names()), Target::Parked);
+    assert_eq!(current(p), Target::Parked);
     // node3's Extra is not muxflow's, but it runs no online job: no note.
     assert!(st.notes.is_empty(), "{:?}", st.notes);
 }
@@ -117,13 +118,15 @@ fn a_round_on_the_recording_places_the_parked_job_on_the_only_open_gpu() {
     assert_eq!((d.node.as_deref(), d.gpu), (Some("node1"), Some(0)));
     assert_eq!(
         d.update.as_deref().unwrap(),
-        [vec![
-            "update",
-            "JobId=17",
-            "ReqNodeList=node1",
-            "Gres=mfslot:g0:1",
-            "Features="
-        ]]
+        [
+            vec![
+                "update",
+                "JobId=17",
+                "ReqNodeList=node1",
+                "Gres=mfslot:g0:1"
+            ],
+            vec!["release", "17"]
+        ]
     );
     // Default predictor: share = 100 - 35 - 10 = 55% -> min(1, 0.55 / 0.5).
     assert_eq!(d.predicted, Some(1.0));
