@@ -146,7 +146,12 @@ pub fn on_init(rc: CUresult) -> CUresult {
             crate::watcher::apply_health(s, &mut false);
             crate::watcher::spawn(s);
             extern "C" fn at_exit() {
-                let _ = std::panic::catch_unwind(write_stats);
+                let _ = std::panic::catch_unwind(|| {
+                    // The application may exit on an error from a context the
+                    // graceful exit is releasing: let the release finish first.
+                    crate::shutdown::wait_for_release();
+                    write_stats();
+                });
             }
             // SAFETY: registering a plain extern "C" fn that never unwinds.
             unsafe { libc::atexit(at_exit) };

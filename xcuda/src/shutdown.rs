@@ -10,13 +10,20 @@
 //! 3. it puts back the application's previous disposition and re-raises the
 //!    signal: the application's own handler runs, or the default action.
 //!
+//! Between 1 and 3 the application keeps running: its calls that do not pass
+//! the gate (allocations, synchronizations, copies) reach a context that is
+//! being released, fail, and the application may call `exit` on such an
+//! error before the release is done. xCUDA's `atexit` handler therefore
+//! waits (bounded) for a graceful exit in progress: the process does not go
+//! with its contexts half released.
+//!
 //! Handlers are installed at `cuInit` (Python installs its own before that)
 //! and chain to whatever was there; a signal the application ignores is
 //! left alone. The watcher re-installs ours if the application replaced it
 //! later, keeping the application's handler as the one to chain to.
 
 use std::ffi::{c_int, c_void, CStr};
-use std::sync::atomic::{AtomicI32, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering::SeqCst};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -25,10 +32,14 @@ use crate::runtime;
 const SIGNALS: [c_int; 2] = [libc::SIGINT, libc::SIGTERM];
 /// Longest wait for launches inside the driver and for each synchronize.
 const DRAIN_DEADLINE: Duration = Duration::from_secs(2);
+/// Longest wait at process exit for a graceful exit in progress.
+const EXIT_WAIT: Duration = Duration::from_secs(10);
 
 static PIPE_W: AtomicI32 = AtomicI32::new(-1);
 /// The signal being handled (0: none yet).
 static CAUGHT: AtomicI32 = AtomicI32::new(0);
+/// Set once the exit thread released the contexts (before it chains).
+static RELEASED: AtomicBool = AtomicBool::new(false);
 /// The application's dispositions, to chain to.
 static PREVIOUS: Mutex<Vec<(c_int, libc::sigaction)>> = Mutex::new(Vec::new());
 
@@ -185,7 +196,23 @@ fn exit(sig: c_int) {
     release_contexts();
     gate.finish_shutdown();
     runtime::write_stats();
+    RELEASED.store(true, SeqCst);
     chain(sig);
+}
+
+/// At process exit (`atexit`): if a signal started the graceful exit and the
+/// contexts are not released yet, waits until they are (at most `EXIT_WAIT`).
+pub fn wait_for_release() {
+    let end = Instant::now() + EXIT_WAIT;
+    while CAUGHT.load(SeqCst) != 0 && !RELEASED.load(SeqCst) {
+        if Instant::now() >= end {
+            crate::log(format_args!(
+                "exiting after {EXIT_WAIT:?} with the contexts not yet released"
+            ));
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 /// Puts the application's disposition back and re-raises `sig`.

@@ -298,7 +298,6 @@ fn health_pause_closes_the_gate_and_healthy_reopens_it() {
 }
 
 #[test]
-#[ignore = "flaky on a fresh CI build: the offline exits without a `released` event (issue 5 note); run with --ignored"]
 fn sigterm_in_a_launch_storm_releases_contexts_while_online_keeps_running() {
     let sim = Sim::new();
     let online = sim
@@ -328,6 +327,31 @@ fn sigterm_in_a_launch_storm_releases_contexts_while_online_keeps_running() {
     assert_eq!(r["mode"], "online");
     assert!(r["requests"].parse::<u64>().unwrap() > 100, "{r:?}");
     assert!(!r.contains_key("error"));
+}
+
+#[test]
+fn exit_on_a_driver_error_during_the_graceful_exit_waits_for_the_release() {
+    // The application's ungated calls fail once the exit thread has begun
+    // releasing the context, and this one exits at its first error. The fake
+    // driver's release is slowed so that exit lands mid-release every time:
+    // the process must still not go before the release is done.
+    let sim = Sim::new();
+    let mut c = sim.probe(&["getproc2", "exit-on-error"], true);
+    c.env("MUXFLOW_SIM_SLOW_RELEASE_MS", "300");
+    let mut child = c.spawn().unwrap();
+    let pid = child.id();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "ready");
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    wait_exit(&mut child, Duration::from_secs(10));
+    let ev = sim.events();
+    assert!(ev.contains(&format!("pid={pid} event=released")), "{ev}");
 }
 
 #[test]

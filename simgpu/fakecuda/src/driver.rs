@@ -426,6 +426,14 @@ fn detach(p: &Proc, dev: usize) {
     let others = l.clients.iter().any(Option::is_some);
     let mps = l.mps.clone().flatten();
     drop(l);
+    // A driver tearing a context down takes a while; tests stretch it to
+    // widen races with the process's other threads.
+    if let Some(ms) = std::env::var("MUXFLOW_SIM_SLOW_RELEASE_MS")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+    {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
     let d = &p.devs[dev];
     let mut t = d.gpu.lock();
     if let Some(s) = t.slot_of(p.pid) {

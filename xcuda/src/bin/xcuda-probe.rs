@@ -12,6 +12,9 @@
 //!             storm N    8 threads x N x (two 20 MiB cuMemAlloc, then their cuMemFree)
 //!             launches N N back-to-back launches; ns per launch
 //!             allocs N   N cuMemAlloc/cuMemFree pairs; ns per pair
+//!             exit-on-error   prints `ready`, then cuMemAlloc/cuMemFree until a
+//!                        call fails, then exit(1) at once (an application
+//!                        that exits on a driver error, e.g. mid graceful exit)
 //!             shim-bench N   (run without LD_PRELOAD; XCUDA_PROBE_SHIM = the .so)
 //!                        N launches and N alloc/free pairs each way, direct
 //!                        and through the dlopen'ed shim, interleaved in blocks
@@ -462,6 +465,25 @@ fn allocs(r: &Resolver, n: usize) {
     println!("ns_per_alloc_free={:.1}", el.as_nanos() as f64 / n as f64);
 }
 
+fn exit_on_error(r: &Resolver) {
+    let (cu, _ctx, _) = setup(r, c"sim_kernel_1us");
+    println!("ready");
+    loop {
+        let mut p = 0u64;
+        // SAFETY: resolved entry points with valid arguments.
+        let rc = unsafe {
+            match (cu.alloc)(&mut p, MIB) {
+                0 => (cu.free)(p),
+                rc => rc,
+            }
+        };
+        if rc != 0 {
+            println!("error={rc}");
+            std::process::exit(1);
+        }
+    }
+}
+
 /// Median and mean of per-call times (ns).
 fn summary(mut v: Vec<u64>) -> (f64, f64) {
     v.sort_unstable();
@@ -579,6 +601,7 @@ fn main() {
         Some(&"storm") => storm(&r, n),
         Some(&"launches") => launches(&r, n),
         Some(&"allocs") => allocs(&r, n),
+        Some(&"exit-on-error") => exit_on_error(&r),
         Some(&"shim-bench") => shim_bench(&r, n),
         _ => die("unknown scenario"),
     }
