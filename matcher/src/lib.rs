@@ -36,6 +36,7 @@
 
 pub mod bench;
 pub mod hints;
+pub mod history;
 pub mod predict;
 pub mod prune;
 pub mod reader;

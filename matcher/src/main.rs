@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use muxflow_matcher::bench::{self, BenchArgs, DenseMode};
+use muxflow_matcher::history::HistoryCache;
 use muxflow_matcher::predict::{self, runs_from_sacct, samples, Model};
 use muxflow_matcher::reader::{parse_sacct, Names};
 use muxflow_matcher::round::{plan, Plan};
@@ -148,7 +149,7 @@ fn main() -> anyhow::Result<()> {
         timeout_s: config.matcher.command_timeout_s,
     };
     if cli.once {
-        let plan = round(&config, &slurm, cli.dry_run)?;
+        let plan = round(&config, &slurm, &mut HistoryCache::default(), cli.dry_run)?;
         if cli.json {
             println!("{}", plan.json());
         } else {
@@ -158,11 +159,13 @@ fn main() -> anyhow::Result<()> {
     }
     let interval = Duration::from_secs(cli.interval.unwrap_or(config.matcher.interval_s).max(1));
     tracing::info!(?interval, dry_run = cli.dry_run, "muxflow-matcher looping");
+    // Only the sacct history is carried between rounds, as a cache.
+    let mut history = HistoryCache::default();
     loop {
         let start = Instant::now();
-        match round(&config, &slurm, cli.dry_run) {
+        match round(&config, &slurm, &mut history, cli.dry_run) {
             Ok(plan) => tracing::info!("{}", plan.summary_line()),
-            // Nothing is carried between rounds: the next one starts afresh.
+            // The next round reads Slurm afresh.
             Err(e) => tracing::error!("round failed: {e:#}"),
         }
         std::thread::sleep(interval.saturating_sub(start.elapsed()));
@@ -170,7 +173,12 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// One round: read, predict, match, apply.
-fn round(config: &muxflow::Config, slurm: &SlurmCli, dry_run: bool) -> anyhow::Result<Plan> {
+fn round(
+    config: &muxflow::Config,
+    slurm: &SlurmCli,
+    history: &mut HistoryCache,
+    dry_run: bool,
+) -> anyhow::Result<Plan> {
     let names = Names::from_config(&config.slurm);
     let state = slurm
         .read_state(&names)
@@ -179,13 +187,10 @@ fn round(config: &muxflow::Config, slurm: &SlurmCli, dry_run: bool) -> anyhow::R
         tracing::warn!("{note}");
     }
     // History is optional: without it every job gets the default prediction.
-    let runs = match slurm.history(config.matcher.history_days) {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::warn!("no offline history from sacct ({e}); using the default predictor");
-            Vec::new()
-        }
-    };
+    if let Err(e) = slurm.refresh_history(history, config.matcher.history_days) {
+        tracing::warn!("sacct history not refreshed ({e}); predicting from what was read before");
+    }
+    let runs = history.runs();
     let model = Model::train(&samples(&runs), &runs);
     let mut plan = plan(&state, &model, &config.policy, &config.matcher, &names);
     if !dry_run {

@@ -59,6 +59,8 @@ pub struct Run {
     pub job_id: u32,
     pub key: JobKey,
     pub report: JobReport,
+    /// When the run ended (Unix seconds); 0 while it runs.
+    pub end_s: u64,
 }
 
 /// Offline runs in a `sacct --json` listing (other records are skipped).
@@ -70,6 +72,7 @@ pub fn runs_from_sacct(jobs: &[SacctJob]) -> Vec<Run> {
                 job_id: j.job_id,
                 key: (j.user.clone(), j.name.clone()),
                 report,
+                end_s: j.time.end,
             })
         })
         .collect()
@@ -393,6 +396,7 @@ pub fn synthetic_runs(jobs: usize, runs_per_job: usize, seed: u64) -> Vec<Run> {
                 job_id: id,
                 key: key.clone(),
                 report,
+                end_s: 0,
             });
         };
         push(JobReport {

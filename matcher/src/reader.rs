@@ -77,6 +77,13 @@ pub struct SacctState {
     pub current: String,
 }
 
+/// Times of a sacct record, Unix seconds (0: not yet).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct SacctTime {
+    pub end: u64,
+}
+
 /// One job of `sacct --json -X`.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
@@ -86,6 +93,7 @@ pub struct SacctJob {
     pub user: String,
     pub state: SacctState,
     pub comment: SacctComment,
+    pub time: SacctTime,
 }
 
 #[derive(Debug, Deserialize)]

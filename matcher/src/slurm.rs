@@ -4,6 +4,7 @@
 
 use std::process::Command;
 
+use crate::history::HistoryCache;
 use crate::predict::{runs_from_sacct, Run};
 use crate::reader::{self, ClusterState, Names, ReadError};
 
@@ -72,6 +73,11 @@ impl SlurmCli {
 
     /// Offline runs of the last `days` days from sacct.
     pub fn history(&self, days: u32) -> Result<Vec<Run>, SlurmError> {
+        self.runs_since(u64::from(days) * 86_400)
+    }
+
+    /// Offline runs that ran within the last `secs` seconds.
+    pub fn runs_since(&self, secs: u64) -> Result<Vec<Run>, SlurmError> {
         let text = self.run(
             "sacct",
             &[
@@ -79,10 +85,21 @@ impl SlurmCli {
                 "-X".into(),
                 "-a".into(),
                 "-S".into(),
-                format!("now-{days}days"),
+                format!("now-{secs}seconds"),
             ],
         )?;
         Ok(runs_from_sacct(&reader::parse_sacct(&text)?))
+    }
+
+    /// Brings `cache` up to date: the whole window the first time, then
+    /// only what changed since its last read.
+    pub fn refresh_history(&self, cache: &mut HistoryCache, days: u32) -> Result<(), SlurmError> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let runs = self.runs_since(cache.lookback_s(now, days))?;
+        cache.merge(runs, now, days);
+        Ok(())
     }
 
     /// One scontrol call (`update …`, `hold N`, `release N`).

@@ -167,11 +167,12 @@ fn matcher_places_best_total_avoids_unhealthy_gpus_and_converges_after_kill_9() 
 
     // node1: a quiet online job with little memory: best for anyone, and
     // the only GPU with room for mfm-big (81559 - 4000 - 2048 >= 60000).
-    // node2: busier (about half the SMs) with 30 GB: mfm-big does not fit.
+    // node2: busier (a third of the SMs, below the Busy exit threshold, so
+    // a spike cannot leave it Busy) with 30 GB: mfm-big does not fit.
     // node3: the quietest, but faulty: must get nothing. node4: no online
     // job, so no candidate.
     let (on1, g1) = c.online_workload("mfm-online-1", "node1", 0.1, 4000);
-    let (on2, g2) = c.online_workload("mfm-online-2", "node2", 0.5, 30_000);
+    let (on2, g2) = c.online_workload("mfm-online-2", "node2", 0.35, 30_000);
     let (on3, g3) = c.online_workload("mfm-online-3", "node3", 0.02, 1000);
     c.settle_healthy(&quick, "node1", g1, 4000);
     c.settle_healthy(&quick, "node2", g2, 30_000);
