@@ -36,20 +36,41 @@ pub enum ReadError {
     Slurm { what: &'static str, errors: String },
 }
 
+/// Slurm's JSON writes `null` for fields it has no value for (a job's
+/// `user` once its uid is unknown, a `name`…): read as the default, so one
+/// such record does not fail the whole listing.
+fn nullable<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
 /// One job of `squeue --json`.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
 pub struct SqueueJob {
+    #[serde(deserialize_with = "nullable")]
     pub job_id: u32,
+    #[serde(deserialize_with = "nullable")]
     pub name: String,
+    #[serde(deserialize_with = "nullable")]
     pub user_name: String,
+    #[serde(deserialize_with = "nullable")]
     pub job_state: String,
+    #[serde(deserialize_with = "nullable")]
     pub nodes: String,
+    #[serde(deserialize_with = "nullable")]
     pub admin_comment: String,
+    #[serde(deserialize_with = "nullable")]
     pub tres_per_node: String,
     /// One entry per allocated node: `gpu:1(IDX:0)`, `mfslot:g1:1(IDX:1)`.
+    #[serde(deserialize_with = "nullable")]
     pub gres_detail: Vec<String>,
+    #[serde(deserialize_with = "nullable")]
     pub required_nodes: String,
+    #[serde(deserialize_with = "nullable")]
     pub state_reason: String,
 }
 
@@ -57,11 +78,17 @@ pub struct SqueueJob {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
 pub struct SinfoNode {
+    #[serde(deserialize_with = "nullable")]
     pub name: String,
+    #[serde(deserialize_with = "nullable")]
     pub state: String,
+    #[serde(deserialize_with = "nullable")]
     pub state_flags: Vec<String>,
+    #[serde(deserialize_with = "nullable")]
     pub extra: String,
+    #[serde(deserialize_with = "nullable")]
     pub gres: String,
+    #[serde(deserialize_with = "nullable")]
     pub gres_used: String,
 }
 
@@ -74,6 +101,7 @@ pub struct SacctComment {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
 pub struct SacctState {
+    #[serde(deserialize_with = "nullable")]
     pub current: String,
 }
 
@@ -81,6 +109,7 @@ pub struct SacctState {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
 pub struct SacctTime {
+    #[serde(deserialize_with = "nullable")]
     pub end: u64,
 }
 
@@ -88,11 +117,17 @@ pub struct SacctTime {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
 pub struct SacctJob {
+    #[serde(deserialize_with = "nullable")]
     pub job_id: u32,
+    #[serde(deserialize_with = "nullable")]
     pub name: String,
+    #[serde(deserialize_with = "nullable")]
     pub user: String,
+    #[serde(deserialize_with = "nullable")]
     pub state: SacctState,
+    #[serde(deserialize_with = "nullable")]
     pub comment: SacctComment,
+    #[serde(deserialize_with = "nullable")]
     pub time: SacctTime,
 }
 
@@ -427,6 +462,23 @@ pub fn expand_hostlist(s: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn null_fields_read_as_empty_and_keep_the_rest_of_the_listing() {
+        let text = r#"{"errors": [], "jobs": [
+            {"job_id": 99, "name": null, "user": null, "state": {"current": "COMPLETED"},
+             "comment": {"administrator": "muxflow:v1 mode=offline steps_per_s=7"},
+             "time": {"end": 1795335232}},
+            {"job_id": 100, "name": "train", "user": "alice", "state": null,
+             "comment": {"administrator": null}, "time": {"end": null}}
+        ]}"#;
+        let jobs = parse_sacct(text).unwrap();
+        assert_eq!(jobs.len(), 2);
+        assert_eq!((jobs[0].user.as_str(), jobs[0].name.as_str()), ("", ""));
+        assert_eq!(jobs[0].time.end, 1795335232);
+        assert_eq!(jobs[1].state.current, "");
+        assert_eq!(jobs[1].time.end, 0);
+    }
 
     #[test]
     fn gres_strings() {
