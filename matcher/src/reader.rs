@@ -131,6 +131,9 @@ pub struct SacctJob {
     pub time: SacctTime,
 }
 
+/// Slurm's error number for a query that matched nothing.
+const EMPTY_RESULT: u32 = 9003;
+
 #[derive(Debug, Deserialize)]
 struct Envelope<T> {
     #[serde(default)]
@@ -145,10 +148,17 @@ fn parse<T: for<'de> Deserialize<'de>>(
 ) -> Result<Vec<T>, ReadError> {
     let env: Envelope<T> =
         serde_json::from_str(text).map_err(|source| ReadError::Json { what, source })?;
-    if !env.errors.is_empty() {
+    // ESLURM_REST_EMPTY_RESULT ("Nothing found with query", e.g. sacct on
+    // an empty database) is an empty listing, not a failure.
+    let errors: Vec<_> = env
+        .errors
+        .into_iter()
+        .filter(|e| e["error_number"] != EMPTY_RESULT)
+        .collect();
+    if !errors.is_empty() {
         return Err(ReadError::Slurm {
             what,
-            errors: serde_json::Value::Array(env.errors).to_string(),
+            errors: serde_json::Value::Array(errors).to_string(),
         });
     }
     Ok(env.jobs)
@@ -462,6 +472,15 @@ pub fn expand_hostlist(s: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nothing_found_is_an_empty_listing_other_errors_fail() {
+        let empty = r#"{"errors": [{"description": "Nothing found", "error": "Nothing found with query",
+            "error_number": 9003, "source": "slurmdb_jobs_get"}], "jobs": []}"#;
+        assert!(parse_sacct(empty).unwrap().is_empty());
+        let bad = r#"{"errors": [{"error": "Unable to connect to database", "error_number": 7000}], "jobs": []}"#;
+        assert!(matches!(parse_sacct(bad), Err(ReadError::Slurm { .. })));
+    }
 
     #[test]
     fn null_fields_read_as_empty_and_keep_the_rest_of_the_listing() {
