@@ -71,7 +71,7 @@ pub struct GpuLock {
     _file: File,
 }
 
-/// Held node-wide lock (flock on `<dir>/lock`), released on drop.
+/// Held node-wide lock (flock on `<dir>/node.lock`), released on drop.
 pub struct NodeLock {
     _file: File,
 }
@@ -134,13 +134,13 @@ impl NodeState {
         })
     }
 
-    /// Blocks until this process holds the node-wide lock (for state of the
-    /// whole node, such as the kernel log cursor). Never taken while a GPU
-    /// lock is held.
+    /// Blocks until this process holds the node-wide lock (`node.lock`, for
+    /// state of the whole node: what was published, the kernel log cursor).
+    /// Never taken while a GPU lock is held.
     pub fn lock_node(&self) -> Result<NodeLock, StateError> {
         fs::create_dir_all(&self.dir).map_err(io(&self.dir))?;
         Ok(NodeLock {
-            _file: lock_file(&self.dir.join("lock"))?,
+            _file: lock_file(&self.dir.join("node.lock"))?,
         })
     }
 

@@ -8,9 +8,6 @@
 //! re-asserts it if slurmctld lost it. The last text sent is kept in
 //! `<state_dir>/node.json`, under `<state_dir>/node.lock`.
 
-use std::fs::OpenOptions;
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -46,28 +43,6 @@ pub fn load_node(ns: &NodeState) -> anyhow::Result<NodeRecord> {
     }
 }
 
-/// An exclusive flock on `<state_dir>/node.lock`, released on drop.
-struct NodeLock(#[allow(dead_code)] std::fs::File);
-
-fn lock_node(ns: &NodeState) -> anyhow::Result<NodeLock> {
-    std::fs::create_dir_all(ns.dir())?;
-    let path = ns.dir().join("node.lock");
-    let f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o644)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&path)
-        .with_context(|| format!("opening {}", path.display()))?;
-    // SAFETY: flock on a file descriptor owned by `f`, which outlives the call.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
-        return Err(std::io::Error::last_os_error()).context("flock node.lock");
-    }
-    Ok(NodeLock(f))
-}
-
 /// Publishes the persisted GPU records of the node and drains/undrains on a
 /// lost GPU. Runs under the node lock and reads the records from disk, so
 /// concurrent steps publish the newest state whatever order they finish in.
@@ -78,7 +53,7 @@ pub fn publish(
     trigger: Trigger,
     now: u64,
 ) -> anyhow::Result<()> {
-    let _lock = lock_node(ns)?;
+    let _lock = ns.lock_node()?;
     let mut rec = load_node(ns)?;
     let mut gpus: Vec<GpuPublished> = Vec::new();
     let mut lost = Vec::new();
