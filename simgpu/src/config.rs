@@ -13,7 +13,8 @@ pub struct GpuConfig {
     pub sm_count: u32,
     pub memory_mib: u64,
     pub max_sm_clock_mhz: u32,
-    /// Telemetry window for utilization / SM activity, milliseconds.
+    /// Window for utilization / SM activity, and of the power controller
+    /// behind the SM clock, milliseconds.
     #[serde(default = "default_window_ms")]
     pub window_ms: u64,
     /// SM activity above which the clock starts to fall (power capping).
@@ -22,8 +23,9 @@ pub struct GpuConfig {
     /// Clock at 100% SM activity as a fraction of the max clock.
     #[serde(default = "default_min_clock_frac")]
     pub min_clock_frac: f64,
-    /// Share of priority-1 demand that still slows a priority-0 kernel
-    /// (MPS priority is a hint, not a guarantee).
+    /// Share of priority-1 SM demand that still competes with a priority-0
+    /// kernel (MPS priority orders pending blocks; resident ones keep their
+    /// SMs). Power capping is shared in full regardless (see the model).
     #[serde(default = "default_interference")]
     pub low_priority_interference: f64,
 }

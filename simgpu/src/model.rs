@@ -5,19 +5,25 @@
 //! * A kernel with `b` blocks from a client capped at `cap` SMs demands
 //!   `d = max(1, min(b, sm_count, cap))` SMs. Its capped solo duration is
 //!   `solo * min(b, sm_count) / d` (the same work on fewer SMs).
-//! * At its start time `s` it sees the demand of kernels running at `s`.
-//!   Relevant demand `R` is, for a priority-1 client, all other demand plus
-//!   external load; for priority 0, other priority-0 demand plus external load
-//!   plus `interference` x priority-1 demand.
-//! * `share = max(1, (d + R) / sm_count)`, `clock = clock(min(1, (d + all) / sm_count))`,
-//!   `stretch = share * clock(d / sm_count) / clock`, and the kernel runs
-//!   `[s, s + capped_solo * stretch)` where `s = max(now, stream tail)`.
+//! * SM share, at its start time `s`, from the demand of kernels running at
+//!   `s`: relevant demand `R` is, for a priority-1 client, all other demand
+//!   plus external load; for priority 0, other priority-0 demand plus
+//!   external load plus `interference` x priority-1 demand (MPS priority
+//!   only orders pending blocks; resident priority-1 blocks keep their SMs
+//!   until they retire). `share = max(1, (d + R) / sm_count)`.
+//! * Power: the SM clock follows the SM activity of the last window (a power
+//!   controller, not the instant), whoever caused it — priority does not
+//!   exempt a client from power capping. `a = max(d / sm_count, activity
+//!   over [now - window, now))`, `stretch = share * clock(d / sm_count) / clock(a)`.
+//! * The kernel runs `[s, s + capped_solo * stretch)` where
+//!   `s = max(now, stream tail)`; everything is decided at launch.
 //! * `clock(a) = max_clock` for `a <= knee`, falling linearly to
 //!   `min_clock_frac * max_clock` at `a = 1` (power capping).
 //! * Utilization over a window = fraction of the window with any kernel
 //!   running, combined with external load `L` as an independent busy fraction:
-//!   `u + L - u*L`. SM activity = time average of `min(sm_count, busy SMs)` /
-//!   sm_count, plus `L`, capped at 1. Reported clock = `clock(SM activity)`.
+//!   `u + L - u*L`. SM activity = SMs demanded by kernels, averaged over the
+//!   window, / sm_count, plus `L`, capped at 1. Reported clock =
+//!   `clock(SM activity)`: the clock kernels run at.
 
 /// Parameters of one simulated GPU's model.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -88,7 +94,9 @@ fn running_demand(kernels: &[KernelSpan], t: u64) -> (u64, u64) {
     d
 }
 
-/// Slow-down factor of a kernel of demand `d` and priority `prio` starting at `t`.
+/// Slow-down factor of a kernel of demand `d` and priority `prio` starting
+/// at `t`, with `power_activity` the SM activity of the window before the
+/// launch (see [`sm_activity`]).
 pub fn stretch(
     p: &ModelParams,
     d: u32,
@@ -96,6 +104,7 @@ pub fn stretch(
     kernels: &[KernelSpan],
     ext: ExternalLoad,
     t: u64,
+    power_activity: f64,
 ) -> f64 {
     let sms = p.sm_count as f64;
     let (p0, p1) = running_demand(kernels, t);
@@ -106,11 +115,10 @@ pub fn stretch(
         (p0 + p1) as f64 + ext_d
     };
     let share = ((d as f64 + relevant) / sms).max(1.0);
-    let activity = ((d as f64 + (p0 + p1) as f64 + ext_d) / sms).min(1.0);
     // Solo durations are "as measured alone", which already includes the
     // kernel's own effect on the clock: only the extra drop stretches it.
     let alone = (d as f64 / sms).min(1.0);
-    share * clock_mhz(p, alone) / clock_mhz(p, activity)
+    share * clock_mhz(p, alone) / clock_mhz(p, alone.max(power_activity))
 }
 
 /// A launch request.
@@ -125,13 +133,20 @@ pub struct Launch {
     pub pid: i32,
 }
 
-/// Places a kernel on the timeline given the kernels already recorded.
-pub fn plan(p: &ModelParams, l: &Launch, kernels: &[KernelSpan], ext: ExternalLoad) -> KernelSpan {
+/// Places a kernel on the timeline given the kernels running from its
+/// launch on and the SM activity of the window before it.
+pub fn plan(
+    p: &ModelParams,
+    l: &Launch,
+    kernels: &[KernelSpan],
+    ext: ExternalLoad,
+    power_activity: f64,
+) -> KernelSpan {
     let start = l.now_ns.max(l.stream_tail_ns);
     let d = demand(p, l.blocks, l.cap_sms);
     let full = l.blocks.clamp(1, p.sm_count as u64) as f64;
     let capped_solo = l.solo_ns as f64 * full / d as f64;
-    let dur = capped_solo * stretch(p, d, l.priority, kernels, ext, start);
+    let dur = capped_solo * stretch(p, d, l.priority, kernels, ext, start, power_activity);
     KernelSpan {
         start_ns: start,
         end_ns: start + dur.round().max(1.0) as u64,
@@ -172,10 +187,13 @@ pub fn utilization(kernels: &[KernelSpan], ext: ExternalLoad, t0: u64, t1: u64) 
     (u + l - u * l).clamp(0.0, 1.0)
 }
 
-/// Time-averaged busy SMs over `[t0, t1)` / sm_count (plus external load), in [0, 1].
+/// SMs demanded by the kernels over `[t0, t1)`, time-averaged, / sm_count,
+/// plus external load, in [0, 1]. Demand, not busy SMs: where kernels ask
+/// for more SMs than there are (and stretch for it) the window reads busier
+/// than the SMs were; one pass, no sorting, so every launch can afford it.
 pub fn sm_activity(
     p: &ModelParams,
-    kernels: &[KernelSpan],
+    kernels: impl IntoIterator<Item = KernelSpan>,
     ext: ExternalLoad,
     t0: u64,
     t1: u64,
@@ -183,23 +201,11 @@ pub fn sm_activity(
     if t1 <= t0 {
         return 0.0;
     }
-    let mut ev: Vec<(u64, i64)> = Vec::new();
-    for k in kernels {
-        let (a, b) = (k.start_ns.max(t0), k.end_ns.min(t1));
-        if a < b {
-            ev.push((a, k.sms as i64));
-            ev.push((b, -(k.sms as i64)));
-        }
-    }
-    ev.sort_unstable();
-    let mut area = 0f64;
-    let mut level = 0i64;
-    let mut last = t0;
-    for (t, delta) in ev {
-        area += (t - last) as f64 * (level.max(0) as f64).min(p.sm_count as f64);
-        level += delta;
-        last = t;
-    }
+    let area: f64 = kernels
+        .into_iter()
+        .filter(|k| k.end_ns > t0 && k.start_ns < t1)
+        .map(|k| (k.end_ns.min(t1) - k.start_ns.max(t0)) as f64 * k.sms as f64)
+        .sum();
     let a = area / ((t1 - t0) as f64 * p.sm_count as f64);
     (a + ext.fraction.clamp(0.0, 1.0)).min(1.0)
 }
@@ -214,7 +220,7 @@ pub struct Sample {
 
 pub fn sample(p: &ModelParams, kernels: &[KernelSpan], ext: ExternalLoad, now: u64) -> Sample {
     let t0 = now.saturating_sub(p.window_ns);
-    let sm_activity = sm_activity(p, kernels, ext, t0, now);
+    let sm_activity = sm_activity(p, kernels.iter().copied(), ext, t0, now);
     Sample {
         utilization: utilization(kernels, ext, t0, now),
         sm_activity,
@@ -255,7 +261,15 @@ mod tests {
                 priority,
                 pid: i as i32 + 1,
             };
-            let k = plan(p, &l, &spans, ExternalLoad::default());
+            let ext = ExternalLoad::default();
+            let power = sm_activity(
+                p,
+                spans.iter().copied(),
+                ext,
+                t.saturating_sub(p.window_ns),
+                t,
+            );
+            let k = plan(p, &l, &spans, ext, power);
             spans.push(k);
             tails[i] = k.end_ns;
             if k.end_ns <= until {
@@ -356,6 +370,46 @@ mod tests {
     }
 
     #[test]
+    fn the_clock_follows_the_window_whoever_caused_it() {
+        let p = ModelParams::default();
+        let none = ExternalLoad::default();
+        // A 64-SM priority-0 kernel next to a priority-1 one on 79 SMs: the
+        // SMs are not oversubscribed for priority 0 (64 + 0.1 * 79 < 132).
+        let other = KernelSpan {
+            start_ns: 0,
+            end_ns: 10 * MS,
+            sms: 79,
+            priority: 1,
+            pid: 2,
+        };
+        // An idle window before the launch: full clock, no stretch.
+        assert_eq!(stretch(&p, 64, 0, &[other], none, MS, 0.0), 1.0);
+        // A window at 95% SM activity, priority-1 work included: the clock
+        // is down (power capping) and the priority-0 kernel pays for it.
+        let busy = stretch(&p, 64, 0, &[other], none, MS, 0.95);
+        let clock = 1.0 - (0.95 - 0.7) / 0.3 * 0.25;
+        assert!((busy - 1.0 / clock).abs() < 1e-9, "{busy}");
+        // The window's activity is SM demand over time: 66 SMs for half of it,
+        // then 132 SMs for a quarter, plus 10% external load.
+        let spans = [
+            KernelSpan {
+                start_ns: 0,
+                end_ns: 100 * MS,
+                sms: 66,
+                ..other
+            },
+            KernelSpan {
+                start_ns: 150 * MS,
+                end_ns: 300 * MS,
+                sms: 132,
+                ..other
+            },
+        ];
+        let a = sm_activity(&p, spans, ExternalLoad { fraction: 0.1 }, 0, 200 * MS);
+        assert!((a - (0.25 + 0.25 + 0.1)).abs() < 1e-9, "{a}");
+    }
+
+    #[test]
     fn external_load_drives_telemetry() {
         let p = ModelParams::default();
         let s = sample(&p, &[], ExternalLoad { fraction: 0.9 }, 10 * MS);
@@ -363,6 +417,6 @@ mod tests {
         assert!((s.utilization - 0.9).abs() < 1e-9);
         assert!(s.sm_clock_mhz < p.max_clock_mhz as f64);
         // External load also stretches kernels.
-        assert!(stretch(&p, 132, 0, &[], ExternalLoad { fraction: 0.5 }, 0) > 1.4);
+        assert!(stretch(&p, 132, 0, &[], ExternalLoad { fraction: 0.5 }, 0, 0.0) > 1.4);
     }
 }

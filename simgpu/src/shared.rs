@@ -45,6 +45,18 @@ pub struct KernelRec {
     pub _pad: u32,
 }
 
+impl KernelRec {
+    fn span(&self) -> KernelSpan {
+        KernelSpan {
+            start_ns: self.start_ns,
+            end_ns: self.end_ns,
+            sms: self.sms,
+            priority: self.priority,
+            pid: self.pid,
+        }
+    }
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
 pub struct XidRec {
@@ -230,21 +242,23 @@ impl Table {
 
     /// Kernels that may still matter at or after `since` (ring contents).
     pub fn kernels_since(&self, since: u64) -> Vec<KernelSpan> {
-        let n = (self.kernel_next as usize).min(KERNEL_RING);
         let mut out = Vec::with_capacity(64);
-        for i in 0..n {
-            let k = &self.kernels[i];
-            if k.end_ns > since {
-                out.push(KernelSpan {
-                    start_ns: k.start_ns,
-                    end_ns: k.end_ns,
-                    sms: k.sms,
-                    priority: k.priority,
-                    pid: k.pid,
-                });
-            }
-        }
+        out.extend(
+            self.records()
+                .filter(|k| k.end_ns > since)
+                .map(KernelRec::span),
+        );
         out
+    }
+
+    /// Every kernel the ring still holds, in no particular order.
+    pub fn spans(&self) -> impl Iterator<Item = KernelSpan> + '_ {
+        self.records().map(KernelRec::span)
+    }
+
+    fn records(&self) -> impl Iterator<Item = &KernelRec> {
+        let n = (self.kernel_next as usize).min(KERNEL_RING);
+        self.kernels[..n].iter()
     }
 
     pub fn push_kernel(&mut self, k: &KernelSpan) {

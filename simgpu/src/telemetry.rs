@@ -65,6 +65,5 @@ pub fn read(cfg: &GpuConfig, gpu: &SharedGpu, now: u64) -> Reading {
 pub fn sm_activity_between(cfg: &GpuConfig, gpu: &SharedGpu, t0: u64, t1: u64) -> f64 {
     let p = cfg.model();
     let t = gpu.lock();
-    let ks = t.kernels_since(t0);
-    model::sm_activity(&p, &ks, t.external(), t0, t1)
+    model::sm_activity(&p, t.spans(), t.external(), t0, t1)
 }

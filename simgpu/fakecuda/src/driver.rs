@@ -70,6 +70,9 @@ struct Local {
     /// Stream key -> time its last queued kernel ends.
     tails: HashMap<u64, (usize, u64)>,
     captures: HashMap<u64, Vec<(Kernel, u64)>>,
+    /// Per device: (when, SM activity of the window before it), the input of
+    /// the clock launches run at; recomputed every `POWER_REFRESH` of a window.
+    power: Vec<Option<(u64, f64)>>,
     allocs: HashMap<u64, (usize, u64)>,
     clients: Vec<Option<ClientState>>,
     mps: Option<Option<(PathBuf, Grant)>>,
@@ -140,6 +143,7 @@ fn load() -> Result<Proc, u32> {
             objs: HashMap::new(),
             tails: HashMap::new(),
             captures: HashMap::new(),
+            power: vec![None; n],
             allocs: HashMap::new(),
             clients: (0..n).map(|_| None).collect(),
             mps: None,
@@ -744,6 +748,10 @@ fn stream_key(l: &Local, s: Handle, pt: bool, dev: usize) -> R<u64> {
     }
 }
 
+/// How many times per window a process recomputes the SM activity its
+/// launches' clock follows.
+const POWER_REFRESH: u64 = 50;
+
 fn enqueue(p: &Proc, dev: usize, key: u64, kernels: &[(Kernel, u64)]) -> R<()> {
     let (cap, _) = {
         let l = p.local();
@@ -752,11 +760,25 @@ fn enqueue(p: &Proc, dev: usize, key: u64, kernels: &[(Kernel, u64)]) -> R<()> {
     };
     let d = &p.devs[dev];
     let params = d.cfg.model();
-    let mut tail = p.local().tails.get(&key).map_or(0, |x| x.1);
+    let (mut tail, cached) = {
+        let l = p.local();
+        (l.tails.get(&key).map_or(0, |x| x.1), l.power[dev])
+    };
     let mut t = d.gpu.lock();
     let prio = t.slot_of(p.pid).map_or(0, |s| t.clients[s].priority);
     let now = now_ns();
     let mut recent = t.kernels_since(now);
+    // The clock of this launch: the SM activity of the window before it. It
+    // moves slowly (a window average), so a reading a fiftieth of a window
+    // old serves; a scan of the whole kernel ring per launch would not.
+    let (power, fresh) = match cached {
+        Some((at, a)) if now.saturating_sub(at) < params.window_ns / POWER_REFRESH => (a, None),
+        _ => {
+            let from = now.saturating_sub(params.window_ns);
+            let a = model::sm_activity(&params, t.spans(), t.external(), from, now);
+            (a, Some((now, a)))
+        }
+    };
     for (k, blocks) in kernels {
         let span = model::plan(
             &params,
@@ -771,13 +793,18 @@ fn enqueue(p: &Proc, dev: usize, key: u64, kernels: &[(Kernel, u64)]) -> R<()> {
             },
             &recent,
             t.external(),
+            power,
         );
         t.push_kernel(&span);
         recent.push(span);
         tail = span.end_ns;
     }
     drop(t);
-    p.local().tails.insert(key, (dev, tail));
+    let mut l = p.local();
+    l.tails.insert(key, (dev, tail));
+    if fresh.is_some() {
+        l.power[dev] = fresh;
+    }
     Ok(())
 }
 
