@@ -10,6 +10,7 @@
 
 pub mod codes;
 pub mod config;
+pub mod cudaload;
 pub mod faults;
 pub mod model;
 pub mod mps;

@@ -2,14 +2,14 @@
 //! cuGetProcAddress for every entry point) and runs an online service or an
 //! offline trainer. Prints one `key=value` report line; exits 0 on SIGTERM/SIGINT.
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
+use muxflow_simgpu::cudaload::{self, Driver, ProcAddress};
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 type Res = u32;
 type H = *mut c_void;
-type GetProc = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> Res;
 
 #[derive(Parser)]
 #[command(
@@ -27,6 +27,12 @@ enum Mode {
     Online {
         #[arg(long, default_value_t = 200.0)]
         rate: f64,
+        /// Request arrivals: every 1/rate s, or a Poisson process (exponential
+        /// gaps of mean 1/rate, from --seed: the same sequence every run).
+        #[arg(long, value_enum, default_value_t = Arrivals::Fixed)]
+        arrivals: Arrivals,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
         /// Seconds; runs until signalled when absent.
         #[arg(long)]
         duration: Option<f64>,
@@ -63,6 +69,53 @@ enum Mode {
     },
 }
 
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Arrivals {
+    Fixed,
+    Poisson,
+}
+
+/// Arrival times (s after start) of an open-loop request stream.
+struct Schedule {
+    arrivals: Arrivals,
+    period: f64,
+    rng: u64,
+    next: f64,
+}
+
+impl Schedule {
+    fn new(arrivals: Arrivals, rate: f64, seed: u64) -> Schedule {
+        Schedule {
+            arrivals,
+            period: 1.0 / rate.max(0.001),
+            // xorshift64* must not start at zero.
+            rng: seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
+            next: 0.0,
+        }
+    }
+
+    /// When the next request is due.
+    fn due(&self) -> f64 {
+        self.next
+    }
+
+    /// Moves on to the request after.
+    fn advance(&mut self) {
+        self.next += match self.arrivals {
+            Arrivals::Fixed => self.period,
+            Arrivals::Poisson => {
+                self.rng ^= self.rng >> 12;
+                self.rng ^= self.rng << 25;
+                self.rng ^= self.rng >> 27;
+                let x = self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d);
+                // Uniform in (0, 1]: never ln(0).
+                let u = ((x >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
+                -u.ln() * self.period
+            }
+        };
+    }
+}
+
 static STOP: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_signal(_: c_int) {
@@ -70,8 +123,7 @@ extern "C" fn on_signal(_: c_int) {
 }
 
 struct Api {
-    get: GetProc,
-    version: c_int,
+    get: ProcAddress,
     flags: u64,
 }
 
@@ -79,16 +131,14 @@ impl Api {
     /// Resolves through cuGetProcAddress; a missing entry point is fatal.
     fn sym<T: Copy>(&self, name: &str) -> T {
         let c = CString::new(name).expect("name");
-        let mut p: *mut c_void = std::ptr::null_mut();
-        // SAFETY: cuGetProcAddress with valid pointers.
-        let rc = unsafe { (self.get)(c.as_ptr(), &mut p, self.version, self.flags) };
-        if rc != 0 || p.is_null() {
-            eprintln!("muxflow-workload: cuGetProcAddress({name}) failed: {rc}");
-            std::process::exit(2);
+        match self.get.resolve(&c, cudaload::CUDA_VERSION, self.flags) {
+            0 => {
+                eprintln!("muxflow-workload: cuGetProcAddress({name}) failed");
+                std::process::exit(2);
+            }
+            // SAFETY: the driver's entry point for `name`, whose C signature T is.
+            p => unsafe { cudaload::as_fn(p) },
         }
-        assert_eq!(std::mem::size_of::<T>(), std::mem::size_of::<*mut c_void>());
-        // SAFETY: T is the function-pointer type of `name` as declared by the CUDA API.
-        unsafe { std::mem::transmute_copy(&p) }
     }
 }
 
@@ -135,29 +185,13 @@ fn ok(rc: Res, what: &'static str) -> Result<(), Failed> {
 }
 
 fn load(flags: u64) -> Cuda {
-    let lib = c"libcuda.so.1";
-    // SAFETY: dlopen/dlsym with NUL-terminated names; the handle is kept for the process lifetime.
-    let get: GetProc = unsafe {
-        let h = libc::dlopen(lib.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
-        if h.is_null() {
-            let e = CStr::from_ptr(libc::dlerror())
-                .to_string_lossy()
-                .into_owned();
-            eprintln!("muxflow-workload: dlopen(libcuda.so.1): {e}");
+    let get = Driver::open()
+        .and_then(|d| d.proc_address(false))
+        .unwrap_or_else(|e| {
+            eprintln!("muxflow-workload: {e}");
             std::process::exit(2);
-        }
-        let s = libc::dlsym(h, c"cuGetProcAddress".as_ptr());
-        if s.is_null() {
-            eprintln!("muxflow-workload: libcuda.so.1 has no cuGetProcAddress");
-            std::process::exit(2);
-        }
-        std::mem::transmute::<*mut c_void, GetProc>(s)
-    };
-    let api = Api {
-        get,
-        version: 12040,
-        flags,
-    };
+        });
+    let api = Api { get, flags };
     // SAFETY: resolved by the driver for this exact name.
     let init: unsafe extern "C" fn(c_uint) -> Res = api.sym("cuInit");
     // SAFETY: cuInit(0).
@@ -205,7 +239,7 @@ fn main() {
     let (flags, device) = match &cli.mode {
         Mode::Online { device, .. } => (0, *device),
         // The trainer exercises the per-thread-default-stream (_ptsz) variants.
-        Mode::Offline { device, .. } => (2, *device),
+        Mode::Offline { device, .. } => (cudaload::PER_THREAD_DEFAULT_STREAM, *device),
     };
     let cu = load(flags);
     let mut ctx: H = std::ptr::null_mut();
@@ -228,6 +262,8 @@ fn main() {
             match cli.mode {
                 Mode::Online {
                     rate,
+                    arrivals,
+                    seed,
                     duration,
                     kernels,
                     kernel_us,
@@ -250,10 +286,10 @@ fn main() {
                         allocs.push(held);
                     }
                     let mut lat = Vec::new();
-                    let period = 1.0 / rate.max(0.001);
+                    let mut schedule = Schedule::new(arrivals, rate, seed);
                     let mut res = Ok(());
                     while !done(duration) {
-                        let due = start + Duration::from_secs_f64(period * lat.len() as f64);
+                        let due = start + Duration::from_secs_f64(schedule.due());
                         let now = Instant::now();
                         if due > now {
                             std::thread::sleep((due - now).min(Duration::from_millis(50)));
@@ -288,6 +324,7 @@ fn main() {
                             break;
                         }
                         lat.push(due.elapsed().as_secs_f64() * 1e3);
+                        schedule.advance();
                     }
                     let el = start.elapsed().as_secs_f64();
                     let n = lat.len();

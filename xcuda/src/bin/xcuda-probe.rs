@@ -27,11 +27,15 @@ use std::time::Instant;
 
 include!(concat!(env!("OUT_DIR"), "/linked.rs"));
 
+// The simulator's loader (dlopen + cuGetProcAddress), shared with
+// muxflow-workload by path: a binary of the shim's crate cannot use the
+// simulator crate, which is only a dev-dependency here.
+#[path = "../../../simgpu/src/cudaload.rs"]
+mod cudaload;
+use cudaload::{Driver, ProcAddress};
+
 type Res = u32;
 type H = *mut c_void;
-type GetProc = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> Res;
-type GetProc2 =
-    unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> Res;
 type Launch = unsafe extern "C" fn(
     H,
     c_uint,
@@ -72,8 +76,8 @@ enum How {
 struct Resolver {
     how: How,
     pt: bool,
-    handle: H,
-    getproc: usize,
+    driver: Driver,
+    getproc: Option<ProcAddress>,
     /// (wanted symbol, got pointer) of every resolution, for the report.
     seen: std::cell::RefCell<Vec<(String, usize)>>,
 }
@@ -85,76 +89,56 @@ fn die(msg: &str) -> ! {
 
 impl Resolver {
     fn new(how: How, pt: bool) -> Resolver {
-        // SAFETY: dlopen with a NUL-terminated name.
-        let handle =
-            unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-        if handle.is_null() {
-            die("dlopen(libcuda.so.1) failed");
-        }
-        let mut r = Resolver {
+        let driver = Driver::open().unwrap_or_else(|e| die(&e));
+        // The entry point itself as a framework finds it: dlsym on its handle.
+        let getproc = match how {
+            How::GetProc | How::GetProc2 => Some(
+                driver
+                    .proc_address(how == How::GetProc2)
+                    .unwrap_or_else(|e| die(&e)),
+            ),
+            _ => None,
+        };
+        Resolver {
             how,
             pt,
-            handle,
-            getproc: 0,
+            driver,
+            getproc,
             seen: Default::default(),
-        };
-        if matches!(how, How::GetProc | How::GetProc2) {
-            let name = if how == How::GetProc {
-                "cuGetProcAddress"
-            } else {
-                "cuGetProcAddress_v2"
-            };
-            // The entry point itself as a framework finds it: dlsym on its handle.
-            let c = CString::new(name).unwrap();
-            // SAFETY: dlsym on a valid handle with a NUL-terminated name.
-            r.getproc = unsafe { libc::dlsym(handle, c.as_ptr()) } as usize;
-            if r.getproc == 0 {
-                die("no cuGetProcAddress");
-            }
         }
-        r
     }
 
     /// `base` as cuGetProcAddress is asked; `symbol` the variant wanted
     /// (what the other paths name explicitly).
     fn get<T: Copy>(&self, base: &str, symbol: &str) -> T {
-        let c = CString::new(if matches!(self.how, How::GetProc | How::GetProc2) {
-            base
-        } else {
-            symbol
+        let c = CString::new(match self.getproc {
+            Some(_) => base,
+            None => symbol,
         })
         .unwrap();
-        let flags = if self.pt { 2 } else { 0 };
-        let mut p: *mut c_void = std::ptr::null_mut();
-        // SAFETY: the lookups below with valid pointers; getproc is the driver's
-        // (or xCUDA's) cuGetProcAddress of the matching signature.
-        let addr = unsafe {
-            match self.how {
-                How::Direct => {
-                    linked(symbol).unwrap_or_else(|| die(&format!("{symbol} not linked")))
-                }
-                How::Dlsym => libc::dlsym(self.handle, c.as_ptr()) as usize,
-                How::DlsymDefault => libc::dlsym(libc::RTLD_DEFAULT, c.as_ptr()) as usize,
-                How::GetProc => {
-                    let f: GetProc = std::mem::transmute(self.getproc);
-                    f(c.as_ptr(), &mut p, 12040, flags);
-                    p as usize
-                }
-                How::GetProc2 => {
-                    let f: GetProc2 = std::mem::transmute(self.getproc);
-                    let mut st = -1;
-                    f(c.as_ptr(), &mut p, 12040, flags, &mut st);
-                    p as usize
-                }
+        let flags = if self.pt {
+            cudaload::PER_THREAD_DEFAULT_STREAM
+        } else {
+            0
+        };
+        let addr = match (self.how, self.getproc) {
+            (_, Some(g)) => g.resolve(&c, cudaload::CUDA_VERSION, flags),
+            (How::Direct, _) => {
+                linked(symbol).unwrap_or_else(|| die(&format!("{symbol} not linked")))
             }
+            (How::DlsymDefault, _) => {
+                // SAFETY: dlsym(RTLD_DEFAULT) with a NUL-terminated name.
+                unsafe { libc::dlsym(libc::RTLD_DEFAULT, c.as_ptr()) as usize }
+            }
+            _ => self.driver.dlsym(&c),
         };
         if addr == 0 {
             die(&format!("cannot resolve {symbol}"));
         }
         self.seen.borrow_mut().push((symbol.to_string(), addr));
-        assert_eq!(std::mem::size_of::<T>(), std::mem::size_of::<usize>());
-        // SAFETY: T is the C function-pointer type of `symbol`.
-        unsafe { std::mem::transmute_copy(&addr) }
+        // SAFETY: `addr` is the driver's (or xCUDA's) `symbol`, whose C
+        // signature T is.
+        unsafe { cudaload::as_fn(addr) }
     }
 
     /// Which library and symbol each resolved pointer is.
