@@ -276,11 +276,11 @@ impl Default for Xcuda {
     fn default() -> Self {
         Xcuda {
             sample_interval_ms: 20,
-            clock_brake_fraction: Fraction(0.85),
+            clock_brake_fraction: Fraction(0.95),
             utilization_brake: Percent(95),
             max_delay_us: 20_000,
-            delay_step_us: 200,
-            release_factor: Fraction(0.5),
+            delay_step_us: 100,
+            release_factor: Fraction(0.9),
         }
     }
 }
