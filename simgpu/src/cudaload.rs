@@ -56,6 +56,12 @@ impl Driver {
         unsafe { libc::dlsym(self.handle, name.as_ptr()) as usize }
     }
 
+    /// `dlvsym(handle, name, version)`; 0 when absent.
+    pub fn dlvsym(&self, name: &CStr, version: &CStr) -> usize {
+        // SAFETY: dlvsym on our open handle with NUL-terminated strings.
+        unsafe { libc::dlvsym(self.handle, name.as_ptr(), version.as_ptr()) as usize }
+    }
+
     /// `cuGetProcAddress` (or `_v2`) as a framework finds it: dlsym on the handle.
     pub fn proc_address(&self, v2: bool) -> Result<ProcAddress, String> {
         let name = if v2 {

@@ -1,14 +1,18 @@
-//! The real driver and the `dlsym` hook.
+//! The real driver and the `dlsym` / `dlvsym` hooks.
 //!
 //! The real entry points come from our own `dlopen("libcuda.so.1")` handle
 //! (RTLD_LOCAL: its lookups search libcuda and its dependencies only, never
-//! this library), so a wrapper never calls itself. The real `dlsym` comes
-//! from `dlvsym(RTLD_NEXT, "dlsym", <glibc version>)`.
+//! this library), so a wrapper never calls itself. Since we export `dlsym`
+//! and `dlvsym`, our own calls to either would land on our hooks: the real
+//! `dlvsym` is found once in the loaded objects' symbol tables
+//! ([`crate::elf`], its default version), and the real `dlsym` is asked of it
+//! as `dlvsym(RTLD_NEXT, "dlsym", <glibc version>)`.
 //!
-//! `dlsym(handle, "cu…")` for a hooked name returns our wrapper whenever the
-//! real lookup finds the symbol; every other lookup goes to the real `dlsym`.
-//! On x86_64 the hook is a naked trampoline that *jumps* to the real `dlsym`
-//! for names it does not answer, so `dlsym(RTLD_NEXT, …)` keeps the caller's
+//! `dlsym(handle, "cu…")` and `dlvsym(handle, "cu…", version)` for a hooked
+//! name return our wrapper whenever the real lookup (with that version)
+//! finds the symbol; every other lookup goes to the real function. On
+//! x86_64 the hooks are naked trampolines that *jump* to the real function
+//! for names they do not answer, so `dlsym(RTLD_NEXT, …)` keeps the caller's
 //! return address and resolves relative to the caller, not to this library.
 
 use std::ffi::{c_char, c_void, CStr};
@@ -18,11 +22,13 @@ use std::sync::OnceLock;
 use crate::hooks::{self, COUNT};
 
 type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+type DlvsymFn = unsafe extern "C" fn(*mut c_void, *const c_char, *const c_char) -> *mut c_void;
 
 /// The driver's entry point for each hook (index = `hooks::Id`); 0 = unknown.
 static REAL: [AtomicUsize; COUNT] = [const { AtomicUsize::new(0) }; COUNT];
-/// libc's `dlsym`; read by the x86_64 trampoline.
+/// libc's `dlsym` and `dlvsym`; read by the x86_64 trampolines.
 static REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
+static REAL_DLVSYM: AtomicUsize = AtomicUsize::new(0);
 static DRIVER: OnceLock<usize> = OnceLock::new();
 
 /// Is `p` inside this library? (By load base: a name like `dlsym` may bind
@@ -40,15 +46,26 @@ fn is_ours(p: usize) -> bool {
     base(p) == base(is_ours as *const () as usize)
 }
 
+fn real_dlvsym() -> Option<DlvsymFn> {
+    let mut p = REAL_DLVSYM.load(Relaxed);
+    if p == 0 {
+        p = crate::elf::find_function(c"dlvsym", &is_ours);
+        REAL_DLVSYM.store(p, Relaxed);
+    }
+    // SAFETY: p is libc's dlvsym, whose signature DlvsymFn is.
+    (p != 0).then(|| unsafe { std::mem::transmute::<usize, DlvsymFn>(p) })
+}
+
 fn real_dlsym() -> Option<DlsymFn> {
     let mut p = REAL_DLSYM.load(Relaxed);
     if p == 0 {
+        let dlvsym = real_dlvsym()?;
         // RTLD_NEXT when preloaded; RTLD_DEFAULT when dlopen'ed locally (the
         // benchmark), where RTLD_NEXT has nothing after us. Never our own.
         'found: for h in [libc::RTLD_NEXT, libc::RTLD_DEFAULT] {
             for v in [c"GLIBC_2.34", c"GLIBC_2.2.5", c"GLIBC_2.17"] {
-                // SAFETY: dlvsym with NUL-terminated strings (we do not hook dlvsym).
-                p = unsafe { libc::dlvsym(h, c"dlsym".as_ptr(), v.as_ptr()) } as usize;
+                // SAFETY: libc's dlvsym with NUL-terminated strings.
+                p = unsafe { dlvsym(h, c"dlsym".as_ptr(), v.as_ptr()) } as usize;
                 if p != 0 && !is_ours(p) {
                     break 'found;
                 }
@@ -116,24 +133,37 @@ pub fn driver_symbol(name: &CStr) -> usize {
     }
 }
 
-/// Our answer to `dlsym(handle, name)`: the wrapper, or 0 for "ask the real dlsym".
-fn answer(handle: *mut c_void, name: *const c_char) -> usize {
+/// Our answer to `dlsym(handle, name)` (`version` None) or `dlvsym(handle,
+/// name, version)`: the wrapper, or 0 for "ask the real function".
+fn answer(handle: *mut c_void, name: *const c_char, version: Option<*const c_char>) -> usize {
     if name.is_null() {
         return 0;
     }
-    // SAFETY: dlsym's name is a NUL-terminated string.
+    // SAFETY: the name is a NUL-terminated string per the dlsym/dlvsym contract.
     let name = unsafe { CStr::from_ptr(name) };
     let Some(i) = hooks::index_of(name.to_bytes()) else {
         return 0;
     };
-    let found = lookup(handle, name);
+    let found = match version {
+        None => lookup(handle, name),
+        Some(v) if v.is_null() => 0,
+        Some(v) => match real_dlvsym() {
+            // SAFETY: the real dlvsym with the caller's handle, name and version.
+            Some(f) => unsafe { f(handle, name.as_ptr(), v) as usize },
+            None => 0,
+        },
+    };
     if found == 0 {
         return 0;
     }
     let hk = &hooks::table()[i];
-    if !is_ours(found) {
+    // Our own handle first: what it resolves is the driver's function itself.
+    load();
+    if version.is_none() && !is_ours(found) {
         // The driver's own function, reached through the caller's handle (maybe
-        // another path to libcuda than ours): remember it if ours lacks it.
+        // another path to libcuda than ours): remember it if ours lacks it. Not
+        // a versioned definition: that may be a stub into the PLT, which
+        // would lead back here.
         let _ = REAL[i].compare_exchange(0, found, Relaxed, Relaxed);
     }
     // Found our own export (RTLD_DEFAULT): only an answer if the driver has it.
@@ -144,12 +174,26 @@ fn answer(handle: *mut c_void, name: *const c_char) -> usize {
     }
 }
 
-/// Called by the trampoline; never unwinds.
+/// Called by the dlsym trampoline; never unwinds.
 extern "C" fn dlsym_answer(handle: *mut c_void, name: *const c_char) -> usize {
-    let a = std::panic::catch_unwind(|| answer(handle, name)).unwrap_or(0);
+    let a = std::panic::catch_unwind(|| answer(handle, name, None)).unwrap_or(0);
     // Make sure the trampoline has somewhere to jump.
     if a == 0 && real_dlsym().is_none() {
         crate::log(format_args!("no real dlsym found"));
+        std::process::abort();
+    }
+    a
+}
+
+/// Called by the dlvsym trampoline; never unwinds.
+extern "C" fn dlvsym_answer(
+    handle: *mut c_void,
+    name: *const c_char,
+    version: *const c_char,
+) -> usize {
+    let a = std::panic::catch_unwind(|| answer(handle, name, Some(version))).unwrap_or(0);
+    if a == 0 && real_dlvsym().is_none() {
+        crate::log(format_args!("no real dlvsym found"));
         std::process::abort();
     }
     a
@@ -191,6 +235,55 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut
         0 => match real_dlsym() {
             // SAFETY: forwarding the caller's arguments to libc's dlsym.
             Some(f) => unsafe { f(handle, name) },
+            None => std::ptr::null_mut(),
+        },
+        a => a as *mut c_void,
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[unsafe(naked)]
+#[no_mangle]
+/// # Safety
+/// The C `dlvsym` contract.
+pub unsafe extern "C" fn dlvsym(
+    handle: *mut c_void,
+    name: *const c_char,
+    version: *const c_char,
+) -> *mut c_void {
+    // As the dlsym trampoline, with a third argument: three pushes keep the
+    // stack 16-byte aligned at the call.
+    core::arch::naked_asm!(
+        "push rdi",
+        "push rsi",
+        "push rdx",
+        "call {answer}",
+        "pop rdx",
+        "pop rsi",
+        "pop rdi",
+        "test rax, rax",
+        "jz 2f",
+        "ret",
+        "2:",
+        "jmp qword ptr [rip + {real}]",
+        answer = sym dlvsym_answer,
+        real = sym REAL_DLVSYM,
+    )
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+#[no_mangle]
+/// # Safety
+/// The C `dlvsym` contract. (Here `RTLD_NEXT` resolves relative to xCUDA.)
+pub unsafe extern "C" fn dlvsym(
+    handle: *mut c_void,
+    name: *const c_char,
+    version: *const c_char,
+) -> *mut c_void {
+    match dlvsym_answer(handle, name, version) {
+        0 => match real_dlvsym() {
+            // SAFETY: forwarding the caller's arguments to libc's dlvsym.
+            Some(f) => unsafe { f(handle, name, version) },
             None => std::ptr::null_mut(),
         },
         a => a as *mut c_void,

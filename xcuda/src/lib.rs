@@ -12,13 +12,14 @@
 //! * **stats** ([`stats`]): counters in `<stats dir>/xcuda.<pid>`.
 //!
 //! Programs reach the driver three ways and all three land on the same
-//! wrappers ([`hooks`]): the exported `cu*` symbols, `dlsym` (hooked, see
-//! [`driver`]) and `cuGetProcAddress(_v2)` (answered with the wrapper of the
+//! wrappers ([`hooks`]): the exported `cu*` symbols, `dlsym` and `dlvsym`
+//! (hooked, see [`driver`]) and `cuGetProcAddress(_v2)` (answered with the wrapper of the
 //! exact variant the driver picked). Nothing runs before `main`: settings are
 //! read and threads started at the first `cuInit`.
 
 pub mod controller;
 pub mod driver;
+pub mod elf;
 pub mod gate;
 pub mod hooks;
 pub mod memcap;

@@ -135,7 +135,14 @@ const HOOKED_IN_API: &str = "17";
 #[test]
 fn every_way_to_reach_the_driver_lands_on_the_wrappers() {
     let sim = Sim::new();
-    for how in ["direct", "dlsym", "dlsym-default", "getproc", "getproc2"] {
+    for how in [
+        "direct",
+        "dlsym",
+        "dlsym-default",
+        "dlvsym",
+        "getproc",
+        "getproc2",
+    ] {
         for pt in [false, true] {
             let mut args = vec![how];
             if pt {
@@ -152,6 +159,10 @@ fn every_way_to_reach_the_driver_lands_on_the_wrappers() {
             // The exact variant asked for (_v2, _ptsz...) came back.
             assert_eq!(r["wrong_variants"], "", "{ctx}");
             assert_eq!(r["launch_rcs"], "0,0,0,0,0,0,0,0,0", "{ctx}");
+            if how == "dlvsym" {
+                // Names xCUDA does not hook still resolve, relative to the caller.
+                assert_eq!(r["dlvsym_passthrough"], "1", "{ctx}");
+            }
         }
     }
 }
@@ -159,10 +170,13 @@ fn every_way_to_reach_the_driver_lands_on_the_wrappers() {
 #[test]
 fn without_the_shim_nothing_is_intercepted_or_capped() {
     let sim = Sim::new();
-    let (o, r) = run(sim.probe(&["getproc2", "--pt", "api"], false));
-    assert!(o.status.success(), "{o:?}");
-    assert_eq!(r["in_xcuda"], "0");
-    assert_eq!(r["quota_cuMemAlloc"], "0,0,0");
+    for how in ["getproc2", "dlvsym"] {
+        let (o, r) = run(sim.probe(&[how, "--pt", "api"], false));
+        assert!(o.status.success(), "{how}: {o:?}");
+        assert_eq!(r["resolved"], "24", "{how}");
+        assert_eq!(r["in_xcuda"], "0", "{how}");
+        assert_eq!(r["quota_cuMemAlloc"], "0,0,0", "{how}");
+    }
 }
 
 #[test]

@@ -44,6 +44,20 @@ fn done(r: Result<(), CUresult>) -> CUresult {
     r.err().unwrap_or(cu::SUCCESS)
 }
 
+/// The jump the versioned aliases make to the export.
+#[cfg(target_arch = "x86_64")]
+macro_rules! jump {
+    () => {
+        "jmp"
+    };
+}
+#[cfg(target_arch = "aarch64")]
+macro_rules! jump {
+    () => {
+        "b"
+    };
+}
+
 macro_rules! cuda_exports {
     ($( [$base:literal, $since:literal, $pt:literal] fn $name:ident($($arg:ident : $ty:ty),* $(,)?) $body:block )*) => {
         $(
@@ -51,6 +65,16 @@ macro_rules! cuda_exports {
             pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
                 guard(|| $body)
             }
+            // `<name>@SIMGPU_1`: the same function under a (non-default)
+            // symbol version, for dlvsym (version node from build.rs).
+            #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+            core::arch::global_asm!(
+                concat!(".globl simgpu_versioned_", stringify!($name)),
+                concat!(".type simgpu_versioned_", stringify!($name), ", %function"),
+                concat!("simgpu_versioned_", stringify!($name), ":"),
+                concat!(jump!(), " ", stringify!($name)),
+                concat!(".symver simgpu_versioned_", stringify!($name), ", ", stringify!($name), "@SIMGPU_1"),
+            );
         )*
         /// The table of every exported entry point.
         pub fn entry_points() -> &'static [Entry] {

@@ -4,8 +4,9 @@
 //! ```text
 //! xcuda-probe HOW [--pt] SCENARIO [N]
 //!   HOW       direct (linked symbols) | dlsym (dlopen + dlsym(handle)) |
-//!             dlsym-default (dlsym(RTLD_DEFAULT)) | getproc (cuGetProcAddress) |
-//!             getproc2 (cuGetProcAddress_v2)
+//!             dlsym-default (dlsym(RTLD_DEFAULT)) | dlvsym (dlopen +
+//!             dlvsym(handle, name, "SIMGPU_1"), the fake's symbol version) |
+//!             getproc (cuGetProcAddress) | getproc2 (cuGetProcAddress_v2)
 //!   --pt      per-thread default stream: the _ptsz variants
 //!             (cuGetProcAddress flag 2; the explicit names otherwise)
 //!   SCENARIO  api        every gated and capped entry point once; quota checks
@@ -63,12 +64,29 @@ type Coop = unsafe extern "C" fn(
 ) -> Res;
 
 const MIB: usize = 1 << 20;
+/// The symbol version the fake driver also defines every export under.
+const SIM_VERSION: &CStr = c"SIMGPU_1";
+
+/// Does `dlvsym` still answer names xCUDA does not hook, relative to the
+/// caller? (libc's `malloc` at its base version on x86_64 or aarch64.)
+fn dlvsym_passes_through() -> bool {
+    // SAFETY: dlsym/dlvsym with NUL-terminated strings.
+    unsafe {
+        let want = libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr());
+        [c"GLIBC_2.2.5", c"GLIBC_2.17"].iter().any(|v| {
+            !want.is_null()
+                && libc::dlvsym(libc::RTLD_DEFAULT, c"malloc".as_ptr(), v.as_ptr()) == want
+                && libc::dlvsym(libc::RTLD_NEXT, c"malloc".as_ptr(), v.as_ptr()) == want
+        })
+    }
+}
 
 #[derive(Clone, Copy, PartialEq)]
 enum How {
     Direct,
     Dlsym,
     DlsymDefault,
+    Dlvsym,
     GetProc,
     GetProc2,
 }
@@ -130,6 +148,7 @@ impl Resolver {
                 // SAFETY: dlsym(RTLD_DEFAULT) with a NUL-terminated name.
                 unsafe { libc::dlsym(libc::RTLD_DEFAULT, c.as_ptr()) as usize }
             }
+            (How::Dlvsym, _) => self.driver.dlvsym(&c, SIM_VERSION),
             _ => self.driver.dlsym(&c),
         };
         if addr == 0 {
@@ -175,6 +194,9 @@ impl Resolver {
             }
         }
         println!("resolved={} in_xcuda={inside}", seen.len());
+        if self.how == How::Dlvsym {
+            println!("dlvsym_passthrough={}", u8::from(dlvsym_passes_through()));
+        }
         println!("wrong_variants={}", wrong_variant.join(","));
     }
 }
@@ -568,9 +590,10 @@ fn main() {
         Some("direct") => How::Direct,
         Some("dlsym") => How::Dlsym,
         Some("dlsym-default") => How::DlsymDefault,
+        Some("dlvsym") => How::Dlvsym,
         Some("getproc") => How::GetProc,
         Some("getproc2") => How::GetProc2,
-        _ => die("usage: xcuda-probe direct|dlsym|dlsym-default|getproc|getproc2 [--pt] api|storm N|launches N|allocs N"),
+        _ => die("usage: xcuda-probe direct|dlsym|dlsym-default|dlvsym|getproc|getproc2 [--pt] api|storm N|launches N|allocs N|exit-on-error"),
     };
     let pt = args.iter().any(|a| a == "--pt");
     let rest: Vec<&str> = args[1..]
