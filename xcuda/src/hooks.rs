@@ -121,17 +121,54 @@ pub struct Array3dDesc {
     pub flags: c_uint,
 }
 
-fn array_size(w: usize, h: usize, d: usize, format: c_uint, channels: c_uint) -> u64 {
-    let elems = (w.max(1) as u64)
-        .saturating_mul(h.max(1) as u64)
-        .saturating_mul(d.max(1) as u64);
+/// Bytes of an array of `levels` mipmap levels (each halving every extent,
+/// down to 1) of `w x h x d` elements (0 = dimension unused).
+fn array_size(
+    w: usize,
+    h: usize,
+    d: usize,
+    format: c_uint,
+    channels: c_uint,
+    levels: c_uint,
+) -> u64 {
+    let elems = (0..levels.clamp(1, 64))
+        .map(|l| {
+            [w, h, d]
+                .iter()
+                .fold(1u64, |n, &e| n.saturating_mul(((e as u64) >> l).max(1)))
+        })
+        .fold(0u64, u64::saturating_add);
     array_bytes(elems, format, channels)
 }
 
-/// Reads a descriptor the caller passed (None if null).
-fn desc<T>(p: *const T) -> Option<&'static T> {
+/// Reserves an array's bytes (from its 3D descriptor, None = null) around
+/// the driver's `call`, recorded by the handle it writes to `out`.
+fn array(
+    kind: Kind,
+    out: *mut H,
+    d: Option<(usize, usize, usize, c_uint, c_uint)>,
+    levels: c_uint,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    match d {
+        // A null descriptor: the driver says what is wrong with it.
+        None => call(),
+        Some((w, h, dd, format, channels)) => {
+            let n = array_size(w, h, dd, format, channels, levels);
+            runtime::memcap().alloc(kind, n, call, || ptr_out(out), || n)
+        }
+    }
+}
+
+/// A 2D array descriptor as 3D extents.
+fn desc2(p: *const ArrayDesc) -> Option<(usize, usize, usize, c_uint, c_uint)> {
     // SAFETY: a non-null descriptor pointer valid for this call, per the API.
-    unsafe { p.as_ref() }
+    unsafe { p.as_ref() }.map(|x| (x.width, x.height, 0, x.format, x.channels))
+}
+
+fn desc3(p: *const Array3dDesc) -> Option<(usize, usize, usize, c_uint, c_uint)> {
+    // SAFETY: as in desc2.
+    unsafe { p.as_ref() }.map(|x| (x.width, x.height, x.depth, x.format, x.channels))
 }
 
 fn alloc(kind: Kind, size: usize, handle: *const u64, call: impl FnOnce() -> CUresult) -> CUresult {
@@ -189,17 +226,13 @@ hooks! {
     "cuMemCreate" fn cuMemCreate(h: *mut u64, size: usize, prop: *const c_void, flags: u64)
         => |real| alloc(Kind::Vmm, size, h, || real(h, size, prop, flags));
     "cuMemRelease" fn cuMemRelease(h: u64) => |real| free(Kind::Vmm, h, || real(h));
-    "cuArrayCreate" fn cuArrayCreate_v2(a: *mut H, d: *const ArrayDesc) => |real| match desc(d) {
-        None => real(a, d),
-        Some(x) => runtime::memcap().alloc(Kind::Array, array_size(x.width, x.height, 1, x.format, x.channels),
-            || real(a, d), || ptr_out(a), || array_size(x.width, x.height, 1, x.format, x.channels)),
-    };
-    "cuArray3DCreate" fn cuArray3DCreate_v2(a: *mut H, d: *const Array3dDesc) => |real| match desc(d) {
-        None => real(a, d),
-        Some(x) => runtime::memcap().alloc(Kind::Array, array_size(x.width, x.height, x.depth, x.format, x.channels),
-            || real(a, d), || ptr_out(a), || array_size(x.width, x.height, x.depth, x.format, x.channels)),
-    };
+    "cuArrayCreate" fn cuArrayCreate_v2(a: *mut H, d: *const ArrayDesc) => |real| array(Kind::Array, a, desc2(d), 1, || real(a, d));
+    "cuArray3DCreate" fn cuArray3DCreate_v2(a: *mut H, d: *const Array3dDesc)
+        => |real| array(Kind::Array, a, desc3(d), 1, || real(a, d));
     "cuArrayDestroy" fn cuArrayDestroy(a: H) => |real| free(Kind::Array, a as usize as u64, || real(a));
+    "cuMipmappedArrayCreate" fn cuMipmappedArrayCreate(m: *mut H, d: *const Array3dDesc, levels: c_uint)
+        => |real| array(Kind::Mipmapped, m, desc3(d), levels, || real(m, d, levels));
+    "cuMipmappedArrayDestroy" fn cuMipmappedArrayDestroy(m: H) => |real| free(Kind::Mipmapped, m as usize as u64, || real(m));
     // Launches: through the gate.
     "cuLaunchKernel" fn cuLaunchKernel(f: H, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shm: c_uint, s: H, p: Pp, e: Pp)
         => |real| launch(|| real(f, gx, gy, gz, bx, by, bz, shm, s, p, e));
@@ -290,5 +323,17 @@ mod tests {
         );
         assert_eq!(index_of(b"cuNotHooked"), None);
         assert_eq!(index_of(b"malloc"), None);
+    }
+
+    #[test]
+    fn array_sizes_count_every_mipmap_level() {
+        const FLOAT: c_uint = 0x20;
+        assert_eq!(array_size(1024, 0, 0, FLOAT, 1, 1), 4096);
+        assert_eq!(array_size(1024, 768, 0, FLOAT, 4, 1), 1024 * 768 * 16);
+        // 8x4x2, 4x2x1, 2x1x1, 1x1x1 (extents stop halving at 1).
+        assert_eq!(array_size(8, 4, 2, FLOAT, 1, 4), (64 + 8 + 2 + 1) * 4);
+        // Levels are at least 1, and absurd extents saturate rather than wrap.
+        assert_eq!(array_size(16, 0, 0, FLOAT, 1, 0), 64);
+        assert_eq!(array_size(usize::MAX, usize::MAX, 2, FLOAT, 1, 1), u64::MAX);
     }
 }

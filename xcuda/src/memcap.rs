@@ -14,6 +14,7 @@ pub enum Kind {
     Device,
     Vmm,
     Array,
+    Mipmapped,
 }
 
 #[derive(Debug, Default)]

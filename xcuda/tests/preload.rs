@@ -129,8 +129,9 @@ fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitStatus {
     }
 }
 
-/// Hooked entry points among the 24 the probe's `api` scenario resolves.
-const HOOKED_IN_API: &str = "17";
+/// Entry points the probe's `api` scenario resolves, and how many of them are hooked.
+const RESOLVED_IN_API: &str = "29";
+const HOOKED_IN_API: &str = "22";
 
 #[test]
 fn every_way_to_reach_the_driver_lands_on_the_wrappers() {
@@ -154,7 +155,7 @@ fn every_way_to_reach_the_driver_lands_on_the_wrappers() {
             let (o, r) = run(c);
             let ctx = format!("{how} pt={pt}: {o:?}");
             assert!(o.status.success(), "{ctx}");
-            assert_eq!(r["resolved"], "24", "{ctx}");
+            assert_eq!(r["resolved"], RESOLVED_IN_API, "{ctx}");
             assert_eq!(r["in_xcuda"], HOOKED_IN_API, "{ctx}");
             // The exact variant asked for (_v2, _ptsz...) came back.
             assert_eq!(r["wrong_variants"], "", "{ctx}");
@@ -173,9 +174,11 @@ fn without_the_shim_nothing_is_intercepted_or_capped() {
     for how in ["getproc2", "dlvsym"] {
         let (o, r) = run(sim.probe(&[how, "--pt", "api"], false));
         assert!(o.status.success(), "{how}: {o:?}");
-        assert_eq!(r["resolved"], "24", "{how}");
+        assert_eq!(r["resolved"], RESOLVED_IN_API, "{how}");
         assert_eq!(r["in_xcuda"], "0", "{how}");
         assert_eq!(r["quota_cuMemAlloc"], "0,0,0", "{how}");
+        // The fake driver has arrays: without the cap both fit, both go.
+        assert_eq!(r["quota_cuMipmappedArrayCreate"], "0,0,0", "{how}");
     }
 }
 
@@ -199,6 +202,9 @@ fn memory_cap_on_every_allocation_api_with_frees_and_mem_get_info() {
             "cuMemAllocAsync",
             "cuMemAllocFromPoolAsync",
             "cuMemCreate",
+            "cuArrayCreate",
+            "cuArray3DCreate",
+            "cuMipmappedArrayCreate",
         ] {
             // 48 MiB fits, 48 more is refused with CUDA_ERROR_OUT_OF_MEMORY, the free succeeds.
             assert_eq!(r[&format!("quota_{api}")], "0,2,0", "{how} {api}: {r:?}");

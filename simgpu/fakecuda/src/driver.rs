@@ -73,7 +73,8 @@ struct Local {
     /// Per device: (when, SM activity of the window before it), the input of
     /// the clock launches run at; recomputed every `POWER_REFRESH` of a window.
     power: Vec<Option<(u64, f64)>>,
-    allocs: HashMap<u64, (usize, u64)>,
+    /// Handle -> (device, bytes, kind).
+    allocs: HashMap<u64, (usize, u64, Mem)>,
     clients: Vec<Option<ClientState>>,
     mps: Option<Option<(PathBuf, Grant)>>,
 }
@@ -425,7 +426,7 @@ fn detach(p: &Proc, dev: usize) {
     if l.clients[dev].take().is_none() {
         return;
     }
-    l.allocs.retain(|_, (d, _)| *d != dev);
+    l.allocs.retain(|_, (d, _, _)| *d != dev);
     l.tails.retain(|_, (d, _)| *d != dev);
     let others = l.clients.iter().any(Option::is_some);
     let mps = l.mps.clone().flatten();
@@ -619,9 +620,17 @@ pub fn current_dev() -> R<usize> {
     Ok(dev)
 }
 
-pub fn check_current() -> R<()> {
+/// The process and the calling thread's current device, checked (context
+/// current, client not terminated, device not lost, no sticky error).
+fn current() -> R<(&'static Proc, usize)> {
     let p = proc_()?;
-    check(p, current_dev()?)
+    let dev = current_dev()?;
+    check(p, dev)?;
+    Ok((p, dev))
+}
+
+pub fn check_current() -> R<()> {
+    current().map(|_| ())
 }
 
 fn sleep_until(t: u64) {
@@ -635,9 +644,7 @@ fn sleep_until(t: u64) {
 }
 
 pub fn ctx_synchronize() -> R<()> {
-    let p = proc_()?;
-    let dev = current_dev()?;
-    check(p, dev)?;
+    let (p, dev) = current()?;
     let tail = p
         .local()
         .tails
@@ -653,9 +660,7 @@ pub fn ctx_synchronize() -> R<()> {
 // ---- memory --------------------------------------------------------------
 
 pub fn mem_info() -> R<(u64, u64)> {
-    let p = proc_()?;
-    let dev = current_dev()?;
-    check(p, dev)?;
+    let (p, dev) = current()?;
     let d = &p.devs[dev];
     let t = d.gpu.lock();
     let total = d.cfg.memory_bytes();
@@ -671,10 +676,33 @@ pub fn mem_info() -> R<(u64, u64)> {
     Ok((free, shown_total))
 }
 
-pub fn mem_alloc(size: u64) -> R<u64> {
-    let p = proc_()?;
-    let dev = current_dev()?;
-    check(p, dev)?;
+/// What an allocation is; a handle is only freed by its own kind's call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mem {
+    /// cuMemAlloc*, cuMemAllocPitch, cuMemAllocManaged, cuMemAllocAsync, ...
+    Linear,
+    /// cuMemCreate (a physical allocation handle).
+    Vmm,
+    /// cuArrayCreate, cuArray3DCreate.
+    Array,
+    /// cuMipmappedArrayCreate.
+    Mipmapped,
+}
+
+impl Mem {
+    /// The error for freeing something that is not one of these.
+    fn bad_handle(self) -> u32 {
+        match self {
+            Mem::Linear | Mem::Vmm => cu::INVALID_VALUE,
+            Mem::Array | Mem::Mipmapped => cu::INVALID_HANDLE,
+        }
+    }
+}
+
+/// Takes `size` bytes of the client's and the GPU's memory for a new `kind`
+/// allocation; returns its handle (a device address for linear memory).
+pub fn mem_alloc(size: u64, kind: Mem) -> R<u64> {
+    let (p, dev) = current()?;
     if size == 0 {
         return Err(cu::INVALID_VALUE);
     }
@@ -690,14 +718,22 @@ pub fn mem_alloc(size: u64) -> R<u64> {
     drop(t);
     let mut l = p.local();
     let addr = 0x7f00_0000_0000u64 + (alloc_id(&mut l) as u64) * 0x1_0000_0000;
-    l.allocs.insert(addr, (dev, size));
+    l.allocs.insert(addr, (dev, size, kind));
     Ok(addr)
 }
 
-pub fn mem_free(addr: u64) -> R<()> {
+/// Gives a `kind` allocation's memory back.
+pub fn mem_free(addr: u64, kind: Mem) -> R<()> {
     let p = proc_()?;
-    let Some((dev, size)) = p.local().allocs.remove(&addr) else {
-        return Err(cu::INVALID_VALUE);
+    let (dev, size) = {
+        let mut l = p.local();
+        match l.allocs.get(&addr) {
+            Some(&(dev, size, k)) if k == kind => {
+                l.allocs.remove(&addr);
+                (dev, size)
+            }
+            _ => return Err(kind.bad_handle()),
+        }
     };
     let d = &p.devs[dev];
     let mut t = d.gpu.lock();
@@ -706,6 +742,26 @@ pub fn mem_free(addr: u64) -> R<()> {
     }
     drop(t);
     check(p, dev)
+}
+
+/// Bytes of an array of `width x height x depth` elements (0 = that
+/// dimension unused) of `channels` channels of CUarray_format `format`, with
+/// `levels` mipmap levels (each halving every extent, down to 1). Formats the
+/// fake does not know, no width or more than 4 channels: INVALID_VALUE.
+pub fn array_bytes(extent: [u64; 3], format: u32, channels: u32, levels: u32) -> R<u64> {
+    let elem = match format {
+        0x01 | 0x08 => 1,
+        0x02 | 0x09 | 0x10 => 2,
+        0x03 | 0x0a | 0x20 => 4,
+        _ => return Err(cu::INVALID_VALUE),
+    };
+    if extent[0] == 0 || !(1..=4).contains(&channels) || levels == 0 {
+        return Err(cu::INVALID_VALUE);
+    }
+    let elements: u64 = (0..levels.min(64))
+        .map(|l| extent.iter().map(|&e| (e >> l).max(1)).product::<u64>())
+        .sum();
+    Ok(elements * elem * channels as u64)
 }
 
 // ---- modules, kernels, streams, graphs -------------------------------------
@@ -724,8 +780,7 @@ pub fn parse_kernel_name(name: &str) -> Option<u64> {
 }
 
 pub fn function(name: &str) -> R<Handle> {
-    let p = proc_()?;
-    check(p, current_dev()?)?;
+    let (p, _) = current()?;
     let solo_ns = parse_kernel_name(name).ok_or(cu::NOT_FOUND)?;
     let mut l = p.local();
     let h = alloc_id(&mut l);
@@ -809,9 +864,7 @@ fn enqueue(p: &Proc, dev: usize, key: u64, kernels: &[(Kernel, u64)]) -> R<()> {
 }
 
 pub fn launch(f: Handle, blocks: u64, s: Handle, pt: bool) -> R<()> {
-    let p = proc_()?;
-    let dev = current_dev()?;
-    check(p, dev)?;
+    let (p, dev) = current()?;
     let mut l = p.local();
     let k = match l.objs.get(&(f as usize)) {
         Some(Obj::Func(k)) => *k,
@@ -827,9 +880,7 @@ pub fn launch(f: Handle, blocks: u64, s: Handle, pt: bool) -> R<()> {
 }
 
 pub fn stream_create() -> R<Handle> {
-    let p = proc_()?;
-    let dev = current_dev()?;
-    check(p, dev)?;
+    let (p, _) = current()?;
     let mut l = p.local();
     let h = alloc_id(&mut l);
     l.objs.insert(h, Obj::Stream);
@@ -848,24 +899,21 @@ pub fn stream_destroy(s: Handle) -> R<()> {
     }
 }
 
-fn stream_tail(p: &Proc, s: Handle, pt: bool) -> R<(usize, u64)> {
-    let dev = current_dev()?;
-    check(p, dev)?;
+fn stream_tail(s: Handle, pt: bool) -> R<(&'static Proc, usize, u64)> {
+    let (p, dev) = current()?;
     let l = p.local();
     let key = stream_key(&l, s, pt, dev)?;
-    Ok((dev, l.tails.get(&key).map_or(0, |x| x.1)))
+    Ok((p, dev, l.tails.get(&key).map_or(0, |x| x.1)))
 }
 
 pub fn stream_synchronize(s: Handle, pt: bool) -> R<()> {
-    let p = proc_()?;
-    let (dev, tail) = stream_tail(p, s, pt)?;
+    let (p, dev, tail) = stream_tail(s, pt)?;
     sleep_until(tail);
     check(p, dev)
 }
 
 pub fn stream_query(s: Handle, pt: bool) -> R<()> {
-    let p = proc_()?;
-    let (_, tail) = stream_tail(p, s, pt)?;
+    let (_, _, tail) = stream_tail(s, pt)?;
     if now_ns() < tail {
         Err(cu::NOT_READY)
     } else {
@@ -874,9 +922,7 @@ pub fn stream_query(s: Handle, pt: bool) -> R<()> {
 }
 
 pub fn begin_capture(s: Handle, pt: bool) -> R<()> {
-    let p = proc_()?;
-    let dev = current_dev()?;
-    check(p, dev)?;
+    let (p, dev) = current()?;
     let mut l = p.local();
     let key = stream_key(&l, s, pt, dev)?;
     l.captures.insert(key, Vec::new());
@@ -910,9 +956,7 @@ pub fn graph_instantiate(g: Handle) -> R<Handle> {
 }
 
 pub fn graph_launch(e: Handle, s: Handle, pt: bool) -> R<()> {
-    let p = proc_()?;
-    let dev = current_dev()?;
-    check(p, dev)?;
+    let (p, dev) = current()?;
     let l = p.local();
     let ks = match l.objs.get(&(e as usize)) {
         Some(Obj::Graph(ks)) => ks.clone(),

@@ -153,6 +153,46 @@ pub struct CUlaunchConfig {
 pub type Handle = *mut c_void;
 type Dptr = u64;
 
+/// Allocates `size` bytes of `kind` and writes the handle through `out`.
+unsafe fn alloc_out(out: *mut u64, size: u64, kind: Mem) -> CUresult {
+    // SAFETY: the caller's out-pointer (checked for null by put).
+    done(mem_alloc(size, kind).and_then(|a| unsafe { put(out, a) }))
+}
+
+/// `CUDA_ARRAY_DESCRIPTOR`.
+#[repr(C)]
+pub struct ArrayDesc {
+    pub width: usize,
+    pub height: usize,
+    pub format: c_uint,
+    pub channels: c_uint,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR`.
+#[repr(C)]
+pub struct Array3dDesc {
+    pub width: usize,
+    pub height: usize,
+    pub depth: usize,
+    pub format: c_uint,
+    pub channels: c_uint,
+    pub flags: c_uint,
+}
+
+/// An array (or mipmapped array) of `levels` levels from a 3D descriptor.
+unsafe fn array_3d(out: *mut Handle, d: *const Array3dDesc, levels: c_uint, kind: Mem) -> CUresult {
+    // SAFETY: a descriptor the caller passed, valid for this call (or null).
+    let Some(d) = (unsafe { d.as_ref() }) else {
+        return cu::INVALID_VALUE;
+    };
+    let extent = [d.width as u64, d.height as u64, d.depth as u64];
+    match array_bytes(extent, d.format, d.channels, levels) {
+        // SAFETY: a handle is pointer-sized; the caller's out-pointer.
+        Ok(n) => unsafe { alloc_out(out as *mut u64, n, kind) },
+        Err(e) => e,
+    }
+}
+
 fn blocks(x: c_uint, y: c_uint, z: c_uint) -> u64 {
     x.max(1) as u64 * y.max(1) as u64 * z.max(1) as u64
 }
@@ -231,27 +271,40 @@ cuda_exports! {
     ["cuMemGetInfo", 3020, false] fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) {
         done(mem_info().and_then(|(f, t)| { put(free, f as usize)?; put(total, t as usize) }))
     }
-    ["cuMemAlloc", 3020, false] fn cuMemAlloc_v2(p: *mut Dptr, size: usize) { done(mem_alloc(size as u64).and_then(|a| put(p, a))) }
+    ["cuMemAlloc", 3020, false] fn cuMemAlloc_v2(p: *mut Dptr, size: usize) { alloc_out(p, size as u64, Mem::Linear) }
     ["cuMemAllocPitch", 3020, false] fn cuMemAllocPitch_v2(p: *mut Dptr, pitch: *mut usize, width: usize, height: usize, _elem: c_uint) {
         let pt = width.div_ceil(512) * 512;
-        done(mem_alloc((pt * height) as u64).and_then(|a| { put(pitch, pt)?; put(p, a) }))
+        match put(pitch, pt) { Ok(()) => alloc_out(p, (pt * height) as u64, Mem::Linear), Err(e) => e }
     }
-    ["cuMemAllocManaged", 6000, false] fn cuMemAllocManaged(p: *mut Dptr, size: usize, _flags: c_uint) { done(mem_alloc(size as u64).and_then(|a| put(p, a))) }
-    ["cuMemAllocAsync", 11020, false] fn cuMemAllocAsync(p: *mut Dptr, size: usize, _s: Handle) { done(mem_alloc(size as u64).and_then(|a| put(p, a))) }
-    ["cuMemAllocAsync", 11020, true] fn cuMemAllocAsync_ptsz(p: *mut Dptr, size: usize, _s: Handle) { done(mem_alloc(size as u64).and_then(|a| put(p, a))) }
+    ["cuMemAllocManaged", 6000, false] fn cuMemAllocManaged(p: *mut Dptr, size: usize, _flags: c_uint) { alloc_out(p, size as u64, Mem::Linear) }
+    ["cuMemAllocAsync", 11020, false] fn cuMemAllocAsync(p: *mut Dptr, size: usize, _s: Handle) { alloc_out(p, size as u64, Mem::Linear) }
+    ["cuMemAllocAsync", 11020, true] fn cuMemAllocAsync_ptsz(p: *mut Dptr, size: usize, _s: Handle) { alloc_out(p, size as u64, Mem::Linear) }
     ["cuMemAllocFromPoolAsync", 11020, false] fn cuMemAllocFromPoolAsync(p: *mut Dptr, size: usize, _pool: Handle, _s: Handle) {
-        done(mem_alloc(size as u64).and_then(|a| put(p, a)))
+        alloc_out(p, size as u64, Mem::Linear)
     }
     ["cuMemAllocFromPoolAsync", 11020, true] fn cuMemAllocFromPoolAsync_ptsz(p: *mut Dptr, size: usize, _pool: Handle, _s: Handle) {
-        done(mem_alloc(size as u64).and_then(|a| put(p, a)))
+        alloc_out(p, size as u64, Mem::Linear)
     }
-    ["cuMemFree", 3020, false] fn cuMemFree_v2(p: Dptr) { done(mem_free(p)) }
-    ["cuMemFreeAsync", 11020, false] fn cuMemFreeAsync(p: Dptr, _s: Handle) { done(mem_free(p)) }
-    ["cuMemFreeAsync", 11020, true] fn cuMemFreeAsync_ptsz(p: Dptr, _s: Handle) { done(mem_free(p)) }
-    ["cuMemCreate", 10020, false] fn cuMemCreate(h: *mut u64, size: usize, _prop: *const c_void, _flags: u64) {
-        done(mem_alloc(size as u64).and_then(|a| put(h, a)))
+    ["cuMemFree", 3020, false] fn cuMemFree_v2(p: Dptr) { done(mem_free(p, Mem::Linear)) }
+    ["cuMemFreeAsync", 11020, false] fn cuMemFreeAsync(p: Dptr, _s: Handle) { done(mem_free(p, Mem::Linear)) }
+    ["cuMemFreeAsync", 11020, true] fn cuMemFreeAsync_ptsz(p: Dptr, _s: Handle) { done(mem_free(p, Mem::Linear)) }
+    ["cuMemCreate", 10020, false] fn cuMemCreate(h: *mut u64, size: usize, _prop: *const c_void, _flags: u64) { alloc_out(h, size as u64, Mem::Vmm) }
+    ["cuMemRelease", 10020, false] fn cuMemRelease(h: u64) { done(mem_free(h, Mem::Vmm)) }
+    ["cuArrayCreate", 3020, false] fn cuArrayCreate_v2(a: *mut Handle, d: *const ArrayDesc) {
+        match d.as_ref() {
+            Some(d) => {
+                let d3 = Array3dDesc { width: d.width, height: d.height, depth: 0, format: d.format, channels: d.channels, flags: 0 };
+                array_3d(a, &d3, 1, Mem::Array)
+            }
+            None => cu::INVALID_VALUE,
+        }
     }
-    ["cuMemRelease", 10020, false] fn cuMemRelease(h: u64) { done(mem_free(h)) }
+    ["cuArray3DCreate", 3020, false] fn cuArray3DCreate_v2(a: *mut Handle, d: *const Array3dDesc) { array_3d(a, d, 1, Mem::Array) }
+    ["cuArrayDestroy", 2000, false] fn cuArrayDestroy(a: Handle) { done(mem_free(a as u64, Mem::Array)) }
+    ["cuMipmappedArrayCreate", 5000, false] fn cuMipmappedArrayCreate(m: *mut Handle, d: *const Array3dDesc, levels: c_uint) {
+        array_3d(m, d, levels, Mem::Mipmapped)
+    }
+    ["cuMipmappedArrayDestroy", 5000, false] fn cuMipmappedArrayDestroy(m: Handle) { done(mem_free(m as u64, Mem::Mipmapped)) }
     ["cuMemcpyHtoD", 3020, false] fn cuMemcpyHtoD_v2(_d: Dptr, _h: *const c_void, _n: usize) { done(check_current()) }
     ["cuMemcpyHtoD", 7000, true] fn cuMemcpyHtoD_v2_ptds(_d: Dptr, _h: *const c_void, _n: usize) { done(check_current()) }
     ["cuMemcpyDtoH", 3020, false] fn cuMemcpyDtoH_v2(_h: *mut c_void, _d: Dptr, _n: usize) { done(ctx_synchronize()) }
@@ -346,6 +399,27 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), entry_points().len());
+    }
+
+    #[test]
+    fn array_sizes() {
+        const FLOAT: u32 = 0x20;
+        assert_eq!(array_bytes([4096, 3072, 0], FLOAT, 1, 1), Ok(48 << 20));
+        assert_eq!(array_bytes([100, 0, 0], 0x01, 4, 1), Ok(400));
+        // Mipmap levels halve every extent down to 1: 8x4 + 4x2 + 2x1 + 1x1.
+        assert_eq!(array_bytes([8, 4, 0], 0x10, 1, 4), Ok((32 + 8 + 2 + 1) * 2));
+        for bad in [
+            ([0, 1, 1], FLOAT, 1, 1),
+            ([1, 1, 1], 0xb0, 1, 1),
+            ([1, 1, 1], FLOAT, 5, 1),
+            ([1, 1, 1], FLOAT, 1, 0),
+        ] {
+            assert_eq!(
+                array_bytes(bad.0, bad.1, bad.2, bad.3),
+                Err(cu::INVALID_VALUE),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

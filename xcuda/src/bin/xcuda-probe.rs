@@ -260,6 +260,26 @@ fn pt(r: &Resolver, name: &str) -> String {
     }
 }
 
+/// `CUDA_ARRAY_DESCRIPTOR`.
+#[repr(C)]
+struct ArrayDesc {
+    width: usize,
+    height: usize,
+    format: c_uint,
+    channels: c_uint,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR`.
+#[repr(C)]
+struct Array3dDesc {
+    width: usize,
+    height: usize,
+    depth: usize,
+    format: c_uint,
+    channels: c_uint,
+    flags: c_uint,
+}
+
 /// Allocates 48 MiB (fits 64), 48 MiB more (must not), frees the first.
 fn quota_case(name: &str, mut alloc: impl FnMut(&mut u64) -> Res, free: impl Fn(u64) -> Res) {
     let (mut a, mut b) = (0u64, 0u64);
@@ -305,6 +325,15 @@ fn api(r: &Resolver) {
     let create: unsafe extern "C" fn(*mut u64, usize, *const c_void, u64) -> Res =
         r.get("cuMemCreate", "cuMemCreate");
     let mrelease: unsafe extern "C" fn(u64) -> Res = r.get("cuMemRelease", "cuMemRelease");
+    let array2d: unsafe extern "C" fn(*mut H, *const ArrayDesc) -> Res =
+        r.get("cuArrayCreate", "cuArrayCreate_v2");
+    let array3d: unsafe extern "C" fn(*mut H, *const Array3dDesc) -> Res =
+        r.get("cuArray3DCreate", "cuArray3DCreate_v2");
+    let adestroy: unsafe extern "C" fn(H) -> Res = r.get("cuArrayDestroy", "cuArrayDestroy");
+    let mipmapped: unsafe extern "C" fn(*mut H, *const Array3dDesc, c_uint) -> Res =
+        r.get("cuMipmappedArrayCreate", "cuMipmappedArrayCreate");
+    let mdestroy: unsafe extern "C" fn(H) -> Res =
+        r.get("cuMipmappedArrayDestroy", "cuMipmappedArrayDestroy");
     r.report();
     #[repr(C)]
     struct Cfg {
@@ -366,6 +395,40 @@ fn api(r: &Resolver) {
             "cuMemCreate",
             |p| create(p, n, std::ptr::null(), 0),
             |p| mrelease(p),
+        );
+        // Arrays of 4-byte floats: 4096 x 3072 and 4096 x 768 x 4 are 48 MiB;
+        // two mipmap levels of 4096 x 2304 and 2048 x 1152, 45 MiB.
+        const FLOAT: c_uint = 0x20;
+        let d2 = ArrayDesc {
+            width: 4096,
+            height: 3072,
+            format: FLOAT,
+            channels: 1,
+        };
+        let d3 = |width, height, depth| Array3dDesc {
+            width,
+            height,
+            depth,
+            format: FLOAT,
+            channels: 1,
+            flags: 0,
+        };
+        let (cube, mip) = (d3(4096, 768, 4), d3(4096, 2304, 0));
+        let handle = |p: &mut u64| p as *mut u64 as *mut H;
+        quota_case(
+            "cuArrayCreate",
+            |p| array2d(handle(p), &d2),
+            |p| adestroy(p as H),
+        );
+        quota_case(
+            "cuArray3DCreate",
+            |p| array3d(handle(p), &cube),
+            |p| adestroy(p as H),
+        );
+        quota_case(
+            "cuMipmappedArrayCreate",
+            |p| mipmapped(handle(p), &mip, 2),
+            |p| mdestroy(p as H),
         );
         let (mut free, mut total) = (0usize, 0usize);
         check((cu.info)(&mut free, &mut total), "cuMemGetInfo");
