@@ -4,6 +4,11 @@
 //! the driver call, one `fetch_add` on `left`. No lock, no allocation. The two
 //! counters let the graceful exit wait until no launch is inside the driver
 //! (`entered == left`) after it closed the gate; they also count launches.
+//!
+//! In a child forked after start-up no watcher runs to move the gate: the
+//! fork handler puts it in the restart state, and the child's first gated
+//! launch (off the fast path, since the state is not open) calls the
+//! gate's restart function, which starts the child's own watcher.
 
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::time::{Duration, Instant};
@@ -11,12 +16,14 @@ use std::time::{Duration, Instant};
 use crate::cu;
 
 /// `state` values: 0 = open; 1..=MAX_DELAY_NS = delay each launch by that
-/// many ns; the top three values are the closed states.
+/// many ns; the top four values are the closed states.
 const OPEN: u64 = 0;
 const PAUSED: u64 = u64::MAX;
 const SHUTTING_DOWN: u64 = u64::MAX - 1;
 const DEAD: u64 = u64::MAX - 2;
-const MAX_DELAY_NS: u64 = u64::MAX - 3;
+/// Forked: the next launch restarts the watcher first.
+const RESTART: u64 = u64::MAX - 3;
+const MAX_DELAY_NS: u64 = u64::MAX - 4;
 
 /// How often a launch held at a closed gate looks again.
 const POLL: Duration = Duration::from_millis(1);
@@ -38,6 +45,9 @@ pub struct Gate {
     not_launched: AtomicU64,
     delayed: AtomicU64,
     delay_ns: AtomicU64,
+    /// Called by a launch that finds the gate in the restart state; must
+    /// leave it in another state.
+    restart: fn(),
 }
 
 /// Counters for the stats file.
@@ -56,6 +66,11 @@ impl Default for Gate {
 
 impl Gate {
     pub const fn new() -> Gate {
+        fn open() {}
+        Gate::with_restart(open)
+    }
+
+    pub const fn with_restart(restart: fn()) -> Gate {
         Gate {
             state: AtomicU64::new(OPEN),
             entered: AtomicU64::new(0),
@@ -63,7 +78,24 @@ impl Gate {
             not_launched: AtomicU64::new(0),
             delayed: AtomicU64::new(0),
             delay_ns: AtomicU64::new(0),
+            restart,
         }
+    }
+
+    /// In a forked child (single-threaded, async-signal-safe stores only):
+    /// the next launch restarts the watcher; the counters start at zero,
+    /// since the child's stats file is its own.
+    pub fn after_fork(&self) {
+        for c in [
+            &self.entered,
+            &self.left,
+            &self.not_launched,
+            &self.delayed,
+            &self.delay_ns,
+        ] {
+            c.store(0, SeqCst);
+        }
+        self.state.store(RESTART, SeqCst);
     }
 
     /// Runs `launch` once the gate lets it through. After the graceful exit
@@ -82,6 +114,17 @@ impl Gate {
 
     #[cold]
     fn slow(&self, mut s: u64, launch: impl FnOnce() -> u32) -> u32 {
+        if s == RESTART {
+            (self.restart)();
+            // Forget the restart state if the restart left it (it must not).
+            let _ = self.state.compare_exchange(RESTART, OPEN, SeqCst, SeqCst);
+            s = self.state.load(SeqCst);
+            if s == OPEN {
+                let rc = launch();
+                self.left.fetch_add(1, SeqCst);
+                return rc;
+            }
+        }
         let start = Instant::now();
         let mut waited = false;
         loop {
@@ -212,6 +255,33 @@ mod tests {
         g.set(Mode::Delay(Duration::ZERO));
         assert_eq!(h.join().unwrap(), 0);
         assert_eq!(g.counts().launches, 1);
+    }
+
+    static RESTARTED: AtomicBool = AtomicBool::new(false);
+    static FORKED: Gate = Gate::with_restart(restart);
+    fn restart() {
+        RESTARTED.store(true, SeqCst);
+        FORKED.set(Mode::Delay(Duration::ZERO));
+    }
+
+    #[test]
+    fn a_forked_child_restarts_on_its_first_launch() {
+        let g = &FORKED;
+        g.set(Mode::Delay(Duration::from_millis(500)));
+        g.after_fork();
+        assert_eq!(g.counts(), GateCounts::default());
+        assert!(!RESTARTED.load(SeqCst));
+        // The launch restarts, finds the gate open (no inherited delay), launches.
+        assert_eq!(g.pass(|| 3), 3);
+        assert!(RESTARTED.load(SeqCst));
+        assert_eq!(
+            g.counts(),
+            GateCounts {
+                launches: 1,
+                delayed: 0,
+                delay_us: 0
+            }
+        );
     }
 
     #[test]

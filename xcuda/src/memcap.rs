@@ -120,6 +120,11 @@ impl MemCap {
         rc
     }
 
+    /// Holds the allocation table (while a fork copies the process).
+    pub fn hold(&self) -> std::sync::MutexGuard<'_, HashMap<(Kind, u64), u64>> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Clamps the driver's (free, total) to the cap.
     pub fn info(&self, free: u64, total: u64) -> (u64, u64) {
         match self.limit {

@@ -20,7 +20,9 @@
 //! Handlers are installed at `cuInit` (Python installs its own before that)
 //! and chain to whatever was there; a signal the application ignores is
 //! left alone. The watcher re-installs ours if the application replaced it
-//! later, keeping the application's handler as the one to chain to.
+//! later, keeping the application's handler as the one to chain to. A child
+//! forked after that gets the application's dispositions back at once and
+//! its own exit thread and handlers at its restart ([`after_fork_in_child`]).
 
 use std::ffi::{c_int, c_void, CStr};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering::SeqCst};
@@ -121,6 +123,37 @@ pub fn install() {
     PIPE_W.store(fds[1], SeqCst);
     for s in SIGNALS {
         install_one(s);
+    }
+}
+
+/// In a child forked after start-up (its only thread, right after fork):
+/// there is no exit thread here, and the pipe is the parent's (a byte
+/// written to it would make the *parent* exit). Put the application's
+/// dispositions back and forget the pipe and any exit in progress; the
+/// child's restart installs everything anew.
+pub fn after_fork_in_child() {
+    PIPE_W.store(-1, SeqCst);
+    CAUGHT.store(0, SeqCst);
+    RELEASED.store(false, SeqCst);
+    // try_lock: a lock another parent thread held at fork stays held here.
+    let prev = PREVIOUS.try_lock().ok();
+    for sig in SIGNALS {
+        if query(sig).sa_sigaction != ours() {
+            continue;
+        }
+        match prev
+            .as_ref()
+            .and_then(|p| p.iter().find(|(s, _)| *s == sig))
+        {
+            // SAFETY: restoring a disposition sigaction gave us.
+            Some((_, a)) => unsafe {
+                libc::sigaction(sig, a, std::ptr::null_mut());
+            },
+            // SAFETY: the default disposition.
+            None => unsafe {
+                libc::signal(sig, libc::SIG_DFL);
+            },
+        }
     }
 }
 

@@ -1,10 +1,13 @@
 //! The watcher thread (started at cuInit): every sample interval it reads
 //! the GPU's health state and samples the GPU through NVML, feeds the
 //! [`Controller`] and sets the gate; every second it rewrites the stats file
-//! and re-asserts the signal handlers.
+//! and re-asserts the signal handlers. It does all that holding [`BUSY`],
+//! which a fork takes first: a forked child never inherits NVML (or the
+//! fake's locks behind it) in the middle of one of the watcher's calls.
 
 use std::ffi::OsStr;
 use std::path::Path;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use muxflow::health::HealthState;
@@ -17,6 +20,13 @@ use crate::gate::Mode;
 use crate::runtime::{self, Settings};
 
 const HOUSEKEEPING: Duration = Duration::from_secs(1);
+
+/// Held by the watcher while it is not sleeping (and by a fork in progress).
+pub static BUSY: Mutex<()> = Mutex::new(());
+
+fn busy() -> std::sync::MutexGuard<'static, ()> {
+    BUSY.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 pub fn spawn(s: &'static Settings) {
     if let Err(e) = std::thread::Builder::new()
@@ -151,13 +161,16 @@ impl<'n> Sampler<'n> {
 fn run(s: &'static Settings) {
     let gate = runtime::gate();
     let interval = Duration::from_millis(s.env.sample_interval_ms);
+    let b = busy();
     let nvml = if s.gate_enabled { open_nvml(s) } else { None };
     let mut sampler = nvml.as_ref().and_then(|n| Sampler::new(n, s.env.gpu_index));
+    drop(b);
     let mut controller = Controller::new(Params::from_env(&s.env));
     let mut health_logged = false;
     let mut last_housekeeping = Instant::now();
     while !gate.shutting_down() {
         std::thread::sleep(interval);
+        let _b = busy();
         if s.gate_enabled {
             let paused = apply_health(s, &mut health_logged);
             let delay = match sampler.as_mut().and_then(Sampler::sample) {

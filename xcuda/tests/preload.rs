@@ -318,6 +318,41 @@ fn health_pause_closes_the_gate_and_healthy_reopens_it() {
 }
 
 #[test]
+fn a_child_forked_after_cuinit_gets_its_own_watcher() {
+    let sim = Sim::new();
+    std::fs::write(sim.health(), "healthy\n").unwrap();
+    let mut c = sim.probe(&["getproc2", "fork", "60"], true);
+    c.env(muxflow::xcuda_env::HEALTH_FILE, sim.health());
+    let mut parent = c.spawn().unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(parent.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let child: u32 = kv(&line)["child"].parse().unwrap();
+    // Only a watcher running in the child writes the child's stats file
+    // while it runs (every second; the parent's writes the parent's).
+    wait_for("the child's stats", || {
+        sim.stats_of(child).is_some_and(|s| s["launches"] > 50)
+    });
+    // And only it can pause the child's launches when the GPU turns overloaded.
+    std::fs::write(sim.health(), "overloaded\n").unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let a = sim.stats_of(child).unwrap()["launches"];
+    std::thread::sleep(Duration::from_millis(2500));
+    let b = sim.stats_of(child).unwrap()["launches"];
+    assert_eq!(a, b, "the child launched while paused");
+    std::fs::write(sim.health(), "healthy\n").unwrap();
+    wait_for("the child's launches after the pause", || {
+        sim.stats_of(child).is_some_and(|s| s["launches"] > b)
+    });
+    // SAFETY: signalling our child's child.
+    unsafe { libc::kill(child as i32, libc::SIGTERM) };
+    wait_exit(&mut parent, Duration::from_secs(10));
+}
+
+#[test]
 fn sigterm_in_a_launch_storm_releases_contexts_while_online_keeps_running() {
     let sim = Sim::new();
     let online = sim

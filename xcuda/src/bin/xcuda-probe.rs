@@ -13,6 +13,9 @@
 //!             storm N    8 threads x N x (two 20 MiB cuMemAlloc, then their cuMemFree)
 //!             launches N N back-to-back launches; ns per launch
 //!             allocs N   N cuMemAlloc/cuMemFree pairs; ns per pair
+//!             fork S     one launch, then fork: the parent prints `child=PID` and
+//!                        waits for it; the child launches 1 ms kernels (each
+//!                        synchronized) for S seconds or until a signal
 //!             exit-on-error   prints `ready`, then cuMemAlloc/cuMemFree until a
 //!                        call fails, then exit(1) at once (an application
 //!                        that exits on a driver error, e.g. mid graceful exit)
@@ -534,6 +537,44 @@ fn allocs(r: &Resolver, n: usize) {
     println!("ns_per_alloc_free={:.1}", el.as_nanos() as f64 / n as f64);
 }
 
+fn fork_child_launches(r: &Resolver, secs: usize) {
+    let (_cu, _ctx, f) = setup(r, c"sim_kernel_1ms");
+    let launch: Launch = r.get("cuLaunchKernel", &pt(r, "cuLaunchKernel"));
+    let sync: unsafe extern "C" fn(H) -> Res =
+        r.get("cuStreamSynchronize", &pt(r, "cuStreamSynchronize"));
+    let (null, pp): (H, *mut H) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: resolved entry points with valid arguments; fork/waitpid on
+    // our own process and child.
+    unsafe {
+        // The parent's watcher is running once a launch went through.
+        check(
+            launch(f, 1, 1, 1, 32, 1, 1, 0, null, pp, pp),
+            "cuLaunchKernel",
+        );
+        check(sync(null), "cuStreamSynchronize");
+        match libc::fork() {
+            -1 => die("fork failed"),
+            0 => {
+                let end = Instant::now() + std::time::Duration::from_secs(secs as u64);
+                while Instant::now() < end {
+                    check(
+                        launch(f, 1, 1, 1, 32, 1, 1, 0, null, pp, pp),
+                        "cuLaunchKernel",
+                    );
+                    check(sync(null), "cuStreamSynchronize");
+                }
+                std::process::exit(0);
+            }
+            child => {
+                println!("child={child}");
+                let mut status = 0;
+                libc::waitpid(child, &mut status, 0);
+                println!("child_status={status}");
+            }
+        }
+    }
+}
+
 fn exit_on_error(r: &Resolver) {
     let (cu, _ctx, _) = setup(r, c"sim_kernel_1us");
     println!("ready");
@@ -656,7 +697,7 @@ fn main() {
         Some("dlvsym") => How::Dlvsym,
         Some("getproc") => How::GetProc,
         Some("getproc2") => How::GetProc2,
-        _ => die("usage: xcuda-probe direct|dlsym|dlsym-default|dlvsym|getproc|getproc2 [--pt] api|storm N|launches N|allocs N|exit-on-error"),
+        _ => die("usage: xcuda-probe direct|dlsym|dlsym-default|dlvsym|getproc|getproc2 [--pt] api|storm N|launches N|allocs N|fork S|exit-on-error"),
     };
     let pt = args.iter().any(|a| a == "--pt");
     let rest: Vec<&str> = args[1..]
@@ -672,6 +713,7 @@ fn main() {
         Some(&"launches") => launches(&r, n),
         Some(&"allocs") => allocs(&r, n),
         Some(&"exit-on-error") => exit_on_error(&r),
+        Some(&"fork") => fork_child_launches(&r, n),
         Some(&"shim-bench") => shim_bench(&r, n),
         _ => die("unknown scenario"),
     }
