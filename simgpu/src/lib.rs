@@ -17,6 +17,7 @@ pub mod mps;
 pub mod shared;
 pub mod state;
 pub mod telemetry;
+pub mod testing;
 
 pub use config::GpuConfig;
 pub use shared::{now_ns, SharedGpu};

@@ -3,49 +3,24 @@
 //! builds them through dev-dependencies), nvml-wrapper pointed at the fake.
 //! No tight timing assertions: orderings and generous ratios only.
 
-use muxflow_simgpu::{state, GpuConfig};
+use muxflow_simgpu::testing::SimRoot;
 use nvml_wrapper::Nvml;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 struct Sim {
-    _tmp: tempfile::TempDir,
-    root: PathBuf,
-}
-
-fn built_lib(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    for d in [deps, deps.parent().unwrap()] {
-        let p = d.join(name);
-        if p.exists() {
-            return p;
-        }
-    }
-    panic!("{name} not found near {}: run `cargo build -p muxflow-simgpu-fakecuda -p muxflow-simgpu-fakenvml`", deps.display());
+    root: SimRoot,
 }
 
 impl Sim {
     fn new(gpus: u32) -> Sim {
-        let tmp = tempfile::tempdir().unwrap();
-        let root = tmp.path().to_path_buf();
-        std::fs::create_dir_all(root.join("lib")).unwrap();
-        std::os::unix::fs::symlink(
-            built_lib("libmuxflow_fakecuda.so"),
-            root.join("lib/libcuda.so.1"),
-        )
-        .unwrap();
-        std::os::unix::fs::symlink(
-            built_lib("libmuxflow_fakenvml.so"),
-            root.join("lib/libnvidia-ml.so.1"),
-        )
-        .unwrap();
-        state::init(&root.join("state"), gpus, None, &GpuConfig::h100_like(0, 0)).unwrap();
-        Sim { _tmp: tmp, root }
+        Sim {
+            root: SimRoot::new(gpus),
+        }
     }
     fn state(&self) -> PathBuf {
-        self.root.join("state")
+        self.root.state()
     }
     fn nvml_path(&self) -> PathBuf {
         self.root.join("lib/libnvidia-ml.so.1")
@@ -55,7 +30,7 @@ impl Sim {
     fn workload(&self, args: &[&str]) -> Command {
         let mut c = Command::new(env!("CARGO_BIN_EXE_muxflow-workload"));
         c.args(args)
-            .env("LD_LIBRARY_PATH", self.root.join("lib"))
+            .env("LD_LIBRARY_PATH", self.root.lib())
             .env_remove("MUXFLOW_SIM_DIR")
             .env_remove("CUDA_MPS_PIPE_DIRECTORY")
             .env_remove("CUDA_VISIBLE_DEVICES")

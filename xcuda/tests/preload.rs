@@ -2,7 +2,7 @@
 //! over the simulated GPU (fake libcuda.so.1 / libnvidia-ml.so.1 in a temp
 //! sim root). Liveness deadlines are generous; no timing assertions.
 
-use muxflow_simgpu::{state, GpuConfig};
+use muxflow_simgpu::testing::{built, SimRoot};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -10,41 +10,15 @@ use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
 
-/// Built artifacts live next to this test binary's directory (target/<profile>).
-fn built(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    for d in [deps, deps.parent().unwrap()] {
-        let p = d.join(name);
-        if p.exists() {
-            return p;
-        }
-    }
-    panic!(
-        "{name} not found near {}: run `cargo build -p muxflow-xcuda -p muxflow-simgpu -p muxflow-simgpu-fakecuda -p muxflow-simgpu-fakenvml`",
-        deps.display()
-    );
-}
-
 struct Sim {
-    _tmp: tempfile::TempDir,
-    root: PathBuf,
+    root: SimRoot,
 }
 
 impl Sim {
     fn new() -> Sim {
-        let tmp = tempfile::tempdir().unwrap();
-        let root = tmp.path().to_path_buf();
-        std::fs::create_dir_all(root.join("lib")).unwrap();
+        let root = SimRoot::new(1);
         std::fs::create_dir_all(root.join("stats")).unwrap();
-        for (lib, soname) in [
-            ("libmuxflow_fakecuda.so", "libcuda.so.1"),
-            ("libmuxflow_fakenvml.so", "libnvidia-ml.so.1"),
-        ] {
-            std::os::unix::fs::symlink(built(lib), root.join("lib").join(soname)).unwrap();
-        }
-        state::init(&root.join("state"), 1, None, &GpuConfig::h100_like(0, 0)).unwrap();
-        Sim { _tmp: tmp, root }
+        Sim { root }
     }
     fn stats(&self) -> PathBuf {
         self.root.join("stats")
@@ -55,7 +29,7 @@ impl Sim {
     fn cmd(&self, exe: &Path, args: &[&str], preload: bool) -> Command {
         let mut c = Command::new(exe);
         c.args(args)
-            .env("LD_LIBRARY_PATH", self.root.join("lib"))
+            .env("LD_LIBRARY_PATH", self.root.lib())
             .env_remove("MUXFLOW_SIM_DIR")
             .env_remove("CUDA_MPS_PIPE_DIRECTORY")
             .env_remove("CUDA_VISIBLE_DEVICES")
@@ -69,7 +43,7 @@ impl Sim {
                 .env(muxflow::xcuda_env::STATS_DIR, self.stats())
                 .env(
                     muxflow::xcuda_env::NVML_LIBRARY,
-                    self.root.join("lib/libnvidia-ml.so.1"),
+                    self.root.lib().join("libnvidia-ml.so.1"),
                 );
         }
         c
