@@ -199,96 +199,61 @@ extern "C" fn dlvsym_answer(
     a
 }
 
-#[cfg(target_arch = "x86_64")]
-#[unsafe(naked)]
-#[no_mangle]
-/// # Safety
-/// The C `dlsym` contract.
-pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
-    // Keep rdi/rsi (and 16-byte alignment) across the call, return the
-    // answer if any, else tail-jump to the real dlsym with the caller's
-    // return address still on the stack.
-    core::arch::naked_asm!(
-        "push rdi",
-        "push rsi",
-        "sub rsp, 8",
-        "call {answer}",
-        "add rsp, 8",
-        "pop rsi",
-        "pop rdi",
-        "test rax, rax",
-        "jz 2f",
-        "ret",
-        "2:",
-        "jmp qword ptr [rip + {real}]",
-        answer = sym dlsym_answer,
-        real = sym REAL_DLSYM,
-    )
+/// The exported `dlsym` / `dlvsym`. On x86_64 a naked trampoline: keep the
+/// argument registers (three pushes: 16-byte alignment at the call) across
+/// the call to the answer, return it if any, else tail-jump to the real
+/// function with the caller's return address still on the stack. Elsewhere a
+/// plain function (there `RTLD_NEXT` resolves relative to xCUDA).
+macro_rules! interpose {
+    ($name:ident($($a:ident: $t:ty),*), $answer:ident, $real:ident, $real_fn:ident) => {
+        #[cfg(target_arch = "x86_64")]
+        #[unsafe(naked)]
+        #[no_mangle]
+        /// # Safety
+        /// The C contract of the libc function of this name.
+        pub unsafe extern "C" fn $name($($a: $t),*) -> *mut c_void {
+            core::arch::naked_asm!(
+                "push rdi",
+                "push rsi",
+                "push rdx",
+                "call {answer}",
+                "pop rdx",
+                "pop rsi",
+                "pop rdi",
+                "test rax, rax",
+                "jz 2f",
+                "ret",
+                "2:",
+                "jmp qword ptr [rip + {real}]",
+                answer = sym $answer,
+                real = sym $real,
+            )
+        }
+
+        #[cfg(not(target_arch = "x86_64"))]
+        #[no_mangle]
+        /// # Safety
+        /// The C contract of the libc function of this name.
+        pub unsafe extern "C" fn $name($($a: $t),*) -> *mut c_void {
+            match $answer($($a),*) {
+                0 => match $real_fn() {
+                    // SAFETY: forwarding the caller's arguments to libc's function.
+                    Some(f) => unsafe { f($($a),*) },
+                    None => std::ptr::null_mut(),
+                },
+                a => a as *mut c_void,
+            }
+        }
+    };
 }
 
-#[cfg(not(target_arch = "x86_64"))]
-#[no_mangle]
-/// # Safety
-/// The C `dlsym` contract. (Here `RTLD_NEXT` resolves relative to xCUDA.)
-pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
-    match dlsym_answer(handle, name) {
-        0 => match real_dlsym() {
-            // SAFETY: forwarding the caller's arguments to libc's dlsym.
-            Some(f) => unsafe { f(handle, name) },
-            None => std::ptr::null_mut(),
-        },
-        a => a as *mut c_void,
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[unsafe(naked)]
-#[no_mangle]
-/// # Safety
-/// The C `dlvsym` contract.
-pub unsafe extern "C" fn dlvsym(
-    handle: *mut c_void,
-    name: *const c_char,
-    version: *const c_char,
-) -> *mut c_void {
-    // As the dlsym trampoline, with a third argument: three pushes keep the
-    // stack 16-byte aligned at the call.
-    core::arch::naked_asm!(
-        "push rdi",
-        "push rsi",
-        "push rdx",
-        "call {answer}",
-        "pop rdx",
-        "pop rsi",
-        "pop rdi",
-        "test rax, rax",
-        "jz 2f",
-        "ret",
-        "2:",
-        "jmp qword ptr [rip + {real}]",
-        answer = sym dlvsym_answer,
-        real = sym REAL_DLVSYM,
-    )
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-#[no_mangle]
-/// # Safety
-/// The C `dlvsym` contract. (Here `RTLD_NEXT` resolves relative to xCUDA.)
-pub unsafe extern "C" fn dlvsym(
-    handle: *mut c_void,
-    name: *const c_char,
-    version: *const c_char,
-) -> *mut c_void {
-    match dlvsym_answer(handle, name, version) {
-        0 => match real_dlvsym() {
-            // SAFETY: forwarding the caller's arguments to libc's dlvsym.
-            Some(f) => unsafe { f(handle, name, version) },
-            None => std::ptr::null_mut(),
-        },
-        a => a as *mut c_void,
-    }
-}
+interpose!(dlsym(handle: *mut c_void, name: *const c_char), dlsym_answer, REAL_DLSYM, real_dlsym);
+interpose!(
+    dlvsym(handle: *mut c_void, name: *const c_char, version: *const c_char),
+    dlvsym_answer,
+    REAL_DLVSYM,
+    real_dlvsym
+);
 
 /// Which hook's driver function is `p`? By address, then by the exported
 /// name `dladdr` gives it (drivers may hand out other addresses than dlsym).

@@ -13,6 +13,7 @@
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::OnceLock;
 
+use crate::abi::{Array3dDesc, ArrayDesc};
 use crate::memcap::{array_bytes, Kind};
 use crate::runtime;
 use crate::{cu, driver, CUresult};
@@ -99,26 +100,6 @@ pub fn index_of(name: &[u8]) -> Option<usize> {
         return None;
     }
     table().iter().position(|h| h.symbol.to_bytes() == name)
-}
-
-/// `CUDA_ARRAY_DESCRIPTOR`.
-#[repr(C)]
-pub struct ArrayDesc {
-    pub width: usize,
-    pub height: usize,
-    pub format: c_uint,
-    pub channels: c_uint,
-}
-
-/// `CUDA_ARRAY3D_DESCRIPTOR`.
-#[repr(C)]
-pub struct Array3dDesc {
-    pub width: usize,
-    pub height: usize,
-    pub depth: usize,
-    pub format: c_uint,
-    pub channels: c_uint,
-    pub flags: c_uint,
 }
 
 /// Bytes of an array of `levels` mipmap levels (each halving every extent,

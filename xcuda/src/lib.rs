@@ -17,6 +17,7 @@
 //! exact variant the driver picked). Nothing runs before `main`: settings are
 //! read and threads started at the first `cuInit`.
 
+pub mod abi;
 pub mod controller;
 pub mod driver;
 pub mod elf;

@@ -54,6 +54,18 @@ impl Sim {
     fn workload(&self, args: &[&str], preload: bool) -> Command {
         self.cmd(&built("muxflow-workload"), args, preload)
     }
+    /// Writes health state `state` and checks that `pid` then launches
+    /// nothing: its stats file (rewritten every second) postdates the change
+    /// after 1.5 s and shows the same count 2.5 s later. Returns that count.
+    fn assert_paused_by(&self, state: &str, pid: u32) -> u64 {
+        std::fs::write(self.health(), format!("{state}\n")).unwrap();
+        std::thread::sleep(Duration::from_millis(1500));
+        let a = self.stats_of(pid).unwrap()["launches"];
+        std::thread::sleep(Duration::from_millis(2500));
+        let b = self.stats_of(pid).unwrap()["launches"];
+        assert_eq!(a, b, "{pid} launched while {state}");
+        b
+    }
     fn events(&self) -> String {
         std::fs::read_to_string(self.root.join("state/gpus/0/events.log")).unwrap_or_default()
     }
@@ -73,6 +85,17 @@ fn kv(s: &str) -> HashMap<String, String> {
         .filter_map(|x| x.split_once('='))
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect()
+}
+
+/// The first line the child prints on its stdout.
+fn first_line(child: &mut Child) -> String {
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    line
 }
 
 fn run(mut c: Command) -> (Output, HashMap<String, String>) {
@@ -279,13 +302,7 @@ fn health_pause_closes_the_gate_and_healthy_reopens_it() {
         sim.stats_of(pid).is_some_and(|s| s["launches"] > 50)
     });
     // Faulty pauses too.
-    std::fs::write(sim.health(), "faulty\n").unwrap();
-    // Stats are rewritten every second: after 1.5 s the file postdates the pause.
-    std::thread::sleep(Duration::from_millis(1500));
-    let a = sim.stats_of(pid).unwrap()["launches"];
-    std::thread::sleep(Duration::from_millis(2500));
-    let b = sim.stats_of(pid).unwrap()["launches"];
-    assert_eq!(a, b, "launches went on while faulty");
+    sim.assert_paused_by("faulty", pid);
     // SAFETY: signalling our own child.
     unsafe { libc::kill(pid as i32, libc::SIGTERM) };
     wait_exit(&mut child, Duration::from_secs(10));
@@ -298,25 +315,14 @@ fn a_child_forked_after_cuinit_gets_its_own_watcher() {
     let mut c = sim.probe(&["getproc2", "fork", "60"], true);
     c.env(muxflow::xcuda_env::HEALTH_FILE, sim.health());
     let mut parent = c.spawn().unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(parent.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    let child: u32 = kv(&line)["child"].parse().unwrap();
+    let child: u32 = kv(&first_line(&mut parent))["child"].parse().unwrap();
     // Only a watcher running in the child writes the child's stats file
     // while it runs (every second; the parent's writes the parent's).
     wait_for("the child's stats", || {
         sim.stats_of(child).is_some_and(|s| s["launches"] > 50)
     });
     // And only it can pause the child's launches when the GPU turns overloaded.
-    std::fs::write(sim.health(), "overloaded\n").unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
-    let a = sim.stats_of(child).unwrap()["launches"];
-    std::thread::sleep(Duration::from_millis(2500));
-    let b = sim.stats_of(child).unwrap()["launches"];
-    assert_eq!(a, b, "the child launched while paused");
+    let b = sim.assert_paused_by("overloaded", child);
     std::fs::write(sim.health(), "healthy\n").unwrap();
     wait_for("the child's launches after the pause", || {
         sim.stats_of(child).is_some_and(|s| s["launches"] > b)
@@ -369,13 +375,7 @@ fn exit_on_a_driver_error_during_the_graceful_exit_waits_for_the_release() {
     c.env("MUXFLOW_SIM_SLOW_RELEASE_MS", "300");
     let mut child = c.spawn().unwrap();
     let pid = child.id();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    assert_eq!(line.trim(), "ready");
+    assert_eq!(first_line(&mut child).trim(), "ready");
     // SAFETY: signalling our own child.
     unsafe { libc::kill(pid as i32, libc::SIGTERM) };
     wait_exit(&mut child, Duration::from_secs(10));

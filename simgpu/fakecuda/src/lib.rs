@@ -136,19 +136,10 @@ unsafe fn proc_address(
     rc
 }
 
-#[repr(C)]
-pub struct CUlaunchConfig {
-    pub grid_dim_x: c_uint,
-    pub grid_dim_y: c_uint,
-    pub grid_dim_z: c_uint,
-    pub block_dim_x: c_uint,
-    pub block_dim_y: c_uint,
-    pub block_dim_z: c_uint,
-    pub shared_mem_bytes: c_uint,
-    pub h_stream: Handle,
-    pub attrs: *mut c_void,
-    pub num_attrs: c_uint,
-}
+// The driver ABI's structures, as xCUDA declares them.
+#[path = "../../../xcuda/src/abi.rs"]
+mod abi;
+pub use abi::{Array3dDesc, ArrayDesc, LaunchConfig};
 
 pub type Handle = *mut c_void;
 type Dptr = u64;
@@ -157,26 +148,6 @@ type Dptr = u64;
 unsafe fn alloc_out(out: *mut u64, size: u64, kind: Mem) -> CUresult {
     // SAFETY: the caller's out-pointer (checked for null by put).
     done(mem_alloc(size, kind).and_then(|a| unsafe { put(out, a) }))
-}
-
-/// `CUDA_ARRAY_DESCRIPTOR`.
-#[repr(C)]
-pub struct ArrayDesc {
-    pub width: usize,
-    pub height: usize,
-    pub format: c_uint,
-    pub channels: c_uint,
-}
-
-/// `CUDA_ARRAY3D_DESCRIPTOR`.
-#[repr(C)]
-pub struct Array3dDesc {
-    pub width: usize,
-    pub height: usize,
-    pub depth: usize,
-    pub format: c_uint,
-    pub channels: c_uint,
-    pub flags: c_uint,
 }
 
 /// An array (or mipmapped array) of `levels` levels from a 3D descriptor.
@@ -197,7 +168,7 @@ fn blocks(x: c_uint, y: c_uint, z: c_uint) -> u64 {
     x.max(1) as u64 * y.max(1) as u64 * z.max(1) as u64
 }
 
-unsafe fn launch_ex(cfg: *const CUlaunchConfig, f: Handle, pt: bool) -> CUresult {
+unsafe fn launch_ex(cfg: *const LaunchConfig, f: Handle, pt: bool) -> CUresult {
     if cfg.is_null() {
         return cu::INVALID_VALUE;
     }
@@ -205,8 +176,8 @@ unsafe fn launch_ex(cfg: *const CUlaunchConfig, f: Handle, pt: bool) -> CUresult
     let c = unsafe { &*cfg };
     done(launch(
         f,
-        blocks(c.grid_dim_x, c.grid_dim_y, c.grid_dim_z),
-        c.h_stream,
+        blocks(c.grid[0], c.grid[1], c.grid[2]),
+        c.stream,
         pt,
     ))
 }
@@ -322,8 +293,8 @@ cuda_exports! {
     ["cuLaunchKernel", 7000, true] fn cuLaunchKernel_ptsz(f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, _bx: c_uint, _by: c_uint, _bz: c_uint, _shm: c_uint, s: Handle, _p: *mut *mut c_void, _e: *mut *mut c_void) {
         done(launch(f, blocks(gx, gy, gz), s, true))
     }
-    ["cuLaunchKernelEx", 11060, false] fn cuLaunchKernelEx(cfg: *const CUlaunchConfig, f: Handle, _p: *mut *mut c_void, _e: *mut *mut c_void) { launch_ex(cfg, f, false) }
-    ["cuLaunchKernelEx", 11060, true] fn cuLaunchKernelEx_ptsz(cfg: *const CUlaunchConfig, f: Handle, _p: *mut *mut c_void, _e: *mut *mut c_void) { launch_ex(cfg, f, true) }
+    ["cuLaunchKernelEx", 11060, false] fn cuLaunchKernelEx(cfg: *const LaunchConfig, f: Handle, _p: *mut *mut c_void, _e: *mut *mut c_void) { launch_ex(cfg, f, false) }
+    ["cuLaunchKernelEx", 11060, true] fn cuLaunchKernelEx_ptsz(cfg: *const LaunchConfig, f: Handle, _p: *mut *mut c_void, _e: *mut *mut c_void) { launch_ex(cfg, f, true) }
     ["cuLaunchCooperativeKernel", 9000, false] fn cuLaunchCooperativeKernel(f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, _bx: c_uint, _by: c_uint, _bz: c_uint, _shm: c_uint, s: Handle, _p: *mut *mut c_void) {
         done(launch(f, blocks(gx, gy, gz), s, false))
     }

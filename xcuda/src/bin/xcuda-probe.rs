@@ -36,6 +36,11 @@ include!(concat!(env!("OUT_DIR"), "/linked.rs"));
 // simulator crate, which is only a dev-dependency here.
 #[path = "../../../simgpu/src/cudaload.rs"]
 mod cudaload;
+// The driver ABI's structures, as the shim declares them (the probe must not
+// link the shim's library: its exports would interpose inside the probe).
+#[path = "../abi.rs"]
+mod abi;
+use abi::{Array3dDesc, ArrayDesc, LaunchConfig};
 use cudaload::{Driver, ProcAddress};
 
 type Res = u32;
@@ -263,26 +268,6 @@ fn pt(r: &Resolver, name: &str) -> String {
     }
 }
 
-/// `CUDA_ARRAY_DESCRIPTOR`.
-#[repr(C)]
-struct ArrayDesc {
-    width: usize,
-    height: usize,
-    format: c_uint,
-    channels: c_uint,
-}
-
-/// `CUDA_ARRAY3D_DESCRIPTOR`.
-#[repr(C)]
-struct Array3dDesc {
-    width: usize,
-    height: usize,
-    depth: usize,
-    format: c_uint,
-    channels: c_uint,
-    flags: c_uint,
-}
-
 /// Allocates 48 MiB (fits 64), 48 MiB more (must not), frees the first.
 fn quota_case(name: &str, mut alloc: impl FnMut(&mut u64) -> Res, free: impl Fn(u64) -> Res) {
     let (mut a, mut b) = (0u64, 0u64);
@@ -338,28 +323,19 @@ fn api(r: &Resolver) {
     let mdestroy: unsafe extern "C" fn(H) -> Res =
         r.get("cuMipmappedArrayDestroy", "cuMipmappedArrayDestroy");
     r.report();
-    #[repr(C)]
-    struct Cfg {
-        grid: [c_uint; 3],
-        block: [c_uint; 3],
-        shm: c_uint,
-        stream: H,
-        attrs: H,
-        nattrs: c_uint,
-    }
-    let cfg = Cfg {
+    let cfg = LaunchConfig {
         grid: [1, 1, 1],
         block: [32, 1, 1],
-        shm: 0,
+        shared_mem_bytes: 0,
         stream: null,
         attrs: null,
-        nattrs: 0,
+        num_attrs: 0,
     };
     let pp = std::ptr::null_mut();
     // SAFETY: entry points resolved for these signatures; valid arguments.
     unsafe {
         let mut rcs = vec![(launch)(f, 1, 1, 1, 32, 1, 1, 0, null, pp, pp)];
-        rcs.push(ex(&cfg as *const Cfg as *const c_void, f, pp, pp));
+        rcs.push(ex(&cfg as *const LaunchConfig as *const c_void, f, pp, pp));
         rcs.push(coop(f, 1, 1, 1, 32, 1, 1, 0, null, pp));
         rcs.push(begin(null, 0));
         rcs.push((launch)(f, 1, 1, 1, 32, 1, 1, 0, null, pp, pp));
