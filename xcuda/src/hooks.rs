@@ -1,6 +1,6 @@
 //! The hook list, declared once. `hooks!` generates from it:
 //! * the exported `cu*` functions (the direct-symbol path),
-//! * [`table`] and [`index_of`]: what the `dlsym` hook and the
+//! * [`table`] and [`index_of`]: what the `dlsym`/`dlvsym` hooks and the
 //!   `cuGetProcAddress` answer look names and variants up in,
 //! * [`Id`]: the index of each hook in the driver's function table.
 //!
