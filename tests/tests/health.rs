@@ -5,11 +5,12 @@
 //!
 //! The tests run `muxflow-health` directly (as slurmd would, with
 //! SLURMD_NODENAME) with a test config of short dwell times; each test uses
-//! its own node so they can run in parallel.
+//! its own GPU, and tests that share a node take turns (`hold_node`).
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use muxflow::health::HealthState;
@@ -39,6 +40,15 @@ fn expect(c: &Cluster, config: &Path, node: &str, gpu: u32, want: HealthState, w
     assert_eq!(g.state, want, "{what}: published in Slurm ({p:?})");
 }
 
+/// Tests on one node run one at a time: a health step reads and acts on
+/// the whole node (every GPU, the kernel log); tests on different nodes run
+/// in parallel.
+fn hold_node(node: &str) -> MutexGuard<'static, ()> {
+    static NODES: [Mutex<()>; 4] = [const { Mutex::new(()) }; 4];
+    let i: usize = node.trim_start_matches("node").parse().expect("nodeN");
+    NODES[i - 1].lock().unwrap_or_else(|e| e.into_inner())
+}
+
 const DWELL: &str = "min_dwell_s = 2\nrecovery_quiet_s = 3\nhistory_len = 500\n";
 
 /// Sleeps past the test config's dwell (2 s) or quiet period (3 s).
@@ -51,6 +61,7 @@ fn scripted_load_walks_the_states_with_hysteresis_and_slurm_agrees() {
     let c = Cluster::get();
     let cfg = c.health_config("load", DWELL);
     let (node, gpu) = ("node1", 1);
+    let _node = hold_node(node);
     c.sim_load(node, gpu, 0.0);
     // Start from a settled Healthy GPU.
     c.health_step(&cfg, node);
@@ -159,6 +170,7 @@ fn concurrent_steps_never_corrupt_or_lose_a_record() {
     let c = Cluster::get();
     let cfg = c.health_config("concurrent", DWELL);
     let node = "node3";
+    let _node = hold_node(node);
     let ns = NodeState::new(node_config(&cfg, node).paths.state_dir.as_path());
     c.health_step(&cfg, node);
     let before: Vec<usize> = (0..2)
@@ -346,6 +358,7 @@ fn mps_fault_line_evicts_the_offline_client_and_keeps_the_online_job() {
     let c = Cluster::get();
     let cfg = c.health_config("mpsfault", DWELL);
     let (node, gpu) = ("node2", 0);
+    let _node = hold_node(node);
     let mut pair = Pair::start(&c, &cfg, node, gpu, 990_001);
     // Before the fault: whatever the load makes it, not Faulty.
     c.health_step(&cfg, node);
@@ -398,6 +411,7 @@ fn xid_event_evicts_the_offline_client_and_keeps_the_online_job() {
     let c = Cluster::get();
     let cfg = c.health_config("xid", &format!("{DWELL}xid_watch_ms = 30000\n"));
     let (node, gpu) = ("node2", 1);
+    let _node = hold_node(node);
     let mut pair = Pair::start(&c, &cfg, node, gpu, 990_011);
     let before = pair
         .ns
@@ -448,10 +462,11 @@ fn xid_event_evicts_the_offline_client_and_keeps_the_online_job() {
 #[test]
 fn xid_between_health_checks_is_read_from_the_kernel_log() {
     let c = Cluster::get();
-    // No NVML watch window: only the kernel log can tell. (Another test's
-    // step on this node may read the record first; it acts the same.)
+    // No NVML watch window: only the kernel log can tell. (slurmd's own
+    // health check may read the record first; it acts the same.)
     let cfg = c.health_config("kmsg", &format!("{DWELL}xid_watch_ms = 0\n"));
     let (node, gpu) = ("node1", 0);
+    let _node = hold_node(node);
     let mut pair = Pair::start(&c, &cfg, node, gpu, 990_021);
     c.health_step(&cfg, node);
     let before = record(&pair.ns, gpu);
@@ -459,7 +474,7 @@ fn xid_between_health_checks_is_read_from_the_kernel_log() {
     c.sim_fault(node, gpu, &["xid", "43"]);
     let start = Instant::now();
     let log = loop {
-        // The step that read the record may be another test's, still running.
+        // The step that read the record may be slurmd's, still running.
         let log = c.health_step(&cfg, node);
         if pair.ns.health(gpu).unwrap() == Some(HealthState::Faulty) {
             break log;
@@ -490,6 +505,7 @@ fn fatal_xid_restarts_the_mps_daemon_only_without_an_online_client() {
     let c = Cluster::get();
     let cfg = c.health_config("restart", DWELL);
     let (node, gpu) = ("node4", 0);
+    let _node = hold_node(node);
     let mut pair = Pair::offline_only(&c, &cfg, node, gpu, 990_031);
     c.health_step(&cfg, node);
     let before = record(&pair.ns, gpu);
@@ -499,7 +515,7 @@ fn fatal_xid_restarts_the_mps_daemon_only_without_an_online_client() {
     c.sim_fault(node, gpu, &["xid", "48"]);
     let start = Instant::now();
     let (r, log) = loop {
-        // The step that read the record may be another test's, still running.
+        // The step that read the record may be slurmd's, still running.
         let log = c.health_step(&cfg, node);
         let r = record(&pair.ns, gpu);
         if counter(&r, "action.restart_mps") > counter(&before, "action.restart_mps") {
@@ -553,6 +569,7 @@ fn only_a_lost_gpu_drains_and_only_muxflows_drain_is_undone() {
     let c = Cluster::get();
     let cfg = c.health_config("lost", DWELL);
     let (node, gpu) = ("node4", 1);
+    let _node = hold_node(node);
     c.health_step(&cfg, node);
     assert!(!node_reason(&c, node).0.contains("drain"));
 
