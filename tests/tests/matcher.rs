@@ -43,6 +43,24 @@ fn quick_config(c: &Cluster) -> PathBuf {
     c.health_config("matcher-health", "min_dwell_s = 1\nrecovery_quiet_s = 1")
 }
 
+/// Steps `node` with the cluster's config until GPU `gpu` is published
+/// Faulty (the step that reads the Xid may be slurmd's, still running).
+fn faulty_published(c: &Cluster, node: &str, gpu: u32) {
+    let start = Instant::now();
+    loop {
+        let log = c.health_step(&c.dir.join("etc/muxflow.toml"), node);
+        let p = c.published_gpu(node, gpu);
+        if p.state == HealthState::Faulty {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{node} gpu{gpu} not Faulty after an Xid: {p:?}\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
 /// An offline job as users submit it: held by job_submit.lua until placed.
 fn offline(c: &Cluster, name: &str) -> u32 {
     let id = c
@@ -181,12 +199,10 @@ fn matcher_places_best_total_avoids_unhealthy_gpus_and_converges_after_kill_9() 
     // cluster's dwell times the GPU stays Faulty, then Recovering, for
     // 90 s (the health steps below never touch node3).
     c.sim_fault("node3", g3, &["xid", "43"]);
-    c.health_step(&c.dir.join("etc/muxflow.toml"), "node3");
-    let p3 = c.published_gpu("node3", g3);
-    assert_eq!(p3.state, HealthState::Faulty, "{p3:?}");
+    faulty_published(&c, "node3", g3);
     let solo = |node, g| c.published_gpu(node, g).solo_sm_pct.unwrap();
     let (s1, s2) = (solo("node1", g1), solo("node2", g2));
-    assert!(s1 + 20 < s2, "node2 must be the busier: {s1} vs {s2}");
+    assert!(s1 + 10 < s2, "node2 must be the busier: {s1} vs {s2}");
 
     // Submitted small first: a greedy first-come placement would give
     // mfm-small node1 and leave mfm-big nowhere.
@@ -292,8 +308,7 @@ fn matcher_places_best_total_avoids_unhealthy_gpus_and_converges_after_kill_9() 
         c.settle_healthy(&quick, node, g, 0);
     }
     c.sim_fault("node3", g3, &["xid", "43"]);
-    c.health_step(&c.dir.join("etc/muxflow.toml"), "node3");
-    assert_eq!(c.published_gpu("node3", g3).state, HealthState::Faulty);
+    faulty_published(&c, "node3", g3);
     let jobs: Vec<u32> = (1..=3).map(|i| offline(&c, &format!("mfm-k{i}"))).collect();
     for ms in [150u64, 450, 900] {
         let l = Loop::start(&c);
