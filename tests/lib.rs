@@ -496,23 +496,43 @@ impl Cluster {
     /// Steps `node` until GPU `gpu` is published Healthy with its online
     /// job's solo figures measured (at least `mem_mib` of memory in use).
     pub fn settle_healthy(&self, config: &Path, node: &str, gpu: u32, mem_mib: u64) {
+        self.step_until(
+            config,
+            node,
+            &format!("{node} gpu{gpu} healthy with solo figures"),
+            || {
+                self.published(node).into_iter().any(|g| {
+                    g.index == gpu
+                        && g.state == muxflow::health::HealthState::Healthy
+                        && g.solo_sm_pct.is_some()
+                        && g.online_mem_mib.unwrap_or(0) >= mem_mib
+                })
+            },
+        );
+    }
+
+    /// Runs health steps on `node` until `done()` holds (it may also be a
+    /// step slurmd runs meanwhile that gets it there); returns the last
+    /// step's log. Panics naming `what` after 60 s.
+    pub fn step_until(
+        &self,
+        config: &Path,
+        node: &str,
+        what: &str,
+        mut done: impl FnMut() -> bool,
+    ) -> String {
         let start = Instant::now();
         loop {
-            self.health_step(config, node);
-            let g = self.published(node).into_iter().find(|g| g.index == gpu);
-            let ready = g.as_ref().is_some_and(|g| {
-                g.state == muxflow::health::HealthState::Healthy
-                    && g.solo_sm_pct.is_some()
-                    && g.online_mem_mib.unwrap_or(0) >= mem_mib
-            });
-            if ready {
-                return;
+            let log = self.health_step(config, node);
+            if done() {
+                return log;
             }
             assert!(
                 start.elapsed() < Duration::from_secs(60),
-                "{node} gpu{gpu} never settled healthy with solo figures: {g:?}"
+                "never reached: {what}; published {:?}\nlast step:\n{log}",
+                self.published(node)
             );
-            std::thread::sleep(Duration::from_millis(1100));
+            std::thread::sleep(Duration::from_millis(300));
         }
     }
 }

@@ -164,10 +164,20 @@ fn cursor_path(ns: &NodeState) -> PathBuf {
 /// The Xids logged since the previous run on this node; advances the cursor.
 pub fn new_xids(ns: &NodeState, log: &Path) -> Result<Vec<KernelXid>, KmsgError> {
     let _lock = ns.lock_node()?;
-    let records = read_records(log).map_err(|source| KmsgError::Read {
-        path: log.to_path_buf(),
-        source,
-    })?;
+    let records = match read_records(log) {
+        Ok(r) => r,
+        // Not written yet (a log file created at its first record): empty,
+        // so the cursor starts at its beginning and the first Xid counts.
+        Err(e) if e.kind() == ErrorKind::NotFound && log.parent().is_some_and(Path::is_dir) => {
+            Vec::new()
+        }
+        Err(source) => {
+            return Err(KmsgError::Read {
+                path: log.to_path_buf(),
+                source,
+            })
+        }
+    };
     let path = cursor_path(ns);
     let cursor = std::fs::read(&path)
         .ok()
@@ -278,8 +288,19 @@ mod tests {
         assert_eq!((got[0].pci, got[0].xid), ((0, 0x9a, 0), 79));
         assert!(new_xids(&ns, &log).unwrap().is_empty());
         assert!(matches!(
-            new_xids(&ns, &dir.join("missing")),
+            new_xids(&ns, &dir.join("missing/kmsg")),
             Err(KmsgError::Read { .. })
         ));
+    }
+
+    #[test]
+    fn a_log_not_yet_written_counts_from_its_first_record() {
+        let tmp = tempfile::tempdir().unwrap();
+        let log = tmp.path().join("kmsg");
+        let ns = NodeState::new(tmp.path().join("state"));
+        assert!(new_xids(&ns, &log).unwrap().is_empty());
+        std::fs::write(&log, format!("3,0,2,-;{APP}\n")).unwrap();
+        let got = new_xids(&ns, &log).unwrap();
+        assert_eq!(got.iter().map(|x| x.xid).collect::<Vec<_>>(), [31]);
     }
 }

@@ -472,19 +472,9 @@ fn xid_between_health_checks_is_read_from_the_kernel_log() {
     let before = record(&pair.ns, gpu);
     // Xid 43 (GPU stopped processing) while no program watches NVML events.
     c.sim_fault(node, gpu, &["xid", "43"]);
-    let start = Instant::now();
-    let log = loop {
-        // The step that read the record may be slurmd's, still running.
-        let log = c.health_step(&cfg, node);
-        if pair.ns.health(gpu).unwrap() == Some(HealthState::Faulty) {
-            break log;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "not Faulty:\n{log}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let log = c.step_until(&cfg, node, "Faulty after the Xid", || {
+        pair.ns.health(gpu).unwrap() == Some(HealthState::Faulty)
+    });
     pair.assert_offline_evicted_online_alive();
     let delta = |key: &str| {
         let r = record(&pair.ns, gpu);
@@ -513,17 +503,11 @@ fn fatal_xid_restarts_the_mps_daemon_only_without_an_online_client() {
     assert_eq!(servers.len(), 1, "{servers:?}");
     // Xid 48 (double-bit ECC): every client of the GPU fails.
     c.sim_fault(node, gpu, &["xid", "48"]);
-    let start = Instant::now();
-    let (r, log) = loop {
-        // The step that read the record may be slurmd's, still running.
-        let log = c.health_step(&cfg, node);
-        let r = record(&pair.ns, gpu);
-        if counter(&r, "action.restart_mps") > counter(&before, "action.restart_mps") {
-            break (r, log);
-        }
-        assert!(start.elapsed() < Duration::from_secs(10), "{r}\n{log}");
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let log = c.step_until(&cfg, node, "the MPS daemon restarted", || {
+        counter(&record(&pair.ns, gpu), "action.restart_mps")
+            > counter(&before, "action.restart_mps")
+    });
+    let r = record(&pair.ns, gpu);
     let delta = |key: &str| counter(&r, key) - counter(&before, key);
     assert_eq!(delta("rule.xid_fatal"), 1, "{r}\n{log}");
     assert_eq!(delta("action.restart_mps"), 1, "{r}\n{log}");

@@ -44,21 +44,12 @@ fn quick_config(c: &Cluster) -> PathBuf {
 }
 
 /// Steps `node` with the cluster's config until GPU `gpu` is published
-/// Faulty (the step that reads the Xid may be slurmd's, still running).
+/// Faulty.
 fn faulty_published(c: &Cluster, node: &str, gpu: u32) {
-    let start = Instant::now();
-    loop {
-        let log = c.health_step(&c.dir.join("etc/muxflow.toml"), node);
-        let p = c.published_gpu(node, gpu);
-        if p.state == HealthState::Faulty {
-            return;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "{node} gpu{gpu} not Faulty after an Xid: {p:?}\n{log}"
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    }
+    let config = c.dir.join("etc/muxflow.toml");
+    c.step_until(&config, node, &format!("{node} gpu{gpu} Faulty"), || {
+        c.published_gpu(node, gpu).state == HealthState::Faulty
+    });
 }
 
 /// An offline job as users submit it: held by job_submit.lua until placed.

@@ -47,23 +47,12 @@ fn wait_launches_above(c: &Cluster, config: &Path, node: &str, job: u32, above: 
     }
 }
 
-/// Steps `node` until GPU `gpu` is in `want`.
+/// Steps `node` until GPU `gpu` is in `want`, locally and as published.
 fn step_until(c: &Cluster, config: &Path, node: &str, gpu: u32, want: HealthState) {
-    let start = Instant::now();
-    loop {
-        c.health_step(config, node);
-        let ns = c.node_state(config, node);
-        if ns.health(gpu).unwrap() == Some(want) {
-            assert_eq!(c.published_gpu(node, gpu).state, want, "published");
-            return;
-        }
-        assert!(
-            start.elapsed() < WAIT,
-            "{node} gpu{gpu} never reached {want:?}: {:?}",
-            ns.health(gpu)
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    let ns = c.node_state(config, node);
+    c.step_until(config, node, &format!("{node} gpu{gpu} {want:?}"), || {
+        ns.health(gpu).unwrap() == Some(want) && c.published_gpu(node, gpu).state == want
+    });
 }
 
 #[test]
