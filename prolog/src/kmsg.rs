@@ -226,6 +226,20 @@ mod tests {
         assert_eq!(parse_record("garbage"), None);
     }
 
+    #[test]
+    fn reads_this_machines_kernel_log_when_allowed() {
+        // /dev/kmsg needs root (or CAP_SYSLOG) and may be absent in a
+        // container: then there is nothing to check here.
+        let Ok(records) = read_records(Path::new("/dev/kmsg")) else {
+            return;
+        };
+        assert!(!records.is_empty(), "a booted kernel has logged something");
+        assert!(
+            records.windows(2).all(|w| w[0].0 < w[1].0),
+            "sequence numbers increase"
+        );
+    }
+
     fn recs(list: &[(u64, &str)]) -> Vec<(u64, String)> {
         list.iter().map(|(s, t)| (*s, t.to_string())).collect()
     }
