@@ -13,6 +13,21 @@ pub type GetProc = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, 
 pub type GetProc2 =
     unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> u32;
 
+/// `cuLaunchKernel(f, grid xyz, block xyz, shared bytes, stream, params, extra)`.
+pub type LaunchKernel = unsafe extern "C" fn(
+    *mut c_void,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    *mut c_void,
+    *mut *mut c_void,
+    *mut *mut c_void,
+) -> u32;
+
 /// The CUDA version the loaders ask entry points for (12.4).
 pub const CUDA_VERSION: c_int = 12040;
 /// `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`: the `_ptsz`/`_ptds` variants.

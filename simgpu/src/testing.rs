@@ -68,6 +68,20 @@ impl SimRoot {
     pub fn state(&self) -> PathBuf {
         self.root.join("state")
     }
+
+    /// `exe` against these fake libraries, finding the state from their
+    /// location (no MUXFLOW_SIM_DIR, MPS pipe or device mask inherited),
+    /// output captured.
+    pub fn command(&self, exe: &Path) -> std::process::Command {
+        let mut c = std::process::Command::new(exe);
+        c.env("LD_LIBRARY_PATH", self.lib())
+            .env_remove("MUXFLOW_SIM_DIR")
+            .env_remove("CUDA_MPS_PIPE_DIRECTORY")
+            .env_remove("CUDA_VISIBLE_DEVICES")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        c
+    }
 }
 
 impl std::ops::Deref for SimRoot {

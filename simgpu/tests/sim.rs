@@ -28,14 +28,10 @@ impl Sim {
     /// Workload command; the state dir is found from the library's location
     /// (<root>/lib/../state), exercising the dladdr rule.
     fn workload(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_muxflow-workload"));
-        c.args(args)
-            .env("LD_LIBRARY_PATH", self.root.lib())
-            .env_remove("MUXFLOW_SIM_DIR")
-            .env_remove("CUDA_MPS_PIPE_DIRECTORY")
-            .env_remove("CUDA_VISIBLE_DEVICES")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        let mut c = self
+            .root
+            .command(Path::new(env!("CARGO_BIN_EXE_muxflow-workload")));
+        c.args(args);
         c
     }
     fn events(&self, gpu: u32) -> String {

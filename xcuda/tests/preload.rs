@@ -5,7 +5,7 @@
 use muxflow_simgpu::testing::{built, SimRoot};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Output};
 use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
@@ -27,14 +27,8 @@ impl Sim {
         self.root.join("health")
     }
     fn cmd(&self, exe: &Path, args: &[&str], preload: bool) -> Command {
-        let mut c = Command::new(exe);
-        c.args(args)
-            .env("LD_LIBRARY_PATH", self.root.lib())
-            .env_remove("MUXFLOW_SIM_DIR")
-            .env_remove("CUDA_MPS_PIPE_DIRECTORY")
-            .env_remove("CUDA_VISIBLE_DEVICES")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        let mut c = self.root.command(exe);
+        c.args(args);
         for v in muxflow::xcuda_env::ALL {
             c.env_remove(v);
         }

@@ -510,15 +510,26 @@ pub fn primary_release(d: c_int) -> R<()> {
         return Ok(());
     }
     c.primary = None;
-    c.contexts -= 1;
-    let last = c.contexts == 0;
+    end_context(p, l, dev, h);
+    Ok(())
+}
+
+/// Forgets context `h` of device `dev` (its object, its count, this
+/// thread's stack); the process detaches from the GPU with its last one.
+fn end_context(p: &Proc, mut l: std::sync::MutexGuard<'_, Local>, dev: usize, h: usize) {
     l.objs.remove(&h);
+    let last = match l.clients[dev].as_mut() {
+        Some(c) => {
+            c.contexts = c.contexts.saturating_sub(1);
+            c.contexts == 0
+        }
+        None => false,
+    };
     drop(l);
     CTX_STACK.with(|s| s.borrow_mut().retain(|&x| x != h));
     if last {
         detach(p, dev);
     }
-    Ok(())
 }
 
 pub fn primary_reset(d: c_int) -> R<()> {
@@ -555,24 +566,12 @@ pub fn ctx_create(d: c_int) -> R<Handle> {
 pub fn ctx_destroy(ctx: Handle) -> R<()> {
     let p = proc_()?;
     let h = ctx as usize;
-    let mut l = p.local();
+    let l = p.local();
     let dev = ctx_dev(&l, h)?;
     if l.clients[dev].as_ref().and_then(|c| c.primary).map(|x| x.0) == Some(h) {
         return Err(cu::INVALID_CONTEXT);
     }
-    l.objs.remove(&h);
-    let last = match l.clients[dev].as_mut() {
-        Some(c) => {
-            c.contexts = c.contexts.saturating_sub(1);
-            c.contexts == 0
-        }
-        None => false,
-    };
-    drop(l);
-    CTX_STACK.with(|s| s.borrow_mut().retain(|&x| x != h));
-    if last {
-        detach(p, dev);
-    }
+    end_context(p, l, dev, h);
     Ok(())
 }
 

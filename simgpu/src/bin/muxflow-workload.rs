@@ -149,19 +149,7 @@ struct Cuda {
     set_current: unsafe extern "C" fn(H) -> Res,
     module_load_data: unsafe extern "C" fn(*mut H, *const c_void) -> Res,
     get_function: unsafe extern "C" fn(*mut H, H, *const c_char) -> Res,
-    launch: unsafe extern "C" fn(
-        H,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        H,
-        *mut *mut c_void,
-        *mut *mut c_void,
-    ) -> Res,
+    launch: cudaload::LaunchKernel,
     stream_sync: unsafe extern "C" fn(H) -> Res,
     ctx_sync: unsafe extern "C" fn() -> Res,
     alloc: unsafe extern "C" fn(*mut u64, usize) -> Res,
@@ -361,9 +349,8 @@ fn main() {
                     allocs.push(weights);
                     let step_bytes = (alloc_mib * mib / 4).max(mib);
                     let null = std::ptr::null_mut();
-                    let mut exec: H = null;
-                    if graph {
-                        ok((cu.begin_capture)(null, 0), "cuStreamBeginCapture")?;
+                    // One training step's kernels (captured once with --graph).
+                    let launch_step = || -> Result<(), Failed> {
                         for _ in 0..kernels_per_step {
                             ok(
                                 (cu.launch)(
@@ -382,6 +369,12 @@ fn main() {
                                 "cuLaunchKernel",
                             )?;
                         }
+                        Ok(())
+                    };
+                    let mut exec: H = null;
+                    if graph {
+                        ok((cu.begin_capture)(null, 0), "cuStreamBeginCapture")?;
+                        launch_step()?;
                         let mut g: H = null;
                         ok((cu.end_capture)(null, &mut g), "cuStreamEndCapture")?;
                         ok(
@@ -401,24 +394,7 @@ fn main() {
                             if graph {
                                 ok((cu.graph_launch)(exec, null), "cuGraphLaunch")?;
                             } else {
-                                for _ in 0..kernels_per_step {
-                                    ok(
-                                        (cu.launch)(
-                                            f,
-                                            blocks,
-                                            1,
-                                            1,
-                                            256,
-                                            1,
-                                            1,
-                                            0,
-                                            null,
-                                            std::ptr::null_mut(),
-                                            std::ptr::null_mut(),
-                                        ),
-                                        "cuLaunchKernel",
-                                    )?;
-                                }
+                                launch_step()?;
                             }
                             ok((cu.free_async)(act, null), "cuMemFreeAsync")?;
                             ok((cu.stream_sync)(null), "cuStreamSynchronize")

@@ -45,19 +45,7 @@ use cudaload::{Driver, ProcAddress};
 
 type Res = u32;
 type H = *mut c_void;
-type Launch = unsafe extern "C" fn(
-    H,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    H,
-    *mut H,
-    *mut H,
-) -> Res;
+use cudaload::LaunchKernel as Launch;
 type Coop = unsafe extern "C" fn(
     H,
     c_uint,
