@@ -130,7 +130,7 @@ impl Predictor for Model {
 /// Held jobs a round scores per open GPU, oldest first (lowest job id). A
 /// round places at most one job per open GPU, so a longer queue only costs
 /// scoring time (jobs × GPUs); the others wait for a later round.
-pub const HELD_JOBS_PER_OPEN_GPU: usize = 16;
+pub const HELD_JOBS_PER_OPEN_GPU: usize = 4;
 
 /// The pending jobs a round considers: every job that holds a hint (it may
 /// need parking), and the oldest held jobs up to
@@ -169,12 +169,7 @@ pub fn plan<P: Predictor>(
         .collect();
     let gpu_terms: Vec<(P::Gpu, u32)> = open
         .iter()
-        .map(|&i| {
-            (
-                model.gpu_terms(&state.gpus[i], policy),
-                state.gpus[i].index,
-            )
-        })
+        .map(|&i| (model.gpu_terms(&state.gpus[i], policy), state.gpus[i].index))
         .collect();
     let score = |j: u32, g: u32| -> Option<i64> {
         let (job, slot_gpu) = &job_terms[j as usize];
@@ -497,12 +492,16 @@ mod tests {
         };
         let cfg = muxflow::Config::default();
         let p = plan(&state, &model(), &cfg.policy, &cfg.matcher, &names());
-        // One open GPU: the 16 oldest held jobs and the placed job 99.
+        // One open GPU: the oldest held jobs of the window and the placed job 99.
         let ids: Vec<u32> = p.decisions.iter().map(|d| d.job).collect();
         let want: Vec<u32> = (1..=HELD_JOBS_PER_OPEN_GPU as u32).chain([99]).collect();
         assert_eq!(ids, want);
         assert_eq!(p.summary.waiting, 40 - HELD_JOBS_PER_OPEN_GPU);
         assert_eq!(p.summary.pending_offline, 41);
-        assert_eq!(p.decisions[0].node.as_deref(), Some("a"), "the oldest gets the GPU");
+        assert_eq!(
+            p.decisions[0].node.as_deref(),
+            Some("a"),
+            "the oldest gets the GPU"
+        );
     }
 }

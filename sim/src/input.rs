@@ -31,7 +31,11 @@ pub enum InputError {
         expected: String,
     },
     #[error("{file}:{line}: {why}")]
-    BadRow { file: String, line: u64, why: String },
+    BadRow {
+        file: String,
+        line: u64,
+        why: String,
+    },
     #[error("{file}: {why}")]
     Content { file: String, why: String },
 }
@@ -137,9 +141,7 @@ pub fn read_nodes(src: &Source) -> Result<Vec<Node>, InputError> {
     let t = Table::read(src, &["sn", "gpu", "model"])?;
     let mut out = Vec::with_capacity(t.rows.len());
     for (line, row) in &t.rows {
-        let gpus: u32 = t.parse(*line, row, "gpu", "a GPU count (0 to 64)", |n| {
-            *n <= 64
-        })?;
+        let gpus: u32 = t.parse(*line, row, "gpu", "a GPU count (0 to 64)", |n| *n <= 64)?;
         let name = t.get(row, "sn");
         if name.is_empty() || name.contains(char::is_whitespace) {
             return Err(InputError::BadValue {
@@ -193,9 +195,7 @@ pub fn read_tasks(src: &Source) -> Result<Vec<Task>, InputError> {
     let t = Table::read(src, &["name", "num_gpu", "gpu_milli", "gpu_spec", "qos"])?;
     let mut out = Vec::with_capacity(t.rows.len());
     for (line, row) in &t.rows {
-        let num_gpu: u32 = t.parse(*line, row, "num_gpu", "a GPU count (0 to 64)", |n| {
-            *n <= 64
-        })?;
+        let num_gpu: u32 = t.parse(*line, row, "num_gpu", "a GPU count (0 to 64)", |n| *n <= 64)?;
         let gpu_milli: u32 = t.parse(
             *line,
             row,
@@ -232,7 +232,10 @@ pub fn read_tasks(src: &Source) -> Result<Vec<Task>, InputError> {
             gpu_spec,
         });
     }
-    let uses_gpu = |k: Kind| out.iter().any(|t| t.kind == k && t.num_gpu > 0 && t.gpu_milli > 0);
+    let uses_gpu = |k: Kind| {
+        out.iter()
+            .any(|t| t.kind == k && t.num_gpu > 0 && t.gpu_milli > 0)
+    };
     for (kind, what) in [
         (Kind::Online, "online (qos LS, Guaranteed or Burstable)"),
         (Kind::Offline, "offline (qos BE)"),
@@ -323,8 +326,12 @@ pub fn read_pairs(src: &Source) -> Result<Pairs, InputError> {
         let num = |c: &str, what: &str, ok: fn(&f64) -> bool| t.parse(*line, row, c, what, ok);
         let solo_a = num("solo_a", "a throughput > 0", |v| v.is_finite() && *v > 0.0)?;
         let solo_b = num("solo_b", "a throughput > 0", |v| v.is_finite() && *v > 0.0)?;
-        let shared_a = num("shared_a", "a throughput >= 0", |v| v.is_finite() && *v >= 0.0)?;
-        let shared_b = num("shared_b", "a throughput >= 0", |v| v.is_finite() && *v >= 0.0)?;
+        let shared_a = num("shared_a", "a throughput >= 0", |v| {
+            v.is_finite() && *v >= 0.0
+        })?;
+        let shared_b = num("shared_b", "a throughput >= 0", |v| {
+            v.is_finite() && *v >= 0.0
+        })?;
         let (a, b) = (t.get(row, "job_a"), t.get(row, "job_b"));
         for (c, v) in [("job_a", a), ("job_b", b)] {
             if v.is_empty() {
@@ -346,7 +353,14 @@ pub fn read_pairs(src: &Source) -> Result<Pairs, InputError> {
         }
         types.insert(a.to_string());
         types.insert(b.to_string());
-        rows.push((a.to_string(), b.to_string(), solo_a, solo_b, shared_a, shared_b));
+        rows.push((
+            a.to_string(),
+            b.to_string(),
+            solo_a,
+            solo_b,
+            shared_a,
+            shared_b,
+        ));
     }
     if types.is_empty() {
         return Err(InputError::Content {
@@ -356,7 +370,11 @@ pub fn read_pairs(src: &Source) -> Result<Pairs, InputError> {
     }
     let types: Vec<String> = types.into_iter().collect();
     let n = types.len();
-    let idx = |s: &str| types.binary_search_by(|t| t.as_str().cmp(s)).expect("collected above");
+    let idx = |s: &str| {
+        types
+            .binary_search_by(|t| t.as_str().cmp(s))
+            .expect("collected above")
+    };
     let mut speed = vec![None; n * n];
     let mut measured = vec![false; n * n];
     let mut solo = vec![0.0; n];
@@ -478,10 +496,8 @@ mod tests {
 
     #[test]
     fn pairs_read_both_orders_and_zero_means_cannot_share() {
-        let p = read_pairs(&src(
-            "job_a,job_b,solo_a,solo_b,shared_a,shared_b,extra\n\
-             B,A,10,4,5,3,x\nA,A,4,4,2,2,x\nB,B,10,10,0,0,x\n",
-        ))
+        let p = read_pairs(&src("job_a,job_b,solo_a,solo_b,shared_a,shared_b,extra\n\
+             B,A,10,4,5,3,x\nA,A,4,4,2,2,x\nB,B,10,10,0,0,x\n"))
         .unwrap();
         assert_eq!(p.types, ["A", "B"]);
         assert_eq!(p.pair(1, 0), Some((0.5, 0.75)));

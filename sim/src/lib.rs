@@ -83,9 +83,7 @@ pub fn simulate(
     std::thread::scope(|s| {
         let handles: Vec<_> = policies
             .iter()
-            .map(|&p| {
-                s.spawn(move || replay::run(scenario, p, config, settings, opts, progress))
-            })
+            .map(|&p| s.spawn(move || replay::run(scenario, p, config, settings, opts, progress)))
             .collect();
         handles
             .into_iter()

@@ -43,7 +43,11 @@ struct Cli {
     #[arg(long, default_value_t = 1.0)]
     offline_load: f64,
     /// Policies to replay, comma-separated: exclusive, time-sharing, priority, muxflow.
-    #[arg(long, value_delimiter = ',', default_value = "exclusive,time-sharing,priority,muxflow")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "exclusive,time-sharing,priority,muxflow"
+    )]
     policies: Vec<String>,
     /// Seed of the offline arrivals (same inputs and seed: same output).
     #[arg(long, default_value_t = 1)]
@@ -99,12 +103,18 @@ fn main() -> anyhow::Result<()> {
         round_interval_s: cli.round_interval,
         health_interval_s: cli.health_interval,
     };
-    let files: Vec<Option<Vec<u8>>> = [&cli.nodes, &cli.trace, &cli.offline_runtimes, &cli.interference]
-        .iter()
-        .map(|p| p.as_deref().map(read).transpose())
-        .collect::<anyhow::Result<_>>()?;
+    let files: Vec<Option<Vec<u8>>> = [
+        &cli.nodes,
+        &cli.trace,
+        &cli.offline_runtimes,
+        &cli.interference,
+    ]
+    .iter()
+    .map(|p| p.as_deref().map(read).transpose())
+    .collect::<anyhow::Result<_>>()?;
     let shipped = Inputs::shipped();
-    let pick = |i: usize, path: &Option<PathBuf>, default: &Source<'static>| match (&files[i], path) {
+    let pick = |i: usize, path: &Option<PathBuf>, default: &Source<'static>| match (&files[i], path)
+    {
         (Some(bytes), Some(p)) => Source {
             name: p.display().to_string(),
             bytes: bytes.as_slice(),
@@ -146,8 +156,10 @@ fn main() -> anyhow::Result<()> {
             .with_context(|| format!("writing the timeline {}", path.display()))?;
     }
     if let Some(path) = &cli.plot {
-        let svg = output::plot_svg(&outcomes).map_err(|e| anyhow::anyhow!("drawing the plot: {e}"))?;
-        std::fs::write(path, svg).with_context(|| format!("writing the plot {}", path.display()))?;
+        let svg =
+            output::plot_svg(&outcomes).map_err(|e| anyhow::anyhow!("drawing the plot: {e}"))?;
+        std::fs::write(path, svg)
+            .with_context(|| format!("writing the plot {}", path.display()))?;
     }
     if cli.json {
         println!("{}", output::json(&figures, &input_figures));
@@ -164,7 +176,9 @@ fn show_progress<T>(work: &std::thread::ScopedJoinHandle<'_, T>, progress: &Atom
     let started = Instant::now();
     let tty = std::io::stderr().is_terminal();
     let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::hidden());
-    if let Ok(style) = ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {percent}% simulated time") {
+    if let Ok(style) =
+        ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {percent}% simulated time")
+    {
         bar.set_style(style.progress_chars("=> "));
     }
     let mut shown = false;

@@ -108,7 +108,11 @@ pub fn gpu_rates(
     }
     GpuRates {
         offline_speed: offline.map_or(0.0, |o| o.speed),
-        latency: if online.is_some() { online_slowdown } else { 0.0 },
+        latency: if online.is_some() {
+            online_slowdown
+        } else {
+            0.0
+        },
         util: util.min(1.0),
         sm: sm.min(1.0),
         mem: mem.min(1.0),

@@ -179,23 +179,74 @@ pub fn table(policies: &[PolicyFigures], inputs: &InputFigures) -> String {
         ("GPU utilization (all GPUs)", Box::new(|p| pct(p.gpu_util))),
         ("SM activity (all GPUs)", Box::new(|p| pct(p.sm_activity))),
         ("GPU memory used / total", Box::new(|p| pct(p.mem_util))),
-        ("GPU utilization (online GPUs)", Box::new(|p| pct(p.online_gpu_util))),
-        ("SM activity (online GPUs)", Box::new(|p| pct(p.online_gpu_sm_activity))),
-        ("online latency factor p50", Box::new(|p| x(p.online_latency_p50))),
-        ("online latency factor p99", Box::new(|p| x(p.online_latency_p99))),
-        ("offline JCT mean, s", Box::new(|p| opt(p.offline_jct_mean_s, &secs))),
-        ("offline JCT p50, s", Box::new(|p| opt(p.offline_jct_p50_s, &secs))),
-        ("offline JCT p90, s", Box::new(|p| opt(p.offline_jct_p90_s, &secs))),
-        ("offline queueing mean, s", Box::new(|p| opt(p.offline_queue_mean_s, &secs))),
-        ("offline work done, GPU-h", Box::new(|p| format!("{:.0}", p.offline_gpu_hours))),
-        ("offline jobs finished", Box::new(|p| p.offline_finished.to_string())),
-        ("offline jobs running at end", Box::new(|p| p.offline_running_end.to_string())),
-        ("offline jobs waiting at end", Box::new(|p| p.offline_waiting_end.to_string())),
-        ("lent to offline, GPU-h", Box::new(|p| format!("{:.0}", p.lent_gpu_hours))),
-        ("matcher rounds", Box::new(|p| p.rounds.map_or("-".into(), |r| r.to_string()))),
-        ("matcher time total, s", Box::new(|p| opt(p.round_total_s, &|v| format!("{v:.2}")))),
-        ("predictor MAE", Box::new(|p| opt(p.predictor_mae, &|v| format!("{v:.3}")))),
-        ("pairing vs oracle", Box::new(|p| opt(p.pairing_vs_oracle, &|v| format!("{v:.3}")))),
+        (
+            "GPU utilization (online GPUs)",
+            Box::new(|p| pct(p.online_gpu_util)),
+        ),
+        (
+            "SM activity (online GPUs)",
+            Box::new(|p| pct(p.online_gpu_sm_activity)),
+        ),
+        (
+            "online latency factor p50",
+            Box::new(|p| x(p.online_latency_p50)),
+        ),
+        (
+            "online latency factor p99",
+            Box::new(|p| x(p.online_latency_p99)),
+        ),
+        (
+            "offline JCT mean, s",
+            Box::new(|p| opt(p.offline_jct_mean_s, &secs)),
+        ),
+        (
+            "offline JCT p50, s",
+            Box::new(|p| opt(p.offline_jct_p50_s, &secs)),
+        ),
+        (
+            "offline JCT p90, s",
+            Box::new(|p| opt(p.offline_jct_p90_s, &secs)),
+        ),
+        (
+            "offline queueing mean, s",
+            Box::new(|p| opt(p.offline_queue_mean_s, &secs)),
+        ),
+        (
+            "offline work done, GPU-h",
+            Box::new(|p| format!("{:.0}", p.offline_gpu_hours)),
+        ),
+        (
+            "offline jobs finished",
+            Box::new(|p| p.offline_finished.to_string()),
+        ),
+        (
+            "offline jobs running at end",
+            Box::new(|p| p.offline_running_end.to_string()),
+        ),
+        (
+            "offline jobs waiting at end",
+            Box::new(|p| p.offline_waiting_end.to_string()),
+        ),
+        (
+            "lent to offline, GPU-h",
+            Box::new(|p| format!("{:.0}", p.lent_gpu_hours)),
+        ),
+        (
+            "matcher rounds",
+            Box::new(|p| p.rounds.map_or("-".into(), |r| r.to_string())),
+        ),
+        (
+            "matcher time total, s",
+            Box::new(|p| opt(p.round_total_s, &|v| format!("{v:.2}"))),
+        ),
+        (
+            "predictor MAE",
+            Box::new(|p| opt(p.predictor_mae, &|v| format!("{v:.3}"))),
+        ),
+        (
+            "pairing vs oracle",
+            Box::new(|p| opt(p.pairing_vs_oracle, &|v| format!("{v:.3}"))),
+        ),
         (
             "placements failed (memory)",
             Box::new(|p| p.offline_oom_starts.map_or("-".into(), |r| r.to_string())),
@@ -287,7 +338,9 @@ pub fn plot_svg(outcomes: &[Outcome]) -> Result<String, String> {
                 ))
                 .map_err(|e| e.to_string())?
                 .label(o.policy.name())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2)));
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2))
+                });
         }
         chart
             .configure_series_labels()

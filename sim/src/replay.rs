@@ -132,6 +132,10 @@ pub struct Outcome {
     /// muxflow: placements Slurm would refuse (the job's gpu_spec excludes
     /// the GPU's model; the matcher does not read job constraints).
     pub refused_placements: Option<u64>,
+    /// muxflow: offline placements on a GPU whose health state did not
+    /// accept offline work, and health checks that found offline work
+    /// progressing on a GPU whose state pauses it. Both must stay 0.
+    pub health_violations: u64,
     pub timeline: Vec<HourRow>,
     /// Seconds of online GPU-time at each latency factor bin.
     pub latency_hist: Vec<f64>,
@@ -236,6 +240,9 @@ struct Sim<'a> {
     state: ClusterState,
     state_index: Vec<usize>,
     names: Names,
+    /// `[matcher]` with `max_updates_per_round` scaled to the replay's
+    /// round interval (the same updates per hour as the daemon's).
+    matcher: muxflow::config::Matcher,
     in_state: Vec<bool>,
     pending_unsorted: bool,
     node_index: BTreeMap<String, u32>,
@@ -251,6 +258,7 @@ struct Sim<'a> {
     pair_oracle: f64,
     oom: u64,
     refused: u64,
+    health_violations: u64,
     timing: bool,
     progress: &'a AtomicU64,
 }
@@ -265,7 +273,7 @@ pub fn run(
     opts: &RunOptions,
     progress: &AtomicU64,
 ) -> Outcome {
-    let mut sim = Sim::new(sc, kind, cfg, opts, progress);
+    let mut sim = Sim::new(sc, kind, cfg, settings, opts, progress);
     sim.q.push(0.0, Ev::Hour(0));
     if kind == PolicyKind::Muxflow {
         sim.q.push(0.0, Ev::Health);
@@ -312,6 +320,7 @@ impl<'a> Sim<'a> {
         sc: &'a Scenario,
         kind: PolicyKind,
         cfg: &'a muxflow::Config,
+        settings: &crate::scenario::Settings,
         opts: &RunOptions,
         progress: &'a AtomicU64,
     ) -> Sim<'a> {
@@ -362,6 +371,7 @@ impl<'a> Sim<'a> {
             state: ClusterState::default(),
             state_index: vec![usize::MAX; n],
             names: Names::from_config(&cfg.slurm),
+            matcher: scaled_matcher(&cfg.matcher, settings.round_interval_s),
             in_state: vec![false; sc.jobs.len()],
             pending_unsorted: false,
             node_index: sc
@@ -382,6 +392,7 @@ impl<'a> Sim<'a> {
             pair_oracle: 0.0,
             oom: 0,
             refused: 0,
+            health_violations: 0,
             timing: opts.timing,
             progress,
         };
@@ -616,11 +627,10 @@ impl<'a> Sim<'a> {
             return;
         }
         if !self.slot_free.is_empty() {
-            let found = self
-                .slot_free
-                .iter()
-                .copied()
-                .find_map(|g| Some((g, self.fits_beside(j, g).filter(|_| self.allowed(j, g))?)));
+            let found =
+                self.slot_free.iter().copied().find_map(|g| {
+                    Some((g, self.fits_beside(j, g).filter(|_| self.allowed(j, g))?))
+                });
             if let Some((g, pair)) = found {
                 self.start(j, g, Some(pair));
                 return;
@@ -668,9 +678,16 @@ impl<'a> Sim<'a> {
         rt.offline = Some(j);
         rt.pair = pair;
         self.sums.running += 1;
+        if rt.fsm.is_some_and(|f| !f.state.accepts_offline()) {
+            self.health_violations += 1;
+        }
         if online {
             self.sums.lent += 1;
-            if let Some(&k) = self.state_index.get(g as usize).filter(|&&k| k != usize::MAX) {
+            if let Some(&k) = self
+                .state_index
+                .get(g as usize)
+                .filter(|&&k| k != usize::MAX)
+            {
                 self.state.gpus[k].slot_used = true;
                 self.state.gpus[k].published.offline = 1;
             }
@@ -698,7 +715,11 @@ impl<'a> Sim<'a> {
         self.refresh(g);
         if online {
             self.sums.lent -= 1;
-            if let Some(&k) = self.state_index.get(g as usize).filter(|&&k| k != usize::MAX) {
+            if let Some(&k) = self
+                .state_index
+                .get(g as usize)
+                .filter(|&&k| k != usize::MAX)
+            {
                 self.state.gpus[k].slot_used = false;
                 self.state.gpus[k].published.offline = 0;
             }
@@ -736,9 +757,10 @@ impl<'a> Sim<'a> {
                 self.start(j, g, None);
             }
         } else if self.kind.shares() && self.kind != PolicyKind::Muxflow {
-            let found = self.queue.iter().copied().find_map(|j| {
-                Some((j, self.fits_beside(j, g).filter(|_| self.allowed(j, g))?))
-            });
+            let found =
+                self.queue.iter().copied().find_map(|j| {
+                    Some((j, self.fits_beside(j, g).filter(|_| self.allowed(j, g))?))
+                });
             if let Some((j, pair)) = found {
                 self.start(j, g, Some(pair));
             }
@@ -825,12 +847,23 @@ impl<'a> Sim<'a> {
             let p = &mut self.state.gpus[k].published;
             p.state = after.state;
             if rt.solo_n > 0 {
-                p.solo_sm_pct =
-                    Some((rt.solo_sum / f64::from(rt.solo_n)).round().clamp(0.0, 100.0) as u8);
+                p.solo_sm_pct = Some(
+                    (rt.solo_sum / f64::from(rt.solo_n))
+                        .round()
+                        .clamp(0.0, 100.0) as u8,
+                );
                 p.online_mem_mib = Some(rt.solo_mem_mib);
             }
             if before.state.pauses_offline() != after.state.pauses_offline() {
                 self.refresh(g);
+            }
+            let rt = &self.gpus[g as usize];
+            if after.state.pauses_offline()
+                && rt
+                    .offline
+                    .is_some_and(|j| self.jobs[j as usize].speed > 0.0)
+            {
+                self.health_violations += 1;
             }
         }
     }
@@ -883,7 +916,8 @@ impl<'a> Sim<'a> {
         // model is retrained when the history grew by a tenth (it moves
         // little in between), which keeps a week's replay fast.
         let n = self.runs.len();
-        if n > self.trained_on_runs && (n - self.trained_on_runs) * 10 >= self.trained_on_runs.max(10)
+        if n > self.trained_on_runs
+            && (n - self.trained_on_runs) * 10 >= self.trained_on_runs.max(10)
         {
             self.model = Model::train(&samples(&self.runs), &self.runs);
             self.trained_on_runs = n;
@@ -893,7 +927,7 @@ impl<'a> Sim<'a> {
             &self.state,
             &self.model,
             &self.cfg.policy,
-            &self.cfg.matcher,
+            &self.matcher,
             &self.names,
         );
         if self.timing {
@@ -904,16 +938,24 @@ impl<'a> Sim<'a> {
             &self.state,
             &Truth { sim: self },
             &self.cfg.policy,
-            &self.cfg.matcher,
+            &self.matcher,
             &self.names,
         );
-        for d in oracle.decisions.iter().filter(|d| d.action == Action::Place) {
+        for d in oracle
+            .decisions
+            .iter()
+            .filter(|d| d.action == Action::Place)
+        {
             if let (Some(node), Some(i)) = (&d.node, d.gpu) {
                 let g = self.gpu_of(node, i).expect("a GPU of the scenario");
                 self.pair_oracle += self.true_speed(d.job - 1, g);
             }
         }
-        for d in chosen.decisions.iter().filter(|d| d.action == Action::Place) {
+        for d in chosen
+            .decisions
+            .iter()
+            .filter(|d| d.action == Action::Place)
+        {
             let (Some(node), Some(i)) = (&d.node, d.gpu) else {
                 continue;
             };
@@ -1003,9 +1045,21 @@ impl<'a> Sim<'a> {
                 .then(|| self.pair_true / self.pair_oracle),
             oom_starts: mux.then_some(self.oom),
             refused_placements: mux.then_some(self.refused),
+            health_violations: self.health_violations,
             timeline: self.timeline,
             latency_hist: self.latency_hist,
         }
+    }
+}
+
+/// The daemon's `[matcher]` for rounds every `interval_s`: its bound on
+/// Slurm updates is per round, at `interval_s` of its own; the replay keeps
+/// the same bound per hour.
+pub fn scaled_matcher(m: &muxflow::config::Matcher, interval_s: f64) -> muxflow::config::Matcher {
+    let per_s = m.max_updates_per_round as f64 / m.interval_s.max(1) as f64;
+    muxflow::config::Matcher {
+        max_updates_per_round: ((per_s * interval_s).round() as usize).max(1),
+        ..m.clone()
     }
 }
 
@@ -1051,18 +1105,64 @@ impl Truth<'_, '_> {
     }
 }
 
-impl Predictor for Truth<'_, '_> {
-    type Job = u32;
-    type Gpu = u32;
-    fn job_terms(&self, job: &PendingJob) -> u32 {
-        job.id - 1
+/// Per-job terms of the oracle: type, SM demand, memory, allowed models.
+#[derive(Clone, Copy)]
+struct TruthJob<'a> {
+    job_type: u16,
+    demand: f64,
+    mem_mib: u64,
+    models: Option<&'a [u16]>,
+}
+
+/// Per-GPU terms of the oracle: what the policy gives there, and its side.
+#[derive(Clone, Copy)]
+struct TruthGpu {
+    online_type: u16,
+    room_mib: u64,
+    share: f64,
+    cap_mib: Option<u64>,
+    model: u16,
+}
+
+impl<'s, 'a> Predictor for Truth<'s, 'a> {
+    type Job = TruthJob<'a>;
+    type Gpu = TruthGpu;
+    fn job_terms(&self, job: &PendingJob) -> TruthJob<'a> {
+        let sc: &'a Scenario = self.sim.sc;
+        let j = &sc.jobs[(job.id - 1) as usize];
+        TruthJob {
+            job_type: j.job_type,
+            demand: OFFLINE_SM * j.share,
+            mem_mib: j.mem_mib,
+            models: j.models.as_deref(),
+        }
     }
-    fn gpu_terms(&self, gpu: &GpuState, _policy: &Policy) -> u32 {
-        self.sim
+    fn gpu_terms(&self, gpu: &GpuState, _policy: &Policy) -> TruthGpu {
+        let sim = self.sim;
+        let g = sim
             .gpu_of(&gpu.node, gpu.index)
-            .expect("a GPU of the scenario")
+            .expect("a GPU of the scenario");
+        let svc = sim.sc.online[g as usize].as_ref().expect("an online GPU");
+        let (sm_pct, cap_mib) = sim.policy_for(g);
+        TruthGpu {
+            online_type: svc.job_type,
+            room_mib: sim.sc.gpus[g as usize].mem_mib
+                - svc.mem_mib.min(sim.sc.gpus[g as usize].mem_mib),
+            share: f64::from(sm_pct) / 100.0,
+            cap_mib,
+            model: sim.sc.gpus[g as usize].model,
+        }
     }
-    fn predict(&self, job: &u32, gpu: &u32) -> Option<f64> {
-        self.speed(*job, *gpu)
+    /// The same rules as [`Truth::speed`], from precomputed terms.
+    #[inline]
+    fn predict(&self, job: &TruthJob, gpu: &TruthGpu) -> Option<f64> {
+        if job.models.is_some_and(|m| !m.contains(&gpu.model))
+            || job.mem_mib > gpu.room_mib
+            || gpu.cap_mib.is_some_and(|c| job.mem_mib > c)
+        {
+            return None;
+        }
+        let (x_off, x_on) = self.sim.sc.pairs.pair(job.job_type, gpu.online_type)?;
+        Some(model::muxflow(x_off, x_on, gpu.share, job.demand).0)
     }
 }

@@ -198,13 +198,15 @@ pub fn build(
     if shapes.is_empty() {
         return Err(ScenarioError::NoOfflineFits);
     }
-    let mean_gpus =
-        shapes.iter().map(|&i| f64::from(tasks[i as usize].num_gpu)).sum::<f64>() / shapes.len() as f64;
+    let mean_gpus = shapes
+        .iter()
+        .map(|&i| f64::from(tasks[i as usize].num_gpu))
+        .sum::<f64>()
+        / shapes.len() as f64;
     let runtime = |r: f64| r.max(1.0);
     sc.mean_runtime_s = runtimes.iter().map(|&r| runtime(r)).sum::<f64>() / runtimes.len() as f64;
     // Demand (GPU-seconds per second) = rate × mean run time × mean GPUs.
-    let rate_per_s =
-        s.offline_load * sc.online_gpus as f64 / (sc.mean_runtime_s * mean_gpus);
+    let rate_per_s = s.offline_load * sc.online_gpus as f64 / (sc.mean_runtime_s * mean_gpus);
     sc.offline_rate_per_h = rate_per_s * 3600.0;
     let mut rng = ChaCha8Rng::seed_from_u64(s.seed);
     let mut t = 0.0;
@@ -302,8 +304,7 @@ fn place_online(
                         task: ti,
                         job_type: sc.pairs.job_type(&t.name),
                         share,
-                        mem_mib: (MEM_PER_SHARE * share * sc.gpus[g].mem_mib as f64).round()
-                            as u64,
+                        mem_mib: (MEM_PER_SHARE * share * sc.gpus[g].mem_mib as f64).round() as u64,
                     });
                     left -= 1;
                 }
