@@ -230,11 +230,11 @@ fn a_lower_sm_ceiling_in_the_production_policy_slows_the_offline_job() {
 
 #[test]
 fn the_health_fsm_pauses_offline_work_when_the_production_thresholds_say_so() {
-    // [health] overloaded_enter_utilization = 50: the shared GPU reads
-    // ≥ 50% (0.325 × 61.5 + 37.1), so the first health check after the
-    // start (1200 s) pauses the job; it never finishes within the day as
-    // the GPU flaps between Overloaded and Recovering and is only ever
-    // re-accepted... or it finishes later than unpaused. Either way: later.
+    // [health] overloaded_enter_utilization = 50 (exit 40): the shared GPU
+    // reads 0.325 × 61.5 + 0.9 × 41.25 = 57% at the check after the start,
+    // so it turns Overloaded and the job pauses; alone it reads 20%, so it
+    // calms (Recovering) and the job runs again: the job spends part of
+    // its time paused and finishes later, and the service is alone then.
     let (sc, settings) = scenario();
     let mut cfg = muxflow::Config::default();
     let base = replay(&sc, PolicyKind::Muxflow, &cfg, &settings);

@@ -1,3 +1,4 @@
+#![allow(dead_code)] // each test binary uses its own part
 //! Small scenarios built from CSV text, shared by the replay tests.
 
 use std::sync::atomic::AtomicU64;
