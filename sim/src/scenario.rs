@@ -8,6 +8,10 @@ use rand_chacha::ChaCha8Rng;
 use crate::input::{Kind, Node, Pairs, Task};
 use crate::model::{MEM_PER_SHARE, OFFLINE_REFERENCE_GPU_MIB};
 
+/// Most offline jobs one replay holds in memory (about 100 bytes each per
+/// policy).
+pub const MAX_OFFLINE_JOBS: usize = 5_000_000;
+
 /// Replay settings (the CLI's flags).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
@@ -208,6 +212,12 @@ pub fn build(
     // Demand (GPU-seconds per second) = rate × mean run time × mean GPUs.
     let rate_per_s = s.offline_load * sc.online_gpus as f64 / (sc.mean_runtime_s * mean_gpus);
     sc.offline_rate_per_h = rate_per_s * 3600.0;
+    let expected = rate_per_s * sc.end_s;
+    if expected > MAX_OFFLINE_JOBS as f64 {
+        return Err(ScenarioError::Settings(format!(
+            "about {expected:.0} offline jobs would arrive (the replay holds at most {MAX_OFFLINE_JOBS}): lower --offline-load or --days"
+        )));
+    }
     let mut rng = ChaCha8Rng::seed_from_u64(s.seed);
     let mut t = 0.0;
     let mut id = 0u32;
@@ -319,4 +329,130 @@ fn place_online(
         }
     }
     sc.online_tasks_unplaceable = unplaceable.len();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::input::{read_nodes, read_pairs, read_tasks, Source};
+
+    fn src(text: &str) -> Source<'_> {
+        Source {
+            name: "t".into(),
+            bytes: text.as_bytes(),
+        }
+    }
+
+    #[test]
+    fn online_fill_repeats_the_list_respects_gpu_spec_and_splits_offline_workers() {
+        let nodes = read_nodes(&src("sn,gpu,model\nn1,4,V100M16\nn2,2,T4\n")).unwrap();
+        let tasks = read_tasks(&src("name,num_gpu,gpu_milli,gpu_spec,qos\n\
+             svc-a,1,1000,,LS\nsvc-b,2,1000,T4,LS\nsvc-c,1,460,,Burstable\ncpu,0,0,,LS\n\
+             be,2,500,,BE\n"))
+        .unwrap();
+        let pairs = read_pairs(&src(
+            "job_a,job_b,solo_a,solo_b,shared_a,shared_b\nA,B,1,1,0.5,0.5\n",
+        ))
+        .unwrap();
+        let s = Settings {
+            days: 1.0,
+            online_fill: 1.0,
+            ..Settings::default()
+        };
+        let sc = build(&nodes, tasks, &[3600.0], pairs, &s).unwrap();
+        // Pass 1: svc-a n1/0, svc-b both T4s of n2, svc-c n1/1; pass 2:
+        // svc-a n1/2, svc-b fits nowhere (no T4 left), svc-c n1/3.
+        let owner: Vec<Option<(&str, f64)>> = sc
+            .online
+            .iter()
+            .map(|o| {
+                o.as_ref()
+                    .map(|s| (sc.tasks[s.task as usize].name.as_str(), s.share))
+            })
+            .collect();
+        assert_eq!(
+            owner,
+            [
+                Some(("svc-a", 1.0)),
+                Some(("svc-c", 0.46)),
+                Some(("svc-a", 1.0)),
+                Some(("svc-c", 0.46)),
+                Some(("svc-b", 1.0)),
+                Some(("svc-b", 1.0)),
+            ]
+        );
+        assert_eq!(
+            (
+                sc.online_gpus,
+                sc.online_services,
+                sc.online_tasks_unplaceable
+            ),
+            (6, 5, 1)
+        );
+        // Both T4s belong to one service: one job id.
+        let ids: Vec<u32> = sc.online[4..]
+            .iter()
+            .map(|o| o.as_ref().unwrap().job_id)
+            .collect();
+        assert_eq!(ids[0], ids[1]);
+        // Memory: 0.4 of the share of the GPU's memory.
+        assert_eq!(sc.online[1].as_ref().unwrap().mem_mib, 3015); // 0.4 × 0.46 × 16384
+        assert_eq!(sc.online[4].as_ref().unwrap().mem_mib, 6144); // 0.4 × 15360
+                                                                  // Offline: rate = 6 GPUs / (3600 s × 2 GPUs per task); each arrival
+                                                                  // is 2 single-GPU workers arriving together.
+        assert!((sc.offline_rate_per_h - 3.0).abs() < 1e-9);
+        assert!(
+            sc.jobs.len() % 2 == 0 && sc.jobs.len() > 40,
+            "{}",
+            sc.jobs.len()
+        );
+        for w in sc.jobs.chunks(2) {
+            assert_eq!(w[0].arrival_s, w[1].arrival_s);
+            assert_eq!((w[0].share, w[0].mem_mib), (0.5, 3277));
+        }
+    }
+
+    #[test]
+    fn settings_out_of_range_are_refused() {
+        let nodes = read_nodes(&src("sn,gpu,model\nn1,1,V100M16\n")).unwrap();
+        let tasks = || {
+            read_tasks(&src(
+                "name,num_gpu,gpu_milli,gpu_spec,qos\na,1,1000,,LS\nb,1,1000,,BE\n",
+            ))
+            .unwrap()
+        };
+        for (s, want) in [
+            (
+                Settings {
+                    days: 0.0,
+                    ..Settings::default()
+                },
+                "--days",
+            ),
+            (
+                Settings {
+                    online_fill: 1.5,
+                    ..Settings::default()
+                },
+                "--online-fill",
+            ),
+            (
+                Settings {
+                    offline_load: f64::NAN,
+                    ..Settings::default()
+                },
+                "--offline-load",
+            ),
+            (
+                Settings {
+                    round_interval_s: 0.5,
+                    ..Settings::default()
+                },
+                "--round-interval",
+            ),
+        ] {
+            let e = build(&nodes, tasks(), &[60.0], Pairs::default(), &s).unwrap_err();
+            assert!(e.to_string().contains(want), "{e}");
+        }
+    }
 }
