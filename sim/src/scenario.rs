@@ -402,7 +402,7 @@ mod tests {
                                                                   // is 2 single-GPU workers arriving together.
         assert!((sc.offline_rate_per_h - 3.0).abs() < 1e-9);
         assert!(
-            sc.jobs.len() % 2 == 0 && sc.jobs.len() > 40,
+            sc.jobs.len().is_multiple_of(2) && sc.jobs.len() > 40,
             "{}",
             sc.jobs.len()
         );
