@@ -93,7 +93,11 @@ fn ran_alone(r: &JobReport) -> bool {
 pub fn profiles(runs: &[Run]) -> BTreeMap<JobKey, Profile> {
     let mut out: BTreeMap<JobKey, (Profile, f64, usize)> = BTreeMap::new();
     for r in runs {
-        let e = out.entry(r.key.clone()).or_default();
+        // Keys repeat (one per job name): clone only a new one.
+        if !out.contains_key(&r.key) {
+            out.insert(r.key.clone(), Default::default());
+        }
+        let e = out.get_mut(&r.key).expect("inserted above");
         e.0.runs += 1;
         e.0.peak_mib = e.0.peak_mib.max(r.report.peak_mib);
         if let (true, Some(s)) = (ran_alone(&r.report), r.report.steps_per_s) {
@@ -203,7 +207,10 @@ impl Model {
         };
         let mut resid: BTreeMap<JobKey, (f64, usize)> = BTreeMap::new();
         for s in train {
-            let e = resid.entry(s.key.clone()).or_default();
+            if !resid.contains_key(&s.key) {
+                resid.insert(s.key.clone(), Default::default());
+            }
+            let e = resid.get_mut(&s.key).expect("inserted above");
             e.0 += s.y - base.raw(s.share, s.mem);
             e.1 += 1;
         }

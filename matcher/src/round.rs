@@ -9,7 +9,12 @@
 //! [`crate::prune::spread_scored`] (`matcher.candidates_per_job`) and
 //! solved exactly.
 //!
-//! # Decision table (`--once`), one line per pending offline job
+//! A round scores every job that holds a hint and the oldest held jobs up
+//! to [`HELD_JOBS_PER_OPEN_GPU`] per open GPU ([`considered_jobs`]): a long
+//! queue costs no scoring time beyond what can be placed. The rest wait;
+//! the summary counts them (`waiting`).
+//!
+//! # Decision table (`--once`), one line per considered pending offline job
 //!
 //! ```text
 //! JOB     NAME        ACTION  NODE    GPU  SPEED  REASON
@@ -31,7 +36,7 @@ use serde::Serialize;
 use crate::hints::{update_args, Target};
 use crate::predict::{GpuTerms, JobTerms, Model};
 use crate::prune::spread_scored;
-use crate::reader::{ClusterState, Names};
+use crate::reader::{ClusterState, GpuState, Names, PendingJob};
 use crate::solver::{solve_with, SolveOptions};
 use crate::weights::{quantize, to_throughput};
 
@@ -81,6 +86,9 @@ pub struct Summary {
     pub updates: usize,
     /// Updates left for the next round (bounded per round).
     pub deferred: usize,
+    /// Held jobs not considered this round (beyond the window of
+    /// [`considered_jobs`]): they stay parked and get no decision line.
+    pub waiting: usize,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -91,30 +99,77 @@ pub struct Plan {
     pub notes: Vec<String>,
 }
 
+/// What a round needs of a predictor: terms looked up once per job and
+/// per GPU, and the per-pair prediction from them (the hot path). [`Model`]
+/// is the production one; the cluster replay (`sim/`) also scores rounds
+/// with the true values, to measure how much the predictor costs.
+pub trait Predictor: Sync {
+    type Job: Sync;
+    type Gpu: Sync;
+    fn job_terms(&self, job: &PendingJob) -> Self::Job;
+    fn gpu_terms(&self, gpu: &GpuState, policy: &Policy) -> Self::Gpu;
+    /// Normalized throughput of the job there; `None`: not a candidate.
+    fn predict(&self, job: &Self::Job, gpu: &Self::Gpu) -> Option<f64>;
+}
+
+impl Predictor for Model {
+    type Job = JobTerms;
+    type Gpu = GpuTerms;
+    fn job_terms(&self, job: &PendingJob) -> JobTerms {
+        Model::job_terms(self, &(job.user.clone(), job.name.clone()))
+    }
+    fn gpu_terms(&self, gpu: &GpuState, policy: &Policy) -> GpuTerms {
+        GpuTerms::new(gpu, policy)
+    }
+    #[inline]
+    fn predict(&self, job: &JobTerms, gpu: &GpuTerms) -> Option<f64> {
+        self.predict_terms(job, gpu)
+    }
+}
+
+/// Held jobs a round scores per open GPU, oldest first (lowest job id). A
+/// round places at most one job per open GPU, so a longer queue only costs
+/// scoring time (jobs × GPUs); the others wait for a later round.
+pub const HELD_JOBS_PER_OPEN_GPU: usize = 4;
+
+/// The pending jobs a round considers: every job that holds a hint (it may
+/// need parking), and the oldest held jobs up to
+/// [`HELD_JOBS_PER_OPEN_GPU`] × open GPUs. Indices into `pending`.
+pub fn considered_jobs(pending: &[PendingJob], open_gpus: usize) -> Vec<usize> {
+    let mut window = open_gpus.saturating_mul(HELD_JOBS_PER_OPEN_GPU);
+    let mut out = Vec::with_capacity(pending.len().min(window + 64));
+    for (i, j) in pending.iter().enumerate() {
+        if !j.held {
+            out.push(i);
+        } else if window > 0 {
+            window -= 1;
+            out.push(i);
+        }
+    }
+    out
+}
+
 /// Plans a round. `max_updates` bounds the `scontrol update` calls: parks
 /// first (they free slots), then placements by predicted speed.
-pub fn plan(
+pub fn plan<P: Predictor>(
     state: &ClusterState,
-    model: &Model,
+    model: &P,
     policy: &Policy,
     matcher: &Matcher,
     names: &Names,
 ) -> Plan {
     let open: Vec<usize> = state.open_gpus().map(|(i, _)| i).collect();
-    let jobs = &state.pending;
+    let considered = considered_jobs(&state.pending, open.len());
+    let waiting = state.pending.len() - considered.len();
+    let jobs: Vec<&PendingJob> = considered.iter().map(|&i| &state.pending[i]).collect();
     // Lookups once per job and per GPU; the per-pair score is arithmetic.
-    let job_terms: Vec<(JobTerms, Option<u32>)> = jobs
+    let job_terms: Vec<(P::Job, Option<u32>)> = jobs
         .iter()
-        .map(|j| {
-            (
-                model.job_terms(&(j.user.clone(), j.name.clone())),
-                j.slot_gpu,
-            )
-        })
+        .map(|j| (model.job_terms(j), j.slot_gpu))
         .collect();
-    let gpu_terms: Vec<(GpuTerms, u32)> = open
+    let gpu_terms: Vec<(P::Gpu, u32)> = open
         .iter()
-        .map(|&i| (GpuTerms::new(&state.gpus[i], policy), state.gpus[i].index))
+        .map(|&i| (model.gpu_terms(&state.gpus[i], policy), state.gpus[i].index))
         .collect();
     let score = |j: u32, g: u32| -> Option<i64> {
         let (job, slot_gpu) = &job_terms[j as usize];
@@ -123,7 +178,7 @@ pub fn plan(
         if slot_gpu.is_some_and(|i| i != *index) {
             return None;
         }
-        model.predict_terms(job, gpu).and_then(quantize)
+        model.predict(job, gpu).and_then(quantize)
     };
     let threads = SolveOptions::default().threads;
     let edges = spread_scored(
@@ -152,7 +207,7 @@ pub fn plan(
     };
 
     let mut decisions = Vec::with_capacity(jobs.len());
-    for (j, job) in jobs.iter().enumerate() {
+    for (j, &job) in jobs.iter().enumerate() {
         let (target, predicted, reason) = match assigned[j] {
             Some((g, w)) => {
                 let gpu = &state.gpus[open[g as usize]];
@@ -238,7 +293,7 @@ pub fn plan(
         .filter(|d| matches!(d.action, Action::Place | Action::Keep))
         .collect();
     let summary = Summary {
-        pending_offline: jobs.len(),
+        pending_offline: state.pending.len(),
         online_gpus: state.gpus.len(),
         open_gpus: open.len(),
         candidate_edges: edges.len(),
@@ -246,6 +301,7 @@ pub fn plan(
         predicted_total: to_throughput(sol.matching.objective),
         updates: decisions.iter().filter(|d| d.update.is_some()).count(),
         deferred,
+        waiting,
     };
     Plan {
         summary,
@@ -284,9 +340,9 @@ impl Plan {
     pub fn summary_line(&self) -> String {
         let m = &self.summary;
         format!(
-            "round: {} pending offline, {} online GPUs ({} open), {} candidate edges, {} placed, predicted total {:.3}, {} updates, {} deferred",
+            "round: {} pending offline, {} online GPUs ({} open), {} candidate edges, {} placed, predicted total {:.3}, {} updates, {} deferred, {} waiting",
             m.pending_offline, m.online_gpus, m.open_gpus, m.candidate_edges, m.placed,
-            m.predicted_total, m.updates, m.deferred
+            m.predicted_total, m.updates, m.deferred, m.waiting
         )
     }
 
@@ -421,6 +477,31 @@ mod tests {
             p.decisions[1].reason.starts_with("deferred"),
             "{:?}",
             p.decisions[1]
+        );
+    }
+
+    #[test]
+    fn a_long_queue_is_scored_only_up_to_the_window_oldest_first() {
+        let state = ClusterState {
+            gpus: vec![gpu("a", HealthState::Healthy, 10, 4_000, false)],
+            pending: (1..=40)
+                .map(|id| job(id, "x", true, "", None))
+                .chain([job(99, "y", false, "gone", Some(0))])
+                .collect(),
+            ..ClusterState::default()
+        };
+        let cfg = muxflow::Config::default();
+        let p = plan(&state, &model(), &cfg.policy, &cfg.matcher, &names());
+        // One open GPU: the oldest held jobs of the window and the placed job 99.
+        let ids: Vec<u32> = p.decisions.iter().map(|d| d.job).collect();
+        let want: Vec<u32> = (1..=HELD_JOBS_PER_OPEN_GPU as u32).chain([99]).collect();
+        assert_eq!(ids, want);
+        assert_eq!(p.summary.waiting, 40 - HELD_JOBS_PER_OPEN_GPU);
+        assert_eq!(p.summary.pending_offline, 41);
+        assert_eq!(
+            p.decisions[0].node.as_deref(),
+            Some("a"),
+            "the oldest gets the GPU"
         );
     }
 }

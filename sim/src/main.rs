@@ -1,0 +1,196 @@
+//! `muxflow-sim`: replays a GPU cluster under several sharing policies and
+//! prints their figures side by side. With no arguments it replays the
+//! shipped default (sim/data/). Options and the model: sim/README.md.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Parser;
+use muxflow_sim::input::Source;
+use muxflow_sim::output::{self, InputFigures, PolicyFigures};
+use muxflow_sim::{Inputs, PolicyKind, RunOptions, Settings};
+
+#[derive(Debug, Parser)]
+#[command(
+    version,
+    about = "Replays a GPU cluster through muxflow's production decision code under several sharing policies",
+    after_help = "Defaults: the shipped Alibaba OpenB node list and task mix, Philly run times and \
+Gavel's V100 pair table (sim/data/). The model and every figure's meaning: sim/README.md."
+)]
+struct Cli {
+    /// Node list CSV (columns sn, gpu, model).
+    #[arg(long)]
+    nodes: Option<PathBuf>,
+    /// Task mix CSV (columns name, num_gpu, gpu_milli, gpu_spec, qos).
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Offline run times CSV (column runtime, seconds alone on a GPU).
+    #[arg(long)]
+    offline_runtimes: Option<PathBuf>,
+    /// Measured pair throughputs CSV (job_a, job_b, solo_a, solo_b, shared_a, shared_b).
+    #[arg(long)]
+    interference: Option<PathBuf>,
+    /// Simulated days.
+    #[arg(long, default_value_t = 7.0)]
+    days: f64,
+    /// Fraction of the GPUs that hold an online service.
+    #[arg(long, default_value_t = 0.8)]
+    online_fill: f64,
+    /// Offline demand as a multiple of the online GPUs' count.
+    #[arg(long, default_value_t = 1.0)]
+    offline_load: f64,
+    /// Policies to replay, comma-separated: exclusive, time-sharing, priority, muxflow.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "exclusive,time-sharing,priority,muxflow"
+    )]
+    policies: Vec<String>,
+    /// Seed of the offline arrivals (same inputs and seed: same output).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// muxflow config (TOML) whose [policy], [health] and [matcher] drive the replay (default: the built-in defaults).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Seconds between matcher rounds.
+    #[arg(long, default_value_t = 900.0)]
+    round_interval: f64,
+    /// Seconds between health checks.
+    #[arg(long, default_value_t = 300.0)]
+    health_interval: f64,
+    /// Print JSON instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Write hourly figures per policy to this CSV.
+    #[arg(long)]
+    timeline: Option<PathBuf>,
+    /// Draw utilization over time and the offline JCT CDF to this SVG.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// Leave out the matcher's wall-clock time (the one figure that differs between equal runs).
+    #[arg(long)]
+    no_timing: bool,
+}
+
+fn read(path: &Path) -> anyhow::Result<Vec<u8>> {
+    std::fs::read(path).with_context(|| format!("reading {}", path.display()))
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let policies = cli
+        .policies
+        .iter()
+        .map(|p| PolicyKind::parse(p))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| anyhow::anyhow!("--policies: {e}"))?;
+    if policies.is_empty() {
+        anyhow::bail!("--policies: name at least one policy");
+    }
+    let config = match &cli.config {
+        Some(p) => muxflow::Config::load(p)
+            .with_context(|| format!("loading the muxflow config {}", p.display()))?,
+        None => muxflow::Config::default(),
+    };
+    let settings = Settings {
+        days: cli.days,
+        online_fill: cli.online_fill,
+        offline_load: cli.offline_load,
+        seed: cli.seed,
+        round_interval_s: cli.round_interval,
+        health_interval_s: cli.health_interval,
+    };
+    let files: Vec<Option<Vec<u8>>> = [
+        &cli.nodes,
+        &cli.trace,
+        &cli.offline_runtimes,
+        &cli.interference,
+    ]
+    .iter()
+    .map(|p| p.as_deref().map(read).transpose())
+    .collect::<anyhow::Result<_>>()?;
+    let shipped = Inputs::shipped();
+    let pick = |i: usize, path: &Option<PathBuf>, default: &Source<'static>| match (&files[i], path)
+    {
+        (Some(bytes), Some(p)) => Source {
+            name: p.display().to_string(),
+            bytes: bytes.as_slice(),
+        },
+        _ => default.clone(),
+    };
+    let inputs = Inputs {
+        nodes: pick(0, &cli.nodes, &shipped.nodes),
+        trace: pick(1, &cli.trace, &shipped.trace),
+        runtimes: pick(2, &cli.offline_runtimes, &shipped.runtimes),
+        pairs: pick(3, &cli.interference, &shipped.pairs),
+    };
+    let scenario = muxflow_sim::prepare(&inputs, &settings)?;
+
+    let progress = AtomicU64::new(0);
+    let total = (scenario.end_s / 3600.0).ceil() as u64 * 3600 * policies.len() as u64;
+    let opts = RunOptions {
+        timing: !cli.no_timing,
+    };
+    let outcomes = std::thread::scope(|s| {
+        let work = s.spawn(|| {
+            muxflow_sim::simulate(&scenario, &policies, &config, &settings, &opts, &progress)
+        });
+        show_progress(&work, &progress, total);
+        work.join().expect("the replay panicked")
+    });
+
+    let figures: Vec<PolicyFigures> = outcomes.iter().map(PolicyFigures::of).collect();
+    let names = [
+        &inputs.nodes.name,
+        &inputs.trace.name,
+        &inputs.runtimes.name,
+        &inputs.pairs.name,
+    ]
+    .map(|s| s.as_str());
+    let input_figures = InputFigures::of(&scenario, &settings, names);
+    if let Some(path) = &cli.timeline {
+        std::fs::write(path, output::timeline_csv(&outcomes))
+            .with_context(|| format!("writing the timeline {}", path.display()))?;
+    }
+    if let Some(path) = &cli.plot {
+        let svg =
+            output::plot_svg(&outcomes).map_err(|e| anyhow::anyhow!("drawing the plot: {e}"))?;
+        std::fs::write(path, svg)
+            .with_context(|| format!("writing the plot {}", path.display()))?;
+    }
+    if cli.json {
+        println!("{}", output::json(&figures, &input_figures));
+    } else {
+        print!("{}", output::table(&figures, &input_figures));
+    }
+    Ok(())
+}
+
+/// A progress bar on stderr, only when stderr is a terminal and the replay
+/// has run for more than a second.
+fn show_progress<T>(work: &std::thread::ScopedJoinHandle<'_, T>, progress: &AtomicU64, total: u64) {
+    use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+    let started = Instant::now();
+    let tty = std::io::stderr().is_terminal();
+    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::hidden());
+    if let Ok(style) =
+        ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {percent}% simulated time")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    let mut shown = false;
+    while !work.is_finished() {
+        std::thread::sleep(Duration::from_millis(100));
+        if tty && !shown && started.elapsed() > Duration::from_secs(1) {
+            bar.set_draw_target(ProgressDrawTarget::stderr());
+            shown = true;
+        }
+        bar.set_position(progress.load(Ordering::Relaxed).min(total));
+    }
+    if shown {
+        bar.finish_and_clear();
+    }
+}

@@ -1,0 +1,1168 @@
+//! One policy's replay of a [`Scenario`]: an event loop over arrivals,
+//! finishes, matcher rounds, health checks and hourly load steps. Between
+//! two events every GPU's rates are constant, so progress and the time
+//! integrals of the counters advance piecewise-linearly.
+//!
+//! Under `muxflow` the decisions are the production code's:
+//! [`muxflow_matcher::round::plan`] on a [`ClusterState`] the replay keeps
+//! up to date, [`Model`] trained on runs parsed back from the AdminComment
+//! text ([`JobReport`]) that finished jobs leave, [`offline_sm_percent`] and
+//! [`offline_mem_cap_mib`] at each start, and [`Fsm::step`] at every health
+//! check (placement only where `accepts_offline`, work paused where
+//! `pauses_offline`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use muxflow::config::Policy;
+use muxflow::health::{Fsm, HealthState, Input, Metrics};
+use muxflow::policy::{offline_mem_cap_mib, offline_sm_percent, GpuFacts};
+use muxflow::published::GpuPublished;
+use muxflow::report::JobReport;
+use muxflow::Mode;
+use muxflow_matcher::predict::{runs_from_sacct, samples, Model, Run};
+use muxflow_matcher::reader::{
+    ClusterState, GpuState, Names, PendingJob, SacctComment, SacctJob, SacctTime,
+};
+use muxflow_matcher::round::{plan, Action, Predictor};
+
+use crate::engine::EventQueue;
+use crate::model::{self, gpu_rates, GpuRates, OfflineSide, OnlineSide, OFFLINE_SM};
+use crate::scenario::Scenario;
+
+/// A sharing policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum PolicyKind {
+    /// No sharing: offline jobs only on GPUs with no online service.
+    Exclusive,
+    /// Co-location without protection, at the measured pair throughputs.
+    TimeSharing,
+    /// Co-location with the offline job at low priority.
+    Priority,
+    /// The matcher, the SM policy, the health FSM and xCUDA.
+    Muxflow,
+}
+
+impl PolicyKind {
+    pub const ALL: [PolicyKind; 4] = [
+        PolicyKind::Exclusive,
+        PolicyKind::TimeSharing,
+        PolicyKind::Priority,
+        PolicyKind::Muxflow,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyKind::Exclusive => "exclusive",
+            PolicyKind::TimeSharing => "time-sharing",
+            PolicyKind::Priority => "priority",
+            PolicyKind::Muxflow => "muxflow",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<PolicyKind, String> {
+        if let Some(p) = PolicyKind::ALL.into_iter().find(|p| p.name() == s.trim()) {
+            return Ok(p);
+        }
+        if s.trim().starts_with("muxflow-n") {
+            return Err(format!(
+                "policy '{s}': several offline jobs per GPU (muxflow-nK) needs the slot model, not built yet; use muxflow"
+            ));
+        }
+        Err(format!(
+            "unknown policy '{s}' (expected exclusive, time-sharing, priority or muxflow)"
+        ))
+    }
+
+    fn shares(self) -> bool {
+        self != PolicyKind::Exclusive
+    }
+}
+
+/// Hourly figures of one policy (`--timeline`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct HourRow {
+    pub hour: u32,
+    pub gpu_util: f64,
+    pub sm_activity: f64,
+    pub online_gpu_util: f64,
+    pub online_load: f64,
+    pub offline_running: usize,
+    pub offline_waiting: usize,
+    pub offline_finished: u64,
+    pub lent_gpus: f64,
+}
+
+/// Bins of the online latency factor histogram: 0.001 wide from 1.0.
+const LATENCY_BINS: usize = 9001;
+const LATENCY_BIN: f64 = 0.001;
+
+/// Everything a replay measured; figures that do not apply are `None`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    pub policy: PolicyKind,
+    pub gpu_util: f64,
+    pub sm_activity: f64,
+    pub mem_util: f64,
+    pub online_gpu_util: f64,
+    pub online_gpu_sm_activity: f64,
+    pub online_latency_p50: f64,
+    pub online_latency_p99: f64,
+    /// Finished offline jobs' completion times (arrival to finish), sorted.
+    pub jct_s: Vec<f64>,
+    /// Waits from arrival to the first start, of every job that started.
+    pub queue_s: Vec<f64>,
+    pub offline_gpu_hours: f64,
+    pub offline_arrived: u64,
+    pub offline_finished: u64,
+    pub offline_running_end: u64,
+    pub offline_waiting_end: u64,
+    pub lent_gpu_hours: f64,
+    /// GPU-hours of capacity (all GPUs × the replayed time).
+    pub capacity_gpu_hours: f64,
+    pub busy_gpu_hours: f64,
+    pub rounds: Option<u64>,
+    pub round_total_s: Option<f64>,
+    pub predictor_mae: Option<f64>,
+    pub pairing_vs_oracle: Option<f64>,
+    /// muxflow: placements whose job failed at once (the pair cannot
+    /// share the GPU's memory, or the job's memory exceeds its cap).
+    pub oom_starts: Option<u64>,
+    /// muxflow: placements Slurm would refuse (the job's gpu_spec excludes
+    /// the GPU's model; the matcher does not read job constraints).
+    pub refused_placements: Option<u64>,
+    /// muxflow: offline placements on a GPU whose health state did not
+    /// accept offline work, and health checks that found offline work
+    /// progressing on a GPU whose state pauses it. Both must stay 0.
+    pub health_violations: u64,
+    pub timeline: Vec<HourRow>,
+    /// Seconds of online GPU-time at each latency factor bin.
+    pub latency_hist: Vec<f64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ev {
+    Arrival,
+    Finish { job: u32, version: u32 },
+    Round,
+    Health,
+    Hour(u32),
+    End,
+}
+
+#[derive(Debug, Clone, Default)]
+struct GpuRt {
+    offline: Option<u32>,
+    rates: GpuRates,
+    latency_since: f64,
+    fsm: Option<Fsm>,
+    solo_sum: f64,
+    solo_n: u32,
+    solo_mem_mib: u64,
+    /// The offline job's SM share and memory cap, fixed at its start.
+    sm_pct: u8,
+    mem_cap_mib: Option<u64>,
+    /// Pair throughputs of the current offline job (x_off, x_on).
+    pair: Option<(f64, f64)>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct JobRt {
+    remaining_s: f64,
+    last_s: f64,
+    speed: f64,
+    version: u32,
+    gpu: Option<u32>,
+    started: bool,
+    run_start_s: f64,
+    run_remaining_s: f64,
+    slot_gpu: Option<u32>,
+    finished: bool,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Integrals {
+    util: f64,
+    sm: f64,
+    mem: f64,
+    util_online: f64,
+    sm_online: f64,
+    work: f64,
+    lent: f64,
+}
+
+/// The replay's view of the time integrals' integrands.
+#[derive(Debug, Clone, Copy, Default)]
+struct Sums {
+    util: f64,
+    sm: f64,
+    mem: f64,
+    util_online: f64,
+    sm_online: f64,
+    speed: f64,
+    lent: usize,
+    running: usize,
+}
+
+/// Options that are not part of the scenario.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Measure the matcher rounds' wall time (not reproducible; off for
+    /// byte-identical output).
+    pub timing: bool,
+}
+
+struct Sim<'a> {
+    sc: &'a Scenario,
+    kind: PolicyKind,
+    cfg: &'a muxflow::Config,
+    q: EventQueue<Ev>,
+    now: f64,
+    load: f64,
+    gpus: Vec<GpuRt>,
+    jobs: Vec<JobRt>,
+    online_ids: Vec<u32>,
+    idle_free: BTreeSet<u32>,
+    slot_free: BTreeSet<u32>,
+    queue: BTreeSet<u32>,
+    next_arrival: usize,
+    sums: Sums,
+    acc: Integrals,
+    last_s: f64,
+    latency_hist: Vec<f64>,
+    jct: Vec<f64>,
+    queue_s: Vec<f64>,
+    finished: u64,
+    timeline: Vec<HourRow>,
+    hour_acc: Integrals,
+    // muxflow
+    state: ClusterState,
+    state_index: Vec<usize>,
+    names: Names,
+    /// `[matcher]` with `max_updates_per_round` scaled to the replay's
+    /// round interval (the same updates per hour as the daemon's).
+    matcher: muxflow::config::Matcher,
+    in_state: Vec<bool>,
+    pending_unsorted: bool,
+    node_index: BTreeMap<String, u32>,
+    first_gpu: Vec<u32>,
+    runs: Vec<Run>,
+    model: Model,
+    trained_on_runs: usize,
+    rounds: u64,
+    round_s: f64,
+    pred_err: f64,
+    pred_n: u64,
+    pair_true: f64,
+    pair_oracle: f64,
+    oom: u64,
+    refused: u64,
+    health_violations: u64,
+    timing: bool,
+    progress: &'a AtomicU64,
+}
+
+/// Replays `sc` under `kind` with the production settings in `cfg`;
+/// `progress` advances by simulated seconds (for a progress bar).
+pub fn run(
+    sc: &Scenario,
+    kind: PolicyKind,
+    cfg: &muxflow::Config,
+    settings: &crate::scenario::Settings,
+    opts: &RunOptions,
+    progress: &AtomicU64,
+) -> Outcome {
+    let mut sim = Sim::new(sc, kind, cfg, settings, opts, progress);
+    sim.q.push(0.0, Ev::Hour(0));
+    if kind == PolicyKind::Muxflow {
+        sim.q.push(0.0, Ev::Health);
+        sim.q.push(settings.round_interval_s, Ev::Round);
+    }
+    if let Some(j) = sc.jobs.first() {
+        sim.q.push(j.arrival_s, Ev::Arrival);
+    }
+    sim.q.push(sc.end_s, Ev::End);
+    while let Some((t, ev)) = sim.q.pop() {
+        sim.advance(t);
+        match ev {
+            Ev::End => {
+                let hours = (sc.end_s / 3600.0).ceil() as u32;
+                if (sim.timeline.len() as u32) < hours {
+                    sim.hour(hours);
+                }
+                break;
+            }
+            Ev::Hour(h) => sim.hour(h),
+            Ev::Arrival => sim.arrival(),
+            Ev::Finish { job, version } => sim.finish(job, version),
+            Ev::Round => {
+                sim.round();
+                let next = t + settings.round_interval_s;
+                if next < sc.end_s {
+                    sim.q.push(next, Ev::Round);
+                }
+            }
+            Ev::Health => {
+                sim.health();
+                let next = t + settings.health_interval_s;
+                if next < sc.end_s {
+                    sim.q.push(next, Ev::Health);
+                }
+            }
+        }
+    }
+    sim.outcome()
+}
+
+impl<'a> Sim<'a> {
+    fn new(
+        sc: &'a Scenario,
+        kind: PolicyKind,
+        cfg: &'a muxflow::Config,
+        settings: &crate::scenario::Settings,
+        opts: &RunOptions,
+        progress: &'a AtomicU64,
+    ) -> Sim<'a> {
+        let n = sc.gpus.len();
+        let mut first_gpu = vec![0u32; sc.nodes.len()];
+        for (i, g) in sc.gpus.iter().enumerate().rev() {
+            first_gpu[g.node as usize] = i as u32;
+        }
+        let online_ids: Vec<u32> = (0..n as u32)
+            .filter(|&g| sc.online[g as usize].is_some())
+            .collect();
+        let mut sim = Sim {
+            sc,
+            kind,
+            cfg,
+            q: EventQueue::default(),
+            now: 0.0,
+            load: model::diurnal_load(0),
+            gpus: vec![GpuRt::default(); n],
+            jobs: sc
+                .jobs
+                .iter()
+                .map(|j| JobRt {
+                    remaining_s: j.work_s,
+                    ..JobRt::default()
+                })
+                .collect(),
+            idle_free: (0..n as u32)
+                .filter(|&g| sc.online[g as usize].is_none())
+                .collect(),
+            slot_free: if kind.shares() && kind != PolicyKind::Muxflow {
+                online_ids.iter().copied().collect()
+            } else {
+                BTreeSet::new()
+            },
+            online_ids,
+            queue: BTreeSet::new(),
+            next_arrival: 0,
+            sums: Sums::default(),
+            acc: Integrals::default(),
+            last_s: 0.0,
+            latency_hist: vec![0.0; LATENCY_BINS],
+            jct: Vec::new(),
+            queue_s: Vec::new(),
+            finished: 0,
+            timeline: Vec::new(),
+            hour_acc: Integrals::default(),
+            state: ClusterState::default(),
+            state_index: vec![usize::MAX; n],
+            names: Names::from_config(&cfg.slurm),
+            matcher: scaled_matcher(&cfg.matcher, settings.round_interval_s),
+            in_state: vec![false; sc.jobs.len()],
+            pending_unsorted: false,
+            node_index: sc
+                .nodes
+                .iter()
+                .enumerate()
+                .map(|(i, s)| (s.clone(), i as u32))
+                .collect(),
+            first_gpu,
+            runs: Vec::new(),
+            model: Model::default(),
+            trained_on_runs: 0,
+            rounds: 0,
+            round_s: 0.0,
+            pred_err: 0.0,
+            pred_n: 0,
+            pair_true: 0.0,
+            pair_oracle: 0.0,
+            oom: 0,
+            refused: 0,
+            health_violations: 0,
+            timing: opts.timing,
+            progress,
+        };
+        if kind == PolicyKind::Muxflow {
+            for &g in &sim.online_ids {
+                let gpu = &sc.gpus[g as usize];
+                let svc = sc.online[g as usize].as_ref().expect("online GPU");
+                sim.gpus[g as usize].fsm = Some(Fsm::new(0));
+                sim.state_index[g as usize] = sim.state.gpus.len();
+                sim.state.gpus.push(GpuState {
+                    node: sc.nodes[gpu.node as usize].clone(),
+                    index: gpu.index,
+                    published: GpuPublished {
+                        index: gpu.index,
+                        state: HealthState::Healthy,
+                        solo_sm_pct: None,
+                        online_mem_mib: None,
+                        mem_mib: gpu.mem_mib,
+                        offline: 0,
+                    },
+                    online_jobs: vec![svc.job_id],
+                    slot_used: false,
+                });
+            }
+        }
+        for g in 0..n as u32 {
+            sim.refresh(g);
+        }
+        sim
+    }
+
+    /// Integrates the current rates up to `t`.
+    fn advance(&mut self, t: f64) {
+        let dt = t - self.last_s;
+        if dt > 0.0 {
+            let s = &self.sums;
+            let a = &mut self.acc;
+            a.util += s.util * dt;
+            a.sm += s.sm * dt;
+            a.mem += s.mem * dt;
+            a.util_online += s.util_online * dt;
+            a.sm_online += s.sm_online * dt;
+            a.work += s.speed * dt;
+            a.lent += s.lent as f64 * dt;
+            self.last_s = t;
+        }
+        self.now = t;
+    }
+
+    fn online_side(&self, g: u32) -> Option<OnlineSide> {
+        let gpu = &self.sc.gpus[g as usize];
+        self.sc.online[g as usize].as_ref().map(|s| OnlineSide {
+            share: s.share,
+            load: self.load,
+            mem: s.mem_mib as f64 / gpu.mem_mib as f64,
+        })
+    }
+
+    fn compute_rates(&self, g: u32) -> GpuRates {
+        let rt = &self.gpus[g as usize];
+        let online = self.online_side(g);
+        let gpu = &self.sc.gpus[g as usize];
+        let mut latency = 1.0;
+        let offline = rt.offline.map(|j| {
+            let job = &self.sc.jobs[j as usize];
+            let speed = match (online.is_some(), rt.pair) {
+                (false, _) | (true, None) => 1.0,
+                (true, Some((x_off, x_on))) => {
+                    let (speed, lat) = match self.kind {
+                        PolicyKind::Exclusive | PolicyKind::TimeSharing => {
+                            model::time_sharing(x_off, x_on)
+                        }
+                        PolicyKind::Priority => model::priority(x_off, x_on),
+                        PolicyKind::Muxflow => {
+                            if rt.fsm.is_some_and(|f| f.state.pauses_offline()) {
+                                (0.0, 1.0)
+                            } else {
+                                model::muxflow(
+                                    x_off,
+                                    x_on,
+                                    f64::from(rt.sm_pct) / 100.0,
+                                    OFFLINE_SM * job.share,
+                                )
+                            }
+                        }
+                    };
+                    latency = lat;
+                    speed
+                }
+            };
+            OfflineSide {
+                share: job.share,
+                mem: job.mem_mib as f64 / gpu.mem_mib as f64,
+                speed,
+            }
+        });
+        gpu_rates(online, offline, latency)
+    }
+
+    /// Recomputes GPU `g`'s rates after a change and carries them into the
+    /// sums, the latency histogram and its offline job's finish time.
+    fn refresh(&mut self, g: u32) {
+        let new = self.compute_rates(g);
+        let online = self.sc.online[g as usize].is_some();
+        let rt = &mut self.gpus[g as usize];
+        let old = rt.rates;
+        if new == old {
+            return;
+        }
+        let s = &mut self.sums;
+        s.util += new.util - old.util;
+        s.sm += new.sm - old.sm;
+        s.mem += new.mem - old.mem;
+        if online {
+            s.util_online += new.util - old.util;
+            s.sm_online += new.sm - old.sm;
+            if new.latency != old.latency {
+                if old.latency > 0.0 {
+                    self.latency_hist[latency_bin(old.latency)] += self.now - rt.latency_since;
+                }
+                rt.latency_since = self.now;
+            }
+        }
+        rt.rates = new;
+        if let Some(j) = rt.offline {
+            self.set_speed(j, new.offline_speed);
+        }
+    }
+
+    fn set_speed(&mut self, j: u32, speed: f64) {
+        let job = &mut self.jobs[j as usize];
+        job.remaining_s = (job.remaining_s - job.speed * (self.now - job.last_s)).max(0.0);
+        job.last_s = self.now;
+        if job.speed == speed && job.gpu.is_some() {
+            return;
+        }
+        self.sums.speed += speed - job.speed;
+        job.speed = speed;
+        job.version += 1;
+        if speed > 0.0 {
+            let at = self.now + job.remaining_s / speed;
+            self.q.push(
+                at,
+                Ev::Finish {
+                    job: j,
+                    version: job.version,
+                },
+            );
+        }
+    }
+
+    fn hour(&mut self, h: u32) {
+        if h > 0 {
+            let a = self.acc;
+            let p = self.hour_acc;
+            let n = self.sc.gpus.len().max(1) as f64;
+            let n_on = self.online_ids.len().max(1) as f64;
+            self.timeline.push(HourRow {
+                hour: h - 1,
+                gpu_util: (a.util - p.util) / 3600.0 / n,
+                sm_activity: (a.sm - p.sm) / 3600.0 / n,
+                online_gpu_util: (a.util_online - p.util_online) / 3600.0 / n_on,
+                online_load: self.load,
+                offline_running: self.sums.running,
+                offline_waiting: self.queue.len(),
+                offline_finished: self.finished,
+                lent_gpus: (a.lent - p.lent) / 3600.0,
+            });
+            self.hour_acc = a;
+            self.progress.fetch_add(3600, Ordering::Relaxed);
+        }
+        if f64::from(h) * 3600.0 >= self.sc.end_s {
+            return;
+        }
+        self.load = model::diurnal_load(h);
+        for i in 0..self.online_ids.len() {
+            let g = self.online_ids[i];
+            self.refresh(g);
+        }
+        self.resum();
+        self.q.push(f64::from(h + 1) * 3600.0, Ev::Hour(h + 1));
+    }
+
+    /// Sums again from the GPUs (keeps floating-point drift from piling up).
+    fn resum(&mut self) {
+        let mut s = Sums {
+            lent: self.sums.lent,
+            running: self.sums.running,
+            ..Sums::default()
+        };
+        for (g, rt) in self.gpus.iter().enumerate() {
+            s.util += rt.rates.util;
+            s.sm += rt.rates.sm;
+            s.mem += rt.rates.mem;
+            if self.sc.online[g].is_some() {
+                s.util_online += rt.rates.util;
+                s.sm_online += rt.rates.sm;
+            }
+        }
+        for j in self.jobs.iter().filter(|j| j.gpu.is_some()) {
+            s.speed += j.speed;
+        }
+        self.sums = s;
+    }
+
+    fn allowed(&self, j: u32, g: u32) -> bool {
+        self.sc.jobs[j as usize]
+            .models
+            .as_ref()
+            .is_none_or(|m| m.contains(&self.sc.gpus[g as usize].model))
+    }
+
+    /// Whether job `j` can share GPU `g` with its online service: the pair
+    /// was measured together and both fit the GPU's memory.
+    fn fits_beside(&self, j: u32, g: u32) -> Option<(f64, f64)> {
+        let job = &self.sc.jobs[j as usize];
+        let svc = self.sc.online[g as usize].as_ref()?;
+        let pair = self.sc.pairs.pair(job.job_type, svc.job_type)?;
+        (job.mem_mib + svc.mem_mib <= self.sc.gpus[g as usize].mem_mib).then_some(pair)
+    }
+
+    fn arrival(&mut self) {
+        let j = self.next_arrival as u32;
+        self.next_arrival += 1;
+        if let Some(next) = self.sc.jobs.get(self.next_arrival) {
+            self.q.push(next.arrival_s, Ev::Arrival);
+        }
+        // An idle GPU first (whole), then, when sharing, a free slot beside
+        // an online service (first fit by GPU order).
+        if let Some(g) = self.idle_free.iter().copied().find(|&g| self.allowed(j, g)) {
+            self.start(j, g, None);
+            return;
+        }
+        if !self.slot_free.is_empty() {
+            let found =
+                self.slot_free.iter().copied().find_map(|g| {
+                    Some((g, self.fits_beside(j, g).filter(|_| self.allowed(j, g))?))
+                });
+            if let Some((g, pair)) = found {
+                self.start(j, g, Some(pair));
+                return;
+            }
+        }
+        self.enqueue(j);
+    }
+
+    fn enqueue(&mut self, j: u32) {
+        self.queue.insert(j);
+        if self.kind == PolicyKind::Muxflow && !self.in_state[j as usize] {
+            let job = &self.sc.jobs[j as usize];
+            if self.state.pending.last().is_some_and(|p| p.id > job.id) {
+                self.pending_unsorted = true;
+            }
+            self.state.pending.push(PendingJob {
+                id: job.id,
+                user: "sim".into(),
+                name: self.sc.tasks[job.task as usize].name.clone(),
+                required_nodes: String::new(),
+                slot_gpu: self.jobs[j as usize].slot_gpu,
+                held: true,
+            });
+            self.in_state[j as usize] = true;
+        }
+    }
+
+    fn start(&mut self, j: u32, g: u32, pair: Option<(f64, f64)>) {
+        self.queue.remove(&j);
+        self.idle_free.remove(&g);
+        self.slot_free.remove(&g);
+        let online = self.sc.online[g as usize].is_some();
+        let job = &mut self.jobs[j as usize];
+        if !job.started {
+            job.started = true;
+            self.queue_s
+                .push(self.now - self.sc.jobs[j as usize].arrival_s);
+        }
+        job.gpu = Some(g);
+        job.last_s = self.now;
+        job.run_start_s = self.now;
+        job.run_remaining_s = job.remaining_s;
+        job.speed = 0.0;
+        let rt = &mut self.gpus[g as usize];
+        rt.offline = Some(j);
+        rt.pair = pair;
+        self.sums.running += 1;
+        if rt.fsm.is_some_and(|f| !f.state.accepts_offline()) {
+            self.health_violations += 1;
+        }
+        if online {
+            self.sums.lent += 1;
+            if let Some(&k) = self
+                .state_index
+                .get(g as usize)
+                .filter(|&&k| k != usize::MAX)
+            {
+                self.state.gpus[k].slot_used = true;
+                self.state.gpus[k].published.offline = 1;
+            }
+        }
+        // Force a new finish event even if the rates look unchanged.
+        self.gpus[g as usize].rates = GpuRates {
+            offline_speed: -1.0,
+            ..self.gpus[g as usize].rates
+        };
+        self.refresh(g);
+    }
+
+    /// Takes job `j` off its GPU (finished or not); returns the GPU.
+    fn stop(&mut self, j: u32) -> u32 {
+        let g = self.jobs[j as usize].gpu.expect("running job");
+        self.set_speed(j, 0.0);
+        let job = &mut self.jobs[j as usize];
+        job.gpu = None;
+        job.version += 1;
+        let online = self.sc.online[g as usize].is_some();
+        let rt = &mut self.gpus[g as usize];
+        rt.offline = None;
+        rt.pair = None;
+        self.sums.running -= 1;
+        self.refresh(g);
+        if online {
+            self.sums.lent -= 1;
+            if let Some(&k) = self
+                .state_index
+                .get(g as usize)
+                .filter(|&&k| k != usize::MAX)
+            {
+                self.state.gpus[k].slot_used = false;
+                self.state.gpus[k].published.offline = 0;
+            }
+            if self.kind.shares() && self.kind != PolicyKind::Muxflow {
+                self.slot_free.insert(g);
+            }
+        } else {
+            self.idle_free.insert(g);
+        }
+        g
+    }
+
+    fn finish(&mut self, j: u32, version: u32) {
+        let job = &self.jobs[j as usize];
+        if job.version != version || job.gpu.is_none() || job.finished {
+            return;
+        }
+        let g = job.gpu.expect("checked");
+        if self.kind == PolicyKind::Muxflow {
+            self.report(j, g, false);
+        }
+        self.stop(j);
+        self.jobs[j as usize].finished = true;
+        self.jobs[j as usize].remaining_s = 0.0;
+        self.finished += 1;
+        self.jct.push(self.now - self.sc.jobs[j as usize].arrival_s);
+        self.fill(g);
+    }
+
+    /// Gives a freed GPU to the oldest waiting job that can use it.
+    fn fill(&mut self, g: u32) {
+        let online = self.sc.online[g as usize].is_some();
+        if !online {
+            if let Some(j) = self.queue.iter().copied().find(|&j| self.allowed(j, g)) {
+                self.start(j, g, None);
+            }
+        } else if self.kind.shares() && self.kind != PolicyKind::Muxflow {
+            let found =
+                self.queue.iter().copied().find_map(|j| {
+                    Some((j, self.fits_beside(j, g).filter(|_| self.allowed(j, g))?))
+                });
+            if let Some((j, pair)) = found {
+                self.start(j, g, Some(pair));
+            }
+        }
+    }
+
+    /// The AdminComment the plugin writes for this run, read back through
+    /// sacct's parser into the predictor's history.
+    fn report(&mut self, j: u32, g: u32, oom: bool) {
+        let job = &self.sc.jobs[j as usize];
+        let rt = &self.jobs[j as usize];
+        let gpu = &self.sc.gpus[g as usize];
+        let gr = &self.gpus[g as usize];
+        let svc = self.sc.online[g as usize].as_ref();
+        let solo = self.sc.pairs.solo[job.job_type as usize];
+        let wall = self.now - rt.run_start_s;
+        let remaining = (rt.remaining_s - rt.speed * (self.now - rt.last_s)).max(0.0);
+        let done = rt.run_remaining_s - remaining;
+        let steps_per_s = (!oom && wall > 0.0).then(|| solo * done / wall);
+        let report = JobReport {
+            mode: Some(Mode::Offline),
+            node: Some(self.sc.nodes[gpu.node as usize].clone()),
+            gpu: Some(gpu.index),
+            sm_pct: svc.map(|_| gr.sm_pct),
+            mem_cap_mib: svc.and(gr.mem_cap_mib),
+            partner: svc.map(|s| s.job_id),
+            oom: Some(u64::from(oom)),
+            peak_mib: Some(match (svc, gr.mem_cap_mib) {
+                (Some(_), Some(cap)) => job.mem_mib.min(cap),
+                _ => job.mem_mib,
+            }),
+            steps: steps_per_s.map(|_| (solo * done).round() as u64),
+            steps_per_s,
+            ..JobReport::default()
+        };
+        let sacct = SacctJob {
+            job_id: job.id,
+            name: self.sc.tasks[job.task as usize].name.clone(),
+            user: "sim".into(),
+            comment: SacctComment {
+                administrator: Some(report.encode()),
+            },
+            time: SacctTime {
+                end: self.now as u64,
+            },
+            ..SacctJob::default()
+        };
+        self.runs.extend(runs_from_sacct(&[sacct]));
+    }
+
+    /// A SysMonitor step on every online GPU, with the reading the
+    /// simulated GPU gives now.
+    fn health(&mut self) {
+        for i in 0..self.online_ids.len() {
+            let g = self.online_ids[i];
+            let rt = &mut self.gpus[g as usize];
+            let r = rt.rates;
+            let metrics = Metrics {
+                utilization_pct: r.util * 100.0,
+                sm_activity_pct: Some(r.sm * 100.0),
+                sm_clock_fraction: Some(model::clock_fraction(r.sm)),
+                memory_pct: r.mem * 100.0,
+            };
+            // Solo figures, as the node records them: the online service's
+            // SM activity (running mean) and memory (largest) while no
+            // offline job is on the GPU.
+            let svc = self.sc.online[g as usize].as_ref().expect("online GPU");
+            if rt.offline.is_none() {
+                rt.solo_sum += metrics.sm_activity_pct.unwrap_or(0.0);
+                rt.solo_n += 1;
+                rt.solo_mem_mib = rt.solo_mem_mib.max(svc.mem_mib);
+            }
+            let before = rt.fsm.expect("muxflow GPU");
+            let (after, _) = before.step(
+                &Input {
+                    now_s: self.now as u64,
+                    metrics: Some(metrics),
+                    fault: false,
+                },
+                &self.cfg.health,
+            );
+            rt.fsm = Some(after);
+            let k = self.state_index[g as usize];
+            let p = &mut self.state.gpus[k].published;
+            p.state = after.state;
+            if rt.solo_n > 0 {
+                p.solo_sm_pct = Some(
+                    (rt.solo_sum / f64::from(rt.solo_n))
+                        .round()
+                        .clamp(0.0, 100.0) as u8,
+                );
+                p.online_mem_mib = Some(rt.solo_mem_mib);
+            }
+            if before.state.pauses_offline() != after.state.pauses_offline() {
+                self.refresh(g);
+            }
+            let rt = &self.gpus[g as usize];
+            if after.state.pauses_offline()
+                && rt
+                    .offline
+                    .is_some_and(|j| self.jobs[j as usize].speed > 0.0)
+            {
+                self.health_violations += 1;
+            }
+        }
+    }
+
+    fn gpu_of(&self, node: &str, index: u32) -> Option<u32> {
+        let n = *self.node_index.get(node)?;
+        let g = self.first_gpu[n as usize] + index;
+        (self.sc.gpus.get(g as usize)?.node == n).then_some(g)
+    }
+
+    /// The share and cap an offline job gets on online GPU `g` now, by the
+    /// production policy, from what the node published.
+    fn policy_for(&self, g: u32) -> (u8, Option<u64>) {
+        let p = &self.state.gpus[self.state_index[g as usize]].published;
+        let facts = GpuFacts {
+            online_solo_sm_pct: p.solo_sm_pct,
+            online_mem_mib: p.online_mem_mib,
+            mem_total_mib: Some(p.mem_mib),
+        };
+        (
+            offline_sm_percent(&self.cfg.policy, facts.online_solo_sm_pct),
+            offline_mem_cap_mib(&self.cfg.policy, &facts),
+        )
+    }
+
+    /// The normalized speed job `j` would really get on GPU `g` (0 when it
+    /// cannot run there).
+    fn true_speed(&self, j: u32, g: u32) -> f64 {
+        Truth { sim: self }.speed(j, g).unwrap_or(0.0)
+    }
+
+    fn round(&mut self) {
+        if self.pending_unsorted {
+            self.state.pending.sort_by_key(|p| p.id);
+            self.pending_unsorted = false;
+        }
+        let queued = &self.queue;
+        let in_state = &mut self.in_state;
+        self.state.pending.retain(|p| {
+            let keep = queued.contains(&(p.id - 1));
+            if !keep {
+                in_state[(p.id - 1) as usize] = false;
+            }
+            keep
+        });
+        if self.state.pending.is_empty() || self.state.open_gpus().next().is_none() {
+            return;
+        }
+        // The daemon retrains every round on its whole history; here the
+        // model is retrained when the history grew by a tenth (it moves
+        // little in between), which keeps a week's replay fast.
+        let n = self.runs.len();
+        if n > self.trained_on_runs
+            && (n - self.trained_on_runs) * 10 >= self.trained_on_runs.max(10)
+        {
+            self.model = Model::train(&samples(&self.runs), &self.runs);
+            self.trained_on_runs = n;
+        }
+        let started = Instant::now();
+        let chosen = plan(
+            &self.state,
+            &self.model,
+            &self.cfg.policy,
+            &self.matcher,
+            &self.names,
+        );
+        if self.timing {
+            self.round_s += started.elapsed().as_secs_f64();
+        }
+        self.rounds += 1;
+        let oracle = plan(
+            &self.state,
+            &Truth { sim: self },
+            &self.cfg.policy,
+            &self.matcher,
+            &self.names,
+        );
+        for d in oracle
+            .decisions
+            .iter()
+            .filter(|d| d.action == Action::Place)
+        {
+            if let (Some(node), Some(i)) = (&d.node, d.gpu) {
+                let g = self.gpu_of(node, i).expect("a GPU of the scenario");
+                self.pair_oracle += self.true_speed(d.job - 1, g);
+            }
+        }
+        for d in chosen
+            .decisions
+            .iter()
+            .filter(|d| d.action == Action::Place)
+        {
+            let (Some(node), Some(i)) = (&d.node, d.gpu) else {
+                continue;
+            };
+            let g = self.gpu_of(node, i).expect("a GPU of the scenario");
+            let j = d.job - 1;
+            let truth = self.true_speed(j, g);
+            self.pair_true += truth;
+            self.pred_err += (d.predicted.unwrap_or(0.0) - truth).abs();
+            self.pred_n += 1;
+            if d.update.is_none() {
+                continue; // deferred by max_updates_per_round
+            }
+            if !self.allowed(j, g) {
+                self.refused += 1;
+                continue;
+            }
+            let (sm_pct, cap) = self.policy_for(g);
+            {
+                let rt = &mut self.gpus[g as usize];
+                rt.sm_pct = sm_pct;
+                rt.mem_cap_mib = cap;
+            }
+            let job = &self.sc.jobs[j as usize];
+            let pair = self.fits_beside(j, g);
+            let over_cap = cap.is_some_and(|c| job.mem_mib > c);
+            // Slurm 22.05 keeps the typed slot: later placements only on
+            // this GPU index.
+            self.jobs[j as usize].slot_gpu = Some(i);
+            if let (Some(pair), false) = (pair, over_cap) {
+                self.start(j, g, Some(pair));
+            } else {
+                // Its allocations hit the memory cap at once: it exits, its
+                // report says so, and it waits again.
+                self.oom += 1;
+                let rt = &mut self.jobs[j as usize];
+                rt.run_start_s = self.now;
+                rt.run_remaining_s = rt.remaining_s;
+                self.report(j, g, true);
+                let k = self
+                    .state
+                    .pending
+                    .binary_search_by_key(&d.job, |p| p.id)
+                    .expect("a pending job");
+                self.state.pending[k].slot_gpu = Some(i);
+            }
+        }
+    }
+
+    fn outcome(mut self) -> Outcome {
+        let end = self.sc.end_s;
+        for i in 0..self.online_ids.len() {
+            let g = self.online_ids[i] as usize;
+            let rt = &self.gpus[g];
+            if rt.rates.latency > 0.0 {
+                self.latency_hist[latency_bin(rt.rates.latency)] += end - rt.latency_since;
+            }
+        }
+        let n = self.sc.gpus.len().max(1) as f64;
+        let n_on = self.online_ids.len().max(1) as f64;
+        let t = end.max(1e-9);
+        let a = self.acc;
+        self.jct.sort_by(f64::total_cmp);
+        let mux = self.kind == PolicyKind::Muxflow;
+        Outcome {
+            policy: self.kind,
+            gpu_util: a.util / t / n,
+            sm_activity: a.sm / t / n,
+            mem_util: a.mem / t / n,
+            online_gpu_util: a.util_online / t / n_on,
+            online_gpu_sm_activity: a.sm_online / t / n_on,
+            online_latency_p50: hist_quantile(&self.latency_hist, 0.5),
+            online_latency_p99: hist_quantile(&self.latency_hist, 0.99),
+            jct_s: self.jct,
+            queue_s: self.queue_s,
+            offline_gpu_hours: a.work / 3600.0,
+            offline_arrived: self.next_arrival as u64,
+            offline_finished: self.finished,
+            offline_running_end: self.sums.running as u64,
+            offline_waiting_end: self.queue.len() as u64,
+            lent_gpu_hours: a.lent / 3600.0,
+            capacity_gpu_hours: n * end / 3600.0,
+            busy_gpu_hours: a.util / 3600.0,
+            rounds: mux.then_some(self.rounds),
+            round_total_s: (mux && self.timing).then_some(self.round_s),
+            predictor_mae: (mux && self.pred_n > 0).then(|| self.pred_err / self.pred_n as f64),
+            pairing_vs_oracle: (mux && self.pair_oracle > 0.0)
+                .then(|| self.pair_true / self.pair_oracle),
+            oom_starts: mux.then_some(self.oom),
+            refused_placements: mux.then_some(self.refused),
+            health_violations: self.health_violations,
+            timeline: self.timeline,
+            latency_hist: self.latency_hist,
+        }
+    }
+}
+
+/// The daemon's `[matcher]` for rounds every `interval_s`: its bound on
+/// Slurm updates is per round, at `interval_s` of its own; the replay keeps
+/// the same bound per hour.
+pub fn scaled_matcher(m: &muxflow::config::Matcher, interval_s: f64) -> muxflow::config::Matcher {
+    let per_s = m.max_updates_per_round as f64 / m.interval_s.max(1) as f64;
+    muxflow::config::Matcher {
+        max_updates_per_round: ((per_s * interval_s).round() as usize).max(1),
+        ..m.clone()
+    }
+}
+
+fn latency_bin(factor: f64) -> usize {
+    (((factor - 1.0) / LATENCY_BIN).round().max(0.0) as usize).min(LATENCY_BINS - 1)
+}
+
+/// The time-weighted quantile of the latency histogram (1.0 when empty).
+fn hist_quantile(hist: &[f64], q: f64) -> f64 {
+    let total: f64 = hist.iter().sum();
+    if total <= 0.0 {
+        return 1.0;
+    }
+    let mut acc = 0.0;
+    for (i, w) in hist.iter().enumerate() {
+        acc += w;
+        if acc >= q * total {
+            return 1.0 + i as f64 * LATENCY_BIN;
+        }
+    }
+    1.0 + (hist.len() - 1) as f64 * LATENCY_BIN
+}
+
+/// The matcher given the true values: what each pair would really run at.
+struct Truth<'s, 'a> {
+    sim: &'s Sim<'a>,
+}
+
+impl Truth<'_, '_> {
+    fn speed(&self, j: u32, g: u32) -> Option<f64> {
+        let sim = self.sim;
+        if !sim.allowed(j, g) {
+            return None;
+        }
+        let (x_off, x_on) = sim.fits_beside(j, g)?;
+        let (sm_pct, cap) = sim.policy_for(g);
+        let job = &sim.sc.jobs[j as usize];
+        if cap.is_some_and(|c| job.mem_mib > c) {
+            return None;
+        }
+        let share = f64::from(sm_pct) / 100.0;
+        Some(model::muxflow(x_off, x_on, share, OFFLINE_SM * job.share).0)
+    }
+}
+
+/// Per-job terms of the oracle: type, SM demand, memory, allowed models.
+#[derive(Clone, Copy)]
+struct TruthJob<'a> {
+    job_type: u16,
+    demand: f64,
+    mem_mib: u64,
+    models: Option<&'a [u16]>,
+}
+
+/// Per-GPU terms of the oracle: what the policy gives there, and its side.
+#[derive(Clone, Copy)]
+struct TruthGpu {
+    online_type: u16,
+    room_mib: u64,
+    share: f64,
+    cap_mib: Option<u64>,
+    model: u16,
+}
+
+impl<'s, 'a> Predictor for Truth<'s, 'a> {
+    type Job = TruthJob<'a>;
+    type Gpu = TruthGpu;
+    fn job_terms(&self, job: &PendingJob) -> TruthJob<'a> {
+        let sc: &'a Scenario = self.sim.sc;
+        let j = &sc.jobs[(job.id - 1) as usize];
+        TruthJob {
+            job_type: j.job_type,
+            demand: OFFLINE_SM * j.share,
+            mem_mib: j.mem_mib,
+            models: j.models.as_deref(),
+        }
+    }
+    fn gpu_terms(&self, gpu: &GpuState, _policy: &Policy) -> TruthGpu {
+        let sim = self.sim;
+        let g = sim
+            .gpu_of(&gpu.node, gpu.index)
+            .expect("a GPU of the scenario");
+        let svc = sim.sc.online[g as usize].as_ref().expect("an online GPU");
+        let (sm_pct, cap_mib) = sim.policy_for(g);
+        TruthGpu {
+            online_type: svc.job_type,
+            room_mib: sim.sc.gpus[g as usize].mem_mib
+                - svc.mem_mib.min(sim.sc.gpus[g as usize].mem_mib),
+            share: f64::from(sm_pct) / 100.0,
+            cap_mib,
+            model: sim.sc.gpus[g as usize].model,
+        }
+    }
+    /// The same rules as [`Truth::speed`], from precomputed terms.
+    #[inline]
+    fn predict(&self, job: &TruthJob, gpu: &TruthGpu) -> Option<f64> {
+        if job.models.is_some_and(|m| !m.contains(&gpu.model))
+            || job.mem_mib > gpu.room_mib
+            || gpu.cap_mib.is_some_and(|c| job.mem_mib > c)
+        {
+            return None;
+        }
+        let (x_off, x_on) = self.sim.sc.pairs.pair(job.job_type, gpu.online_type)?;
+        Some(model::muxflow(x_off, x_on, gpu.share, job.demand).0)
+    }
+}

@@ -1,0 +1,131 @@
+//! Properties of random small replays: capacity is never exceeded, no
+//! offline work where muxflow's health states forbid it, every job is
+//! accounted for, the same seed gives the same result, and exclusive never
+//! lends a GPU-hour.
+
+mod common;
+
+use common::*;
+use muxflow_sim::replay::PolicyKind;
+use muxflow_sim::scenario::Settings;
+use proptest::prelude::*;
+
+#[derive(Debug, Clone)]
+struct Trace {
+    nodes: String,
+    trace: String,
+    pairs: String,
+    runtimes: String,
+    settings: Settings,
+}
+
+fn trace() -> impl Strategy<Value = Trace> {
+    let node = (1u32..=4, prop::bool::ANY);
+    let task = (
+        1u32..=2,
+        prop::sample::select(vec![250u32, 500, 1000]),
+        0usize..3,
+    );
+    let pair = prop::option::weighted(0.85, 0.15f64..1.0);
+    (
+        prop::collection::vec(node, 1..=3),
+        prop::collection::vec(task.clone(), 1..=4),
+        prop::collection::vec(task, 1..=3),
+        prop::collection::vec(pair, 9),
+        prop::collection::vec(30u32..30_000, 1..=6),
+        (0.1f64..0.6, 0.0f64..=1.0, 0.3f64..4.0, any::<u64>()),
+    )
+        .prop_map(
+            |(nodes, online, offline, pairs, runtimes, (days, fill, load, seed))| {
+                let mut n = String::from("sn,gpu,model\n");
+                for (i, (gpus, t4)) in nodes.iter().enumerate() {
+                    let model = if *t4 { "T4" } else { "V100M16" };
+                    n += &format!("n{i},{gpus},{model}\n");
+                }
+                let spec = |k: usize| ["", "T4", "V100M16|T4"][k];
+                let mut t = String::from("name,num_gpu,gpu_milli,gpu_spec,qos\n");
+                for (i, (g, m, k)) in online.iter().enumerate() {
+                    t += &format!("svc-{i},{g},{m},{},LS\n", spec(*k));
+                }
+                for (i, (g, m, k)) in offline.iter().enumerate() {
+                    t += &format!("train-{i},{g},{m},{},BE\n", spec(*k));
+                }
+                let mut p = String::from("job_a,job_b,solo_a,solo_b,shared_a,shared_b\n");
+                let types = ["A", "B", "C"];
+                for (k, x) in pairs.iter().enumerate() {
+                    let (a, b) = (types[k / 3], types[k % 3]);
+                    match x {
+                        Some(x) => {
+                            p += &format!("{a},{b},10,10,{},{}\n", 10.0 * x, 10.0 * (1.1 - x))
+                        }
+                        None => p += &format!("{a},{b},10,10,0,0\n"),
+                    }
+                }
+                let r = std::iter::once("runtime".to_string())
+                    .chain(runtimes.iter().map(u32::to_string))
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                Trace {
+                    nodes: n,
+                    trace: t,
+                    pairs: p,
+                    runtimes: r + "\n",
+                    settings: Settings {
+                        days,
+                        online_fill: fill,
+                        offline_load: load,
+                        seed,
+                        round_interval_s: 900.0,
+                        health_interval_s: 300.0,
+                    },
+                }
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_small_replays_keep_the_invariants(t in trace()) {
+        let mut inputs = inputs(&t.nodes, &t.trace, &t.pairs);
+        inputs.runtimes = src("runtimes.csv", &t.runtimes);
+        // A random trace may place no online service (models that do not
+        // match): that is an input error, reported, never a panic.
+        let sc = match muxflow_sim::prepare(&inputs, &t.settings) {
+            Ok(sc) => sc,
+            Err(e) => {
+                prop_assert!(!e.to_string().is_empty());
+                return Ok(());
+            }
+        };
+        let cfg = muxflow::Config::default();
+        let gpus = sc.gpus.len() as f64;
+        let hours = sc.end_s / 3600.0;
+        for kind in PolicyKind::ALL {
+            let o = replay(&sc, kind, &cfg, &t.settings);
+            let eps = 1e-6;
+            prop_assert!(o.busy_gpu_hours <= gpus * hours + eps, "{kind:?}: busy {} > capacity", o.busy_gpu_hours);
+            prop_assert!(o.offline_gpu_hours <= gpus * hours + eps, "{kind:?}: work over capacity");
+            prop_assert!(o.lent_gpu_hours <= sc.online_gpus as f64 * hours + eps);
+            for v in [o.gpu_util, o.sm_activity, o.mem_util, o.online_gpu_util, o.online_gpu_sm_activity] {
+                prop_assert!((0.0..=1.0 + eps).contains(&v), "{kind:?}: a fraction out of range: {v}");
+            }
+            prop_assert!(o.online_latency_p50 >= 1.0 && o.online_latency_p99 >= o.online_latency_p50);
+            prop_assert_eq!(
+                o.offline_arrived,
+                o.offline_finished + o.offline_running_end + o.offline_waiting_end,
+                "{:?}: every job finished, running or waiting", kind
+            );
+            prop_assert!(o.offline_running_end as f64 <= gpus);
+            prop_assert_eq!(o.jct_s.len() as u64, o.offline_finished);
+            prop_assert_eq!(o.health_violations, 0, "{:?}", kind);
+            if kind == PolicyKind::Exclusive {
+                prop_assert_eq!(o.lent_gpu_hours, 0.0);
+            }
+            // Same scenario and seed: the same outcome, field for field.
+            let again = muxflow_sim::prepare(&inputs, &t.settings).expect("prepared once");
+            prop_assert_eq!(&o, &replay(&again, kind, &cfg, &t.settings), "{:?}: not deterministic", kind);
+        }
+    }
+}
