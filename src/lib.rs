@@ -16,6 +16,7 @@ pub mod published;
 pub mod report;
 pub mod slurm_cli;
 pub mod slurm_version;
+pub mod text;
 pub mod xcuda_env;
 
 pub use config::Config;
