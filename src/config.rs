@@ -254,6 +254,12 @@ impl Default for Policy {
     }
 }
 
+/// Allowed ranges of the `[xcuda]` numbers, shared with xCUDA's own
+/// reading of its settings.
+pub const SAMPLE_INTERVAL_MS: std::ops::RangeInclusive<u64> = 1..=10_000;
+pub const MAX_DELAY_US: std::ops::RangeInclusive<u64> = 0..=10_000_000;
+pub const DELAY_STEP_US: std::ops::RangeInclusive<u64> = 1..=1_000_000;
+
 /// xCUDA's launch gate.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -561,19 +567,26 @@ impl Config {
                 "xcuda",
                 "sample_interval_ms",
                 x.sample_interval_ms,
-                1,
-                10_000,
+                *SAMPLE_INTERVAL_MS.start(),
+                *SAMPLE_INTERVAL_MS.end(),
                 "",
             ),
             r(
                 "xcuda",
                 "max_delay_us",
                 x.max_delay_us,
-                0,
-                10_000_000,
+                *MAX_DELAY_US.start(),
+                *MAX_DELAY_US.end(),
                 "at most 10 s in front of one launch",
             ),
-            r("xcuda", "delay_step_us", x.delay_step_us, 1, 1_000_000, ""),
+            r(
+                "xcuda",
+                "delay_step_us",
+                x.delay_step_us,
+                *DELAY_STEP_US.start(),
+                *DELAY_STEP_US.end(),
+                "",
+            ),
             r("health", "min_dwell_s", h.min_dwell_s, 0, DAY_S, ""),
             r(
                 "health",

@@ -6,7 +6,9 @@
 
 pub mod config;
 pub mod health;
+pub mod jobproc;
 pub mod kv;
+pub mod limits;
 pub mod mode;
 pub mod mps;
 pub mod node_state;

@@ -128,6 +128,17 @@ pub fn end(config: &Config, env: &JobEnv) -> Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => tracing::warn!(job = job.id, "cannot remove {}: {e}", stats.display()),
     }
+    for file in [
+        muxflow::limits::path(&state.limits_dir(), job.id),
+        state.policed_file(job.id),
+        state.measured_file(job.id),
+    ] {
+        match std::fs::remove_file(&file) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(job = job.id, "cannot remove {}: {e}", file.display()),
+        }
+    }
     Ok(())
 }
 

@@ -344,6 +344,9 @@ fn step_gpu(
     }
 
     if let Some(r) = reading {
+        for (_, _, verdict) in crate::police::police_gpu(config, ns, &mps, gpu, &r.processes) {
+            rec.count(&format!("policed.{}", verdict.code));
+        }
         record_sample(&mut rec, r, &jobs, now, config.health.history_len);
     }
     save_record(ns, &lock, gpu, &rec)?;
