@@ -244,38 +244,36 @@ fn police_with(
             continue;
         };
         let how = match facts.mps_server {
-            Some(server) => mps
-                .terminate_client(server, pid)
-                .map(|()| "evicted with terminate_client")
-                .map_err(|e| e.to_string()),
-            None => {
-                // SAFETY: kill(2) on a pid; no memory is touched.
-                let rc = unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-                if rc == 0 {
-                    Ok("killed")
-                } else {
-                    Err(std::io::Error::last_os_error().to_string())
-                }
-            }
-        };
-        let how = match how {
-            Ok(h) => h,
-            Err(e) => {
-                tracing::error!(gpu, pid, job, code = verdict.code, "cannot terminate: {e}");
-                continue;
-            }
+            Some(_) => "evicted from the GPU (MPS terminate_client)",
+            None => "killed",
         };
         let message = format!(
-            "muxflow: process {pid} of offline job {job} {how} by the node: {}; an offline job must run with the limits muxflow gives it",
+            "muxflow: process {pid} of offline job {job} is {how} by the node: {}; \
+             an offline job must run with the limits muxflow gives it",
             verdict.reason
         );
         tracing::warn!(gpu, pid, job, code = verdict.code, "{message}");
+        // Told first: once evicted, the process may exit at once.
         tell_process(
             procfs,
             pid,
             &message,
             Duration::from_millis(config.mps.command_timeout_ms),
         );
+        let done = match facts.mps_server {
+            Some(server) => mps.terminate_client(server, pid).map_err(|e| e.to_string()),
+            None => {
+                // SAFETY: kill(2) on a pid; no memory is touched.
+                match unsafe { libc::kill(pid as i32, libc::SIGKILL) } {
+                    0 => Ok(()),
+                    _ => Err(std::io::Error::last_os_error().to_string()),
+                }
+            }
+        };
+        if let Err(e) = done {
+            tracing::error!(gpu, pid, job, code = verdict.code, "cannot terminate: {e}");
+            continue;
+        }
         record(ns, job, pid, &verdict);
         out.push((pid, job, verdict));
     }

@@ -1,0 +1,196 @@
+//! An offline job cannot drop the limits muxflow gives it (issue 13,
+//! findings 3 and 7), tried the way a user of the cluster would: each job
+//! here runs as the unprivileged user `nobody` next to an online job.
+//!
+//! * It unsets LD_PRELOAD and the MPS limits and raises its MPS priority:
+//!   the node's health step evicts it with `terminate_client`, tells it why
+//!   on its stderr and in its AdminComment; the online job runs on.
+//! * It sets xCUDA's variables itself (a bogus sampling interval, a huge
+//!   memory cap): xCUDA ignores them and keeps the job's cap and gate.
+//! * It forges the figures of its own report files: out-of-bounds claims
+//!   are left out of AdminComment, the rest are marked as claims.
+//!
+//! The tests use different nodes, so they can run in parallel.
+
+use std::time::Duration;
+
+use muxflow::report::JobReport;
+use muxflow_tests::{kv, Cluster};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Submits `script` as `nobody` in offline mode and places it beside the
+/// online job on `node`'s GPU `gpu`.
+fn offline_as_nobody(c: &Cluster, name: &str, node: &str, gpu: u32, script: &str) -> u32 {
+    let id = c
+        .sbatch(
+            &["--muxflow=offline", "--uid=nobody", "--job-name", name],
+            script,
+        )
+        .unwrap_or_else(|e| panic!("sbatch {name}: {e}"));
+    c.place(id, node, gpu);
+    id
+}
+
+/// The job's AdminComment once sacct has its final record.
+fn admin_comment(c: &Cluster, id: u32, done: &str) -> JobReport {
+    let line = c.sacct_until(id, "AdminComment", |l| l.contains(done));
+    let text = line.split('|').nth(1).unwrap();
+    JobReport::decode(text).unwrap_or_else(|e| panic!("{e}: {line}"))
+}
+
+fn cancel(c: &Cluster, id: u32) {
+    let mut cmd = c.cmd("scancel");
+    cmd.arg(id.to_string());
+    c.run(cmd);
+    c.wait(id, WAIT);
+}
+
+fn server_log(c: &Cluster, node: &str, gpu: u32) -> String {
+    let p = c.node_path(
+        &format!("var/log/muxflow/{{node}}/mps/{gpu}/server.log"),
+        node,
+    );
+    std::fs::read_to_string(p).unwrap_or_default()
+}
+
+#[test]
+fn a_job_that_drops_its_limits_is_evicted_and_told_why_and_the_online_job_runs_on() {
+    let c = Cluster::get();
+    let cfg = c.health_config("limits-drop", "min_dwell_s = 1\nrecovery_quiet_s = 1");
+    let node = "node3";
+    let (online, gpu) = c.online_workload("mfl-online", node, 0.05, 1000);
+    c.settle_healthy(&cfg, node, gpu, 1000);
+    let online_pid = kv(&c.output_or_empty(online).replace('\n', " "), "pid").unwrap();
+
+    let script = format!(
+        "#!/bin/sh\n\
+         unset LD_PRELOAD CUDA_MPS_ACTIVE_THREAD_PERCENTAGE CUDA_MPS_PINNED_DEVICE_MEM_LIMIT\n\
+         export CUDA_MPS_CLIENT_PRIORITY=0\n\
+         {}\n\
+         echo workload-exit=$?\n",
+        c.workload("offline --duration 90 --alloc-mib 512")
+    );
+    let offline = offline_as_nobody(&c, "mfl-drop", node, gpu, &script);
+    c.wait_running(offline, WAIT);
+    let out = c.wait_output(offline, "pid=", WAIT);
+    let pid = kv(&out.replace('\n', " "), "pid").unwrap();
+    // Attached to the GPU's MPS server, as the attack wants.
+    let start = std::time::Instant::now();
+    while !server_log(&c, node, gpu).contains(&format!("New client {pid} connected")) {
+        assert!(start.elapsed() < WAIT, "{pid} never attached");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    c.step_until(&cfg, node, "the offline process evicted", || {
+        c.output_or_empty(offline).contains("workload-exit=")
+    });
+    let out = c.wait_output(offline, "workload-exit=", WAIT);
+    assert!(
+        out.contains(&format!(
+            "muxflow: process {pid} of offline job {offline} is evicted from the GPU"
+        )) && out.contains("xCUDA is not loaded"),
+        "the job is told why:\n{out}"
+    );
+    assert!(!out.contains("workload-exit=0"), "{out}");
+    let log = server_log(&c, node, gpu);
+    assert!(log.contains(&format!("Terminating client {pid}")), "{log}");
+    assert!(
+        !log.contains(&format!("Terminating client {online_pid}")),
+        "the online client was not touched:\n{log}"
+    );
+    assert_eq!(c.job_field(online, "JobState"), "RUNNING");
+
+    let end = c.wait(offline, WAIT);
+    assert!(end.state == "COMPLETED" || end.state == "FAILED", "{end:?}");
+    let report = admin_comment(&c, offline, "policed=");
+    assert_eq!(report.policed.as_deref(), Some("no_xcuda"));
+    cancel(&c, online);
+    c.assert_no_drain();
+}
+
+#[test]
+fn xcuda_settings_in_the_jobs_environment_change_nothing() {
+    let c = Cluster::get();
+    let cfg = c.health_config("limits-env", "min_dwell_s = 1\nrecovery_quiet_s = 1");
+    let node = "node4";
+    let (online, gpu) = c.online_workload("mfe-online", node, 0.05, 1000);
+    c.settle_healthy(&cfg, node, gpu, 1000);
+
+    // More memory than the cap (GPU memory less the online job's and the
+    // reserve), with xCUDA told in the environment that there is no cap and
+    // no gate. MPS's own pinned limit would refuse it too; xCUDA's refusal
+    // is the one its counter shows.
+    let script = format!(
+        "#!/bin/sh\n\
+         export MUXFLOW_XCUDA_SAMPLE_INTERVAL_MS=bogus MUXFLOW_XCUDA_MEM_LIMIT_BYTES=18446744073709551615\n\
+         export MUXFLOW_XCUDA_STATS_DIR=/tmp MUXFLOW_XCUDA_HEALTH_FILE=/dev/null\n\
+         {}\n\
+         echo workload-exit=$?\n",
+        c.workload("offline --duration 5 --alloc-mib 80000")
+    );
+    let offline = offline_as_nobody(&c, "mfe-env", node, gpu, &script);
+    let end = c.wait(offline, WAIT);
+    assert_eq!(end.state, "COMPLETED", "{end:?}");
+    let out = c.output(offline);
+    assert!(
+        out.contains("OUT_OF_MEMORY"),
+        "the allocation was refused:\n{out}"
+    );
+    assert!(!out.contains("gate disabled"), "{out}");
+    let report = admin_comment(&c, offline, "mem_cap_mib=");
+    assert_eq!(
+        report.oom,
+        Some(1),
+        "xCUDA refused it with the job's cap: {report:?}"
+    );
+    assert!(report.mem_cap_mib.unwrap() < 80000, "{report:?}");
+    assert_eq!(c.job_field(online, "JobState"), "RUNNING");
+    cancel(&c, online);
+    c.assert_no_drain();
+}
+
+#[test]
+fn forged_figures_in_the_jobs_own_files_are_refused_or_marked_as_claims() {
+    let c = Cluster::get();
+    let node = "node1";
+    let gpu = 1;
+    // No GPU work: the job only writes its report files, as a user can.
+    let huge = "9".repeat(300);
+    let script = format!(
+        "#!/bin/sh\n\
+         dir=$(dirname \"$MUXFLOW_JOB_REPORT\")\n\
+         echo \"steps=42 steps_per_s={huge} rps=inf p99_ms=3.5\" > \"$MUXFLOW_JOB_REPORT\"\n\
+         echo \"launches=18446744073709551615 delayed=0 delay_us=0 oom=0 peak_bytes=99999999999999999\" > \"$dir/xcuda.99999\"\n\
+         echo wrote\n"
+    );
+    let offline = offline_as_nobody(&c, "mff-forge", node, gpu, &script);
+    let end = c.wait(offline, WAIT);
+    assert_eq!(end.state, "COMPLETED", "{end:?} {}", c.output(offline));
+    let line = c.sacct_until(offline, "AdminComment", |l| l.contains("claims_refused="));
+    let text = line.split('|').nth(1).unwrap();
+    let report = JobReport::decode(text).unwrap();
+    let refused = report.claims_refused.clone().unwrap();
+    for key in ["launches", "steps_per_s", "rps", "peak_mib"] {
+        assert!(
+            refused.split(',').any(|k| k == key),
+            "{key} not refused: {text}"
+        );
+    }
+    assert_eq!(
+        (report.launches, report.steps_per_s, report.rps),
+        (None, None, None),
+        "{text}"
+    );
+    assert_eq!(
+        (report.steps, report.p99_ms),
+        (Some(42), Some(3.5)),
+        "{text}"
+    );
+    assert!(
+        text.contains("claim.steps=42") && !text.contains(" steps=42"),
+        "{text}"
+    );
+    assert!(!text.contains(&huge[..40]), "{text}");
+    c.assert_no_drain();
+}
