@@ -256,8 +256,10 @@ impl RemoteState {
         };
         let report = build_report(&ctx);
         let text = report.encode();
-        match Scontrol::new(&ctx.config).set_admin_comment(ctx.job_id, &text) {
-            Ok(()) => tracing::info!(job = ctx.job_id, "muxflow report: {text}"),
+        // A cancelled or preempted job has already ended for slurmctld:
+        // the record then goes into its accounting record.
+        match Scontrol::new(&ctx.config).record_admin_comment(ctx.job_id, &text) {
+            Ok(how) => tracing::info!(job = ctx.job_id, ?how, "muxflow report: {text}"),
             Err(e) => tracing::error!(
                 job = ctx.job_id,
                 "muxflow: cannot write the AdminComment: {e}"

@@ -194,3 +194,36 @@ fn forged_figures_in_the_jobs_own_files_are_refused_or_marked_as_claims() {
     assert!(!text.contains(&huge[..40]), "{text}");
     c.assert_no_drain();
 }
+
+/// Issue 13, finding 6: slurmctld ends a cancelled job before its batch
+/// step's end, where the plugin writes the record; the record still lands.
+#[test]
+fn a_cancelled_offline_job_keeps_its_record() {
+    let c = Cluster::get();
+    let node = "node2";
+    let gpu = 1;
+    let script = format!("#!/bin/sh\n{}\n", c.workload("offline --duration 120"));
+    let offline = offline_as_nobody(&c, "mfc-cancel", node, gpu, &script);
+    c.wait_running(offline, WAIT);
+    c.wait_output(offline, "pid=", WAIT);
+    // Running on the GPU for a moment, so there are figures to record.
+    std::thread::sleep(Duration::from_secs(2));
+    let mut cmd = c.cmd("scancel");
+    cmd.arg(offline.to_string());
+    assert!(c.run(cmd).0);
+    let end = c.wait(offline, WAIT);
+    assert_eq!(end.state, "CANCELLED", "{end:?}");
+    let report = admin_comment(&c, offline, "claim.launches=");
+    assert_eq!(
+        (report.node.as_deref(), report.gpu),
+        (Some(node), Some(gpu))
+    );
+    assert!(
+        report.sm_pct.is_some() && report.launches.unwrap() > 0,
+        "{report:?}"
+    );
+    // And it stays: slurmctld's own end-of-job record does not overwrite it.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(admin_comment(&c, offline, "claim.launches="), report);
+    c.assert_no_drain();
+}
