@@ -227,3 +227,58 @@ fn a_cancelled_offline_job_keeps_its_record() {
     assert_eq!(admin_comment(&c, offline, "claim.launches="), report);
     c.assert_no_drain();
 }
+
+/// Which job a process belongs to is the node's to find out, not the
+/// process's to say: an offline job that claims in its environment to be
+/// its online partner is still evicted by an application Xid, which
+/// evicts offline clients only.
+#[test]
+fn an_offline_job_posing_as_its_online_partner_is_still_evicted_on_an_xid() {
+    let c = Cluster::get();
+    let cfg = c.health_config("limits-pose", "min_dwell_s = 1\nrecovery_quiet_s = 1");
+    let node = "node1";
+    let (online, gpu) = c.online_workload("mfj-online", node, 0.05, 1000);
+    c.settle_healthy(&cfg, node, gpu, 1000);
+    let online_pid = kv(&c.output_or_empty(online).replace('\n', " "), "pid").unwrap();
+
+    let script = format!(
+        "#!/bin/sh\n\
+         export SLURM_JOB_ID={online} SLURM_JOBID={online} MUXFLOW_MODE=online SLURM_SPANK_MUXFLOW_MODE=online\n\
+         {}\n\
+         echo workload-exit=$?\n",
+        c.workload("offline --duration 90")
+    );
+    let offline = offline_as_nobody(&c, "mfj-pose", node, gpu, &script);
+    c.wait_running(offline, WAIT);
+    let out = c.wait_output(offline, "pid=", WAIT);
+    let pid = kv(&out.replace('\n', " "), "pid").unwrap();
+    let start = std::time::Instant::now();
+    while !server_log(&c, node, gpu).contains(&format!("New client {pid} connected")) {
+        assert!(start.elapsed() < WAIT, "{pid} never attached");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // Xid 43 (a GPU stopped processing: one application's fault) between
+    // two health checks, read from the kernel log by the next one.
+    c.sim_fault(node, gpu, &["xid", "43"]);
+    let log = c.health_step(&cfg, node);
+    assert!(log.contains("xid_app"), "{log}");
+    let out = c.wait_output(offline, "workload-exit=", WAIT);
+    assert!(out.contains("CUDA_ERROR_MPS_CLIENT_TERMINATED"), "{out}");
+    let log = server_log(&c, node, gpu);
+    assert!(
+        !log.contains(&format!("Terminating client {online_pid}")),
+        "the online client was not touched:\n{log}"
+    );
+    assert_eq!(c.job_field(online, "JobState"), "RUNNING");
+
+    // Leave the GPU healthy for whoever comes next.
+    c.sim_fault(node, gpu, &["clear"]);
+    let ns = c.node_state(&cfg, node);
+    c.step_until(&cfg, node, "the GPU healthy again", || {
+        ns.health(gpu).unwrap() == Some(muxflow::health::HealthState::Healthy)
+    });
+    c.wait(offline, WAIT);
+    cancel(&c, online);
+    c.assert_no_drain();
+}
