@@ -458,6 +458,44 @@ mod tests {
     }
 
     #[test]
+    fn the_predictor_learns_from_what_the_node_measured() {
+        use crate::reader::{SacctComment, SacctJob};
+        let job = |id: u32, comment: &str| SacctJob {
+            job_id: id,
+            name: "train".into(),
+            user: "u".into(),
+            comment: SacctComment {
+                administrator: Some(comment.into()),
+            },
+            ..SacctJob::default()
+        };
+        let jobs = [
+            job(
+                1,
+                "muxflow:v1 mode=offline mem_cap_mib=1000 measured_peak_mib=300 claim.peak_mib=5",
+            ),
+            job(
+                2,
+                "muxflow:v1 mode=offline mem_cap_mib=1000 peak_mib=900000",
+            ),
+            job(
+                3,
+                "muxflow:v1 mode=offline policed=no_xcuda claim.steps_per_s=1000",
+            ),
+            job(4, "muxflow:v1 mode=online"),
+        ];
+        let runs = runs_from_sacct(&jobs);
+        let ids: Vec<u32> = runs.iter().map(|r| r.job_id).collect();
+        assert_eq!(ids, [1, 2], "policed and online runs are not learned from");
+        let peaks: Vec<Option<u64>> = runs.iter().map(|r| trusted_peak_mib(&r.report)).collect();
+        assert_eq!(
+            peaks,
+            [Some(300), Some(1000)],
+            "the node's measurement over the claim; an old claim never above the cap"
+        );
+    }
+
+    #[test]
     fn too_little_history_falls_back_to_the_default() {
         let runs = synthetic_runs(1, 2, 1);
         let m = Model::train(&samples(&runs), &runs);
