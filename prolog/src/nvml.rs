@@ -194,9 +194,22 @@ fn read_one(dev: &nvml_wrapper::Device) -> Result<Reading, (&'static str, NvmlEr
     let clock = dev.clock_info(Clock::SM).map_err(|e| ("SM clock", e))?;
     // A GPU without a max clock reading still has the other metrics.
     let max_clock = dev.max_clock_info(Clock::SM).ok().filter(|&m| m > 0);
-    let processes = dev
+    // Clients of an MPS server are reported by the MPS variant (Volta and
+    // newer); a driver without it leaves the plain list.
+    let mut found = dev
         .running_compute_processes()
-        .map_err(|e| ("compute processes", e))?
+        .map_err(|e| ("compute processes", e))?;
+    match dev.mps_running_compute_processes() {
+        Ok(mps) => {
+            for p in mps {
+                if !found.iter().any(|f| f.pid == p.pid) {
+                    found.push(p);
+                }
+            }
+        }
+        Err(e) => tracing::debug!("NVML MPS compute processes: {e}"),
+    }
+    let processes = found
         .into_iter()
         .map(|p| Process {
             pid: p.pid,
