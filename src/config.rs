@@ -321,6 +321,9 @@ pub struct Health {
     pub xid_watch_ms: u64,
     /// Re-send the published state at least this often, changed or not.
     pub publish_refresh_s: u64,
+    /// How often `muxflow-police` checks an offline job's processes while
+    /// the job runs (the health steps check them too).
+    pub police_interval_ms: u64,
 }
 
 impl Default for Health {
@@ -341,6 +344,7 @@ impl Default for Health {
             history_len: 64,
             xid_watch_ms: 0,
             publish_refresh_s: 300,
+            police_interval_ms: 1000,
         }
     }
 }

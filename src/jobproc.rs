@@ -70,6 +70,27 @@ impl Procfs {
     }
 }
 
+impl Procfs {
+    /// Whether a root `slurmstepd` of job `job` runs on this host.
+    pub fn stepd_of_job_runs(&self, job: u32) -> bool {
+        let Ok(entries) = std::fs::read_dir(&self.root) else {
+            return false;
+        };
+        entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .any(|pid| {
+                self.read(pid, "comm")
+                    .is_some_and(|c| c.trim() == "slurmstepd")
+                    && self.read(pid, "status").and_then(|s| real_uid(&s)) == Some(0)
+                    && self
+                        .read(pid, "cmdline")
+                        .and_then(|c| job_in_stepd_title(&c))
+                        == Some(job)
+            })
+    }
+}
+
 /// `pid (comm) S ppid …` → (comm, ppid). comm may hold spaces and ')'.
 pub fn parse_stat(stat: &str) -> Option<(String, u32)> {
     let open = stat.find('(')?;
@@ -156,6 +177,7 @@ mod tests {
             .unwrap();
             std::fs::write(d.join("cmdline"), cmdline).unwrap();
             std::fs::write(d.join("cgroup"), "0::/\n").unwrap();
+            std::fs::write(d.join("comm"), format!("{comm}\n")).unwrap();
         }
         let p = Procfs::at(tmp.path());
         (tmp, p)
@@ -207,5 +229,10 @@ mod tests {
         ] {
             assert_eq!(p.job_of(c.pid), c.job, "{}", c.name);
         }
+        assert!(p.stepd_of_job_runs(5));
+        assert!(
+            !p.stepd_of_job_runs(9),
+            "a user's forged slurmstepd is no job's"
+        );
     }
 }

@@ -105,6 +105,13 @@ pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
         )?;
         tracing::info!(job = job.id, gpu, mode = %job.mode, "recorded muxflow job");
     }
+    if job.mode == Mode::Offline {
+        // The config path this program was given, for the watcher.
+        match <crate::Cli as clap::Parser>::try_parse() {
+            Ok(cli) => crate::police::spawn_watcher(&cli.config, job.id),
+            Err(e) => tracing::error!(job = job.id, "muxflow-police not started: {e}"),
+        }
+    }
     Ok(())
 }
 

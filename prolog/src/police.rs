@@ -24,6 +24,12 @@
 //! (the settings are fixed then). A process can overwrite that memory
 //! afterwards; the memory check does not depend on it.
 //!
+//! Two programs police: every health step (all offline jobs of the GPU,
+//! every `HealthCheckInterval` and at each Prolog and Epilog), and
+//! `muxflow-police`, which the Prolog starts for each offline job and which
+//! checks the job's GPU every `health.police_interval_ms` until the Epilog
+//! has forgotten the job ([`watch`]).
+//!
 //! An MPS client out of bounds is evicted with `terminate_client` (safe for
 //! the server and the other clients); a process on the GPU outside MPS is
 //! killed (it shares no server to hurt). The reason goes to the process's
@@ -33,7 +39,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::time::Duration;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use muxflow::jobproc::Procfs;
 use muxflow::limits::JobLimits;
@@ -297,6 +304,108 @@ fn record_peak(ns: &NodeState, job: u32, mib: u64) {
         if let Err(e) = muxflow::node_state::write_atomic(&path, text.as_bytes()) {
             tracing::error!(job, "{e}");
         }
+    }
+}
+
+/// How long `muxflow-police` waits for the job's slurmstepd to appear
+/// before it concludes the job never started here.
+const NO_STEPD_GIVE_UP: Duration = Duration::from_secs(300);
+
+/// `muxflow-police` for offline job `job`: polices the job's GPU every
+/// `health.police_interval_ms`, so a process out of bounds is caught about
+/// when it attaches rather than at the next health check. Ends when the
+/// Epilog has forgotten the job, or when the job's slurmstepd has gone (or
+/// never came).
+pub fn watch(config: &Config, job: u32) -> anyhow::Result<()> {
+    let ns = NodeState::new(config.paths.state_dir.as_path());
+    let interval = Duration::from_millis(config.health.police_interval_ms);
+    let nvml = match config.paths.nvml_library.as_ref() {
+        Some(p) => nvml_wrapper::Nvml::builder()
+            .lib_path(p.as_path().as_os_str())
+            .init(),
+        None => nvml_wrapper::Nvml::init(),
+    };
+    let nvml = match nvml {
+        Ok(n) => Some(n),
+        Err(e) => {
+            tracing::warn!(
+                job,
+                "muxflow-police: no NVML ({e}); memory use is not checked"
+            );
+            None
+        }
+    };
+    let procfs = Procfs::default();
+    let started = Instant::now();
+    let mut stepd_seen = false;
+    tracing::info!(job, ?interval, "muxflow-police: watching offline job");
+    loop {
+        std::thread::sleep(interval);
+        let Some((gpu, _)) = ns.find_job(job)? else {
+            tracing::info!(job, "muxflow-police: job forgotten by the Epilog; done");
+            return Ok(());
+        };
+        match (procfs.stepd_of_job_runs(job), stepd_seen) {
+            (true, _) => stepd_seen = true,
+            (false, true) => {
+                tracing::info!(job, "muxflow-police: the job's slurmstepd is gone; done");
+                return Ok(());
+            }
+            (false, false) if started.elapsed() > NO_STEPD_GIVE_UP => {
+                tracing::info!(job, "muxflow-police: the job never started here; done");
+                return Ok(());
+            }
+            (false, false) => {}
+        }
+        let processes = nvml
+            .as_ref()
+            .and_then(|n| n.device_by_index(gpu).ok())
+            .and_then(|d| crate::nvml::gpu_processes(&d).ok())
+            .unwrap_or_default();
+        let lock = ns.lock_gpu(gpu)?;
+        let mps = MpsDaemon::for_gpu(config, gpu);
+        for (pid, of_job, verdict) in police_gpu(config, &ns, &mps, gpu, &processes) {
+            tracing::warn!(
+                job = of_job,
+                pid,
+                code = verdict.code,
+                "muxflow-police: terminated a process out of bounds"
+            );
+        }
+        drop(lock);
+    }
+}
+
+/// Starts `muxflow-police` (next to this program) for offline job `job`,
+/// detached in its own process group with the config `config_path`. A
+/// failure is logged: the job is then policed at the health steps only.
+pub fn spawn_watcher(config_path: &Path, job: u32) {
+    let program = match std::env::current_exe() {
+        Ok(exe) => exe.with_file_name("muxflow-police"),
+        Err(e) => {
+            tracing::error!(
+                job,
+                "cannot find muxflow-police: {e}; policed at health checks only"
+            );
+            return;
+        }
+    };
+    let mut cmd = Command::new(&program);
+    cmd.arg("--config")
+        .arg(config_path)
+        .env("SLURM_JOB_ID", job.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    match cmd.spawn() {
+        // Not waited for: it outlives the Prolog and is reaped by init.
+        Ok(child) => tracing::info!(job, pid = child.id(), "started muxflow-police"),
+        Err(e) => tracing::error!(
+            job,
+            "cannot start {}: {e}; the job is policed at health checks only",
+            program.display()
+        ),
     }
 }
 

@@ -82,9 +82,9 @@ fn a_job_that_drops_its_limits_is_evicted_and_told_why_and_the_online_job_runs_o
         std::thread::sleep(Duration::from_millis(100));
     }
 
-    c.step_until(&cfg, node, "the offline process evicted", || {
-        c.output_or_empty(offline).contains("workload-exit=")
-    });
+    // No health step here: muxflow-police, started by the Prolog, acts
+    // within its interval of the attach (slurmd's own health check may
+    // come first; the node log says which did).
     let out = c.wait_output(offline, "workload-exit=", WAIT);
     assert!(
         out.contains(&format!(
@@ -105,6 +105,26 @@ fn a_job_that_drops_its_limits_is_evicted_and_told_why_and_the_online_job_runs_o
     assert!(end.state == "COMPLETED" || end.state == "FAILED", "{end:?}");
     let report = admin_comment(&c, offline, "policed=");
     assert_eq!(report.policed.as_deref(), Some("no_xcuda"));
+    // The watcher ends with the job.
+    let node_log =
+        || std::fs::read_to_string(c.dir.join(format!("log/muxflow-{node}.log"))).unwrap();
+    let start = std::time::Instant::now();
+    loop {
+        let log = node_log();
+        let ended = log.lines().any(|l| {
+            l.contains("muxflow-police: ")
+                && l.contains(&format!("job={offline}"))
+                && (l.contains("done"))
+        });
+        if ended {
+            break;
+        }
+        assert!(
+            start.elapsed() < WAIT,
+            "muxflow-police of {offline} still runs:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     cancel(&c, online);
     c.assert_no_drain();
 }
