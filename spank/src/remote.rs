@@ -165,9 +165,19 @@ impl RemoteState {
             );
         }
         let gpu = ctx.gpu;
-        let facts = state.facts(gpu)?;
-        let sm_pct = offline_sm_percent(&config.policy, facts.online_solo_sm_pct);
-        let cap = offline_mem_cap_mib(&config.policy, &facts);
+        // The job's limits are fixed by its first step: a later step (srun)
+        // gets the same, so the node never polices a running process against
+        // limits it did not start with.
+        let (sm_pct, cap) = match JobLimits::read_trusted(&state.limits_dir(), ctx.job_id, 0) {
+            Ok((l, _)) if l.gpu == gpu => (l.sm_pct, l.mem_cap_mib),
+            _ => {
+                let facts = state.facts(gpu)?;
+                (
+                    offline_sm_percent(&config.policy, facts.online_solo_sm_pct),
+                    offline_mem_cap_mib(&config.policy, &facts),
+                )
+            }
+        };
         ctx.sm_pct = Some(sm_pct);
         ctx.mem_cap_mib = cap;
 
