@@ -22,7 +22,7 @@
 //! | sm_pct | offline: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE it got |
 //! | mem_cap_mib | offline: its GPU memory cap |
 //! | partner | the online job it shared the GPU with (offline), or an offline job it hosted (online) |
-//! | measured_peak_mib | offline: the largest GPU memory NVML showed for its processes at the node's steps |
+//! | measured_peak_mib | offline: the largest GPU memory NVML showed for its processes, at muxflow-police's checks and the health steps |
 //! | policed | offline: why the node terminated a process of it (codes of `muxflow-health`'s police, comma-separated) |
 //! | claim.launches, claim.delayed, claim.delay_ms | xCUDA: kernel launches, launches it delayed, total delay |
 //! | claim.oom, claim.peak_mib | xCUDA: allocations refused by the cap, peak GPU memory |
