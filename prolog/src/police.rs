@@ -250,6 +250,12 @@ fn police_with(
         let Some(verdict) = check(&facts, &limits, gpu) else {
             continue;
         };
+        if already_policed(ns, job, pid) {
+            // Terminated before; it stays listed until it exits (MPS lists
+            // an evicted client until then) and can no longer use the GPU.
+            tracing::debug!(gpu, pid, job, "already terminated");
+            continue;
+        }
         let how = match facts.mps_server {
             Some(_) => "evicted from the GPU (MPS terminate_client)",
             None => "killed",
@@ -454,6 +460,14 @@ fn tell_process(procfs: &Procfs, pid: u32, message: &str, timeout: Duration) {
     if let Err(e) = muxflow::process::run(cmd, Some(message), timeout, false) {
         tracing::debug!(pid, "cannot write to the process's stderr: {e}");
     }
+}
+
+/// Whether the node already terminated process `pid` of job `job`.
+fn already_policed(ns: &NodeState, job: u32, pid: u32) -> bool {
+    std::fs::read_to_string(ns.policed_file(job)).is_ok_and(|t| {
+        t.lines()
+            .any(|l| l.split_whitespace().nth(1) == Some(&format!("pid={pid}")))
+    })
 }
 
 /// Appends `code pid reason` to the job's policed file (root, 0644).

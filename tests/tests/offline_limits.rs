@@ -54,6 +54,18 @@ fn server_log(c: &Cluster, node: &str, gpu: u32) -> String {
     std::fs::read_to_string(p).unwrap_or_default()
 }
 
+/// One way a job can try to drop a limit, and how the node answers.
+struct Attack {
+    name: &'static str,
+    /// Shell lines the job runs before its workload.
+    shell: &'static str,
+    code: &'static str,
+    /// In the reason the job is told.
+    reason: &'static str,
+    /// Evicted from the MPS server (else killed: it is not an MPS client).
+    by_mps: bool,
+}
+
 #[test]
 fn a_job_that_drops_its_limits_is_evicted_and_told_why_and_the_online_job_runs_on() {
     let c = Cluster::get();
@@ -62,71 +74,123 @@ fn a_job_that_drops_its_limits_is_evicted_and_told_why_and_the_online_job_runs_o
     let (online, gpu) = c.online_workload("mfl-online", node, 0.05, 1000);
     c.settle_healthy(&cfg, node, gpu, 1000);
     let online_pid = kv(&c.output_or_empty(online).replace('\n', " "), "pid").unwrap();
-
-    let script = format!(
-        "#!/bin/sh\n\
-         unset LD_PRELOAD CUDA_MPS_ACTIVE_THREAD_PERCENTAGE CUDA_MPS_PINNED_DEVICE_MEM_LIMIT\n\
-         export CUDA_MPS_CLIENT_PRIORITY=0\n\
-         {}\n\
-         echo workload-exit=$?\n",
-        c.workload("offline --duration 90 --alloc-mib 512")
-    );
-    let offline = offline_as_nobody(&c, "mfl-drop", node, gpu, &script);
-    c.wait_running(offline, WAIT);
-    let out = c.wait_output(offline, "pid=", WAIT);
-    let pid = kv(&out.replace('\n', " "), "pid").unwrap();
-    // Attached to the GPU's MPS server, as the attack wants.
-    let start = std::time::Instant::now();
-    while !server_log(&c, node, gpu).contains(&format!("New client {pid} connected")) {
-        assert!(start.elapsed() < WAIT, "{pid} never attached");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-
-    // No health step here: muxflow-police, started by the Prolog, acts
-    // within its interval of the attach (slurmd's own health check may
-    // come first; the node log says which did).
-    let out = c.wait_output(offline, "workload-exit=", WAIT);
-    assert!(
-        out.contains(&format!(
-            "muxflow: process {pid} of offline job {offline} is evicted from the GPU"
-        )) && out.contains("xCUDA is not loaded"),
-        "the job is told why:\n{out}"
-    );
-    assert!(!out.contains("workload-exit=0"), "{out}");
-    let log = server_log(&c, node, gpu);
-    assert!(log.contains(&format!("Terminating client {pid}")), "{log}");
-    assert!(
-        !log.contains(&format!("Terminating client {online_pid}")),
-        "the online client was not touched:\n{log}"
-    );
-    assert_eq!(c.job_field(online, "JobState"), "RUNNING");
-
-    let end = c.wait(offline, WAIT);
-    assert!(end.state == "COMPLETED" || end.state == "FAILED", "{end:?}");
-    let report = admin_comment(&c, offline, "policed=");
-    assert_eq!(report.policed.as_deref(), Some("no_xcuda"));
-    // The watcher ends with the job.
-    let node_log =
-        || std::fs::read_to_string(c.dir.join(format!("log/muxflow-{node}.log"))).unwrap();
-    let start = std::time::Instant::now();
-    loop {
-        let log = node_log();
-        let ended = log.lines().any(|l| {
-            l.contains("muxflow-police: ")
-                && l.contains(&format!("job={offline}"))
-                && (l.contains("done"))
-        });
-        if ended {
-            break;
-        }
-        assert!(
-            start.elapsed() < WAIT,
-            "muxflow-police of {offline} still runs:\n{log}"
+    let attacks = [
+        Attack {
+            name: "the issue's attack: xCUDA and the MPS limits unset, priority 0",
+            shell: "unset LD_PRELOAD CUDA_MPS_ACTIVE_THREAD_PERCENTAGE CUDA_MPS_PINNED_DEVICE_MEM_LIMIT\n\
+                    export CUDA_MPS_CLIENT_PRIORITY=0",
+            code: "no_xcuda",
+            reason: "xCUDA is not loaded",
+            by_mps: true,
+        },
+        Attack {
+            name: "priority 0",
+            shell: "export CUDA_MPS_CLIENT_PRIORITY=0",
+            code: "priority",
+            reason: "CUDA_MPS_CLIENT_PRIORITY=0 instead of 1",
+            by_mps: true,
+        },
+        Attack {
+            name: "all the SMs",
+            shell: "export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100",
+            code: "sm_pct",
+            reason: "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100 instead of at most",
+            by_mps: true,
+        },
+        Attack {
+            name: "no pinned memory limit",
+            shell: "unset CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+            code: "mem_limit",
+            reason: "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=(unset)",
+            by_mps: true,
+        },
+        Attack {
+            name: "around MPS, straight to the GPU",
+            shell: "unset CUDA_MPS_PIPE_DIRECTORY",
+            code: "not_mps",
+            reason: "outside the GPU's MPS server",
+            by_mps: false,
+        },
+    ];
+    for a in attacks {
+        // A previous attack may have overloaded the GPU, which pauses a
+        // protected job's launches: start each from a healthy GPU.
+        c.settle_healthy(&cfg, node, gpu, 1000);
+        let script = format!(
+            "#!/bin/sh\n{}\n{}\necho workload-exit=$?\n",
+            a.shell,
+            c.workload("offline --duration 90 --alloc-mib 512")
         );
-        std::thread::sleep(Duration::from_millis(200));
+        let offline = offline_as_nobody(&c, "mfl-drop", node, gpu, &script);
+        c.wait_running(offline, WAIT);
+        let out = c.wait_output(offline, "pid=", WAIT);
+        let pid = kv(&out.replace('\n', " "), "pid").unwrap();
+
+        // No health step here: muxflow-police, started by the Prolog, acts
+        // within its interval of the attach (slurmd's own health check may
+        // come first; the node log says which did).
+        let out = c.wait_output(offline, "workload-exit=", WAIT);
+        let how = if a.by_mps {
+            "evicted from the GPU"
+        } else {
+            "killed"
+        };
+        assert!(
+            out.contains(&format!(
+                "muxflow: process {pid} of offline job {offline} is {how}"
+            )) && out.contains(a.reason),
+            "{}: the job is told why:\n{out}",
+            a.name
+        );
+        assert!(!out.contains("workload-exit=0"), "{}: {out}", a.name);
+        let log = server_log(&c, node, gpu);
+        assert_eq!(
+            log.contains(&format!("Terminating client {pid}")),
+            a.by_mps,
+            "{}:\n{log}",
+            a.name
+        );
+        assert!(
+            !log.contains(&format!("Terminating client {online_pid}")),
+            "{}: the online client was touched:\n{log}",
+            a.name
+        );
+        assert_eq!(c.job_field(online, "JobState"), "RUNNING", "{}", a.name);
+
+        let end = c.wait(offline, WAIT);
+        assert!(
+            end.state == "COMPLETED" || end.state == "FAILED",
+            "{}: {end:?}",
+            a.name
+        );
+        let report = admin_comment(&c, offline, "policed=");
+        assert_eq!(report.policed.as_deref(), Some(a.code), "{}", a.name);
+        wait_police_done(&c, node, offline);
     }
     cancel(&c, online);
     c.assert_no_drain();
+}
+
+/// Waits until the job's muxflow-police has ended (it ends with the job).
+fn wait_police_done(c: &Cluster, node: &str, job: u32) {
+    let path = c.dir.join(format!("log/muxflow-{node}.log"));
+    let start = std::time::Instant::now();
+    loop {
+        let log = std::fs::read_to_string(&path).unwrap();
+        let done = log.lines().any(|l| {
+            l.contains("muxflow-police: ")
+                && l.contains(&format!("job={job}"))
+                && l.contains("done")
+        });
+        if done {
+            return;
+        }
+        assert!(
+            start.elapsed() < WAIT,
+            "muxflow-police of {job} still runs:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 #[test]
