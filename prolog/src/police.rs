@@ -205,14 +205,7 @@ fn police_with(
         return Vec::new();
     }
     // MPS clients of this GPU's servers: pid -> server.
-    let mut clients: BTreeMap<u32, u32> = BTreeMap::new();
-    if mps.pipe_dir().join("control").exists() {
-        for server in mps.server_pids().unwrap_or_default() {
-            for c in mps.client_pids(server).unwrap_or_default() {
-                clients.insert(c, server);
-            }
-        }
-    }
+    let clients = mps_clients(mps);
     let used: BTreeMap<u32, Option<u64>> =
         nvml_processes.iter().map(|p| (p.pid, p.used_mib)).collect();
     let pids: BTreeSet<u32> = clients.keys().chain(used.keys()).copied().collect();
@@ -250,6 +243,11 @@ fn police_with(
         let Some(verdict) = check(&facts, &limits, gpu) else {
             continue;
         };
+        // A process NVML saw before it showed in the server's list (it was
+        // connecting) is not outside MPS: ask the server again first.
+        if verdict.code == "not_mps" && mps_clients(mps).contains_key(&pid) {
+            continue;
+        }
         if already_policed(ns, job, pid) {
             // Terminated before; it stays listed until it exits (MPS lists
             // an evicted client until then) and can no longer use the GPU.
@@ -460,6 +458,19 @@ fn tell_process(procfs: &Procfs, pid: u32, message: &str, timeout: Duration) {
     if let Err(e) = muxflow::process::run(cmd, Some(message), timeout, false) {
         tracing::debug!(pid, "cannot write to the process's stderr: {e}");
     }
+}
+
+/// The clients of the GPU's MPS servers: pid -> server.
+fn mps_clients(mps: &MpsDaemon) -> BTreeMap<u32, u32> {
+    let mut clients = BTreeMap::new();
+    if mps.pipe_dir().join("control").exists() {
+        for server in mps.server_pids().unwrap_or_default() {
+            for c in mps.client_pids(server).unwrap_or_default() {
+                clients.insert(c, server);
+            }
+        }
+    }
+    clients
 }
 
 /// Whether the node already terminated process `pid` of job `job`.
