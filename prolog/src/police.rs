@@ -171,7 +171,7 @@ pub fn pinned_limit_mib(value: &str) -> Option<u64> {
 }
 
 /// Polices every process of an offline job on GPU `gpu`; returns the
-/// processes terminated.
+/// processes terminated: (pid, job, why).
 pub fn police_gpu(
     config: &Config,
     ns: &NodeState,
@@ -179,18 +179,9 @@ pub fn police_gpu(
     gpu: u32,
     nvml_processes: &[Process],
 ) -> Vec<(u32, u32, Verdict)> {
-    police_with(config, ns, mps, gpu, nvml_processes, &Procfs::default(), 0)
-}
-
-fn police_with(
-    config: &Config,
-    ns: &NodeState,
-    mps: &MpsDaemon,
-    gpu: u32,
-    nvml_processes: &[Process],
-    procfs: &Procfs,
-    owner: u32,
-) -> Vec<(u32, u32, Verdict)> {
+    let procfs = &Procfs::default();
+    // The limits files are root's (muxflow's node programs run as root).
+    let owner = 0;
     let limits_dir = ns.limits_dir();
     let any_offline = std::fs::read_dir(&limits_dir)
         .map(|d| {
