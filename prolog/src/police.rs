@@ -69,11 +69,11 @@ pub struct Verdict {
     pub reason: String,
 }
 
-const ENV_VARS: [&str; 4] = [
+/// The MPS settings a client reads from its environment at its start.
+const ENV_VARS: [&str; 3] = [
     "CUDA_MPS_CLIENT_PRIORITY",
     "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
     "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
-    "CUDA_MPS_PIPE_DIRECTORY",
 ];
 
 /// Checks one process of job `limits.job_id` seen on GPU `gpu`.
