@@ -254,6 +254,12 @@ impl Default for Policy {
     }
 }
 
+/// Allowed ranges of the `[xcuda]` numbers, shared with xCUDA's own
+/// reading of its settings.
+pub const SAMPLE_INTERVAL_MS: std::ops::RangeInclusive<u64> = 1..=10_000;
+pub const MAX_DELAY_US: std::ops::RangeInclusive<u64> = 0..=10_000_000;
+pub const DELAY_STEP_US: std::ops::RangeInclusive<u64> = 1..=1_000_000;
+
 /// xCUDA's launch gate.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -315,6 +321,9 @@ pub struct Health {
     pub xid_watch_ms: u64,
     /// Re-send the published state at least this often, changed or not.
     pub publish_refresh_s: u64,
+    /// How often `muxflow-police` checks an offline job's processes while
+    /// the job runs (the health steps check them too).
+    pub police_interval_ms: u64,
 }
 
 impl Default for Health {
@@ -335,6 +344,7 @@ impl Default for Health {
             history_len: 64,
             xid_watch_ms: 0,
             publish_refresh_s: 300,
+            police_interval_ms: 1000,
         }
     }
 }
@@ -397,6 +407,23 @@ impl Config {
             }
             Err(e)
         };
+        for r in self.ranges() {
+            if !(r.min..=r.max).contains(&r.value) {
+                let why = if r.why.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", r.why)
+                };
+                return err(
+                    r.section,
+                    r.key,
+                    format!(
+                        "{} is out of range: allowed {}..={}{why}",
+                        r.value, r.min, r.max
+                    ),
+                );
+            }
+        }
         let p = &self.policy;
         if p.sm_floor > p.sm_ceiling {
             return err(
@@ -468,25 +495,6 @@ impl Config {
                 "must be at least overloaded_enter_clock_fraction: the clock must recover above where it entered (hysteresis)".into(),
             );
         }
-        if h.history_len == 0 {
-            return err("health", "history_len", "must be at least 1".into());
-        }
-        if h.xid_watch_ms > 50_000 {
-            return err(
-                "health",
-                "xid_watch_ms",
-                "must be at most 50000: slurmd kills a HealthCheckProgram after 60 s".into(),
-            );
-        }
-        if self.xcuda.sample_interval_ms == 0 {
-            return err("xcuda", "sample_interval_ms", "must be at least 1".into());
-        }
-        if self.slurm.command_timeout_ms == 0 {
-            return err("slurm", "command_timeout_ms", "must be at least 1".into());
-        }
-        if self.mps.command_timeout_ms == 0 {
-            return err("mps", "command_timeout_ms", "must be at least 1".into());
-        }
         if self.mps.multiuser_flag.contains(char::is_whitespace) {
             return err(
                 "mps",
@@ -494,29 +502,13 @@ impl Config {
                 "must be one word, e.g. -M (or empty to run one user per server)".into(),
             );
         }
-        if self.matcher.interval_s == 0 {
-            return err("matcher", "interval_s", "must be at least 1".into());
-        }
-        if self.matcher.candidates_per_job == 0 {
-            return err("matcher", "candidates_per_job", "must be at least 1".into());
-        }
-        if self.matcher.max_updates_per_round == 0 {
-            return err(
-                "matcher",
-                "max_updates_per_round",
-                "must be at least 1".into(),
-            );
-        }
-        if self.matcher.command_timeout_s == 0 {
-            return err("matcher", "command_timeout_s", "must be at least 1".into());
-        }
         if !self.paths.gpu_device.starts_with('/') || !self.paths.gpu_device.contains("{index}") {
             return err(
                 "paths",
                 "gpu_device",
                 format!(
                     "'{}' must be an absolute path containing {{index}}, e.g. /dev/nvidia{{index}}",
-                    self.paths.gpu_device
+                    crate::text::shorten(&self.paths.gpu_device)
                 ),
             );
         }
@@ -525,11 +517,147 @@ impl Config {
                 return err(
                     "slurm",
                     key,
-                    format!("'{value}' must be a non-empty Slurm name of letters, digits and '_'"),
+                    format!(
+                        "'{}' must be a non-empty Slurm name of letters, digits and '_'",
+                        crate::text::shorten(value)
+                    ),
                 );
             }
         }
         Ok(())
+    }
+
+    /// Every number of the file with its allowed range: a value outside it
+    /// is refused where the file is read, naming file, line and key (an
+    /// absurd value such as `memory_reserve_mib = 9223372036854775807` would
+    /// otherwise wrap or silently disable a policy downstream).
+    fn ranges(&self) -> Vec<Bounded> {
+        const DAY_S: u64 = 86_400;
+        let (p, x, h, m) = (&self.policy, &self.xcuda, &self.health, &self.matcher);
+        let r = |section, key, value: u64, min, max, why| Bounded {
+            section,
+            key,
+            value,
+            min,
+            max,
+            why,
+        };
+        vec![
+            r(
+                "mps",
+                "command_timeout_ms",
+                self.mps.command_timeout_ms,
+                1,
+                600_000,
+                "",
+            ),
+            r(
+                "slurm",
+                "command_timeout_ms",
+                self.slurm.command_timeout_ms,
+                1,
+                600_000,
+                "",
+            ),
+            r(
+                "policy",
+                "memory_reserve_mib",
+                p.memory_reserve_mib,
+                0,
+                1 << 20,
+                "MiB of GPU memory kept for the online job; no GPU has more than 1 TiB",
+            ),
+            r(
+                "xcuda",
+                "sample_interval_ms",
+                x.sample_interval_ms,
+                *SAMPLE_INTERVAL_MS.start(),
+                *SAMPLE_INTERVAL_MS.end(),
+                "",
+            ),
+            r(
+                "xcuda",
+                "max_delay_us",
+                x.max_delay_us,
+                *MAX_DELAY_US.start(),
+                *MAX_DELAY_US.end(),
+                "at most 10 s in front of one launch",
+            ),
+            r(
+                "xcuda",
+                "delay_step_us",
+                x.delay_step_us,
+                *DELAY_STEP_US.start(),
+                *DELAY_STEP_US.end(),
+                "",
+            ),
+            r("health", "min_dwell_s", h.min_dwell_s, 0, DAY_S, ""),
+            r(
+                "health",
+                "recovery_quiet_s",
+                h.recovery_quiet_s,
+                0,
+                DAY_S,
+                "",
+            ),
+            r(
+                "health",
+                "history_len",
+                h.history_len as u64,
+                1,
+                100_000,
+                "",
+            ),
+            r(
+                "health",
+                "xid_watch_ms",
+                h.xid_watch_ms,
+                0,
+                50_000,
+                "slurmd kills a HealthCheckProgram after 60 s",
+            ),
+            r(
+                "health",
+                "publish_refresh_s",
+                h.publish_refresh_s,
+                1,
+                DAY_S,
+                "",
+            ),
+            r("matcher", "interval_s", m.interval_s, 1, DAY_S, ""),
+            r(
+                "matcher",
+                "candidates_per_job",
+                m.candidates_per_job as u64,
+                1,
+                100_000,
+                "",
+            ),
+            r(
+                "matcher",
+                "max_updates_per_round",
+                m.max_updates_per_round as u64,
+                1,
+                1_000_000,
+                "",
+            ),
+            r(
+                "matcher",
+                "history_days",
+                u64::from(m.history_days),
+                1,
+                3650,
+                "",
+            ),
+            r(
+                "matcher",
+                "command_timeout_s",
+                m.command_timeout_s,
+                1,
+                3600,
+                "",
+            ),
+        ]
     }
 
     /// The config as node `node` uses it: `{node}` in `state_dir`,
@@ -564,6 +692,17 @@ impl Config {
 }
 
 /// Builds an `Invalid` error for the byte range `span` of `text`.
+/// One number of the file and the range it must lie in.
+struct Bounded {
+    section: &'static str,
+    key: &'static str,
+    value: u64,
+    min: u64,
+    max: u64,
+    /// Why the bound, when it is not obvious.
+    why: &'static str,
+}
+
 fn invalid(text: &str, path: &Path, span: Range<usize>, message: &str) -> ConfigError {
     let start = span.start.min(text.len());
     let line = text[..start].matches('\n').count() + 1;
@@ -752,6 +891,78 @@ mod tests {
 
         let (_, key, _) = invalid_parts("[slurm]\noffline_gres = \"a b\"\n");
         assert_eq!(key, "slurm.offline_gres");
+    }
+
+    #[test]
+    fn out_of_range_numbers_name_file_line_key_and_range() {
+        struct Case {
+            name: &'static str,
+            text: &'static str,
+            line: usize,
+            key: &'static str,
+            range: &'static str,
+        }
+        let cases = [
+            Case {
+                name: "i64::MAX memory reserve",
+                text: "[policy]\nsm_floor = 10\nmemory_reserve_mib = 9223372036854775807\n",
+                line: 3,
+                key: "policy.memory_reserve_mib",
+                range: "0..=1048576",
+            },
+            Case {
+                name: "zero sample interval",
+                text: "[xcuda]\nsample_interval_ms = 0\n",
+                line: 2,
+                key: "xcuda.sample_interval_ms",
+                range: "1..=10000",
+            },
+            Case {
+                name: "a delay of hours",
+                text: "[xcuda]\nmax_delay_us = 99999999999\n",
+                line: 2,
+                key: "xcuda.max_delay_us",
+                range: "0..=10000000",
+            },
+            Case {
+                name: "xid watch past slurmd's kill",
+                text: "[health]\nxid_watch_ms = 60000\n",
+                line: 2,
+                key: "health.xid_watch_ms",
+                range: "0..=50000",
+            },
+            Case {
+                name: "zero matcher interval",
+                text: "[matcher]\ninterval_s = 0\n",
+                line: 2,
+                key: "matcher.interval_s",
+                range: "1..=86400",
+            },
+        ];
+        for c in cases {
+            let (line, key, msg) = invalid_parts(c.text);
+            assert_eq!((line, key.as_str()), (c.line, c.key), "{}", c.name);
+            assert!(msg.contains(c.range), "{}: {msg}", c.name);
+        }
+        let e = Config::parse(
+            "[policy]\nmemory_reserve_mib = 9223372036854775807\n",
+            Path::new("/etc/slurm/muxflow.toml"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("/etc/slurm/muxflow.toml:2:") && e.contains("policy.memory_reserve_mib"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_huge_value_is_echoed_cut() {
+        let text = format!("[slurm]\noffline_gres = \"{}\"\n", " ".repeat(5000));
+        let e = Config::parse(&text, Path::new("/m.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("… (5000 bytes)") && e.len() < 400, "{e}");
     }
 
     #[test]

@@ -6,7 +6,9 @@
 
 pub mod config;
 pub mod health;
+pub mod jobproc;
 pub mod kv;
+pub mod limits;
 pub mod mode;
 pub mod mps;
 pub mod node_state;
@@ -16,6 +18,7 @@ pub mod published;
 pub mod report;
 pub mod slurm_cli;
 pub mod slurm_version;
+pub mod text;
 pub mod xcuda_env;
 
 pub use config::Config;

@@ -36,7 +36,7 @@ impl FromStr for Mode {
         match s.trim() {
             "online" => Ok(Mode::Online),
             "offline" => Ok(Mode::Offline),
-            other => Err(ParseModeError(other.to_string())),
+            other => Err(ParseModeError(crate::text::shorten(other))),
         }
     }
 }
@@ -67,5 +67,12 @@ mod tests {
             assert!(err.contains("online, offline"), "{err}");
             assert!(err.contains(&format!("'{bad}'")), "{err}");
         }
+    }
+
+    #[test]
+    fn a_huge_value_is_echoed_cut() {
+        let err = "x".repeat(5000).parse::<Mode>().unwrap_err().to_string();
+        assert!(err.contains("… (5000 bytes)"), "{err}");
+        assert!(err.len() < 300, "{err}");
     }
 }

@@ -6,6 +6,9 @@
 //! <state_dir>/gpu<i>/jobs/<jobid>  one file per muxflow job on the GPU (key=value)
 //! <state_dir>/gpu<i>/facts         what the SM and memory policies need (key=value)
 //! <state_dir>/xcuda/<jobid>/       xCUDA counters of an offline job (owned by its user)
+//! <state_dir>/limits/<jobid>        an offline job's limits (root, 0644; crate::limits)
+//! <state_dir>/limits/<jobid>.policed  why the node terminated one of its processes
+//! <state_dir>/limits/<jobid>.measured  its peak GPU memory as NVML showed it
 //! ```
 //!
 //! Every write is atomic (temporary file + rename) under the GPU's lock, so
@@ -277,6 +280,22 @@ impl NodeState {
     /// Where the xCUDA counters of offline job `job_id` go.
     pub fn xcuda_stats_dir(&self, job_id: u32) -> PathBuf {
         self.dir.join("xcuda").join(job_id.to_string())
+    }
+
+    /// Where the offline jobs' limits files are (root-owned, 0755).
+    pub fn limits_dir(&self) -> PathBuf {
+        self.dir.join("limits")
+    }
+
+    /// Why the node terminated a process of job `job_id` (one line per
+    /// termination), for its AdminComment.
+    pub fn policed_file(&self, job_id: u32) -> PathBuf {
+        self.limits_dir().join(format!("{job_id}.policed"))
+    }
+
+    /// The largest GPU memory the node measured for job `job_id`.
+    pub fn measured_file(&self, job_id: u32) -> PathBuf {
+        self.limits_dir().join(format!("{job_id}.measured"))
     }
 
     /// GPUs that have a state directory, ascending.

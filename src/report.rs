@@ -2,8 +2,18 @@
 //! shows them and the matcher learns from them:
 //!
 //! ```text
-//! muxflow:v1 mode=offline node=node3 gpu=0 sm_pct=40 mem_cap_mib=60000 partner=12 launches=52000 delayed=1200 delay_ms=830 oom=0 peak_mib=2048 steps=788 steps_per_s=98.4
+//! muxflow:v1 mode=offline node=node3 gpu=0 sm_pct=40 mem_cap_mib=60000 partner=12 measured_peak_mib=2050 claim.launches=52000 claim.delayed=1200 claim.delay_ms=830 claim.oom=0 claim.peak_mib=2048 claim.steps=788 claim.steps_per_s=98.4
 //! ```
+//!
+//! Two kinds of figures, told apart by their keys:
+//! * what the node decided or measured itself (root, nothing the job can
+//!   write): `mode node gpu sm_pct mem_cap_mib partner measured_peak_mib
+//!   policed`;
+//! * the job's own claims, `claim.*`: read from files in the job's stats
+//!   directory, which its user can write (xCUDA runs inside the job's
+//!   process; the workload writes `$MUXFLOW_JOB_REPORT`). Each is bounded
+//!   ([`claim_bound`]); a value out of bounds is left out and its key listed
+//!   in `claims_refused`.
 //!
 //! | key | meaning |
 //! |---|---|
@@ -12,13 +22,17 @@
 //! | sm_pct | offline: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE it got |
 //! | mem_cap_mib | offline: its GPU memory cap |
 //! | partner | the online job it shared the GPU with (offline), or an offline job it hosted (online) |
-//! | launches, delayed, delay_ms | xCUDA: kernel launches, launches it delayed, total delay |
-//! | oom, peak_mib | xCUDA: allocations refused by the cap, peak GPU memory |
-//! | steps, steps_per_s | the workload's training steps, if it reports them |
-//! | requests, rps, p50_ms, p99_ms | the workload's served requests and latency, if it reports them |
+//! | measured_peak_mib | offline: the largest GPU memory NVML showed for its processes, at muxflow-police's checks and the health steps |
+//! | policed | offline: why the node terminated a process of it (codes of `muxflow-health`'s police, comma-separated) |
+//! | claim.launches, claim.delayed, claim.delay_ms | xCUDA: kernel launches, launches it delayed, total delay |
+//! | claim.oom, claim.peak_mib | xCUDA: allocations refused by the cap, peak GPU memory |
+//! | claim.steps, claim.steps_per_s | the workload's training steps, if it reports them |
+//! | claim.requests, claim.rps, claim.p50_ms, claim.p99_ms | the workload's served requests and latency, if it reports them |
+//! | claims_refused | claims left out for being out of bounds |
 //!
 //! Every key but `mode` is optional; unknown keys are ignored when reading, so
-//! newer writers stay readable.
+//! newer writers stay readable. Records written before the `claim.` prefix
+//! (the same keys without it) are read as claims: they were.
 
 use crate::kv::{self, Fields, KvError};
 use crate::Mode;
@@ -33,6 +47,11 @@ pub struct JobReport {
     pub sm_pct: Option<u8>,
     pub mem_cap_mib: Option<u64>,
     pub partner: Option<u32>,
+    /// Measured by the node (NVML, per process).
+    pub measured_peak_mib: Option<u64>,
+    /// Codes of the node's terminations, comma-separated.
+    pub policed: Option<String>,
+    // The job's claims (`claim.*`), bounded.
     pub launches: Option<u64>,
     pub delayed: Option<u64>,
     pub delay_ms: Option<u64>,
@@ -44,6 +63,39 @@ pub struct JobReport {
     pub rps: Option<f64>,
     pub p50_ms: Option<f64>,
     pub p99_ms: Option<f64>,
+    /// Claims left out for being out of bounds, comma-separated keys.
+    pub claims_refused: Option<String>,
+}
+
+/// The largest value a claim may have. Far above anything real (a GPU of
+/// 1 TiB, 10^15 launches, a million steps or requests per second), far
+/// below what would overflow a reader or drown the predictor.
+pub fn claim_bound(key: &str) -> Option<f64> {
+    Some(match key {
+        "launches" | "delayed" | "oom" | "steps" | "requests" => 1e15,
+        "delay_ms" => 1e15,
+        "peak_mib" => (1u64 << 20) as f64,
+        "steps_per_s" | "rps" => 1e6,
+        "p50_ms" | "p99_ms" => 1e7,
+        _ => return None,
+    })
+}
+
+/// A claimed integer: Some when it is a whole number within its bound.
+pub fn claim_u64(key: &str, raw: &str) -> Option<u64> {
+    let v: u64 = raw.trim().parse().ok()?;
+    (v as f64 <= claim_bound(key)?).then_some(v)
+}
+
+/// A claimed number: Some when finite, not negative, within its bound, and
+/// written in at most 32 characters.
+pub fn claim_f64(key: &str, raw: &str) -> Option<f64> {
+    let raw = raw.trim();
+    if raw.len() > 32 {
+        return None;
+    }
+    let v: f64 = raw.parse().ok()?;
+    (v.is_finite() && v >= 0.0 && v <= claim_bound(key)?).then_some(v)
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -65,17 +117,23 @@ impl JobReport {
             .push_opt("sm_pct", self.sm_pct)
             .push_opt("mem_cap_mib", self.mem_cap_mib)
             .push_opt("partner", self.partner)
-            .push_opt("launches", self.launches)
-            .push_opt("delayed", self.delayed)
-            .push_opt("delay_ms", self.delay_ms)
-            .push_opt("oom", self.oom)
-            .push_opt("peak_mib", self.peak_mib)
-            .push_opt("steps", self.steps)
-            .push_opt("steps_per_s", self.steps_per_s.filter(|v| v.is_finite()))
-            .push_opt("requests", self.requests)
-            .push_opt("rps", self.rps.filter(|v| v.is_finite()))
-            .push_opt("p50_ms", self.p50_ms.filter(|v| v.is_finite()))
-            .push_opt("p99_ms", self.p99_ms.filter(|v| v.is_finite()));
+            .push_opt("measured_peak_mib", self.measured_peak_mib)
+            .push_opt("policed", self.policed.as_deref())
+            .push_opt("claim.launches", self.launches)
+            .push_opt("claim.delayed", self.delayed)
+            .push_opt("claim.delay_ms", self.delay_ms)
+            .push_opt("claim.oom", self.oom)
+            .push_opt("claim.peak_mib", self.peak_mib)
+            .push_opt("claim.steps", self.steps)
+            .push_opt(
+                "claim.steps_per_s",
+                self.steps_per_s.filter(|v| v.is_finite()),
+            )
+            .push_opt("claim.requests", self.requests)
+            .push_opt("claim.rps", self.rps.filter(|v| v.is_finite()))
+            .push_opt("claim.p50_ms", self.p50_ms.filter(|v| v.is_finite()))
+            .push_opt("claim.p99_ms", self.p99_ms.filter(|v| v.is_finite()))
+            .push_opt("claims_refused", self.claims_refused.as_deref());
         w.finish()
     }
 
@@ -86,10 +144,22 @@ impl JobReport {
             .ok_or(ReportError::NotMuxflow)?;
         let map = kv::parse(rest)?;
         let f = Fields(&map);
-        let finite = |key: &str| -> Result<Option<f64>, KvError> {
-            match f.get::<f64>(key)? {
+        // A claim under its `claim.` key, or under the bare key of records
+        // written before the prefix.
+        let claim_key = |key: &'static str| -> String {
+            let prefixed = format!("claim.{key}");
+            if map.contains_key(&prefixed) {
+                prefixed
+            } else {
+                key.to_string()
+            }
+        };
+        let claim = |key: &'static str| -> Result<Option<u64>, KvError> { f.get(&claim_key(key)) };
+        let finite = |key: &'static str| -> Result<Option<f64>, KvError> {
+            let key = claim_key(key);
+            match f.get::<f64>(&key)? {
                 Some(v) if !v.is_finite() => Err(KvError::BadValue {
-                    key: key.into(),
+                    key,
                     value: v.to_string(),
                     why: "not a finite number".into(),
                 }),
@@ -103,17 +173,20 @@ impl JobReport {
             sm_pct: f.get("sm_pct")?,
             mem_cap_mib: f.get("mem_cap_mib")?,
             partner: f.get("partner")?,
-            launches: f.get("launches")?,
-            delayed: f.get("delayed")?,
-            delay_ms: f.get("delay_ms")?,
-            oom: f.get("oom")?,
-            peak_mib: f.get("peak_mib")?,
-            steps: f.get("steps")?,
+            measured_peak_mib: f.get("measured_peak_mib")?,
+            policed: f.get("policed")?,
+            launches: claim("launches")?,
+            delayed: claim("delayed")?,
+            delay_ms: claim("delay_ms")?,
+            oom: claim("oom")?,
+            peak_mib: claim("peak_mib")?,
+            steps: claim("steps")?,
             steps_per_s: finite("steps_per_s")?,
-            requests: f.get("requests")?,
+            requests: claim("requests")?,
             rps: finite("rps")?,
             p50_ms: finite("p50_ms")?,
             p99_ms: finite("p99_ms")?,
+            claims_refused: f.get("claims_refused")?,
         };
         Ok(r)
     }
@@ -131,6 +204,8 @@ mod tests {
             sm_pct: Some(40),
             mem_cap_mib: Some(60000),
             partner: Some(12),
+            measured_peak_mib: Some(2050),
+            policed: Some("priority,no_xcuda".into()),
             launches: Some(52000),
             delayed: Some(1200),
             delay_ms: Some(830),
@@ -142,6 +217,7 @@ mod tests {
             rps: None,
             p50_ms: Some(1.25),
             p99_ms: Some(0.1 + 0.2),
+            claims_refused: Some("steps".into()),
         }
     }
 
@@ -176,6 +252,106 @@ mod tests {
         assert!(e.contains("'gpu'"), "{e}");
         assert!(JobReport::decode("muxflow:v1 mode=offline rps=inf").is_err());
         assert!(JobReport::decode("muxflow:v1 mode=offline rps=NaN").is_err());
+    }
+
+    #[test]
+    fn claims_are_marked_and_records_from_before_the_prefix_still_read() {
+        let text = full().encode();
+        assert!(
+            text.contains(
+                " measured_peak_mib=2050 policed=priority,no_xcuda claim.launches=52000 "
+            ) && text.contains(" claim.steps_per_s=98.38 "),
+            "{text}"
+        );
+        assert!(!text.contains(" launches="), "{text}");
+        // As sacct holds records written before this change.
+        let old = "muxflow:v1 mode=offline node=node1 gpu=0 sm_pct=30 mem_cap_mib=79511 partner=3 \
+                   launches=2220 delayed=0 oom=0 peak_mib=320 steps=111 steps_per_s=27.52";
+        let r = JobReport::decode(old).unwrap();
+        assert_eq!(
+            (
+                r.launches,
+                r.peak_mib,
+                r.steps,
+                r.steps_per_s,
+                r.measured_peak_mib
+            ),
+            (Some(2220), Some(320), Some(111), Some(27.52), None)
+        );
+    }
+
+    #[test]
+    fn claims_out_of_bounds_are_refused() {
+        struct Case {
+            name: &'static str,
+            key: &'static str,
+            raw: String,
+            ok: bool,
+        }
+        let cases = [
+            Case {
+                name: "a real count",
+                key: "launches",
+                raw: "52000".into(),
+                ok: true,
+            },
+            Case {
+                name: "u64::MAX launches",
+                key: "launches",
+                raw: u64::MAX.to_string(),
+                ok: false,
+            },
+            Case {
+                name: "a negative count",
+                key: "steps",
+                raw: "-1".into(),
+                ok: false,
+            },
+            Case {
+                name: "a real speed",
+                key: "steps_per_s",
+                raw: "98.4".into(),
+                ok: true,
+            },
+            Case {
+                name: "a 300-digit speed",
+                key: "steps_per_s",
+                raw: "9".repeat(300),
+                ok: false,
+            },
+            Case {
+                name: "an infinite speed",
+                key: "rps",
+                raw: "inf".into(),
+                ok: false,
+            },
+            Case {
+                name: "NaN latency",
+                key: "p99_ms",
+                raw: "NaN".into(),
+                ok: false,
+            },
+            Case {
+                name: "a negative latency",
+                key: "p50_ms",
+                raw: "-3".into(),
+                ok: false,
+            },
+            Case {
+                name: "a peak beyond any GPU",
+                key: "peak_mib",
+                raw: "2000000".into(),
+                ok: false,
+            },
+        ];
+        for c in cases {
+            let got = match c.key {
+                "steps_per_s" | "rps" | "p50_ms" | "p99_ms" => claim_f64(c.key, &c.raw).is_some(),
+                _ => claim_u64(c.key, &c.raw).is_some(),
+            };
+            assert_eq!(got, c.ok, "{}", c.name);
+        }
+        assert_eq!(claim_bound("mode"), None, "only claims have bounds");
     }
 
     #[test]

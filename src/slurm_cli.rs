@@ -1,5 +1,8 @@
-//! The few scontrol calls the node side makes (root): where an offline job's
-//! slot is, and writing a job's AdminComment.
+//! The few Slurm calls the node side makes (root): where an offline job's
+//! slot is, and writing a job's AdminComment — with `scontrol` while the job
+//! runs, else (a cancelled job is "already finished" for slurmctld before
+//! its batch step ends) with `sacctmgr` into the accounting record.
+//! `sacctmgr` and `sacct` are taken from the directory of `slurm.scontrol`.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -11,8 +14,17 @@ use crate::Config;
 pub enum ScontrolError {
     #[error("{0} (check slurm.scontrol in muxflow.toml)")]
     Run(#[from] RunError),
-    #[error("scontrol {args}: {output}")]
+    #[error("{args}: {output}")]
     Failed { args: String, output: String },
+}
+
+/// Where an AdminComment was written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    /// Through slurmctld, the job still running.
+    Slurmctld,
+    /// Into the accounting record, the job already ended.
+    Accounting,
 }
 
 pub struct Scontrol {
@@ -29,14 +41,26 @@ impl Scontrol {
     }
 
     fn run(&self, args: &[&str]) -> Result<String, ScontrolError> {
-        let mut c = process::command(&self.program);
+        self.run_program(&self.program, args)
+    }
+
+    fn run_program(
+        &self,
+        program: &std::path::Path,
+        args: &[&str],
+    ) -> Result<String, ScontrolError> {
+        let mut c = process::command(program);
         c.args(args);
         let out = process::run(c, None, self.timeout, false)?;
         if out.success {
             Ok(out.stdout)
         } else {
             Err(ScontrolError::Failed {
-                args: args.join(" "),
+                args: format!(
+                    "{} {}",
+                    program.file_name().unwrap_or_default().to_string_lossy(),
+                    args.join(" ")
+                ),
                 output: format!("{}{}", out.stdout, out.stderr).trim().to_string(),
             })
         }
@@ -52,6 +76,53 @@ impl Scontrol {
     ) -> Result<Vec<u32>, ScontrolError> {
         let out = self.run(&["show", "job", "-d", &job_id.to_string()])?;
         Ok(parse_offline_slots(&out, node, gres))
+    }
+
+    /// Writes job `job_id`'s AdminComment: through slurmctld while the job
+    /// runs; once slurmctld has ended it (cancelled, preempted, timed out),
+    /// into its accounting record with `sacctmgr`, read back with `sacct`
+    /// until it holds (slurmctld's own end-of-job record may land after a
+    /// first write). Slurm 22.05's sacctmgr lower-cases the value.
+    pub fn record_admin_comment(&self, job_id: u32, text: &str) -> Result<Written, ScontrolError> {
+        let err = match self.set_admin_comment(job_id, text) {
+            Ok(()) => return Ok(Written::Slurmctld),
+            Err(e) => e,
+        };
+        if !err.to_string().contains("already finished") {
+            return Err(err);
+        }
+        let sibling = |name: &str| self.program.with_file_name(name);
+        let job = job_id.to_string();
+        let mut last = String::new();
+        for attempt in 0..5 {
+            if attempt > 0 {
+                std::thread::sleep(Duration::from_millis(400));
+            }
+            self.run_program(
+                &sibling("sacctmgr"),
+                &[
+                    "-i",
+                    "modify",
+                    "job",
+                    "where",
+                    &format!("jobid={job}"),
+                    "set",
+                    &format!("AdminComment={text}"),
+                ],
+            )?;
+            std::thread::sleep(Duration::from_millis(200));
+            last = self.run_program(
+                &sibling("sacct"),
+                &["-n", "-X", "-P", "-j", &job, "-o", "AdminComment"],
+            )?;
+            if last.trim().eq_ignore_ascii_case(text.trim()) {
+                return Ok(Written::Accounting);
+            }
+        }
+        Err(ScontrolError::Failed {
+            args: format!("sacctmgr modify job where jobid={job} set AdminComment=…"),
+            output: format!("sacct still shows '{}'", last.trim()),
+        })
     }
 
     /// Sets job `job_id`'s AdminComment (root/SlurmUser, while it runs).

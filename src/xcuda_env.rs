@@ -2,9 +2,10 @@
 //! environment variables. The plugin writes them (overwriting whatever the
 //! user set); xCUDA reads them once, at its first driver call.
 
+use std::ops::RangeInclusive;
 use std::path::PathBuf;
 
-use crate::config::Xcuda;
+use crate::config::{self, Xcuda};
 
 pub const MEM_LIMIT_BYTES: &str = "MUXFLOW_XCUDA_MEM_LIMIT_BYTES";
 pub const GPU_INDEX: &str = "MUXFLOW_XCUDA_GPU_INDEX";
@@ -17,6 +18,10 @@ pub const UTILIZATION_BRAKE: &str = "MUXFLOW_XCUDA_UTILIZATION_BRAKE";
 pub const MAX_DELAY_US: &str = "MUXFLOW_XCUDA_MAX_DELAY_US";
 pub const DELAY_STEP_US: &str = "MUXFLOW_XCUDA_DELAY_STEP_US";
 pub const RELEASE_FACTOR: &str = "MUXFLOW_XCUDA_RELEASE_FACTOR";
+/// The root-owned directory of the per-job limits files (see
+/// [`crate::limits`]); the only variable xCUDA reads inside a job, and only
+/// to find a file it then checks.
+pub const LIMITS_DIR: &str = "MUXFLOW_XCUDA_LIMITS_DIR";
 
 /// Every variable, for clearing user-set values.
 pub const ALL: [&str; 11] = [
@@ -32,6 +37,9 @@ pub const ALL: [&str; 11] = [
     DELAY_STEP_US,
     RELEASE_FACTOR,
 ];
+
+/// Largest memory cap a setting may give: 1 TiB (no GPU has more).
+pub const MAX_MEM_LIMIT_BYTES: u64 = 1 << 40;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct XcudaEnv {
@@ -105,91 +113,120 @@ impl XcudaEnv {
         v
     }
 
-    /// Reads the settings with `get` (e.g. `|k| std::env::var(k).ok()`);
-    /// missing thresholds take the defaults of `muxflow.toml`.
+    /// Reads the settings with `get`, strictly: the first bad value is an
+    /// error naming it. See [`from_env_lenient`](Self::from_env_lenient).
     pub fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<Self, XcudaEnvError> {
-        fn num<T: std::str::FromStr>(var: &'static str, v: String) -> Result<T, XcudaEnvError> {
-            v.trim().parse().map_err(|_| XcudaEnvError {
-                var,
-                value: v,
-                why: "not a number",
-            })
+        let (env, mut problems) = Self::from_env_lenient(get);
+        match problems.is_empty() {
+            true => Ok(env),
+            false => Err(problems.remove(0)),
         }
-        let fraction = |var: &'static str, default: f64| -> Result<f64, XcudaEnvError> {
-            match get(var) {
-                None => Ok(default),
-                Some(v) => {
-                    let f: f64 = num(var, v.clone())?;
-                    if (0.0..=1.0).contains(&f) {
-                        Ok(f)
-                    } else {
-                        Err(XcudaEnvError {
-                            var,
-                            value: v,
-                            why: "must be between 0 and 1",
-                        })
-                    }
+    }
+
+    /// Reads the settings with `get` (e.g. a root-written limits file);
+    /// missing thresholds take the defaults of `muxflow.toml`. Every value
+    /// that is malformed or outside the range `muxflow.toml` allows is
+    /// replaced by a safe one and reported: a threshold by its default (the
+    /// gate stays on), the memory cap by 0 (nothing may be allocated), a
+    /// path by none. Never "protection off".
+    pub fn from_env_lenient(get: impl Fn(&str) -> Option<String>) -> (Self, Vec<XcudaEnvError>) {
+        let d = Xcuda::default();
+        let mut problems = Vec::new();
+        let mut num = |var: &'static str, range: RangeInclusive<u64>, fallback: u64| -> u64 {
+            let Some(v) = get(var) else {
+                return fallback;
+            };
+            match v.trim().parse::<u64>() {
+                Ok(n) if range.contains(&n) => n,
+                Ok(_) => {
+                    problems.push(XcudaEnvError {
+                        var,
+                        value: crate::text::shorten(&v),
+                        why: "out of range",
+                    });
+                    fallback
+                }
+                Err(_) => {
+                    problems.push(XcudaEnvError {
+                        var,
+                        value: crate::text::shorten(&v),
+                        why: "not a number",
+                    });
+                    fallback
                 }
             }
         };
-        let path = |var: &'static str| -> Result<Option<PathBuf>, XcudaEnvError> {
-            match get(var) {
-                None => Ok(None),
-                Some(v) if v.starts_with('/') => Ok(Some(PathBuf::from(v))),
-                Some(v) => Err(XcudaEnvError {
-                    var,
-                    value: v,
-                    why: "must be an absolute path",
-                }),
+        let mem_limit_bytes = get(MEM_LIMIT_BYTES)
+            .is_some()
+            .then(|| num(MEM_LIMIT_BYTES, 0..=MAX_MEM_LIMIT_BYTES, 0));
+        let gpu_index = num(GPU_INDEX, 0..=1023, 0) as u32;
+        let sample_interval_ms = num(
+            SAMPLE_INTERVAL_MS,
+            config::SAMPLE_INTERVAL_MS,
+            d.sample_interval_ms,
+        );
+        let utilization_brake = num(
+            UTILIZATION_BRAKE,
+            1..=100,
+            u64::from(d.utilization_brake.get()),
+        ) as u8;
+        let max_delay_us = num(MAX_DELAY_US, config::MAX_DELAY_US, d.max_delay_us);
+        let delay_step_us = num(DELAY_STEP_US, config::DELAY_STEP_US, d.delay_step_us);
+        let mut fraction = |var: &'static str, fallback: f64| -> f64 {
+            let Some(v) = get(var) else {
+                return fallback;
+            };
+            match v.trim().parse::<f64>() {
+                Ok(f) if (0.0..=1.0).contains(&f) => f,
+                _ => {
+                    problems.push(XcudaEnvError {
+                        var,
+                        value: crate::text::shorten(&v),
+                        why: "must be a number between 0 and 1",
+                    });
+                    fallback
+                }
             }
         };
-        let d = Xcuda::default();
-        let utilization_brake: u8 = get(UTILIZATION_BRAKE)
-            .map(|v| num(UTILIZATION_BRAKE, v))
-            .transpose()?
-            .unwrap_or(d.utilization_brake.get());
-        if utilization_brake > 100 {
-            return Err(XcudaEnvError {
-                var: UTILIZATION_BRAKE,
-                value: utilization_brake.to_string(),
-                why: "must be a percentage",
-            });
-        }
-        let sample_interval_ms = get(SAMPLE_INTERVAL_MS)
-            .map(|v| num(SAMPLE_INTERVAL_MS, v))
-            .transpose()?
-            .unwrap_or(d.sample_interval_ms);
-        if sample_interval_ms == 0 {
-            return Err(XcudaEnvError {
-                var: SAMPLE_INTERVAL_MS,
-                value: "0".into(),
-                why: "must be at least 1",
-            });
-        }
-        Ok(XcudaEnv {
-            mem_limit_bytes: get(MEM_LIMIT_BYTES)
-                .map(|v| num(MEM_LIMIT_BYTES, v))
-                .transpose()?,
-            gpu_index: get(GPU_INDEX)
-                .map(|v| num(GPU_INDEX, v))
-                .transpose()?
-                .unwrap_or(0),
-            nvml_library: path(NVML_LIBRARY)?,
-            health_file: path(HEALTH_FILE)?,
-            stats_dir: path(STATS_DIR)?,
+        let clock_brake_fraction = fraction(CLOCK_BRAKE_FRACTION, d.clock_brake_fraction.get());
+        let release_factor = fraction(RELEASE_FACTOR, d.release_factor.get());
+        let mut path = |var: &'static str| -> Option<PathBuf> {
+            match get(var) {
+                None => None,
+                Some(v) if v.starts_with('/') => Some(PathBuf::from(v)),
+                Some(v) => {
+                    problems.push(XcudaEnvError {
+                        var,
+                        value: crate::text::shorten(&v),
+                        why: "must be an absolute path",
+                    });
+                    None
+                }
+            }
+        };
+        let env = XcudaEnv {
+            mem_limit_bytes,
+            gpu_index,
+            nvml_library: path(NVML_LIBRARY),
+            health_file: path(HEALTH_FILE),
+            stats_dir: path(STATS_DIR),
             sample_interval_ms,
-            clock_brake_fraction: fraction(CLOCK_BRAKE_FRACTION, d.clock_brake_fraction.get())?,
+            clock_brake_fraction,
             utilization_brake,
-            max_delay_us: get(MAX_DELAY_US)
-                .map(|v| num(MAX_DELAY_US, v))
-                .transpose()?
-                .unwrap_or(d.max_delay_us),
-            delay_step_us: get(DELAY_STEP_US)
-                .map(|v| num(DELAY_STEP_US, v))
-                .transpose()?
-                .unwrap_or(d.delay_step_us),
-            release_factor: fraction(RELEASE_FACTOR, d.release_factor.get())?,
-        })
+            max_delay_us,
+            delay_step_us,
+            release_factor,
+        };
+        (env, problems)
+    }
+
+    /// What xCUDA runs with when it has no trustworthy settings: the gate
+    /// with its default thresholds, and no GPU memory at all.
+    pub fn safe() -> Self {
+        XcudaEnv {
+            mem_limit_bytes: Some(0),
+            ..XcudaEnv::from_config(&Xcuda::default(), 0)
+        }
     }
 }
 
@@ -221,5 +258,71 @@ mod tests {
         assert!(err.to_string().contains("between 0 and 1"));
         let err = XcudaEnv::from_env(|k| (k == STATS_DIR).then(|| "rel".to_string())).unwrap_err();
         assert_eq!(err.var, STATS_DIR);
+    }
+
+    #[test]
+    fn bad_values_fall_back_to_protection_never_to_none() {
+        struct Case {
+            name: &'static str,
+            var: &'static str,
+            value: String,
+            check: fn(&XcudaEnv) -> bool,
+        }
+        let d = XcudaEnv::from_config(&Xcuda::default(), 0);
+        let cases = [
+            Case {
+                name: "a bogus sample interval keeps the default (the gate stays on)",
+                var: SAMPLE_INTERVAL_MS,
+                value: "bogus".into(),
+                check: |e| e.sample_interval_ms == 20,
+            },
+            Case {
+                name: "a zero interval too",
+                var: SAMPLE_INTERVAL_MS,
+                value: "0".into(),
+                check: |e| e.sample_interval_ms == 20,
+            },
+            Case {
+                name: "a huge memory cap is no cap: nothing may be allocated",
+                var: MEM_LIMIT_BYTES,
+                value: u64::MAX.to_string(),
+                check: |e| e.mem_limit_bytes == Some(0),
+            },
+            Case {
+                name: "a 300-digit cap likewise",
+                var: MEM_LIMIT_BYTES,
+                value: "9".repeat(300),
+                check: |e| e.mem_limit_bytes == Some(0),
+            },
+            Case {
+                name: "a delay of hours keeps the default",
+                var: MAX_DELAY_US,
+                value: "99999999999".into(),
+                check: |e| e.max_delay_us == 20_000,
+            },
+            Case {
+                name: "a brake at 0% utilization keeps the default",
+                var: UTILIZATION_BRAKE,
+                value: "0".into(),
+                check: |e| e.utilization_brake == 95,
+            },
+            Case {
+                name: "a fraction above 1 keeps the default",
+                var: RELEASE_FACTOR,
+                value: "7".into(),
+                check: |e| e.release_factor == 0.9,
+            },
+        ];
+        for c in cases {
+            let (e, problems) =
+                XcudaEnv::from_env_lenient(|k| (k == c.var).then(|| c.value.clone()));
+            assert!((c.check)(&e), "{}: {e:?}", c.name);
+            assert_eq!(problems.len(), 1, "{}", c.name);
+            assert_eq!(problems[0].var, c.var, "{}", c.name);
+            assert!(problems[0].value.len() < 100, "{}", c.name);
+        }
+        let (e, problems) = XcudaEnv::from_env_lenient(|_| None);
+        assert_eq!((e, problems.len()), (d, 0));
+        assert_eq!(XcudaEnv::safe().mem_limit_bytes, Some(0));
     }
 }

@@ -8,7 +8,9 @@
 //!   clamped to floor..ceiling; `sm_default` when the online job's solo SM
 //!   activity was never measured). It carries the online workload's SM
 //!   activity.
-//! * `mem`: the job's peak GPU memory (its history's largest `peak_mib`) over
+//! * `mem`: the job's peak GPU memory (its history's largest
+//!   `measured_peak_mib`, the node's NVML measurement; see
+//!   [`trusted_peak_mib`]) over
 //!   the room the online job leaves (GPU memory − online memory − reserve).
 //!   It carries the online job's memory use and the job's own.
 //! * the job's profile: its history's runs, linked by (user, job name).
@@ -18,8 +20,9 @@
 //! Ridge regression on `[1, share, share², mem, share·mem]`, trained on the
 //! AdminComment records of earlier offline runs in sacct (each shared run
 //! whose (user, name) also has a run alone gives one sample: its `sm_pct`,
-//! `peak_mib / mem_cap_mib`, and `steps_per_s` over the mean alone
-//! `steps_per_s`), plus a per-job offset: the mean residual of that job's
+//! peak / `mem_cap_mib`, and its claimed `steps_per_s` — bounded when the
+//! node wrote the record, clamped to 1.5× — over the mean alone
+//! `steps_per_s`; runs the node policed are left out), plus a per-job offset: the mean residual of that job's
 //! training samples, shrunk by `n / (n + 2)`. Output clamped to
 //! [0.01, 1.0]. Evaluated on a held-out 20% of the records (split by a hash
 //! of the job id); `muxflow-matcher --evaluate` prints both errors.
@@ -68,7 +71,10 @@ pub fn runs_from_sacct(jobs: &[SacctJob]) -> Vec<Run> {
     jobs.iter()
         .filter_map(|j| {
             let report = JobReport::decode(j.comment.administrator.as_deref()?).ok()?;
-            (report.mode == Some(Mode::Offline)).then(|| Run {
+            // A run the node had to police did not run within its limits:
+            // its figures say nothing about a protected run.
+            let learnable = report.mode == Some(Mode::Offline) && report.policed.is_none();
+            learnable.then(|| Run {
                 job_id: j.job_id,
                 key: (j.user.clone(), j.name.clone()),
                 report,
@@ -86,6 +92,17 @@ pub struct Profile {
     pub runs: usize,
 }
 
+/// The job's peak GPU memory as the predictor uses it: what the node
+/// measured; for records without a measurement (written before the node
+/// measured), the job's own claim, never above the cap the node gave it.
+pub fn trusted_peak_mib(r: &JobReport) -> Option<u64> {
+    const MAX_MIB: u64 = 1 << 20;
+    r.measured_peak_mib.or_else(|| {
+        let claim = r.peak_mib?;
+        Some(claim.min(r.mem_cap_mib.unwrap_or(MAX_MIB)).min(MAX_MIB))
+    })
+}
+
 fn ran_alone(r: &JobReport) -> bool {
     r.partner.is_none()
 }
@@ -99,7 +116,7 @@ pub fn profiles(runs: &[Run]) -> BTreeMap<JobKey, Profile> {
         }
         let e = out.get_mut(&r.key).expect("inserted above");
         e.0.runs += 1;
-        e.0.peak_mib = e.0.peak_mib.max(r.report.peak_mib);
+        e.0.peak_mib = e.0.peak_mib.max(trusted_peak_mib(&r.report));
         if let (true, Some(s)) = (ran_alone(&r.report), r.report.steps_per_s) {
             if s > 0.0 {
                 e.1 += s;
@@ -134,7 +151,7 @@ pub fn samples(runs: &[Run]) -> Vec<Sample> {
             let alone = prof.get(&r.key)?.alone_steps_per_s?;
             let steps = r.report.steps_per_s?;
             let share = f64::from(r.report.sm_pct?) / 100.0;
-            let mem = match (r.report.peak_mib, r.report.mem_cap_mib) {
+            let mem = match (trusted_peak_mib(&r.report), r.report.mem_cap_mib) {
                 (Some(p), Some(c)) if c > 0 => (p as f64 / c as f64).min(1.0),
                 _ => DEFAULT_MEM,
             };
@@ -445,6 +462,44 @@ mod tests {
         let e = evaluate(&runs);
         assert!(e.test > 20 && e.train > 100, "{e:?}");
         assert!(e.model_mae < e.default_mae * 0.7, "{e}");
+    }
+
+    #[test]
+    fn the_predictor_learns_from_what_the_node_measured() {
+        use crate::reader::{SacctComment, SacctJob};
+        let job = |id: u32, comment: &str| SacctJob {
+            job_id: id,
+            name: "train".into(),
+            user: "u".into(),
+            comment: SacctComment {
+                administrator: Some(comment.into()),
+            },
+            ..SacctJob::default()
+        };
+        let jobs = [
+            job(
+                1,
+                "muxflow:v1 mode=offline mem_cap_mib=1000 measured_peak_mib=300 claim.peak_mib=5",
+            ),
+            job(
+                2,
+                "muxflow:v1 mode=offline mem_cap_mib=1000 peak_mib=900000",
+            ),
+            job(
+                3,
+                "muxflow:v1 mode=offline policed=no_xcuda claim.steps_per_s=1000",
+            ),
+            job(4, "muxflow:v1 mode=online"),
+        ];
+        let runs = runs_from_sacct(&jobs);
+        let ids: Vec<u32> = runs.iter().map(|r| r.job_id).collect();
+        assert_eq!(ids, [1, 2], "policed and online runs are not learned from");
+        let peaks: Vec<Option<u64>> = runs.iter().map(|r| trusted_peak_mib(&r.report)).collect();
+        assert_eq!(
+            peaks,
+            [Some(300), Some(1000)],
+            "the node's measurement over the claim; an old claim never above the cap"
+        );
     }
 
     #[test]

@@ -105,6 +105,14 @@ pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
         )?;
         tracing::info!(job = job.id, gpu, mode = %job.mode, "recorded muxflow job");
     }
+    if job.mode == Mode::Offline {
+        remove_limits_files(&state, job.id);
+        // The config path this program was given, for the watcher.
+        match <crate::Cli as clap::Parser>::try_parse() {
+            Ok(cli) => crate::police::spawn_watcher(&cli.config, job.id),
+            Err(e) => tracing::error!(job = job.id, "muxflow-police not started: {e}"),
+        }
+    }
     Ok(())
 }
 
@@ -128,6 +136,7 @@ pub fn end(config: &Config, env: &JobEnv) -> Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => tracing::warn!(job = job.id, "cannot remove {}: {e}", stats.display()),
     }
+    remove_limits_files(&state, job.id);
     Ok(())
 }
 
@@ -157,5 +166,21 @@ fn stop_daemon(daemon: &MpsDaemon) {
             gpu = daemon.gpu(),
             "cannot stop the MPS control daemon: {e}"
         ),
+    }
+}
+
+/// Removes job `job_id`'s limits, policing and measurement files (at its
+/// end, and at its start in case an earlier job of that id left them).
+fn remove_limits_files(state: &NodeState, job_id: u32) {
+    for file in [
+        muxflow::limits::path(&state.limits_dir(), job_id),
+        state.policed_file(job_id),
+        state.measured_file(job_id),
+    ] {
+        match std::fs::remove_file(&file) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(job = job_id, "cannot remove {}: {e}", file.display()),
+        }
     }
 }

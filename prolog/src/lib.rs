@@ -101,5 +101,6 @@ pub mod detector;
 pub mod job;
 pub mod kmsg;
 pub mod nvml;
+pub mod police;
 pub mod publish;
 pub mod sysmon;

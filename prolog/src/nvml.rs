@@ -194,18 +194,7 @@ fn read_one(dev: &nvml_wrapper::Device) -> Result<Reading, (&'static str, NvmlEr
     let clock = dev.clock_info(Clock::SM).map_err(|e| ("SM clock", e))?;
     // A GPU without a max clock reading still has the other metrics.
     let max_clock = dev.max_clock_info(Clock::SM).ok().filter(|&m| m > 0);
-    let processes = dev
-        .running_compute_processes()
-        .map_err(|e| ("compute processes", e))?
-        .into_iter()
-        .map(|p| Process {
-            pid: p.pid,
-            used_mib: match p.used_gpu_memory {
-                UsedGpuMemory::Used(b) => Some(b / MIB),
-                UsedGpuMemory::Unavailable => None,
-            },
-        })
-        .collect();
+    let processes = gpu_processes(dev).map_err(|e| ("compute processes", e))?;
     let total_mib = mem.total / MIB;
     Ok(Reading {
         metrics: Metrics {
@@ -222,4 +211,31 @@ fn read_one(dev: &nvml_wrapper::Device) -> Result<Reading, (&'static str, NvmlEr
         mem_total_mib: total_mib,
         processes,
     })
+}
+
+/// The compute processes on a GPU with the memory NVML attributes to each.
+/// Clients of an MPS server are reported by the MPS variant (Volta and
+/// newer); a driver without it leaves the plain list.
+pub fn gpu_processes(dev: &nvml_wrapper::Device) -> Result<Vec<Process>, NvmlError> {
+    let mut found = dev.running_compute_processes()?;
+    match dev.mps_running_compute_processes() {
+        Ok(mps) => {
+            for p in mps {
+                if !found.iter().any(|f| f.pid == p.pid) {
+                    found.push(p);
+                }
+            }
+        }
+        Err(e) => tracing::debug!("NVML MPS compute processes: {e}"),
+    }
+    Ok(found
+        .into_iter()
+        .map(|p| Process {
+            pid: p.pid,
+            used_mib: match p.used_gpu_memory {
+                UsedGpuMemory::Used(b) => Some(b / MIB),
+                UsedGpuMemory::Unavailable => None,
+            },
+        })
+        .collect())
 }

@@ -344,6 +344,9 @@ fn step_gpu(
     }
 
     if let Some(r) = reading {
+        for (_, _, verdict) in crate::police::police_gpu(config, ns, &mps, gpu, &r.processes) {
+            rec.count(&format!("policed.{}", verdict.code));
+        }
         record_sample(&mut rec, r, &jobs, now, config.health.history_len);
     }
     save_record(ns, &lock, gpu, &rec)?;
@@ -437,10 +440,21 @@ fn exited(pid: u32) -> bool {
     }
 }
 
-/// The mode of the job a process belongs to: its SLURM_JOB_ID looked up in
-/// the GPU's registry, else the mode the plugin exported into its
-/// environment. None when neither says (treated as possibly online).
+/// The mode of the job a process belongs to, looked up in the GPU's
+/// registry. The job comes from [`muxflow::jobproc`] (the job cgroup or the
+/// root slurmstepd ancestor), never from the process's environment, which
+/// its user controls. Only a root process outside any job (an admin's tool,
+/// a test) is taken at its word: its SLURM_JOB_ID, else the mode in its
+/// environment. None when nothing says (treated as possibly online).
 pub fn process_mode(pid: u32, jobs: &[JobRecord]) -> Option<Mode> {
+    let procfs = muxflow::jobproc::Procfs::default();
+    if let Some(job) = procfs.job_of(pid) {
+        return jobs.iter().find(|j| j.job_id == job).map(|j| j.mode);
+    }
+    let status = std::fs::read_to_string(procfs.path(pid, "status")).ok()?;
+    if muxflow::jobproc::real_uid(&status) != Some(0) {
+        return None;
+    }
     let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
     let mut job_id = None;
     let mut mode = None;

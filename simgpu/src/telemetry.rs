@@ -13,6 +13,8 @@ pub struct ClientInfo {
     pub mem_used: u64,
     pub mem_limit: u64,
     pub sticky: u32,
+    /// The MPS server it is a client of (0: not under MPS).
+    pub mps_server: u32,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -38,6 +40,7 @@ pub fn clients(t: &Table) -> Vec<ClientInfo> {
             mem_used: c.mem_used,
             mem_limit: c.mem_limit,
             sticky: c.sticky.load(Ordering::Relaxed),
+            mps_server: c.mps_server,
         })
         .collect()
 }

@@ -168,6 +168,8 @@ fn nvml_wrapper_reads_the_model_while_a_workload_runs() {
     assert!(clock < max, "SM clock {clock} should fall under full load");
     assert!(mem.used >= 512 << 20, "{mem:?}");
     assert!(procs.iter().any(|p| p.pid == pid), "{procs:?}");
+    let mps = dev.mps_running_compute_processes().unwrap();
+    assert!(mps.is_empty(), "not under MPS: {mps:?}");
     assert!(sm_util > 70.0, "GPM SM util {sm_util}");
     // The other GPU stays idle.
     assert_eq!(
@@ -359,6 +361,17 @@ fn mps_fake_limits_terminate_and_logs() {
     assert!(sim.events(0).contains(&format!(
         "pid={pid} event=attach priority=1 thread_pct=50 sm_cap=66"
     )));
+    // NVML lists it among the processes with an MPS compute context.
+    let nvml = Nvml::builder()
+        .lib_path(sim.nvml_path().as_os_str())
+        .init()
+        .expect("init fake NVML");
+    let mps = nvml
+        .device_by_index(0)
+        .unwrap()
+        .mps_running_compute_processes()
+        .unwrap();
+    assert!(mps.iter().any(|p| p.pid == pid), "{mps:?}");
     let servers = m.cmd("get_server_list");
     let server = servers.lines().next().expect("a server").trim().to_string();
     assert!(m

@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 use muxflow::config::DEFAULT_PATH;
+use muxflow::text::shorten;
 
 /// Keys the plugin accepts, for messages.
 pub const KEYS: &str = "config";
@@ -42,7 +43,7 @@ impl PluginArgs {
         for word in words {
             let (key, value) = word
                 .split_once('=')
-                .ok_or_else(|| ArgsError::NotKeyValue(word.to_string()))?;
+                .ok_or_else(|| ArgsError::NotKeyValue(shorten(word)))?;
             match key {
                 "config" => {
                     if seen_config {
@@ -50,11 +51,11 @@ impl PluginArgs {
                     }
                     seen_config = true;
                     if !value.starts_with('/') {
-                        return Err(ArgsError::RelativeConfig(value.to_string()));
+                        return Err(ArgsError::RelativeConfig(shorten(value)));
                     }
                     args.config = PathBuf::from(value);
                 }
-                other => return Err(ArgsError::UnknownKey(other.to_string())),
+                other => return Err(ArgsError::UnknownKey(shorten(other))),
             }
         }
         Ok(args)

@@ -10,12 +10,13 @@
 //! `exit` of the batch step (root, job still running) writes the job's
 //! sharing figures into its AdminComment.
 
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use muxflow::node_state::NodeState;
+use muxflow::limits::JobLimits;
+use muxflow::node_state::{write_atomic, NodeState};
 use muxflow::policy::{offline_mem_cap_mib, offline_sm_percent};
-use muxflow::report::JobReport;
+use muxflow::report::{self, JobReport};
 use muxflow::slurm_cli::Scontrol;
 use muxflow::slurm_version::{SLURM_BATCH_SCRIPT, SLURM_EXTERN_CONT, SLURM_INTERACTIVE_STEP};
 use muxflow::xcuda_env::{self, XcudaEnv};
@@ -164,9 +165,19 @@ impl RemoteState {
             );
         }
         let gpu = ctx.gpu;
-        let facts = state.facts(gpu)?;
-        let sm_pct = offline_sm_percent(&config.policy, facts.online_solo_sm_pct);
-        let cap = offline_mem_cap_mib(&config.policy, &facts);
+        // The job's limits are fixed by its first step: a later step (srun)
+        // gets the same, so the node never polices a running process against
+        // limits it did not start with.
+        let (sm_pct, cap) = match JobLimits::read_trusted(&state.limits_dir(), ctx.job_id, 0) {
+            Ok((l, _)) if l.gpu == gpu => (l.sm_pct, l.mem_cap_mib),
+            _ => {
+                let facts = state.facts(gpu)?;
+                (
+                    offline_sm_percent(&config.policy, facts.online_solo_sm_pct),
+                    offline_mem_cap_mib(&config.policy, &facts),
+                )
+            }
+        };
         ctx.sm_pct = Some(sm_pct);
         ctx.mem_cap_mib = cap;
 
@@ -207,12 +218,24 @@ impl RemoteState {
             .map(|p| p.as_path().to_path_buf());
         env.health_file = Some(state.health_file(gpu));
         env.stats_dir = Some(stats.clone());
+        // xCUDA reads its settings from this root-owned file, never from the
+        // environment; the node polices the job against it.
+        let limits = JobLimits {
+            job_id: ctx.job_id,
+            gpu,
+            sm_pct,
+            mem_cap_mib: cap,
+            xcuda: env,
+        };
+        write_limits(&state.limits_dir(), &limits)?;
         for var in xcuda_env::ALL {
             unset(spank, var);
         }
-        for (var, value) in env.to_env() {
-            set(spank, var, &value);
-        }
+        set(
+            spank,
+            xcuda_env::LIMITS_DIR,
+            state.limits_dir().to_string_lossy().as_ref(),
+        );
         set(
             spank,
             JOB_REPORT_VAR,
@@ -243,8 +266,10 @@ impl RemoteState {
         };
         let report = build_report(&ctx);
         let text = report.encode();
-        match Scontrol::new(&ctx.config).set_admin_comment(ctx.job_id, &text) {
-            Ok(()) => tracing::info!(job = ctx.job_id, "muxflow report: {text}"),
+        // A cancelled or preempted job has already ended for slurmctld:
+        // the record then goes into its accounting record.
+        match Scontrol::new(&ctx.config).record_admin_comment(ctx.job_id, &text) {
+            Ok(how) => tracing::info!(job = ctx.job_id, ?how, "muxflow report: {text}"),
             Err(e) => tracing::error!(
                 job = ctx.job_id,
                 "muxflow: cannot write the AdminComment: {e}"
@@ -300,8 +325,30 @@ fn make_user_dir(dir: &Path, uid: u32, gid: u32) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The job's figures: where it ran, what the policies gave it, the xCUDA
-/// counters and the workload's own figures from the stats directory.
+/// Writes `limits` (root, 0644) in `dir` (root, 0755), which must be a
+/// plain directory of root: what xCUDA and the health check trust.
+fn write_limits(dir: &Path, limits: &JobLimits) -> anyhow::Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(dir)?;
+    let meta = std::fs::symlink_metadata(dir)?;
+    if !meta.is_dir() || meta.uid() != 0 || meta.mode() & 0o022 != 0 {
+        anyhow::bail!(
+            "{} must be a directory of root not writable by others (an administrator must fix it)",
+            dir.display()
+        );
+    }
+    let path = muxflow::limits::path(dir, limits.job_id);
+    write_atomic(&path, limits.encode().as_bytes())?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))?;
+    Ok(())
+}
+
+/// The job's figures: where it ran, what the policies gave it and what the
+/// node measured and policed (root-owned files), then the job's own claims
+/// from its stats directory (xCUDA counters, the workload's figures), each
+/// bounded ([`muxflow::report::claim_bound`]).
 fn build_report(ctx: &ReportContext) -> JobReport {
     let mut r = JobReport {
         mode: Some(ctx.mode),
@@ -316,7 +363,15 @@ fn build_report(ctx: &ReportContext) -> JobReport {
     r.partner = ctx
         .partner
         .or_else(|| partner(&state, ctx.gpu, ctx.job_id, ctx.mode));
+    if let Some(text) = read_root_file(&state.policed_file(ctx.job_id)) {
+        let codes = muxflow::limits::policed_codes(&text);
+        r.policed = (!codes.is_empty()).then(|| codes.join(","));
+    }
+    r.measured_peak_mib = read_root_file(&state.measured_file(ctx.job_id))
+        .and_then(|t| kv::parse(t.trim()).ok())
+        .and_then(|m| m.get("peak_mib")?.parse().ok());
     let Some(dir) = &ctx.stats_dir else { return r };
+    let mut refused: Vec<&'static str> = Vec::new();
     let mut peak_bytes: Option<u64> = None;
     let mut delay_us: Option<u64> = None;
     for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
@@ -324,13 +379,13 @@ fn build_report(ctx: &ReportContext) -> JobReport {
         let Some(map) = read_user_kv(&entry.path()) else {
             continue;
         };
-        let f = kv::Fields(&map);
-        let num = |k: &str| f.get::<u64>(k).ok().flatten();
-        let float = |k: &str| {
-            f.get::<f64>(k)
-                .ok()
-                .flatten()
-                .filter(|v| v.is_finite() && *v >= 0.0)
+        let mut int = |key: &'static str, bound_key: &'static str| -> Option<u64> {
+            let raw = map.get(key)?;
+            let v = report::claim_u64(bound_key, raw);
+            if v.is_none() && !refused.contains(&bound_key) {
+                refused.push(bound_key);
+            }
+            v
         };
         if name.starts_with("xcuda.") {
             let add = |acc: Option<u64>, v: Option<u64>| match (acc, v) {
@@ -338,15 +393,33 @@ fn build_report(ctx: &ReportContext) -> JobReport {
                 (None, Some(v)) => Some(v),
                 (Some(a), Some(v)) => Some(a.saturating_add(v)),
             };
-            r.launches = add(r.launches, num("launches"));
-            r.delayed = add(r.delayed, num("delayed"));
-            r.oom = add(r.oom, num("oom"));
-            delay_us = add(delay_us, num("delay_us"));
-            peak_bytes = peak_bytes.max(num("peak_bytes"));
+            r.launches = add(r.launches, int("launches", "launches"));
+            r.delayed = add(r.delayed, int("delayed", "delayed"));
+            r.oom = add(r.oom, int("oom", "oom"));
+            // Microseconds, bounded as the milliseconds they become.
+            delay_us = add(delay_us, int("delay_us", "delay_ms"));
+            let peak = map
+                .get("peak_bytes")
+                .and_then(|b| b.trim().parse::<u64>().ok());
+            match peak.map(|b| b >> 20) {
+                Some(mib) if report::claim_u64("peak_mib", &mib.to_string()).is_some() => {
+                    peak_bytes = peak_bytes.max(peak);
+                }
+                None if !map.contains_key("peak_bytes") => {}
+                _ => refused.push("peak_mib"),
+            }
         } else if name == "job.report" {
-            r.steps = num("steps");
+            r.steps = int("steps", "steps");
+            r.requests = int("requests", "requests");
+            let mut float = |key: &'static str| -> Option<f64> {
+                let raw = map.get(key)?;
+                let v = report::claim_f64(key, raw);
+                if v.is_none() && !refused.contains(&key) {
+                    refused.push(key);
+                }
+                v
+            };
             r.steps_per_s = float("steps_per_s");
-            r.requests = num("requests");
             r.rps = float("rps");
             r.p50_ms = float("p50_ms");
             r.p99_ms = float("p99_ms");
@@ -354,7 +427,33 @@ fn build_report(ctx: &ReportContext) -> JobReport {
     }
     r.delay_ms = delay_us.map(|us| us / 1000);
     r.peak_mib = peak_bytes.map(|b| b >> 20);
+    if !refused.is_empty() {
+        tracing::warn!(
+            job = ctx.job_id,
+            ?refused,
+            "claims out of bounds left out of the report"
+        );
+        r.claims_refused = Some(refused.join(","));
+    }
     r
+}
+
+/// A small file root wrote in a root-owned directory (no symlink, at most
+/// 4 KiB).
+fn read_root_file(path: &Path) -> Option<String> {
+    use std::io::Read;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    let meta = file.metadata().ok()?;
+    if !meta.is_file() || meta.uid() != 0 {
+        return None;
+    }
+    let mut text = String::new();
+    file.take(4096).read_to_string(&mut text).ok()?;
+    Some(text)
 }
 
 /// A job of the other mode on the GPU: an offline job's online partner, or

@@ -75,11 +75,11 @@ fn health_pauses(path: &Path, logged: &mut bool) -> bool {
 
 /// Pauses the gate if the health file says so; returns whether it did.
 pub fn apply_health(s: &Settings, logged: &mut bool) -> bool {
-    let paused = s.gate_enabled
-        && s.env
-            .health_file
-            .as_deref()
-            .is_some_and(|p| health_pauses(p, logged));
+    let paused = s
+        .env
+        .health_file
+        .as_deref()
+        .is_some_and(|p| health_pauses(p, logged));
     if paused {
         runtime::gate().set(Mode::Paused);
     }
@@ -162,7 +162,7 @@ fn run(s: &'static Settings) {
     let gate = runtime::gate();
     let interval = Duration::from_millis(s.env.sample_interval_ms);
     let b = busy();
-    let nvml = if s.gate_enabled { open_nvml(s) } else { None };
+    let nvml = open_nvml(s);
     let mut sampler = nvml.as_ref().and_then(|n| Sampler::new(n, s.env.gpu_index));
     drop(b);
     let mut controller = Controller::new(Params::from_env(&s.env));
@@ -171,15 +171,13 @@ fn run(s: &'static Settings) {
     while !gate.shutting_down() {
         std::thread::sleep(interval);
         let _b = busy();
-        if s.gate_enabled {
-            let paused = apply_health(s, &mut health_logged);
-            let delay = match sampler.as_mut().and_then(Sampler::sample) {
-                Some(x) => controller.step(&x),
-                None => controller.delay(),
-            };
-            if !paused {
-                gate.set(Mode::Delay(delay));
-            }
+        let paused = apply_health(s, &mut health_logged);
+        let delay = match sampler.as_mut().and_then(Sampler::sample) {
+            Some(x) => controller.step(&x),
+            None => controller.delay(),
+        };
+        if !paused {
+            gate.set(Mode::Delay(delay));
         }
         if last_housekeeping.elapsed() >= HOUSEKEEPING {
             last_housekeeping = Instant::now();

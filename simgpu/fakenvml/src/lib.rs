@@ -361,9 +361,20 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     })
 }
 
-unsafe fn processes(d: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) -> Ret {
+/// Every client with a context on the GPU, or (`mps_only`) those with an
+/// MPS compute context, as nvmlDeviceGetMPSComputeRunningProcesses_v3
+/// reports them.
+unsafe fn processes(
+    d: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+    mps_only: bool,
+) -> Ret {
     guard(|| {
-        let r = reading(gpu(d)?.1);
+        let mut r = reading(gpu(d)?.1);
+        if mps_only {
+            r.clients.retain(|c| c.mps_server != 0);
+        }
         if count.is_null() {
             return Err(rc::INVALID_ARGUMENT);
         }
@@ -394,7 +405,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     count: *mut c_uint,
     infos: *mut nvmlProcessInfo_t,
 ) -> Ret {
-    processes(d, count, infos)
+    processes(d, count, infos, false)
 }
 
 #[no_mangle]
@@ -403,7 +414,16 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(
     count: *mut c_uint,
     infos: *mut nvmlProcessInfo_t,
 ) -> Ret {
-    processes(d, count, infos)
+    processes(d, count, infos, false)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v3(
+    d: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> Ret {
+    processes(d, count, infos, true)
 }
 
 // ---- GPM (SM activity) ---------------------------------------------------

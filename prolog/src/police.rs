@@ -1,0 +1,653 @@
+//! Policing offline jobs' processes: what the job could take out of its own
+//! environment (xCUDA in LD_PRELOAD, the MPS client settings) is checked
+//! from outside, on every step of the GPU (Prolog, Epilog, health check).
+//!
+//! A process is policed when it belongs to an offline job with a limits
+//! file on this node ([`muxflow::jobproc`] says which job, from the job's
+//! cgroup or its root slurmstepd ancestor; never from its environment) and
+//! it is on this GPU (an NVML compute process or a client of the GPU's MPS
+//! server). Checked against the job's root-owned limits
+//! ([`muxflow::limits`]):
+//!
+//! | code | what |
+//! |---|---|
+//! | `wrong_gpu` | it uses a GPU other than the one the job was placed on |
+//! | `not_mps` | it is on the GPU but not a client of the GPU's MPS server |
+//! | `no_xcuda` | xCUDA is not mapped in it (`/proc/<pid>/maps`) |
+//! | `priority` | it started with `CUDA_MPS_CLIENT_PRIORITY` other than 1 |
+//! | `sm_pct` | its `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` is missing or above the job's |
+//! | `mem_limit` | its `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` is missing or above the job's cap |
+//! | `mem_used` | NVML reports it using more GPU memory than the job's cap |
+//!
+//! The environment checked is `/proc/<pid>/environ`: what the process
+//! started with, which is what the MPS client library read at its start
+//! (the settings are fixed then). A process can overwrite that memory
+//! afterwards; the memory check does not depend on it.
+//!
+//! Two programs police: every health step (all offline jobs of the GPU,
+//! every `HealthCheckInterval` and at each Prolog and Epilog), and
+//! `muxflow-police`, which the Prolog starts for each offline job and which
+//! checks the job's GPU every `health.police_interval_ms` until the Epilog
+//! has forgotten the job ([`watch`]).
+//!
+//! An MPS client out of bounds is evicted with `terminate_client` (safe for
+//! the server and the other clients); a process on the GPU outside MPS is
+//! killed (it shares no server to hurt). The reason goes to the process's
+//! stderr (written with the process owner's rights, never root's), the
+//! slurmd log, and `<state_dir>/limits/<job>.policed`, which the plugin puts
+//! into the job's AdminComment.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use muxflow::jobproc::Procfs;
+use muxflow::limits::JobLimits;
+use muxflow::mps::MpsDaemon;
+use muxflow::node_state::NodeState;
+use muxflow::Config;
+
+use crate::nvml::Process;
+
+/// What the node knows about one process on the GPU.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Facts {
+    pub xcuda_mapped: bool,
+    /// The MPS variables it started with.
+    pub env: BTreeMap<String, String>,
+    /// GPU memory NVML attributes to it.
+    pub used_mib: Option<u64>,
+    /// The MPS server it is a client of, if any.
+    pub mps_server: Option<u32>,
+}
+
+/// Why a process is out of bounds: (code, reason for the user).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    pub code: &'static str,
+    pub reason: String,
+}
+
+/// The MPS settings a client reads from its environment at its start.
+const ENV_VARS: [&str; 3] = [
+    "CUDA_MPS_CLIENT_PRIORITY",
+    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+];
+
+/// Checks one process of job `limits.job_id` seen on GPU `gpu`.
+pub fn check(facts: &Facts, limits: &JobLimits, gpu: u32) -> Option<Verdict> {
+    let v = |code, reason: String| Some(Verdict { code, reason });
+    if gpu != limits.gpu {
+        return v(
+            "wrong_gpu",
+            format!(
+                "it uses GPU {gpu}, but the job was placed on GPU {}",
+                limits.gpu
+            ),
+        );
+    }
+    if facts.mps_server.is_none() {
+        return v(
+            "not_mps",
+            format!(
+                "it uses GPU {gpu} outside the GPU's MPS server (CUDA_MPS_PIPE_DIRECTORY changed)"
+            ),
+        );
+    }
+    if !facts.xcuda_mapped {
+        return v(
+            "no_xcuda",
+            "xCUDA is not loaded in it (LD_PRELOAD changed)".into(),
+        );
+    }
+    let env = |k: &str| facts.env.get(k).map(String::as_str);
+    if env("CUDA_MPS_CLIENT_PRIORITY").map(str::trim) != Some("1") {
+        return v(
+            "priority",
+            format!(
+                "it started with CUDA_MPS_CLIENT_PRIORITY={} instead of 1",
+                env("CUDA_MPS_CLIENT_PRIORITY").unwrap_or("(unset)")
+            ),
+        );
+    }
+    let pct = env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE");
+    if pct
+        .and_then(|p| p.trim().parse::<f64>().ok())
+        .is_none_or(|p| p > f64::from(limits.sm_pct))
+    {
+        return v(
+            "sm_pct",
+            format!(
+                "it started with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={} instead of at most {}",
+                pct.unwrap_or("(unset)"),
+                limits.sm_pct
+            ),
+        );
+    }
+    if let Some(cap) = limits.mem_cap_mib {
+        let given = env("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT");
+        if given.and_then(pinned_limit_mib).is_none_or(|m| m > cap) {
+            return v(
+                "mem_limit",
+                format!(
+                    "it started with CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={} instead of at most 0={cap}M",
+                    given.unwrap_or("(unset)")
+                ),
+            );
+        }
+        if let Some(used) = facts.used_mib.filter(|u| *u > cap) {
+            return v(
+                "mem_used",
+                format!("it uses {used} MiB of GPU memory, above the job's cap of {cap} MiB"),
+            );
+        }
+    }
+    None
+}
+
+/// Device 0's limit in `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` ("0=8G,1=512M"),
+/// in MiB (rounded up); None when absent or unreadable.
+pub fn pinned_limit_mib(value: &str) -> Option<u64> {
+    let v = value
+        .split(',')
+        .find_map(|e| e.trim().strip_prefix("0="))?
+        .trim();
+    let (digits, unit) = match v.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => v.split_at(i),
+        None => (v, ""),
+    };
+    let n: u64 = digits.parse().ok()?;
+    let bytes = match unit {
+        "" => Some(n),
+        "K" | "k" => n.checked_mul(1 << 10),
+        "M" | "m" => n.checked_mul(1 << 20),
+        "G" | "g" => n.checked_mul(1 << 30),
+        "T" | "t" => n.checked_mul(1 << 40),
+        _ => None,
+    }?;
+    Some(bytes.div_ceil(1 << 20))
+}
+
+/// Polices every process of an offline job on GPU `gpu`; returns the
+/// processes terminated: (pid, job, why).
+pub fn police_gpu(
+    config: &Config,
+    ns: &NodeState,
+    mps: &MpsDaemon,
+    gpu: u32,
+    nvml_processes: &[Process],
+) -> Vec<(u32, u32, Verdict)> {
+    let procfs = &Procfs::default();
+    // The limits files are root's (muxflow's node programs run as root).
+    let owner = 0;
+    let limits_dir = ns.limits_dir();
+    let any_offline = std::fs::read_dir(&limits_dir)
+        .map(|d| {
+            d.flatten().any(|e| {
+                e.file_name()
+                    .to_str()
+                    .is_some_and(|n| n.parse::<u32>().is_ok())
+            })
+        })
+        .unwrap_or(false);
+    if !any_offline {
+        return Vec::new();
+    }
+    // MPS clients of this GPU's servers: pid -> server.
+    let clients = mps_clients(mps);
+    let used: BTreeMap<u32, Option<u64>> =
+        nvml_processes.iter().map(|p| (p.pid, p.used_mib)).collect();
+    let pids: BTreeSet<u32> = clients.keys().chain(used.keys()).copied().collect();
+    let xcuda = std::fs::canonicalize(config.paths.xcuda_library.as_path())
+        .unwrap_or_else(|_| config.paths.xcuda_library.as_path().to_path_buf());
+    let mut out = Vec::new();
+    let mut peaks: BTreeMap<u32, u64> = BTreeMap::new();
+    for pid in pids {
+        let Some(job) = procfs.job_of(pid) else {
+            continue;
+        };
+        let limits = match JobLimits::read_trusted(&limits_dir, job, owner) {
+            Ok((l, _)) => l,
+            // Not an offline job of this node (online, or not muxflow's).
+            Err(muxflow::limits::LimitsError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                continue
+            }
+            Err(e) => {
+                tracing::error!(gpu, pid, job, "cannot police: {e}");
+                continue;
+            }
+        };
+        let facts = Facts {
+            xcuda_mapped: maps_contain(procfs, pid, &xcuda),
+            env: environ(procfs, pid),
+            used_mib: used.get(&pid).copied().flatten(),
+            mps_server: clients.get(&pid).copied(),
+        };
+        if let Some(mib) = facts.used_mib {
+            let peak = peaks.entry(job).or_insert(0);
+            *peak = peak.saturating_add(mib);
+        }
+        let Some(verdict) = check(&facts, &limits, gpu) else {
+            continue;
+        };
+        // A process NVML saw before it showed in the server's list (it was
+        // connecting) is not outside MPS: ask the server again first.
+        if verdict.code == "not_mps" && mps_clients(mps).contains_key(&pid) {
+            continue;
+        }
+        if already_policed(ns, job, pid) {
+            // Terminated before; it stays listed until it exits (MPS lists
+            // an evicted client until then) and can no longer use the GPU.
+            tracing::debug!(gpu, pid, job, "already terminated");
+            continue;
+        }
+        let how = match facts.mps_server {
+            Some(_) => "evicted from the GPU (MPS terminate_client)",
+            None => "killed",
+        };
+        let message = format!(
+            "muxflow: process {pid} of offline job {job} is {how} by the node: {}; \
+             an offline job must run with the limits muxflow gives it",
+            verdict.reason
+        );
+        tracing::warn!(gpu, pid, job, code = verdict.code, "{message}");
+        // Told first: once evicted, the process may exit at once.
+        tell_process(
+            procfs,
+            pid,
+            &message,
+            Duration::from_millis(config.mps.command_timeout_ms),
+        );
+        let done = match facts.mps_server {
+            Some(server) => mps.terminate_client(server, pid).map_err(|e| e.to_string()),
+            None => {
+                // SAFETY: kill(2) on a pid; no memory is touched.
+                match unsafe { libc::kill(pid as i32, libc::SIGKILL) } {
+                    0 => Ok(()),
+                    _ => Err(std::io::Error::last_os_error().to_string()),
+                }
+            }
+        };
+        if let Err(e) = done {
+            tracing::error!(gpu, pid, job, code = verdict.code, "cannot terminate: {e}");
+            continue;
+        }
+        record(ns, job, pid, &verdict);
+        out.push((pid, job, verdict));
+    }
+    for (job, mib) in peaks {
+        record_peak(ns, job, mib);
+    }
+    out
+}
+
+/// Raises the job's measured peak GPU memory (all its processes on the GPU
+/// at one step) to `mib`, in `<state_dir>/limits/<job>.measured`.
+fn record_peak(ns: &NodeState, job: u32, mib: u64) {
+    let path = ns.measured_file(job);
+    let old: u64 = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|t| muxflow::kv::parse(t.trim()).ok())
+        .and_then(|m| m.get("peak_mib")?.parse().ok())
+        .unwrap_or(0);
+    if mib > old {
+        let text = format!("peak_mib={mib}\n");
+        if let Err(e) = muxflow::node_state::write_atomic(&path, text.as_bytes()) {
+            tracing::error!(job, "{e}");
+        }
+    }
+}
+
+/// How long `muxflow-police` waits for the job's slurmstepd to appear
+/// before it concludes the job never started here.
+const NO_STEPD_GIVE_UP: Duration = Duration::from_secs(300);
+
+/// `muxflow-police` for offline job `job`: polices the job's GPU every
+/// `health.police_interval_ms`, so a process out of bounds is caught about
+/// when it attaches rather than at the next health check. Ends when the
+/// Epilog has forgotten the job, or when the job's slurmstepd has gone (or
+/// never came).
+pub fn watch(config: &Config, job: u32) -> anyhow::Result<()> {
+    let ns = NodeState::new(config.paths.state_dir.as_path());
+    let interval = Duration::from_millis(config.health.police_interval_ms);
+    let nvml = match config.paths.nvml_library.as_ref() {
+        Some(p) => nvml_wrapper::Nvml::builder()
+            .lib_path(p.as_path().as_os_str())
+            .init(),
+        None => nvml_wrapper::Nvml::init(),
+    };
+    let nvml = match nvml {
+        Ok(n) => Some(n),
+        Err(e) => {
+            tracing::warn!(
+                job,
+                "muxflow-police: no NVML ({e}); memory use is not checked"
+            );
+            None
+        }
+    };
+    let procfs = Procfs::default();
+    let started = Instant::now();
+    let mut stepd_seen = false;
+    tracing::info!(job, ?interval, "muxflow-police: watching offline job");
+    loop {
+        std::thread::sleep(interval);
+        let Some((gpu, _)) = ns.find_job(job)? else {
+            tracing::info!(job, "muxflow-police: job forgotten by the Epilog; done");
+            return Ok(());
+        };
+        match (procfs.stepd_of_job_runs(job), stepd_seen) {
+            (true, _) => stepd_seen = true,
+            (false, true) => {
+                tracing::info!(job, "muxflow-police: the job's slurmstepd is gone; done");
+                return Ok(());
+            }
+            (false, false) if started.elapsed() > NO_STEPD_GIVE_UP => {
+                tracing::info!(job, "muxflow-police: the job never started here; done");
+                return Ok(());
+            }
+            (false, false) => {}
+        }
+        let processes = nvml
+            .as_ref()
+            .and_then(|n| n.device_by_index(gpu).ok())
+            .and_then(|d| crate::nvml::gpu_processes(&d).ok())
+            .unwrap_or_default();
+        let lock = ns.lock_gpu(gpu)?;
+        let mps = MpsDaemon::for_gpu(config, gpu);
+        for (pid, of_job, verdict) in police_gpu(config, &ns, &mps, gpu, &processes) {
+            tracing::warn!(
+                job = of_job,
+                pid,
+                code = verdict.code,
+                "muxflow-police: terminated a process out of bounds"
+            );
+        }
+        drop(lock);
+    }
+}
+
+/// Starts `muxflow-police` (next to this program) for offline job `job`,
+/// detached in its own process group with the config `config_path`. A
+/// failure is logged: the job is then policed at the health steps only.
+pub fn spawn_watcher(config_path: &Path, job: u32) {
+    let program = match std::env::current_exe() {
+        Ok(exe) => exe.with_file_name("muxflow-police"),
+        Err(e) => {
+            tracing::error!(
+                job,
+                "cannot find muxflow-police: {e}; policed at health checks only"
+            );
+            return;
+        }
+    };
+    let mut cmd = Command::new(&program);
+    cmd.arg("--config")
+        .arg(config_path)
+        .env("SLURM_JOB_ID", job.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    match cmd.spawn() {
+        // Not waited for: it outlives the Prolog and is reaped by init.
+        Ok(child) => tracing::info!(job, pid = child.id(), "started muxflow-police"),
+        Err(e) => tracing::error!(
+            job,
+            "cannot start {}: {e}; the job is policed at health checks only",
+            program.display()
+        ),
+    }
+}
+
+/// Whether `lib` is mapped in the process (`/proc/<pid>/maps` ends each
+/// file mapping with its path).
+fn maps_contain(procfs: &Procfs, pid: u32, lib: &Path) -> bool {
+    let Ok(maps) = std::fs::read(procfs.path(pid, "maps")) else {
+        return false;
+    };
+    let lib = lib.as_os_str().as_encoded_bytes();
+    maps.split(|b| *b == b'\n').any(|l| l.ends_with(lib))
+}
+
+/// The MPS variables of the process's starting environment.
+fn environ(procfs: &Procfs, pid: u32) -> BTreeMap<String, String> {
+    let bytes = std::fs::read(procfs.path(pid, "environ")).unwrap_or_default();
+    bytes
+        .split(|b| *b == 0)
+        .filter_map(|v| std::str::from_utf8(v).ok()?.split_once('='))
+        .filter(|(k, _)| ENV_VARS.contains(k))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Writes `message` to the process's stderr, as the process's owner: the
+/// user chose where fd 2 points, so root never opens it.
+fn tell_process(procfs: &Procfs, pid: u32, message: &str, timeout: Duration) {
+    let status = std::fs::read_to_string(procfs.path(pid, "status")).unwrap_or_default();
+    let id = |key: &str| -> Option<u32> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    };
+    let (Some(uid), Some(gid)) = (id("Uid:"), id("Gid:")) else {
+        return;
+    };
+    let mut cmd = muxflow::process::command(Path::new("/bin/sh"));
+    cmd.args(["-c", "cat >> \"$1\"", "sh"])
+        .arg(procfs.path(pid, "fd/2"));
+    std::os::unix::process::CommandExt::uid(&mut cmd, uid);
+    std::os::unix::process::CommandExt::gid(&mut cmd, gid);
+    if let Err(e) = muxflow::process::run(cmd, Some(message), timeout, false) {
+        tracing::debug!(pid, "cannot write to the process's stderr: {e}");
+    }
+}
+
+/// The clients of the GPU's MPS servers: pid -> server.
+fn mps_clients(mps: &MpsDaemon) -> BTreeMap<u32, u32> {
+    let mut clients = BTreeMap::new();
+    if mps.pipe_dir().join("control").exists() {
+        for server in mps.server_pids().unwrap_or_default() {
+            for c in mps.client_pids(server).unwrap_or_default() {
+                clients.insert(c, server);
+            }
+        }
+    }
+    clients
+}
+
+/// Whether the node already terminated process `pid` of job `job`.
+fn already_policed(ns: &NodeState, job: u32, pid: u32) -> bool {
+    std::fs::read_to_string(ns.policed_file(job)).is_ok_and(|t| {
+        t.lines()
+            .any(|l| l.split_whitespace().nth(1) == Some(&format!("pid={pid}")))
+    })
+}
+
+/// Appends `code pid reason` to the job's policed file (root, 0644).
+fn record(ns: &NodeState, job: u32, pid: u32, verdict: &Verdict) {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = ns.policed_file(job);
+    let line = format!("{} pid={pid} {}\n", verdict.code, verdict.reason);
+    let res = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path)
+        .and_then(|mut f| f.write_all(line.as_bytes()));
+    if let Err(e) = res {
+        tracing::error!(job, "{}: {e}", path.display());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use muxflow::config::Xcuda;
+    use muxflow::xcuda_env::XcudaEnv;
+
+    fn limits() -> JobLimits {
+        JobLimits {
+            job_id: 5,
+            gpu: 1,
+            sm_pct: 30,
+            mem_cap_mib: Some(60000),
+            xcuda: XcudaEnv::from_config(&Xcuda::default(), 1),
+        }
+    }
+
+    fn good() -> Facts {
+        Facts {
+            xcuda_mapped: true,
+            env: [
+                ("CUDA_MPS_CLIENT_PRIORITY", "1"),
+                ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "30"),
+                ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=60000M"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+            used_mib: Some(2048),
+            mps_server: Some(77),
+        }
+    }
+
+    #[test]
+    fn each_limit_the_job_could_drop_is_caught() {
+        struct Case {
+            name: &'static str,
+            change: fn(&mut Facts),
+            gpu: u32,
+            code: Option<&'static str>,
+        }
+        let cases = [
+            Case {
+                name: "within its limits",
+                change: |_| {},
+                gpu: 1,
+                code: None,
+            },
+            Case {
+                name: "a tighter share and cap are fine",
+                change: |f| {
+                    f.env
+                        .insert("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(), "10".into());
+                    f.env
+                        .insert("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(), "0=8G".into());
+                },
+                gpu: 1,
+                code: None,
+            },
+            Case {
+                name: "on another GPU",
+                change: |_| {},
+                gpu: 0,
+                code: Some("wrong_gpu"),
+            },
+            Case {
+                name: "outside MPS",
+                change: |f| f.mps_server = None,
+                gpu: 1,
+                code: Some("not_mps"),
+            },
+            Case {
+                name: "LD_PRELOAD unset",
+                change: |f| f.xcuda_mapped = false,
+                gpu: 1,
+                code: Some("no_xcuda"),
+            },
+            Case {
+                name: "priority 0",
+                change: |f| {
+                    f.env.insert("CUDA_MPS_CLIENT_PRIORITY".into(), "0".into());
+                },
+                gpu: 1,
+                code: Some("priority"),
+            },
+            Case {
+                name: "priority unset",
+                change: |f| {
+                    f.env.remove("CUDA_MPS_CLIENT_PRIORITY");
+                },
+                gpu: 1,
+                code: Some("priority"),
+            },
+            Case {
+                name: "SM share unset",
+                change: |f| {
+                    f.env.remove("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE");
+                },
+                gpu: 1,
+                code: Some("sm_pct"),
+            },
+            Case {
+                name: "SM share raised",
+                change: |f| {
+                    f.env
+                        .insert("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(), "100".into());
+                },
+                gpu: 1,
+                code: Some("sm_pct"),
+            },
+            Case {
+                name: "pinned limit unset",
+                change: |f| {
+                    f.env.remove("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT");
+                },
+                gpu: 1,
+                code: Some("mem_limit"),
+            },
+            Case {
+                name: "pinned limit raised",
+                change: |f| {
+                    f.env
+                        .insert("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(), "0=80G".into());
+                },
+                gpu: 1,
+                code: Some("mem_limit"),
+            },
+            Case {
+                name: "memory over the cap",
+                change: |f| f.used_mib = Some(80625),
+                gpu: 1,
+                code: Some("mem_used"),
+            },
+        ];
+        for c in cases {
+            let mut f = good();
+            (c.change)(&mut f);
+            assert_eq!(
+                check(&f, &limits(), c.gpu).map(|v| v.code),
+                c.code,
+                "{}",
+                c.name
+            );
+        }
+    }
+
+    #[test]
+    fn pinned_limits_read_like_mps_does() {
+        for (text, mib) in [
+            ("0=60000M", Some(60000)),
+            ("0=8G,1=512M", Some(8192)),
+            ("1=512M,0=1G", Some(1024)),
+            ("0=1048576", Some(1)),
+            ("0=1T", Some(1 << 20)),
+            ("1=512M", None),
+            ("0=lots", None),
+            ("0=99999999999999999999G", None),
+        ] {
+            assert_eq!(pinned_limit_mib(text), mib, "{text}");
+        }
+    }
+}
