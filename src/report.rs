@@ -34,6 +34,8 @@
 //! newer writers stay readable. Records written before the `claim.` prefix
 //! (the same keys without it) are read as claims: they were.
 
+use std::collections::BTreeMap;
+
 use crate::kv::{self, Fields, KvError};
 use crate::Mode;
 
@@ -96,6 +98,18 @@ pub fn claim_f64(key: &str, raw: &str) -> Option<f64> {
     }
     let v: f64 = raw.parse().ok()?;
     (v.is_finite() && v >= 0.0 && v <= claim_bound(key)?).then_some(v)
+}
+
+/// The last complete `key=value` line of a file the job wrote (a workload
+/// may append several); words without `=` are skipped. None when there is
+/// no such line or it does not parse.
+pub fn last_kv_line(text: &str) -> Option<BTreeMap<String, String>> {
+    let line = text.lines().rev().find(|l| !l.trim().is_empty())?;
+    let words: Vec<&str> = line
+        .split_whitespace()
+        .filter(|w| w.contains('='))
+        .collect();
+    kv::parse(&words.join(" ")).ok()
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -189,6 +203,83 @@ impl JobReport {
             claims_refused: f.get("claims_refused")?,
         };
         Ok(r)
+    }
+}
+
+impl JobReport {
+    /// Adds what the job's own files claim, each figure bounded: xCUDA's
+    /// per-process counters (`xcuda.<pid>`: summed; the peak is the largest)
+    /// and the workload's `job.report`. Files are `(name, text)`; other names
+    /// are ignored. Out-of-bounds figures are left out and their keys listed
+    /// in `claims_refused`.
+    pub fn add_claims<'a>(&mut self, files: impl IntoIterator<Item = (&'a str, &'a str)>) {
+        let mut refused: Vec<&'static str> = Vec::new();
+        let mut peak_bytes: Option<u64> = None;
+        let mut delay_us: Option<u64> = None;
+        for (name, text) in files {
+            let is_xcuda = name.starts_with("xcuda.");
+            if !is_xcuda && name != "job.report" {
+                continue;
+            }
+            let Some(map) = last_kv_line(text) else {
+                continue;
+            };
+            let mut int = |key: &'static str, bound_key: &'static str| -> Option<u64> {
+                let raw = map.get(key)?;
+                let v = claim_u64(bound_key, raw);
+                if v.is_none() && !refused.contains(&bound_key) {
+                    refused.push(bound_key);
+                }
+                v
+            };
+            if is_xcuda {
+                let add = |acc: Option<u64>, v: Option<u64>| match (acc, v) {
+                    (a, None) => a,
+                    (None, Some(v)) => Some(v),
+                    (Some(a), Some(v)) => Some(a.saturating_add(v)),
+                };
+                self.launches = add(self.launches, int("launches", "launches"));
+                self.delayed = add(self.delayed, int("delayed", "delayed"));
+                self.oom = add(self.oom, int("oom", "oom"));
+                // Microseconds, bounded as the milliseconds they become.
+                delay_us = add(delay_us, int("delay_us", "delay_ms"));
+                let peak = map
+                    .get("peak_bytes")
+                    .and_then(|b| b.trim().parse::<u64>().ok());
+                match peak.map(|b| b >> 20) {
+                    Some(mib) if claim_u64("peak_mib", &mib.to_string()).is_some() => {
+                        peak_bytes = peak_bytes.max(peak);
+                    }
+                    None if !map.contains_key("peak_bytes") => {}
+                    _ => {
+                        if !refused.contains(&"peak_mib") {
+                            refused.push("peak_mib");
+                        }
+                    }
+                }
+            } else {
+                self.steps = int("steps", "steps");
+                self.requests = int("requests", "requests");
+                let mut float = |key: &'static str| -> Option<f64> {
+                    let raw = map.get(key)?;
+                    let v = claim_f64(key, raw);
+                    if v.is_none() && !refused.contains(&key) {
+                        refused.push(key);
+                    }
+                    v
+                };
+                self.steps_per_s = float("steps_per_s");
+                self.rps = float("rps");
+                self.p50_ms = float("p50_ms");
+                self.p99_ms = float("p99_ms");
+            }
+        }
+        // (Sums over a job's processes saturate rather than wrap.)
+        self.delay_ms = delay_us.map(|us| us / 1000);
+        self.peak_mib = peak_bytes.map(|b| b >> 20);
+        if !refused.is_empty() {
+            self.claims_refused = Some(refused.join(","));
+        }
     }
 }
 
@@ -394,5 +485,54 @@ mod tests {
                 assert_eq!(JobReport::decode(&r.encode()).unwrap(), r, "{s:?}");
             }
         }
+    }
+
+    #[test]
+    fn claims_from_the_jobs_files_are_summed_bounded_and_marked() {
+        let mut r = JobReport {
+            mode: Some(Mode::Offline),
+            ..JobReport::default()
+        };
+        r.add_claims([
+            (
+                "xcuda.10",
+                "launches=5 delayed=1 delay_us=2500 oom=0 peak_bytes=2097152\n",
+            ),
+            (
+                "xcuda.11",
+                "launches=18446744073709551615 delayed=2 delay_us=500 oom=1 peak_bytes=1048576",
+            ),
+            // Several lines: the last complete one counts; words without '=' are skipped.
+            (
+                "job.report",
+                "steps=1\nsteps=90 junk steps_per_s=12.5 rps=1e400\n\n",
+            ),
+            ("notes.txt", "launches=7"),
+        ]);
+        assert_eq!(r.launches, Some(5), "the out-of-bounds count is left out");
+        assert_eq!((r.delayed, r.delay_ms, r.oom), (Some(3), Some(3), Some(1)));
+        assert_eq!(r.peak_mib, Some(2));
+        assert_eq!(
+            (r.steps, r.steps_per_s, r.rps),
+            (Some(90), Some(12.5), None)
+        );
+        assert_eq!(r.claims_refused.as_deref(), Some("launches,rps"));
+        let text = r.encode();
+        assert!(
+            text.contains(" claim.launches=5 ") && text.ends_with(" claims_refused=launches,rps")
+        );
+        assert_eq!(JobReport::decode(&text).unwrap(), r);
+    }
+
+    #[test]
+    fn a_file_with_no_key_value_line_claims_nothing() {
+        let mut r = JobReport::default();
+        r.add_claims([
+            ("job.report", ""),
+            ("xcuda.1", "\n\n"),
+            ("xcuda.2", "a=b=c"),
+        ]);
+        assert_eq!(r, JobReport::default());
+        assert_eq!(last_kv_line("x=1 \n y=2 z \n"), last_kv_line("y=2"));
     }
 }

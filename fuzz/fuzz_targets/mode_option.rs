@@ -6,7 +6,9 @@ use libfuzzer_sys::fuzz_target;
 use muxflow::Mode;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(text) = std::str::from_utf8(data) else { return };
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
     match text.parse::<Mode>() {
         Ok(mode) => assert_eq!(mode.as_str().parse::<Mode>(), Ok(mode)),
         Err(e) => {

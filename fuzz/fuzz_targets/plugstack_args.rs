@@ -11,7 +11,9 @@ use libfuzzer_sys::fuzz_target;
 mod args;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(text) = std::str::from_utf8(data) else { return };
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
     // slurmd splits the plugstack line on whitespace.
     if let Ok(a) = args::PluginArgs::parse(text.split_whitespace()) {
         assert!(a.config.is_absolute());

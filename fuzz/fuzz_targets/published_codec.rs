@@ -5,7 +5,9 @@ use libfuzzer_sys::fuzz_target;
 use muxflow::published::{decode, encode};
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(text) = std::str::from_utf8(data) else { return };
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
     if let Ok(gpus) = decode(text) {
         assert_eq!(decode(&encode(&gpus)).expect("re-decode"), gpus);
     }

@@ -6,7 +6,9 @@ use libfuzzer_sys::fuzz_target;
 use muxflow::report::JobReport;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(text) = std::str::from_utf8(data) else { return };
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
     if let Ok(report) = JobReport::decode(text) {
         let again = JobReport::decode(&report.encode()).expect("re-decode");
         assert_eq!(again, report);

@@ -7,7 +7,9 @@ use muxflow_matcher::predict::runs_from_sacct;
 use muxflow_matcher::reader::{self, ClusterState, Names};
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(text) = std::str::from_utf8(data) else { return };
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
     let names = Names::from_config(&muxflow::config::Slurm::default());
     if let Ok(jobs) = reader::parse_squeue(text) {
         let state = ClusterState::build(&jobs, &[], &names);

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use muxflow::limits::JobLimits;
 use muxflow::node_state::{write_atomic, NodeState};
 use muxflow::policy::{offline_mem_cap_mib, offline_sm_percent};
-use muxflow::report::{self, JobReport};
+use muxflow::report::JobReport;
 use muxflow::slurm_cli::Scontrol;
 use muxflow::slurm_version::{SLURM_BATCH_SCRIPT, SLURM_EXTERN_CONT, SLURM_INTERACTIVE_STEP};
 use muxflow::xcuda_env::{self, XcudaEnv};
@@ -371,69 +371,22 @@ fn build_report(ctx: &ReportContext) -> JobReport {
         .and_then(|t| kv::parse(t.trim()).ok())
         .and_then(|m| m.get("peak_mib")?.parse().ok());
     let Some(dir) = &ctx.stats_dir else { return r };
-    let mut refused: Vec<&'static str> = Vec::new();
-    let mut peak_bytes: Option<u64> = None;
-    let mut delay_us: Option<u64> = None;
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(map) = read_user_kv(&entry.path()) else {
-            continue;
-        };
-        let mut int = |key: &'static str, bound_key: &'static str| -> Option<u64> {
-            let raw = map.get(key)?;
-            let v = report::claim_u64(bound_key, raw);
-            if v.is_none() && !refused.contains(&bound_key) {
-                refused.push(bound_key);
-            }
-            v
-        };
-        if name.starts_with("xcuda.") {
-            let add = |acc: Option<u64>, v: Option<u64>| match (acc, v) {
-                (a, None) => a,
-                (None, Some(v)) => Some(v),
-                (Some(a), Some(v)) => Some(a.saturating_add(v)),
-            };
-            r.launches = add(r.launches, int("launches", "launches"));
-            r.delayed = add(r.delayed, int("delayed", "delayed"));
-            r.oom = add(r.oom, int("oom", "oom"));
-            // Microseconds, bounded as the milliseconds they become.
-            delay_us = add(delay_us, int("delay_us", "delay_ms"));
-            let peak = map
-                .get("peak_bytes")
-                .and_then(|b| b.trim().parse::<u64>().ok());
-            match peak.map(|b| b >> 20) {
-                Some(mib) if report::claim_u64("peak_mib", &mib.to_string()).is_some() => {
-                    peak_bytes = peak_bytes.max(peak);
-                }
-                None if !map.contains_key("peak_bytes") => {}
-                _ => refused.push("peak_mib"),
-            }
-        } else if name == "job.report" {
-            r.steps = int("steps", "steps");
-            r.requests = int("requests", "requests");
-            let mut float = |key: &'static str| -> Option<f64> {
-                let raw = map.get(key)?;
-                let v = report::claim_f64(key, raw);
-                if v.is_none() && !refused.contains(&key) {
-                    refused.push(key);
-                }
-                v
-            };
-            r.steps_per_s = float("steps_per_s");
-            r.rps = float("rps");
-            r.p50_ms = float("p50_ms");
-            r.p99_ms = float("p99_ms");
-        }
-    }
-    r.delay_ms = delay_us.map(|us| us / 1000);
-    r.peak_mib = peak_bytes.map(|b| b >> 20);
-    if !refused.is_empty() {
+    let files: Vec<(String, String)> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            Some((name, read_user_file(&entry.path())?))
+        })
+        .collect();
+    r.add_claims(files.iter().map(|(n, t)| (n.as_str(), t.as_str())));
+    if let Some(refused) = &r.claims_refused {
         tracing::warn!(
             job = ctx.job_id,
-            ?refused,
+            refused,
             "claims out of bounds left out of the report"
         );
-        r.claims_refused = Some(refused.join(","));
     }
     r
 }
@@ -465,9 +418,9 @@ fn partner(state: &NodeState, gpu: u32, job_id: u32, mode: Mode) -> Option<u32> 
         .map(|j| j.job_id)
 }
 
-/// Reads a small `key=value` file the job's user wrote, as root: no
-/// symlinks, no FIFOs (O_NONBLOCK + regular-file check), at most 4 KiB.
-fn read_user_kv(path: &Path) -> Option<std::collections::BTreeMap<String, String>> {
+/// Reads a small file the job's user wrote, as root: no symlinks, no FIFOs
+/// (O_NONBLOCK + regular-file check), at most 4 KiB.
+fn read_user_file(path: &Path) -> Option<String> {
     use std::io::Read;
     let file = std::fs::OpenOptions::new()
         .read(true)
@@ -477,13 +430,7 @@ fn read_user_kv(path: &Path) -> Option<std::collections::BTreeMap<String, String
     if !file.metadata().ok()?.is_file() {
         return None;
     }
-    let mut text = String::new();
-    file.take(4096).read_to_string(&mut text).ok()?;
-    // A workload may write several lines; the last complete one counts.
-    let line = text.lines().rev().find(|l| !l.trim().is_empty())?;
-    let words: Vec<&str> = line
-        .split_whitespace()
-        .filter(|w| w.contains('='))
-        .collect();
-    kv::parse(&words.join(" ")).ok()
+    let mut bytes = Vec::new();
+    file.take(4096).read_to_end(&mut bytes).ok()?;
+    Some(String::from_utf8_lossy(&bytes).into_owned())
 }
