@@ -780,6 +780,10 @@ impl<'a> Sim<'a> {
         let remaining = (rt.remaining_s - rt.speed * (self.now - rt.last_s)).max(0.0);
         let done = rt.run_remaining_s - remaining;
         let steps_per_s = (!oom && wall > 0.0).then(|| solo * done / wall);
+        let peak_mib = match (svc, gr.mem_cap_mib) {
+            (Some(_), Some(cap)) => job.mem_mib.min(cap),
+            _ => job.mem_mib,
+        };
         let report = JobReport {
             mode: Some(Mode::Offline),
             node: Some(self.sc.nodes[gpu.node as usize].clone()),
@@ -788,10 +792,10 @@ impl<'a> Sim<'a> {
             mem_cap_mib: svc.and(gr.mem_cap_mib),
             partner: svc.map(|s| s.job_id),
             oom: Some(u64::from(oom)),
-            peak_mib: Some(match (svc, gr.mem_cap_mib) {
-                (Some(_), Some(cap)) => job.mem_mib.min(cap),
-                _ => job.mem_mib,
-            }),
+            // The node's NVML reading (what the predictor trusts) and
+            // xCUDA's own count (the job's claim) agree in the model.
+            measured_peak_mib: Some(peak_mib),
+            peak_mib: Some(peak_mib),
             steps: steps_per_s.map(|_| (solo * done).round() as u64),
             steps_per_s,
             ..JobReport::default()
