@@ -10,6 +10,7 @@ pub mod kv;
 pub mod mode;
 pub mod mps;
 pub mod node_state;
+pub mod placement;
 pub mod policy;
 pub mod process;
 pub mod published;

@@ -115,6 +115,30 @@ impl Cluster {
             .unwrap_or_else(|_| panic!("sbatch printed '{stdout}'")))
     }
 
+    /// `program` run as `user` (runuser: no shell, so accounts with a
+    /// nologin shell such as `nobody` work), pointed at this cluster.
+    pub fn cmd_as(&self, user: &str, program: &str) -> Command {
+        let mut c = Command::new("runuser");
+        c.args(["-u", user, "--", "env"])
+            .arg(format!("SLURM_CONF={}", self.slurm_conf.display()))
+            .arg(program);
+        c
+    }
+
+    /// Submits `script` as `user` (a real user submission: sbatch, the
+    /// plugin's allocator context and job_submit.lua all see that user).
+    pub fn sbatch_as(&self, user: &str, args: &[&str], script: &str) -> Result<u32, String> {
+        self.sbatch_with(self.cmd_as(user, "sbatch"), args, script)
+    }
+
+    /// `scontrol <args>` as `user`: (success, stdout + stderr).
+    pub fn scontrol_as(&self, user: &str, args: &[&str]) -> (bool, String) {
+        let mut c = self.cmd_as(user, "scontrol");
+        c.args(args);
+        let (ok, out, err) = self.run(c);
+        (ok, out + &err)
+    }
+
     /// Waits until job `id` has ended.
     pub fn wait(&self, id: u32, timeout: Duration) -> JobEnd {
         let start = Instant::now();
@@ -276,6 +300,14 @@ impl Cluster {
             &format!("JobId={id}"),
             &format!("ReqNodeList={node}"),
             &format!("Gres=mfslot:g{gpu}:1"),
+            &format!(
+                "AdminComment={}",
+                muxflow::placement::Placement::Gpu {
+                    node: node.to_string(),
+                    gpu
+                }
+                .admin_comment()
+            ),
         ]);
         let (ok, out, err) = self.run(c);
         assert!(ok, "placing job {id}: {out}{err}");
@@ -291,6 +323,15 @@ impl Cluster {
         c.args(["-o", "show", "job", &id.to_string()]);
         let (_, out, _) = self.run(c);
         kv(&out, key).unwrap_or_default()
+    }
+
+    /// Job `id`'s AdminComment (its value holds spaces, so not through
+    /// [`job_field`](Self::job_field)).
+    pub fn admin_comment(&self, id: u32) -> String {
+        let mut c = self.cmd("scontrol");
+        c.args(["show", "job", &id.to_string()]);
+        let (_, out, _) = self.run(c);
+        muxflow::slurm_cli::parse_admin_comment(&out).unwrap_or_default()
     }
 
     /// Waits until job `id` is RUNNING; returns its node.

@@ -98,14 +98,12 @@ impl RemoteState {
         let config = config.for_node(&node)?;
         let job_id = spank.job_id()?;
         let state = NodeState::new(config.paths.state_dir.as_path());
+        if let Some(why) = state.refusal(job_id)? {
+            // The Prolog's checks refused it (not placed by muxflow, GPU not healthy).
+            anyhow::bail!("{}", why.trim());
+        }
         let Some((gpu, _)) = state.find_job(job_id)? else {
-            anyhow::bail!(match mode {
-                Mode::Offline => format!(
-                    "offline job {job_id} holds no GPU on {node}: it was started before muxflow-matcher \
-                     placed it (was it released by hand?). Resubmit it and let the matcher place it."
-                ),
-                Mode::Online => format!("job {job_id} was not recorded by the muxflow Prolog on {node}; it runs without MPS"),
-            });
+            anyhow::bail!(no_record(&config, &state, job_id, &node, mode));
         };
         set(
             spank,
@@ -250,6 +248,33 @@ impl RemoteState {
                 "muxflow: cannot write the AdminComment: {e}"
             ),
         }
+    }
+}
+
+/// Why the Prolog left no record of the job, as the user should read it.
+fn no_record(config: &Config, state: &NodeState, job_id: u32, node: &str, mode: Mode) -> String {
+    let consequence = match mode {
+        Mode::Offline => "This offline job is not started unprotected",
+        Mode::Online => "It runs without MPS",
+    };
+    if let Some(space) = state.space_problem() {
+        return format!(
+            "the muxflow Prolog could not record job {job_id} on {node}: {space}. {consequence}; \
+             an administrator must free space there."
+        );
+    }
+    let slots = Scontrol::new(config)
+        .offline_job(job_id, node, &config.slurm.offline_gres)
+        .map(|j| j.slots);
+    match (mode, slots) {
+        (Mode::Offline, Ok(s)) if s.is_empty() => format!(
+            "offline job {job_id} holds no GPU on {node}: muxflow-matcher has not placed it. \
+             Resubmit it and let the matcher place it."
+        ),
+        _ => format!(
+            "the muxflow Prolog did not record job {job_id} on {node} (its reason is in {}). {consequence}.",
+            config.paths.node_log.as_path().display()
+        ),
     }
 }
 
