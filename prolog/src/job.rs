@@ -80,7 +80,7 @@ pub fn check_offline(
     };
     let slots = |s: &[u32]| {
         if s.is_empty() {
-            "no offline slot".to_string()
+            "no GPU (no offline slot)".to_string()
         } else {
             let v: Vec<String> = s.iter().map(|g| format!("g{g}")).collect();
             format!("offline slot {}", v.join(","))
