@@ -267,6 +267,10 @@ fn no_record(config: &Config, state: &NodeState, job_id: u32, node: &str, mode: 
         .offline_job(job_id, node, &config.slurm.offline_gres)
         .map(|j| j.slots);
     match (mode, slots) {
+        (_, Err(e)) => format!(
+            "the muxflow Prolog did not record job {job_id} on {node}, and slurmctld cannot be asked why \
+             ({e}). {consequence}."
+        ),
         (Mode::Offline, Ok(s)) if s.is_empty() => format!(
             "offline job {job_id} holds no GPU on {node}: muxflow-matcher has not placed it. \
              Resubmit it and let the matcher place it."
