@@ -57,6 +57,12 @@ impl Scontrol {
         })
     }
 
+    /// Puts job `job_id` back in the queue, held (root/SlurmUser): it
+    /// waits there until released (the matcher does, when it places it).
+    pub fn requeue_hold(&self, job_id: u32) -> Result<(), ScontrolError> {
+        self.run(&["requeuehold", &job_id.to_string()]).map(drop)
+    }
+
     /// Sets job `job_id`'s AdminComment (root/SlurmUser, while it runs).
     pub fn set_admin_comment(&self, job_id: u32, text: &str) -> Result<(), ScontrolError> {
         self.run(&[

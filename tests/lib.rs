@@ -334,6 +334,44 @@ impl Cluster {
         muxflow::slurm_cli::parse_admin_comment(&out).unwrap_or_default()
     }
 
+    /// Waits until job `id` is back in the queue, held, after a refused
+    /// start (what the plugin does with an offline job the node refused);
+    /// returns its output of the refused start.
+    pub fn wait_requeued_held(&self, id: u32, timeout: Duration) -> String {
+        let start = Instant::now();
+        loop {
+            let restarts: u32 = self.job_field(id, "Restarts").parse().unwrap_or(0);
+            let state = self.job_field(id, "JobState");
+            if restarts >= 1 && state == "PENDING" {
+                let reason = self.job_field(id, "Reason");
+                assert!(
+                    reason.contains("held") || reason.contains("Held"),
+                    "{reason}"
+                );
+                return self.output_or_empty(id);
+            }
+            assert!(
+                !ENDED.contains(&state.as_str()),
+                "job {id} ended ({state}) instead of going back to the queue: {}",
+                self.output_or_empty(id)
+            );
+            assert!(
+                start.elapsed() < timeout,
+                "job {id} still {state} (restarts {restarts}) after {timeout:?}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Lets a requeued job start now: Slurm 22.05 gives a requeued batch
+    /// job a later BeginTime (about two minutes), which tests do not wait for.
+    pub fn start_now(&self, id: u32) {
+        let mut c = self.cmd("scontrol");
+        c.args(["update", &format!("JobId={id}"), "StartTime=now"]);
+        let (ok, out, err) = self.run(c);
+        assert!(ok, "StartTime=now for job {id}: {out}{err}");
+    }
+
     /// Waits until job `id` is RUNNING; returns its node.
     pub fn wait_running(&self, id: u32, timeout: Duration) -> String {
         let start = Instant::now();

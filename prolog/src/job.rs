@@ -10,7 +10,8 @@
 //! one the matcher wrote into its AdminComment ([`muxflow::placement`]), and
 //! that GPU must be Healthy. Otherwise the job is refused: the reason goes
 //! to `<state_dir>/refused/<job>` (the plugin refuses the job's tasks with
-//! it, so the user reads it in the job's output) and to its AdminComment
+//! it, so the user reads it in the job's output, and puts the job back in
+//! the queue, held, for the matcher to place again) and to its AdminComment
 //! (`refused=<code>`). The Prolog still exits 0: a failing Prolog would
 //! drain the node for what is the job's problem.
 
@@ -89,7 +90,7 @@ pub fn check_offline(
     let Some(comment) = &slurm.admin_comment else {
         return refuse(
             "unreadable",
-            "a field of the job (its name, comment or output path) holds a line break that imitates              Slurm's AdminComment, so its placement cannot be read. Resubmit it without line breaks."
+            "a field of the job (its name, comment or output path) holds a line break that imitates Slurm's AdminComment, so its placement cannot be read."
                 .to_string(),
         );
     };
@@ -97,7 +98,7 @@ pub fn check_offline(
         return refuse(
             "not_placed",
             format!(
-                "it holds {} here, but muxflow-matcher never placed it (offline jobs run only where                  muxflow places them). Resubmit it with --muxflow=offline and let the matcher place it.",
+                "it holds {} here, but muxflow-matcher never placed it (offline jobs run only where muxflow places them).",
                 slots(&slurm.slots)
             ),
         );
@@ -106,7 +107,7 @@ pub fn check_offline(
         return refuse(
             "wrong_slot",
             format!(
-                "it holds {} here, but muxflow-matcher placed it on {placement}.                  Resubmit it and let the matcher place it.",
+                "it holds {} here, but muxflow-matcher placed it on {placement}.",
                 slots(&slurm.slots)
             ),
         );
@@ -117,9 +118,7 @@ pub fn check_offline(
             Some(state) => {
                 return refuse(
                     &format!("gpu_{state}"),
-                    format!(
-                        "GPU {gpu} is {state} (offline work starts only on a healthy GPU).                          Resubmit it; the matcher places it on a healthy GPU."
-                    ),
+                    format!("GPU {gpu} is {state} (offline work starts only on a healthy GPU)."),
                 )
             }
         }

@@ -100,10 +100,18 @@ impl RemoteState {
         let state = NodeState::new(config.paths.state_dir.as_path());
         if let Some(why) = state.refusal(job_id)? {
             // The Prolog's checks refused it (not placed by muxflow, GPU not healthy).
-            anyhow::bail!("{}", why.trim());
+            if step != SLURM_BATCH_SCRIPT {
+                anyhow::bail!("{}", why.trim());
+            }
+            anyhow::bail!("{}", back_to_queue(spank, &config, job_id, why.trim()));
         }
         let Some((gpu, _)) = state.find_job(job_id)? else {
-            anyhow::bail!(no_record(&config, &state, job_id, &node, mode));
+            let why = no_record(&config, &state, job_id, &node, mode);
+            if mode == Mode::Offline && step == SLURM_BATCH_SCRIPT {
+                // muxflow's own failure (a full disk, slurmctld away): not the job's loss.
+                anyhow::bail!("{}", back_to_queue(spank, &config, job_id, &why));
+            }
+            anyhow::bail!(why);
         };
         set(
             spank,
@@ -251,6 +259,33 @@ impl RemoteState {
     }
 }
 
+/// How often a refused offline job is put back in the queue before it is
+/// failed instead (a bound on a loop between the matcher and a node).
+const MAX_REQUEUES: u32 = 3;
+
+/// A refused offline job is not lost: it goes back to the queue, held, and
+/// muxflow-matcher places it again (its tasks are refused meanwhile, so it
+/// never runs where it was refused). Returns what the user reads.
+fn back_to_queue(spank: &SpankHandle, config: &Config, job_id: u32, why: &str) -> String {
+    // Set by slurmd for a requeued job; a user who forges it only fails
+    // their own job sooner.
+    let restarts = spank
+        .getenv("SLURM_RESTART_COUNT")
+        .ok()
+        .flatten()
+        .and_then(|v| v.parse::<u32>().ok())
+        .unwrap_or(0);
+    if restarts >= MAX_REQUEUES {
+        return format!("{why} It was refused {restarts} times already, so it fails now.");
+    }
+    match Scontrol::new(config).requeue_hold(job_id) {
+        Ok(()) => format!(
+            "{why} The job goes back to the queue, held, and muxflow-matcher places it again."
+        ),
+        Err(e) => format!("{why} It cannot go back to the queue ({e}), so it fails."),
+    }
+}
+
 /// Why the Prolog left no record of the job, as the user should read it.
 fn no_record(config: &Config, state: &NodeState, job_id: u32, node: &str, mode: Mode) -> String {
     let consequence = match mode {
@@ -272,8 +307,7 @@ fn no_record(config: &Config, state: &NodeState, job_id: u32, node: &str, mode: 
              ({e}). {consequence}."
         ),
         (Mode::Offline, Ok(s)) if s.is_empty() => format!(
-            "offline job {job_id} holds no GPU on {node}: muxflow-matcher has not placed it. \
-             Resubmit it and let the matcher place it."
+            "offline job {job_id} holds no GPU on {node}: muxflow-matcher has not placed it."
         ),
         _ => format!(
             "the muxflow Prolog did not record job {job_id} on {node} (its reason is in {}). {consequence}.",

@@ -3,8 +3,9 @@
 //! slot cannot be asked for at submit, a parked offline job cannot be
 //! moved or released by its user, and the Prolog refuses an offline job
 //! whose slot is not the one muxflow-matcher wrote into its AdminComment or
-//! whose GPU is not Healthy — the job fails with the reason in its output
-//! and AdminComment, and no node drains.
+//! whose GPU is not Healthy — the job goes back to the queue, held, with the
+//! reason in its output and AdminComment, runs once the matcher places it,
+//! and no node drains.
 
 use std::time::Duration;
 
@@ -125,14 +126,12 @@ fn a_user_cannot_move_or_release_a_parked_offline_job() {
 fn the_prolog_refuses_a_slot_muxflow_did_not_write_and_a_gpu_that_is_not_healthy() {
     let c = Cluster::get();
     let node = "node4";
-    let script = format!(
-        "#!/bin/sh\necho offline-ran\n{}\n",
-        c.workload("offline --duration 5")
-    );
+    let script = "#!/bin/sh\necho offline-ran\n";
 
     // 1. A slot no matcher wrote (users cannot write one any more; an
-    // operator's hand placement or a stale hint can): refused.
-    let id = c.sbatch_as(USER, &["--muxflow=offline"], &script).unwrap();
+    // operator's hand placement or a stale hint can): refused, and back in
+    // the queue for the matcher.
+    let id = c.sbatch_as(USER, &["--muxflow=offline"], script).unwrap();
     let mut cmd = c.cmd("scontrol");
     cmd.args([
         "update",
@@ -144,12 +143,11 @@ fn the_prolog_refuses_a_slot_muxflow_did_not_write_and_a_gpu_that_is_not_healthy
     let mut cmd = c.cmd("scontrol");
     cmd.args(["release", &id.to_string()]);
     assert!(c.run(cmd).0);
-    let end = c.wait(id, WAIT);
-    let out = c.output(id);
-    assert_eq!(end.state, "FAILED", "{end:?}: {out}");
+    let out = c.wait_requeued_held(id, WAIT);
     assert!(
         out.contains(&format!("offline job {id} refused on {node}"))
-            && out.contains("muxflow-matcher never placed it"),
+            && out.contains("muxflow-matcher never placed it")
+            && out.contains("goes back to the queue"),
         "{out}"
     );
     assert!(!out.contains("offline-ran"), "ran unplaced: {out}");
@@ -158,6 +156,11 @@ fn the_prolog_refuses_a_slot_muxflow_did_not_write_and_a_gpu_that_is_not_healthy
         "muxflow:v1 mode=offline refused=not_placed"
     );
     c.assert_no_drain();
+    // Nothing is lost: placed by the matcher, it runs.
+    c.place(id, node, 0);
+    c.start_now(id);
+    assert_eq!(c.wait(id, WAIT).state, "COMPLETED");
+    assert!(c.output(id).contains("offline-ran"));
 
     // 2. Placed by the matcher, but the GPU turned Faulty (an Xid 79 in
     // the kernel log) before the job started: refused.
@@ -171,11 +174,9 @@ fn the_prolog_refuses_a_slot_muxflow_did_not_write_and_a_gpu_that_is_not_healthy
     c.step_until(&cfg, node, "gpu1 faulty", || {
         ns.health(gpu).unwrap() == Some(HealthState::Faulty)
     });
-    let id = c.sbatch_as(USER, &["--muxflow=offline"], &script).unwrap();
+    let id = c.sbatch_as(USER, &["--muxflow=offline"], script).unwrap();
     c.place(id, node, gpu);
-    let end = c.wait(id, WAIT);
-    let out = c.output(id);
-    assert_eq!(end.state, "FAILED", "{end:?}: {out}");
+    let out = c.wait_requeued_held(id, WAIT);
     assert!(out.contains("GPU 1 is faulty"), "{out}");
     assert!(!out.contains("offline-ran"), "ran on a faulty GPU: {out}");
     assert_eq!(
@@ -186,24 +187,18 @@ fn the_prolog_refuses_a_slot_muxflow_did_not_write_and_a_gpu_that_is_not_healthy
         ns.find_job(id).unwrap().is_none(),
         "refused jobs are not recorded"
     );
+    c.assert_no_drain();
+
+    // Healthy again, the matcher's placement runs.
+    c.step_until(&cfg, node, "gpu1 healthy", || {
+        ns.health(gpu).unwrap() == Some(HealthState::Healthy)
+    });
     assert!(
         ns.refusal(id).unwrap().is_none(),
         "the Epilog forgets the refusal"
     );
-    c.assert_no_drain();
-
-    // Healthy again, the same placement runs.
-    c.step_until(&cfg, node, "gpu1 healthy", || {
-        ns.health(gpu).unwrap() == Some(HealthState::Healthy)
-    });
-    let id = c
-        .sbatch_as(
-            USER,
-            &["--muxflow=offline"],
-            "#!/bin/sh\necho offline-ran\n",
-        )
-        .unwrap();
     c.place(id, node, gpu);
+    c.start_now(id);
     assert_eq!(c.wait(id, WAIT).state, "COMPLETED");
     assert!(c.output(id).contains("offline-ran"));
     c.assert_no_drain();
