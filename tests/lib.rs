@@ -292,8 +292,29 @@ impl Cluster {
 
 impl Cluster {
     /// Places held offline job `id` on `node`'s GPU `gpu` the way
-    /// muxflow-matcher does, and releases it.
+    /// muxflow-matcher does: only on a Healthy GPU (health steps with short
+    /// dwell times until it is: an earlier test may have left it Faulty),
+    /// then the hint and its AdminComment, then the release.
     pub fn place(&self, id: u32, node: &str, gpu: u32) {
+        self.wait_gpu_healthy(node, gpu);
+        self.write_placement(id, node, gpu);
+    }
+
+    /// Steps `node` (test dwell times) until GPU `gpu` is Healthy.
+    pub fn wait_gpu_healthy(&self, node: &str, gpu: u32) {
+        let cfg = self.health_config(
+            "settle",
+            "min_dwell_s = 1\nrecovery_quiet_s = 1\nxid_watch_ms = 0\n",
+        );
+        let ns = self.node_state(&cfg, node);
+        self.step_until(&cfg, node, &format!("{node} gpu{gpu} healthy"), || {
+            ns.health(gpu).ok().flatten() == Some(muxflow::health::HealthState::Healthy)
+        });
+    }
+
+    /// The matcher's placement of job `id`, written whatever the GPU's
+    /// health (as when the GPU turns unhealthy between placement and start).
+    pub fn write_placement(&self, id: u32, node: &str, gpu: u32) {
         let mut c = self.cmd("scontrol");
         c.args([
             "update",

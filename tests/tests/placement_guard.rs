@@ -175,7 +175,7 @@ fn the_prolog_refuses_a_slot_muxflow_did_not_write_and_a_gpu_that_is_not_healthy
         ns.health(gpu).unwrap() == Some(HealthState::Faulty)
     });
     let id = c.sbatch_as(USER, &["--muxflow=offline"], script).unwrap();
-    c.place(id, node, gpu);
+    c.write_placement(id, node, gpu);
     let out = c.wait_requeued_held(id, WAIT);
     assert!(out.contains("GPU 1 is faulty"), "{out}");
     assert!(!out.contains("offline-ran"), "ran on a faulty GPU: {out}");
