@@ -175,9 +175,40 @@ impl MpsDaemon {
 
     /// Tears down one client's contexts without hurting the server or the
     /// other clients (the client then sees CUDA_ERROR_MPS_CLIENT_TERMINATED).
+    /// Noted first in the GPU's ledger of muxflow's own evictions.
     pub fn terminate_client(&self, server: u32, client: u32) -> Result<(), MpsError> {
+        self.note_own_termination(server, client);
         self.send(&format!("terminate_client {server} {client}"))
             .map(drop)
+    }
+
+    /// muxflow's own `terminate_client` commands, one `<server> <client>`
+    /// a line, in the root-owned log directory: the daemon logs every
+    /// command but not who sent it, so this tells muxflow's from a user's.
+    fn own_terminations(&self) -> PathBuf {
+        self.log_dir.join("muxflow-terminations")
+    }
+
+    fn note_own_termination(&self, server: u32, client: u32) {
+        use std::io::Write;
+        let noted = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.own_terminations())
+            .and_then(|mut f| writeln!(f, "{server} {client}"));
+        if let Err(e) = noted {
+            // Only the later notice suffers: muxflow's eviction reads as a user's.
+            tracing::warn!(
+                gpu = self.gpu,
+                "cannot note terminate_client {server} {client}: {e}"
+            );
+        }
+    }
+
+    /// Did muxflow send `terminate_client <server> <client>`?
+    pub fn sent_by_muxflow(&self, server: u32, client: u32) -> bool {
+        let want = format!("{server} {client}");
+        std::fs::read_to_string(self.own_terminations()).is_ok_and(|t| t.lines().any(|l| l == want))
     }
 
     /// Stops the daemon (and its server) and removes the pipe directory.

@@ -153,6 +153,27 @@ pub fn server_notice(line: &str) -> Option<&str> {
     }
 }
 
+/// A `terminate_client <server> <client>` command as the control daemon
+/// echoes it into `control.log` (`[<date> <time> Control <pid>]
+/// Cmd:terminate_client S C`). Not a fault: who sent it is unknown, which
+/// is why `sysmon` checks it against muxflow's own evictions.
+pub fn terminate_command(line: &str) -> Option<(u32, u32)> {
+    let rest = line.strip_prefix('[')?;
+    let (header, notice) = rest.split_once("] ")?;
+    let words: Vec<&str> = header.split_whitespace().collect();
+    if !matches!(words.as_slice(), [_, _, "Control", pid] if pid.parse::<u32>().is_ok()) {
+        return None;
+    }
+    let args: Vec<&str> = notice
+        .strip_prefix("Cmd:terminate_client ")?
+        .split_whitespace()
+        .collect();
+    match args.as_slice() {
+        [server, client] => Some((server.parse().ok()?, client.parse().ok()?)),
+        _ => None,
+    }
+}
+
 /// The rule an observation matches, if any.
 pub fn rule_for(o: &Observation) -> Option<&'static Rule> {
     RULES.iter().find(|r| r.pattern.matches(o))
@@ -240,6 +261,39 @@ mod tests {
         let o =
             Observation::MpsServer("Client 7 said: Server is handling a fatal GPU error.".into());
         assert_eq!(name(&o), None);
+    }
+
+    #[test]
+    fn terminate_commands_in_the_control_log() {
+        let cases = [
+            (
+                "[2021-06-27 07:31:23.573 Control     6] Cmd:terminate_client 17 4242",
+                Some((17, 4242)),
+            ),
+            (
+                "[2021-06-27 07:31:23.573 Control 6] Cmd:get_server_list",
+                None,
+            ),
+            (
+                "[2021-06-27 07:31:23.573 Control 6] Cmd:terminate_client 17",
+                None,
+            ),
+            (
+                "[2021-06-27 07:31:23.573 Control 6] Cmd:terminate_client 17 x",
+                None,
+            ),
+            (
+                "[2021-06-27 07:31:23.573 Server 17] Cmd:terminate_client 17 4242",
+                None,
+            ),
+            (
+                "[2021-06-27 07:31:23.573 Control 6] Cmd:get_server_list Cmd:terminate_client 1 2",
+                None,
+            ),
+        ];
+        for (line, want) in cases {
+            assert_eq!(terminate_command(line), want, "{line}");
+        }
     }
 
     #[test]

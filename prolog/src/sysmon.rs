@@ -305,11 +305,12 @@ fn step_gpu(
         GpuRead::Lost => obs.push(Observation::Lost),
         GpuRead::Failed(what) => obs.push(Observation::NvmlFailure(what.clone())),
     }
-    for line in scan_logs(mps.log_dir(), &mut rec.log_offsets) {
+    for line in scan_log(mps.log_dir(), "server.log", &mut rec.log_offsets) {
         if let Some(notice) = detector::server_notice(&line) {
             obs.push(Observation::MpsServer(notice.to_string()));
         }
     }
+    notice_foreign_terminations(&mps, gpu, &mut rec);
     let matches = detector::classify(&obs);
     for (rule, o) in &matches {
         tracing::warn!(gpu, rule = rule.name, observation = ?o, "fault detected");
@@ -591,39 +592,54 @@ fn restart_mps(
     Ok(true)
 }
 
-/// New complete lines of the MPS server's log since the recorded offset. A
-/// file that shrank (rotated, recreated) is read from its start. The control
-/// daemon's log is not read: it records users' commands (see `detector`).
-fn scan_logs(dir: &Path, offsets: &mut BTreeMap<String, u64>) -> Vec<String> {
-    let mut lines = Vec::new();
-    for name in ["server.log"] {
-        let path = dir.join(name);
-        let Ok(mut f) = std::fs::File::open(&path) else {
+/// A `terminate_client` muxflow did not send: the daemon accepts it from
+/// any user who can reach its socket, and it cannot be refused, so it is
+/// noticed (logged with the client, counted) at the next step. The control
+/// log is read for nothing else: it records users' text (see `detector`).
+fn notice_foreign_terminations(mps: &MpsDaemon, gpu: u32, rec: &mut GpuRecord) {
+    for line in scan_log(mps.log_dir(), "control.log", &mut rec.log_offsets) {
+        let Some((server, client)) = detector::terminate_command(&line) else {
             continue;
         };
-        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-        let mut off = offsets.get(name).copied().unwrap_or(0);
-        if off > len {
-            off = 0;
+        if !mps.sent_by_muxflow(server, client) {
+            tracing::warn!(
+                gpu,
+                server,
+                client,
+                "terminate_client {server} {client} reached the MPS daemon from someone other than muxflow \
+                 (any user who can reach its socket can send it): client {client} lost its GPU contexts"
+            );
+            rec.count("noticed.foreign_terminate_client");
         }
-        if off == len || f.seek(SeekFrom::Start(off)).is_err() {
-            offsets.insert(name.into(), off);
-            continue;
-        }
-        let mut buf = Vec::new();
-        if f.read_to_end(&mut buf).is_err() {
-            continue;
-        }
-        // Only whole lines: a line being written is read next time.
-        let whole = buf.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
-        lines.extend(
-            String::from_utf8_lossy(&buf[..whole])
-                .lines()
-                .map(str::to_string),
-        );
-        offsets.insert(name.into(), off + whole as u64);
     }
-    lines
+}
+
+/// New complete lines of one MPS log since the recorded offset. A file
+/// that shrank (rotated, recreated) is read from its start.
+fn scan_log(dir: &Path, name: &str, offsets: &mut BTreeMap<String, u64>) -> Vec<String> {
+    let Ok(mut f) = std::fs::File::open(dir.join(name)) else {
+        return Vec::new();
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut off = offsets.get(name).copied().unwrap_or(0);
+    if off > len {
+        off = 0;
+    }
+    if off == len || f.seek(SeekFrom::Start(off)).is_err() {
+        offsets.insert(name.into(), off);
+        return Vec::new();
+    }
+    let mut buf = Vec::new();
+    if f.read_to_end(&mut buf).is_err() {
+        return Vec::new();
+    }
+    // Only whole lines: a line being written is read next time.
+    let whole = buf.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+    offsets.insert(name.into(), off + whole as u64);
+    String::from_utf8_lossy(&buf[..whole])
+        .lines()
+        .map(str::to_string)
+        .collect()
 }
 
 #[cfg(test)]
@@ -636,15 +652,18 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let log = tmp.path().join("server.log");
         let mut offs = BTreeMap::new();
-        assert!(scan_logs(tmp.path(), &mut offs).is_empty());
+        assert!(scan_log(tmp.path(), "server.log", &mut offs).is_empty());
         std::fs::write(&log, "a\nb\npartial").unwrap();
-        assert_eq!(scan_logs(tmp.path(), &mut offs), ["a", "b"]);
-        assert!(scan_logs(tmp.path(), &mut offs).is_empty());
+        assert_eq!(scan_log(tmp.path(), "server.log", &mut offs), ["a", "b"]);
+        assert!(scan_log(tmp.path(), "server.log", &mut offs).is_empty());
         let mut f = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
         writeln!(f, " line").unwrap();
-        assert_eq!(scan_logs(tmp.path(), &mut offs), ["partial line"]);
+        assert_eq!(
+            scan_log(tmp.path(), "server.log", &mut offs),
+            ["partial line"]
+        );
         std::fs::write(&log, "new\n").unwrap();
-        assert_eq!(scan_logs(tmp.path(), &mut offs), ["new"]);
+        assert_eq!(scan_log(tmp.path(), "server.log", &mut offs), ["new"]);
     }
 
     #[test]

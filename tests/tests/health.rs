@@ -747,3 +747,48 @@ fn a_killed_mps_control_daemon_is_restarted_by_the_health_check() {
     pair.stop();
     assert_not_drained(&c, node);
 }
+
+#[test]
+fn a_users_terminate_client_is_noticed_and_muxflows_own_is_not() {
+    let c = Cluster::get();
+    let cfg = c.health_config("mpsterminate", DWELL);
+    let (node, gpu) = ("node3", 0);
+    let _node = hold_node(node);
+    let mut pair = Pair::start(&c, &cfg, node, gpu, 990_061);
+    c.health_step(&cfg, node);
+    let before = record(&pair.ns, gpu);
+    let server = pair.mps.server_pids().unwrap()[0];
+    let online = pair.online.as_ref().unwrap().id();
+    let offline = pair.offline.id();
+    // NVIDIA's daemon takes this from any user who can reach it (see
+    // simgpu/README.md): it cannot be refused, only noticed.
+    mps_command_as_nobody(
+        &c,
+        &pair.mps,
+        &format!("terminate_client {server} {online}"),
+    );
+    let log = c.health_step(&cfg, node);
+    assert!(
+        log.contains(&format!(
+            "terminate_client {server} {online} reached the MPS daemon from someone other than muxflow"
+        )),
+        "{log}"
+    );
+    let noticed = |r: &serde_json::Value| {
+        counter(r, "noticed.foreign_terminate_client")
+            - counter(&before, "noticed.foreign_terminate_client")
+    };
+    assert_eq!(noticed(&record(&pair.ns, gpu)), 1);
+    // muxflow's own eviction is not taken for a user's.
+    pair.mps.terminate_client(server, offline).unwrap();
+    let log = c.health_step(&cfg, node);
+    assert!(!log.contains("someone other than muxflow"), "{log}");
+    assert_eq!(noticed(&record(&pair.ns, gpu)), 1);
+    // The terminated online workload fails (what the attack costs); clean up.
+    if let Some(mut o) = pair.online.take() {
+        let _ = o.kill();
+        let _ = o.wait();
+    }
+    pair.stop();
+    assert_not_drained(&c, node);
+}
