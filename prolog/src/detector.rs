@@ -153,25 +153,17 @@ pub fn server_notice(line: &str) -> Option<&str> {
     }
 }
 
-/// A `terminate_client <server> <client>` command as the control daemon
-/// echoes it into `control.log` (`[<date> <time> Control <pid>]
-/// Cmd:terminate_client S C`). Not a fault: who sent it is unknown, which
-/// is why `sysmon` checks it against muxflow's own evictions.
-pub fn terminate_command(line: &str) -> Option<(u32, u32)> {
+/// A user command as the control daemon echoes it into `control.log`
+/// (`[<date> <time> Control <pid>] Cmd:<command>`). Not a fault: who sent
+/// it is unknown, which is why `sysmon` checks it against muxflow's own.
+pub fn control_command(line: &str) -> Option<&str> {
     let rest = line.strip_prefix('[')?;
     let (header, notice) = rest.split_once("] ")?;
     let words: Vec<&str> = header.split_whitespace().collect();
     if !matches!(words.as_slice(), [_, _, "Control", pid] if pid.parse::<u32>().is_ok()) {
         return None;
     }
-    let args: Vec<&str> = notice
-        .strip_prefix("Cmd:terminate_client ")?
-        .split_whitespace()
-        .collect();
-    match args.as_slice() {
-        [server, client] => Some((server.parse().ok()?, client.parse().ok()?)),
-        _ => None,
-    }
+    notice.strip_prefix("Cmd:").map(str::trim)
 }
 
 /// The rule an observation matches, if any.
@@ -264,35 +256,26 @@ mod tests {
     }
 
     #[test]
-    fn terminate_commands_in_the_control_log() {
+    fn commands_in_the_control_log() {
         let cases = [
             (
                 "[2021-06-27 07:31:23.573 Control     6] Cmd:terminate_client 17 4242",
-                Some((17, 4242)),
+                Some("terminate_client 17 4242"),
             ),
             (
                 "[2021-06-27 07:31:23.573 Control 6] Cmd:get_server_list",
-                None,
+                Some("get_server_list"),
             ),
-            (
-                "[2021-06-27 07:31:23.573 Control 6] Cmd:terminate_client 17",
-                None,
-            ),
-            (
-                "[2021-06-27 07:31:23.573 Control 6] Cmd:terminate_client 17 x",
-                None,
-            ),
+            ("[2021-06-27 07:31:23.573 Control 6] NEW UI", None),
+            ("[2021-06-27 07:31:23.573 Control 6] 17", None),
             (
                 "[2021-06-27 07:31:23.573 Server 17] Cmd:terminate_client 17 4242",
                 None,
             ),
-            (
-                "[2021-06-27 07:31:23.573 Control 6] Cmd:get_server_list Cmd:terminate_client 1 2",
-                None,
-            ),
+            ("Cmd:quit", None),
         ];
         for (line, want) in cases {
-            assert_eq!(terminate_command(line), want, "{line}");
+            assert_eq!(control_command(line), want, "{line}");
         }
     }
 

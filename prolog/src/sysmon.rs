@@ -310,7 +310,7 @@ fn step_gpu(
             obs.push(Observation::MpsServer(notice.to_string()));
         }
     }
-    notice_foreign_terminations(&mps, gpu, &mut rec);
+    notice_foreign_commands(&mps, gpu, &mut rec);
     let matches = detector::classify(&obs);
     for (rule, o) in &matches {
         tracing::warn!(gpu, rule = rule.name, observation = ?o, "fault detected");
@@ -592,24 +592,41 @@ fn restart_mps(
     Ok(true)
 }
 
-/// A `terminate_client` muxflow did not send: the daemon accepts it from
-/// any user who can reach its socket, and it cannot be refused, so it is
-/// noticed (logged with the client, counted) at the next step. The control
-/// log is read for nothing else: it records users' text (see `detector`).
-fn notice_foreign_terminations(mps: &MpsDaemon, gpu: u32, rec: &mut GpuRecord) {
+/// State-changing commands muxflow did not send (`terminate_client`, the
+/// `set_*` limits, `quit`): the daemon accepts them from any user who can
+/// reach its socket, so they cannot be refused. Each is logged and counted
+/// (`noticed.<command>`) at the next step; a server's SM share set by
+/// someone else is put back to 100 (muxflow never sets one: the offline
+/// share is each client's own). The control log is read for nothing else:
+/// it records users' text (see `detector`).
+fn notice_foreign_commands(mps: &MpsDaemon, gpu: u32, rec: &mut GpuRecord) {
     for line in scan_log(mps.log_dir(), "control.log", &mut rec.log_offsets) {
-        let Some((server, client)) = detector::terminate_command(&line) else {
+        let Some(command) = detector::control_command(&line) else {
             continue;
         };
-        if !mps.sent_by_muxflow(server, client) {
-            tracing::warn!(
-                gpu,
-                server,
-                client,
-                "terminate_client {server} {client} reached the MPS daemon from someone other than muxflow \
-                 (any user who can reach its socket can send it): client {client} lost its GPU contexts"
-            );
-            rec.count("noticed.foreign_terminate_client");
+        if !muxflow::mps::is_changing(command) || mps.sent_by_muxflow(command) {
+            continue;
+        }
+        let shown: String = command.chars().take(120).collect();
+        tracing::warn!(
+            gpu,
+            "MPS command '{shown}' reached the daemon from someone other than muxflow (any user \
+             who can reach its socket can send it)"
+        );
+        let words: Vec<&str> = command.split_whitespace().collect();
+        rec.count(&format!("noticed.{}", words[0]));
+        if let ["set_active_thread_percentage", server, pct] = words.as_slice() {
+            if pct.parse::<f64>().ok() != Some(DAEMON_DEFAULT_THREAD_PCT) {
+                let put_back =
+                    format!("set_active_thread_percentage {server} {DAEMON_DEFAULT_THREAD_PCT}");
+                match mps.send(&put_back) {
+                    Ok(_) => {
+                        tracing::warn!(gpu, "put back: {put_back}");
+                        rec.count("policed.active_thread_percentage");
+                    }
+                    Err(e) => tracing::error!(gpu, "{put_back}: {e}"),
+                }
+            }
         }
     }
 }

@@ -654,8 +654,14 @@ fn a_users_mps_commands_neither_fault_the_gpu_nor_keep_their_settings() {
         "",
         "a user wrote into the server's log"
     );
-    // ... and a setting for later clients, which the daemon accepts from anyone.
+    // ... and settings for later clients, which the daemon accepts from anyone.
     mps_command_as_nobody(&c, &pair.mps, "set_default_active_thread_percentage 37");
+    let server = pair.mps.server_pids().unwrap()[0];
+    mps_command_as_nobody(
+        &c,
+        &pair.mps,
+        &format!("set_active_thread_percentage {server} 5"),
+    );
     assert_eq!(
         pair.mps
             .send("get_default_active_thread_percentage")
@@ -687,6 +693,18 @@ fn a_users_mps_commands_neither_fault_the_gpu_nor_keep_their_settings() {
             .send("get_default_active_thread_percentage")
             .unwrap(),
         "100.0"
+    );
+    assert_eq!(
+        delta("noticed.set_active_thread_percentage"),
+        1,
+        "{r}\n{log}"
+    );
+    assert_eq!(delta("policed.active_thread_percentage"), 1, "{r}\n{log}");
+    assert!(
+        log.contains(&format!(
+            "put back: set_active_thread_percentage {server} 100"
+        )),
+        "{log}"
     );
     // Nobody lost anything.
     assert!(
@@ -770,13 +788,12 @@ fn a_users_terminate_client_is_noticed_and_muxflows_own_is_not() {
     let log = c.health_step(&cfg, node);
     assert!(
         log.contains(&format!(
-            "terminate_client {server} {online} reached the MPS daemon from someone other than muxflow"
+            "MPS command 'terminate_client {server} {online}' reached the daemon from someone other than muxflow"
         )),
         "{log}"
     );
     let noticed = |r: &serde_json::Value| {
-        counter(r, "noticed.foreign_terminate_client")
-            - counter(&before, "noticed.foreign_terminate_client")
+        counter(r, "noticed.terminate_client") - counter(&before, "noticed.terminate_client")
     };
     assert_eq!(noticed(&record(&pair.ns, gpu)), 1);
     // muxflow's own eviction is not taken for a user's.
