@@ -12,14 +12,15 @@ job_desc.spank_job_env. Then:
            GPU, bound to the GPU's device file; see gres.conf) instead of any
            GPU. It is parked — held (priority 0, Reason=JobHeldUser) and with
            no slot yet — until muxflow-matcher places it:
-             scontrol update JobId=N ReqNodeList=<node> Gres=mfslot:g<i>:1
+             scontrol update JobId=N ReqNodeList=<node> Gres=mfslot:g<i>:1 \
+                 AdminComment="muxflow:v1 mode=offline placed=<node>:g<i>"
              scontrol release N
            Slurm 22.05 rejects at submit a constraint no node has, cannot turn
            an untyped GRES request into a typed one later, and keeps the old
            typed request when a typed one is rewritten: so the slot is written
-           once, by the matcher, while the job is held. An offline job the
-           user releases unplaced holds no GPU, and the plugin stops its tasks
-           with a message saying so.
+           once, by the matcher, while the job is held. An offline job
+           released unplaced (only root or SlurmUser can) holds no GPU: the
+           Prolog refuses it and it goes back to the queue, held.
   online   The job keeps its gres/gpu request and is tagged in AdminComment so
            the matcher finds it.
 
@@ -49,7 +50,7 @@ GPUs that are not healthy).
 local OFFLINE_GRES = "mfslot"
 local PARK_OFFLINE = true
 local TAG = "muxflow:v1"
--- Slurm's NO_VAL and INFINITE (32-bit), as job_desc.priority carries them.
+-- Slurm's NO_VAL (32-bit): job_desc.priority when the update leaves it alone.
 local NO_VAL = 4294967294
 -- Fields that can carry a GRES request.
 local TRES_FIELDS = { "tres_per_node", "tres_per_job", "tres_per_socket", "tres_per_task" }
