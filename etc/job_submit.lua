@@ -12,16 +12,32 @@ job_desc.spank_job_env. Then:
            GPU, bound to the GPU's device file; see gres.conf) instead of any
            GPU. It is parked — held (priority 0, Reason=JobHeldUser) and with
            no slot yet — until muxflow-matcher places it:
-             scontrol update JobId=N ReqNodeList=<node> Gres=mfslot:g<i>:1
+             scontrol update JobId=N ReqNodeList=<node> Gres=mfslot:g<i>:1 \
+                 AdminComment="muxflow:v1 mode=offline placed=<node>:g<i>"
              scontrol release N
            Slurm 22.05 rejects at submit a constraint no node has, cannot turn
            an untyped GRES request into a typed one later, and keeps the old
            typed request when a typed one is rewritten: so the slot is written
-           once, by the matcher, while the job is held. An offline job the
-           user releases unplaced holds no GPU, and the plugin stops its tasks
-           with a message saying so.
+           once, by the matcher, while the job is held. An offline job
+           released unplaced (only root or SlurmUser can) holds no GPU: the
+           Prolog refuses it and it goes back to the queue, held.
   online   The job keeps its gres/gpu request and is tagged in AdminComment so
            the matcher finds it.
+
+Only muxflow places offline work (on Slurm 22.05, checked on the dev cluster):
+  * at submit, a job that is not --muxflow=offline and asks for the offline
+    slot in any form (--gres, --gpus-per-*, --tres-per-*: tres_per_node,
+    tres_per_job, tres_per_socket, tres_per_task) is refused with a message;
+  * on `scontrol update`/`release` (both reach slurm_job_modify: release is
+    priority=INFINITE, hold priority=0), a user who is not root or SlurmUser
+    may not add the offline slot to any job, nor change a muxflow offline
+    job's slot, node list (ReqNodeList, ExcNodeList), features, preference
+    or release its hold. The matcher runs as root or SlurmUser. Holding one's
+    own job stays allowed. Slurm 22.05 does not show a job_modify message to
+    the user (bug 14539): scontrol prints "Access/permission denied".
+  * muxflow-matcher writes its placement into the AdminComment (only root,
+    SlurmUser and admins can), and the Prolog refuses an offline job whose
+    slot is not the one written there, or whose GPU is not healthy.
 
 Without a running matcher, parked offline jobs wait. Set PARK_OFFLINE = false
 below as the fallback: offline jobs then ask for any offline slot (untyped
@@ -34,6 +50,60 @@ GPUs that are not healthy).
 local OFFLINE_GRES = "mfslot"
 local PARK_OFFLINE = true
 local TAG = "muxflow:v1"
+-- Slurm's NO_VAL (32-bit): job_desc.priority when the update leaves it alone.
+local NO_VAL = 4294967294
+-- Fields that can carry a GRES request.
+local TRES_FIELDS = { "tres_per_node", "tres_per_job", "tres_per_socket", "tres_per_task" }
+-- A user may not change these on a muxflow offline job: where it runs is the matcher's.
+local PLACEMENT_FIELDS = { "req_nodes", "exc_nodes", "features", "prefer", "cluster_features" }
+
+-- The uid slurmctld (and so this script) runs as: SlurmUser. Read from
+-- /proc rather than by running a program inside slurmctld.
+local function own_uid()
+	local f = io.open("/proc/self/status", "r")
+	if f == nil then
+		return 0
+	end
+	for line in f:lines() do
+		local uid = string.match(line, "^Uid:%s+(%d+)")
+		if uid ~= nil then
+			f:close()
+			return tonumber(uid)
+		end
+	end
+	f:close()
+	return 0
+end
+local SLURM_USER_UID = own_uid()
+
+-- Root and SlurmUser (muxflow-matcher runs as one of them).
+local function privileged(uid)
+	return uid == 0 or uid == SLURM_USER_UID
+end
+
+-- Does a TRES string ("gres:gpu:1,gres:mfslot:g0:1") name the offline slot?
+local function names_offline_slot(tres)
+	if tres == nil then
+		return false
+	end
+	for item in string.gmatch(tres, "[^,]+") do
+		local name = string.match(item, "^gres[:/]([^:,]+)")
+		if name == OFFLINE_GRES then
+			return true
+		end
+	end
+	return false
+end
+
+-- The first field of job_desc that asks for the offline slot, or nil.
+local function offline_slot_request(job_desc)
+	for _, field in ipairs(TRES_FIELDS) do
+		if names_offline_slot(job_desc[field]) then
+			return field, job_desc[field]
+		end
+	end
+	return nil
+end
 
 local function muxflow_mode(job_desc)
 	local env = job_desc.spank_job_env
@@ -69,6 +139,19 @@ end
 
 function muxflow_job_submit(job_desc)
 	local mode = muxflow_mode(job_desc)
+	if mode ~= "offline" then
+		local field, value = offline_slot_request(job_desc)
+		if field ~= nil then
+			slurm.log_user(
+				"muxflow: the offline slot '%s' (%s=%s) is placed by muxflow only: submit with --muxflow=offline, "
+					.. "or ask for a whole GPU with --gres=gpu:1",
+				OFFLINE_GRES,
+				field,
+				value
+			)
+			return slurm.ERROR
+		end
+	end
 	if mode == nil then
 		return slurm.SUCCESS
 	end
@@ -82,7 +165,15 @@ function muxflow_job_submit(job_desc)
 			local slot = "gres:" .. OFFLINE_GRES .. ":1"
 			job_desc.tres_per_node = others and (others .. "," .. slot) or slot
 		end
-		job_desc.admin_comment = TAG .. " mode=offline"
+		-- Offline work takes the slot only: no other GRES request in any field.
+		for _, field in ipairs({ "tres_per_job", "tres_per_socket", "tres_per_task" }) do
+			if job_desc[field] ~= nil and job_desc[field] ~= "" then
+				job_desc[field] = without_gpu(job_desc[field]) or ""
+			end
+		end
+		-- Parked: no placement yet; the matcher writes `placed=<node>:g<i>`.
+		-- Without a matcher, Slurm picks the slot.
+		job_desc.admin_comment = TAG .. " mode=offline" .. (PARK_OFFLINE and "" or " placed=any")
 	elseif mode == "online" then
 		job_desc.admin_comment = TAG .. " mode=online"
 	else
@@ -97,8 +188,55 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
 	return muxflow_job_submit(job_desc)
 end
 
-function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+-- Is the job a muxflow offline job? Its AdminComment says so (job_submit.lua
+-- or the matcher wrote it; users cannot).
+local function is_offline_job(job_rec)
+	local c = job_rec.admin_comment
+	return c ~= nil and string.match(c, "^" .. TAG .. " mode=offline") ~= nil
+end
+
+local function denied(job_rec, modify_uid, what)
+	-- 22.05 discards log_user in job_modify (bug 14539): the log keeps the reason.
+	slurm.log_info(
+		"muxflow: job %s: uid %d may not %s: offline work is placed by muxflow-matcher only",
+		tostring(job_rec.job_id),
+		modify_uid,
+		what
+	)
+	return slurm.ESLURM_ACCESS_DENIED
+end
+
+function muxflow_job_modify(job_desc, job_rec, modify_uid)
+	if privileged(modify_uid) then
+		return slurm.SUCCESS
+	end
+	local field = offline_slot_request(job_desc)
+	if field ~= nil then
+		return denied(job_rec, modify_uid, "request the offline slot (" .. field .. ")")
+	end
+	if not is_offline_job(job_rec) then
+		return slurm.SUCCESS
+	end
+	for _, f in ipairs(TRES_FIELDS) do
+		if job_desc[f] ~= nil then
+			return denied(job_rec, modify_uid, "change its GRES (" .. f .. ")")
+		end
+	end
+	for _, f in ipairs(PLACEMENT_FIELDS) do
+		if job_desc[f] ~= nil then
+			return denied(job_rec, modify_uid, "change where it runs (" .. f .. ")")
+		end
+	end
+	-- Release is priority=INFINITE, hold priority=0; keeping one's job held is fine.
+	local p = job_desc.priority
+	if p ~= nil and p ~= NO_VAL and p ~= 0 then
+		return denied(job_rec, modify_uid, "release it or change its priority")
+	end
 	return slurm.SUCCESS
+end
+
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+	return muxflow_job_modify(job_desc, job_rec, modify_uid)
 end
 
 return slurm.SUCCESS

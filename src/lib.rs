@@ -12,6 +12,7 @@ pub mod limits;
 pub mod mode;
 pub mod mps;
 pub mod node_state;
+pub mod placement;
 pub mod policy;
 pub mod process;
 pub mod published;

@@ -140,6 +140,9 @@ impl MpsDaemon {
 
     /// Sends one command and returns the daemon's reply.
     pub fn send(&self, command: &str) -> Result<String, MpsError> {
+        if is_changing(command) {
+            self.note_own_command(command);
+        }
         let out = process::run(self.command(), Some(command), self.timeout, false)?;
         if out.success {
             Ok(out.stdout.trim().to_string())
@@ -180,6 +183,31 @@ impl MpsDaemon {
             .map(drop)
     }
 
+    /// muxflow's own state-changing commands ([`CHANGING_COMMANDS`]), one a
+    /// line as sent, in the root-owned log directory: the daemon logs every
+    /// command but not who sent it, so this tells muxflow's from a user's.
+    fn own_commands(&self) -> PathBuf {
+        self.log_dir.join("muxflow-commands")
+    }
+
+    fn note_own_command(&self, command: &str) {
+        use std::io::Write;
+        let noted = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.own_commands())
+            .and_then(|mut f| writeln!(f, "{command}"));
+        if let Err(e) = noted {
+            // Only the later notice suffers: muxflow's command reads as a user's.
+            tracing::warn!(gpu = self.gpu, "cannot note MPS command '{command}': {e}");
+        }
+    }
+
+    /// Did muxflow send this state-changing command (exactly this text)?
+    pub fn sent_by_muxflow(&self, command: &str) -> bool {
+        std::fs::read_to_string(self.own_commands()).is_ok_and(|t| t.lines().any(|l| l == command))
+    }
+
     /// Stops the daemon (and its server) and removes the pipe directory.
     pub fn quit(&self) -> Result<(), MpsError> {
         if self.pipe_dir.join("control").exists() {
@@ -194,6 +222,26 @@ impl MpsDaemon {
             }),
         }
     }
+}
+
+/// Control commands that change what the daemon does to clients (NVIDIA's
+/// `nvidia-cuda-mps-control` commands); the queries are left out.
+pub const CHANGING_COMMANDS: &[&str] = &[
+    "quit",
+    "start_server",
+    "terminate_client",
+    "set_default_active_thread_percentage",
+    "set_active_thread_percentage",
+    "set_default_device_pinned_mem_limit",
+    "set_device_pinned_mem_limit",
+];
+
+/// Is `command` one of [`CHANGING_COMMANDS`]?
+pub fn is_changing(command: &str) -> bool {
+    command
+        .split_whitespace()
+        .next()
+        .is_some_and(|verb| CHANGING_COMMANDS.contains(&verb))
 }
 
 /// The pipe directory of GPU `gpu`'s daemon (what clients get as

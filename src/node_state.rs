@@ -9,6 +9,8 @@
 //! <state_dir>/limits/<jobid>        an offline job's limits (root, 0644; crate::limits)
 //! <state_dir>/limits/<jobid>.policed  why the node terminated one of its processes
 //! <state_dir>/limits/<jobid>.measured  its peak GPU memory as NVML showed it
+//! <state_dir>/refused/<jobid>      why the Prolog refused an offline job (the plugin
+//!                                  refuses the job's tasks with this text)
 //! ```
 //!
 //! Every write is atomic (temporary file + rename) under the GPU's lock, so
@@ -298,6 +300,54 @@ impl NodeState {
         self.limits_dir().join(format!("{job_id}.measured"))
     }
 
+    fn refusal_path(&self, job_id: u32) -> PathBuf {
+        self.dir.join("refused").join(job_id.to_string())
+    }
+
+    /// Records why the Prolog refused offline job `job_id`.
+    pub fn refuse_job(&self, job_id: u32, why: &str) -> Result<(), StateError> {
+        write_atomic(&self.refusal_path(job_id), why.as_bytes())
+    }
+
+    /// Why offline job `job_id` was refused; None when it was not.
+    pub fn refusal(&self, job_id: u32) -> Result<Option<String>, StateError> {
+        let path = self.refusal_path(job_id);
+        match fs::read_to_string(&path) {
+            Ok(s) => Ok(Some(s)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(StateError::Io { path, source: e }),
+        }
+    }
+
+    /// Forgets a refusal (Epilog).
+    pub fn forget_refusal(&self, job_id: u32) -> Result<(), StateError> {
+        let path = self.refusal_path(job_id);
+        match fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(StateError::Io { path, source: e }),
+        }
+    }
+
+    /// "No space left on device: <dir>" when the file system of the state
+    /// directory has no free block or inode left (what makes every write
+    /// there fail); None otherwise or when it cannot be told.
+    pub fn space_problem(&self) -> Option<String> {
+        use std::os::unix::ffi::OsStrExt;
+        let path = std::ffi::CString::new(self.dir.as_os_str().as_bytes()).ok()?;
+        // SAFETY: statvfs writes only into the zeroed struct we own; the path
+        // is a valid NUL-terminated string.
+        let st = unsafe {
+            let mut st: libc::statvfs = std::mem::zeroed();
+            if libc::statvfs(path.as_ptr(), &mut st) != 0 {
+                return None;
+            }
+            st
+        };
+        let full = st.f_bavail == 0 || (st.f_files > 0 && st.f_favail == 0);
+        full.then(|| format!("No space left on device: {}", self.dir.display()))
+    }
+
     /// GPUs that have a state directory, ascending.
     pub fn gpus(&self) -> Result<Vec<u32>, StateError> {
         let entries = match fs::read_dir(&self.dir) {
@@ -385,6 +435,23 @@ mod tests {
         };
         ns.set_facts(&lock, 1, &facts).unwrap();
         assert_eq!(ns.facts(1).unwrap(), facts);
+    }
+
+    #[test]
+    fn refusals_round_trip_and_space_is_checked() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ns = NodeState::new(tmp.path());
+        assert_eq!(ns.refusal(3).unwrap(), None);
+        ns.refuse_job(3, "not placed by muxflow").unwrap();
+        assert_eq!(
+            ns.refusal(3).unwrap().as_deref(),
+            Some("not placed by muxflow")
+        );
+        ns.forget_refusal(3).unwrap();
+        ns.forget_refusal(3).unwrap();
+        assert_eq!(ns.refusal(3).unwrap(), None);
+        // A temporary directory has room.
+        assert_eq!(ns.space_problem(), None);
     }
 
     #[test]

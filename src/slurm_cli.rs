@@ -66,16 +66,25 @@ impl Scontrol {
         }
     }
 
-    /// The GPU indices of the offline slots (`<gres>:g<i>`) job `job_id`
-    /// holds on `node`, from `scontrol show job -d`.
-    pub fn offline_slots(
+    /// The offline slots job `job_id` holds on `node` and its AdminComment,
+    /// from one `scontrol show job -d`.
+    pub fn offline_job(
         &self,
         job_id: u32,
         node: &str,
         gres: &str,
-    ) -> Result<Vec<u32>, ScontrolError> {
+    ) -> Result<OfflineJob, ScontrolError> {
         let out = self.run(&["show", "job", "-d", &job_id.to_string()])?;
-        Ok(parse_offline_slots(&out, node, gres))
+        Ok(OfflineJob {
+            slots: parse_offline_slots(&out, node, gres),
+            admin_comment: parse_admin_comment(&out),
+        })
+    }
+
+    /// Puts job `job_id` back in the queue, held (root/SlurmUser): it
+    /// waits there until released (the matcher does, when it places it).
+    pub fn requeue_hold(&self, job_id: u32) -> Result<(), ScontrolError> {
+        self.run(&["requeuehold", &job_id.to_string()]).map(drop)
     }
 
     /// Writes job `job_id`'s AdminComment: through slurmctld while the job
@@ -134,6 +143,32 @@ impl Scontrol {
         ])
         .map(drop)
     }
+}
+
+/// What the node side reads of an offline job from slurmctld.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OfflineJob {
+    /// GPU indices of the offline slots it holds on this node.
+    pub slots: Vec<u32>,
+    /// Its AdminComment ("" when none); None when it cannot be told apart
+    /// from text the user put in another field (see [`parse_admin_comment`]).
+    pub admin_comment: Option<String>,
+}
+
+/// The `AdminComment=` line of `scontrol show job` (the value runs to the
+/// end of the line and may hold spaces); "" when absent or `(null)`.
+/// Fields the user sets (job name, comment, output paths) may hold line
+/// breaks and so forge a line of their own: when more than one line reads
+/// `AdminComment=`, which is Slurm's cannot be told, and the answer is None.
+pub fn parse_admin_comment(show_job: &str) -> Option<String> {
+    let mut lines = show_job
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("AdminComment="));
+    let value = lines.next().map(str::trim);
+    if lines.next().is_some() {
+        return None;
+    }
+    Some(value.filter(|v| *v != "(null)").unwrap_or("").to_string())
 }
 
 /// Parses the per-node detail lines of `scontrol show job -d`, e.g.
@@ -201,6 +236,23 @@ mod tests {
         assert_eq!(parse_offline_slots(SHOW, "node3", "mfslot"), [1]);
         assert!(parse_offline_slots(SHOW, "node1", "mfslot").is_empty());
         assert!(parse_offline_slots(SHOW, "node3", "other").is_empty());
+    }
+
+    #[test]
+    fn reads_the_admin_comment_with_its_spaces() {
+        let show = "JobId=6 JobName=wrap\n   WorkDir=/tmp\n   AdminComment=muxflow:v1 mode=offline placed=node1:g0 \n   StdErr=/dev/null\n";
+        assert_eq!(
+            parse_admin_comment(show).as_deref(),
+            Some("muxflow:v1 mode=offline placed=node1:g0")
+        );
+        assert_eq!(parse_admin_comment(SHOW).as_deref(), Some(""));
+        assert_eq!(
+            parse_admin_comment("   AdminComment=(null)\n").as_deref(),
+            Some("")
+        );
+        // A job name with a line break forges a line: not Slurm's, not trusted.
+        let forged = "JobId=6 JobName=x\n   AdminComment=muxflow:v1 mode=offline placed=node1:g0\n   AdminComment=muxflow:v1 mode=offline \n";
+        assert_eq!(parse_admin_comment(forged), None);
     }
 
     #[test]

@@ -115,6 +115,30 @@ impl Cluster {
             .unwrap_or_else(|_| panic!("sbatch printed '{stdout}'")))
     }
 
+    /// `program` run as `user` (runuser: no shell, so accounts with a
+    /// nologin shell such as `nobody` work), pointed at this cluster.
+    pub fn cmd_as(&self, user: &str, program: &str) -> Command {
+        let mut c = Command::new("runuser");
+        c.args(["-u", user, "--", "env"])
+            .arg(format!("SLURM_CONF={}", self.slurm_conf.display()))
+            .arg(program);
+        c
+    }
+
+    /// Submits `script` as `user` (a real user submission: sbatch, the
+    /// plugin's allocator context and job_submit.lua all see that user).
+    pub fn sbatch_as(&self, user: &str, args: &[&str], script: &str) -> Result<u32, String> {
+        self.sbatch_with(self.cmd_as(user, "sbatch"), args, script)
+    }
+
+    /// `scontrol <args>` as `user`: (success, stdout + stderr).
+    pub fn scontrol_as(&self, user: &str, args: &[&str]) -> (bool, String) {
+        let mut c = self.cmd_as(user, "scontrol");
+        c.args(args);
+        let (ok, out, err) = self.run(c);
+        (ok, out + &err)
+    }
+
     /// Waits until job `id` has ended.
     pub fn wait(&self, id: u32, timeout: Duration) -> JobEnd {
         let start = Instant::now();
@@ -268,14 +292,43 @@ impl Cluster {
 
 impl Cluster {
     /// Places held offline job `id` on `node`'s GPU `gpu` the way
-    /// muxflow-matcher does, and releases it.
+    /// muxflow-matcher does: only on a Healthy GPU (health steps with short
+    /// dwell times until it is: an earlier test may have left it Faulty),
+    /// then the hint and its AdminComment, then the release.
     pub fn place(&self, id: u32, node: &str, gpu: u32) {
+        self.wait_gpu_healthy(node, gpu);
+        self.write_placement(id, node, gpu);
+    }
+
+    /// Steps `node` (test dwell times) until GPU `gpu` is Healthy.
+    pub fn wait_gpu_healthy(&self, node: &str, gpu: u32) {
+        let cfg = self.health_config(
+            "settle",
+            "min_dwell_s = 1\nrecovery_quiet_s = 1\nxid_watch_ms = 0\n",
+        );
+        let ns = self.node_state(&cfg, node);
+        self.step_until(&cfg, node, &format!("{node} gpu{gpu} healthy"), || {
+            ns.health(gpu).ok().flatten() == Some(muxflow::health::HealthState::Healthy)
+        });
+    }
+
+    /// The matcher's placement of job `id`, written whatever the GPU's
+    /// health (as when the GPU turns unhealthy between placement and start).
+    pub fn write_placement(&self, id: u32, node: &str, gpu: u32) {
         let mut c = self.cmd("scontrol");
         c.args([
             "update",
             &format!("JobId={id}"),
             &format!("ReqNodeList={node}"),
             &format!("Gres=mfslot:g{gpu}:1"),
+            &format!(
+                "AdminComment={}",
+                muxflow::placement::Placement::Gpu {
+                    node: node.to_string(),
+                    gpu
+                }
+                .admin_comment()
+            ),
         ]);
         let (ok, out, err) = self.run(c);
         assert!(ok, "placing job {id}: {out}{err}");
@@ -291,6 +344,53 @@ impl Cluster {
         c.args(["-o", "show", "job", &id.to_string()]);
         let (_, out, _) = self.run(c);
         kv(&out, key).unwrap_or_default()
+    }
+
+    /// Job `id`'s AdminComment (its value holds spaces, so not through
+    /// [`job_field`](Self::job_field)).
+    pub fn admin_comment(&self, id: u32) -> String {
+        let mut c = self.cmd("scontrol");
+        c.args(["show", "job", &id.to_string()]);
+        let (_, out, _) = self.run(c);
+        muxflow::slurm_cli::parse_admin_comment(&out).unwrap_or_default()
+    }
+
+    /// Waits until job `id` is back in the queue, held, after a refused
+    /// start (what the plugin does with an offline job the node refused);
+    /// returns its output of the refused start.
+    pub fn wait_requeued_held(&self, id: u32, timeout: Duration) -> String {
+        let start = Instant::now();
+        loop {
+            let restarts: u32 = self.job_field(id, "Restarts").parse().unwrap_or(0);
+            let state = self.job_field(id, "JobState");
+            if restarts >= 1 && state == "PENDING" {
+                let reason = self.job_field(id, "Reason");
+                assert!(
+                    reason.contains("held") || reason.contains("Held"),
+                    "{reason}"
+                );
+                return self.output_or_empty(id);
+            }
+            assert!(
+                !ENDED.contains(&state.as_str()),
+                "job {id} ended ({state}) instead of going back to the queue: {}",
+                self.output_or_empty(id)
+            );
+            assert!(
+                start.elapsed() < timeout,
+                "job {id} still {state} (restarts {restarts}) after {timeout:?}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Lets a requeued job start now: Slurm 22.05 gives a requeued batch
+    /// job a later BeginTime (about two minutes), which tests do not wait for.
+    pub fn start_now(&self, id: u32) {
+        let mut c = self.cmd("scontrol");
+        c.args(["update", &format!("JobId={id}"), "StartTime=now"]);
+        let (ok, out, err) = self.run(c);
+        assert!(ok, "StartTime=now for job {id}: {out}{err}");
     }
 
     /// Waits until job `id` is RUNNING; returns its node.

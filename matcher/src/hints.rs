@@ -3,8 +3,11 @@
 //!
 //! * **Parked**: held (job_submit.lua submits offline jobs with priority 0,
 //!   Reason=JobHeldUser).
-//! * **Placed** on (node K, GPU I): `ReqNodeList=K`, `Gres=<slot>:gI:1`, and
-//!   not held: Slurm starts it there.
+//! * **Placed** on (node K, GPU I): `ReqNodeList=K`, `Gres=<slot>:gI:1`, the
+//!   placement in its AdminComment (`placed=K:gI`, see
+//!   [`muxflow::placement`]: only root and SlurmUser can write it, and the
+//!   Prolog refuses an offline job whose slot is not the one written there),
+//!   and not held: Slurm starts it there.
 //!
 //! Placing a held job is `scontrol update …` then `scontrol release`; parking
 //! is `scontrol hold`. A matcher killed between the two calls of a placement
@@ -19,6 +22,8 @@
 //!
 //! Parking by a constraint no node has is not possible: Slurm 22.05 rejects
 //! such a job at submit ("Invalid feature specification").
+
+use muxflow::placement::Placement;
 
 use crate::reader::{Names, PendingJob};
 
@@ -59,6 +64,14 @@ pub fn update_args(job: &PendingJob, target: &Target, names: &Names) -> Option<V
                 format!("JobId={}", job.id),
                 format!("ReqNodeList={node}"),
                 format!("Gres={}:g{gpu}:1", names.offline_gres),
+                format!(
+                    "AdminComment={}",
+                    Placement::Gpu {
+                        node: node.clone(),
+                        gpu: *gpu
+                    }
+                    .admin_comment()
+                ),
             ]];
             if job.held {
                 calls.push(vec!["release".to_string(), job.id.to_string()]);
@@ -109,7 +122,13 @@ mod tests {
         assert_eq!(
             update_args(&fresh, &t, &n).unwrap(),
             [
-                vec!["update", "JobId=7", "ReqNodeList=node3", "Gres=mfslot:g1:1"],
+                vec![
+                    "update",
+                    "JobId=7",
+                    "ReqNodeList=node3",
+                    "Gres=mfslot:g1:1",
+                    "AdminComment=muxflow:v1 mode=offline placed=node3:g1"
+                ],
                 vec!["release", "7"]
             ]
         );

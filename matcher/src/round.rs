@@ -460,7 +460,13 @@ mod tests {
                     2,
                     Action::Place,
                     args(&[
-                        &["update", "JobId=2", "ReqNodeList=a", "Gres=mfslot:g0:1"],
+                        &[
+                            "update",
+                            "JobId=2",
+                            "ReqNodeList=a",
+                            "Gres=mfslot:g0:1",
+                            "AdminComment=muxflow:v1 mode=offline placed=a:g0"
+                        ],
                         &["release", "2"]
                     ])
                 ),

@@ -1,6 +1,13 @@
 //! Mixed error handling, the part that is not SIGINT/SIGTERM: a table of
-//! rules, each a pattern over one observation (an NVML Xid event, an MPS log
-//! line, an NVML failure, a lost GPU) and the actions it calls for.
+//! rules, each a pattern over one observation (an NVML Xid event, an MPS
+//! server notice, an NVML failure, a lost GPU) and the actions it calls for.
+//!
+//! Only what the driver and the MPS server write themselves counts. The MPS
+//! control daemon's `control.log` also records every user command and its
+//! reply (`Cmd:<text>`, NVIDIA: "user commands issued and their result"),
+//! and any job user can send commands, so it is never read here; a
+//! `server.log` line counts only in the server's own `[<time> Server <pid>]
+//! <notice>` form, matched from the start of the notice.
 //!
 //! Pure: [`classify`] maps observations to matches; `sysmon` carries the
 //! actions out and counts them.
@@ -12,8 +19,8 @@ use std::fmt;
 pub enum Observation {
     /// An NVML XidCriticalError event with its Xid.
     Xid(u64),
-    /// A line of the GPU's MPS server or control log.
-    MpsLog(String),
+    /// The notice of one line the GPU's MPS server wrote (see [`server_notice`]).
+    MpsServer(String),
     /// An NVML query failed (not "lost"): what failed.
     NvmlFailure(String),
     /// NVML says the GPU is lost (NVML_ERROR_GPU_IS_LOST).
@@ -57,8 +64,8 @@ impl fmt::Display for Action {
 pub enum Pattern {
     /// An Xid from this list.
     Xid(&'static [u64]),
-    /// An MPS log line containing this text.
-    LogContains(&'static str),
+    /// An MPS server notice starting with this text.
+    ServerSays(&'static str),
     /// Any NVML query failure.
     NvmlFailure,
     /// The GPU is lost.
@@ -69,7 +76,7 @@ impl Pattern {
     fn matches(&self, o: &Observation) -> bool {
         match (self, o) {
             (Pattern::Xid(list), Observation::Xid(x)) => list.contains(x),
-            (Pattern::LogContains(text), Observation::MpsLog(line)) => line.contains(text),
+            (Pattern::ServerSays(text), Observation::MpsServer(notice)) => notice.starts_with(text),
             (Pattern::NvmlFailure, Observation::NvmlFailure(_)) => true,
             (Pattern::Lost, Observation::Lost) => true,
             _ => false,
@@ -117,17 +124,12 @@ pub const RULES: &[Rule] = &[
     },
     Rule {
         name: "mps_fatal_gpu_error",
-        pattern: Pattern::LogContains("Server is handling a fatal GPU error"),
+        pattern: Pattern::ServerSays("Server is handling a fatal GPU error"),
         actions: &[MarkFaulty, EvictOffline, RestartMpsIfNoOnline],
     },
     Rule {
         name: "mps_client_sticky_error",
-        pattern: Pattern::LogContains("have a sticky error set"),
-        actions: &[MarkFaulty, EvictOffline, RestartMpsIfNoOnline],
-    },
-    Rule {
-        name: "mps_server_fault_state",
-        pattern: Pattern::LogContains("FAULT"),
+        pattern: Pattern::ServerSays("The following clients have a sticky error set"),
         actions: &[MarkFaulty, EvictOffline, RestartMpsIfNoOnline],
     },
     Rule {
@@ -136,6 +138,33 @@ pub const RULES: &[Rule] = &[
         actions: &[MarkFaulty],
     },
 ];
+
+/// The notice of a line of the MPS server's log, `[<date> <time> Server
+/// <pid>] <notice>` (the real server writes "Server" in `server.log`, or
+/// "Other" where its lines share a stream with the daemon's); None for any
+/// other line.
+pub fn server_notice(line: &str) -> Option<&str> {
+    let rest = line.strip_prefix('[')?;
+    let (header, notice) = rest.split_once("] ")?;
+    let words: Vec<&str> = header.split_whitespace().collect();
+    match words.as_slice() {
+        [_date, _time, "Server" | "Other", pid] if pid.parse::<u32>().is_ok() => Some(notice),
+        _ => None,
+    }
+}
+
+/// A user command as the control daemon echoes it into `control.log`
+/// (`[<date> <time> Control <pid>] Cmd:<command>`). Not a fault: who sent
+/// it is unknown, which is why `sysmon` checks it against muxflow's own.
+pub fn control_command(line: &str) -> Option<&str> {
+    let rest = line.strip_prefix('[')?;
+    let (header, notice) = rest.split_once("] ")?;
+    let words: Vec<&str> = header.split_whitespace().collect();
+    if !matches!(words.as_slice(), [_, _, "Control", pid] if pid.parse::<u32>().is_ok()) {
+        return None;
+    }
+    notice.strip_prefix("Cmd:").map(str::trim)
+}
 
 /// The rule an observation matches, if any.
 pub fn rule_for(o: &Observation) -> Option<&'static Rule> {
@@ -173,7 +202,7 @@ mod tests {
     use super::*;
 
     fn log(line: &str) -> Observation {
-        Observation::MpsLog(line.to_string())
+        Observation::MpsServer(server_notice(line).unwrap_or(line).to_string())
     }
 
     fn name(o: &Observation) -> Option<&'static str> {
@@ -182,34 +211,71 @@ mod tests {
 
     #[test]
     fn recorded_mps_server_lines() {
+        struct Case {
+            name: &'static str,
+            line: &'static str,
+            rule: Option<&'static str>,
+        }
         // Lines as the MPS server writes them (the simulated one copies the format).
         let cases = [
+            Case { name: "fatal error", line: "[2024-05-02 10:11:12.345 Server 4242] Server is handling a fatal GPU error.", rule: Some("mps_fatal_gpu_error") },
+            Case { name: "sticky clients", line: "[2024-05-02 10:11:12.346 Server 4242] The following clients have a sticky error set: 5001, 5002", rule: Some("mps_client_sticky_error") },
+            Case { name: "server on a shared stream", line: "[2021-06-27 07:30:26.837 Other    17] Server is handling a fatal GPU error.", rule: Some("mps_fatal_gpu_error") },
+            Case { name: "client connected", line: "[2024-05-02 10:11:10.000 Server 4242] New client 5001 connected", rule: None },
+            Case { name: "client gone", line: "[2024-05-02 10:11:11.000 Server 4242] Client 5001 disconnected", rule: None },
+            Case { name: "eviction", line: "[2024-05-02 10:11:11.000 Server 4242] Terminating client 5001", rule: None },
+            Case { name: "recovered", line: "[2024-05-02 10:11:20.000 Server 4242] All clients with a sticky error have exited; server has recovered from the fatal GPU error", rule: None },
+        ];
+        for c in cases {
+            let notice =
+                server_notice(c.line).unwrap_or_else(|| panic!("{}: not a server line", c.name));
+            let o = Observation::MpsServer(notice.to_string());
+            assert_eq!(name(&o), c.rule, "{}", c.name);
+        }
+    }
+
+    #[test]
+    fn text_a_user_can_write_is_no_server_notice() {
+        // What a user's `echo '<text>' | nvidia-cuda-mps-control` leaves in
+        // control.log (the real daemon's form), and other look-alikes.
+        let forged = [
+            "[2021-06-27 07:31:23.573 Control     6] Cmd:get_client_list Server is handling a fatal GPU error.",
+            "[2021-06-27 07:31:23.573 Control     6] Server is handling a fatal GPU error.",
+            "[2021-06-27 07:31:23.573 Control     6] Cmd:get_client_list FAULT",
+            "Server is handling a fatal GPU error.",
+            "[x] Server is handling a fatal GPU error.",
+            "[2024-05-02 10:11:12.345 Server abc] Server is handling a fatal GPU error.",
+        ];
+        for line in forged {
+            assert_eq!(server_notice(line), None, "{line}");
+        }
+        // A notice that only contains the words is not the notice.
+        let o =
+            Observation::MpsServer("Client 7 said: Server is handling a fatal GPU error.".into());
+        assert_eq!(name(&o), None);
+    }
+
+    #[test]
+    fn commands_in_the_control_log() {
+        let cases = [
             (
-                "[2024-05-02 10:11:12.345 Server 4242] Server is handling a fatal GPU error.",
-                Some("mps_fatal_gpu_error"),
+                "[2021-06-27 07:31:23.573 Control     6] Cmd:terminate_client 17 4242",
+                Some("terminate_client 17 4242"),
             ),
             (
-                "[2024-05-02 10:11:12.346 Server 4242] The following clients have a sticky error set: 5001, 5002",
-                Some("mps_client_sticky_error"),
+                "[2021-06-27 07:31:23.573 Control 6] Cmd:get_server_list",
+                Some("get_server_list"),
             ),
+            ("[2021-06-27 07:31:23.573 Control 6] NEW UI", None),
+            ("[2021-06-27 07:31:23.573 Control 6] 17", None),
             (
-                "[2024-05-02 10:11:13.000 Control 4200] Server 4242 has changed its state to FAULT",
-                Some("mps_server_fault_state"),
-            ),
-            ("[2024-05-02 10:11:10.000 Server 4242] New client 5001 connected", None),
-            ("[2024-05-02 10:11:11.000 Server 4242] Client 5001 disconnected", None),
-            ("[2024-05-02 10:11:11.000 Server 4242] Terminating client 5001", None),
-            (
-                "[2024-05-02 10:11:20.000 Server 4242] All clients with a sticky error have exited; server has recovered from the fatal GPU error",
+                "[2021-06-27 07:31:23.573 Server 17] Cmd:terminate_client 17 4242",
                 None,
             ),
-            (
-                "[2024-05-02 10:11:00.000 Control 4200] Starting control daemon multiuser=true",
-                None,
-            ),
+            ("Cmd:quit", None),
         ];
         for (line, want) in cases {
-            assert_eq!(name(&log(line)), want, "{line}");
+            assert_eq!(control_command(line), want, "{line}");
         }
     }
 
@@ -235,7 +301,6 @@ mod tests {
             Observation::NvmlFailure("utilization: Unknown".into()),
             log("Server is handling a fatal GPU error."),
             log("The following clients have a sticky error set: 1"),
-            log("Server 1 state FAULT"),
         ];
         for o in &all {
             let r = rule_for(o).expect("every recorded fault matches a rule");

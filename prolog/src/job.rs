@@ -5,11 +5,22 @@
 //! The job's GPUs come from Slurm, never from the user: `SLURM_JOB_GPUS`
 //! (set by slurmd for gres/gpu) for online jobs, the typed offline slot
 //! (`mfslot:g<i>`) read from slurmctld for offline jobs.
+//!
+//! An offline job runs only where muxflow placed it: its slot must be the
+//! one the matcher wrote into its AdminComment ([`muxflow::placement`]), and
+//! that GPU must be Healthy. Otherwise the job is refused: the reason goes
+//! to `<state_dir>/refused/<job>` (the plugin refuses the job's tasks with
+//! it, so the user reads it in the job's output, and puts the job back in
+//! the queue, held, for the matcher to place again) and to its AdminComment
+//! (`refused=<code>`). The Prolog still exits 0: a failing Prolog would
+//! drain the node for what is the job's problem.
 
 use anyhow::{Context, Result};
+use muxflow::health::HealthState;
 use muxflow::mps::MpsDaemon;
 use muxflow::node_state::{JobRecord, NodeState};
-use muxflow::slurm_cli::Scontrol;
+use muxflow::placement::{refused_admin_comment, Placement};
+use muxflow::slurm_cli::{OfflineJob, Scontrol};
 use muxflow::{Config, Mode};
 
 use crate::JobEnv;
@@ -45,8 +56,95 @@ fn job(env: &JobEnv) -> Result<Option<Job>> {
     }))
 }
 
-/// The GPUs Slurm gave the job on this node.
-fn job_gpus(config: &Config, job: &Job) -> Result<Vec<u32>> {
+/// Why an offline job may not run here: a one-word code for its
+/// AdminComment and the sentence the user reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub code: String,
+    pub why: String,
+}
+
+/// The checks on an offline job's placement: `slurm` is what slurmctld
+/// says of the job, `health` the recorded health of a GPU (None: never
+/// stepped yet). Pure, so every case is a table row in the tests.
+pub fn check_offline(
+    job_id: u32,
+    node: &str,
+    slurm: &OfflineJob,
+    health: impl Fn(u32) -> Option<HealthState>,
+) -> Result<(), Refusal> {
+    let refuse = |code: &str, why: String| {
+        Err(Refusal {
+            code: code.to_string(),
+            why: format!("offline job {job_id} refused on {node}: {why}"),
+        })
+    };
+    let slots = |s: &[u32]| {
+        if s.is_empty() {
+            "no GPU (no offline slot)".to_string()
+        } else {
+            let v: Vec<String> = s.iter().map(|g| format!("g{g}")).collect();
+            format!("offline slot {}", v.join(","))
+        }
+    };
+    let Some(comment) = &slurm.admin_comment else {
+        return refuse(
+            "unreadable",
+            "a field of the job (its name, comment or output path) holds a line break that imitates Slurm's AdminComment, so its placement cannot be read."
+                .to_string(),
+        );
+    };
+    let Some(placement) = Placement::from_admin_comment(comment) else {
+        return refuse(
+            "not_placed",
+            format!(
+                "it holds {} here, but muxflow-matcher never placed it (offline jobs run only where muxflow places them).",
+                slots(&slurm.slots)
+            ),
+        );
+    };
+    if !placement.allows(node, &slurm.slots) {
+        return refuse(
+            "wrong_slot",
+            format!(
+                "it holds {} here, but muxflow-matcher placed it on {placement}.",
+                slots(&slurm.slots)
+            ),
+        );
+    }
+    for &gpu in &slurm.slots {
+        match health(gpu) {
+            None | Some(HealthState::Healthy) => {}
+            Some(state) => {
+                return refuse(
+                    &format!("gpu_{state}"),
+                    format!("GPU {gpu} is {state} (offline work starts only on a healthy GPU)."),
+                )
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Records the refusal where the plugin and the user find it. Each part is
+/// best effort: a full state directory must not stop the AdminComment.
+fn refuse(config: &Config, state: &NodeState, job: &Job, r: &Refusal) {
+    tracing::warn!(job = job.id, code = %r.code, "{}", r.why);
+    if let Err(e) = state.refuse_job(job.id, &r.why) {
+        tracing::error!(job = job.id, "cannot record the refusal: {e}");
+    }
+    if let Err(e) = Scontrol::new(config).set_admin_comment(job.id, &refused_admin_comment(&r.code))
+    {
+        tracing::error!(
+            job = job.id,
+            "cannot write the refusal into AdminComment: {e}"
+        );
+    }
+}
+
+/// The GPUs Slurm gave the job on this node; an offline job's only after
+/// its placement checks (empty when refused).
+fn job_gpus(config: &Config, state: &NodeState, job: &Job) -> Result<Vec<u32>> {
     match job.mode {
         Mode::Online => {
             let list = std::env::var("SLURM_JOB_GPUS").unwrap_or_default();
@@ -59,26 +157,44 @@ fn job_gpus(config: &Config, job: &Job) -> Result<Vec<u32>> {
                 })
                 .collect()
         }
-        Mode::Offline => Scontrol::new(config)
-            .offline_slots(job.id, &job.node, &config.slurm.offline_gres)
-            .context("reading the job's offline slot from slurmctld"),
+        Mode::Offline => {
+            let slurm = Scontrol::new(config)
+                .offline_job(job.id, &job.node, &config.slurm.offline_gres)
+                .context("reading the job's offline slot from slurmctld")?;
+            let health = |gpu| match state.health(gpu) {
+                Ok(h) => h,
+                Err(e) => {
+                    // A corrupt health word: the next step rewrites it.
+                    tracing::warn!(gpu, "{e}");
+                    None
+                }
+            };
+            match check_offline(job.id, &job.node, &slurm, health) {
+                Ok(()) => Ok(slurm.slots),
+                Err(r) => {
+                    refuse(config, state, job, &r);
+                    Ok(Vec::new())
+                }
+            }
+        }
     }
 }
 
 /// Prolog: start the GPUs' MPS daemons and record the job.
 pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
     let Some(job) = job(env)? else { return Ok(()) };
-    let gpus = job_gpus(config, &job)?;
+    let state = NodeState::new(config.paths.state_dir.as_path());
+    let gpus = job_gpus(config, &state, &job)?;
     if gpus.is_empty() {
-        tracing::warn!(
-            job = job.id,
-            mode = %job.mode,
-            "muxflow job holds no GPU on {} (an offline job released before the matcher placed it?); nothing to share",
-            job.node
-        );
+        if job.mode == Mode::Online {
+            tracing::warn!(
+                job = job.id,
+                "online job holds no GPU on {}; nothing to share",
+                job.node
+            );
+        }
         return Ok(());
     }
-    let state = NodeState::new(config.paths.state_dir.as_path());
     for gpu in gpus {
         let lock = state.lock_gpu(gpu)?;
         let daemon = MpsDaemon::for_gpu(config, gpu);
@@ -94,15 +210,17 @@ pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
                 "cannot start the MPS control daemon: {e}"
             ),
         }
-        state.add_job(
-            &lock,
-            gpu,
-            &JobRecord {
-                job_id: job.id,
-                mode: job.mode,
-                uid: job.uid,
-            },
-        )?;
+        let record = JobRecord {
+            job_id: job.id,
+            mode: job.mode,
+            uid: job.uid,
+        };
+        if let Err(e) = state.add_job(&lock, gpu, &record) {
+            // The plugin finds no record and tells the user why (it checks
+            // the space itself); the health step still runs and publishes.
+            let why = state.space_problem().unwrap_or_else(|| e.to_string());
+            anyhow::bail!("cannot record job {} on GPU {gpu}: {why} ({e})", job.id);
+        }
         tracing::info!(job = job.id, gpu, mode = %job.mode, "recorded muxflow job");
     }
     if job.mode == Mode::Offline {
@@ -129,6 +247,9 @@ pub fn end(config: &Config, env: &JobEnv) -> Result<()> {
         if state.jobs(gpu)?.is_empty() {
             stop_daemon(&MpsDaemon::for_gpu(config, gpu));
         }
+    }
+    if let Err(e) = state.forget_refusal(job.id) {
+        tracing::warn!(job = job.id, "{e}");
     }
     let stats = state.xcuda_stats_dir(job.id);
     match std::fs::remove_dir_all(&stats) {
@@ -181,6 +302,122 @@ fn remove_limits_files(state: &NodeState, job_id: u32) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => tracing::warn!(job = job_id, "cannot remove {}: {e}", file.display()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_offline_job_runs_only_where_muxflow_placed_it_on_a_healthy_gpu() {
+        struct Case {
+            name: &'static str,
+            comment: Option<&'static str>,
+            slots: &'static [u32],
+            health: Option<HealthState>,
+            refused: Option<&'static str>,
+        }
+        let placed = Some("muxflow:v1 mode=offline placed=node1:g0");
+        let cases = [
+            Case {
+                name: "placed by the matcher, healthy",
+                comment: placed,
+                slots: &[0],
+                health: Some(HealthState::Healthy),
+                refused: None,
+            },
+            Case {
+                name: "placed, GPU never stepped yet",
+                comment: placed,
+                slots: &[0],
+                health: None,
+                refused: None,
+            },
+            Case {
+                name: "placed on a GPU that turned faulty",
+                comment: placed,
+                slots: &[0],
+                health: Some(HealthState::Faulty),
+                refused: Some("gpu_faulty"),
+            },
+            Case {
+                name: "placed on a busy GPU",
+                comment: placed,
+                slots: &[0],
+                health: Some(HealthState::Busy),
+                refused: Some("gpu_busy"),
+            },
+            Case {
+                name: "user moved it to another GPU",
+                comment: placed,
+                slots: &[1],
+                health: Some(HealthState::Healthy),
+                refused: Some("wrong_slot"),
+            },
+            Case {
+                name: "user added a slot",
+                comment: placed,
+                slots: &[0, 1],
+                health: Some(HealthState::Healthy),
+                refused: Some("wrong_slot"),
+            },
+            Case {
+                name: "released without a slot",
+                comment: Some("muxflow:v1 mode=offline"),
+                slots: &[],
+                health: None,
+                refused: Some("not_placed"),
+            },
+            Case {
+                name: "slot without placement",
+                comment: Some("muxflow:v1 mode=offline"),
+                slots: &[0],
+                health: Some(HealthState::Healthy),
+                refused: Some("not_placed"),
+            },
+            Case {
+                name: "forged AdminComment line",
+                comment: None,
+                slots: &[0],
+                health: Some(HealthState::Healthy),
+                refused: Some("unreadable"),
+            },
+            Case {
+                name: "no matcher: any slot",
+                comment: Some("muxflow:v1 mode=offline placed=any"),
+                slots: &[1],
+                health: Some(HealthState::Healthy),
+                refused: None,
+            },
+            Case {
+                name: "no matcher: faulty slot",
+                comment: Some("muxflow:v1 mode=offline placed=any"),
+                slots: &[1],
+                health: Some(HealthState::Faulty),
+                refused: Some("gpu_faulty"),
+            },
+        ];
+        for c in cases {
+            let slurm = OfflineJob {
+                slots: c.slots.to_vec(),
+                admin_comment: c.comment.map(str::to_string),
+            };
+            let got = check_offline(7, "node1", &slurm, |_| c.health);
+            assert_eq!(
+                got.as_ref().err().map(|r| r.code.as_str()),
+                c.refused,
+                "{}: {got:?}",
+                c.name
+            );
+            if let Err(r) = got {
+                assert!(
+                    r.why.starts_with("offline job 7 refused on node1: "),
+                    "{}",
+                    r.why
+                );
+            }
         }
     }
 }

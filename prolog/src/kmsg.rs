@@ -185,7 +185,12 @@ pub fn new_xids(ns: &NodeState, log: &Path) -> Result<Vec<KernelXid>, KmsgError>
     let (xids, next) = select_new(&records, cursor.as_ref(), &boot_id());
     if cursor.as_ref() != Some(&next) {
         let bytes = serde_json::to_vec(&next).expect("cursor serializes");
-        write_atomic(&path, &bytes)?;
+        if let Err(e) = write_atomic(&path, &bytes) {
+            // A full state directory: acting on these Xids twice beats missing them.
+            tracing::error!(
+                "cannot save the kernel log cursor: {e}; these Xids may count again next step"
+            );
+        }
     }
     Ok(xids)
 }

@@ -8,6 +8,7 @@
 //! re-asserts it if slurmctld lost it. The last text sent is kept in
 //! `<state_dir>/node.json`, under `<state_dir>/node.lock`.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -17,7 +18,7 @@ use muxflow::published::{encode, GpuPublished};
 use muxflow::Config;
 use serde::{Deserialize, Serialize};
 
-use crate::sysmon::{load_record, Trigger};
+use crate::sysmon::{load_record, GpuRecord, Trigger};
 
 /// Prefix of every drain reason muxflow sets; only such drains are undone.
 pub const DRAIN_PREFIX: &str = "muxflow:";
@@ -46,19 +47,30 @@ pub fn load_node(ns: &NodeState) -> anyhow::Result<NodeRecord> {
 /// Publishes the persisted GPU records of the node and drains/undrains on a
 /// lost GPU. Runs under the node lock and reads the records from disk, so
 /// concurrent steps publish the newest state whatever order they finish in.
+/// `stepped`: the records this step computed, used instead of the saved
+/// ones (the same, unless the state directory could not keep them).
 pub fn publish(
     config: &Config,
     ns: &NodeState,
     node: &str,
     trigger: Trigger,
     now: u64,
+    stepped: &BTreeMap<u32, GpuRecord>,
 ) -> anyhow::Result<()> {
     let _lock = ns.lock_node()?;
     let mut rec = load_node(ns)?;
     let mut gpus: Vec<GpuPublished> = Vec::new();
     let mut lost = Vec::new();
-    for gpu in ns.gpus()? {
-        if let Some(r) = load_record(ns, gpu)? {
+    let mut indices: Vec<u32> = ns.gpus()?;
+    indices.extend(stepped.keys());
+    indices.sort_unstable();
+    indices.dedup();
+    for gpu in indices {
+        let r = match stepped.get(&gpu) {
+            Some(r) => Some(r.clone()),
+            None => load_record(ns, gpu)?,
+        };
+        if let Some(r) = r {
             if r.lost {
                 lost.push(gpu);
             }
@@ -94,7 +106,10 @@ pub fn publish(
     if let Err(e) = drain_or_resume(&slurm, node, &lost, &mut rec) {
         tracing::error!(%node, "drain/resume: {e:#}");
     }
-    write_atomic(&node_path(ns), &serde_json::to_vec(&rec)?)?;
+    if let Err(e) = write_atomic(&node_path(ns), &serde_json::to_vec(&rec)?) {
+        // Only the memory of what was sent is lost: the next step sends again.
+        tracing::error!(%node, "cannot save node.json: {e}{}", crate::sysmon::space_note(ns));
+    }
     result
 }
 

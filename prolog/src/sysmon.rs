@@ -245,23 +245,38 @@ pub fn step_with(
             }
         }
     };
+    // This step's records: published even when the state directory cannot
+    // keep them (full), so slurmctld still sees the GPUs' current states.
+    let mut stepped = BTreeMap::new();
     for (gpu, read) in &telemetry.gpus {
         let xids = telemetry
             .xids
             .iter()
             .filter(|(g, _)| g == gpu)
             .map(|(_, x)| *x);
-        if let Err(e) = step_gpu(config, &ns, *gpu, read, xids, now) {
+        match step_gpu(config, &ns, *gpu, read, xids, now) {
+            Ok(rec) => {
+                stepped.insert(*gpu, rec);
+            }
             // One GPU's trouble must not stop the others' steps.
-            tracing::error!(%node, gpu, "health step: {e:#}");
+            Err(e) => tracing::error!(%node, gpu, "health step: {e:#}{}", space_note(&ns)),
         }
     }
-    if let Err(e) = crate::publish::publish(config, &ns, node, trigger, now) {
+    if let Err(e) = crate::publish::publish(config, &ns, node, trigger, now, &stepped) {
         tracing::warn!(%node, "publishing GPU states failed (retried next step): {e:#}");
     }
     Ok(())
 }
 
+/// " (No space left on device: <dir>)" when the state directory is full,
+/// so a failure says what it is; "" otherwise.
+pub fn space_note(ns: &NodeState) -> String {
+    ns.space_problem()
+        .map(|p| format!(" ({p})"))
+        .unwrap_or_default()
+}
+
+/// One GPU's step; returns its new record, also when it could not be saved.
 fn step_gpu(
     config: &Config,
     ns: &NodeState,
@@ -269,7 +284,7 @@ fn step_gpu(
     read: &GpuRead,
     xids: impl Iterator<Item = u64>,
     now: u64,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<GpuRecord> {
     let lock = ns.lock_gpu(gpu)?;
     let mut rec = match load_record(ns, gpu) {
         Ok(Some(r)) => r,
@@ -281,6 +296,8 @@ fn step_gpu(
         }
     };
     let mps = MpsDaemon::for_gpu(config, gpu);
+    let jobs = ns.jobs(gpu)?;
+    police_daemon(&mps, gpu, &jobs, &mut rec);
 
     let mut obs: Vec<Observation> = xids.map(Observation::Xid).collect();
     match read {
@@ -288,9 +305,12 @@ fn step_gpu(
         GpuRead::Lost => obs.push(Observation::Lost),
         GpuRead::Failed(what) => obs.push(Observation::NvmlFailure(what.clone())),
     }
-    for line in scan_logs(mps.log_dir(), &mut rec.log_offsets) {
-        obs.push(Observation::MpsLog(line));
+    for line in scan_log(mps.log_dir(), "server.log", &mut rec.log_offsets) {
+        if let Some(notice) = detector::server_notice(&line) {
+            obs.push(Observation::MpsServer(notice.to_string()));
+        }
     }
+    notice_foreign_commands(&mps, gpu, &mut rec);
     let matches = detector::classify(&obs);
     for (rule, o) in &matches {
         tracing::warn!(gpu, rule = rule.name, observation = ?o, "fault detected");
@@ -299,7 +319,6 @@ fn step_gpu(
     }
     let actions = detector::actions(&matches);
 
-    let jobs = ns.jobs(gpu)?;
     let reading = match read {
         GpuRead::Ok(r) => Some(r),
         _ => None,
@@ -349,11 +368,66 @@ fn step_gpu(
         }
         record_sample(&mut rec, r, &jobs, now, config.health.history_len);
     }
-    save_record(ns, &lock, gpu, &rec)?;
-    if ns.health(gpu).ok().flatten() != Some(fsm.state) {
-        ns.set_health(&lock, gpu, fsm.state)?;
+    // A full state directory must not stop the step: the state is still
+    // published, and the failure logged with its path.
+    if let Err(e) = save_record(ns, &lock, gpu, &rec) {
+        tracing::error!(gpu, "cannot save the GPU record: {e:#}{}", space_note(ns));
     }
-    Ok(())
+    if ns.health(gpu).ok().flatten() != Some(fsm.state) {
+        if let Err(e) = ns.set_health(&lock, gpu, fsm.state) {
+            tracing::error!(gpu, "cannot write the health word: {e}{}", space_note(ns));
+        }
+    }
+    Ok(rec)
+}
+
+/// The default SM share muxflow's daemons run with: started with a clean
+/// environment, NVIDIA's default.
+const DAEMON_DEFAULT_THREAD_PCT: f64 = 100.0;
+
+/// The GPU's MPS control daemon, checked on every step while muxflow jobs
+/// are recorded on the GPU. A daemon that is gone (killed, crashed) is
+/// started again at once, so the jobs' next CUDA processes get MPS and
+/// their limits, rather than at the next job's Prolog. The daemon accepts
+/// commands from every user who can reach its socket (and every job user
+/// must, to be a client), so what a command can change for later clients
+/// is put back: the default active thread percentage.
+fn police_daemon(mps: &MpsDaemon, gpu: u32, jobs: &[JobRecord], rec: &mut GpuRecord) {
+    if jobs.is_empty() {
+        return;
+    }
+    match mps.send("get_default_active_thread_percentage") {
+        Err(e) => {
+            tracing::error!(
+                gpu,
+                jobs = jobs.len(),
+                "the MPS control daemon is gone ({e}); starting it again for the muxflow jobs on the GPU"
+            );
+            match mps.ensure_running() {
+                Ok(_) => {
+                    tracing::warn!(gpu, "MPS control daemon restarted");
+                    rec.count("action.restart_mps_daemon");
+                }
+                Err(e) => {
+                    tracing::error!(gpu, "cannot restart the MPS control daemon: {e}");
+                    rec.count("action_failed.restart_mps_daemon");
+                }
+            }
+        }
+        Ok(v) if v.trim().parse::<f64>().ok() != Some(DAEMON_DEFAULT_THREAD_PCT) => {
+            tracing::warn!(
+                gpu,
+                value = %v.trim(),
+                "the MPS default active thread percentage was changed through the control socket; putting back {DAEMON_DEFAULT_THREAD_PCT}"
+            );
+            let cmd = format!("set_default_active_thread_percentage {DAEMON_DEFAULT_THREAD_PCT}");
+            match mps.send(&cmd) {
+                Ok(_) => rec.count("policed.default_active_thread_percentage"),
+                Err(e) => tracing::error!(gpu, "{cmd}: {e}"),
+            }
+        }
+        Ok(_) => {}
+    }
 }
 
 /// Appends a sample and updates the solo figures.
@@ -532,38 +606,71 @@ fn restart_mps(
     Ok(true)
 }
 
-/// New complete lines of the MPS logs since the recorded offsets. A file
-/// that shrank (rotated, recreated) is read from its start.
-fn scan_logs(dir: &Path, offsets: &mut BTreeMap<String, u64>) -> Vec<String> {
-    let mut lines = Vec::new();
-    for name in ["server.log", "control.log"] {
-        let path = dir.join(name);
-        let Ok(mut f) = std::fs::File::open(&path) else {
+/// State-changing commands muxflow did not send (`terminate_client`, the
+/// `set_*` limits, `quit`): the daemon accepts them from any user who can
+/// reach its socket, so they cannot be refused. Each is logged and counted
+/// (`noticed.<command>`) at the next step; a server's SM share set by
+/// someone else is put back to 100 (muxflow never sets one: the offline
+/// share is each client's own). The control log is read for nothing else:
+/// it records users' text (see `detector`).
+fn notice_foreign_commands(mps: &MpsDaemon, gpu: u32, rec: &mut GpuRecord) {
+    for line in scan_log(mps.log_dir(), "control.log", &mut rec.log_offsets) {
+        let Some(command) = detector::control_command(&line) else {
             continue;
         };
-        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-        let mut off = offsets.get(name).copied().unwrap_or(0);
-        if off > len {
-            off = 0;
-        }
-        if off == len || f.seek(SeekFrom::Start(off)).is_err() {
-            offsets.insert(name.into(), off);
+        if !muxflow::mps::is_changing(command) || mps.sent_by_muxflow(command) {
             continue;
         }
-        let mut buf = Vec::new();
-        if f.read_to_end(&mut buf).is_err() {
-            continue;
-        }
-        // Only whole lines: a line being written is read next time.
-        let whole = buf.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
-        lines.extend(
-            String::from_utf8_lossy(&buf[..whole])
-                .lines()
-                .map(str::to_string),
+        let shown: String = command.chars().take(120).collect();
+        tracing::warn!(
+            gpu,
+            "MPS command '{shown}' reached the daemon from someone other than muxflow (any user \
+             who can reach its socket can send it)"
         );
-        offsets.insert(name.into(), off + whole as u64);
+        let words: Vec<&str> = command.split_whitespace().collect();
+        rec.count(&format!("noticed.{}", words[0]));
+        if let ["set_active_thread_percentage", server, pct] = words.as_slice() {
+            if pct.parse::<f64>().ok() != Some(DAEMON_DEFAULT_THREAD_PCT) {
+                let put_back =
+                    format!("set_active_thread_percentage {server} {DAEMON_DEFAULT_THREAD_PCT}");
+                match mps.send(&put_back) {
+                    Ok(_) => {
+                        tracing::warn!(gpu, "put back: {put_back}");
+                        rec.count("policed.active_thread_percentage");
+                    }
+                    Err(e) => tracing::error!(gpu, "{put_back}: {e}"),
+                }
+            }
+        }
     }
-    lines
+}
+
+/// New complete lines of one MPS log since the recorded offset. A file
+/// that shrank (rotated, recreated) is read from its start.
+fn scan_log(dir: &Path, name: &str, offsets: &mut BTreeMap<String, u64>) -> Vec<String> {
+    let Ok(mut f) = std::fs::File::open(dir.join(name)) else {
+        return Vec::new();
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut off = offsets.get(name).copied().unwrap_or(0);
+    if off > len {
+        off = 0;
+    }
+    if off == len || f.seek(SeekFrom::Start(off)).is_err() {
+        offsets.insert(name.into(), off);
+        return Vec::new();
+    }
+    let mut buf = Vec::new();
+    if f.read_to_end(&mut buf).is_err() {
+        return Vec::new();
+    }
+    // Only whole lines: a line being written is read next time.
+    let whole = buf.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+    offsets.insert(name.into(), off + whole as u64);
+    String::from_utf8_lossy(&buf[..whole])
+        .lines()
+        .map(str::to_string)
+        .collect()
 }
 
 #[cfg(test)]
@@ -576,15 +683,18 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let log = tmp.path().join("server.log");
         let mut offs = BTreeMap::new();
-        assert!(scan_logs(tmp.path(), &mut offs).is_empty());
+        assert!(scan_log(tmp.path(), "server.log", &mut offs).is_empty());
         std::fs::write(&log, "a\nb\npartial").unwrap();
-        assert_eq!(scan_logs(tmp.path(), &mut offs), ["a", "b"]);
-        assert!(scan_logs(tmp.path(), &mut offs).is_empty());
+        assert_eq!(scan_log(tmp.path(), "server.log", &mut offs), ["a", "b"]);
+        assert!(scan_log(tmp.path(), "server.log", &mut offs).is_empty());
         let mut f = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
         writeln!(f, " line").unwrap();
-        assert_eq!(scan_logs(tmp.path(), &mut offs), ["partial line"]);
+        assert_eq!(
+            scan_log(tmp.path(), "server.log", &mut offs),
+            ["partial line"]
+        );
         std::fs::write(&log, "new\n").unwrap();
-        assert_eq!(scan_logs(tmp.path(), &mut offs), ["new"]);
+        assert_eq!(scan_log(tmp.path(), "server.log", &mut offs), ["new"]);
     }
 
     #[test]

@@ -6,6 +6,20 @@
 //! sends internal `@connect`, `@disconnect`, `@fault` lines. A "server" is a
 //! real child process (so its pid can be signalled and shows in `ps`), one per
 //! user id, or a single one in multi-user mode.
+//!
+//! Like the real daemon (sources in simgpu/README.md, "MPS control daemon"):
+//! * every user can reach the control socket (clients of every user must),
+//!   and user commands are accepted whoever sends them: NVIDIA documents no
+//!   per-user check on them;
+//! * `control.log` holds the daemon's own notices and every user command
+//!   with its reply (`NEW UI`, `Cmd:<command>`, the reply lines, `UI
+//!   closed`): text a user chooses lands there; `server.log` holds the
+//!   server's notices and its clients' status, no user text;
+//! * a client's identity is the connection's credentials (SO_PEERCRED), not
+//!   what it claims: a mismatch is logged as "User did not send valid
+//!   credentials" and refused, and a fault is reported only by the client
+//!   itself (in the real driver the server sees the fault; here the faulting
+//!   client's fake libcuda tells it).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -141,6 +155,38 @@ pub fn terminated_marker(pipe_dir: &Path, pid: i32) -> PathBuf {
     pipe_dir.join("terminated").join(pid.to_string())
 }
 
+/// The credentials of the process at the other end of a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer {
+    pub pid: i32,
+    pub uid: u32,
+}
+
+/// SO_PEERCRED of a connected unix socket.
+pub fn peer_of(conn: &UnixStream) -> Option<Peer> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: getsockopt writes at most `len` bytes into the ucred we own.
+    let cred = unsafe {
+        let mut cred: libc::ucred = std::mem::zeroed();
+        let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+        let rc = libc::getsockopt(
+            conn.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        );
+        if rc != 0 {
+            return None;
+        }
+        cred
+    };
+    Some(Peer {
+        pid: cred.pid,
+        uid: cred.uid,
+    })
+}
+
 /// Timestamp like the real MPS logs: `[2024-01-02 03:04:05.678`.
 fn stamp() -> String {
     let d = std::time::SystemTime::now()
@@ -271,12 +317,17 @@ impl Daemon {
         for conn in listener.incoming() {
             let Ok(mut conn) = conn else { continue };
             let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+            self.control_log("Accepting connection...");
+            let Some(peer) = peer_of(&conn) else {
+                self.control_log("User did not send valid credentials");
+                continue;
+            };
             let mut line = String::new();
             if BufReader::new(&conn).read_line(&mut line).is_err() {
                 continue;
             }
             let line = line.trim().to_string();
-            let (reply, quit) = self.handle(&line);
+            let (reply, quit) = self.handle(&line, peer);
             let _ = conn.write_all(reply.as_bytes());
             drop(conn);
             if quit {
@@ -325,13 +376,71 @@ impl Daemon {
         }
     }
 
-    /// Handles one line; returns (reply, quit).
-    pub fn handle(&mut self, line: &str) -> (String, bool) {
-        let w: Vec<&str> = line.split_whitespace().collect();
-        if !line.starts_with('@') {
-            crate::state::append_line(&self.log_dir.join("commands.log"), line);
-            self.control_log(&format!("Accepting connection... User command: {line}"));
+    /// Handles one line from `peer`; returns (reply, quit). User commands
+    /// are logged as the real daemon logs them, with their reply.
+    pub fn handle(&mut self, line: &str, peer: Peer) -> (String, bool) {
+        if line.starts_with('@') {
+            return (self.handle_client(line, peer), false);
         }
+        crate::state::append_line(&self.log_dir.join("commands.log"), line);
+        self.control_log("NEW UI");
+        self.control_log(&format!("Cmd:{line}"));
+        let (reply, quit) = self.handle_ui(line);
+        for l in reply.lines() {
+            self.control_log(l);
+        }
+        self.control_log("UI closed");
+        (reply, quit)
+    }
+
+    /// The fake libcuda's internal lines: the connection's credentials
+    /// decide who the client is.
+    fn handle_client(&mut self, line: &str, peer: Peer) -> String {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        self.prune();
+        let claimed: Option<i32> = w.get(1).and_then(|p| p.parse().ok());
+        if claimed != Some(peer.pid) {
+            self.control_log("User did not send valid credentials");
+            return "error credentials\n".into();
+        }
+        let pid = peer.pid;
+        match w.as_slice() {
+            ["@connect", _, _] => self.connect(pid, peer.uid),
+            ["@disconnect", _] => {
+                if let Some(s) = self.servers.iter().find(|s| s.clients.contains(&pid)) {
+                    let spid = s.pid;
+                    self.client_gone(spid, pid, "released its contexts");
+                }
+                "ok\n".into()
+            }
+            ["@fault", _, code, ..] => {
+                let Ok(code) = code.parse::<u32>() else {
+                    return "error code\n".into();
+                };
+                if let Some(i) = self.servers.iter().position(|s| s.clients.contains(&pid)) {
+                    let spid = self.servers[i].pid;
+                    let clients = self.servers[i].clients.clone();
+                    self.servers[i].sticky = clients.clone();
+                    self.server_log(spid, &format!("Client {pid} hit error {code}"));
+                    self.server_log(spid, "Server is handling a fatal GPU error.");
+                    let list: Vec<String> = clients.iter().map(|c| c.to_string()).collect();
+                    self.server_log(
+                        spid,
+                        &format!(
+                            "The following clients have a sticky error set: {}",
+                            list.join(", ")
+                        ),
+                    );
+                }
+                "ok\n".into()
+            }
+            _ => "error unknown\n".into(),
+        }
+    }
+
+    /// A user command of `nvidia-cuda-mps-control`.
+    fn handle_ui(&mut self, line: &str) -> (String, bool) {
+        let w: Vec<&str> = line.split_whitespace().collect();
         self.prune();
         let find = |servers: &[Server], spid: &str| -> Option<usize> {
             let spid: i32 = spid.parse().ok()?;
@@ -399,39 +508,6 @@ impl Daemon {
                     }
                     _ => "Client not found\n".into(),
                 }
-            }
-            ["@connect", pid, uid] => {
-                self.connect(pid.parse().unwrap_or(0), uid.parse().unwrap_or(0))
-            }
-            ["@disconnect", pid] => {
-                let pid: i32 = pid.parse().unwrap_or(0);
-                if let Some(s) = self.servers.iter().find(|s| s.clients.contains(&pid)) {
-                    let spid = s.pid;
-                    self.client_gone(spid, pid, "released its contexts");
-                }
-                "ok\n".into()
-            }
-            ["@fault", pid, code, rest @ ..] => {
-                let pid: i32 = pid.parse().unwrap_or(0);
-                if let Some(i) = self.servers.iter().position(|s| s.clients.contains(&pid)) {
-                    let spid = self.servers[i].pid;
-                    let clients = self.servers[i].clients.clone();
-                    self.servers[i].sticky = clients.clone();
-                    self.server_log(
-                        spid,
-                        &format!("Client {pid} hit error {code} {}", rest.join(" ")),
-                    );
-                    self.server_log(spid, "Server is handling a fatal GPU error.");
-                    let list: Vec<String> = clients.iter().map(|c| c.to_string()).collect();
-                    self.server_log(
-                        spid,
-                        &format!(
-                            "The following clients have a sticky error set: {}",
-                            list.join(", ")
-                        ),
-                    );
-                }
-                "ok\n".into()
             }
             _ => format!("Unknown command: {line}\n"),
         };

@@ -382,6 +382,16 @@ fn mps_fake_limits_terminate_and_logs() {
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(report(&out)["error"], "CUDA_ERROR_MPS_CLIENT_TERMINATED");
+    // Logged like NVIDIA's daemon: the command as typed, its reply.
+    let control = m.log("control.log");
+    for line in [
+        "NEW UI",
+        "Cmd:get_server_list",
+        &format!("Cmd:terminate_client {server} {pid}"),
+        "UI closed",
+    ] {
+        assert!(control.contains(line), "{line}: {control}");
+    }
     let cmds = m.log("commands.log");
     for c in [
         "set_default_active_thread_percentage 50",

@@ -99,14 +99,20 @@ impl RemoteState {
         let config = config.for_node(&node)?;
         let job_id = spank.job_id()?;
         let state = NodeState::new(config.paths.state_dir.as_path());
+        if let Some(why) = state.refusal(job_id)? {
+            // The Prolog's checks refused it (not placed by muxflow, GPU not healthy).
+            if step != SLURM_BATCH_SCRIPT {
+                anyhow::bail!("{}", why.trim());
+            }
+            anyhow::bail!("{}", back_to_queue(spank, &config, job_id, why.trim()));
+        }
         let Some((gpu, _)) = state.find_job(job_id)? else {
-            anyhow::bail!(match mode {
-                Mode::Offline => format!(
-                    "offline job {job_id} holds no GPU on {node}: it was started before muxflow-matcher \
-                     placed it (was it released by hand?). Resubmit it and let the matcher place it."
-                ),
-                Mode::Online => format!("job {job_id} was not recorded by the muxflow Prolog on {node}; it runs without MPS"),
-            });
+            let why = no_record(&config, &state, job_id, &node, mode);
+            if mode == Mode::Offline && step == SLURM_BATCH_SCRIPT {
+                // muxflow's own failure (a full disk, slurmctld away): not the job's loss.
+                anyhow::bail!("{}", back_to_queue(spank, &config, job_id, &why));
+            }
+            anyhow::bail!(why);
         };
         set(
             spank,
@@ -275,6 +281,63 @@ impl RemoteState {
                 "muxflow: cannot write the AdminComment: {e}"
             ),
         }
+    }
+}
+
+/// How often a refused offline job is put back in the queue before it is
+/// failed instead (a bound on a loop between the matcher and a node).
+const MAX_REQUEUES: u32 = 3;
+
+/// A refused offline job is not lost: it goes back to the queue, held, and
+/// muxflow-matcher places it again (its tasks are refused meanwhile, so it
+/// never runs where it was refused). Returns what the user reads.
+fn back_to_queue(spank: &SpankHandle, config: &Config, job_id: u32, why: &str) -> String {
+    // Set by slurmd for a requeued job; a user who forges it only fails
+    // their own job sooner.
+    let restarts = spank
+        .getenv("SLURM_RESTART_COUNT")
+        .ok()
+        .flatten()
+        .and_then(|v| v.parse::<u32>().ok())
+        .unwrap_or(0);
+    if restarts >= MAX_REQUEUES {
+        return format!("{why} It was refused {restarts} times already, so it fails now.");
+    }
+    match Scontrol::new(config).requeue_hold(job_id) {
+        Ok(()) => format!(
+            "{why} The job goes back to the queue, held, and muxflow-matcher places it again."
+        ),
+        Err(e) => format!("{why} It cannot go back to the queue ({e}), so it fails."),
+    }
+}
+
+/// Why the Prolog left no record of the job, as the user should read it.
+fn no_record(config: &Config, state: &NodeState, job_id: u32, node: &str, mode: Mode) -> String {
+    let consequence = match mode {
+        Mode::Offline => "This offline job is not started unprotected",
+        Mode::Online => "It runs without MPS",
+    };
+    if let Some(space) = state.space_problem() {
+        return format!(
+            "the muxflow Prolog could not record job {job_id} on {node}: {space}. {consequence}; \
+             an administrator must free space there."
+        );
+    }
+    let slots = Scontrol::new(config)
+        .offline_job(job_id, node, &config.slurm.offline_gres)
+        .map(|j| j.slots);
+    match (mode, slots) {
+        (_, Err(e)) => format!(
+            "the muxflow Prolog did not record job {job_id} on {node}, and slurmctld cannot be asked why \
+             ({e}). {consequence}."
+        ),
+        (Mode::Offline, Ok(s)) if s.is_empty() => format!(
+            "offline job {job_id} holds no GPU on {node}: muxflow-matcher has not placed it."
+        ),
+        _ => format!(
+            "the muxflow Prolog did not record job {job_id} on {node} (its reason is in {}). {consequence}.",
+            config.paths.node_log.as_path().display()
+        ),
     }
 }
 

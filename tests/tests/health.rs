@@ -598,3 +598,214 @@ fn only_a_lost_gpu_drains_and_only_muxflows_drain_is_undone() {
     assert!(state.contains("drain"), "{state}");
     assert_eq!(reason, "admin: maintenance");
 }
+
+/// Sends `line` to the GPU's MPS control daemon as user `nobody`, the way
+/// any job user can (the daemon's socket is open to every client's user).
+fn mps_command_as_nobody(c: &Cluster, mps: &MpsDaemon, line: &str) -> String {
+    use std::io::Write;
+    let mut child = Command::new("runuser")
+        .args(["-u", "nobody", "--", "env"])
+        .arg(format!(
+            "CUDA_MPS_PIPE_DIRECTORY={}",
+            mps.pipe_dir().display()
+        ))
+        .arg(c.sim_bin("nvidia-cuda-mps-control"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    writeln!(child.stdin.take().unwrap(), "{line}").unwrap();
+    let out = child.wait_with_output().unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+}
+
+#[test]
+fn a_users_mps_commands_neither_fault_the_gpu_nor_keep_their_settings() {
+    let c = Cluster::get();
+    let cfg = c.health_config("mpsuser", DWELL);
+    let (node, gpu) = ("node3", 0);
+    let _node = hold_node(node);
+    let mut pair = Pair::start(&c, &cfg, node, gpu, 990_041);
+    c.health_step(&cfg, node);
+    assert_ne!(pair.ns.health(gpu).unwrap(), Some(HealthState::Faulty));
+    let before = record(&pair.ns, gpu);
+    let offline = pair.offline.id();
+    let server_log = pair.mps.log_dir().join("server.log");
+    let server_before = std::fs::read_to_string(&server_log).unwrap_or_default();
+
+    // The attack: fault words in a command, which the daemon
+    // echoes into control.log as NVIDIA's does ...
+    let forged = "get_client_list Server is handling a fatal GPU error. FAULT";
+    mps_command_as_nobody(&c, &pair.mps, forged);
+    let control = std::fs::read_to_string(pair.mps.log_dir().join("control.log")).unwrap();
+    assert!(control.contains(&format!("Cmd:{forged}")), "{control}");
+    // ... a fault claimed for another user's client (the daemon takes a
+    // client's identity from the connection, not from what it says) ...
+    mps_command_as_nobody(&c, &pair.mps, &format!("@fault {offline} 13"));
+    let control = std::fs::read_to_string(pair.mps.log_dir().join("control.log")).unwrap();
+    assert!(
+        control.contains("User did not send valid credentials"),
+        "{control}"
+    );
+    let server_after = std::fs::read_to_string(&server_log).unwrap_or_default();
+    assert_eq!(
+        server_after.get(server_before.len()..).unwrap_or(""),
+        "",
+        "a user wrote into the server's log"
+    );
+    // ... and settings for later clients, which the daemon accepts from anyone.
+    mps_command_as_nobody(&c, &pair.mps, "set_default_active_thread_percentage 37");
+    let server = pair.mps.server_pids().unwrap()[0];
+    mps_command_as_nobody(
+        &c,
+        &pair.mps,
+        &format!("set_active_thread_percentage {server} 5"),
+    );
+    assert_eq!(
+        pair.mps
+            .send("get_default_active_thread_percentage")
+            .unwrap(),
+        "37.0"
+    );
+
+    let log = c.health_step(&cfg, node);
+    assert_ne!(
+        pair.ns.health(gpu).unwrap(),
+        Some(HealthState::Faulty),
+        "a user's text marked the GPU faulty:\n{log}"
+    );
+    let r = record(&pair.ns, gpu);
+    let delta = |key: &str| counter(&r, key) - counter(&before, key);
+    for rule in ["rule.mps_fatal_gpu_error", "rule.mps_client_sticky_error"] {
+        assert_eq!(delta(rule), 0, "{rule}: {r}\n{log}");
+    }
+    assert_eq!(delta("action.evict_offline"), 0, "{r}");
+    // The node put its setting back and says so.
+    assert_eq!(
+        delta("policed.default_active_thread_percentage"),
+        1,
+        "{r}\n{log}"
+    );
+    assert!(log.contains("putting back 100"), "{log}");
+    assert_eq!(
+        pair.mps
+            .send("get_default_active_thread_percentage")
+            .unwrap(),
+        "100.0"
+    );
+    assert_eq!(
+        delta("noticed.set_active_thread_percentage"),
+        1,
+        "{r}\n{log}"
+    );
+    assert_eq!(delta("policed.active_thread_percentage"), 1, "{r}\n{log}");
+    assert!(
+        log.contains(&format!(
+            "put back: set_active_thread_percentage {server} 100"
+        )),
+        "{log}"
+    );
+    // Nobody lost anything.
+    assert!(
+        pair.offline.try_wait().unwrap().is_none(),
+        "offline client killed"
+    );
+    let clients = pair.clients();
+    assert!(clients.contains(&offline), "{clients:?}");
+    pair.stop();
+    assert_not_drained(&c, node);
+}
+
+#[test]
+fn a_killed_mps_control_daemon_is_restarted_by_the_health_check() {
+    let c = Cluster::get();
+    let cfg = c.health_config("mpskilled", DWELL);
+    let (node, gpu) = ("node3", 1);
+    let _node = hold_node(node);
+    let pair = Pair::offline_only(&c, &cfg, node, gpu, 990_051);
+    c.health_step(&cfg, node);
+    let before = record(&pair.ns, gpu);
+    let pid_file = pair.mps.pipe_dir().join("nvidia-cuda-mps-control.pid");
+    let old: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let killed = Command::new("kill")
+        .args(["-KILL", &old.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let start = Instant::now();
+    while pair.mps.is_running() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "daemon survived SIGKILL"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // The next health check, not the next job's Prolog, brings it back.
+    let log = c.health_step(&cfg, node);
+    assert!(log.contains("the MPS control daemon is gone"), "{log}");
+    assert!(pair.mps.is_running(), "not restarted:\n{log}");
+    let new: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_ne!(new, old);
+    let r = record(&pair.ns, gpu);
+    assert_eq!(
+        counter(&r, "action.restart_mps_daemon") - counter(&before, "action.restart_mps_daemon"),
+        1,
+        "{r}"
+    );
+    pair.stop();
+    assert_not_drained(&c, node);
+}
+
+#[test]
+fn a_users_terminate_client_is_noticed_and_muxflows_own_is_not() {
+    let c = Cluster::get();
+    let cfg = c.health_config("mpsterminate", DWELL);
+    let (node, gpu) = ("node3", 0);
+    let _node = hold_node(node);
+    let mut pair = Pair::start(&c, &cfg, node, gpu, 990_061);
+    c.health_step(&cfg, node);
+    let before = record(&pair.ns, gpu);
+    let server = pair.mps.server_pids().unwrap()[0];
+    let online = pair.online.as_ref().unwrap().id();
+    let offline = pair.offline.id();
+    // NVIDIA's daemon takes this from any user who can reach it (see
+    // simgpu/README.md): it cannot be refused, only noticed.
+    mps_command_as_nobody(
+        &c,
+        &pair.mps,
+        &format!("terminate_client {server} {online}"),
+    );
+    let log = c.health_step(&cfg, node);
+    assert!(
+        log.contains(&format!(
+            "MPS command 'terminate_client {server} {online}' reached the daemon from someone other than muxflow"
+        )),
+        "{log}"
+    );
+    let noticed = |r: &serde_json::Value| {
+        counter(r, "noticed.terminate_client") - counter(&before, "noticed.terminate_client")
+    };
+    assert_eq!(noticed(&record(&pair.ns, gpu)), 1);
+    // muxflow's own eviction is not taken for a user's.
+    pair.mps.terminate_client(server, offline).unwrap();
+    let log = c.health_step(&cfg, node);
+    assert!(!log.contains("someone other than muxflow"), "{log}");
+    assert_eq!(noticed(&record(&pair.ns, gpu)), 1);
+    // The terminated online workload fails (what the attack costs); clean up.
+    if let Some(mut o) = pair.online.take() {
+        let _ = o.kill();
+        let _ = o.wait();
+    }
+    pair.stop();
+    assert_not_drained(&c, node);
+}

@@ -94,7 +94,8 @@ fn node_side_misconfiguration_refuses_offline_work_and_drains_nothing() {
         )
         .unwrap();
     guard.set(&(guard.original.clone() + "\n[policy]\nsm_floor = 500\n"));
-    c.place(id, "node4", 1);
+    // (No health step can read this config: the placement alone.)
+    c.write_placement(id, "node4", 1);
     let end = c.wait(id, WAIT);
     assert_eq!(end.state, "FAILED", "{end:?}");
     let out = c.output(id);

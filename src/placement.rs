@@ -1,0 +1,187 @@
+//! Where muxflow put an offline job, as a record users cannot forge: the
+//! job's AdminComment, which only root, SlurmUser and Slurm admins can write
+//! (a user's `scontrol update AdminComment=` is refused by slurmctld).
+//!
+//! ```text
+//! muxflow:v1 mode=offline placed=node3:g1        written by muxflow-matcher with the slot
+//! muxflow:v1 mode=offline placed=any             job_submit.lua without a matcher (any slot)
+//! muxflow:v1 mode=offline refused=gpu_faulty     written by the Prolog when it refuses the job
+//! ```
+//!
+//! The Prolog compares the slot Slurm allocated with `placed=`; a job whose
+//! slot is not the one muxflow wrote is refused. The end-of-job report
+//! ([`crate::report`]) later replaces the text; it keeps the same tag and
+//! `mode`, and readers ignore keys they do not know.
+
+use std::fmt;
+
+use crate::kv;
+use crate::report::TAG;
+
+/// Key of the placement in the AdminComment.
+pub const PLACED_KEY: &str = "placed";
+/// Key of a refusal code in the AdminComment.
+pub const REFUSED_KEY: &str = "refused";
+
+/// What muxflow wrote about where an offline job may run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Placement {
+    /// The matcher's choice: this node's offline slot of GPU `gpu`.
+    Gpu { node: String, gpu: u32 },
+    /// No matcher (job_submit.lua's `PARK_OFFLINE = false`): any slot Slurm picks.
+    AnySlot,
+}
+
+impl fmt::Display for Placement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Placement::Gpu { node, gpu } => write!(f, "{node}:g{gpu}"),
+            Placement::AnySlot => f.write_str("any"),
+        }
+    }
+}
+
+impl Placement {
+    fn parse(v: &str) -> Option<Placement> {
+        if v == "any" {
+            return Some(Placement::AnySlot);
+        }
+        let (node, gpu) = v.rsplit_once(":g")?;
+        (!node.is_empty()).then_some(())?;
+        Some(Placement::Gpu {
+            node: node.to_string(),
+            gpu: gpu.parse().ok()?,
+        })
+    }
+
+    /// The AdminComment the matcher writes with the slot.
+    pub fn admin_comment(&self) -> String {
+        let mut w = kv::Writer::new().tag(TAG);
+        w.push("mode", crate::Mode::Offline).push(PLACED_KEY, self);
+        w.finish()
+    }
+
+    /// The placement recorded in an AdminComment; None when there is none
+    /// (not muxflow's text, not an offline job, or no `placed=`).
+    pub fn from_admin_comment(text: &str) -> Option<Placement> {
+        let map = kv::parse(text.trim().strip_prefix(TAG)?).ok()?;
+        if map.get("mode").map(String::as_str) != Some(crate::Mode::Offline.as_str()) {
+            return None;
+        }
+        Placement::parse(map.get(PLACED_KEY)?)
+    }
+
+    /// Does an allocation of offline slots `slots` on `node` match?
+    pub fn allows(&self, node: &str, slots: &[u32]) -> bool {
+        match self {
+            Placement::Gpu { node: n, gpu } => n == node && slots == [*gpu],
+            Placement::AnySlot => !slots.is_empty(),
+        }
+    }
+}
+
+/// The AdminComment the Prolog writes for an offline job it refused: `code`
+/// is one word (`[a-z0-9_]`), the full reason goes to the job's stderr.
+pub fn refused_admin_comment(code: &str) -> String {
+    let mut w = kv::Writer::new().tag(TAG);
+    w.push("mode", crate::Mode::Offline).push(REFUSED_KEY, code);
+    w.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_and_rejects_what_is_not_a_placement() {
+        struct Case {
+            name: &'static str,
+            text: &'static str,
+            want: Option<Placement>,
+        }
+        let gpu = |node: &str, gpu| {
+            Some(Placement::Gpu {
+                node: node.into(),
+                gpu,
+            })
+        };
+        let cases = [
+            Case {
+                name: "matcher's",
+                text: "muxflow:v1 mode=offline placed=node3:g1",
+                want: gpu("node3", 1),
+            },
+            Case {
+                name: "node names with ':g'",
+                text: "muxflow:v1 mode=offline placed=a:gx:g12",
+                want: gpu("a:gx", 12),
+            },
+            Case {
+                name: "no matcher",
+                text: "muxflow:v1 mode=offline placed=any",
+                want: Some(Placement::AnySlot),
+            },
+            Case {
+                name: "parked, not placed",
+                text: "muxflow:v1 mode=offline",
+                want: None,
+            },
+            Case {
+                name: "online job",
+                text: "muxflow:v1 mode=online placed=node3:g1",
+                want: None,
+            },
+            Case {
+                name: "not muxflow's",
+                text: "placed=node3:g1",
+                want: None,
+            },
+            Case {
+                name: "bad gpu",
+                text: "muxflow:v1 mode=offline placed=node3:gx",
+                want: None,
+            },
+            Case {
+                name: "no node",
+                text: "muxflow:v1 mode=offline placed=:g1",
+                want: None,
+            },
+            Case {
+                name: "empty",
+                text: "",
+                want: None,
+            },
+        ];
+        for c in cases {
+            assert_eq!(Placement::from_admin_comment(c.text), c.want, "{}", c.name);
+        }
+        for p in [gpu("node3", 1).unwrap(), Placement::AnySlot] {
+            assert_eq!(Placement::from_admin_comment(&p.admin_comment()), Some(p));
+        }
+        // The report and the job mode still read it.
+        let text = gpu("n", 0).unwrap().admin_comment();
+        assert_eq!(
+            crate::report::JobReport::decode(&text).unwrap().mode,
+            Some(crate::Mode::Offline)
+        );
+        assert_eq!(
+            refused_admin_comment("gpu_faulty"),
+            "muxflow:v1 mode=offline refused=gpu_faulty"
+        );
+    }
+
+    #[test]
+    fn only_the_written_slot_is_allowed() {
+        let p = Placement::Gpu {
+            node: "node1".into(),
+            gpu: 0,
+        };
+        assert!(p.allows("node1", &[0]));
+        assert!(!p.allows("node1", &[1]), "another GPU");
+        assert!(!p.allows("node2", &[0]), "another node");
+        assert!(!p.allows("node1", &[0, 1]), "an extra slot");
+        assert!(!p.allows("node1", &[]), "no slot");
+        assert!(Placement::AnySlot.allows("node9", &[1]));
+        assert!(!Placement::AnySlot.allows("node9", &[]));
+    }
+}

@@ -1,0 +1,234 @@
+//! Failures around the node programs say what they are and drain nothing
+//! (issue 13, finding 5 and "failures say what they are"): a full state
+//! directory and an unreachable slurmctld. The tests take turns: each
+//! breaks something every job on the cluster would feel.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use muxflow::health::HealthState;
+use muxflow_tests::{target, Cluster};
+
+const WAIT: Duration = Duration::from_secs(90);
+
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn sh(cmd: &str) -> (bool, String) {
+    let out = Command::new("sh").arg("-c").arg(cmd).output().unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+/// A 2 MB tmpfs over a node's state directory, filled up; unmounted on drop.
+struct FullStateDir {
+    dir: PathBuf,
+}
+
+impl FullStateDir {
+    fn new(dir: &Path) -> FullStateDir {
+        let d = dir.display();
+        let (ok, out) = sh(&format!(
+            "set -e; t=$(mktemp -d); cp -a {d}/. $t/; mount -t tmpfs -o size=2m muxflow-full {d}; \
+             cp -a $t/. {d}/; rm -rf $t; dd if=/dev/zero of={d}/filler bs=64k 2>/dev/null || true"
+        ));
+        assert!(ok, "cannot fill {d}: {out}");
+        let (_, df) = sh(&format!("df -k {d} | tail -1"));
+        assert!(df.contains("muxflow-full"), "{df}");
+        FullStateDir {
+            dir: dir.to_path_buf(),
+        }
+    }
+}
+
+impl Drop for FullStateDir {
+    fn drop(&mut self) {
+        let (ok, out) = sh(&format!("umount {0} || umount -l {0}", self.dir.display()));
+        assert!(ok || std::thread::panicking(), "umount: {out}");
+    }
+}
+
+#[test]
+fn a_full_state_directory_is_named_publishing_goes_on_and_nothing_drains() {
+    let _turn = one_at_a_time();
+    let c = Cluster::get();
+    let node = "node2";
+    let cfg = c.health_config("full", "min_dwell_s = 1\nrecovery_quiet_s = 1\n");
+    let ns = c.node_state(&cfg, node);
+    let state_dir = ns.dir().to_path_buf();
+    for g in 0..2 {
+        c.sim_load(node, g, 0.0);
+    }
+    c.step_until(&cfg, node, "node2 idle and healthy", || {
+        c.published(node)
+            .iter()
+            .all(|g| g.state == HealthState::Healthy)
+    });
+
+    let full = FullStateDir::new(&state_dir);
+    // The health check: the GPU's new state still reaches slurmctld, and
+    // the log says what failed, where.
+    c.sim_load(node, 0, 0.99);
+    let log = c.step_until(&cfg, node, "gpu0 published Overloaded", || {
+        c.published_gpu(node, 0).state == HealthState::Overloaded
+    });
+    assert!(
+        log.contains("No space left on device") && log.contains(&state_dir.display().to_string()),
+        "{log}"
+    );
+    c.sim_load(node, 0, 0.0);
+
+    // A job: the user reads the real reason, not "released by hand?".
+    let offline = c
+        .sbatch_as(
+            "nobody",
+            &["--muxflow=offline"],
+            "#!/bin/sh\necho offline-ran\n",
+        )
+        .unwrap();
+    c.place(offline, node, 1);
+    // muxflow's own failure: the job goes back to the queue, not lost.
+    let out = c.wait_requeued_held(offline, WAIT);
+    assert!(
+        out.contains("No space left on device")
+            && out.contains(&state_dir.display().to_string())
+            && out.contains("goes back to the queue"),
+        "{out}"
+    );
+    assert!(
+        !out.contains("by hand") && !out.contains("holds no GPU"),
+        "{out}"
+    );
+    assert!(!out.contains("offline-ran"), "ran unprotected: {out}");
+    // The online job runs (without MPS), as before.
+    let online = c
+        .sbatch(
+            &["--muxflow=online", "--gres=gpu:1", "-w", node],
+            "#!/bin/sh\necho online-ran\n",
+        )
+        .unwrap();
+    assert_eq!(c.wait(online, WAIT).state, "COMPLETED");
+    let node_log = std::fs::read_to_string(c.dir.join(format!("log/muxflow-{node}.log"))).unwrap();
+    assert!(
+        node_log.contains(&format!("cannot record job {offline}"))
+            && node_log.contains("No space left on device"),
+        "{node_log}"
+    );
+    c.assert_no_drain();
+
+    // Room again: steps save their records, and the job runs.
+    drop(full);
+    c.step_until(&cfg, node, "gpu0 healthy again and saved", || {
+        ns.health(0).unwrap() == Some(HealthState::Healthy)
+            && c.published_gpu(node, 0).state == HealthState::Healthy
+    });
+    c.place(offline, node, 1);
+    c.start_now(offline);
+    assert_eq!(c.wait(offline, WAIT).state, "COMPLETED");
+    assert!(c.output(offline).contains("offline-ran"));
+    c.assert_no_drain();
+}
+
+/// Stops slurmctld; starts it again on drop (also after a failed assert).
+struct CtldDown<'a> {
+    c: &'a Cluster,
+}
+
+impl<'a> CtldDown<'a> {
+    fn new(c: &'a Cluster) -> CtldDown<'a> {
+        let pid = std::fs::read_to_string(c.dir.join("run/slurmctld.pid")).unwrap();
+        let pid = pid.trim().to_string();
+        assert!(Command::new("kill").arg(&pid).status().unwrap().success());
+        let start = Instant::now();
+        while Path::new(&format!("/proc/{pid}")).exists() {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "slurmctld {pid} still up"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        CtldDown { c }
+    }
+}
+
+impl Drop for CtldDown<'_> {
+    fn drop(&mut self) {
+        let ok = self.c.cmd("slurmctld").status().unwrap().success();
+        let start = Instant::now();
+        loop {
+            let mut ping = self.c.cmd("scontrol");
+            ping.arg("ping");
+            let (_, out, _) = self.c.run(ping);
+            if out.contains("is UP") {
+                break;
+            }
+            assert!(
+                std::thread::panicking() || (ok && start.elapsed() < Duration::from_secs(60)),
+                "slurmctld did not come back: {out}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+#[test]
+fn an_unreachable_slurmctld_is_named_and_drains_nothing() {
+    let _turn = one_at_a_time();
+    let c = Cluster::get();
+    let node = "node3";
+    let cfg = c.health_config("noctld", "min_dwell_s = 1\nrecovery_quiet_s = 1\n");
+    let ns = c.node_state(&cfg, node);
+    c.sim_load(node, 0, 0.0);
+    c.step_until(&cfg, node, "node3 gpu0 healthy", || {
+        c.published_gpu(node, 0).state == HealthState::Healthy
+    });
+
+    let down = CtldDown::new(&c);
+    // The health check: the local state (what xCUDA reads) still follows
+    // the GPU; publishing fails with slurmctld's own words, and the
+    // program exits 0 (a failing HealthCheckProgram would be ours to blame).
+    c.sim_load(node, 0, 0.99);
+    let log = c.health_step(&cfg, node);
+    assert_eq!(
+        ns.health(0).unwrap(),
+        Some(HealthState::Overloaded),
+        "{log}"
+    );
+    assert!(
+        log.contains("publishing GPU states failed (retried next step)")
+            && log.contains("Unable to contact slurm controller"),
+        "{log}"
+    );
+    // The Prolog of an offline job: says why it cannot check the placement.
+    let mut prolog = c.cmd(target().join("muxflow-prolog").to_str().unwrap());
+    prolog
+        .arg("--config")
+        .arg(&cfg)
+        .env("SLURMD_NODENAME", node)
+        .env("SLURM_JOB_ID", "990061")
+        .env("SLURM_JOB_UID", "65534")
+        .env("SPANK_MUXFLOW_MODE", "offline");
+    let (ok, _, err) = c.run(prolog);
+    assert!(ok, "the Prolog must exit 0: {err}");
+    assert!(
+        err.contains("reading the job's offline slot from slurmctld")
+            && err.contains("Unable to contact slurm controller"),
+        "{err}"
+    );
+    assert!(ns.find_job(990061).unwrap().is_none());
+    c.sim_load(node, 0, 0.0);
+    drop(down);
+
+    // Back: the next steps publish what the node knows now (and leave
+    // the GPU healthy for the tests after this one).
+    c.step_until(&cfg, node, "node3 gpu0 healthy and published", || {
+        ns.health(0).unwrap() == Some(HealthState::Healthy)
+            && c.published_gpu(node, 0).state == HealthState::Healthy
+    });
+    c.assert_no_drain();
+}
