@@ -11,10 +11,10 @@
 //!
 //! A round scores every job that holds a hint and the oldest held jobs up
 //! to [`HELD_JOBS_PER_OPEN_GPU`] per open GPU ([`considered_jobs`]): a long
-//! queue costs no scoring time beyond what can be placed. The rest wait;
-//! the summary counts them (`waiting`).
+//! queue costs no scoring time beyond what can be placed. The rest wait,
+//! each with a line saying so; the summary counts them (`waiting`).
 //!
-//! # Decision table (`--once`), one line per considered pending offline job
+//! # Decision table (`--once`), one line per pending offline job
 //!
 //! ```text
 //! JOB     NAME        ACTION  NODE    GPU  SPEED  REASON
@@ -86,8 +86,8 @@ pub struct Summary {
     pub updates: usize,
     /// Updates left for the next round (bounded per round).
     pub deferred: usize,
-    /// Held jobs not considered this round (beyond the window of
-    /// [`considered_jobs`]): they stay parked and get no decision line.
+    /// Held jobs not scored this round (beyond the window of
+    /// [`considered_jobs`]): they stay parked, with a decision line saying so.
     pub waiting: usize,
 }
 
@@ -126,6 +126,9 @@ impl Predictor for Model {
         self.predict_terms(job, gpu)
     }
 }
+
+const NO_CANDIDATE: &str =
+    "no candidate: no Healthy GPU with an online job, a free offline slot and room";
 
 /// Held jobs a round scores per open GPU, oldest first (lowest job id). A
 /// round places at most one job per open GPU, so a longer queue only costs
@@ -227,12 +230,7 @@ pub fn plan<P: Predictor>(
                     ),
                 )
             }
-            None if !has_edge[j] => (
-                Target::Parked,
-                None,
-                "no candidate: no Healthy GPU with an online job, a free offline slot and room"
-                    .to_string(),
-            ),
+            None if !has_edge[j] => (Target::Parked, None, NO_CANDIDATE.to_string()),
             None => (
                 Target::Parked,
                 None,
@@ -260,6 +258,33 @@ pub fn plan<P: Predictor>(
             predicted,
             reason,
             update,
+        });
+    }
+
+    // The held jobs beyond the window stay parked; each still gets its line,
+    // so the table accounts for every pending job.
+    let no_open_gpu = open.is_empty();
+    let mut in_window = vec![false; state.pending.len()];
+    for &i in &considered {
+        in_window[i] = true;
+    }
+    for (job, _) in state.pending.iter().zip(&in_window).filter(|(_, &w)| !w) {
+        decisions.push(Decision {
+            job: job.id,
+            name: job.name.clone(),
+            user: job.user.clone(),
+            action: Action::None,
+            node: None,
+            gpu: None,
+            predicted: None,
+            reason: if no_open_gpu {
+                NO_CANDIDATE.to_string()
+            } else {
+                format!(
+                    "waiting: older held jobs fill this round ({HELD_JOBS_PER_OPEN_GPU} per open GPU are scored)"
+                )
+            },
+            update: None,
         });
     }
 
@@ -498,10 +523,20 @@ mod tests {
         };
         let cfg = muxflow::Config::default();
         let p = plan(&state, &model(), &cfg.policy, &cfg.matcher, &names());
-        // One open GPU: the oldest held jobs of the window and the placed job 99.
-        let ids: Vec<u32> = p.decisions.iter().map(|d| d.job).collect();
+        // One open GPU: the oldest held jobs of the window and the placed
+        // job 99 are scored; the others wait, each with its line.
+        let scored: Vec<u32> = p
+            .decisions
+            .iter()
+            .filter(|d| !d.reason.starts_with("waiting:"))
+            .map(|d| d.job)
+            .collect();
         let want: Vec<u32> = (1..=HELD_JOBS_PER_OPEN_GPU as u32).chain([99]).collect();
-        assert_eq!(ids, want);
+        assert_eq!(scored, want);
+        assert_eq!(p.decisions.len(), 41, "a line for every pending job");
+        assert!(p.decisions[HELD_JOBS_PER_OPEN_GPU + 1..]
+            .iter()
+            .all(|d| d.action == Action::None && d.update.is_none()));
         assert_eq!(p.summary.waiting, 40 - HELD_JOBS_PER_OPEN_GPU);
         assert_eq!(p.summary.pending_offline, 41);
         assert_eq!(

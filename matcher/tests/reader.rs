@@ -123,7 +123,9 @@ fn a_round_on_the_recording_places_the_parked_job_on_the_only_open_gpu() {
                 "update",
                 "JobId=17",
                 "ReqNodeList=node1",
-                "Gres=mfslot:g0:1"
+                "Gres=mfslot:g0:1",
+                // The placement record the Prolog checks (only root/SlurmUser can write it).
+                "AdminComment=muxflow:v1 mode=offline placed=node1:g0"
             ],
             vec!["release", "17"]
         ]

@@ -65,21 +65,34 @@ impl RemoteState {
                 return;
             }
         };
-        let value = match spank.get_option_value(OPTION) {
-            Ok(Some(v)) => v.into_owned(),
-            Ok(None) => return,
+        let asked = match spank.get_option_value(OPTION) {
+            Ok(v) => v.map(|v| v.into_owned()),
             Err(e) => {
                 tracing::error!("muxflow: cannot read --{OPTION}: {e}");
-                return;
+                None
             }
         };
         // Validated at submit; a value that still fails here was forged.
-        let mode = match value.parse::<Mode>() {
-            Ok(m) => m,
+        let asked = asked.and_then(|value| match value.parse::<Mode>() {
+            Ok(m) => Some(m),
             Err(e) => {
-                tracing::error!("{e}; step runs without muxflow");
-                return;
+                tracing::error!("{e}; the step's --{OPTION} is ignored");
+                None
             }
+        });
+        // What the Prolog recorded for the job wins over the step's option,
+        // which its user can drop or change in any srun: a step of an
+        // offline job stays offline.
+        let mode = match (recorded_mode(spank), asked) {
+            (Some(recorded), Some(asked)) if recorded != asked => {
+                tracing::warn!(
+                    "muxflow: step asked for --{OPTION}={asked} in a job recorded as {recorded}; runs as {recorded}"
+                );
+                recorded
+            }
+            (Some(recorded), _) => recorded,
+            (None, Some(asked)) => asked,
+            (None, None) => return,
         };
         self.mode = Some(mode);
         set(spank, MODE_VAR, mode.as_str());
@@ -343,6 +356,17 @@ fn no_record(config: &Config, state: &NodeState, job_id: u32, node: &str, mode: 
 
 /// This node's Slurm name. SLURMD_NODENAME reaches the tasks only later, so
 /// for muxflow's single-node jobs the job's node list is the name.
+/// The mode the Prolog recorded for this job on this node (root's record of
+/// what slurmctld passed it), if any. Quiet when muxflow is not set up here:
+/// this runs for every step of every job.
+fn recorded_mode(spank: &SpankHandle) -> Option<Mode> {
+    let (_, config) = settings::load(spank).ok()?;
+    let config = config.for_node(&node_name(spank).ok()?).ok()?;
+    let state = NodeState::new(config.paths.state_dir.as_path());
+    let (_, record) = state.find_job(spank.job_id().ok()?).ok()??;
+    Some(record.mode)
+}
+
 fn node_name(spank: &SpankHandle) -> anyhow::Result<String> {
     for var in ["SLURMD_NODENAME", "SLURM_JOB_NODELIST", "SLURM_NODELIST"] {
         if let Some(v) = spank.getenv(var)? {
