@@ -386,7 +386,12 @@ impl Cluster {
 
     /// Lets a requeued job start now: Slurm 22.05 gives a requeued batch
     /// job a later BeginTime (about two minutes), which tests do not wait for.
+    /// That delay lets slurmd finish the previous start first; seen here, a
+    /// job started again about 1 s after its requeue was launched without
+    /// its Prolog (muxflow then refuses it again, safely, as unrecorded). So
+    /// the delay is cut to a few seconds, not to nothing.
     pub fn start_now(&self, id: u32) {
+        std::thread::sleep(Duration::from_secs(3));
         let mut c = self.cmd("scontrol");
         c.args(["update", &format!("JobId={id}"), "StartTime=now"]);
         let (ok, out, err) = self.run(c);
