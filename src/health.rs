@@ -232,6 +232,60 @@ impl Fsm {
     }
 }
 
+/// The online job's figures measured while it ran alone (no offline job on
+/// the GPU): what the SM and memory policies size an offline job by. The
+/// node keeps it in the GPU's record; the cluster replay keeps it the same
+/// way.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Solo {
+    /// The online jobs they were measured for; a new set starts afresh.
+    pub online_jobs: Vec<u32>,
+    pub sm_pct: Option<f64>,
+    pub mem_mib: u64,
+    pub samples: u32,
+    pub at_s: u64,
+}
+
+impl Solo {
+    /// Adds a solo sample: running mean of the SM activity, the largest
+    /// memory use seen (what the online job may need again).
+    pub fn next(
+        prev: Option<Solo>,
+        online_jobs: Vec<u32>,
+        m: &Metrics,
+        mem_mib: u64,
+        now: u64,
+    ) -> Solo {
+        match prev {
+            Some(s) if s.online_jobs == online_jobs => {
+                let n = f64::from(s.samples);
+                Solo {
+                    sm_pct: match (s.sm_pct, m.sm_activity_pct) {
+                        (Some(a), Some(b)) => Some((a * n + b) / (n + 1.0)),
+                        (a, b) => a.or(b),
+                    },
+                    mem_mib: s.mem_mib.max(mem_mib),
+                    samples: s.samples + 1,
+                    at_s: now,
+                    online_jobs,
+                }
+            }
+            _ => Solo {
+                online_jobs,
+                sm_pct: m.sm_activity_pct,
+                mem_mib,
+                samples: 1,
+                at_s: now,
+            },
+        }
+    }
+
+    /// The solo SM activity as the node publishes it: a whole percentage.
+    pub fn published_sm_pct(&self) -> Option<u8> {
+        self.sm_pct.map(|p| p.round().clamp(0.0, 100.0) as u8)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

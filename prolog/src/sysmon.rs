@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use muxflow::health::{Fsm, HealthState, Input, Metrics, Why};
+use muxflow::health::{Fsm, HealthState, Input, Why};
 use muxflow::mps::MpsDaemon;
 use muxflow::node_state::{write_atomic, GpuLock, JobRecord, NodeState};
 use muxflow::policy::GpuFacts;
@@ -55,16 +55,7 @@ pub struct Sample {
     pub solo: bool,
 }
 
-/// The online job's figures measured while it ran alone.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Solo {
-    /// The online jobs they were measured for; a new set starts afresh.
-    pub online_jobs: Vec<u32>,
-    pub sm_pct: Option<f64>,
-    pub mem_mib: u64,
-    pub samples: u32,
-    pub at_s: u64,
-}
+pub use muxflow::health::Solo;
 
 /// Everything persisted per GPU besides the health word.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -111,9 +102,7 @@ impl GpuRecord {
         GpuPublished {
             index,
             state: self.fsm().state,
-            solo_sm_pct: solo
-                .and_then(|s| s.sm_pct)
-                .map(|p| p.round().clamp(0.0, 100.0) as u8),
+            solo_sm_pct: solo.and_then(Solo::published_sm_pct),
             online_mem_mib: solo.map(|s| s.mem_mib),
             mem_mib: self.mem_total_mib,
             offline: self.offline,
@@ -464,40 +453,13 @@ fn record_sample(rec: &mut GpuRecord, r: &Reading, jobs: &[JobRecord], now: u64,
             .filter(|j| j.mode == Mode::Online)
             .map(|j| j.job_id)
             .collect();
-        rec.solo = Some(update_solo(
+        rec.solo = Some(Solo::next(
             rec.solo.take(),
             ids,
             &r.metrics,
             r.mem_used_mib,
             now,
         ));
-    }
-}
-
-/// Running mean of the solo SM activity; the largest memory use seen (what
-/// the online job may need again).
-fn update_solo(prev: Option<Solo>, ids: Vec<u32>, m: &Metrics, mem: u64, now: u64) -> Solo {
-    match prev {
-        Some(s) if s.online_jobs == ids => {
-            let n = f64::from(s.samples);
-            Solo {
-                sm_pct: match (s.sm_pct, m.sm_activity_pct) {
-                    (Some(a), Some(b)) => Some((a * n + b) / (n + 1.0)),
-                    (a, b) => a.or(b),
-                },
-                mem_mib: s.mem_mib.max(mem),
-                samples: s.samples + 1,
-                at_s: now,
-                online_jobs: ids,
-            }
-        }
-        _ => Solo {
-            online_jobs: ids,
-            sm_pct: m.sm_activity_pct,
-            mem_mib: mem,
-            samples: 1,
-            at_s: now,
-        },
     }
 }
 
@@ -676,6 +638,7 @@ fn scan_log(dir: &Path, name: &str, offsets: &mut BTreeMap<String, u64>) -> Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
+    use muxflow::health::Metrics;
     use std::io::Write;
 
     #[test]
@@ -703,10 +666,10 @@ mod tests {
             sm_activity_pct: Some(sm),
             ..Metrics::default()
         };
-        let s = update_solo(None, vec![1], &m(30.0), 1000, 5);
-        let s = update_solo(Some(s), vec![1], &m(40.0), 800, 6);
+        let s = Solo::next(None, vec![1], &m(30.0), 1000, 5);
+        let s = Solo::next(Some(s), vec![1], &m(40.0), 800, 6);
         assert_eq!((s.sm_pct, s.mem_mib, s.samples), (Some(35.0), 1000, 2));
-        let s = update_solo(Some(s), vec![2], &m(10.0), 100, 7);
+        let s = Solo::next(Some(s), vec![2], &m(10.0), 100, 7);
         assert_eq!((s.sm_pct, s.mem_mib, s.samples), (Some(10.0), 100, 1));
     }
 }

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use muxflow::config::Policy;
-use muxflow::health::{Fsm, HealthState, Input, Metrics};
+use muxflow::health::{Fsm, HealthState, Input, Metrics, Solo};
 use muxflow::policy::{offline_mem_cap_mib, offline_sm_percent, GpuFacts};
 use muxflow::published::GpuPublished;
 use muxflow::report::JobReport;
@@ -157,9 +157,8 @@ struct GpuRt {
     rates: GpuRates,
     latency_since: f64,
     fsm: Option<Fsm>,
-    solo_sum: f64,
-    solo_n: u32,
-    solo_mem_mib: u64,
+    /// The online service's figures while alone, as the node keeps them.
+    solo: Option<Solo>,
     /// The offline job's SM share and memory cap, fixed at its start.
     sm_pct: u8,
     mem_cap_mib: Option<u64>,
@@ -833,9 +832,13 @@ impl<'a> Sim<'a> {
             // offline job is on the GPU.
             let svc = self.sc.online[g as usize].as_ref().expect("online GPU");
             if rt.offline.is_none() {
-                rt.solo_sum += metrics.sm_activity_pct.unwrap_or(0.0);
-                rt.solo_n += 1;
-                rt.solo_mem_mib = rt.solo_mem_mib.max(svc.mem_mib);
+                rt.solo = Some(Solo::next(
+                    rt.solo.take(),
+                    vec![svc.job_id],
+                    &metrics,
+                    svc.mem_mib,
+                    self.now as u64,
+                ));
             }
             let before = rt.fsm.expect("muxflow GPU");
             let (after, _) = before.step(
@@ -850,13 +853,9 @@ impl<'a> Sim<'a> {
             let k = self.state_index[g as usize];
             let p = &mut self.state.gpus[k].published;
             p.state = after.state;
-            if rt.solo_n > 0 {
-                p.solo_sm_pct = Some(
-                    (rt.solo_sum / f64::from(rt.solo_n))
-                        .round()
-                        .clamp(0.0, 100.0) as u8,
-                );
-                p.online_mem_mib = Some(rt.solo_mem_mib);
+            if let Some(solo) = &rt.solo {
+                p.solo_sm_pct = solo.published_sm_pct();
+                p.online_mem_mib = Some(solo.mem_mib);
             }
             if before.state.pauses_offline() != after.state.pauses_offline() {
                 self.refresh(g);
