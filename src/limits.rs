@@ -84,7 +84,10 @@ impl JobLimits {
     /// Reads the text of job `job_id`'s file. The job's own fields must be
     /// whole; a bad xCUDA setting is replaced by its safe value and returned.
     pub fn decode(text: &str, job_id: u32) -> Result<(JobLimits, Vec<XcudaEnvError>), String> {
-        let map: BTreeMap<&str, &str> = text.lines().filter_map(|l| l.split_once('=')).collect();
+        // Split on '\n' alone: `lines()` would also drop a '\r' ending a value,
+        // which then would not read back as written (found by fuzzing).
+        let map: BTreeMap<&str, &str> =
+            text.split('\n').filter_map(|l| l.split_once('=')).collect();
         let num = |k: &str| -> Result<u64, String> {
             map.get(k)
                 .ok_or_else(|| format!("no {k}"))?
@@ -226,6 +229,10 @@ mod tests {
         let e = JobLimits::decode(&l.encode(), 13).unwrap_err();
         assert!(e.contains("names job 12"), "{e}");
         assert!(JobLimits::decode("gpu=0\nsm_pct=30\n", 12).is_err());
+        // A value ending in '\r' reads back as written.
+        let mut cr = l.clone();
+        cr.xcuda.stats_dir = Some("/run/x\r".into());
+        assert_eq!(JobLimits::decode(&cr.encode(), 12).unwrap().0, cr);
         // A bad xCUDA value in the file: its safe value, and it is reported.
         let text = l.encode().replace(
             "MUXFLOW_XCUDA_SAMPLE_INTERVAL_MS=20",
