@@ -490,7 +490,8 @@ impl Model {
         m.partners = fit_sides(&obs, &mut m.jobs, m.partner_index.len(), lambda);
         // How far the completion is from the pairs it was fitted on, and
         // the side features alone; the out-of-sample error is larger.
-        let rms = |f: &dyn Fn(&(u32, u32, f64, f64)) -> f64| {
+        type Residual = (u32, u32, f64, f64);
+        let rms = |f: &dyn Fn(&Residual) -> f64| {
             (obs.iter().map(|o| (o.2 - f(o)).powi(2)).sum::<f64>() / obs.len() as f64).sqrt()
         };
         let fit = rms(&|&(j, k, _, _)| {
@@ -532,7 +533,7 @@ impl Model {
             seen.push((self.job_index[j], self.partner_index[p], f64::NAN, 0));
         }
         // An infeasible mark wins over the pair's other runs.
-        seen.sort_by(|a, b| (a.0, a.1, !a.2.is_nan()).cmp(&(b.0, b.1, !b.2.is_nan())));
+        seen.sort_by_key(|a| (a.0, a.1, !a.2.is_nan()));
         seen.dedup_by_key(|s| (s.0, s.1));
         self.seen_range = vec![(0, 0); self.job_index.len()];
         let mut i = 0;
@@ -879,7 +880,7 @@ pub fn is_held_out(job: &JobKey, partner: &JobKey) -> bool {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x100_0000_01b3);
     }
-    (h >> 32) % 5 == 0
+    (h >> 32).is_multiple_of(5)
 }
 
 /// `--evaluate`'s figures (and `muxflow-sim predictor`'s, per seed).
@@ -1008,7 +1009,7 @@ pub fn score(model: &Model, train: &[PairObs], test: &[PairObs]) -> Evaluation {
     e.model_pairing = pairing_quality(
         nr,
         nc,
-        &|r, c| get(r, c).and_then(|p| pred(p)).map(|m| m.mean),
+        &|r, c| get(r, c).and_then(&pred).map(|m| m.mean),
         &truth,
     );
     e
