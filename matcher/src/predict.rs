@@ -377,17 +377,22 @@ fn features(share: f64, mem: f64) -> [f64; FEATURES] {
     [1.0, share, share * share, mem, share * mem]
 }
 
-/// A prediction: normalized throughput and its standard deviation.
+/// A prediction: normalized throughput if the pair runs, its standard
+/// deviation, and the chance that the pair cannot co-locate (untried pairs:
+/// from how often the job's and the partner's other pairs failed for
+/// memory).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Estimate {
     pub mean: f64,
     pub sd: f64,
+    pub p_fail: f64,
 }
 
 impl Estimate {
-    /// What the matcher maximizes: the mean with bounded optimism.
+    /// What the matcher maximizes: the expected throughput with bounded
+    /// optimism.
     pub fn weight(&self) -> f64 {
-        (self.mean + (EXPLORE_SD * self.sd).min(EXPLORE_MAX)).clamp(0.01, 1.0)
+        ((1.0 - self.p_fail) * self.mean + (EXPLORE_SD * self.sd).min(EXPLORE_MAX)).clamp(0.01, 1.0)
     }
 }
 
@@ -421,6 +426,11 @@ pub struct Model {
     sd_both: f64,
     sd_one: f64,
     sd_none: f64,
+    /// Shrunk rates of pairs that failed for memory, per job and partner,
+    /// and overall.
+    job_fail: Vec<f64>,
+    partner_fail: Vec<f64>,
+    fail_prior: f64,
 }
 
 impl Model {
@@ -517,6 +527,28 @@ impl Model {
     }
 
     fn index_seen(&mut self, e: &Estimates) {
+        let mut jobs = vec![(0.0, 0.0); self.job_index.len()];
+        let mut partners = vec![(0.0, 0.0); self.partner_index.len()];
+        let pairs = e.pairs.iter().map(|p| (&p.job, &p.partner, 0.0));
+        let failed = e.infeasible.iter().map(|(j, p)| (j, p, 1.0));
+        for (j, p, f) in pairs.chain(failed) {
+            let (a, b) = (self.job_index[j], self.partner_index[p]);
+            jobs[a as usize].0 += f;
+            jobs[a as usize].1 += 1.0;
+            partners[b as usize].0 += f;
+            partners[b as usize].1 += 1.0;
+        }
+        let tries = (e.pairs.len() + e.infeasible.len()) as f64;
+        self.fail_prior = if tries > 0.0 {
+            e.infeasible.len() as f64 / tries
+        } else {
+            0.0
+        };
+        // Two pairs' worth of the overall rate as the prior.
+        let prior = self.fail_prior;
+        let shrink = |(f, t): (f64, f64)| (f + 2.0 * prior) / (t + 2.0);
+        self.job_fail = jobs.into_iter().map(shrink).collect();
+        self.partner_fail = partners.into_iter().map(shrink).collect();
         let mut seen: Vec<(u32, u32, f64, u32)> = e
             .pairs
             .iter()
@@ -619,10 +651,36 @@ impl Model {
     }
 
     fn predict_with_mem(&self, job: &JobTerms, gpu: &GpuTerms, mem: f64) -> Option<Estimate> {
+        let seen = match (job.index, gpu.partner) {
+            (Some(j), Some(k)) => {
+                let (s, e) = self.seen_range.get(j as usize).copied().unwrap_or((0, 0));
+                let list = &self.seen[s as usize..e as usize];
+                list.binary_search_by_key(&k, |x| x.1)
+                    .ok()
+                    .map(|i| (list[i].2, list[i].3))
+            }
+            _ => None,
+        };
+        if seen.is_some_and(|(x, _)| x.is_nan()) {
+            return None;
+        }
+        let p_fail = match seen {
+            Some(_) => 0.0,
+            None => {
+                let r = job.index.and_then(|j| self.job_fail.get(j as usize));
+                let c = gpu.partner.and_then(|k| self.partner_fail.get(k as usize));
+                let (r, c) = (
+                    r.copied().unwrap_or(self.fail_prior),
+                    c.copied().unwrap_or(self.fail_prior),
+                );
+                (r + c - self.fail_prior).clamp(0.0, 0.95)
+            }
+        };
         if self.coef.is_none() {
             return Some(Estimate {
                 mean: default_prediction(gpu.share),
                 sd: DEFAULT_SD,
+                p_fail,
             });
         }
         let base = self.raw(gpu.share, mem);
@@ -637,18 +695,7 @@ impl Model {
             (None, Some(b)) => (base + b.bias, self.sd_one),
             (None, None) => (base, self.sd_none),
         };
-        let seen = match (job.index, gpu.partner) {
-            (Some(j), Some(k)) => {
-                let (s, e) = self.seen_range.get(j as usize).copied().unwrap_or((0, 0));
-                let list = &self.seen[s as usize..e as usize];
-                list.binary_search_by_key(&k, |x| x.1)
-                    .ok()
-                    .map(|i| (list[i].2, list[i].3))
-            }
-            _ => None,
-        };
         let (mean, sd) = match seen {
-            Some((x, _)) if x.is_nan() => return None,
             Some((x, n)) => {
                 let n = f64::from(n);
                 (
@@ -661,6 +708,7 @@ impl Model {
         Some(Estimate {
             mean: mean.clamp(0.01, 1.0),
             sd,
+            p_fail,
         })
     }
 }
@@ -962,6 +1010,7 @@ pub fn score(model: &Model, train: &[PairObs], test: &[PairObs]) -> Evaluation {
         let m = pred(p).unwrap_or(Estimate {
             mean: 0.01,
             sd: 0.0,
+            p_fail: 1.0,
         });
         e.model_mae += (m.mean - p.x).abs() / n;
         e.model_sd += m.sd / n;
@@ -1307,6 +1356,14 @@ mod tests {
             m.predict(&runs[15].key, &gpu, &p).is_some(),
             "another job may go there"
         );
+        // Its untried pairs carry the risk into what the matcher maximizes.
+        let risky = m
+            .predict_pair(&job, &key("svc", "never-hosted"), 0.5, 0.3)
+            .unwrap();
+        let clean = m
+            .predict_pair(&runs[15].key, &key("svc", "never-hosted"), 0.5, 0.3)
+            .unwrap();
+        assert!(risky.p_fail > clean.p_fail, "{risky:?} {clean:?}");
     }
 
     #[test]
