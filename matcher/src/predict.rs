@@ -928,7 +928,11 @@ pub fn is_held_out(job: &JobKey, partner: &JobKey) -> bool {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x100_0000_01b3);
     }
-    (h >> 32).is_multiple_of(5)
+    // splitmix64's finalizer: FNV's high bits barely move with the last
+    // bytes, and keys often differ only there.
+    h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (h ^ (h >> 31)).is_multiple_of(5)
 }
 
 /// `--evaluate`'s figures (and `muxflow-sim predictor`'s, per seed).
