@@ -73,6 +73,9 @@ struct Cli {
     /// Leave out the matcher's wall-clock time (the one figure that differs between equal runs).
     #[arg(long)]
     no_timing: bool,
+    /// muxflow's matcher keeps the default predictor (learns nothing from the records), for comparison.
+    #[arg(long)]
+    default_predictor: bool,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -185,6 +188,7 @@ fn main() -> anyhow::Result<()> {
     let total = (scenario.end_s / 3600.0).ceil() as u64 * 3600 * policies.len() as u64;
     let opts = RunOptions {
         timing: !cli.no_timing,
+        default_predictor: cli.default_predictor,
     };
     let outcomes = std::thread::scope(|s| {
         let work = s.spawn(|| {

@@ -215,6 +215,9 @@ pub struct RunOptions {
     /// Measure the matcher rounds' wall time (not reproducible; off for
     /// byte-identical output).
     pub timing: bool,
+    /// `muxflow`: the matcher keeps the default predictor (nothing learned
+    /// from the records), to compare with the learned one.
+    pub default_predictor: bool,
 }
 
 struct Sim<'a> {
@@ -264,6 +267,7 @@ struct Sim<'a> {
     refused: u64,
     health_violations: u64,
     timing: bool,
+    learn: bool,
     progress: &'a AtomicU64,
 }
 
@@ -398,6 +402,7 @@ impl<'a> Sim<'a> {
             refused: 0,
             health_violations: 0,
             timing: opts.timing,
+            learn: !opts.default_predictor,
             progress,
         };
         if kind == PolicyKind::Muxflow {
@@ -932,7 +937,8 @@ impl<'a> Sim<'a> {
         // model is retrained when the history grew by a tenth (it moves
         // little in between), which keeps a week's replay fast.
         let n = self.runs.len();
-        if n > self.trained_on_runs
+        if self.learn
+            && n > self.trained_on_runs
             && (n - self.trained_on_runs) * 10 >= self.trained_on_runs.max(10)
         {
             self.model = Model::train(&self.runs);
