@@ -2,13 +2,13 @@
 //! shows them and the matcher learns from them:
 //!
 //! ```text
-//! muxflow:v1 mode=offline node=node3 gpu=0 sm_pct=40 mem_cap_mib=60000 partner=12 measured_peak_mib=2050 claim.launches=52000 claim.delayed=1200 claim.delay_ms=830 claim.oom=0 claim.peak_mib=2048 claim.steps=788 claim.steps_per_s=98.4
+//! muxflow:v1 mode=offline node=node3 gpu=0 sm_pct=40 mem_cap_mib=60000 partner=12 measured_peak_mib=2050 run_s=540 claim.launches=52000 claim.delayed=1200 claim.delay_ms=830 claim.oom=0 claim.peak_mib=2048 claim.steps=788 claim.steps_per_s=98.4
 //! ```
 //!
 //! Two kinds of figures, told apart by their keys:
 //! * what the node decided or measured itself (root, nothing the job can
 //!   write): `mode node gpu sm_pct mem_cap_mib partner measured_peak_mib
-//!   policed`;
+//!   policed run_s partner_load_pct`;
 //! * the job's own claims, `claim.*`: read from files in the job's stats
 //!   directory, which its user can write (xCUDA runs inside the job's
 //!   process; the workload writes `$MUXFLOW_JOB_REPORT`). Each is bounded
@@ -24,6 +24,8 @@
 //! | partner | the online job it shared the GPU with (offline), or an offline job it hosted (online) |
 //! | measured_peak_mib | offline: the largest GPU memory NVML showed for its processes, at muxflow-police's checks and the health steps |
 //! | policed | offline: why the node terminated a process of it (codes of `muxflow-health`'s police, comma-separated) |
+//! | run_s | seconds from the batch step's start to this report, by the node's clock (turns `claim.launches` into launches/s) |
+//! | partner_load_pct | offline: the online partner's mean load while this run ran, percent of its peak (a node measurement; the plugin does not write it yet, see the matcher's `predict` module) |
 //! | claim.launches, claim.delayed, claim.delay_ms | xCUDA: kernel launches, launches it delayed, total delay |
 //! | claim.oom, claim.peak_mib | xCUDA: allocations refused by the cap, peak GPU memory |
 //! | claim.steps, claim.steps_per_s | the workload's training steps, if it reports them |
@@ -53,6 +55,10 @@ pub struct JobReport {
     pub measured_peak_mib: Option<u64>,
     /// Codes of the node's terminations, comma-separated.
     pub policed: Option<String>,
+    /// Seconds the batch step ran until the report, by the node's clock.
+    pub run_s: Option<u64>,
+    /// The online partner's mean load during the run, percent of its peak.
+    pub partner_load_pct: Option<u8>,
     // The job's claims (`claim.*`), bounded.
     pub launches: Option<u64>,
     pub delayed: Option<u64>,
@@ -133,6 +139,8 @@ impl JobReport {
             .push_opt("partner", self.partner)
             .push_opt("measured_peak_mib", self.measured_peak_mib)
             .push_opt("policed", self.policed.as_deref())
+            .push_opt("run_s", self.run_s)
+            .push_opt("partner_load_pct", self.partner_load_pct)
             .push_opt("claim.launches", self.launches)
             .push_opt("claim.delayed", self.delayed)
             .push_opt("claim.delay_ms", self.delay_ms)
@@ -189,6 +197,8 @@ impl JobReport {
             partner: f.get("partner")?,
             measured_peak_mib: f.get("measured_peak_mib")?,
             policed: f.get("policed")?,
+            run_s: f.get("run_s")?,
+            partner_load_pct: f.get("partner_load_pct")?,
             launches: claim("launches")?,
             delayed: claim("delayed")?,
             delay_ms: claim("delay_ms")?,
@@ -297,6 +307,8 @@ mod tests {
             partner: Some(12),
             measured_peak_mib: Some(2050),
             policed: Some("priority,no_xcuda".into()),
+            run_s: Some(600),
+            partner_load_pct: Some(40),
             launches: Some(52000),
             delayed: Some(1200),
             delay_ms: Some(830),
@@ -350,7 +362,7 @@ mod tests {
         let text = full().encode();
         assert!(
             text.contains(
-                " measured_peak_mib=2050 policed=priority,no_xcuda claim.launches=52000 "
+                " measured_peak_mib=2050 policed=priority,no_xcuda run_s=600 partner_load_pct=40 claim.launches=52000 "
             ) && text.contains(" claim.steps_per_s=98.38 "),
             "{text}"
         );

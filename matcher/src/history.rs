@@ -59,6 +59,7 @@ mod tests {
                 ..Default::default()
             },
             end_s,
+            partner_key: None,
         }
     }
 

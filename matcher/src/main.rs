@@ -6,8 +6,10 @@
 //! * `muxflow-matcher [--interval S]`: a round every `matcher.interval_s`
 //!   seconds, one summary line logged per round; errors are logged and the
 //!   next round retries (it keeps no state that matters).
-//! * `muxflow-matcher --evaluate [--sacct-json FILE | --synthetic N]`: the
-//!   predictor's held-out error next to the default's.
+//! * `muxflow-matcher --evaluate [--sacct-json FILE | --synthetic N]`: on
+//!   the history's pairs (offline job × online job), 1 in 5 held out: MAE
+//!   and pairing quality of the default, row-col means and the model (the
+//!   figures `muxflow-sim predictor` reports).
 //! * `muxflow-matcher bench …`: one matching round on a synthetic cluster.
 
 use std::path::PathBuf;
@@ -17,7 +19,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use muxflow_matcher::bench::{self, BenchArgs, DenseMode};
 use muxflow_matcher::history::HistoryCache;
-use muxflow_matcher::predict::{self, runs_from_sacct, samples, Model};
+use muxflow_matcher::predict::{self, runs_from_sacct, Model};
 use muxflow_matcher::reader::{parse_sacct, Names};
 use muxflow_matcher::round::{plan, Plan};
 use muxflow_matcher::slurm::SlurmCli;
@@ -29,8 +31,9 @@ use muxflow_matcher::synth::WeightMode;
     about = "muxflow's matcher: places pending offline jobs next to online jobs",
     after_help = "Decision table columns: JOB NAME ACTION NODE GPU SPEED REASON. ACTION: place \
 (hint written), keep (already placed there), park (hint cleared), none (stays parked). SPEED: \
-predicted normalized throughput (shared / alone). --json prints {\"summary\": {...}, \
-\"decisions\": [{job, name, user, action, node, gpu, predicted, reason}]}."
+predicted normalized throughput (speed there / speed with an idle partner) ± its standard \
+deviation. --json prints {\"summary\": {...}, \"decisions\": [{job, name, user, action, node, gpu, \
+predicted, confidence, reason}]}."
 )]
 struct Cli {
     /// muxflow config file.
@@ -48,7 +51,7 @@ struct Cli {
     /// Seconds between rounds (default: matcher.interval_s).
     #[arg(long)]
     interval: Option<u64>,
-    /// Print the predictor's held-out error next to the default's and exit.
+    /// Print the predictor's held-out error and pairing quality next to the baselines' and exit.
     #[arg(long)]
     evaluate: bool,
     /// With --evaluate: read history from this `sacct --json` file.
@@ -191,7 +194,7 @@ fn round(
         tracing::warn!("sacct history not refreshed ({e}); predicting from what was read before");
     }
     let runs = history.runs();
-    let model = Model::train(&samples(&runs), &runs);
+    let model = Model::train(&runs);
     let mut plan = plan(&state, &model, &config.policy, &config.matcher, &names);
     if !dry_run {
         for d in &mut plan.decisions {
@@ -210,7 +213,7 @@ fn round(
 
 fn evaluate(cli: &Cli) -> anyhow::Result<()> {
     let runs = if let Some(n) = cli.synthetic {
-        predict::synthetic_runs(n, 8, 1)
+        predict::synthetic_runs(n, 12, 1)
     } else if let Some(path) = &cli.sacct_json {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;

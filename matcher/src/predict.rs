@@ -1,41 +1,75 @@
-//! Predicts an offline job's normalized throughput (steps/s shared ÷ steps/s
-//! alone) on a candidate GPU.
+//! Predicts an offline job's normalized throughput next to an online job
+//! (its speed there ÷ its speed with an idle partner), with a confidence,
+//! from what the cluster records: the AdminComment of earlier shared runs.
 //!
-//! # Features
+//! The fact that shapes it: under muxflow an offline job never runs alone
+//! and nothing profiles it, so its solo speed is never observed. It is
+//! estimated, per job, from its shared runs across partners and across the
+//! online load's swings; what two jobs cost each other depends on the pair,
+//! so the pair (offline job × online service) is what is modelled.
 //!
-//! * `share`: the SM share the job would get next to that GPU's online job,
-//!   by muxflow's policy (`[policy]`: 100 − online solo SM − headroom,
-//!   clamped to floor..ceiling; `sm_default` when the online job's solo SM
-//!   activity was never measured). It carries the online workload's SM
-//!   activity.
-//! * `mem`: the job's peak GPU memory (its history's largest
-//!   `measured_peak_mib`, the node's NVML measurement; see
-//!   [`trusted_peak_mib`]) over
-//!   the room the online job leaves (GPU memory − online memory − reserve).
-//!   It carries the online job's memory use and the job's own.
-//! * the job's profile: its history's runs, linked by (user, job name).
+//! # What a run gives ([`estimate`])
 //!
-//! # Model
+//! * Progress: the job's own `claim.steps_per_s` where its workload reports
+//!   it, else xCUDA's `claim.launches` over the node's `run_s` (launches/s,
+//!   which every CUDA process has). One signal per job (steps when any of
+//!   its runs has them), so a job is only compared with itself: the units
+//!   cancel in the ratio.
+//! * The partner: the online job (`partner`, a job id) resolved to its
+//!   (user, name) from the same sacct listing ([`runs_from_sacct`]).
+//! * The partner's load: `partner_load_pct` when the record has it (a node
+//!   measurement), else taken as 1 (the pair at whatever load it ran).
+//! * Memory: the node-measured `measured_peak_mib` ([`trusted_peak_mib`]);
+//!   a run that failed at once for memory (`claim.oom` > 0 and no progress)
+//!   marks the pair as one that cannot co-locate: it is excluded from the
+//!   candidates, not predicted slow.
 //!
-//! Ridge regression on `[1, share, share², mem, share·mem]`, trained on the
-//! AdminComment records of earlier offline runs in sacct (each shared run
-//! whose (user, name) also has a run alone gives one sample: its `sm_pct`,
-//! peak / `mem_cap_mib`, and its claimed `steps_per_s` — bounded when the
-//! node wrote the record, clamped to 1.5× — over the mean alone
-//! `steps_per_s`; runs the node policed are left out), plus a per-job offset: the mean residual of that job's
-//! training samples, shrunk by `n / (n + 2)`. Output clamped to
-//! [0.01, 1.0]. Evaluated on a held-out 20% of the records (split by a hash
-//! of the job id); `muxflow-matcher --evaluate` prints both errors.
+//! Solo speed `σ` and pair slowdowns `d` fit `progress = σ · (1 − load · d)`
+//! by alternating least squares over the job's runs (a run next to a
+//! near-idle partner is close to solo); runs with no partner (an idle GPU)
+//! give `σ` directly. The pair's normalized throughput is `x = 1 − d`: its
+//! speed next to that partner at full load. Without load figures `σ` is
+//! the job's best run (the envelope) and `x` the pair's mean ratio to it.
+//!
+//! # Model ([`Model::train`])
+//!
+//! Gavel's estimator completes a job × job throughput matrix from a fraction
+//! of profiled pairs; here the rows are offline jobs (user, name) and the
+//! columns online jobs, and the matrix is completed with side features:
+//! `x ≈ base(share, mem) + b_job + c_partner + u_job · v_partner`, where
+//! `base` is a ridge regression on `[1, share, share², mem, share·mem]`
+//! (`share`: the SM share the policy gives next to that online job; `mem`:
+//! the job's peak over the room the online job leaves), and the biases and
+//! the rank-1 factors are fitted by alternating ridge on the residuals.
+//! A pair seen `n` times is predicted as `(n·x + completion) / (n + 1)`.
+//!
+//! # Confidence and exploration
+//!
+//! Each prediction carries a standard deviation that widens with what is
+//! unknown: a pair seen (shrinks with its runs) < both sides seen, pair not
+//! < one side seen < neither (side features only) < no history at all (the
+//! default, [`DEFAULT_SD`]). The matcher maximizes `mean + min(EXPLORE_SD ×
+//! sd, EXPLORE_MAX)`: an untried pair gets at most [`EXPLORE_MAX`] of
+//! optimism, so a well-known pair at 0.70 still beats a new one predicted
+//! 0.62 ± 0.20 (0.67), and loses to one predicted 0.68 ± 0.20 (0.73).
+//!
+//! # Trust
+//!
+//! Peaks and failures for memory use what the node measured or decided.
+//! Progress is the job's own claim, bounded by the report codec: a user who
+//! writes false steps or launches skews the predictions of their own job
+//! only (its σ and its pairs), never another job's row; partners' columns
+//! pool many jobs, each weighted by its runs.
 //!
 //! # Default
 //!
-//! With no usable history (fewer than [`MIN_SAMPLES`] samples overall), and
-//! for the baseline `--evaluate` compares with: a job is assumed to need half
-//! of the SMs, and to run at `min(1, share / 0.5)` of its speed alone.
+//! With no usable history: a job needs half of the SMs and runs at
+//! `min(1, share / 0.5)` of its speed alone ([`default_prediction`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use muxflow::config::Policy;
+use muxflow::policy::{offline_mem_cap_mib, offline_sm_percent, GpuFacts};
 use muxflow::report::JobReport;
 use muxflow::Mode;
 use nalgebra::{SMatrix, SVector};
@@ -48,15 +82,29 @@ use crate::reader::{GpuState, SacctJob};
 pub const DEFAULT_DEMAND: f64 = 0.5;
 /// Memory feature when the job has no recorded peak.
 pub const DEFAULT_MEM: f64 = 0.5;
-/// Fewer training samples than this: the default is used.
-pub const MIN_SAMPLES: usize = 8;
+/// Fewer pair estimates than this: the side-feature regression is a
+/// constant (their mean).
+pub const MIN_PAIRS: usize = 8;
+/// Standard deviation of the default prediction.
+pub const DEFAULT_SD: f64 = 0.30;
+/// Exploration: the matcher adds `EXPLORE_SD × sd`, at most `EXPLORE_MAX`.
+pub const EXPLORE_SD: f64 = 0.25;
+pub const EXPLORE_MAX: f64 = 0.05;
 const RIDGE: f64 = 1e-3;
 const FEATURES: usize = 5;
+/// Regularization of the biases and factors (in run-weights) tried; the
+/// one with the least cross-validated error on the training pairs wins, so
+/// no table's scale is built in.
+const LAMBDAS: [f64; 6] = [0.01, 0.03, 0.1, 0.3, 1.0, 3.0];
+const FOLDS: usize = 4;
+const ALS_ROUNDS: usize = 60;
+/// A pair's own estimate weighs as this many completions less than its runs.
+const PAIR_PRIOR: f64 = 1.0;
 
-/// Identifies "the same job" across runs.
+/// Identifies "the same job" across runs: (user, job name).
 pub type JobKey = (String, String);
 
-/// One finished offline run from sacct.
+/// One finished (or running) offline run from sacct.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Run {
     pub job_id: u32,
@@ -64,32 +112,34 @@ pub struct Run {
     pub report: JobReport,
     /// When the run ended (Unix seconds); 0 while it runs.
     pub end_s: u64,
+    /// The online partner's (user, name), when the listing had it.
+    pub partner_key: Option<JobKey>,
 }
 
-/// Offline runs in a `sacct --json` listing (other records are skipped).
+/// Offline runs in a `sacct --json` listing (other records are skipped);
+/// each partner's job id is resolved to its (user, name) from the same
+/// listing.
 pub fn runs_from_sacct(jobs: &[SacctJob]) -> Vec<Run> {
+    let names: BTreeMap<u32, &SacctJob> = jobs.iter().map(|j| (j.job_id, j)).collect();
     jobs.iter()
         .filter_map(|j| {
             let report = JobReport::decode(j.comment.administrator.as_deref()?).ok()?;
             // A run the node had to police did not run within its limits:
             // its figures say nothing about a protected run.
             let learnable = report.mode == Some(Mode::Offline) && report.policed.is_none();
+            let partner_key = report
+                .partner
+                .and_then(|p| names.get(&p))
+                .map(|p| (p.user.clone(), p.name.clone()));
             learnable.then(|| Run {
                 job_id: j.job_id,
                 key: (j.user.clone(), j.name.clone()),
                 report,
                 end_s: j.time.end,
+                partner_key,
             })
         })
         .collect()
-}
-
-/// What history says about one (user, name).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Profile {
-    pub alone_steps_per_s: Option<f64>,
-    pub peak_mib: Option<u64>,
-    pub runs: usize,
 }
 
 /// The job's peak GPU memory as the predictor uses it: what the node
@@ -103,67 +153,219 @@ pub fn trusted_peak_mib(r: &JobReport) -> Option<u64> {
     })
 }
 
-fn ran_alone(r: &JobReport) -> bool {
-    r.partner.is_none()
+/// A job's progress signal, in its own units.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Signal {
+    StepsPerS,
+    LaunchesPerS,
 }
 
-pub fn profiles(runs: &[Run]) -> BTreeMap<JobKey, Profile> {
-    let mut out: BTreeMap<JobKey, (Profile, f64, usize)> = BTreeMap::new();
-    for r in runs {
-        // Keys repeat (one per job name): clone only a new one.
-        if !out.contains_key(&r.key) {
-            out.insert(r.key.clone(), Default::default());
-        }
-        let e = out.get_mut(&r.key).expect("inserted above");
-        e.0.runs += 1;
-        e.0.peak_mib = e.0.peak_mib.max(trusted_peak_mib(&r.report));
-        if let (true, Some(s)) = (ran_alone(&r.report), r.report.steps_per_s) {
-            if s > 0.0 {
-                e.1 += s;
-                e.2 += 1;
-            }
-        }
-    }
-    out.into_iter()
-        .map(|(k, (mut p, sum, n))| {
-            p.alone_steps_per_s = (n > 0).then(|| sum / n as f64);
-            (k, p)
-        })
-        .collect()
+/// The run's progress in `signal`'s units, when it has one.
+pub fn progress(r: &JobReport, signal: Signal) -> Option<f64> {
+    let v = match signal {
+        Signal::StepsPerS => r.steps_per_s?,
+        Signal::LaunchesPerS => r.launches? as f64 / r.run_s.filter(|&s| s > 0)? as f64,
+    };
+    (v.is_finite() && v > 0.0).then_some(v)
 }
 
-/// One training example.
+fn failed_for_memory(r: &JobReport) -> bool {
+    r.oom.unwrap_or(0) > 0
+        && progress(r, Signal::StepsPerS).is_none()
+        && progress(r, Signal::LaunchesPerS).is_none()
+}
+
+/// The partner as the model names it: its (user, name), else its job id.
+fn partner_of(r: &Run) -> Option<JobKey> {
+    r.partner_key
+        .clone()
+        .or_else(|| Some((String::new(), format!("job {}", r.report.partner?))))
+}
+
+/// What history says about one offline job.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Profile {
+    /// Estimated speed with an idle partner (or alone), in `signal` units.
+    pub solo: Option<f64>,
+    pub signal: Option<Signal>,
+    pub peak_mib: Option<u64>,
+    pub runs: usize,
+    pub alone_runs: usize,
+}
+
+/// One (offline job, online partner) pair's estimate from its runs.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Sample {
-    pub job_id: u32,
-    pub key: JobKey,
+pub struct PairObs {
+    pub job: JobKey,
+    pub partner: JobKey,
+    /// Normalized throughput at full partner load.
+    pub x: f64,
+    pub runs: usize,
+    /// Mean SM share and memory feature of its runs.
     pub share: f64,
     pub mem: f64,
-    pub y: f64,
 }
 
-/// Shared runs with an alone baseline for the same (user, name).
-pub fn samples(runs: &[Run]) -> Vec<Sample> {
-    let prof = profiles(runs);
-    runs.iter()
-        .filter(|r| !ran_alone(&r.report))
-        .filter_map(|r| {
-            let alone = prof.get(&r.key)?.alone_steps_per_s?;
-            let steps = r.report.steps_per_s?;
-            let share = f64::from(r.report.sm_pct?) / 100.0;
+/// What the runs say, before any model: per-job profiles, per-pair
+/// estimates, the pairs that cannot co-locate, and the partners' job ids.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Estimates {
+    pub profiles: BTreeMap<JobKey, Profile>,
+    pub pairs: Vec<PairObs>,
+    pub infeasible: BTreeSet<(JobKey, JobKey)>,
+    pub partner_ids: BTreeMap<u32, JobKey>,
+    /// Pooled standard deviation of single runs around their pair's curve.
+    pub run_sd: f64,
+}
+
+struct Obs {
+    partner: Option<usize>,
+    load: f64,
+    p: f64,
+    share: f64,
+    mem: f64,
+}
+
+/// Estimates solo speeds and pair throughputs from `runs` (module docs).
+pub fn estimate(runs: &[Run]) -> Estimates {
+    let mut by_job: BTreeMap<&JobKey, Vec<&Run>> = BTreeMap::new();
+    let mut out = Estimates::default();
+    for r in runs {
+        by_job.entry(&r.key).or_default().push(r);
+        if let (Some(id), Some(k)) = (r.report.partner, &r.partner_key) {
+            out.partner_ids.insert(id, k.clone());
+        }
+    }
+    let (mut sq, mut dof) = (0.0, 0usize);
+    for (key, job_runs) in by_job {
+        let mut prof = Profile {
+            runs: job_runs.len(),
+            ..Profile::default()
+        };
+        for r in &job_runs {
+            prof.peak_mib = prof.peak_mib.max(trusted_peak_mib(&r.report));
+            if failed_for_memory(&r.report) {
+                if let Some(p) = partner_of(r) {
+                    out.infeasible.insert((key.clone(), p));
+                }
+            }
+        }
+        let signal = if job_runs
+            .iter()
+            .any(|r| progress(&r.report, Signal::StepsPerS).is_some())
+        {
+            Signal::StepsPerS
+        } else {
+            Signal::LaunchesPerS
+        };
+        let mut partners: Vec<JobKey> = Vec::new();
+        let mut obs: Vec<Obs> = Vec::new();
+        for r in &job_runs {
+            let Some(p) = progress(&r.report, signal) else {
+                continue;
+            };
+            let partner = if r.report.partner.is_some() {
+                let k = partner_of(r).expect("has a partner");
+                Some(match partners.iter().position(|x| *x == k) {
+                    Some(i) => i,
+                    None => {
+                        partners.push(k);
+                        partners.len() - 1
+                    }
+                })
+            } else {
+                None
+            };
             let mem = match (trusted_peak_mib(&r.report), r.report.mem_cap_mib) {
-                (Some(p), Some(c)) if c > 0 => (p as f64 / c as f64).min(1.0),
+                (Some(pk), Some(c)) if c > 0 => (pk as f64 / c as f64).min(1.0),
                 _ => DEFAULT_MEM,
             };
-            Some(Sample {
-                job_id: r.job_id,
-                key: r.key.clone(),
-                share,
+            obs.push(Obs {
+                partner,
+                load: r
+                    .report
+                    .partner_load_pct
+                    .map_or(1.0, |l| f64::from(l.min(100)) / 100.0),
+                p,
+                share: r
+                    .report
+                    .sm_pct
+                    .map_or(1.0, |s| f64::from(s.min(100)) / 100.0),
                 mem,
-                y: (steps / alone).clamp(0.0, 1.5),
-            })
-        })
-        .collect()
+            });
+        }
+        if obs.is_empty() {
+            out.profiles.insert(key.clone(), prof);
+            continue;
+        }
+        prof.signal = Some(signal);
+        let alone: Vec<f64> = obs
+            .iter()
+            .filter(|o| o.partner.is_none())
+            .map(|o| o.p)
+            .collect();
+        prof.alone_runs = alone.len();
+        let (sigma, d) = fit_solo(&obs, partners.len(), alone);
+        prof.solo = Some(sigma);
+        for (k, partner) in partners.into_iter().enumerate() {
+            let mine: Vec<&Obs> = obs.iter().filter(|o| o.partner == Some(k)).collect();
+            let n = mine.len() as f64;
+            for o in &mine {
+                sq += (o.p / sigma - (1.0 - o.load * d[k])).powi(2);
+            }
+            dof += mine.len().saturating_sub(1);
+            out.pairs.push(PairObs {
+                job: key.clone(),
+                partner,
+                x: (1.0 - d[k]).clamp(0.0, 1.2),
+                runs: mine.len(),
+                share: mine.iter().map(|o| o.share).sum::<f64>() / n,
+                mem: mine.iter().map(|o| o.mem).sum::<f64>() / n,
+            });
+        }
+        out.profiles.insert(key.clone(), prof);
+    }
+    out.run_sd = if dof > 0 {
+        (sq / dof as f64).sqrt()
+    } else {
+        0.05
+    };
+    out
+}
+
+/// `progress = σ (1 − load·d_k)` by alternating least squares; `σ` is the
+/// mean of runs alone when there are any.
+fn fit_solo(obs: &[Obs], partners: usize, alone: Vec<f64>) -> (f64, Vec<f64>) {
+    let known = (!alone.is_empty()).then(|| alone.iter().sum::<f64>() / alone.len() as f64);
+    let mut sigma = known.unwrap_or_else(|| obs.iter().map(|o| o.p).fold(0.0, f64::max));
+    let mut d = vec![0.0; partners];
+    for _ in 0..50 {
+        for (k, dk) in d.iter_mut().enumerate() {
+            let (mut num, mut den) = (0.0, 0.0);
+            for o in obs.iter().filter(|o| o.partner == Some(k)) {
+                num += o.load * (sigma - o.p);
+                den += o.load * o.load;
+            }
+            *dk = if den > 0.0 {
+                (num / (sigma * den)).clamp(-0.2, 0.99)
+            } else {
+                0.0
+            };
+        }
+        if known.is_some() {
+            continue;
+        }
+        let (mut num, mut den) = (0.0, 0.0);
+        for o in obs {
+            let g = o.partner.map_or(1.0, |k| 1.0 - o.load * d[k]);
+            num += o.p * g;
+            den += g * g;
+        }
+        if den > 0.0 && num > 0.0 {
+            sigma = num / den;
+        }
+    }
+    (sigma, d)
 }
 
 /// The baseline: half the SMs needed, speed proportional to the share up to that.
@@ -175,67 +377,207 @@ fn features(share: f64, mem: f64) -> [f64; FEATURES] {
     [1.0, share, share * share, mem, share * mem]
 }
 
-/// The trained model (or the default when there was too little history).
+/// A prediction: normalized throughput if the pair runs, its standard
+/// deviation, and the chance that the pair cannot co-locate (untried pairs:
+/// from how often the job's and the partner's other pairs failed for
+/// memory).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Estimate {
+    pub mean: f64,
+    pub sd: f64,
+    pub p_fail: f64,
+}
+
+impl Estimate {
+    /// What the matcher maximizes: the expected throughput with bounded
+    /// optimism.
+    pub fn weight(&self) -> f64 {
+        ((1.0 - self.p_fail) * self.mean + (EXPLORE_SD * self.sd).min(EXPLORE_MAX)).clamp(0.01, 1.0)
+    }
+}
+
+/// One learned row or column: bias and factor.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Side {
+    bias: f64,
+    factor: f64,
+}
+
+/// The trained model (the default when there was no usable history).
 #[derive(Debug, Clone, Default)]
 pub struct Model {
     /// `None`: the default.
     pub coef: Option<[f64; FEATURES]>,
-    pub job_offset: BTreeMap<JobKey, f64>,
     pub profiles: BTreeMap<JobKey, Profile>,
+    /// Pair estimates used for training.
     pub trained_on: usize,
+    job_index: BTreeMap<JobKey, u32>,
+    partner_index: BTreeMap<JobKey, u32>,
+    partner_by_id: BTreeMap<u32, u32>,
+    jobs: Vec<Side>,
+    partners: Vec<Side>,
+    /// Sorted by (job, partner): observed x and runs; `x` NaN: cannot
+    /// co-locate.
+    seen: Vec<(u32, u32, f64, u32)>,
+    /// Per job, its range in `seen`.
+    seen_range: Vec<(u32, u32)>,
+    run_sd: f64,
+    /// Standard deviations by what is known (module docs).
+    sd_both: f64,
+    sd_one: f64,
+    sd_none: f64,
+    /// Shrunk rates of pairs that failed for memory, per job and partner,
+    /// and overall.
+    job_fail: Vec<f64>,
+    partner_fail: Vec<f64>,
+    fail_prior: f64,
 }
 
 impl Model {
-    /// Trains on `train` (samples) with `runs` giving the profiles.
-    pub fn train(train: &[Sample], runs: &[Run]) -> Model {
-        let profiles = profiles(runs);
-        if train.len() < MIN_SAMPLES {
-            return Model {
-                profiles,
-                trained_on: train.len(),
-                ..Model::default()
-            };
-        }
-        // Normal equations with a small ridge: (XᵀX + λI) b = Xᵀy; the ridge
-        // makes the matrix positive definite, so Cholesky applies.
-        let mut a = SMatrix::<f64, FEATURES, FEATURES>::identity() * (RIDGE * train.len() as f64);
-        let mut v = SVector::<f64, FEATURES>::zeros();
-        for s in train {
-            let x = SVector::<f64, FEATURES>::from(features(s.share, s.mem));
-            a += x * x.transpose();
-            v += x * s.y;
-        }
-        let coef = a
-            .cholesky()
-            .map(|c| c.solve(&v))
-            .filter(|b| b.iter().all(|x| x.is_finite()));
-        let Some(coef) = coef.map(<[f64; FEATURES]>::from) else {
-            return Model {
-                profiles,
-                trained_on: train.len(),
-                ..Model::default()
-            };
+    /// Trains on the runs' estimates.
+    pub fn train(runs: &[Run]) -> Model {
+        Model::from_estimates(&estimate(runs))
+    }
+
+    pub fn from_estimates(e: &Estimates) -> Model {
+        let mut m = Model {
+            profiles: e.profiles.clone(),
+            trained_on: e.pairs.len(),
+            run_sd: e.run_sd.max(0.02),
+            ..Model::default()
         };
-        let base = Model {
-            coef: Some(coef),
-            job_offset: BTreeMap::new(),
-            profiles,
-            trained_on: train.len(),
-        };
-        let mut resid: BTreeMap<JobKey, (f64, usize)> = BTreeMap::new();
-        for s in train {
-            if !resid.contains_key(&s.key) {
-                resid.insert(s.key.clone(), Default::default());
+        for p in &e.pairs {
+            m.job_id(&p.job);
+            m.partner_id(&p.partner);
+        }
+        for (j, p) in &e.infeasible {
+            m.job_id(j);
+            m.partner_id(p);
+        }
+        for (&id, k) in &e.partner_ids {
+            let i = m.partner_id(k);
+            m.partner_by_id.insert(id, i);
+        }
+        if e.pairs.is_empty() {
+            m.index_seen(e);
+            return m;
+        }
+        // Side features: weighted ridge, (XᵀWX + λI) b = XᵀWy.
+        let w = |p: &PairObs| p.runs as f64 / (p.runs as f64 + 1.0);
+        let mean_x =
+            e.pairs.iter().map(|p| w(p) * p.x).sum::<f64>() / e.pairs.iter().map(w).sum::<f64>();
+        let coef = if e.pairs.len() >= MIN_PAIRS {
+            let mut a =
+                SMatrix::<f64, FEATURES, FEATURES>::identity() * (RIDGE * e.pairs.len() as f64);
+            let mut v = SVector::<f64, FEATURES>::zeros();
+            for p in &e.pairs {
+                let x = SVector::<f64, FEATURES>::from(features(p.share, p.mem));
+                a += x * x.transpose() * w(p);
+                v += x * (p.x * w(p));
             }
-            let e = resid.get_mut(&s.key).expect("inserted above");
-            e.0 += s.y - base.raw(s.share, s.mem);
-            e.1 += 1;
-        }
-        let job_offset = resid
-            .into_iter()
-            .map(|(k, (sum, n))| (k, sum / (n as f64 + 2.0)))
+            a.cholesky()
+                .map(|c| c.solve(&v))
+                .filter(|b| b.iter().all(|x| x.is_finite()))
+                .map(<[f64; FEATURES]>::from)
+        } else {
+            None
+        };
+        m.coef = Some(coef.unwrap_or([mean_x, 0.0, 0.0, 0.0, 0.0]));
+        let obs: Vec<(u32, u32, f64, f64)> = e
+            .pairs
+            .iter()
+            .map(|p| {
+                (
+                    m.job_index[&p.job],
+                    m.partner_index[&p.partner],
+                    p.x - m.raw(p.share, p.mem),
+                    w(p),
+                )
+            })
             .collect();
-        Model { job_offset, ..base }
+        m.jobs = vec![Side::default(); m.job_index.len()];
+        let lambda = choose_lambda(&obs, m.jobs.len(), m.partner_index.len());
+        m.partners = fit_sides(&obs, &mut m.jobs, m.partner_index.len(), lambda);
+        // How far the completion is from the pairs it was fitted on, and
+        // the side features alone; the out-of-sample error is larger.
+        type Residual = (u32, u32, f64, f64);
+        let rms = |f: &dyn Fn(&Residual) -> f64| {
+            (obs.iter().map(|o| (o.2 - f(o)).powi(2)).sum::<f64>() / obs.len() as f64).sqrt()
+        };
+        let fit = rms(&|&(j, k, _, _)| {
+            let (a, b) = (m.jobs[j as usize], m.partners[k as usize]);
+            a.bias + b.bias + a.factor * b.factor
+        });
+        let base = rms(&|_| 0.0);
+        m.sd_both = (1.5 * fit).max(0.08);
+        m.sd_one = (0.5 * (fit + base)).max(m.sd_both + 0.03);
+        m.sd_none = base.max(m.sd_one + 0.03);
+        m.index_seen(e);
+        m
+    }
+
+    fn job_id(&mut self, k: &JobKey) -> u32 {
+        let n = self.job_index.len() as u32;
+        *self.job_index.entry(k.clone()).or_insert(n)
+    }
+
+    fn partner_id(&mut self, k: &JobKey) -> u32 {
+        let n = self.partner_index.len() as u32;
+        *self.partner_index.entry(k.clone()).or_insert(n)
+    }
+
+    fn index_seen(&mut self, e: &Estimates) {
+        let mut jobs = vec![(0.0, 0.0); self.job_index.len()];
+        let mut partners = vec![(0.0, 0.0); self.partner_index.len()];
+        let pairs = e.pairs.iter().map(|p| (&p.job, &p.partner, 0.0));
+        let failed = e.infeasible.iter().map(|(j, p)| (j, p, 1.0));
+        for (j, p, f) in pairs.chain(failed) {
+            let (a, b) = (self.job_index[j], self.partner_index[p]);
+            jobs[a as usize].0 += f;
+            jobs[a as usize].1 += 1.0;
+            partners[b as usize].0 += f;
+            partners[b as usize].1 += 1.0;
+        }
+        let tries = (e.pairs.len() + e.infeasible.len()) as f64;
+        self.fail_prior = if tries > 0.0 {
+            e.infeasible.len() as f64 / tries
+        } else {
+            0.0
+        };
+        // Two pairs' worth of the overall rate as the prior.
+        let prior = self.fail_prior;
+        let shrink = |(f, t): (f64, f64)| (f + 2.0 * prior) / (t + 2.0);
+        self.job_fail = jobs.into_iter().map(shrink).collect();
+        self.partner_fail = partners.into_iter().map(shrink).collect();
+        let mut seen: Vec<(u32, u32, f64, u32)> = e
+            .pairs
+            .iter()
+            .map(|p| {
+                (
+                    self.job_index[&p.job],
+                    self.partner_index[&p.partner],
+                    p.x,
+                    p.runs as u32,
+                )
+            })
+            .collect();
+        for (j, p) in &e.infeasible {
+            seen.push((self.job_index[j], self.partner_index[p], f64::NAN, 0));
+        }
+        // An infeasible mark wins over the pair's other runs.
+        seen.sort_by_key(|a| (a.0, a.1, !a.2.is_nan()));
+        seen.dedup_by_key(|s| (s.0, s.1));
+        self.seen_range = vec![(0, 0); self.job_index.len()];
+        let mut i = 0;
+        while i < seen.len() {
+            let j = seen[i].0;
+            let start = i;
+            while i < seen.len() && seen[i].0 == j {
+                i += 1;
+            }
+            self.seen_range[j as usize] = (start as u32, i as u32);
+        }
+        self.seen = seen;
     }
 
     fn raw(&self, share: f64, mem: f64) -> f64 {
@@ -245,49 +587,232 @@ impl Model {
         }
     }
 
-    /// Prediction from features, for job `key`.
-    pub fn predict_features(&self, key: &JobKey, share: f64, mem: f64) -> f64 {
-        let off = self.job_offset.get(key).copied().unwrap_or(0.0);
-        (self.raw(share, mem) + off).clamp(0.01, 1.0)
-    }
-
     /// The job's peak memory from history, MiB.
     pub fn peak_mib(&self, key: &JobKey) -> Option<u64> {
         self.profiles.get(key).and_then(|p| p.peak_mib)
     }
 
     /// Normalized throughput of job `key` next to GPU `gpu`'s online job.
-    pub fn predict(&self, key: &JobKey, gpu: &GpuState, policy: &Policy) -> f64 {
-        self.predict_terms(&self.job_terms(key), &GpuTerms::new(gpu, policy))
-            .unwrap_or(0.01)
+    pub fn predict(&self, key: &JobKey, gpu: &GpuState, policy: &Policy) -> Option<Estimate> {
+        self.predict_terms(&self.job_terms(key), &self.gpu_terms(gpu, policy))
+    }
+
+    /// The estimate for a pair named by keys, with its features (for
+    /// evaluation); `None`: it cannot co-locate.
+    pub fn predict_pair(
+        &self,
+        job: &JobKey,
+        partner: &JobKey,
+        share: f64,
+        mem: f64,
+    ) -> Option<Estimate> {
+        let g = GpuTerms {
+            share,
+            room_mib: u64::MAX,
+            partner: self.partner_index.get(partner).copied(),
+        };
+        let mut j = self.job_terms(job);
+        j.peak_mib = None;
+        self.predict_with_mem(&j, &g, mem)
     }
 
     /// What the model needs of a job, looked up once per round.
     pub fn job_terms(&self, key: &JobKey) -> JobTerms {
         JobTerms {
-            offset: self.job_offset.get(key).copied().unwrap_or(0.0),
+            index: self.job_index.get(key).copied(),
             peak_mib: self.peak_mib(key),
         }
     }
 
+    /// What the model needs of a GPU, looked up once per round.
+    pub fn gpu_terms(&self, gpu: &GpuState, policy: &Policy) -> GpuTerms {
+        GpuTerms {
+            share: sm_share(gpu.published.solo_sm_pct, policy),
+            room_mib: memory_room_mib(gpu, policy),
+            partner: gpu
+                .online_jobs
+                .iter()
+                .find_map(|id| self.partner_by_id.get(id).copied()),
+        }
+    }
+
     /// The prediction from precomputed terms (the per-pair hot path of a
-    /// round: no lookups, no allocation); `None` when the job's recorded
-    /// peak memory does not fit the room the online job leaves.
+    /// round: no allocation); `None` when the job's recorded peak memory
+    /// does not fit the room the online job leaves, or the pair failed for
+    /// memory before.
     #[inline]
-    pub fn predict_terms(&self, job: &JobTerms, gpu: &GpuTerms) -> Option<f64> {
+    pub fn predict_terms(&self, job: &JobTerms, gpu: &GpuTerms) -> Option<Estimate> {
         let mem = match job.peak_mib {
             Some(p) if p > gpu.room_mib => return None,
             Some(p) if gpu.room_mib > 0 => (p as f64 / gpu.room_mib as f64).min(1.0),
             _ => DEFAULT_MEM,
         };
-        Some((self.raw(gpu.share, mem) + job.offset).clamp(0.01, 1.0))
+        self.predict_with_mem(job, gpu, mem)
     }
+
+    fn predict_with_mem(&self, job: &JobTerms, gpu: &GpuTerms, mem: f64) -> Option<Estimate> {
+        let seen = match (job.index, gpu.partner) {
+            (Some(j), Some(k)) => {
+                let (s, e) = self.seen_range.get(j as usize).copied().unwrap_or((0, 0));
+                let list = &self.seen[s as usize..e as usize];
+                list.binary_search_by_key(&k, |x| x.1)
+                    .ok()
+                    .map(|i| (list[i].2, list[i].3))
+            }
+            _ => None,
+        };
+        if seen.is_some_and(|(x, _)| x.is_nan()) {
+            return None;
+        }
+        let p_fail = match seen {
+            Some(_) => 0.0,
+            None => {
+                let r = job.index.and_then(|j| self.job_fail.get(j as usize));
+                let c = gpu.partner.and_then(|k| self.partner_fail.get(k as usize));
+                let (r, c) = (
+                    r.copied().unwrap_or(self.fail_prior),
+                    c.copied().unwrap_or(self.fail_prior),
+                );
+                (r + c - self.fail_prior).clamp(0.0, 0.95)
+            }
+        };
+        if self.coef.is_none() {
+            return Some(Estimate {
+                mean: default_prediction(gpu.share),
+                sd: DEFAULT_SD,
+                p_fail,
+            });
+        }
+        let base = self.raw(gpu.share, mem);
+        let a = job.index.and_then(|j| self.jobs.get(j as usize)).copied();
+        let b = gpu
+            .partner
+            .and_then(|k| self.partners.get(k as usize))
+            .copied();
+        let (completion, sd) = match (a, b) {
+            (Some(a), Some(b)) => (base + a.bias + b.bias + a.factor * b.factor, self.sd_both),
+            (Some(a), None) => (base + a.bias, self.sd_one),
+            (None, Some(b)) => (base + b.bias, self.sd_one),
+            (None, None) => (base, self.sd_none),
+        };
+        let (mean, sd) = match seen {
+            Some((x, n)) => {
+                let n = f64::from(n);
+                (
+                    (n * x + PAIR_PRIOR * completion) / (n + PAIR_PRIOR),
+                    self.run_sd / n.sqrt() + sd * PAIR_PRIOR / (n + PAIR_PRIOR),
+                )
+            }
+            None => (completion, sd),
+        };
+        Some(Estimate {
+            mean: mean.clamp(0.01, 1.0),
+            sd,
+            p_fail,
+        })
+    }
+}
+
+/// The regularization with the least error on held-out folds of `obs`.
+fn choose_lambda(obs: &[(u32, u32, f64, f64)], jobs: usize, partners: usize) -> f64 {
+    if obs.len() < 2 * FOLDS {
+        return LAMBDAS[LAMBDAS.len() - 1];
+    }
+    let err = |lambda: f64| {
+        let mut sq = 0.0;
+        for f in 0..FOLDS {
+            let (test, train): (Vec<_>, Vec<_>) =
+                obs.iter().enumerate().partition(|(i, _)| i % FOLDS == f);
+            let train: Vec<_> = train.into_iter().map(|(_, o)| *o).collect();
+            let mut j = vec![Side::default(); jobs];
+            let p = fit_sides(&train, &mut j, partners, lambda);
+            let mut seen_j = vec![false; jobs];
+            let mut seen_p = vec![false; partners];
+            for o in &train {
+                seen_j[o.0 as usize] = true;
+                seen_p[o.1 as usize] = true;
+            }
+            for (_, &(a, b, r, w)) in test {
+                let (sa, sb) = (j[a as usize], p[b as usize]);
+                let pred = match (seen_j[a as usize], seen_p[b as usize]) {
+                    (true, true) => sa.bias + sb.bias + sa.factor * sb.factor,
+                    (true, false) => sa.bias,
+                    (false, true) => sb.bias,
+                    (false, false) => 0.0,
+                };
+                sq += w * (r - pred).powi(2);
+            }
+        }
+        sq
+    };
+    LAMBDAS
+        .iter()
+        .copied()
+        .map(|l| (err(l), l))
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+        .map_or(1.0, |(_, l)| l)
+}
+
+/// Biases and rank-1 factors on residuals `(job, partner, r, weight)` by
+/// alternating ridge: each row's (bias, factor) is a 2×2 solve given the
+/// columns, and the other way round. Returns the columns.
+fn fit_sides(
+    obs: &[(u32, u32, f64, f64)],
+    jobs: &mut [Side],
+    partner_count: usize,
+    lambda: f64,
+) -> Vec<Side> {
+    // Factors start spread (equal ones would only copy the biases).
+    let mut partners: Vec<Side> = (0..partner_count)
+        .map(|k| Side {
+            bias: 0.0,
+            factor: 0.3 * (k as f64 * 2.399 + 1.0).sin(),
+        })
+        .collect();
+    let mut by_job: Vec<Vec<usize>> = vec![Vec::new(); jobs.len()];
+    let mut by_partner: Vec<Vec<usize>> = vec![Vec::new(); partners.len()];
+    for (i, o) in obs.iter().enumerate() {
+        by_job[o.0 as usize].push(i);
+        by_partner[o.1 as usize].push(i);
+    }
+    // One side's (bias, factor) given the other's: minimize
+    // Σ w (r − other.bias − bias − factor·other.factor)² + λ_b bias² + λ_f factor².
+    let solve = |idx: &[usize], other: &dyn Fn(usize) -> Side| -> Side {
+        let (mut a11, mut a12, mut a22, mut v1, mut v2) = (lambda, 0.0, lambda, 0.0, 0.0);
+        for &i in idx {
+            let (_, _, r, w) = obs[i];
+            let o = other(i);
+            let t = r - o.bias;
+            a11 += w;
+            a12 += w * o.factor;
+            a22 += w * o.factor * o.factor;
+            v1 += w * t;
+            v2 += w * t * o.factor;
+        }
+        let det = a11 * a22 - a12 * a12;
+        if det.abs() < 1e-12 {
+            return Side::default();
+        }
+        Side {
+            bias: (a22 * v1 - a12 * v2) / det,
+            factor: (a11 * v2 - a12 * v1) / det,
+        }
+    };
+    for _ in 0..ALS_ROUNDS {
+        for (j, idx) in by_job.iter().enumerate() {
+            jobs[j] = solve(idx, &|i| partners[obs[i].1 as usize]);
+        }
+        for (k, idx) in by_partner.iter().enumerate() {
+            partners[k] = solve(idx, &|i| jobs[obs[i].0 as usize]);
+        }
+    }
+    partners
 }
 
 /// Per-job inputs of [`Model::predict_terms`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct JobTerms {
-    pub offset: f64,
+    index: Option<u32>,
     pub peak_mib: Option<u64>,
 }
 
@@ -296,158 +821,335 @@ pub struct JobTerms {
 pub struct GpuTerms {
     pub share: f64,
     pub room_mib: u64,
-}
-
-impl GpuTerms {
-    pub fn new(gpu: &GpuState, policy: &Policy) -> GpuTerms {
-        GpuTerms {
-            share: sm_share(gpu.published.solo_sm_pct, policy),
-            room_mib: memory_room_mib(gpu, policy),
-        }
-    }
+    partner: Option<u32>,
 }
 
 /// The SM share muxflow's policy gives an offline job next to an online job
-/// with this solo SM activity (fraction).
+/// with this solo SM activity (fraction): [`offline_sm_percent`].
 pub fn sm_share(solo_sm_pct: Option<u8>, p: &Policy) -> f64 {
-    let pct = match solo_sm_pct {
-        Some(solo) => (100 - i32::from(solo.min(100)) - i32::from(p.sm_headroom.get()))
-            .clamp(i32::from(p.sm_floor.get()), i32::from(p.sm_ceiling.get())),
-        None => i32::from(p.sm_default.get()),
-    };
-    f64::from(pct) / 100.0
+    f64::from(offline_sm_percent(p, solo_sm_pct)) / 100.0
 }
 
-/// GPU memory an offline job may use there: total − online − reserve, MiB.
+/// GPU memory an offline job may use there: [`offline_mem_cap_mib`].
 pub fn memory_room_mib(gpu: &GpuState, p: &Policy) -> u64 {
     let g = &gpu.published;
-    g.mem_mib
-        .saturating_sub(g.online_mem_mib.unwrap_or(0))
-        .saturating_sub(p.memory_reserve_mib)
+    offline_mem_cap_mib(
+        p,
+        &GpuFacts {
+            online_solo_sm_pct: g.solo_sm_pct,
+            online_mem_mib: g.online_mem_mib,
+            mem_total_mib: Some(g.mem_mib),
+        },
+    )
+    .unwrap_or(0)
 }
 
-/// Held-out split: 1 in 5 records by a hash of the job id.
-pub fn is_held_out(job_id: u32) -> bool {
-    let h = u64::from(job_id).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
-    h % 5 == 0
+/// Row + column means of the pair estimates: the baseline the evaluation
+/// reports (job mean + partner mean − overall mean).
+pub struct RowColMeans {
+    mean: f64,
+    rows: BTreeMap<JobKey, f64>,
+    cols: BTreeMap<JobKey, f64>,
 }
 
-/// `--evaluate`'s figures.
-#[derive(Debug, Clone, PartialEq)]
+impl RowColMeans {
+    pub fn fit(pairs: &[PairObs]) -> RowColMeans {
+        let mean = pairs.iter().map(|p| p.x).sum::<f64>() / pairs.len().max(1) as f64;
+        let avg = |key: fn(&PairObs) -> &JobKey| {
+            let mut acc: BTreeMap<JobKey, (f64, f64)> = BTreeMap::new();
+            for p in pairs {
+                let e = acc.entry(key(p).clone()).or_default();
+                e.0 += p.x;
+                e.1 += 1.0;
+            }
+            acc.into_iter().map(|(k, (s, n))| (k, s / n)).collect()
+        };
+        RowColMeans {
+            mean: if pairs.is_empty() { 1.0 } else { mean },
+            rows: avg(|p| &p.job),
+            cols: avg(|p| &p.partner),
+        }
+    }
+
+    pub fn predict(&self, job: &JobKey, partner: &JobKey) -> f64 {
+        let r = self.rows.get(job).map_or(0.0, |v| v - self.mean);
+        let c = self.cols.get(partner).map_or(0.0, |v| v - self.mean);
+        (self.mean + r + c).clamp(0.01, 1.0)
+    }
+}
+
+/// The pairing quality of a predictor: assign each of `rows` (offline) to
+/// one of `cols` (online; rows ≤ cols) maximizing the sum of `predicted`;
+/// the result is that assignment's sum of `truth` over the best sum of
+/// `truth`. `None` entries cannot co-locate (never chosen when avoidable;
+/// worth 0).
+pub fn pairing_quality(
+    rows: usize,
+    cols: usize,
+    predicted: &dyn Fn(usize, usize) -> Option<f64>,
+    truth: &dyn Fn(usize, usize) -> Option<f64>,
+) -> f64 {
+    use pathfinding::kuhn_munkres::kuhn_munkres;
+    use pathfinding::matrix::Matrix;
+    if rows == 0 || cols < rows {
+        return 1.0;
+    }
+    let scaled = |v: Option<f64>| v.map_or(-1_000_000_000, |x| (x * 1e6).round() as i64);
+    let assign = |f: &dyn Fn(usize, usize) -> Option<f64>| {
+        let mut m = Matrix::new(rows, cols, 0i64);
+        for r in 0..rows {
+            for c in 0..cols {
+                m[(r, c)] = scaled(f(r, c));
+            }
+        }
+        kuhn_munkres(&m).1
+    };
+    let sum = |a: &[usize]| {
+        a.iter()
+            .enumerate()
+            .map(|(r, &c)| truth(r, c).unwrap_or(0.0))
+            .sum::<f64>()
+    };
+    let best = sum(&assign(truth));
+    if best <= 0.0 {
+        return 1.0;
+    }
+    sum(&assign(predicted)) / best
+}
+
+/// Held-out split: 1 in 5 pairs by a hash of their keys.
+pub fn is_held_out(job: &JobKey, partner: &JobKey) -> bool {
+    // FNV-1a: stable across runs and builds.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in [&job.0, &job.1, &partner.0, &partner.1]
+        .iter()
+        .flat_map(|s| s.bytes().chain([0]))
+    {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x100_0000_01b3);
+    }
+    // splitmix64's finalizer: FNV's high bits barely move with the last
+    // bytes, and keys often differ only there.
+    h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (h ^ (h >> 31)).is_multiple_of(5)
+}
+
+/// `--evaluate`'s figures (and `muxflow-sim predictor`'s, per seed).
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Evaluation {
     pub records: usize,
-    pub train: usize,
-    pub test: usize,
-    pub model_mae: f64,
+    pub train_pairs: usize,
+    pub test_pairs: usize,
     pub default_mae: f64,
-    pub model_rmse: f64,
-    pub default_rmse: f64,
+    pub rowcol_mae: f64,
+    pub model_mae: f64,
+    pub default_pairing: f64,
+    pub rowcol_pairing: f64,
+    pub model_pairing: f64,
+    /// Mean predicted sd over the held-out pairs.
+    pub model_sd: f64,
 }
 
 impl std::fmt::Display for Evaluation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "offline runs {} -> samples: {} train, {} held out (normalized throughput = shared/alone steps/s)",
-            self.records, self.train, self.test
+            "offline runs {} -> pairs (offline job x online job): {} to train on, {} held out \
+             (normalized throughput = speed next to the partner at full load / speed with an idle partner)",
+            self.records, self.train_pairs, self.test_pairs
         )?;
-        if self.test == 0 {
-            writeln!(f, "no held-out sample: a sample is a shared run of a (user, job name) that also ran alone")?;
-            return write!(f, "model_mae=- default_mae=- test_samples=0");
+        if self.test_pairs == 0 {
+            writeln!(
+                f,
+                "no held-out pair: a pair is an offline job's shared runs next to one online job"
+            )?;
+            return write!(f, "mae=- pairing=- default_pairing=-");
         }
-        writeln!(f, "{:<28} {:>8} {:>8}", "predictor", "MAE", "RMSE")?;
+        writeln!(f, "{:<34} {:>8} {:>8}", "predictor", "MAE", "pairing")?;
+        for (name, mae, pairing) in [
+            (
+                "default (min(1, share/0.5))",
+                self.default_mae,
+                self.default_pairing,
+            ),
+            ("row-col means", self.rowcol_mae, self.rowcol_pairing),
+            (
+                "model (side features + MF)",
+                self.model_mae,
+                self.model_pairing,
+            ),
+        ] {
+            writeln!(f, "{name:<34} {mae:>8.3} {pairing:>8.3}")?;
+        }
         writeln!(
             f,
-            "{:<28} {:>8.4} {:>8.4}",
-            "model (ridge + job offset)", self.model_mae, self.model_rmse
-        )?;
-        writeln!(
-            f,
-            "{:<28} {:>8.4} {:>8.4}",
-            "default (min(1, share/0.5))", self.default_mae, self.default_rmse
+            "model's mean predicted sd on held-out pairs: {:.3}",
+            self.model_sd
         )?;
         write!(
             f,
-            "model_mae={:.4} default_mae={:.4} test_samples={}",
-            self.model_mae, self.default_mae, self.test
+            "mae={:.3} pairing={:.3} default_pairing={:.3}",
+            self.model_mae, self.model_pairing, self.default_pairing
         )
     }
 }
 
-/// Trains on the non-held-out runs and measures both predictors on the
-/// held-out samples. Profiles (alone baselines) use all runs: the baseline
-/// is the denominator of the target, not a prediction.
-pub fn evaluate(runs: &[Run]) -> Evaluation {
-    let all = samples(runs);
-    let (test, train): (Vec<Sample>, Vec<Sample>) =
-        all.into_iter().partition(|s| is_held_out(s.job_id));
-    let model = Model::train(&train, runs);
-    let err = |f: &dyn Fn(&Sample) -> f64| {
-        let n = test.len().max(1) as f64;
-        let mae = test.iter().map(|s| (f(s) - s.y).abs()).sum::<f64>() / n;
-        let mse = test.iter().map(|s| (f(s) - s.y).powi(2)).sum::<f64>() / n;
-        (mae, mse.sqrt())
+/// Scores the three predictors on `test` pairs given a model trained
+/// without them and the row-col baseline fitted on `train`. Pairing:
+/// among the test pairs' jobs and partners, each job to one partner
+/// (pairs not in `test` unknown: cannot be chosen).
+pub fn score(model: &Model, train: &[PairObs], test: &[PairObs]) -> Evaluation {
+    let rc = RowColMeans::fit(train);
+    let n = test.len().max(1) as f64;
+    let pred = |p: &PairObs| model.predict_pair(&p.job, &p.partner, p.share, p.mem);
+    let mut e = Evaluation {
+        train_pairs: train.len(),
+        test_pairs: test.len(),
+        ..Evaluation::default()
     };
-    let (model_mae, model_rmse) = err(&|s| model.predict_features(&s.key, s.share, s.mem));
-    let (default_mae, default_rmse) = err(&|s| default_prediction(s.share));
+    for p in test {
+        e.default_mae += (default_prediction(p.share) - p.x).abs() / n;
+        e.rowcol_mae += (rc.predict(&p.job, &p.partner) - p.x).abs() / n;
+        let m = pred(p).unwrap_or(Estimate {
+            mean: 0.01,
+            sd: 0.0,
+            p_fail: 1.0,
+        });
+        e.model_mae += (m.mean - p.x).abs() / n;
+        e.model_sd += m.sd / n;
+    }
+    let rows: Vec<&JobKey> = test
+        .iter()
+        .map(|p| &p.job)
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let cols: Vec<&JobKey> = test
+        .iter()
+        .map(|p| &p.partner)
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let at: BTreeMap<(usize, usize), &PairObs> = test
+        .iter()
+        .map(|p| {
+            let r = rows.binary_search(&&p.job).expect("collected");
+            let c = cols.binary_search(&&p.partner).expect("collected");
+            ((r, c), p)
+        })
+        .collect();
+    // More jobs than partners: the assignment runs the other way round.
+    let (nr, nc, flip) = if rows.len() <= cols.len() {
+        (rows.len(), cols.len(), false)
+    } else {
+        (cols.len(), rows.len(), true)
+    };
+    let get = |r: usize, c: usize| at.get(&if flip { (c, r) } else { (r, c) }).copied();
+    let truth = |r, c| get(r, c).map(|p| p.x);
+    e.default_pairing = pairing_quality(
+        nr,
+        nc,
+        &|r, c| get(r, c).map(|p| default_prediction(p.share)),
+        &truth,
+    );
+    e.rowcol_pairing = pairing_quality(
+        nr,
+        nc,
+        &|r, c| get(r, c).map(|p| rc.predict(&p.job, &p.partner)),
+        &truth,
+    );
+    e.model_pairing = pairing_quality(
+        nr,
+        nc,
+        &|r, c| get(r, c).and_then(&pred).map(|m| m.mean),
+        &truth,
+    );
+    e
+}
+
+/// `muxflow-matcher --evaluate`: the pairs of the history, 1 in 5 held out
+/// ([`is_held_out`]); the model and the baseline learn from the runs of
+/// the other pairs; each held-out pair's truth is its estimate from all
+/// runs (solo speeds from all runs: the denominator, not a prediction).
+pub fn evaluate(runs: &[Run]) -> Evaluation {
+    let all = estimate(runs);
+    let (test, train): (Vec<PairObs>, Vec<PairObs>) = all
+        .pairs
+        .iter()
+        .cloned()
+        .partition(|p| is_held_out(&p.job, &p.partner));
+    let train_runs: Vec<Run> = runs
+        .iter()
+        .filter(|r| !partner_of(r).is_some_and(|p| is_held_out(&r.key, &p)))
+        .cloned()
+        .collect();
+    let model = Model::train(&train_runs);
     Evaluation {
         records: runs.len(),
-        train: train.len(),
-        test: test.len(),
-        model_mae,
-        default_mae,
-        model_rmse,
-        default_rmse,
+        ..score(&model, &train, &test)
     }
 }
 
-/// Synthetic offline history for tests and `--evaluate --synthetic N`: jobs
-/// with a hidden SM demand and memory, each run alone once, then shared at
-/// random SM shares; speed = min(1, share/demand) slowed by memory pressure,
-/// with 5% noise. A model of contention, not a measurement.
+/// Synthetic offline history for tests and `--evaluate --synthetic N`:
+/// `jobs` offline jobs and 8 online services; a pair's normalized
+/// throughput is low-rank (job sensitivity × service pressure) and runs
+/// next to a partner at a random load progress at `σ (1 − load (1 − x))`
+/// launches/s with 3% noise. No run alone. A model of contention, not a
+/// measurement. Returns the runs and the true x per (job, service).
 pub fn synthetic_runs(jobs: usize, runs_per_job: usize, seed: u64) -> Vec<Run> {
+    synthetic(jobs, runs_per_job, seed).0
+}
+
+/// [`synthetic_runs`] with the hidden truth: solo launches/s per job and
+/// x per (job, service index).
+pub fn synthetic(
+    jobs: usize,
+    runs_per_job: usize,
+    seed: u64,
+) -> (Vec<Run>, Vec<f64>, Vec<Vec<f64>>) {
+    const SERVICES: usize = 8;
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let pressure: Vec<f64> = (0..SERVICES).map(|_| rng.gen_range(0.1..0.9)).collect();
     let mut out = Vec::new();
+    let mut solo = Vec::new();
+    let mut truth = Vec::new();
     let mut id = 1000u32;
     for j in 0..jobs {
-        let demand: f64 = rng.gen_range(0.2..0.9);
-        let peak: u64 = rng.gen_range(2_000..40_000);
-        let alone: f64 = rng.gen_range(5.0..200.0);
+        let sensitivity: f64 = rng.gen_range(0.2..0.8);
+        let sigma: f64 = rng.gen_range(50.0..5000.0);
+        let peak: u64 = rng.gen_range(2_000..20_000);
         let key = (format!("user{}", j % 7), format!("train-{j}"));
-        let mut push = |report: JobReport| {
+        let x: Vec<f64> = pressure.iter().map(|p| 1.0 - sensitivity * p).collect();
+        for _ in 0..runs_per_job {
+            let k = rng.gen_range(0..SERVICES);
+            let load: f64 = rng.gen_range(0.1..1.0);
+            let noise: f64 = rng.gen_range(0.97..1.03);
+            let rate = sigma * (1.0 - load * (1.0 - x[k])) * noise;
+            let run_s = 600;
             id += 1;
             out.push(Run {
                 job_id: id,
                 key: key.clone(),
-                report,
+                report: JobReport {
+                    mode: Some(Mode::Offline),
+                    sm_pct: Some(50),
+                    mem_cap_mib: Some(40_000),
+                    measured_peak_mib: Some(peak),
+                    partner: Some(k as u32 + 1),
+                    partner_load_pct: Some((load * 100.0).round() as u8),
+                    run_s: Some(run_s),
+                    launches: Some((rate * run_s as f64).round() as u64),
+                    ..JobReport::default()
+                },
                 end_s: 0,
-            });
-        };
-        push(JobReport {
-            mode: Some(Mode::Offline),
-            sm_pct: Some(100),
-            peak_mib: Some(peak),
-            steps_per_s: Some(alone),
-            ..JobReport::default()
-        });
-        for _ in 0..runs_per_job {
-            let share: f64 = rng.gen_range(0.1..0.8);
-            let cap: u64 = rng.gen_range(peak..peak * 3);
-            let mem = peak as f64 / cap as f64;
-            let speed = (share / demand).min(1.0) * (1.0 - 0.25 * mem * mem);
-            let noise: f64 = rng.gen_range(0.95..1.05);
-            push(JobReport {
-                mode: Some(Mode::Offline),
-                sm_pct: Some((share * 100.0).round() as u8),
-                mem_cap_mib: Some(cap),
-                peak_mib: Some(peak),
-                partner: Some(1),
-                steps_per_s: Some(alone * speed * noise),
-                ..JobReport::default()
+                partner_key: Some(("svc".into(), format!("online-{k}"))),
             });
         }
+        solo.push(sigma);
+        truth.push(x);
     }
-    out
+    (out, solo, truth)
 }
 
 #[cfg(test)]
@@ -456,12 +1158,216 @@ mod tests {
     use muxflow::health::HealthState;
     use muxflow::published::GpuPublished;
 
+    fn key(u: &str, n: &str) -> JobKey {
+        (u.to_string(), n.to_string())
+    }
+
     #[test]
-    fn learned_model_beats_the_default_on_held_out_runs() {
-        let runs = synthetic_runs(60, 8, 7);
+    fn learned_model_beats_the_default_on_held_out_pairs() {
+        let runs = synthetic_runs(60, 12, 7);
         let e = evaluate(&runs);
-        assert!(e.test > 20 && e.train > 100, "{e:?}");
-        assert!(e.model_mae < e.default_mae * 0.7, "{e}");
+        assert!(e.test_pairs > 20 && e.train_pairs > 100, "{e:?}");
+        assert!(e.model_mae < e.default_mae * 0.5, "{e}");
+        assert!(e.model_mae <= e.rowcol_mae, "{e}");
+        assert!(
+            e.model_pairing > e.default_pairing - 0.05 && e.model_pairing > 0.8,
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_planted_low_rank_matrix_is_recovered_from_a_third_of_its_pairs() {
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        let (rows, cols) = (30, 20);
+        let a: Vec<f64> = (0..rows).map(|_| rng.gen_range(0.1..0.9)).collect();
+        let b: Vec<f64> = (0..cols).map(|_| rng.gen_range(0.1..0.9)).collect();
+        let x = |i: usize, k: usize| 1.0 - a[i] * b[k];
+        let (mut train, mut test) = (Vec::new(), Vec::new());
+        for i in 0..rows {
+            for k in 0..cols {
+                let p = PairObs {
+                    job: key("u", &format!("j{i}")),
+                    partner: key("s", &format!("k{k}")),
+                    x: x(i, k),
+                    runs: 3,
+                    share: 0.5,
+                    mem: 0.5,
+                };
+                if rng.gen_bool(0.33) {
+                    train.push(p)
+                } else {
+                    test.push(p)
+                }
+            }
+        }
+        let m = Model::from_estimates(&Estimates {
+            pairs: train.clone(),
+            ..Estimates::default()
+        });
+        let e = score(&m, &train, &test);
+        assert!(e.model_mae < 0.03, "{e}");
+        assert!(e.model_mae < e.rowcol_mae * 0.6, "{e}");
+        assert!(e.model_pairing > 0.98, "{e}");
+    }
+
+    #[test]
+    fn solo_speed_is_recovered_from_shared_runs_at_varying_partner_load() {
+        let (runs, solo, truth) = synthetic(20, 12, 3);
+        assert!(
+            runs.iter().all(|r| r.report.partner.is_some()),
+            "no run alone"
+        );
+        let e = estimate(&runs);
+        for (j, sigma) in solo.iter().enumerate() {
+            let p = &e.profiles[&(format!("user{}", j % 7), format!("train-{j}"))];
+            assert_eq!(p.signal, Some(Signal::LaunchesPerS));
+            let got = p.solo.unwrap();
+            assert!(
+                (got / sigma - 1.0).abs() < 0.05,
+                "job {j}: {got} vs {sigma}"
+            );
+        }
+        let err: f64 = e
+            .pairs
+            .iter()
+            .map(|p| {
+                let j: usize = p.job.1["train-".len()..].parse().unwrap();
+                let k: usize = p.partner.1["online-".len()..].parse().unwrap();
+                (p.x - truth[j][k]).abs()
+            })
+            .sum::<f64>()
+            / e.pairs.len() as f64;
+        assert!(err < 0.05, "pair estimates off by {err}");
+    }
+
+    #[test]
+    fn cold_start_falls_back_to_side_features_then_the_default_and_widens() {
+        let (runs, _, _) = synthetic(30, 10, 5);
+        let m = Model::train(&runs);
+        let seen = m.seen[0];
+        let job = m
+            .job_index
+            .iter()
+            .find(|(_, &i)| i == seen.0)
+            .unwrap()
+            .0
+            .clone();
+        let partner = m
+            .partner_index
+            .iter()
+            .find(|(_, &i)| i == seen.1)
+            .unwrap()
+            .0
+            .clone();
+        let unseen_partner = m
+            .partner_index
+            .iter()
+            .map(|(k, &i)| (k, i))
+            .find(|&(_, i)| {
+                !m.seen[m.seen_range[seen.0 as usize].0 as usize
+                    ..m.seen_range[seen.0 as usize].1 as usize]
+                    .iter()
+                    .any(|s| s.1 == i)
+            })
+            .expect("a service job 0 never met")
+            .0
+            .clone();
+        let new_job = key("someone", "never-ran");
+        let new_svc = key("svc", "never-hosted");
+        let at = |j: &JobKey, p: &JobKey| m.predict_pair(j, p, 0.5, 0.3).unwrap();
+        let levels = [
+            ("pair seen", at(&job, &partner)),
+            ("both seen, pair not", at(&job, &unseen_partner)),
+            ("job new", at(&new_job, &partner)),
+            ("both new", at(&new_job, &new_svc)),
+        ];
+        for w in levels.windows(2) {
+            assert!(w[0].1.sd < w[1].1.sd, "{levels:?}");
+        }
+        // Both new: the side features alone, the same for any new pair.
+        assert_eq!(at(&new_job, &new_svc), at(&key("b", "c"), &key("d", "e")));
+        let none = Model::train(&[]);
+        let d = none.predict_pair(&new_job, &new_svc, 0.25, 0.3).unwrap();
+        assert_eq!((d.mean, d.sd), (0.5, DEFAULT_SD));
+        assert!(levels[3].1.sd < DEFAULT_SD, "{levels:?}");
+        // Exploration is bounded.
+        assert!(levels[3].1.weight() - levels[3].1.mean <= EXPLORE_MAX + 1e-12);
+    }
+
+    #[test]
+    fn records_round_trip_through_the_admincomment_codec() {
+        use crate::reader::{SacctComment, SacctJob};
+        let (runs, _, _) = synthetic(10, 6, 9);
+        let mut listing: Vec<SacctJob> = runs
+            .iter()
+            .map(|r| SacctJob {
+                job_id: r.job_id,
+                name: r.key.1.clone(),
+                user: r.key.0.clone(),
+                comment: SacctComment {
+                    administrator: Some(r.report.encode()),
+                },
+                ..SacctJob::default()
+            })
+            .collect();
+        // The online services, running: their names resolve the partners.
+        for k in 0..8u32 {
+            listing.push(SacctJob {
+                job_id: k + 1,
+                name: format!("online-{k}"),
+                user: "svc".into(),
+                ..SacctJob::default()
+            });
+        }
+        let back = runs_from_sacct(&listing);
+        assert_eq!(back, runs);
+        assert_eq!(estimate(&back), estimate(&runs));
+    }
+
+    #[test]
+    fn a_pair_that_failed_for_memory_is_excluded_not_predicted_slow() {
+        let (mut runs, _, _) = synthetic(12, 10, 2);
+        let job = runs[0].key.clone();
+        runs.push(Run {
+            job_id: 1,
+            key: job.clone(),
+            report: JobReport {
+                mode: Some(Mode::Offline),
+                partner: Some(99),
+                oom: Some(1),
+                run_s: Some(3),
+                ..JobReport::default()
+            },
+            end_s: 0,
+            partner_key: Some(key("svc", "big-model")),
+        });
+        let m = Model::train(&runs);
+        assert_eq!(
+            m.predict_pair(&job, &key("svc", "big-model"), 0.5, 0.3),
+            None
+        );
+        assert!(m
+            .predict_pair(&job, &key("svc", "online-0"), 0.5, 0.3)
+            .is_some());
+        let gpu = gpu_with(10, vec![99]);
+        let p = Policy::default();
+        assert_eq!(
+            m.predict(&job, &gpu, &p),
+            None,
+            "by the online job's id too"
+        );
+        assert!(
+            m.predict(&runs[15].key, &gpu, &p).is_some(),
+            "another job may go there"
+        );
+        // Its untried pairs carry the risk into what the matcher maximizes.
+        let risky = m
+            .predict_pair(&job, &key("svc", "never-hosted"), 0.5, 0.3)
+            .unwrap();
+        let clean = m
+            .predict_pair(&runs[15].key, &key("svc", "never-hosted"), 0.5, 0.3)
+            .unwrap();
+        assert!(risky.p_fail > clean.p_fail, "{risky:?} {clean:?}");
     }
 
     #[test]
@@ -503,23 +1409,24 @@ mod tests {
     }
 
     #[test]
-    fn too_little_history_falls_back_to_the_default() {
-        let runs = synthetic_runs(1, 2, 1);
-        let m = Model::train(&samples(&runs), &runs);
-        assert!(m.coef.is_none());
-        let k = ("u".to_string(), "j".to_string());
-        assert_eq!(m.predict_features(&k, 0.25, 0.3), 0.5);
-        assert_eq!(m.predict_features(&k, 0.9, 0.3), 1.0);
+    fn steps_are_preferred_and_launches_need_the_nodes_run_time() {
+        let r = JobReport {
+            steps_per_s: Some(2.0),
+            launches: Some(600),
+            run_s: Some(60),
+            ..JobReport::default()
+        };
+        assert_eq!(progress(&r, Signal::StepsPerS), Some(2.0));
+        assert_eq!(progress(&r, Signal::LaunchesPerS), Some(10.0));
+        let no_time = JobReport {
+            launches: Some(600),
+            ..JobReport::default()
+        };
+        assert_eq!(progress(&no_time, Signal::LaunchesPerS), None);
     }
 
-    #[test]
-    fn share_follows_policy_and_predictions_rank_quieter_gpus_higher() {
-        let p = Policy::default();
-        assert_eq!(sm_share(Some(35), &p), 0.55);
-        assert_eq!(sm_share(Some(95), &p), 0.10);
-        assert_eq!(sm_share(Some(0), &p), 0.80);
-        assert_eq!(sm_share(None, &p), 0.30);
-        let gpu = |solo| GpuState {
+    fn gpu_with(solo: u8, online: Vec<u32>) -> GpuState {
+        GpuState {
             node: "n".into(),
             index: 0,
             published: GpuPublished {
@@ -530,23 +1437,65 @@ mod tests {
                 mem_mib: 80_000,
                 offline: 0,
             },
-            online_jobs: vec![1],
+            online_jobs: online,
             slot_used: false,
-        };
-        let runs = synthetic_runs(40, 6, 3);
-        let m = Model::train(&samples(&runs), &runs);
-        let k = runs[0].key.clone();
-        assert!(m.predict(&k, &gpu(10), &p) > m.predict(&k, &gpu(70), &p));
-        assert_eq!(memory_room_mib(&gpu(10), &p), 80_000 - 10_000 - 2048);
+        }
     }
 
     #[test]
-    fn samples_need_an_alone_baseline() {
-        let mut runs = synthetic_runs(2, 3, 5);
-        // Drop job 0's alone run: its shared runs give no samples.
-        runs.remove(0);
-        let s = samples(&runs);
-        assert_eq!(s.len(), 3);
-        assert!(s.iter().all(|s| s.key.1 == "train-1"));
+    fn share_and_room_are_the_policys() {
+        let p = Policy::default();
+        assert_eq!(sm_share(Some(35), &p), 0.55);
+        assert_eq!(sm_share(Some(95), &p), 0.10);
+        assert_eq!(sm_share(Some(0), &p), 0.80);
+        assert_eq!(sm_share(None, &p), 0.30);
+        assert_eq!(
+            memory_room_mib(&gpu_with(10, vec![1]), &p),
+            80_000 - 10_000 - 2048
+        );
+    }
+
+    #[test]
+    fn two_jobs_with_different_histories_get_different_predictions_and_pairings() {
+        // Job a ran slow next to service 1 and fast next to 2; b the other
+        // way round: each is predicted (and placed) where it ran fast.
+        let mut runs = Vec::new();
+        let mut id = 100;
+        for (job, slow, fast, rate) in [("a", 1u32, 2u32, 900.0), ("b", 2, 1, 40.0)] {
+            for (partner, x) in [(slow, 0.4), (fast, 0.9)] {
+                for load in [30u8, 60, 90] {
+                    id += 1;
+                    let l = f64::from(load) / 100.0;
+                    runs.push(Run {
+                        job_id: id,
+                        key: key("u", job),
+                        report: JobReport {
+                            mode: Some(Mode::Offline),
+                            partner: Some(partner),
+                            partner_load_pct: Some(load),
+                            run_s: Some(100),
+                            launches: Some((rate * (1.0 - l * (1.0 - x)) * 100.0) as u64),
+                            ..JobReport::default()
+                        },
+                        end_s: 0,
+                        partner_key: Some(key("svc", &format!("s{partner}"))),
+                    });
+                }
+            }
+        }
+        let m = Model::train(&runs);
+        let p = Policy::default();
+        let at = |job: &str, svc: u32| {
+            m.predict(&key("u", job), &gpu_with(20, vec![svc]), &p)
+                .unwrap()
+                .mean
+        };
+        assert!(
+            at("a", 2) > at("a", 1) + 0.3,
+            "{} {}",
+            at("a", 2),
+            at("a", 1)
+        );
+        assert!(at("b", 1) > at("b", 2) + 0.3);
     }
 }

@@ -17,16 +17,20 @@
 //! # Decision table (`--once`), one line per pending offline job
 //!
 //! ```text
-//! JOB     NAME        ACTION  NODE    GPU  SPEED  REASON
-//! 17      train-x     place   node1   0    0.812  best total predicted throughput
+//! JOB     NAME        ACTION  NODE    GPU       SPEED  REASON
+//! 17      train-x     place   node1   0    0.812±0.05  best total predicted throughput
 //! ```
 //!
 //! ACTION is `place` (hint written), `keep` (already placed there), `park`
 //! (hint cleared), `none` (stays parked). SPEED is the predicted normalized
-//! throughput, `-` when not placed. `--json` prints the same as
-//! `{"summary": {...}, "decisions": [{"job", "name", "user", "action",
-//! "node", "gpu", "predicted", "reason"}]}`; `node`, `gpu`, `predicted` are
-//! null when not placed. Both formats are stable.
+//! throughput ± its standard deviation (how little history the pair has;
+//! see [`crate::predict`]), `-` when not placed. The matching maximizes the
+//! predictor's weight ([`Predictor::predict`]: for [`Model`] the mean plus
+//! a bounded exploration bonus); SPEED and `predicted_total` are means.
+//! `--json` prints the same as `{"summary": {...}, "decisions": [{"job",
+//! "name", "user", "action", "node", "gpu", "predicted", "confidence",
+//! "reason"}]}`; `node`, `gpu`, `predicted`, `confidence` are null when not
+//! placed. Both formats are stable.
 
 use std::fmt::Write as _;
 
@@ -69,6 +73,8 @@ pub struct Decision {
     pub node: Option<String>,
     pub gpu: Option<u32>,
     pub predicted: Option<f64>,
+    /// The prediction's standard deviation.
+    pub confidence: Option<f64>,
     pub reason: String,
     /// The scontrol calls (full argument lists) that change the hint.
     #[serde(skip)]
@@ -108,8 +114,14 @@ pub trait Predictor: Sync {
     type Gpu: Sync;
     fn job_terms(&self, job: &PendingJob) -> Self::Job;
     fn gpu_terms(&self, gpu: &GpuState, policy: &Policy) -> Self::Gpu;
-    /// Normalized throughput of the job there; `None`: not a candidate.
+    /// What the matching maximizes for the job there; `None`: not a
+    /// candidate.
     fn predict(&self, job: &Self::Job, gpu: &Self::Gpu) -> Option<f64>;
+    /// The normalized throughput shown for a chosen pair and its standard
+    /// deviation; by default the weight, exact.
+    fn estimate(&self, job: &Self::Job, gpu: &Self::Gpu) -> Option<(f64, f64)> {
+        self.predict(job, gpu).map(|p| (p, 0.0))
+    }
 }
 
 impl Predictor for Model {
@@ -119,11 +131,14 @@ impl Predictor for Model {
         Model::job_terms(self, &(job.user.clone(), job.name.clone()))
     }
     fn gpu_terms(&self, gpu: &GpuState, policy: &Policy) -> GpuTerms {
-        GpuTerms::new(gpu, policy)
+        Model::gpu_terms(self, gpu, policy)
     }
     #[inline]
     fn predict(&self, job: &JobTerms, gpu: &GpuTerms) -> Option<f64> {
-        self.predict_terms(job, gpu)
+        self.predict_terms(job, gpu).map(|e| e.weight())
+    }
+    fn estimate(&self, job: &JobTerms, gpu: &GpuTerms) -> Option<(f64, f64)> {
+        self.predict_terms(job, gpu).map(|e| (e.mean, e.sd))
     }
 }
 
@@ -214,12 +229,15 @@ pub fn plan<P: Predictor>(
         let (target, predicted, reason) = match assigned[j] {
             Some((g, w)) => {
                 let gpu = &state.gpus[open[g as usize]];
+                let shown = model
+                    .estimate(&job_terms[j].0, &gpu_terms[g as usize].0)
+                    .unwrap_or((to_throughput(w), 0.0));
                 (
                     Target::Gpu {
                         node: gpu.node.clone(),
                         gpu: gpu.index,
                     },
-                    Some(to_throughput(w)),
+                    Some(shown),
                     format!(
                         "best total predicted throughput (online job {})",
                         gpu.online_jobs
@@ -255,7 +273,8 @@ pub fn plan<P: Predictor>(
             action,
             node,
             gpu,
-            predicted,
+            predicted: predicted.map(|p| p.0),
+            confidence: predicted.map(|p| p.1),
             reason,
             update,
         });
@@ -323,7 +342,7 @@ pub fn plan<P: Predictor>(
         open_gpus: open.len(),
         candidate_edges: edges.len(),
         placed: placed.len(),
-        predicted_total: to_throughput(sol.matching.objective),
+        predicted_total: placed.iter().filter_map(|d| d.predicted).sum(),
         updates: decisions.iter().filter(|d| d.update.is_some()).count(),
         deferred,
         waiting,
@@ -341,19 +360,23 @@ impl Plan {
         let mut s = String::new();
         let _ = writeln!(
             s,
-            "{:<8} {:<16} {:<6} {:<10} {:>3} {:>6}  REASON",
+            "{:<8} {:<16} {:<6} {:<10} {:>3} {:>11}  REASON",
             "JOB", "NAME", "ACTION", "NODE", "GPU", "SPEED"
         );
         for d in &self.decisions {
             let _ = writeln!(
                 s,
-                "{:<8} {:<16} {:<6} {:<10} {:>3} {:>6}  {}",
+                "{:<8} {:<16} {:<6} {:<10} {:>3} {:>11}  {}",
                 d.job,
                 d.name,
                 d.action.as_str(),
                 d.node.as_deref().unwrap_or("-"),
                 d.gpu.map_or("-".into(), |g| g.to_string()),
-                d.predicted.map_or("-".into(), |p| format!("{p:.3}")),
+                match (d.predicted, d.confidence) {
+                    (Some(p), Some(sd)) => format!("{p:.3}±{sd:.2}"),
+                    (Some(p), None) => format!("{p:.3}"),
+                    _ => "-".into(),
+                },
                 d.reason
             );
         }

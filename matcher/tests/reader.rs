@@ -16,7 +16,7 @@
 use muxflow::health::HealthState;
 use muxflow::Mode;
 use muxflow_matcher::hints::{current, Target};
-use muxflow_matcher::predict::{profiles, runs_from_sacct, samples, Model};
+use muxflow_matcher::predict::{estimate, runs_from_sacct, Model};
 use muxflow_matcher::reader::{parse_sacct, parse_sinfo, parse_squeue, ClusterState, Names};
 use muxflow_matcher::round::{plan, Action};
 
@@ -86,6 +86,10 @@ fn squeue_and_sinfo_give_online_gpus_slots_and_pending_jobs() {
     assert!(st.notes.is_empty(), "{:?}", st.notes);
 }
 
+fn a_key() -> (String, String) {
+    ("root".to_string(), "hist-a".to_string())
+}
+
 #[test]
 fn sacct_gives_offline_runs_and_profiles() {
     let jobs = parse_sacct(SACCT).unwrap();
@@ -94,17 +98,16 @@ fn sacct_gives_offline_runs_and_profiles() {
     // Two cancelled offline experiments (no figures) and the three hist-* runs.
     assert_eq!(runs.len(), 5, "{runs:?}");
     assert!(runs.iter().all(|r| r.report.mode == Some(Mode::Offline)));
-    let prof = profiles(&runs);
-    let a = &prof[&("root".to_string(), "hist-a".to_string())];
-    assert_eq!(a.alone_steps_per_s, Some(120.0));
+    let e = estimate(&runs);
+    let a = &e.profiles[&("root".to_string(), "hist-a".to_string())];
+    assert_eq!(a.solo, Some(120.0), "its run alone");
     assert_eq!(a.peak_mib, Some(9100));
-    let b = &prof[&("root".to_string(), "hist-b".to_string())];
-    assert_eq!(b.alone_steps_per_s, None);
-    // hist-a's shared run against its alone run: 80.5 / 120.
-    let s = samples(&runs);
-    assert_eq!(s.len(), 1);
-    assert!((s[0].y - 80.5 / 120.0).abs() < 1e-9);
-    assert_eq!(s[0].share, 0.40);
+    // hist-a's shared run against its alone run: 80.5 / 120 (no load
+    // figure: the pair at the load it ran).
+    let pa: Vec<_> = e.pairs.iter().filter(|p| p.job == a_key()).collect();
+    assert_eq!(pa.len(), 1, "{:?}", e.pairs);
+    assert!((pa[0].x - 80.5 / 120.0).abs() < 1e-9);
+    assert_eq!(pa[0].share, 0.40);
 }
 
 #[test]

@@ -6,12 +6,14 @@
 //!
 //! Layers: [`input`] (CSV) → [`scenario`] (GPUs, online services, offline
 //! arrivals) → [`replay`] (one policy's event loop over [`engine`] and
-//! [`model`]) → [`output`] (table, JSON, timeline, plot).
+//! [`model`]) → [`output`] (table, JSON, timeline, plot). [`predictor`]:
+//! the `predictor` subcommand (the predictor scored on a pair table).
 
 pub mod engine;
 pub mod input;
 pub mod model;
 pub mod output;
+pub mod predictor;
 pub mod replay;
 pub mod scenario;
 

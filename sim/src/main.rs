@@ -73,6 +73,33 @@ struct Cli {
     /// Leave out the matcher's wall-clock time (the one figure that differs between equal runs).
     #[arg(long)]
     no_timing: bool,
+    /// muxflow's matcher keeps the default predictor (learns nothing from the records), for comparison.
+    #[arg(long)]
+    default_predictor: bool,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Score the production predictor on a measured pair table: history from
+    /// a random fraction of its pairs (AdminComment records, launches/s, no
+    /// run alone), hidden pairs scored; last line `mae=X pairing=Y
+    /// default_pairing=Z`. Model and assumptions: sim/src/predictor.rs.
+    Predictor {
+        /// Measured pair throughputs CSV (default: the shipped Gavel V100 table).
+        #[arg(long)]
+        interference: Option<PathBuf>,
+        /// Fraction of the offline x online pairs that ran.
+        #[arg(long, default_value_t = 0.2)]
+        observed: f64,
+        /// Random splits (seeds 1..=N), figures averaged.
+        #[arg(long, default_value_t = 10)]
+        seeds: u64,
+        /// Print JSON instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn read(path: &Path) -> anyhow::Result<Vec<u8>> {
@@ -81,6 +108,34 @@ fn read(path: &Path) -> anyhow::Result<Vec<u8>> {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if let Some(Command::Predictor {
+        interference,
+        observed,
+        seeds,
+        json,
+    }) = &cli.command
+    {
+        let bytes = interference.as_deref().map(read).transpose()?;
+        let source = match (&bytes, interference) {
+            (Some(b), Some(p)) => Source {
+                name: p.display().to_string(),
+                bytes: b.as_slice(),
+            },
+            _ => Inputs::shipped().pairs,
+        };
+        let pairs = muxflow_sim::input::read_pairs(&source)?;
+        let report = muxflow_sim::predictor::run(&pairs, *observed, *seeds)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        if *json {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&report).expect("serializes")
+            );
+        } else {
+            print!("{}", report.table());
+        }
+        return Ok(());
+    }
     let policies = cli
         .policies
         .iter()
@@ -133,6 +188,7 @@ fn main() -> anyhow::Result<()> {
     let total = (scenario.end_s / 3600.0).ceil() as u64 * 3600 * policies.len() as u64;
     let opts = RunOptions {
         timing: !cli.no_timing,
+        default_predictor: cli.default_predictor,
     };
     let outcomes = std::thread::scope(|s| {
         let work = s.spawn(|| {

@@ -21,7 +21,7 @@ use muxflow::policy::{offline_mem_cap_mib, offline_sm_percent, GpuFacts};
 use muxflow::published::GpuPublished;
 use muxflow::report::JobReport;
 use muxflow::Mode;
-use muxflow_matcher::predict::{runs_from_sacct, samples, Model, Run};
+use muxflow_matcher::predict::{runs_from_sacct, Model, Run};
 use muxflow_matcher::reader::{
     ClusterState, GpuState, Names, PendingJob, SacctComment, SacctJob, SacctTime,
 };
@@ -93,6 +93,10 @@ pub struct HourRow {
     pub offline_finished: u64,
     pub lent_gpus: f64,
 }
+
+/// xCUDA launches per training step of the replay's offline jobs (any
+/// constant: a job's speed is only compared with its own).
+const LAUNCHES_PER_STEP: f64 = 40.0;
 
 /// Bins of the online latency factor histogram: 0.001 wide from 1.0.
 const LATENCY_BINS: usize = 9001;
@@ -210,6 +214,9 @@ pub struct RunOptions {
     /// Measure the matcher rounds' wall time (not reproducible; off for
     /// byte-identical output).
     pub timing: bool,
+    /// `muxflow`: the matcher keeps the default predictor (nothing learned
+    /// from the records), to compare with the learned one.
+    pub default_predictor: bool,
 }
 
 struct Sim<'a> {
@@ -259,6 +266,7 @@ struct Sim<'a> {
     refused: u64,
     health_violations: u64,
     timing: bool,
+    learn: bool,
     progress: &'a AtomicU64,
 }
 
@@ -393,6 +401,7 @@ impl<'a> Sim<'a> {
             refused: 0,
             health_violations: 0,
             timing: opts.timing,
+            learn: !opts.default_predictor,
             progress,
         };
         if kind == PolicyKind::Muxflow {
@@ -783,6 +792,9 @@ impl<'a> Sim<'a> {
             (Some(_), Some(cap)) => job.mem_mib.min(cap),
             _ => job.mem_mib,
         };
+        // The workload reports no steps: its progress is xCUDA's launch
+        // count over the node's run time (`LAUNCHES_PER_STEP` a step).
+        let run_s = wall.round().max(1.0);
         let report = JobReport {
             mode: Some(Mode::Offline),
             node: Some(self.sc.nodes[gpu.node as usize].clone()),
@@ -795,8 +807,8 @@ impl<'a> Sim<'a> {
             // xCUDA's own count (the job's claim) agree in the model.
             measured_peak_mib: Some(peak_mib),
             peak_mib: Some(peak_mib),
-            steps: steps_per_s.map(|_| (solo * done).round() as u64),
-            steps_per_s,
+            run_s: Some(run_s as u64),
+            launches: steps_per_s.map(|s| (s * LAUNCHES_PER_STEP * run_s).round() as u64),
             ..JobReport::default()
         };
         let sacct = SacctJob {
@@ -811,7 +823,16 @@ impl<'a> Sim<'a> {
             },
             ..SacctJob::default()
         };
-        self.runs.extend(runs_from_sacct(&[sacct]));
+        // The online partner, running, in the same listing: its (user,
+        // name) names the pair's column.
+        let partner = svc.map(|s| SacctJob {
+            job_id: s.job_id,
+            name: self.sc.tasks[s.task as usize].name.clone(),
+            user: "sim".into(),
+            ..SacctJob::default()
+        });
+        let listing: Vec<SacctJob> = std::iter::once(sacct).chain(partner).collect();
+        self.runs.extend(runs_from_sacct(&listing));
     }
 
     /// A SysMonitor step on every online GPU, with the reading the
@@ -919,10 +940,11 @@ impl<'a> Sim<'a> {
         // model is retrained when the history grew by a tenth (it moves
         // little in between), which keeps a week's replay fast.
         let n = self.runs.len();
-        if n > self.trained_on_runs
+        if self.learn
+            && n > self.trained_on_runs
             && (n - self.trained_on_runs) * 10 >= self.trained_on_runs.max(10)
         {
-            self.model = Model::train(&samples(&self.runs), &self.runs);
+            self.model = Model::train(&self.runs);
             self.trained_on_runs = n;
         }
         let started = Instant::now();

@@ -49,6 +49,9 @@ struct ReportContext {
     mem_cap_mib: Option<u64>,
     partner: Option<u32>,
     stats_dir: Option<PathBuf>,
+    /// When the batch step started (slurmstepd's clock): the report's
+    /// `run_s`, which turns xCUDA's launch count into a rate.
+    started: std::time::Instant,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -148,6 +151,7 @@ impl RemoteState {
             mem_cap_mib: None,
             partner: partner(&state, gpu, job_id, mode),
             stats_dir: None,
+            started: std::time::Instant::now(),
         };
         // Where xCUDA (offline) and the workload itself (both modes) leave
         // figures for the report.
@@ -443,6 +447,7 @@ fn build_report(ctx: &ReportContext) -> JobReport {
         gpu: Some(ctx.gpu),
         sm_pct: ctx.sm_pct,
         mem_cap_mib: ctx.mem_cap_mib,
+        run_s: Some(ctx.started.elapsed().as_secs()),
         ..JobReport::default()
     };
     // The partner at the start, else whoever shared the GPU by the end.

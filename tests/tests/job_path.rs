@@ -182,6 +182,9 @@ fn online_and_offline_share_one_daemon_and_report_to_sacct() {
         report.launches.unwrap() > 0,
         "xCUDA counted launches: {line}"
     );
+    // The node's run time turns the launch count into the rate the
+    // predictor learns from when a workload reports no steps.
+    assert!(report.run_s.is_some(), "{line}");
     let line = c.sacct_until(online, "AdminComment", |l| l.contains("requests="));
     let report = JobReport::decode(line.split('|').nth(1).unwrap()).unwrap();
     assert_eq!(report.mode, Some(Mode::Online));

@@ -39,12 +39,5 @@ pub fn job(id: u32, arrival_s: f64, work_s: f64, task: u32, job_type: u16) -> Of
 }
 
 pub fn replay(sc: &Scenario, kind: PolicyKind, cfg: &muxflow::Config, s: &Settings) -> Outcome {
-    run(
-        sc,
-        kind,
-        cfg,
-        s,
-        &RunOptions { timing: false },
-        &AtomicU64::new(0),
-    )
+    run(sc, kind, cfg, s, &RunOptions::default(), &AtomicU64::new(0))
 }

@@ -1,0 +1,198 @@
+//! The pair-speed predictor on the dev cluster (issue 14): the matcher
+//! reads earlier shared runs from the real sacct (AdminComment records
+//! naming their online partner by job id), learns each offline job's
+//! speed next to each online job, and places two offline jobs the way
+//! their history favours, where the default predictor sees two alike GPUs.
+//!
+//! The history is written into AdminComment as the plugin writes it (an
+//! offline run's launches, the node's `run_s`, its partner); the partner's
+//! load (`partner_load_pct`) is written too: the plugin does not measure it
+//! yet (see the matcher's `predict` module).
+
+use std::process::Command;
+use std::time::Duration;
+
+use muxflow_tests::{target, Cluster};
+
+const PREFIX: &str = "mfp-";
+const WAIT: Duration = Duration::from_secs(60);
+
+fn matcher(c: &Cluster) -> Command {
+    let mut cmd = c.cmd(target().join("muxflow-matcher").to_str().unwrap());
+    cmd.arg("--config").arg(c.dir.join("etc/muxflow.toml"));
+    cmd
+}
+
+fn scontrol(c: &Cluster, args: &[&str]) {
+    let mut cmd = c.cmd("scontrol");
+    cmd.args(args);
+    let (ok, out, err) = c.run(cmd);
+    assert!(ok, "scontrol {args:?}: {out}{err}");
+}
+
+/// A finished offline run with `report` in its AdminComment.
+fn history(c: &Cluster, name: &str, report: &str) -> u32 {
+    let id = c
+        .sbatch(&["-H", "--job-name", name], "#!/bin/sh\ntrue\n")
+        .unwrap();
+    scontrol(
+        c,
+        &[
+            "update",
+            &format!("JobId={id}"),
+            &format!("AdminComment={report}"),
+        ],
+    );
+    scontrol(c, &["release", &id.to_string()]);
+    id
+}
+
+fn offline(c: &Cluster, name: &str) -> u32 {
+    let id = c
+        .sbatch(
+            &["--muxflow=offline", "--job-name", name],
+            "#!/bin/sh\nsleep 300\n",
+        )
+        .unwrap_or_else(|e| panic!("sbatch {name}: {e}"));
+    assert_eq!(
+        c.job_field(id, "Reason"),
+        "JobHeldUser",
+        "job {id} not parked"
+    );
+    id
+}
+
+fn cancel_ours(c: &Cluster) {
+    let mut cmd = c.cmd("squeue");
+    cmd.args(["-h", "-o", "%i %j"]);
+    let (_, out, _) = c.run(cmd);
+    let ids: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .filter(|(_, n)| n.starts_with(PREFIX))
+        .map(|(i, _)| i)
+        .collect();
+    if !ids.is_empty() {
+        let mut cmd = c.cmd("scancel");
+        cmd.args(&ids);
+        c.run(cmd);
+    }
+}
+
+#[test]
+fn history_of_shared_runs_gives_two_jobs_different_predictions_and_the_pairing_it_favours() {
+    let c = Cluster::get();
+    cancel_ours(&c);
+    let quick = c.health_config("predictor-health", "min_dwell_s = 1\nrecovery_quiet_s = 1");
+
+    // Two alike online jobs: the same SM activity and memory, so the SM
+    // share, the room and the default prediction are the same on both.
+    let (on1, g1) = c.online_workload("mfp-online-1", "node1", 0.2, 4000);
+    let (on2, g2) = c.online_workload("mfp-online-2", "node2", 0.2, 4000);
+    c.settle_healthy(&quick, "node1", g1, 4000);
+    c.settle_healthy(&quick, "node2", g2, 4000);
+
+    // Earlier shared runs: mfp-a (900 launches/s with an idle partner) ran
+    // at 0.9 of that next to online-1 and 0.4 next to online-2; mfp-b (40
+    // launches/s) at 0.5 and 0.7. Three runs per pair, at partner loads of
+    // 30, 60 and 90%: progress = solo × (1 − load × (1 − x)).
+    let mut ids = Vec::new();
+    for (job, solo, pairs) in [
+        ("mfp-a", 900.0, [(on1, 0.9), (on2, 0.4)]),
+        ("mfp-b", 40.0, [(on1, 0.5), (on2, 0.7)]),
+    ] {
+        for (partner, x) in pairs {
+            for load in [30u32, 60, 90] {
+                let l = f64::from(load) / 100.0;
+                let launches = (solo * (1.0 - l * (1.0 - x)) * 600.0).round() as u64;
+                ids.push(history(
+                    &c,
+                    job,
+                    &format!(
+                        "muxflow:v1 mode=offline sm_pct=70 mem_cap_mib=75000 partner={partner} \
+                         measured_peak_mib=3000 run_s=600 partner_load_pct={load} claim.launches={launches}"
+                    ),
+                ));
+            }
+        }
+    }
+    for id in ids {
+        c.sacct_until(id, "AdminComment", |l| l.contains("claim.launches"));
+    }
+
+    let a = offline(&c, "mfp-a");
+    let b = offline(&c, "mfp-b");
+
+    let mut cmd = matcher(&c);
+    cmd.args(["--once", "--dry-run", "--json"]);
+    let (ok, out, err) = c.run(cmd);
+    assert!(ok, "muxflow-matcher --once: {out}{err}");
+    let round: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let d = |id: u32| {
+        round["decisions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["job"] == id)
+            .cloned()
+            .unwrap_or_else(|| panic!("no decision for {id}: {round}"))
+    };
+    let (da, db) = (d(a), d(b));
+    assert_eq!(
+        (da["node"].as_str(), da["gpu"].as_u64()),
+        (Some("node1"), Some(g1.into())),
+        "{round}"
+    );
+    assert_eq!(
+        (db["node"].as_str(), db["gpu"].as_u64()),
+        (Some("node2"), Some(g2.into())),
+        "{round}"
+    );
+    let (pa, pb) = (
+        da["predicted"].as_f64().unwrap(),
+        db["predicted"].as_f64().unwrap(),
+    );
+    assert!((pa - 0.9).abs() < 0.1, "mfp-a next to online-1: {round}");
+    assert!((pb - 0.7).abs() < 0.1, "mfp-b next to online-2: {round}");
+    for x in [&da, &db] {
+        let sd = x["confidence"].as_f64().unwrap();
+        assert!(
+            sd > 0.0 && sd < 0.3,
+            "a pair with history is surer than the default: {round}"
+        );
+    }
+
+    // The table shows each prediction with its confidence.
+    let mut cmd = matcher(&c);
+    cmd.args(["--once", "--dry-run"]);
+    let (ok, table, err) = c.run(cmd);
+    assert!(ok, "{table}{err}");
+    let speed = |id: u32| {
+        let line = table
+            .lines()
+            .find(|l| l.starts_with(&format!("{id} ")))
+            .unwrap_or_else(|| panic!("no line for {id}:\n{table}"));
+        line.split_whitespace().nth(5).unwrap().to_string()
+    };
+    let (sa, sb) = (speed(a), speed(b));
+    assert!(sa.contains('±') && sb.contains('±'), "{table}");
+    assert_ne!(sa, sb, "SPEED is not a constant:\n{table}");
+
+    // --evaluate on the cluster's own history prints the same figures as
+    // muxflow-sim predictor.
+    let mut cmd = matcher(&c);
+    cmd.arg("--evaluate");
+    let (ok, out, err) = c.run(cmd);
+    assert!(ok, "{out}{err}");
+    assert!(out.lines().last().unwrap().starts_with("mae="), "{out}");
+
+    cancel_ours(&c);
+    for id in [on1, on2] {
+        c.wait(id, WAIT);
+    }
+    for node in ["node1", "node2"] {
+        for g in 0..2 {
+            c.sim_load(node, g, 0.0);
+        }
+    }
+}
