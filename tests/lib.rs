@@ -384,6 +384,25 @@ impl Cluster {
         }
     }
 
+    /// Cancels every queued or running job whose name starts with `prefix`
+    /// (what a test's earlier run may have left).
+    pub fn cancel_named(&self, prefix: &str) {
+        let mut cmd = self.cmd("squeue");
+        cmd.args(["-h", "-o", "%i %j"]);
+        let (_, out, _) = self.run(cmd);
+        let ids: Vec<&str> = out
+            .lines()
+            .filter_map(|l| l.split_once(' '))
+            .filter(|(_, n)| n.starts_with(prefix))
+            .map(|(i, _)| i)
+            .collect();
+        if !ids.is_empty() {
+            let mut cmd = self.cmd("scancel");
+            cmd.args(&ids);
+            self.run(cmd);
+        }
+    }
+
     /// Lets a requeued job start now: Slurm 22.05 gives a requeued batch
     /// job a later BeginTime (about two minutes), which tests do not wait for.
     /// That delay lets slurmd finish the previous start first; seen here, a

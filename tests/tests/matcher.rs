@@ -110,23 +110,6 @@ fn wait_placed(c: &Cluster, id: u32, timeout: Duration) -> (String, String) {
     (node, c.gres_detail(id))
 }
 
-fn cancel_ours(c: &Cluster) {
-    let mut cmd = c.cmd("squeue");
-    cmd.args(["-h", "-o", "%i %j"]);
-    let (_, out, _) = c.run(cmd);
-    let ids: Vec<&str> = out
-        .lines()
-        .filter_map(|l| l.split_once(' '))
-        .filter(|(_, n)| n.starts_with(PREFIX))
-        .map(|(i, _)| i)
-        .collect();
-    if !ids.is_empty() {
-        let mut cmd = c.cmd("scancel");
-        cmd.args(&ids);
-        c.run(cmd);
-    }
-}
-
 struct Loop(Child);
 
 impl Loop {
@@ -148,7 +131,7 @@ impl Loop {
 #[test]
 fn matcher_places_best_total_avoids_unhealthy_gpus_and_converges_after_kill_9() {
     let c = Cluster::get();
-    cancel_ours(&c);
+    c.cancel_named(PREFIX);
     let quick = quick_config(&c);
 
     // History: mfm-big needs 60 GB of GPU memory, mfm-small 4 GB,
@@ -358,7 +341,7 @@ fn matcher_places_best_total_avoids_unhealthy_gpus_and_converges_after_kill_9() 
         "stuck pending: {out}"
     );
 
-    cancel_ours(&c);
+    c.cancel_named(PREFIX);
     for id in [on1, on2, on3, on4] {
         c.wait(id, WAIT);
     }

@@ -62,27 +62,10 @@ fn offline(c: &Cluster, name: &str) -> u32 {
     id
 }
 
-fn cancel_ours(c: &Cluster) {
-    let mut cmd = c.cmd("squeue");
-    cmd.args(["-h", "-o", "%i %j"]);
-    let (_, out, _) = c.run(cmd);
-    let ids: Vec<&str> = out
-        .lines()
-        .filter_map(|l| l.split_once(' '))
-        .filter(|(_, n)| n.starts_with(PREFIX))
-        .map(|(i, _)| i)
-        .collect();
-    if !ids.is_empty() {
-        let mut cmd = c.cmd("scancel");
-        cmd.args(&ids);
-        c.run(cmd);
-    }
-}
-
 #[test]
 fn history_of_shared_runs_gives_two_jobs_different_predictions_and_the_pairing_it_favours() {
     let c = Cluster::get();
-    cancel_ours(&c);
+    c.cancel_named(PREFIX);
     let quick = c.health_config("predictor-health", "min_dwell_s = 1\nrecovery_quiet_s = 1");
 
     // Two alike online jobs: the same SM activity and memory, so the SM
@@ -186,7 +169,7 @@ fn history_of_shared_runs_gives_two_jobs_different_predictions_and_the_pairing_i
     assert!(ok, "{out}{err}");
     assert!(out.lines().last().unwrap().starts_with("mae="), "{out}");
 
-    cancel_ours(&c);
+    c.cancel_named(PREFIX);
     for id in [on1, on2] {
         c.wait(id, WAIT);
     }
