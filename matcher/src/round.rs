@@ -296,6 +296,7 @@ pub fn plan<P: Predictor>(
             node: None,
             gpu: None,
             predicted: None,
+            confidence: None,
             reason: if no_open_gpu {
                 NO_CANDIDATE.to_string()
             } else {
