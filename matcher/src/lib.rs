@@ -35,6 +35,7 @@
 //! upper bound for the unpruned graph to show what pruning costs.
 
 pub mod bench;
+pub mod exact;
 pub mod hints;
 pub mod history;
 pub mod predict;
@@ -49,6 +50,6 @@ pub mod weights;
 
 pub use prune::{prune_candidates, prune_scored, spread_scored};
 pub use solver::{
-    solve, solve_with, verify_certificate, Duals, Edge, InputError, Matching, Solution,
-    SolveOptions, SolveStats,
+    solve, solve_warm_sorted, solve_with, verify_certificate, Duals, Edge, InputError, Matching,
+    Solution, SolveOptions, SolveStats, Start,
 };

@@ -1,0 +1,618 @@
+//! Exact on the full feasible graph: the solver is exact on the candidate
+//! graph it is given; pricing makes the round exact on *every* feasible
+//! (job, GPU) pair.
+//!
+//! # Method (column generation)
+//!
+//! Solve the candidate graph ([`crate::prune`]), then *price out*: with the
+//! solution's duals (`u` per job, `p` per GPU) look for pairs outside the
+//! graph with a positive reduced cost `w − u − p`. Each job's most violated
+//! pairs (at most [`ExactOptions::per_job`] per pass) join the graph and the
+//! solver re-solves from the previous matching and prices
+//! ([`solve_warm_sorted`]). When a pass finds no such pair the duals are
+//! feasible for every pair, tight on the matching and zero on unmatched
+//! vertices: the LP-dual certificate then holds over the full graph, so the
+//! matching is a maximum-weight matching of it. Every pass adds at least
+//! one edge, so the loop ends.
+//!
+//! Pricing never stores the full graph. Without more knowledge it scores
+//! every pair once per pass, in job blocks on the worker threads. A
+//! [`Scores`] that groups GPUs and bounds a job's weight on a whole group
+//! ([`Scores::groups`], [`Scores::group_bound`]) lets a pass skip a group
+//! when `bound − min price in the group ≤ u`, and within a group stop at the
+//! first GPU (by increasing price) where `bound − price ≤ u`.
+//!
+//! # Incremental rounds
+//!
+//! [`Incremental`] keeps the last round's edges, matching and duals, all of
+//! them certified on the full graph. After a change (jobs or GPUs whose
+//! weights changed, appeared or vanished; indices stay put) it drops the
+//! changed rows' and columns' edges, re-solves warm, and prices only what
+//! can have become violated: changed jobs and GPUs, jobs whose dual fell
+//! below the certified one and GPUs whose price did (a pair whose two duals
+//! did not fall is still covered by the old certificate). It is a cache:
+//! the start only saves work, the certificate is rebuilt each round, and a
+//! fresh [`Incremental::cold`] gives the same optimum.
+
+use crate::prune::TopK;
+use crate::solver::{
+    solve_warm_sorted, solve_with, Duals, Edge, InputError, Solution, SolveOptions, Start,
+};
+
+/// The full feasible graph, scored on demand.
+pub trait Scores: Sync {
+    fn jobs(&self) -> usize;
+    fn gpus(&self) -> usize;
+    /// Integer weight of the pair; `None`: not feasible.
+    fn weight(&self, job: u32, gpu: u32) -> Option<i64>;
+    /// GPU groups for bounded pricing: each GPU's group (`u32::MAX`: no job
+    /// can use it) and the number of groups. `None`: pricing scores every
+    /// pair.
+    fn groups(&self) -> Option<(&[u32], usize)> {
+        None
+    }
+    /// An upper bound on `weight(job, g)` over every GPU `g` of `group`;
+    /// `None`: none of them is feasible for the job. Only asked when
+    /// [`Scores::groups`] is `Some`.
+    fn group_bound(&self, _job: u32, _group: u32) -> Option<i64> {
+        Some(i64::MAX)
+    }
+}
+
+/// A score function as [`Scores`] (no groups: pricing scores every pair).
+pub struct FnScores<F> {
+    pub jobs: usize,
+    pub gpus: usize,
+    pub score: F,
+}
+
+impl<F: Fn(u32, u32) -> Option<i64> + Sync> Scores for FnScores<F> {
+    fn jobs(&self) -> usize {
+        self.jobs
+    }
+    fn gpus(&self) -> usize {
+        self.gpus
+    }
+    #[inline]
+    fn weight(&self, job: u32, gpu: u32) -> Option<i64> {
+        (self.score)(job, gpu)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ExactOptions {
+    /// Violated pairs a job (or GPU) adds per pricing pass, most violated
+    /// first. More: fewer passes, a larger graph.
+    pub per_job: usize,
+    /// Worker threads for the first solve and for pricing.
+    pub threads: usize,
+}
+
+impl Default for ExactOptions {
+    fn default() -> Self {
+        ExactOptions {
+            per_job: 8,
+            threads: SolveOptions::default().threads,
+        }
+    }
+}
+
+/// What pricing did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PricingStats {
+    /// Pricing passes, the last one finding nothing.
+    pub passes: usize,
+    /// Edges pricing added to the candidate graph.
+    pub added: usize,
+    /// Pairs scored by pricing.
+    pub scored: u64,
+    /// Jobs and GPUs priced (rows and columns scanned), all passes.
+    pub rows: u64,
+    pub cols: u64,
+}
+
+/// A round exact on the full graph: the solution, the final candidate
+/// graph (sorted by (job, GPU)) and what pricing did.
+#[derive(Debug, Clone, Default)]
+pub struct Exact {
+    pub solution: Solution,
+    pub edges: Vec<Edge>,
+    pub pricing: PricingStats,
+}
+
+/// One pass's view of the duals: per-group GPU orders by price.
+struct Pricer<'a, S: Scores> {
+    s: &'a S,
+    duals: &'a Duals,
+    /// Per group: (price, GPU) increasing.
+    by_price: Option<Vec<Vec<(i64, u32)>>>,
+}
+
+impl<'a, S: Scores> Pricer<'a, S> {
+    fn new(s: &'a S, duals: &'a Duals) -> Self {
+        let by_price = s.groups().map(|(group_of, n)| {
+            let mut v: Vec<Vec<(i64, u32)>> = vec![Vec::new(); n];
+            for (g, &c) in group_of.iter().enumerate() {
+                if (c as usize) < n {
+                    v[c as usize].push((duals.gpu[g], g as u32));
+                }
+            }
+            for l in &mut v {
+                l.sort_unstable();
+            }
+            v
+        });
+        Pricer { s, duals, by_price }
+    }
+
+    /// Job `j`'s most violated pairs (reduced cost > 0), at most `cap`.
+    fn row(&self, j: u32, top: &mut TopK, out: &mut Vec<Edge>) -> u64 {
+        let u = self.duals.job[j as usize];
+        let mut scored = 0u64;
+        let mut offer = |g: u32, p: i64| {
+            scored += 1;
+            if let Some(w) = self.s.weight(j, g) {
+                let rc = w - p - u;
+                if rc > 0 && top.admits(rc) {
+                    top.offer((rc, g));
+                }
+            }
+        };
+        match &self.by_price {
+            None => {
+                for g in 0..self.s.gpus() as u32 {
+                    offer(g, self.duals.gpu[g as usize]);
+                }
+            }
+            Some(groups) => {
+                for (c, list) in groups.iter().enumerate() {
+                    let Some(&(min_p, _)) = list.first() else {
+                        continue;
+                    };
+                    let Some(b) = self.s.group_bound(j, c as u32) else {
+                        continue;
+                    };
+                    if b.saturating_sub(min_p) <= u {
+                        continue;
+                    }
+                    for &(p, g) in list {
+                        if b.saturating_sub(p) <= u {
+                            break;
+                        }
+                        offer(g, p);
+                    }
+                }
+            }
+        }
+        for &(rc, g) in &top.items {
+            out.push(Edge {
+                job: j,
+                gpu: g,
+                weight: rc + self.duals.gpu[g as usize] + u,
+            });
+        }
+        top.clear();
+        scored
+    }
+
+    /// GPU `g`'s most violated pairs, at most `cap`.
+    fn col(&self, g: u32, top: &mut TopK, out: &mut Vec<Edge>) -> u64 {
+        let p = self.duals.gpu[g as usize];
+        for j in 0..self.s.jobs() as u32 {
+            if let Some(w) = self.s.weight(j, g) {
+                let rc = w - p - self.duals.job[j as usize];
+                if rc > 0 && top.admits(rc) {
+                    top.offer((rc, j));
+                }
+            }
+        }
+        for &(rc, j) in &top.items {
+            out.push(Edge {
+                job: j,
+                gpu: g,
+                weight: rc + p + self.duals.job[j as usize],
+            });
+        }
+        top.clear();
+        self.s.jobs() as u64
+    }
+}
+
+/// Violated pairs of the given rows and columns, sorted by (job, GPU),
+/// without duplicates.
+fn price<S: Scores>(
+    s: &S,
+    duals: &Duals,
+    rows: &[u32],
+    cols: &[u32],
+    opts: &ExactOptions,
+    stats: &mut PricingStats,
+) -> Vec<Edge> {
+    let pricer = Pricer::new(s, duals);
+    // Rows and columns as one list of work items, split in blocks.
+    let items: Vec<(bool, u32)> = rows
+        .iter()
+        .map(|&j| (true, j))
+        .chain(cols.iter().map(|&g| (false, g)))
+        .collect();
+    let work = |chunk: &[(bool, u32)]| {
+        let mut top = TopK::new(opts.per_job.max(1));
+        let mut out = Vec::new();
+        let mut scored = 0;
+        for &(is_row, i) in chunk {
+            scored += if is_row {
+                pricer.row(i, &mut top, &mut out)
+            } else {
+                pricer.col(i, &mut top, &mut out)
+            };
+        }
+        (out, scored)
+    };
+    // Threads pay off from a few dozen full rows on.
+    let threads = if items.len() < 64 {
+        1
+    } else {
+        opts.threads.max(1)
+    };
+    let parts: Vec<(Vec<Edge>, u64)> = if threads == 1 {
+        vec![work(&items)]
+    } else {
+        // Interleaved blocks: rows are ordered, costs vary along them.
+        let block = 256;
+        let chunks: Vec<&[(bool, u32)]> = items.chunks(block).collect();
+        std::thread::scope(|sc| {
+            let handles: Vec<_> = (0..threads)
+                .map(|t| {
+                    let chunks = &chunks;
+                    let work = &work;
+                    sc.spawn(move || {
+                        let mut out = Vec::new();
+                        let mut scored = 0;
+                        for c in chunks.iter().skip(t).step_by(threads) {
+                            let (o, n) = work(c);
+                            out.extend(o);
+                            scored += n;
+                        }
+                        (out, scored)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("pricing worker panicked"))
+                .collect()
+        })
+    };
+    stats.passes += 1;
+    stats.rows += rows.len() as u64;
+    stats.cols += cols.len() as u64;
+    let mut out = Vec::new();
+    for (o, n) in parts {
+        out.extend(o);
+        stats.scored += n;
+    }
+    out.sort_unstable_by_key(|e| (e.job, e.gpu));
+    out.dedup_by_key(|e| (e.job, e.gpu));
+    stats.added += out.len();
+    out
+}
+
+/// Merges sorted, disjoint edge lists.
+fn merge(a: Vec<Edge>, b: &[Edge]) -> Vec<Edge> {
+    if b.is_empty() {
+        return a;
+    }
+    let mut out = Vec::with_capacity(a.len() + b.len());
+    let (mut i, mut k) = (0, 0);
+    while i < a.len() && k < b.len() {
+        if (a[i].job, a[i].gpu) <= (b[k].job, b[k].gpu) {
+            out.push(a[i]);
+            i += 1;
+        } else {
+            out.push(b[k]);
+            k += 1;
+        }
+    }
+    out.extend_from_slice(&a[i..]);
+    out.extend_from_slice(&b[k..]);
+    out
+}
+
+fn start_of(sol: &Solution, jobs: usize) -> (Vec<u32>, Vec<i64>) {
+    (sol.job_gpu(jobs), sol.duals.gpu.clone())
+}
+
+/// Re-solve warm and price `rows`/`cols` of what `falling` says until no
+/// violated pair is left. `falling(sol)` gives the rows and columns to
+/// price for a solution.
+fn converge<S: Scores>(
+    s: &S,
+    mut edges: Vec<Edge>,
+    mut sol: Solution,
+    opts: &ExactOptions,
+    stats: &mut PricingStats,
+    falling: impl Fn(&Solution) -> (Vec<u32>, Vec<u32>),
+) -> (Vec<Edge>, Solution) {
+    loop {
+        let (rows, cols) = falling(&sol);
+        let add = price(s, &sol.duals, &rows, &cols, opts, stats);
+        if add.is_empty() {
+            return (edges, sol);
+        }
+        edges = merge(edges, &add);
+        let (job_gpu, prices) = start_of(&sol, s.jobs());
+        sol = solve_warm_sorted(
+            s.jobs(),
+            s.gpus(),
+            &edges,
+            &Start {
+                job_gpu: &job_gpu,
+                price: &prices,
+            },
+        );
+    }
+}
+
+/// The maximum-weight matching of the full graph of `s`, starting from the
+/// candidate graph `initial` (any feasible pairs with their weights).
+pub fn solve_exact<S: Scores>(
+    s: &S,
+    initial: &[Edge],
+    opts: &ExactOptions,
+) -> Result<Exact, InputError> {
+    let solve_opts = SolveOptions {
+        threads: opts.threads.max(1),
+        ..SolveOptions::default()
+    };
+    let sol = solve_with(s.jobs(), s.gpus(), initial, &solve_opts)?;
+    let mut edges = initial.to_vec();
+    edges.sort_unstable_by_key(|e| (e.job, e.gpu));
+    let mut pricing = PricingStats::default();
+    let all: Vec<u32> = (0..s.jobs() as u32).collect();
+    let (edges, solution) = converge(s, edges, sol, opts, &mut pricing, |_| {
+        (all.clone(), Vec::new())
+    });
+    Ok(Exact {
+        solution,
+        edges,
+        pricing,
+    })
+}
+
+/// A round cache: the last round's certified state (see the module docs).
+#[derive(Debug, Clone)]
+pub struct Incremental {
+    exact: Exact,
+    jobs: usize,
+    gpus: usize,
+}
+
+impl Incremental {
+    /// A cold round ([`solve_exact`]) that later rounds start from.
+    pub fn cold<S: Scores>(
+        s: &S,
+        initial: &[Edge],
+        opts: &ExactOptions,
+    ) -> Result<Incremental, InputError> {
+        Ok(Incremental {
+            exact: solve_exact(s, initial, opts)?,
+            jobs: s.jobs(),
+            gpus: s.gpus(),
+        })
+    }
+
+    /// The current round.
+    pub fn exact(&self) -> &Exact {
+        &self.exact
+    }
+
+    /// The next round after `changed_jobs` and `changed_gpus` (any pair
+    /// touching one of them may have a new weight, or none); every other
+    /// pair must weigh what it did. Same indices and sizes as before.
+    pub fn update<S: Scores>(
+        &mut self,
+        s: &S,
+        changed_jobs: &[u32],
+        changed_gpus: &[u32],
+        opts: &ExactOptions,
+    ) -> &Exact {
+        assert_eq!(
+            (s.jobs(), s.gpus()),
+            (self.jobs, self.gpus),
+            "an incremental round keeps the index space"
+        );
+        let mut cj = vec![false; self.jobs];
+        let mut cg = vec![false; self.gpus];
+        for &j in changed_jobs {
+            cj[j as usize] = true;
+        }
+        for &g in changed_gpus {
+            cg[g as usize] = true;
+        }
+        let mut edges = std::mem::take(&mut self.exact.edges);
+        edges.retain(|e| !cj[e.job as usize] && !cg[e.gpu as usize]);
+        let base = std::mem::take(&mut self.exact.solution.duals);
+        let mut job_gpu = self.exact.solution.job_gpu(self.jobs);
+        for (j, g) in job_gpu.iter_mut().enumerate() {
+            if cj[j] || (*g as usize) < self.gpus && cg[*g as usize] {
+                *g = u32::MAX;
+            }
+        }
+        let mut prices = base.gpu.clone();
+        for (g, p) in prices.iter_mut().enumerate() {
+            if cg[g] {
+                *p = 0;
+            }
+        }
+        let sol = solve_warm_sorted(
+            self.jobs,
+            self.gpus,
+            &edges,
+            &Start {
+                job_gpu: &job_gpu,
+                price: &prices,
+            },
+        );
+        let mut pricing = PricingStats::default();
+        let (edges, solution) = converge(s, edges, sol, opts, &mut pricing, |sol| {
+            let rows = (0..self.jobs as u32)
+                .filter(|&j| cj[j as usize] || sol.duals.job[j as usize] < base.job[j as usize])
+                .collect();
+            let cols = (0..self.gpus as u32)
+                .filter(|&g| cg[g as usize] || sol.duals.gpu[g as usize] < base.gpu[g as usize])
+                .collect();
+            (rows, cols)
+        });
+        self.exact = Exact {
+            solution,
+            edges,
+            pricing,
+        };
+        &self.exact
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::prune::prune_scored;
+    use crate::reference::dense_kuhn_munkres;
+    use crate::solver::verify_certificate;
+    use crate::synth::{Cluster, WeightMode};
+
+    fn check_exact<S: Scores>(s: &S, all: &[Edge], initial: &[Edge], opts: &ExactOptions) -> Exact {
+        let exact = solve_exact(s, initial, opts).expect("valid edges");
+        let dense = dense_kuhn_munkres(s.jobs(), s.gpus(), all);
+        assert_eq!(exact.solution.matching.objective, dense.objective);
+        // The certificate holds over every feasible pair.
+        verify_certificate(
+            s.jobs(),
+            s.gpus(),
+            all,
+            &exact.solution.matching,
+            &exact.solution.duals,
+        )
+        .expect("certificate on the full graph");
+        exact
+    }
+
+    #[test]
+    fn pricing_reaches_the_dense_optimum_of_the_full_graph() {
+        for mode in [WeightMode::Structured, WeightMode::Uniform] {
+            for (gpus, jobs, seed) in [(50, 30, 1), (80, 120, 2), (300, 200, 3), (150, 150, 4)] {
+                let c = Cluster::generate(gpus, jobs, seed, mode);
+                let all = c.all_edges();
+                for (k, per_job, threads) in [(2, 1, 1), (4, 8, 2), (16, 3, 2)] {
+                    let opts = ExactOptions { per_job, threads };
+                    // Bounded pricing (the cluster's groups) and plain scans.
+                    check_exact(&c, &all, &c.candidates(k, threads), &opts);
+                    let plain = FnScores {
+                        jobs,
+                        gpus,
+                        score: |j, g| c.weight(j, g),
+                    };
+                    check_exact(&plain, &all, &c.top_k_candidates(k, threads), &opts);
+                }
+                // From nothing at all: pricing builds the graph.
+                check_exact(&c, &all, &[], &ExactOptions::default());
+            }
+        }
+    }
+
+    /// Every job ranks the same 4 GPUs first; its best partner in the
+    /// optimum is a private GPU outside its top 4 (and outside the top 4 of
+    /// every other job).
+    #[test]
+    fn planted_optimum_outside_every_top_k_is_found() {
+        let (jobs, k) = (40usize, 4usize);
+        let gpus = k + jobs + 20;
+        let score = |j: u32, g: u32| -> Option<i64> {
+            let (j, g) = (j as i64, g as i64);
+            Some(if g < k as i64 {
+                1000 - j - g
+            } else if g == k as i64 + j {
+                900
+            } else {
+                1 + (j * 7 + g * 13) % 50
+            })
+        };
+        let s = FnScores { jobs, gpus, score };
+        let mut all = Vec::new();
+        for j in 0..jobs as u32 {
+            for g in 0..gpus as u32 {
+                all.push(Edge {
+                    job: j,
+                    gpu: g,
+                    weight: score(j, g).unwrap(),
+                });
+            }
+        }
+        let top = prune_scored(jobs, gpus, k, 1, score);
+        let pruned = solve_with(jobs, gpus, &top, &SolveOptions::default()).unwrap();
+        assert_eq!(pruned.matching.pairs.len(), k, "top-k alone places k jobs");
+        let exact = check_exact(&s, &all, &top, &ExactOptions::default());
+        let outside = exact
+            .solution
+            .matching
+            .pairs
+            .iter()
+            .filter(|&&(j, g)| !top.iter().any(|e| (e.job, e.gpu) == (j, g)))
+            .count();
+        assert_eq!(outside, jobs - k);
+        assert_eq!(
+            exact.solution.matching.objective,
+            900 * 36 + 1000 * 4 - 6 - 6
+        );
+    }
+
+    fn cold(c: &Cluster, opts: &ExactOptions) -> Exact {
+        solve_exact(c, &c.candidates(4, 1), opts).unwrap()
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+        /// After any sequence of job replacements and GPU health flips, the
+        /// incremental round has the cold round's optimum and a certificate
+        /// on the full graph.
+        #[test]
+        fn incremental_round_equals_cold_round(
+            gpus in 10usize..70,
+            jobs in 5usize..60,
+            seed in 0u64..1000,
+            uniform in proptest::bool::ANY,
+            steps in proptest::collection::vec(
+                (proptest::collection::vec(0usize..1000, 0..6),
+                 proptest::collection::vec(0usize..1000, 0..6)),
+                1..5),
+        ) {
+            use rand::SeedableRng;
+            let mode = if uniform { WeightMode::Uniform } else { WeightMode::Structured };
+            let mut c = Cluster::generate(gpus, jobs, seed, mode);
+            let opts = ExactOptions { per_job: 2, threads: 1 };
+            let mut inc = Incremental::cold(&c, &c.candidates(4, 1), &opts).unwrap();
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+            for (js, gs) in steps {
+                let js: Vec<u32> = js.iter().map(|&j| (j % jobs) as u32).collect();
+                let gs: Vec<u32> = gs.iter().map(|&g| (g % gpus) as u32).collect();
+                for &j in &js {
+                    c.replace_job(j as usize, &mut rng);
+                }
+                let mut flipped = gs.clone();
+                flipped.sort_unstable();
+                flipped.dedup();
+                for &g in &flipped {
+                    c.toggle_health(g as usize);
+                }
+                c.regroup();
+                let got = inc.update(&c, &js, &gs, &opts).clone();
+                let want = cold(&c, &opts);
+                proptest::prop_assert_eq!(got.solution.matching.objective,
+                    want.solution.matching.objective);
+                let all = c.all_edges();
+                let cert = verify_certificate(jobs, gpus, &all, &got.solution.matching,
+                    &got.solution.duals);
+                proptest::prop_assert!(cert.is_ok(), "{:?}", cert);
+            }
+        }
+    }
+}
