@@ -34,9 +34,8 @@
 //! the start only saves work, the certificate is rebuilt each round, and a
 //! fresh [`Incremental::cold`] gives the same optimum.
 
-use crate::prune::TopK;
 use crate::solver::{
-    solve_warm_sorted, solve_with, Duals, Edge, InputError, Solution, SolveOptions, Start,
+    solve_warm_sorted, solve_with, Edge, InputError, Solution, SolveOptions, Start,
 };
 
 /// The full feasible graph, scored on demand.
@@ -120,177 +119,268 @@ pub struct Exact {
     pub pricing: PricingStats,
 }
 
-/// One pass's view of the duals: per-group GPU orders by price.
-struct Pricer<'a, S: Scores> {
-    s: &'a S,
-    duals: &'a Duals,
-    /// Per group: (price, GPU) increasing.
-    by_price: Option<Vec<Vec<(i64, u32)>>>,
+/// Reference duals: for every pair `(j, g)` outside the candidate graph,
+/// `w(j, g) ≤ ru[j] + rp[g]`. With the current duals `(u, p)`, a pair can
+/// only be violated where `u[j] < ru[j]` or `p[g] < rp[g]`: pricing scans
+/// just those rows and columns. `i64::MAX` = unknown (scan it).
+#[derive(Debug, Clone, Default)]
+struct Reference {
+    ru: Vec<i64>,
+    rp: Vec<i64>,
 }
 
-impl<'a, S: Scores> Pricer<'a, S> {
-    fn new(s: &'a S, duals: &'a Duals) -> Self {
-        let by_price = s.groups().map(|(group_of, n)| {
-            let mut v: Vec<Vec<(i64, u32)>> = vec![Vec::new(); n];
-            for (g, &c) in group_of.iter().enumerate() {
-                if (c as usize) < n {
-                    v[c as usize].push((duals.gpu[g], g as u32));
+/// Per-group GPUs by increasing reference price.
+fn groups_by_price<S: Scores>(s: &S, rp: &[i64]) -> Option<Vec<Vec<(i64, u32)>>> {
+    s.groups().map(|(group_of, n)| {
+        let mut v: Vec<Vec<(i64, u32)>> = vec![Vec::new(); n];
+        for (g, &c) in group_of.iter().enumerate() {
+            if (c as usize) < n {
+                v[c as usize].push((rp[g], g as u32));
+            }
+        }
+        for l in &mut v {
+            l.sort_unstable();
+        }
+        v
+    })
+}
+
+/// Scratch of one pricing worker.
+struct Scratch {
+    /// GPUs of the row's candidate edges.
+    mark: Vec<bool>,
+    /// (value, index) pairs above the threshold.
+    hits: Vec<(i64, u32)>,
+}
+
+/// Keeps the `cap` best hits (value, then lower index); returns the best
+/// value left out (`i64::MIN`: none).
+fn keep_best(hits: &mut Vec<(i64, u32)>, cap: usize) -> i64 {
+    if hits.len() <= cap {
+        return i64::MIN;
+    }
+    hits.sort_unstable_by_key(|&(v, i)| (std::cmp::Reverse(v), i));
+    let spill = hits[cap].0;
+    hits.truncate(cap);
+    spill
+}
+
+/// Prices row `j` at prices `rp` (the current ones): pairs outside the
+/// graph with `w − rp[g] > u` become candidates (the best `cap`); returns
+/// the row's new reference dual, the largest `w − rp[g]` of every other
+/// pair outside the graph, exact where scored and from the group bound
+/// where skipped.
+#[allow(clippy::too_many_arguments)]
+fn price_row<S: Scores>(
+    s: &S,
+    rp: &[i64],
+    groups: &Option<Vec<Vec<(i64, u32)>>>,
+    j: u32,
+    u: i64,
+    row_edges: &[Edge],
+    cap: usize,
+    sc: &mut Scratch,
+    out: &mut Vec<Edge>,
+    scored: &mut u64,
+) -> i64 {
+    for e in row_edges {
+        sc.mark[e.gpu as usize] = true;
+    }
+    let mut ru = i64::MIN;
+    let mut offer = |g: u32, r: i64, ru: &mut i64, hits: &mut Vec<(i64, u32)>| {
+        if sc.mark[g as usize] {
+            return;
+        }
+        *scored += 1;
+        if let Some(w) = s.weight(j, g) {
+            let v = w - r;
+            if v > u {
+                hits.push((v, g));
+            } else {
+                *ru = (*ru).max(v);
+            }
+        }
+    };
+    let mut hits = std::mem::take(&mut sc.hits);
+    match groups {
+        None => {
+            for g in 0..s.gpus() as u32 {
+                offer(g, rp[g as usize], &mut ru, &mut hits);
+            }
+        }
+        Some(groups) => {
+            for (c, list) in groups.iter().enumerate() {
+                let Some(&(min_p, _)) = list.first() else {
+                    continue;
+                };
+                let Some(b) = s.group_bound(j, c as u32) else {
+                    continue;
+                };
+                if b.saturating_sub(min_p) <= u {
+                    ru = ru.max(b.saturating_sub(min_p));
+                    continue;
+                }
+                for &(r, g) in list {
+                    if b.saturating_sub(r) <= u {
+                        ru = ru.max(b.saturating_sub(r));
+                        break;
+                    }
+                    offer(g, r, &mut ru, &mut hits);
                 }
             }
-            for l in &mut v {
-                l.sort_unstable();
-            }
-            v
+        }
+    }
+    ru = ru.max(keep_best(&mut hits, cap));
+    for &(v, g) in &hits {
+        out.push(Edge {
+            job: j,
+            gpu: g,
+            weight: v + rp[g as usize],
         });
-        Pricer { s, duals, by_price }
     }
-
-    /// Job `j`'s most violated pairs (reduced cost > 0), at most `cap`.
-    fn row(&self, j: u32, top: &mut TopK, out: &mut Vec<Edge>) -> u64 {
-        let u = self.duals.job[j as usize];
-        let mut scored = 0u64;
-        let mut offer = |g: u32, p: i64| {
-            scored += 1;
-            if let Some(w) = self.s.weight(j, g) {
-                let rc = w - p - u;
-                if rc > 0 && top.admits(rc) {
-                    top.offer((rc, g));
-                }
-            }
-        };
-        match &self.by_price {
-            None => {
-                for g in 0..self.s.gpus() as u32 {
-                    offer(g, self.duals.gpu[g as usize]);
-                }
-            }
-            Some(groups) => {
-                for (c, list) in groups.iter().enumerate() {
-                    let Some(&(min_p, _)) = list.first() else {
-                        continue;
-                    };
-                    let Some(b) = self.s.group_bound(j, c as u32) else {
-                        continue;
-                    };
-                    if b.saturating_sub(min_p) <= u {
-                        continue;
-                    }
-                    for &(p, g) in list {
-                        if b.saturating_sub(p) <= u {
-                            break;
-                        }
-                        offer(g, p);
-                    }
-                }
-            }
-        }
-        for &(rc, g) in &top.items {
-            out.push(Edge {
-                job: j,
-                gpu: g,
-                weight: rc + self.duals.gpu[g as usize] + u,
-            });
-        }
-        top.clear();
-        scored
+    hits.clear();
+    sc.hits = hits;
+    for e in row_edges {
+        sc.mark[e.gpu as usize] = false;
     }
-
-    /// GPU `g`'s most violated pairs, at most `cap`.
-    fn col(&self, g: u32, top: &mut TopK, out: &mut Vec<Edge>) -> u64 {
-        let p = self.duals.gpu[g as usize];
-        for j in 0..self.s.jobs() as u32 {
-            if let Some(w) = self.s.weight(j, g) {
-                let rc = w - p - self.duals.job[j as usize];
-                if rc > 0 && top.admits(rc) {
-                    top.offer((rc, j));
-                }
-            }
-        }
-        for &(rc, j) in &top.items {
-            out.push(Edge {
-                job: j,
-                gpu: g,
-                weight: rc + p + self.duals.job[j as usize],
-            });
-        }
-        top.clear();
-        self.s.jobs() as u64
-    }
+    ru
 }
 
-/// Violated pairs of the given rows and columns, sorted by (job, GPU),
-/// without duplicates.
+/// Runs `work` over `items` on up to `threads` workers (interleaved blocks)
+/// and returns the workers' results.
+fn parallel<T: Send, I: Sync>(
+    items: &[I],
+    threads: usize,
+    work: impl Fn(&[I]) -> T + Sync,
+) -> Vec<T> {
+    // Threads pay off from a few dozen full rows on.
+    let threads = if items.len() < 64 { 1 } else { threads.max(1) };
+    if threads == 1 {
+        return vec![work(items)];
+    }
+    let chunks: Vec<&[I]> = items.chunks(128).collect();
+    std::thread::scope(|sc| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let (chunks, work) = (&chunks, &work);
+                sc.spawn(move || {
+                    chunks
+                        .iter()
+                        .skip(t)
+                        .step_by(threads)
+                        .map(|c| work(c))
+                        .collect::<Vec<T>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("pricing worker panicked"))
+            .collect()
+    })
+}
+
+/// One pricing pass: columns whose price fell below the reference, then
+/// the reference prices become the current ones, then rows whose dual is
+/// below their reference. Returns the candidates to add, sorted by (job, GPU), unique.
 fn price<S: Scores>(
     s: &S,
-    duals: &Duals,
-    rows: &[u32],
-    cols: &[u32],
+    edges: &[Edge],
+    sol: &Solution,
+    r: &mut Reference,
     opts: &ExactOptions,
     stats: &mut PricingStats,
 ) -> Vec<Edge> {
-    let pricer = Pricer::new(s, duals);
-    // Rows and columns as one list of work items, split in blocks.
-    let items: Vec<(bool, u32)> = rows
-        .iter()
-        .map(|&j| (true, j))
-        .chain(cols.iter().map(|&g| (false, g)))
-        .collect();
-    let work = |chunk: &[(bool, u32)]| {
-        let mut top = TopK::new(opts.per_job.max(1));
-        let mut out = Vec::new();
-        let mut scored = 0;
-        for &(is_row, i) in chunk {
-            scored += if is_row {
-                pricer.row(i, &mut top, &mut out)
-            } else {
-                pricer.col(i, &mut top, &mut out)
-            };
-        }
-        (out, scored)
-    };
-    // Threads pay off from a few dozen full rows on.
-    let threads = if items.len() < 64 {
-        1
-    } else {
-        opts.threads.max(1)
-    };
-    let parts: Vec<(Vec<Edge>, u64)> = if threads == 1 {
-        vec![work(&items)]
-    } else {
-        // Interleaved blocks: rows are ordered, costs vary along them.
-        let block = 256;
-        let chunks: Vec<&[(bool, u32)]> = items.chunks(block).collect();
-        std::thread::scope(|sc| {
-            let handles: Vec<_> = (0..threads)
-                .map(|t| {
-                    let chunks = &chunks;
-                    let work = &work;
-                    sc.spawn(move || {
-                        let mut out = Vec::new();
-                        let mut scored = 0;
-                        for c in chunks.iter().skip(t).step_by(threads) {
-                            let (o, n) = work(c);
-                            out.extend(o);
-                            scored += n;
-                        }
-                        (out, scored)
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().expect("pricing worker panicked"))
-                .collect()
-        })
-    };
-    stats.passes += 1;
-    stats.rows += rows.len() as u64;
-    stats.cols += cols.len() as u64;
+    let (jobs, gpus) = (s.jobs(), s.gpus());
+    let (u, p) = (&sol.duals.job, &sol.duals.gpu);
+    let cap = opts.per_job.max(1);
     let mut out = Vec::new();
-    for (o, n) in parts {
-        out.extend(o);
-        stats.scored += n;
+
+    let cols: Vec<u32> = (0..gpus as u32)
+        .filter(|&g| p[g as usize] < r.rp[g as usize])
+        .collect();
+    let is_edge = |j: u32, g: u32| {
+        edges
+            .binary_search_by_key(&(j, g), |e| (e.job, e.gpu))
+            .is_ok()
+    };
+    let parts = parallel(&cols, opts.threads, |chunk| {
+        let mut ru = vec![i64::MIN; jobs];
+        let mut found = Vec::new();
+        let mut hits = Vec::new();
+        for &g in chunk {
+            let pg = p[g as usize];
+            for j in 0..jobs as u32 {
+                if let Some(w) = s.weight(j, g) {
+                    let v = w - pg;
+                    ru[j as usize] = ru[j as usize].max(v);
+                    if v > u[j as usize] && !is_edge(j, g) {
+                        hits.push((v - u[j as usize], j));
+                    }
+                }
+            }
+            keep_best(&mut hits, cap);
+            found.extend(hits.drain(..).map(|(rc, j)| Edge {
+                job: j,
+                gpu: g,
+                weight: rc + pg + u[j as usize],
+            }));
+        }
+        (ru, found)
+    });
+    for (ru, found) in parts {
+        for (a, b) in r.ru.iter_mut().zip(ru) {
+            *a = (*a).max(b);
+        }
+        out.extend(found);
     }
+    // Raising a reference price keeps the invariant, and lowering one was
+    // paid for by its column scan: the reference is now the current prices.
+    r.rp.copy_from_slice(p);
+    stats.cols += cols.len() as u64;
+    stats.scored += (cols.len() * jobs) as u64;
+
+    let rows: Vec<u32> = (0..jobs as u32)
+        .filter(|&j| u[j as usize] < r.ru[j as usize])
+        .collect();
+    let groups = groups_by_price(s, &r.rp);
+    let rp = &r.rp;
+    let parts = parallel(&rows, opts.threads, |chunk| {
+        let mut sc = Scratch {
+            mark: vec![false; gpus],
+            hits: Vec::new(),
+        };
+        let mut found = Vec::new();
+        let mut ru = Vec::with_capacity(chunk.len());
+        let mut scored = 0u64;
+        for &j in chunk {
+            let lo = edges.partition_point(|e| e.job < j);
+            let hi = lo + edges[lo..].partition_point(|e| e.job == j);
+            let v = price_row(
+                s,
+                rp,
+                &groups,
+                j,
+                u[j as usize],
+                &edges[lo..hi],
+                cap,
+                &mut sc,
+                &mut found,
+                &mut scored,
+            );
+            ru.push((j, v));
+        }
+        (ru, found, scored)
+    });
+    for (ru, found, scored) in parts {
+        for (j, v) in ru {
+            r.ru[j as usize] = v;
+        }
+        out.extend(found);
+        stats.scored += scored;
+    }
+    stats.rows += rows.len() as u64;
+    stats.passes += 1;
     out.sort_unstable_by_key(|e| (e.job, e.gpu));
     out.dedup_by_key(|e| (e.job, e.gpu));
     stats.added += out.len();
@@ -322,20 +412,32 @@ fn start_of(sol: &Solution, jobs: usize) -> (Vec<u32>, Vec<i64>) {
     (sol.job_gpu(jobs), sol.duals.gpu.clone())
 }
 
-/// Re-solve warm and price `rows`/`cols` of what `falling` says until no
-/// violated pair is left. `falling(sol)` gives the rows and columns to
-/// price for a solution.
+/// Prices and re-solves warm until a pass finds nothing: then every pair
+/// outside the graph has `w ≤ ru + rp ≤ u + p` and the solution's
+/// certificate holds on the full graph.
 fn converge<S: Scores>(
     s: &S,
     mut edges: Vec<Edge>,
     mut sol: Solution,
+    r: &mut Reference,
     opts: &ExactOptions,
     stats: &mut PricingStats,
-    falling: impl Fn(&Solution) -> (Vec<u32>, Vec<u32>),
 ) -> (Vec<Edge>, Solution) {
     loop {
-        let (rows, cols) = falling(&sol);
-        let add = price(s, &sol.duals, &rows, &cols, opts, stats);
+        let t = std::time::Instant::now();
+        let before = (stats.rows, stats.cols, stats.scored);
+        let add = price(s, &edges, &sol, r, opts, stats);
+        if std::env::var_os("MUXFLOW_PRICING_TRACE").is_some() {
+            eprintln!(
+                "pricing pass: {} rows, {} cols, {} scored, {} added, {:.1} ms; last solve {:?}",
+                stats.rows - before.0,
+                stats.cols - before.1,
+                stats.scored - before.2,
+                add.len(),
+                t.elapsed().as_secs_f64() * 1e3,
+                sol.stats
+            );
+        }
         if add.is_empty() {
             return (edges, sol);
         }
@@ -360,29 +462,14 @@ pub fn solve_exact<S: Scores>(
     initial: &[Edge],
     opts: &ExactOptions,
 ) -> Result<Exact, InputError> {
-    let solve_opts = SolveOptions {
-        threads: opts.threads.max(1),
-        ..SolveOptions::default()
-    };
-    let sol = solve_with(s.jobs(), s.gpus(), initial, &solve_opts)?;
-    let mut edges = initial.to_vec();
-    edges.sort_unstable_by_key(|e| (e.job, e.gpu));
-    let mut pricing = PricingStats::default();
-    let all: Vec<u32> = (0..s.jobs() as u32).collect();
-    let (edges, solution) = converge(s, edges, sol, opts, &mut pricing, |_| {
-        (all.clone(), Vec::new())
-    });
-    Ok(Exact {
-        solution,
-        edges,
-        pricing,
-    })
+    Incremental::cold(s, initial, opts).map(|i| i.exact)
 }
 
 /// A round cache: the last round's certified state (see the module docs).
 #[derive(Debug, Clone)]
 pub struct Incremental {
     exact: Exact,
+    reference: Reference,
     jobs: usize,
     gpus: usize,
 }
@@ -394,8 +481,26 @@ impl Incremental {
         initial: &[Edge],
         opts: &ExactOptions,
     ) -> Result<Incremental, InputError> {
+        let solve_opts = SolveOptions {
+            threads: opts.threads.max(1),
+            ..SolveOptions::default()
+        };
+        let sol = solve_with(s.jobs(), s.gpus(), initial, &solve_opts)?;
+        let mut edges = initial.to_vec();
+        edges.sort_unstable_by_key(|e| (e.job, e.gpu));
+        let mut reference = Reference {
+            ru: vec![i64::MAX; s.jobs()],
+            rp: sol.duals.gpu.clone(),
+        };
+        let mut pricing = PricingStats::default();
+        let (edges, solution) = converge(s, edges, sol, &mut reference, opts, &mut pricing);
         Ok(Incremental {
-            exact: solve_exact(s, initial, opts)?,
+            exact: Exact {
+                solution,
+                edges,
+                pricing,
+            },
+            reference,
             jobs: s.jobs(),
             gpus: s.gpus(),
         })
@@ -425,20 +530,21 @@ impl Incremental {
         let mut cg = vec![false; self.gpus];
         for &j in changed_jobs {
             cj[j as usize] = true;
+            self.reference.ru[j as usize] = i64::MAX;
         }
         for &g in changed_gpus {
             cg[g as usize] = true;
+            self.reference.rp[g as usize] = i64::MAX;
         }
         let mut edges = std::mem::take(&mut self.exact.edges);
         edges.retain(|e| !cj[e.job as usize] && !cg[e.gpu as usize]);
-        let base = std::mem::take(&mut self.exact.solution.duals);
         let mut job_gpu = self.exact.solution.job_gpu(self.jobs);
         for (j, g) in job_gpu.iter_mut().enumerate() {
             if cj[j] || (*g as usize) < self.gpus && cg[*g as usize] {
                 *g = u32::MAX;
             }
         }
-        let mut prices = base.gpu.clone();
+        let mut prices = std::mem::take(&mut self.exact.solution.duals.gpu);
         for (g, p) in prices.iter_mut().enumerate() {
             if cg[g] {
                 *p = 0;
@@ -454,15 +560,7 @@ impl Incremental {
             },
         );
         let mut pricing = PricingStats::default();
-        let (edges, solution) = converge(s, edges, sol, opts, &mut pricing, |sol| {
-            let rows = (0..self.jobs as u32)
-                .filter(|&j| cj[j as usize] || sol.duals.job[j as usize] < base.job[j as usize])
-                .collect();
-            let cols = (0..self.gpus as u32)
-                .filter(|&g| cg[g as usize] || sol.duals.gpu[g as usize] < base.gpu[g as usize])
-                .collect();
-            (rows, cols)
-        });
+        let (edges, solution) = converge(s, edges, sol, &mut self.reference, opts, &mut pricing);
         self.exact = Exact {
             solution,
             edges,
