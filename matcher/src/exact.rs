@@ -296,55 +296,101 @@ fn price<S: Scores>(
     let cap = opts.per_job.max(1);
     let mut out = Vec::new();
 
+    // Columns with no reference (changed GPUs, pending columns) are scanned
+    // whole; a finite price drop is priced from the rows' side below.
     let cols: Vec<u32> = (0..gpus as u32)
-        .filter(|&g| p[g as usize] < r.rp[g as usize])
+        .filter(|&g| r.rp[g as usize] == i64::MAX)
         .collect();
     let is_edge = |j: u32, g: u32| {
         edges
             .binary_search_by_key(&(j, g), |e| (e.job, e.gpu))
             .is_ok()
     };
+    // A column with more violated pairs than it may add stays pending (its
+    // reference unknown) and is scanned again at the next pass, when its
+    // price has moved; otherwise its pairs raise the rows' references.
     let parts = parallel(&cols, opts.threads, |chunk| {
         let mut ru = vec![i64::MIN; jobs];
         let mut found = Vec::new();
+        let mut pending = Vec::new();
         let mut hits = Vec::new();
+        let mut values = Vec::with_capacity(jobs);
         for &g in chunk {
             let pg = p[g as usize];
             for j in 0..jobs as u32 {
                 if let Some(w) = s.weight(j, g) {
                     let v = w - pg;
-                    ru[j as usize] = ru[j as usize].max(v);
+                    values.push((j, v));
                     if v > u[j as usize] && !is_edge(j, g) {
                         hits.push((v - u[j as usize], j));
                     }
                 }
             }
-            keep_best(&mut hits, cap);
+            if keep_best(&mut hits, cap) == i64::MIN {
+                for &(j, v) in &values {
+                    ru[j as usize] = ru[j as usize].max(v);
+                }
+            } else {
+                pending.push(g);
+            }
+            values.clear();
             found.extend(hits.drain(..).map(|(rc, j)| Edge {
                 job: j,
                 gpu: g,
                 weight: rc + pg + u[j as usize],
             }));
         }
-        (ru, found)
+        (ru, found, pending)
     });
-    for (ru, found) in parts {
+    let mut pending = Vec::new();
+    for (ru, found, pend) in parts {
         for (a, b) in r.ru.iter_mut().zip(ru) {
             *a = (*a).max(b);
         }
         out.extend(found);
+        pending.extend(pend);
     }
-    // Raising a reference price keeps the invariant, and lowering one was
-    // paid for by its column scan: the reference is now the current prices.
+    // Price drops since the reference, largest first.
+    let mut drops: Vec<(i64, u32)> = (0..gpus as u32)
+        .filter(|&g| p[g as usize] < r.rp[g as usize] && r.rp[g as usize] != i64::MAX)
+        .map(|g| (r.rp[g as usize] - p[g as usize], g))
+        .collect();
+    drops.sort_unstable_by_key(|&(d, g)| (std::cmp::Reverse(d), g));
+    let max_drop = drops.first().map_or(0, |d| d.0);
+    // The reference prices become the current ones (pending columns stay
+    // unknown): raising one keeps the invariant; a drop is paid for below.
     r.rp.copy_from_slice(p);
+    for g in pending {
+        r.rp[g as usize] = i64::MAX;
+    }
     stats.cols += cols.len() as u64;
     stats.scored += (cols.len() * jobs) as u64;
 
-    let rows: Vec<u32> = (0..jobs as u32)
-        .filter(|&j| u[j as usize] < r.ru[j as usize])
+    // Rows: a full scan where the dual fell below the reference; where it
+    // is above by a margin m, only the GPUs whose price fell by more than m
+    // can hold a violated pair.
+    let rows: Vec<(u32, bool)> = (0..jobs as u32)
+        .filter_map(|j| {
+            let (uj, ru) = (u[j as usize], r.ru[j as usize]);
+            if uj < ru {
+                Some((j, true))
+            } else if uj.saturating_sub(ru) < max_drop {
+                Some((j, false))
+            } else {
+                None
+            }
+        })
         .collect();
+    // Rows not scanned keep the invariant at the lowered prices by taking
+    // on the largest drop (their margin covers it).
+    for (j, ru) in r.ru.iter_mut().enumerate() {
+        let (uj, v) = (u[j], *ru);
+        if uj >= v && uj.saturating_sub(v) >= max_drop {
+            *ru = v.saturating_add(max_drop);
+        }
+    }
     let groups = groups_by_price(s, &r.rp);
-    let rp = &r.rp;
+    let (rp, ru_old) = (&r.rp, &r.ru);
     let parts = parallel(&rows, opts.threads, |chunk| {
         let mut sc = Scratch {
             mark: vec![false; gpus],
@@ -353,21 +399,48 @@ fn price<S: Scores>(
         let mut found = Vec::new();
         let mut ru = Vec::with_capacity(chunk.len());
         let mut scored = 0u64;
-        for &j in chunk {
+        for &(j, full) in chunk {
             let lo = edges.partition_point(|e| e.job < j);
             let hi = lo + edges[lo..].partition_point(|e| e.job == j);
-            let v = price_row(
-                s,
-                rp,
-                &groups,
-                j,
-                u[j as usize],
-                &edges[lo..hi],
-                cap,
-                &mut sc,
-                &mut found,
-                &mut scored,
-            );
+            let row_edges = &edges[lo..hi];
+            let uj = u[j as usize];
+            let v = if full {
+                price_row(
+                    s, rp, &groups, j, uj, row_edges, cap, &mut sc, &mut found, &mut scored,
+                )
+            } else {
+                let base = ru_old[j as usize];
+                let margin = uj.saturating_sub(base);
+                let mut ru_new = base;
+                for &(d, g) in &drops {
+                    if d <= margin {
+                        ru_new = ru_new.max(base + d);
+                        break;
+                    }
+                    if row_edges
+                        .binary_search_by_key(&g, |e| e.gpu)
+                        .is_ok()
+                    {
+                        continue;
+                    }
+                    scored += 1;
+                    if let Some(w) = s.weight(j, g) {
+                        let v = w - p[g as usize];
+                        if v > uj {
+                            sc.hits.push((v, g));
+                        } else {
+                            ru_new = ru_new.max(v);
+                        }
+                    }
+                }
+                ru_new = ru_new.max(keep_best(&mut sc.hits, cap));
+                found.extend(sc.hits.drain(..).map(|(v, g)| Edge {
+                    job: j,
+                    gpu: g,
+                    weight: v + p[g as usize],
+                }));
+                ru_new
+            };
             ru.push((j, v));
         }
         (ru, found, scored)
