@@ -406,7 +406,16 @@ fn price<S: Scores>(
             let uj = u[j as usize];
             let v = if full {
                 price_row(
-                    s, rp, &groups, j, uj, row_edges, cap, &mut sc, &mut found, &mut scored,
+                    s,
+                    rp,
+                    &groups,
+                    j,
+                    uj,
+                    row_edges,
+                    cap,
+                    &mut sc,
+                    &mut found,
+                    &mut scored,
                 )
             } else {
                 let base = ru_old[j as usize];
@@ -417,10 +426,7 @@ fn price<S: Scores>(
                         ru_new = ru_new.max(base + d);
                         break;
                     }
-                    if row_edges
-                        .binary_search_by_key(&g, |e| e.gpu)
-                        .is_ok()
-                    {
+                    if row_edges.binary_search_by_key(&g, |e| e.gpu).is_ok() {
                         continue;
                     }
                     scored += 1;

@@ -6,8 +6,9 @@
 //! Healthy, have their offline slot free, leave room for the job's memory
 //! (its history's peak, or nothing known), and — for a job whose slot type
 //! Slurm already fixed — have that GPU index. The graph is pruned with
-//! [`crate::prune::spread_scored`] (`matcher.candidates_per_job`) and
-//! solved exactly.
+//! [`crate::prune::spread_scored`] (`matcher.candidates_per_job`), solved,
+//! and priced out ([`crate::exact`]) until the matching is a maximum of
+//! every feasible pair, not just of the candidates.
 //!
 //! A round scores every job that holds a hint and the oldest held jobs up
 //! to [`HELD_JOBS_PER_OPEN_GPU`] per open GPU ([`considered_jobs`]): a long
@@ -33,11 +34,12 @@ use std::fmt::Write as _;
 use muxflow::config::{Matcher, Policy};
 use serde::Serialize;
 
+use crate::exact::{solve_exact, ExactOptions, FnScores};
 use crate::hints::{update_args, Target};
 use crate::predict::{GpuTerms, JobTerms, Model};
 use crate::prune::spread_scored;
 use crate::reader::{ClusterState, GpuState, Names, PendingJob};
-use crate::solver::{solve_with, SolveOptions};
+use crate::solver::SolveOptions;
 use crate::weights::{quantize, to_throughput};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -188,11 +190,24 @@ pub fn plan<P: Predictor>(
         threads,
         score,
     );
-    let sol = solve_with(jobs.len(), open.len(), &edges, &SolveOptions::default())
-        .expect("candidate edges are in range, positive and unique");
+    // Exact on every feasible pair: pricing adds what pruning left out.
+    let exact = solve_exact(
+        &FnScores {
+            jobs: jobs.len(),
+            gpus: open.len(),
+            score,
+        },
+        &edges,
+        &ExactOptions {
+            threads,
+            ..ExactOptions::default()
+        },
+    )
+    .expect("candidate edges are in range, positive and unique");
+    let (sol, edges) = (exact.solution, exact.edges);
     let mut assigned: Vec<Option<(u32, i64)>> = vec![None; jobs.len()];
     for &(j, g) in &sol.matching.pairs {
-        // spread_scored returns edges sorted by (job, GPU).
+        // The final graph is sorted by (job, GPU).
         let w = edges
             .binary_search_by_key(&(j, g), |e| (e.job, e.gpu))
             .map_or(0, |k| edges[k].weight);
