@@ -506,17 +506,16 @@ fn converge<S: Scores>(
         let t = std::time::Instant::now();
         let before = (stats.rows, stats.cols, stats.scored);
         let add = price(s, &edges, &sol, r, opts, stats);
-        if std::env::var_os("MUXFLOW_PRICING_TRACE").is_some() {
-            eprintln!(
-                "pricing pass: {} rows, {} cols, {} scored, {} added, {:.1} ms; last solve {:?}",
-                stats.rows - before.0,
-                stats.cols - before.1,
-                stats.scored - before.2,
-                add.len(),
-                t.elapsed().as_secs_f64() * 1e3,
-                sol.stats
-            );
-        }
+        tracing::debug!(
+            rows = stats.rows - before.0,
+            cols = stats.cols - before.1,
+            scored = stats.scored - before.2,
+            added = add.len(),
+            ms = t.elapsed().as_secs_f64() * 1e3,
+            searches = sol.stats.searches,
+            reverse = sol.stats.reverse_searches,
+            "pricing pass"
+        );
         if add.is_empty() {
             return (edges, sol);
         }

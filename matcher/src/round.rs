@@ -151,6 +151,49 @@ pub fn considered_jobs(pending: &[PendingJob], open_gpus: usize) -> Vec<usize> {
     out
 }
 
+/// Largest jobs × GPUs a round keeps as a score matrix (4 bytes a pair).
+pub const DENSE_SCORES_MAX: usize = 24 << 20;
+
+/// Every pair's weight (0 = not a candidate), jobs in blocks on `threads`
+/// workers; `None` above [`DENSE_SCORES_MAX`] pairs or for a weight that
+/// does not fit in 32 bits (weights are ≤ 10⁶ from [`quantize`]).
+fn dense_scores(
+    jobs: usize,
+    gpus: usize,
+    threads: usize,
+    score: impl Fn(u32, u32) -> Option<i64> + Sync,
+) -> Option<Vec<i32>> {
+    if jobs.saturating_mul(gpus) > DENSE_SCORES_MAX || jobs == 0 || gpus == 0 {
+        return None;
+    }
+    let mut m = vec![0i32; jobs * gpus];
+    let block = jobs.div_ceil(threads.max(1));
+    let ok = std::thread::scope(|s| {
+        let handles: Vec<_> = m
+            .chunks_mut(block * gpus)
+            .enumerate()
+            .map(|(b, rows)| {
+                let score = &score;
+                s.spawn(move || {
+                    for (r, row) in rows.chunks_mut(gpus).enumerate() {
+                        let j = (b * block + r) as u32;
+                        for (g, w) in row.iter_mut().enumerate() {
+                            if let Some(v) = score(j, g as u32) {
+                                *w = i32::try_from(v).ok().filter(|&v| v > 0)?;
+                            }
+                        }
+                    }
+                    Some(())
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .all(|h| h.join().expect("scoring worker panicked").is_some())
+    });
+    ok.then_some(m)
+}
+
 /// Plans a round. `max_updates` bounds the `scontrol update` calls: parks
 /// first (they free slots), then placements by predicted speed.
 pub fn plan<P: Predictor>(
@@ -183,19 +226,31 @@ pub fn plan<P: Predictor>(
         model.predict(job, gpu).and_then(quantize)
     };
     let threads = SolveOptions::default().threads;
+    // Pricing scores pairs again on each pass: where the score matrix is
+    // small, score each pair once and read the matrix afterwards.
+    let matrix = dense_scores(jobs.len(), open.len(), threads, score);
+    let cached = |j: u32, g: u32| -> Option<i64> {
+        match &matrix {
+            Some(m) => {
+                let w = m[j as usize * open.len() + g as usize];
+                (w > 0).then_some(i64::from(w))
+            }
+            None => score(j, g),
+        }
+    };
     let edges = spread_scored(
         jobs.len(),
         open.len(),
         matcher.candidates_per_job,
         threads,
-        score,
+        cached,
     );
     // Exact on every feasible pair: pricing adds what pruning left out.
     let exact = solve_exact(
         &FnScores {
             jobs: jobs.len(),
             gpus: open.len(),
-            score,
+            score: cached,
         },
         &edges,
         &ExactOptions {
