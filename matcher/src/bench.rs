@@ -490,4 +490,27 @@ mod tests {
             assert!(report.matched >= report.top_k_matched);
         }
     }
+
+    #[test]
+    fn export_writes_a_header_and_one_line_per_edge() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("instance.txt");
+        let edges = [
+            Edge {
+                job: 0,
+                gpu: 2,
+                weight: 5,
+            },
+            Edge {
+                job: 1,
+                gpu: 0,
+                weight: 7,
+            },
+        ];
+        export(&path, 2, 3, &edges).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text, "# jobs gpus edges\n2 3 2\n0 2 5\n1 0 7\n");
+        let err = export(&dir.path().join("no/such/dir/f"), 1, 1, &edges).unwrap_err();
+        assert!(format!("{err:#}").contains("no/such/dir/f"), "{err:#}");
+    }
 }

@@ -741,6 +741,49 @@ mod tests {
         );
     }
 
+    /// A warm start is only a hint: any assignment and prices (stale,
+    /// conflicting, out of range) give the cold optimum with a valid
+    /// certificate.
+    #[test]
+    fn any_warm_start_gives_the_cold_optimum() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        for seed in 0..20 {
+            let mode = if seed % 2 == 0 {
+                WeightMode::Structured
+            } else {
+                WeightMode::Uniform
+            };
+            let (gpus, jobs) = (rng.gen_range(5..60), rng.gen_range(5..60));
+            let c = Cluster::generate(gpus, jobs, seed, mode);
+            let mut edges = c.candidates(3, 1);
+            edges.sort_unstable_by_key(|e| (e.job, e.gpu));
+            let cold = solve_with(jobs, gpus, &edges, &SolveOptions::default()).unwrap();
+            let job_gpu: Vec<u32> = (0..jobs)
+                .map(|_| match rng.gen_range(0..3) {
+                    0 => u32::MAX,
+                    1 => rng.gen_range(0..gpus as u32 + 3),
+                    _ => rng.gen_range(0..3),
+                })
+                .collect();
+            let price: Vec<i64> = (0..rng.gen_range(0..gpus + 3))
+                .map(|_| rng.gen_range(-1000..2_000_000))
+                .collect();
+            let warm = solve_warm_sorted(
+                jobs,
+                gpus,
+                &edges,
+                &Start {
+                    job_gpu: &job_gpu,
+                    price: &price,
+                },
+            );
+            assert_eq!(warm.matching.objective, cold.matching.objective);
+            verify_certificate(jobs, gpus, &edges, &warm.matching, &warm.duals)
+                .expect("certificate from a garbage start");
+        }
+    }
+
     fn cold(c: &Cluster, opts: &ExactOptions) -> Exact {
         solve_exact(c, &c.candidates(4, 1), opts).unwrap()
     }
