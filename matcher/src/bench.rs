@@ -137,10 +137,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<BenchReport> {
     };
     let exact_opts = ExactOptions {
         threads: args.threads,
-        per_job: std::env::var("MUXFLOW_PER_JOB")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(ExactOptions::default().per_job),
+        ..ExactOptions::default()
     };
     let t = Instant::now();
     let edges = cluster.candidates(args.candidates_per_job, args.threads);
