@@ -1,33 +1,39 @@
 //! `muxflow-matcher bench`: one matching round on a synthetic cluster, timed,
-//! against dense Kuhn–Munkres on the same candidate graph where that fits.
+//! exact on every feasible pair, then incremental rounds after small
+//! changes; dense Kuhn–Munkres on the full graph where that fits.
 //!
 //! * `round_s` = candidate pruning (score every (job, GPU) pair with the
 //!   synthetic predictor, build the production candidate graph: each job's
-//!   best k ∪ capacity-spread lists) + the exact solve. Instance
-//!   generation is excluded and shown separately.
+//!   best k ∪ capacity-spread lists) + the solve + pricing until no pair
+//!   outside the graph has a positive reduced cost ([`crate::exact`]).
+//!   Instance generation is excluded and shown separately.
 //! * `peak_mb` = the process's peak resident set (VmHWM in /proc/self/status)
-//!   read right after the round, before any reference solver runs, so it
-//!   covers instance, pruning and the solver's working set.
-//! * `objective_gap` = (reference − production) / reference, where the
-//!   reference is dense Kuhn–Munkres when it ran, else the LP dual bound the
-//!   solver's certificate gives (verified independently here). On integer
-//!   weights an exact solver shows 0.
-//! * `matched` = jobs placed; `top_k_matched` = jobs the old rule (each
-//!   job's best k only) placed, for comparison.
-//! * `pruning_bound` = (full-graph bound − production) / full-graph bound:
-//!   the most that pruning can cost against the unpruned graph, from the
-//!   solution's duals raised to feasibility on every pair. It is loose on
-//!   structured weights: `examples/pruning_loss.rs` solves the unpruned
-//!   graph exactly where that fits and measured the real loss at 0.6–0.9%
-//!   (1000², 3600×2000, 4000²) where this bound says 7–16%.
+//!   read right after the cold round, before any reference solver runs.
+//! * `objective_gap` = (reference − round) / reference, the reference being
+//!   dense Kuhn–Munkres on every feasible pair when it ran, else the LP
+//!   bound below. On integer weights an exact round shows 0.
+//! * `full_graph_gap` = (bound − round) / bound, where the bound comes from
+//!   the round's duals raised to feasibility on every feasible pair by an
+//!   independent full scan (it does not trust pricing). 0 = certified
+//!   optimal over the whole cluster. The same line for the candidate graph
+//!   alone shows what pruning without pricing loses.
+//! * `incremental_ms` = median of [`INCREMENTAL_ROUNDS`] rounds, each after
+//!   [`INCREMENTAL_CHANGE`] of the jobs were replaced and as many of the
+//!   GPUs flipped health; each round's optimality is checked the same way.
+//! * `--export F` writes the round's final candidate graph: its optimum is
+//!   the full graph's (certified), so other solvers can be timed on it.
 
 use std::fmt::Write as _;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
 
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::exact::{ExactOptions, Incremental};
 use crate::reference::{dense_kuhn_munkres, greedy};
-use crate::solver::{solve_with, verify_certificate, SolveOptions};
+use crate::solver::{solve_with, verify_certificate, Edge, SolveOptions};
 use crate::synth::{Cluster, WeightMode};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,6 +56,8 @@ pub struct BenchArgs {
     pub dense: DenseMode,
     pub candidates_per_job: usize,
     pub threads: usize,
+    /// Write the round's final candidate graph here ([`export`]).
+    pub export: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone)]
@@ -60,7 +68,8 @@ pub struct BenchReport {
     pub gap_reference: &'static str,
     pub matched: usize,
     pub top_k_matched: usize,
-    pub pruning_bound: f64,
+    pub full_graph_gap: f64,
+    pub incremental_ms: f64,
     /// Everything to print, the key=value line last.
     pub text: String,
 }
@@ -89,27 +98,69 @@ fn fmt_gap(g: f64) -> String {
     }
 }
 
+/// Changes per incremental round: this share of the jobs are replaced
+/// (one ended, one arrived in its slot) and of the GPUs flip health.
+pub const INCREMENTAL_CHANGE: f64 = 0.01;
+/// Incremental rounds timed (the median is reported).
+pub const INCREMENTAL_ROUNDS: usize = 9;
+
+/// Writes `edges` as text: a `# jobs gpus edges` header line, then one
+/// `job gpu weight` line per edge (0-based indices, integer weights).
+pub fn export(
+    path: &std::path::Path,
+    jobs: usize,
+    gpus: usize,
+    edges: &[Edge],
+) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let file = std::fs::File::create(path)
+        .with_context(|| format!("creating the export file {}", path.display()))?;
+    let mut w = std::io::BufWriter::new(file);
+    writeln!(w, "# jobs gpus edges\n{jobs} {gpus} {}", edges.len())?;
+    for e in edges {
+        writeln!(w, "{} {} {}", e.job, e.gpu, e.weight)?;
+    }
+    w.flush()
+        .with_context(|| format!("writing the export file {}", path.display()))?;
+    Ok(())
+}
+
 pub fn run(args: &BenchArgs) -> anyhow::Result<BenchReport> {
     let mut text = String::new();
     let t = Instant::now();
-    let cluster = Cluster::generate(args.gpus, args.jobs, args.seed, args.weights);
+    let mut cluster = Cluster::generate(args.gpus, args.jobs, args.seed, args.weights);
     let gen_s = t.elapsed().as_secs_f64();
 
     let opts = SolveOptions {
         threads: args.threads,
         ..SolveOptions::default()
     };
+    let exact_opts = ExactOptions {
+        threads: args.threads,
+        ..ExactOptions::default()
+    };
     let t = Instant::now();
     let edges = cluster.candidates(args.candidates_per_job, args.threads);
     let prune_s = t.elapsed().as_secs_f64();
     let t = Instant::now();
-    let sol = solve_with(args.jobs, args.gpus, &edges, &opts).context("solving")?;
-    let solve_s = t.elapsed().as_secs_f64();
-    let round_s = prune_s + solve_s;
+    let pruned = solve_with(args.jobs, args.gpus, &edges, &opts).context("solving")?;
+    let pruned_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let mut inc = Incremental::cold(&cluster, &edges, &exact_opts).context("solving")?;
+    let exact_s = t.elapsed().as_secs_f64();
+    let round_s = prune_s + exact_s;
     let peak_mb = peak_rss_mb().unwrap_or(f64::NAN);
+    let exact = inc.exact().clone();
+    let sol = &exact.solution;
 
     let t = Instant::now();
-    let certified = verify_certificate(args.jobs, args.gpus, &edges, &sol.matching, &sol.duals);
+    let certified = verify_certificate(
+        args.jobs,
+        args.gpus,
+        &exact.edges,
+        &sol.matching,
+        &sol.duals,
+    );
     let verify_s = t.elapsed().as_secs_f64();
     let bound = sol.duals.bound();
 
@@ -122,9 +173,12 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<BenchReport> {
     let greedy_m = greedy(args.jobs, args.gpus, &edges);
     let greedy_s = t.elapsed().as_secs_f64();
 
+    // Independent of pricing: raise each job's dual to its best profit over
+    // every feasible GPU (a full scan); what that adds is the gap.
     let t = Instant::now();
     let (full_bound, jobs_outside) = cluster.full_graph_bound(&sol.duals, args.threads);
     let full_bound_s = t.elapsed().as_secs_f64();
+    let (pruned_full_bound, pruned_outside) = cluster.full_graph_bound(&pruned.duals, args.threads);
 
     let run_dense = match args.dense {
         DenseMode::Always => true,
@@ -132,18 +186,70 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<BenchReport> {
         DenseMode::Auto => args.gpus <= DENSE_AUTO_MAX && args.jobs <= DENSE_AUTO_MAX,
     };
     let dense = run_dense.then(|| {
+        let all = cluster.all_edges();
         let t = Instant::now();
-        let m = dense_kuhn_munkres(args.jobs, args.gpus, &edges);
+        let m = dense_kuhn_munkres(args.jobs, args.gpus, &all);
         (m, t.elapsed().as_secs_f64())
     });
 
+    if let Some(path) = &args.export {
+        export(path, args.jobs, args.gpus, &exact.edges)?;
+    }
+
+    // Incremental rounds: a small change, then a round from the cache.
+    let mut rng = ChaCha8Rng::seed_from_u64(args.seed ^ 0x1c4e);
+    let mut inc_ms = Vec::new();
+    let mut inc_detail = Vec::new();
+    let n_jobs = ((args.jobs as f64 * INCREMENTAL_CHANGE) as usize).max(1);
+    let n_gpus = ((args.gpus as f64 * INCREMENTAL_CHANGE) as usize).max(1);
+    let mut inc_ok = Ok(());
+    for _ in 0..INCREMENTAL_ROUNDS {
+        let jobs: Vec<u32> = (0..n_jobs)
+            .map(|_| rng.gen_range(0..args.jobs as u32))
+            .collect();
+        let mut gpus: Vec<u32> = (0..n_gpus)
+            .map(|_| rng.gen_range(0..args.gpus as u32))
+            .collect();
+        gpus.sort_unstable();
+        gpus.dedup();
+        for &j in &jobs {
+            cluster.replace_job(j as usize, &mut rng);
+        }
+        for &g in &gpus {
+            cluster.toggle_health(g as usize);
+        }
+        cluster.regroup();
+        let t = Instant::now();
+        let r = inc.update(&cluster, &jobs, &gpus, &exact_opts);
+        inc_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        inc_detail.push((
+            r.pricing.passes,
+            r.pricing.rows,
+            r.pricing.cols,
+            r.solution.stats.searches,
+            r.solution.stats.reverse_searches,
+        ));
+        let r = r.clone();
+        let (b, _) = cluster.full_graph_bound(&r.solution.duals, args.threads);
+        if b != r.solution.matching.objective as i128 && inc_ok.is_ok() {
+            inc_ok = Err(format!(
+                "incremental round: full-graph bound {b} above its objective {}",
+                r.solution.matching.objective
+            ));
+        }
+    }
+    let mut sorted_ms = inc_ms.clone();
+    sorted_ms.sort_by(f64::total_cmp);
+    let incremental_ms = sorted_ms[sorted_ms.len() / 2];
+
     let prod = sol.matching.objective as i128;
     let (reference, gap_reference) = match &dense {
-        Some((m, _)) => (m.objective as i128, "dense kuhn_munkres"),
-        None => (bound, "LP dual bound"),
+        Some((m, _)) => (m.objective as i128, "dense kuhn_munkres (full graph)"),
+        None => (full_bound, "LP dual bound over every pair"),
     };
     let best = reference.max(prod);
     let objective_gap = gap(reference, prod);
+    let full_graph_gap = gap(full_bound, prod);
 
     let mode = match args.weights {
         WeightMode::Structured => "structured",
@@ -165,17 +271,19 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<BenchReport> {
     )?;
     writeln!(
         text,
-        "candidate graph: {} edges, {} components (largest {} edges); solver: {} row-reduction steps, {} searches settling {} columns",
+        "candidate graph: {} edges, pricing added {} in {} passes ({} pairs scored) -> {} edges; solves: {} searches settling {} columns, {} reverse searches",
         edges.len(),
-        sol.stats.components,
-        sol.stats.largest_component_edges,
-        sol.stats.row_reduction_steps,
+        exact.pricing.added,
+        exact.pricing.passes,
+        exact.pricing.scored,
+        exact.edges.len(),
         sol.stats.searches,
-        sol.stats.settled_columns
+        sol.stats.settled_columns,
+        sol.stats.reverse_searches,
     )?;
     writeln!(
         text,
-        "certificate (LP duals): {} in {verify_s:.3} s, dual bound {bound}",
+        "certificate (LP duals): {} on the final graph in {verify_s:.3} s, dual bound {bound}; full-graph bound {full_bound} ({jobs_outside} jobs with a better GPU outside the graph)",
         match &certified {
             Ok(()) => "valid".to_string(),
             Err(e) => format!("INVALID: {e}"),
@@ -184,8 +292,8 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<BenchReport> {
     writeln!(text)?;
     writeln!(
         text,
-        "{:<34} {:>9} {:>14} {:>8} {:>11} {:>12} {:>12}",
-        "step / solver (same candidate graph)",
+        "{:<36} {:>9} {:>14} {:>8} {:>11} {:>12} {:>12}",
+        "step / solver",
         "time_s",
         "objective",
         "matched",
@@ -201,7 +309,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<BenchReport> {
     let row = |text: &mut String, name: &str, s: f64, obj: Option<i128>, matched: Option<usize>| {
         writeln!(
             text,
-            "{:<34} {:>9.3} {:>14} {:>8} {:>11} {:>12} {:>12}",
+            "{:<36} {:>9.3} {:>14} {:>8} {:>11} {:>12} {:>12}",
             name,
             s,
             obj.map_or("-".into(), |o| o.to_string()),
@@ -224,32 +332,46 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<BenchReport> {
     )?;
     row(
         &mut text,
-        "production solve (sparse exact)",
-        solve_s,
+        "solve + pricing (exact, full graph)",
+        exact_s,
         Some(prod),
         Some(sol.matching.pairs.len()),
     )?;
     row(
         &mut text,
-        "production round (prune + solve)",
+        "production round (prune + exact)",
         round_s,
         Some(prod),
         Some(sol.matching.pairs.len()),
     )?;
+    row(
+        &mut text,
+        "incremental round (median, 1% chg)",
+        incremental_ms / 1e3,
+        None,
+        None,
+    )?;
     match &dense {
         Some((m, s)) => row(
             &mut text,
-            "dense kuhn_munkres (reference)",
+            "dense kuhn_munkres (full graph)",
             *s,
             Some(m.objective as i128),
             Some(m.pairs.len()),
         )?,
         None => writeln!(
             text,
-            "{:<34} {:>9} (skipped: --dense never, or a side > {DENSE_AUTO_MAX} with --dense auto)",
-            "dense kuhn_munkres (reference)", "-"
+            "{:<36} {:>9} (skipped: --dense never, or a side > {DENSE_AUTO_MAX} with --dense auto)",
+            "dense kuhn_munkres (full graph)", "-"
         )?,
     }
+    row(
+        &mut text,
+        "candidate graph only (no pricing)",
+        pruned_s,
+        Some(pruned.matching.objective as i128),
+        Some(pruned.matching.pairs.len()),
+    )?;
     row(
         &mut text,
         "greedy (heaviest edge first)",
@@ -259,21 +381,17 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<BenchReport> {
     )?;
     writeln!(
         text,
-        "{:<34} {:>9} {:>14}",
-        "LP dual bound (upper bound)", "-", bound
-    )?;
-    writeln!(
-        text,
-        "{:<34} {:>9.3} {:>14}   pruning to k loses at most {:.2}% vs the unpruned graph; {} jobs have a better non-candidate GPU at the final prices",
-        "full feasible graph bound (no k)",
+        "{:<36} {:>9.3} {:>14}   full scan of every pair: pricing leaves {} jobs with a better GPU; without pricing the candidate graph loses at most {:.2}% ({} jobs)",
+        "full feasible graph bound",
         full_bound_s,
         full_bound,
-        100.0 * gap(full_bound, prod),
-        jobs_outside
+        jobs_outside,
+        100.0 * gap(pruned_full_bound, pruned.matching.objective as i128),
+        pruned_outside
     )?;
     writeln!(
         text,
-        "{:<34} {:>9.3} {:>14} {:>8} {:>11}   old rule: each job's best k only, {} edges (time: its pruning)",
+        "{:<36} {:>9.3} {:>14} {:>8} {:>11}   old rule: each job's best k only, {} edges (time: its pruning)",
         "top-k only graph (old rule)",
         top_prune_s,
         top_m.matching.objective,
@@ -283,38 +401,48 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<BenchReport> {
     )?;
     writeln!(
         text,
+        "incremental rounds ({} jobs replaced, {} GPU health flips each): ms {}; passes/rows/cols/searches/reverse {}",
+        n_jobs,
+        n_gpus,
+        inc_ms.iter().map(|m| format!("{m:.1}")).collect::<Vec<_>>().join(" "),
+        inc_detail.iter().map(|d| format!("{}/{}/{}/{}/{}", d.0, d.1, d.2, d.3, d.4)).collect::<Vec<_>>().join(" ")
+    )?;
+    writeln!(
+        text,
         "speedup_km = dense Kuhn-Munkres time / this row's time; time/greedy = this row's time / greedy's (both measured in this run)"
     )?;
     writeln!(
         text,
-        "objective_gap is production vs {gap_reference}; peak_mb is VmHWM after the round"
+        "objective_gap is the round vs {gap_reference}; full_graph_gap vs the LP bound over every pair; peak_mb is VmHWM after the cold round"
     )?;
-    let pruning_bound = gap(full_bound, prod);
     writeln!(
         text,
-        "round_s={round_s:.3} peak_mb={peak_mb:.1} objective_gap={} matched={} top_k_matched={} pruning_bound={:.4}",
+        "round_s={round_s:.3} peak_mb={peak_mb:.1} objective_gap={} full_graph_gap={} incremental_ms={incremental_ms:.1}",
         fmt_gap(objective_gap),
-        sol.matching.pairs.len(),
-        top_m.matching.pairs.len(),
-        pruning_bound
+        fmt_gap(full_graph_gap),
     )?;
 
     if let Err(e) = certified {
         print!("{text}");
         bail!("the solver's optimality certificate failed: {e}");
     }
-    if objective_gap != 0.0 {
+    if objective_gap != 0.0 || full_graph_gap != 0.0 {
         print!("{text}");
-        bail!("production objective {prod} differs from {gap_reference} {reference}");
+        bail!("round objective {prod} differs from {gap_reference} {reference} or the full-graph bound {full_bound}");
+    }
+    if let Err(e) = inc_ok {
+        print!("{text}");
+        bail!("{e}");
     }
     Ok(BenchReport {
         round_s,
         peak_mb,
         objective_gap,
+        full_graph_gap,
+        incremental_ms,
         gap_reference,
         matched: sol.matching.pairs.len(),
         top_k_matched: top_m.matching.pairs.len(),
-        pruning_bound,
         text,
     })
 }
@@ -334,10 +462,12 @@ mod tests {
                 dense: DenseMode::Auto,
                 candidates_per_job: 16,
                 threads: 2,
+                export: None,
             })
             .expect("bench runs");
             assert_eq!(report.objective_gap, 0.0);
-            assert_eq!(report.gap_reference, "dense kuhn_munkres");
+            assert_eq!(report.full_graph_gap, 0.0);
+            assert_eq!(report.gap_reference, "dense kuhn_munkres (full graph)");
             let last = report.text.lines().last().unwrap();
             let keys: Vec<&str> = last
                 .split(' ')
@@ -349,13 +479,35 @@ mod tests {
                     "round_s",
                     "peak_mb",
                     "objective_gap",
-                    "matched",
-                    "top_k_matched",
-                    "pruning_bound"
+                    "full_graph_gap",
+                    "incremental_ms"
                 ]
             );
-            assert!(last.contains("objective_gap=0 "));
+            assert!(last.contains("objective_gap=0 full_graph_gap=0 "));
             assert!(report.matched >= report.top_k_matched);
         }
+    }
+
+    #[test]
+    fn export_writes_a_header_and_one_line_per_edge() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("instance.txt");
+        let edges = [
+            Edge {
+                job: 0,
+                gpu: 2,
+                weight: 5,
+            },
+            Edge {
+                job: 1,
+                gpu: 0,
+                weight: 7,
+            },
+        ];
+        export(&path, 2, 3, &edges).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text, "# jobs gpus edges\n2 3 2\n0 2 5\n1 0 7\n");
+        let err = export(&dir.path().join("no/such/dir/f"), 1, 1, &edges).unwrap_err();
+        assert!(format!("{err:#}").contains("no/such/dir/f"), "{err:#}");
     }
 }

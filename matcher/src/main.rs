@@ -66,9 +66,10 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Time one matching round on a synthetic cluster against dense
-    /// Kuhn-Munkres; ends with `round_s=X peak_mb=Y objective_gap=Z matched=N
-    /// pruning_bound=B`.
+    /// Time one matching round (exact on every feasible pair) on a synthetic
+    /// cluster against dense Kuhn-Munkres, then incremental rounds after 1%
+    /// changes; ends with `round_s=X peak_mb=Y objective_gap=Z
+    /// full_graph_gap=W incremental_ms=V`.
     Bench {
         #[arg(long, default_value_t = 18_000)]
         gpus: usize,
@@ -87,6 +88,11 @@ enum Command {
         /// Worker threads for pruning and the solve.
         #[arg(long, default_value_t = 2)]
         threads: usize,
+        /// Write the round's final candidate graph (same optimum as the
+        /// full graph, certified) as text: a `# jobs gpus edges` header,
+        /// `J G E`, then one `job gpu weight` line per edge.
+        #[arg(long, value_name = "FILE")]
+        export: Option<PathBuf>,
     },
 }
 
@@ -113,6 +119,7 @@ fn main() -> anyhow::Result<()> {
         dense,
         candidates_per_job,
         threads,
+        export,
     }) = cli.command
     {
         let args = BenchArgs {
@@ -131,6 +138,7 @@ fn main() -> anyhow::Result<()> {
             candidates_per_job: candidates_per_job
                 .unwrap_or(muxflow::config::Matcher::default().candidates_per_job),
             threads: threads.max(1),
+            export,
         };
         let report = bench::run(&args)?;
         print!("{}", report.text);

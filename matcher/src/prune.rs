@@ -24,9 +24,9 @@
 use crate::solver::Edge;
 
 /// The best `k` of a stream of (weight, gpu) offers.
-struct TopK {
+pub(crate) struct TopK {
     k: usize,
-    items: Vec<(i64, u32)>,
+    pub(crate) items: Vec<(i64, u32)>,
     /// Index of the worst kept item once full.
     worst: usize,
 }
@@ -37,7 +37,7 @@ fn better(a: (i64, u32), b: (i64, u32)) -> bool {
 }
 
 impl TopK {
-    fn new(k: usize) -> Self {
+    pub(crate) fn new(k: usize) -> Self {
         TopK {
             k,
             items: Vec::with_capacity(k),
@@ -45,7 +45,7 @@ impl TopK {
         }
     }
 
-    fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.items.clear();
         self.worst = 0;
     }
@@ -55,11 +55,11 @@ impl TopK {
     /// weight the lower index ranks higher, so a tie never enters (the
     /// structured weights cap at 1.0 and tie often).
     #[inline]
-    fn admits(&self, w: i64) -> bool {
+    pub(crate) fn admits(&self, w: i64) -> bool {
         self.items.len() < self.k || w > self.items[self.worst].0
     }
 
-    fn offer(&mut self, item: (i64, u32)) {
+    pub(crate) fn offer(&mut self, item: (i64, u32)) {
         if self.k == 0 {
             return;
         }

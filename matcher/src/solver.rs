@@ -106,6 +106,8 @@ pub struct SolveStats {
     pub row_reduction_steps: u64,
     pub searches: u64,
     pub settled_columns: u64,
+    /// Searches from a free GPU whose price must come down (warm starts).
+    pub reverse_searches: u64,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -190,24 +192,35 @@ pub fn solve_with(
     }
 
     let components = split_components(jobs, gpus, &sorted);
-    let mut stats = SolveStats {
+    let stats = SolveStats {
         components: components.len(),
         largest_component_edges: components.iter().map(|c| c.w.len()).max().unwrap_or(0),
         ..SolveStats::default()
     };
 
     let results = run_components(&components, opts);
+    Ok(assemble(jobs, gpus, &components, &results, stats))
+}
 
+/// Global duals, pairs and objective from the components' results.
+fn assemble(
+    jobs: usize,
+    gpus: usize,
+    components: &[Component],
+    results: &[LocalResult],
+    mut stats: SolveStats,
+) -> Solution {
     let mut duals = Duals {
         job: vec![0; jobs],
         gpu: vec![0; gpus],
     };
     let mut pairs = Vec::new();
     let mut objective = 0i64;
-    for (comp, res) in components.iter().zip(&results) {
+    for (comp, res) in components.iter().zip(results) {
         stats.row_reduction_steps += res.stats.row_reduction_steps;
         stats.searches += res.stats.searches;
         stats.settled_columns += res.stats.settled_columns;
+        stats.reverse_searches += res.stats.reverse_searches;
         for (local, &g) in comp.gpus.iter().enumerate() {
             duals.gpu[g as usize] = res.price[local];
         }
@@ -222,11 +235,82 @@ pub fn solve_with(
         }
     }
     pairs.sort_unstable();
-    Ok(Solution {
+    Solution {
         matching: Matching { pairs, objective },
         duals,
         stats,
-    })
+    }
+}
+
+/// Where a warm solve starts: a previous round's assignment (`job_gpu[j]`,
+/// `u32::MAX` = unmatched) and GPU prices. Only a hint: any start gives the
+/// exact optimum; a good one saves work.
+#[derive(Debug, Clone, Copy)]
+pub struct Start<'a> {
+    pub job_gpu: &'a [u32],
+    pub price: &'a [i64],
+}
+
+impl Solution {
+    /// This solution's assignment per job (`u32::MAX` = unmatched), for a
+    /// [`Start`].
+    pub fn job_gpu(&self, jobs: usize) -> Vec<u32> {
+        let mut v = vec![u32::MAX; jobs];
+        for &(j, g) in &self.matching.pairs {
+            v[j as usize] = g;
+        }
+        v
+    }
+}
+
+/// [`solve_with`] from a warm [`Start`], on edges already sorted by (job,
+/// GPU) without duplicates (checked in debug builds). Every job whose start
+/// column is not among its columns of maximum profit at the start prices
+/// (edge gone, better edge added, GPU taken twice) is freed and searched
+/// for again; GPUs left free with a positive price are brought down by
+/// reverse searches. The result carries the same certificate as a cold
+/// solve; the work is proportional to what changed. One thread.
+pub fn solve_warm_sorted(jobs: usize, gpus: usize, sorted: &[Edge], start: &Start) -> Solution {
+    debug_assert!(sorted
+        .windows(2)
+        .all(|w| (w[0].job, w[0].gpu) < (w[1].job, w[1].gpu)));
+    debug_assert!(sorted
+        .iter()
+        .all(|e| (e.job as usize) < jobs && (e.gpu as usize) < gpus && e.weight > 0));
+    let c = Component::whole(jobs, gpus, sorted);
+    let t = c.transpose();
+    let price: Vec<i64> = (0..gpus)
+        .map(|g| start.price.get(g).copied().unwrap_or(0).max(0))
+        .collect();
+    let (mut lap, free) = Lap::warm(&c, price, start.job_gpu);
+    let mut ws = Workspace::new(gpus);
+    for r in free {
+        lap.augment(r, &mut ws);
+    }
+    for g in 0..gpus as u32 {
+        if lap.col_row[g as usize] == FREE && lap.price[g as usize] > 0 {
+            lap.reverse(g, &t, &mut ws);
+        }
+    }
+    debug_assert!(lap.row_col.iter().all(|&c| c != FREE));
+    let stats = SolveStats {
+        components: 1,
+        largest_component_edges: sorted.len(),
+        ..SolveStats::default()
+    };
+    let res = LocalResult {
+        row_col: lap.row_col,
+        row_w: lap.row_w,
+        price: lap.price,
+        stats: lap.stats,
+    };
+    assemble(
+        jobs,
+        gpus,
+        std::slice::from_ref(&c),
+        std::slice::from_ref(&res),
+        stats,
+    )
 }
 
 /// Checks that `duals` certify `matching` optimal on `edges`: feasibility
@@ -306,6 +390,61 @@ struct Component {
     gpus: Vec<u32>,
     row_start: Vec<u32>,
     col: Vec<u32>,
+    w: Vec<i64>,
+}
+
+impl Component {
+    /// All jobs and GPUs as one component with identity indices (warm
+    /// solves: a start refers to global indices). `sorted` by (job, GPU).
+    fn whole(jobs: usize, gpus: usize, sorted: &[Edge]) -> Component {
+        let mut row_start = Vec::with_capacity(jobs + 1);
+        row_start.push(0u32);
+        let mut k = 0usize;
+        for j in 0..jobs as u32 {
+            while k < sorted.len() && sorted[k].job == j {
+                k += 1;
+            }
+            row_start.push(k as u32);
+        }
+        Component {
+            jobs: (0..jobs as u32).collect(),
+            gpus: (0..gpus as u32).collect(),
+            row_start,
+            col: sorted.iter().map(|e| e.gpu).collect(),
+            w: sorted.iter().map(|e| e.weight).collect(),
+        }
+    }
+
+    /// The same edges by column (for reverse searches), rows increasing.
+    fn transpose(&self) -> Transposed {
+        let m = self.gpus.len();
+        let mut col_start = vec![0u32; m + 1];
+        for &g in &self.col {
+            col_start[g as usize + 1] += 1;
+        }
+        for g in 0..m {
+            col_start[g + 1] += col_start[g];
+        }
+        let mut fill = col_start.clone();
+        let mut row = vec![0u32; self.col.len()];
+        let mut w = vec![0i64; self.col.len()];
+        for r in 0..self.jobs.len() {
+            for e in self.row_start[r] as usize..self.row_start[r + 1] as usize {
+                let g = self.col[e] as usize;
+                let at = fill[g] as usize;
+                row[at] = r as u32;
+                w[at] = self.w[e];
+                fill[g] += 1;
+            }
+        }
+        Transposed { col_start, row, w }
+    }
+}
+
+/// A component's edges in column-major (CSR by GPU) order.
+struct Transposed {
+    col_start: Vec<u32>,
+    row: Vec<u32>,
     w: Vec<i64>,
 }
 
@@ -473,6 +612,38 @@ impl<'a> Lap<'a> {
         }
     }
 
+    /// A Lap at `price` keeping each job of `job_gpu` whose column is
+    /// still one of its columns of maximum profit (the invariant); returns
+    /// the jobs left free, increasing.
+    fn warm(c: &'a Component, price: Vec<i64>, job_gpu: &[u32]) -> (Self, Vec<u32>) {
+        let mut lap = Lap::new(c);
+        lap.price = price;
+        let mut free = Vec::new();
+        for r in 0..c.jobs.len() as u32 {
+            let mut best = 0i64;
+            let mut held = None;
+            let want = job_gpu.get(r as usize).copied().unwrap_or(FREE);
+            for e in lap.row(r) {
+                let (g, w) = (c.col[e], c.w[e]);
+                best = best.max(w - lap.price[g as usize]);
+                if g == want {
+                    held = Some(w);
+                }
+            }
+            match held {
+                Some(w)
+                    if w - lap.price[want as usize] == best
+                        && lap.col_row[want as usize] == FREE =>
+                {
+                    lap.assign(r, want, w)
+                }
+                _ if best == 0 => lap.assign(r, DUMMY, 0),
+                _ => free.push(r),
+            }
+        }
+        (lap, free)
+    }
+
     fn row(&self, r: u32) -> std::ops::Range<usize> {
         self.c.row_start[r as usize] as usize..self.c.row_start[r as usize + 1] as usize
     }
@@ -635,6 +806,112 @@ impl<'a> Lap<'a> {
             }
             col = prev;
             row = ws.pred[col as usize];
+        }
+        ws.reset();
+    }
+
+    /// Brings down the price of free GPU `g0` (price > 0): a shortest
+    /// alternating path search from `g0` over GPUs, distances the slacks
+    /// `u(r) + price(g) − w` of the edges it crosses (matched edges are
+    /// tight, so a job is reached together with its GPU). It ends where
+    /// the price of a reached GPU can drop to 0 (at `d(g) + price(g)`) or
+    /// at an unmatched job (at `d` of the edge reaching it). Prices of the
+    /// settled GPUs fall by `μ − d(g)`, which raises their jobs' profits
+    /// by the same and keeps every edge feasible; then the path flips:
+    /// `g0` is matched, or its price is 0. The mirror of [`Lap::augment`].
+    fn reverse(&mut self, g0: u32, t: &Transposed, ws: &mut Workspace) {
+        #[derive(Clone, Copy)]
+        enum End {
+            /// This GPU's price drops to 0; it ends free.
+            Drop(u32),
+            /// The unmatched job takes this GPU.
+            Take(u32, u32),
+        }
+        self.stats.reverse_searches += 1;
+        let mut best = (self.price[g0 as usize], End::Drop(g0));
+        ws.dist[g0 as usize] = 0;
+        ws.touched.push(g0);
+        ws.heap.push(Reverse((0, g0)));
+        loop {
+            let top = loop {
+                match ws.heap.peek() {
+                    None => break None,
+                    Some(&Reverse((d, g))) => {
+                        if ws.done[g as usize] || d > ws.dist[g as usize] {
+                            ws.heap.pop();
+                        } else {
+                            break Some((d, g));
+                        }
+                    }
+                }
+            };
+            let Some((d, g)) = top.filter(|&(d, _)| d < best.0) else {
+                break;
+            };
+            ws.heap.pop();
+            let gu = g as usize;
+            ws.done[gu] = true;
+            ws.settled.push(g);
+            if d + self.price[gu] < best.0 {
+                best = (d + self.price[gu], End::Drop(g));
+            }
+            let holder = self.col_row[gu];
+            for e in t.col_start[gu] as usize..t.col_start[gu + 1] as usize {
+                let r = t.row[e];
+                if r == holder {
+                    continue;
+                }
+                let rc = self.row_col[r as usize];
+                let u = if rc == DUMMY {
+                    0
+                } else {
+                    self.row_w[r as usize] - self.price[rc as usize]
+                };
+                let nd = d + u + self.price[gu] - t.w[e];
+                if rc == DUMMY {
+                    if nd < best.0 {
+                        best = (nd, End::Take(r, g));
+                    }
+                    continue;
+                }
+                let cu = rc as usize;
+                if !ws.done[cu] && nd < ws.dist[cu] && nd < best.0 {
+                    if ws.dist[cu] == i64::MAX {
+                        ws.touched.push(rc);
+                    }
+                    ws.dist[cu] = nd;
+                    ws.pred[cu] = g;
+                    ws.heap.push(Reverse((nd, rc)));
+                }
+            }
+        }
+        let mu = best.0;
+        self.stats.settled_columns += ws.settled.len() as u64;
+        for &g in &ws.settled {
+            self.price[g as usize] -= mu - ws.dist[g as usize];
+        }
+        // Flip: each moved job takes the GPU its path came from, towards g0.
+        let (mut row, mut tgt) = match best.1 {
+            End::Drop(g) if g == g0 => {
+                ws.reset();
+                return;
+            }
+            End::Drop(g) => {
+                let r = self.col_row[g as usize];
+                self.col_row[g as usize] = FREE;
+                (r, ws.pred[g as usize])
+            }
+            End::Take(r, g) => (r, g),
+        };
+        loop {
+            let next = self.col_row[tgt as usize];
+            let w = self.edge_weight(row, tgt);
+            self.assign(row, tgt, w);
+            if tgt == g0 {
+                break;
+            }
+            row = next;
+            tgt = ws.pred[tgt as usize];
         }
         ws.reset();
     }

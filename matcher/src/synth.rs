@@ -23,6 +23,7 @@ use rand::distributions::{Distribution, WeightedIndex};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::exact::Scores;
 use crate::prune::{prune_scored, spread_scored};
 use crate::solver::Edge;
 use crate::weights::quantize;
@@ -173,7 +174,16 @@ pub struct Cluster {
     eligible_class: Vec<u8>,
     /// `base[kind][class]`, 0.0 where the job does not fit.
     base: Vec<[f64; CLASSES]>,
+    /// Pricing groups ([`Scores::groups`]): per GPU, its class × a band of
+    /// its factor (`u32::MAX` when not eligible), and per group the largest
+    /// factor in it.
+    group_of: Vec<u32>,
+    group_factor: Vec<f64>,
 }
+
+/// Bands of the GPU factor per class for pricing groups: narrower bands
+/// give tighter bounds, more groups cost more checks per job.
+const FACTOR_BANDS: usize = 8;
 
 /// Draws an index with probability proportional to `shares`.
 fn pick(rng: &mut ChaCha8Rng, shares: &[f64]) -> u8 {
@@ -218,16 +228,6 @@ impl Cluster {
                 factor: 0.8 + 0.2 * rng.gen::<f64>(),
             })
             .collect();
-        let eligible_class = gpus
-            .iter()
-            .map(|g| {
-                if g.healthy && g.slot_free {
-                    g.model * ONLINE_KINDS.len() as u8 + g.online
-                } else {
-                    u8::MAX
-                }
-            })
-            .collect();
         let base = OFFLINE_KINDS
             .iter()
             .map(|kind| {
@@ -245,14 +245,48 @@ impl Cluster {
                 row
             })
             .collect();
-        Cluster {
+        let mut c = Cluster {
             mode,
             seed,
             gpus,
             jobs,
-            eligible_class,
+            eligible_class: Vec::new(),
             base,
-        }
+            group_of: Vec::new(),
+            group_factor: Vec::new(),
+        };
+        c.regroup();
+        c
+    }
+
+    /// Recomputes the pricing groups (after changing `gpus` or `jobs`).
+    pub fn regroup(&mut self) {
+        self.eligible_class = self
+            .gpus
+            .iter()
+            .map(|g| {
+                if g.healthy && g.slot_free {
+                    g.model * ONLINE_KINDS.len() as u8 + g.online
+                } else {
+                    u8::MAX
+                }
+            })
+            .collect();
+        self.group_factor = vec![0.0; CLASSES * FACTOR_BANDS];
+        self.group_of = (0..self.gpus.len())
+            .map(|g| {
+                let class = self.eligible_class[g];
+                if class == u8::MAX {
+                    return u32::MAX;
+                }
+                let f = self.gpus[g].factor;
+                let band =
+                    (((f - 0.85) / 0.15 * FACTOR_BANDS as f64) as usize).min(FACTOR_BANDS - 1);
+                let group = class as usize * FACTOR_BANDS + band;
+                self.group_factor[group] = self.group_factor[group].max(f);
+                group as u32
+            })
+            .collect();
     }
 
     /// Predicted normalized throughput of job `j` on GPU `g`; `None` when the
@@ -360,11 +394,60 @@ impl Cluster {
             .fold((gpu_sum, 0), |(s, c), &(rs, rc)| (s + rs, c + rc))
     }
 
+    /// A new offline job in slot `j` (the old one ended), drawn from `rng`.
+    pub fn replace_job(&mut self, j: usize, rng: &mut ChaCha8Rng) {
+        let kind_shares: Vec<f64> = OFFLINE_KINDS.iter().map(|k| k.share).collect();
+        self.jobs[j] = Job {
+            kind: pick(rng, &kind_shares),
+            factor: 0.8 + 0.2 * rng.gen::<f64>(),
+        };
+    }
+
+    /// GPU `g` turns unhealthy, or healthy again. Call [`Cluster::regroup`]
+    /// after a batch of changes.
+    pub fn toggle_health(&mut self, g: usize) {
+        self.gpus[g].healthy = !self.gpus[g].healthy;
+    }
+
     pub fn eligible_gpus(&self) -> usize {
         self.eligible_class
             .iter()
             .filter(|&&c| c != u8::MAX)
             .count()
+    }
+}
+
+impl Scores for Cluster {
+    fn jobs(&self) -> usize {
+        self.jobs.len()
+    }
+    fn gpus(&self) -> usize {
+        self.gpus.len()
+    }
+    #[inline]
+    fn weight(&self, job: u32, gpu: u32) -> Option<i64> {
+        Cluster::weight(self, job, gpu)
+    }
+    fn groups(&self) -> Option<(&[u32], usize)> {
+        Some((&self.group_of, self.group_factor.len()))
+    }
+    /// The group's largest GPU factor and the largest noise, multiplied in
+    /// the order [`Cluster::throughput`] does (rounding is monotone, so the
+    /// bound is never below a member's weight), plus one unit of margin.
+    fn group_bound(&self, job: u32, group: u32) -> Option<i64> {
+        match self.mode {
+            WeightMode::Uniform => quantize(1.0),
+            WeightMode::Structured => {
+                let class = group as usize / FACTOR_BANDS;
+                let job = self.jobs[job as usize];
+                let b = self.base[job.kind as usize][class];
+                if b == 0.0 {
+                    return None;
+                }
+                let w = b * job.factor * self.group_factor[group as usize] * (1.0 + NOISE);
+                quantize(w.min(1.0)).map(|w| w + 1)
+            }
+        }
     }
 }
 

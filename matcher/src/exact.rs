@@ -1,0 +1,837 @@
+//! Exact on the full feasible graph: the solver is exact on the candidate
+//! graph it is given; pricing makes the round exact on *every* feasible
+//! (job, GPU) pair.
+//!
+//! # Method (column generation)
+//!
+//! Solve the candidate graph ([`crate::prune`]), then *price out*: with the
+//! solution's duals (`u` per job, `p` per GPU) look for pairs outside the
+//! graph with a positive reduced cost `w − u − p`. Each job's most violated
+//! pairs (at most [`ExactOptions::per_job`] per pass) join the graph and the
+//! solver re-solves from the previous matching and prices
+//! ([`solve_warm_sorted`]). When a pass finds no such pair the duals are
+//! feasible for every pair, tight on the matching and zero on unmatched
+//! vertices: the LP-dual certificate then holds over the full graph, so the
+//! matching is a maximum-weight matching of it. Every pass adds at least
+//! one edge, so the loop ends.
+//!
+//! Pricing never stores the full graph. Without more knowledge it scores
+//! every pair once per pass, in job blocks on the worker threads. A
+//! [`Scores`] that groups GPUs and bounds a job's weight on a whole group
+//! ([`Scores::groups`], [`Scores::group_bound`]) lets a pass skip a group
+//! when `bound − min price in the group ≤ u`, and within a group stop at the
+//! first GPU (by increasing price) where `bound − price ≤ u`.
+//!
+//! # Incremental rounds
+//!
+//! [`Incremental`] keeps the last round's edges, matching and duals, all of
+//! them certified on the full graph. After a change (jobs or GPUs whose
+//! weights changed, appeared or vanished; indices stay put) it drops the
+//! changed rows' and columns' edges, re-solves warm, and prices only what
+//! can have become violated: changed jobs and GPUs, jobs whose dual fell
+//! below the certified one and GPUs whose price did (a pair whose two duals
+//! did not fall is still covered by the old certificate). It is a cache:
+//! the start only saves work, the certificate is rebuilt each round, and a
+//! fresh [`Incremental::cold`] gives the same optimum.
+
+use crate::solver::{
+    solve_warm_sorted, solve_with, Edge, InputError, Solution, SolveOptions, Start,
+};
+
+/// The full feasible graph, scored on demand.
+pub trait Scores: Sync {
+    fn jobs(&self) -> usize;
+    fn gpus(&self) -> usize;
+    /// Integer weight of the pair; `None`: not feasible.
+    fn weight(&self, job: u32, gpu: u32) -> Option<i64>;
+    /// GPU groups for bounded pricing: each GPU's group (`u32::MAX`: no job
+    /// can use it) and the number of groups. `None`: pricing scores every
+    /// pair.
+    fn groups(&self) -> Option<(&[u32], usize)> {
+        None
+    }
+    /// An upper bound on `weight(job, g)` over every GPU `g` of `group`;
+    /// `None`: none of them is feasible for the job. Only asked when
+    /// [`Scores::groups`] is `Some`.
+    fn group_bound(&self, _job: u32, _group: u32) -> Option<i64> {
+        Some(i64::MAX)
+    }
+}
+
+/// A score function as [`Scores`] (no groups: pricing scores every pair).
+pub struct FnScores<F> {
+    pub jobs: usize,
+    pub gpus: usize,
+    pub score: F,
+}
+
+impl<F: Fn(u32, u32) -> Option<i64> + Sync> Scores for FnScores<F> {
+    fn jobs(&self) -> usize {
+        self.jobs
+    }
+    fn gpus(&self) -> usize {
+        self.gpus
+    }
+    #[inline]
+    fn weight(&self, job: u32, gpu: u32) -> Option<i64> {
+        (self.score)(job, gpu)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ExactOptions {
+    /// Violated pairs a job (or GPU) adds per pricing pass, most violated
+    /// first. More: fewer passes, a larger graph.
+    pub per_job: usize,
+    /// Worker threads for the first solve and for pricing.
+    pub threads: usize,
+}
+
+impl Default for ExactOptions {
+    fn default() -> Self {
+        ExactOptions {
+            per_job: 8,
+            threads: SolveOptions::default().threads,
+        }
+    }
+}
+
+/// What pricing did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PricingStats {
+    /// Pricing passes, the last one finding nothing.
+    pub passes: usize,
+    /// Edges pricing added to the candidate graph.
+    pub added: usize,
+    /// Pairs scored by pricing.
+    pub scored: u64,
+    /// Jobs and GPUs priced (rows and columns scanned), all passes.
+    pub rows: u64,
+    pub cols: u64,
+}
+
+/// A round exact on the full graph: the solution, the final candidate
+/// graph (sorted by (job, GPU)) and what pricing did.
+#[derive(Debug, Clone, Default)]
+pub struct Exact {
+    pub solution: Solution,
+    pub edges: Vec<Edge>,
+    pub pricing: PricingStats,
+}
+
+/// Reference duals: for every pair `(j, g)` outside the candidate graph,
+/// `w(j, g) ≤ ru[j] + rp[g]`. With the current duals `(u, p)`, a pair can
+/// only be violated where `u[j] < ru[j]` or `p[g] < rp[g]`: pricing scans
+/// just those rows and columns. `i64::MAX` = unknown (scan it).
+#[derive(Debug, Clone, Default)]
+struct Reference {
+    ru: Vec<i64>,
+    rp: Vec<i64>,
+}
+
+/// Per-group GPUs by increasing reference price.
+fn groups_by_price<S: Scores>(s: &S, rp: &[i64]) -> Option<Vec<Vec<(i64, u32)>>> {
+    s.groups().map(|(group_of, n)| {
+        let mut v: Vec<Vec<(i64, u32)>> = vec![Vec::new(); n];
+        for (g, &c) in group_of.iter().enumerate() {
+            if (c as usize) < n {
+                v[c as usize].push((rp[g], g as u32));
+            }
+        }
+        for l in &mut v {
+            l.sort_unstable();
+        }
+        v
+    })
+}
+
+/// Scratch of one pricing worker.
+struct Scratch {
+    /// GPUs of the row's candidate edges.
+    mark: Vec<bool>,
+    /// (value, index) pairs above the threshold.
+    hits: Vec<(i64, u32)>,
+}
+
+/// Keeps the `cap` best hits (value, then lower index); returns the best
+/// value left out (`i64::MIN`: none).
+fn keep_best(hits: &mut Vec<(i64, u32)>, cap: usize) -> i64 {
+    if hits.len() <= cap {
+        return i64::MIN;
+    }
+    hits.sort_unstable_by_key(|&(v, i)| (std::cmp::Reverse(v), i));
+    let spill = hits[cap].0;
+    hits.truncate(cap);
+    spill
+}
+
+/// Prices row `j` at prices `rp` (the current ones): pairs outside the
+/// graph with `w − rp[g] > u` become candidates (the best `cap`); returns
+/// the row's new reference dual, the largest `w − rp[g]` of every other
+/// pair outside the graph, exact where scored and from the group bound
+/// where skipped.
+#[allow(clippy::too_many_arguments)]
+fn price_row<S: Scores>(
+    s: &S,
+    rp: &[i64],
+    groups: &Option<Vec<Vec<(i64, u32)>>>,
+    j: u32,
+    u: i64,
+    row_edges: &[Edge],
+    cap: usize,
+    sc: &mut Scratch,
+    out: &mut Vec<Edge>,
+    scored: &mut u64,
+) -> i64 {
+    for e in row_edges {
+        sc.mark[e.gpu as usize] = true;
+    }
+    let mut ru = i64::MIN;
+    let mut offer = |g: u32, r: i64, ru: &mut i64, hits: &mut Vec<(i64, u32)>| {
+        if sc.mark[g as usize] {
+            return;
+        }
+        *scored += 1;
+        if let Some(w) = s.weight(j, g) {
+            let v = w - r;
+            if v > u {
+                hits.push((v, g));
+            } else {
+                *ru = (*ru).max(v);
+            }
+        }
+    };
+    let mut hits = std::mem::take(&mut sc.hits);
+    match groups {
+        None => {
+            for g in 0..s.gpus() as u32 {
+                offer(g, rp[g as usize], &mut ru, &mut hits);
+            }
+        }
+        Some(groups) => {
+            for (c, list) in groups.iter().enumerate() {
+                let Some(&(min_p, _)) = list.first() else {
+                    continue;
+                };
+                let Some(b) = s.group_bound(j, c as u32) else {
+                    continue;
+                };
+                if b.saturating_sub(min_p) <= u {
+                    ru = ru.max(b.saturating_sub(min_p));
+                    continue;
+                }
+                for &(r, g) in list {
+                    if b.saturating_sub(r) <= u {
+                        ru = ru.max(b.saturating_sub(r));
+                        break;
+                    }
+                    offer(g, r, &mut ru, &mut hits);
+                }
+            }
+        }
+    }
+    ru = ru.max(keep_best(&mut hits, cap));
+    for &(v, g) in &hits {
+        out.push(Edge {
+            job: j,
+            gpu: g,
+            weight: v + rp[g as usize],
+        });
+    }
+    hits.clear();
+    sc.hits = hits;
+    for e in row_edges {
+        sc.mark[e.gpu as usize] = false;
+    }
+    ru
+}
+
+/// Runs `work` over `items` on up to `threads` workers (interleaved blocks)
+/// and returns the workers' results.
+fn parallel<T: Send, I: Sync>(
+    items: &[I],
+    threads: usize,
+    work: impl Fn(&[I]) -> T + Sync,
+) -> Vec<T> {
+    // Threads pay off from a few dozen full rows on.
+    let threads = if items.len() < 64 { 1 } else { threads.max(1) };
+    if threads == 1 {
+        return vec![work(items)];
+    }
+    let chunks: Vec<&[I]> = items.chunks(128).collect();
+    std::thread::scope(|sc| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let (chunks, work) = (&chunks, &work);
+                sc.spawn(move || {
+                    chunks
+                        .iter()
+                        .skip(t)
+                        .step_by(threads)
+                        .map(|c| work(c))
+                        .collect::<Vec<T>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("pricing worker panicked"))
+            .collect()
+    })
+}
+
+/// One pricing pass: columns whose price fell below the reference, then
+/// the reference prices become the current ones, then rows whose dual is
+/// below their reference. Returns the candidates to add, sorted by (job, GPU), unique.
+fn price<S: Scores>(
+    s: &S,
+    edges: &[Edge],
+    sol: &Solution,
+    r: &mut Reference,
+    opts: &ExactOptions,
+    stats: &mut PricingStats,
+) -> Vec<Edge> {
+    let (jobs, gpus) = (s.jobs(), s.gpus());
+    let (u, p) = (&sol.duals.job, &sol.duals.gpu);
+    let cap = opts.per_job.max(1);
+    let mut out = Vec::new();
+
+    // Columns with no reference (changed GPUs, pending columns) are scanned
+    // whole; a finite price drop is priced from the rows' side below.
+    let cols: Vec<u32> = (0..gpus as u32)
+        .filter(|&g| r.rp[g as usize] == i64::MAX)
+        .collect();
+    let is_edge = |j: u32, g: u32| {
+        edges
+            .binary_search_by_key(&(j, g), |e| (e.job, e.gpu))
+            .is_ok()
+    };
+    // A column with more violated pairs than it may add stays pending (its
+    // reference unknown) and is scanned again at the next pass, when its
+    // price has moved; otherwise its pairs raise the rows' references.
+    let parts = parallel(&cols, opts.threads, |chunk| {
+        let mut ru = vec![i64::MIN; jobs];
+        let mut found = Vec::new();
+        let mut pending = Vec::new();
+        let mut hits = Vec::new();
+        let mut values = Vec::with_capacity(jobs);
+        for &g in chunk {
+            let pg = p[g as usize];
+            for j in 0..jobs as u32 {
+                if let Some(w) = s.weight(j, g) {
+                    let v = w - pg;
+                    values.push((j, v));
+                    if v > u[j as usize] && !is_edge(j, g) {
+                        hits.push((v - u[j as usize], j));
+                    }
+                }
+            }
+            if keep_best(&mut hits, cap) == i64::MIN {
+                for &(j, v) in &values {
+                    ru[j as usize] = ru[j as usize].max(v);
+                }
+            } else {
+                pending.push(g);
+            }
+            values.clear();
+            found.extend(hits.drain(..).map(|(rc, j)| Edge {
+                job: j,
+                gpu: g,
+                weight: rc + pg + u[j as usize],
+            }));
+        }
+        (ru, found, pending)
+    });
+    let mut pending = Vec::new();
+    for (ru, found, pend) in parts {
+        for (a, b) in r.ru.iter_mut().zip(ru) {
+            *a = (*a).max(b);
+        }
+        out.extend(found);
+        pending.extend(pend);
+    }
+    // Price drops since the reference, largest first.
+    let mut drops: Vec<(i64, u32)> = (0..gpus as u32)
+        .filter(|&g| p[g as usize] < r.rp[g as usize] && r.rp[g as usize] != i64::MAX)
+        .map(|g| (r.rp[g as usize] - p[g as usize], g))
+        .collect();
+    drops.sort_unstable_by_key(|&(d, g)| (std::cmp::Reverse(d), g));
+    let max_drop = drops.first().map_or(0, |d| d.0);
+    // The reference prices become the current ones (pending columns stay
+    // unknown): raising one keeps the invariant; a drop is paid for below.
+    r.rp.copy_from_slice(p);
+    for g in pending {
+        r.rp[g as usize] = i64::MAX;
+    }
+    stats.cols += cols.len() as u64;
+    stats.scored += (cols.len() * jobs) as u64;
+
+    // Rows: a full scan where the dual fell below the reference; where it
+    // is above by a margin m, only the GPUs whose price fell by more than m
+    // can hold a violated pair.
+    let rows: Vec<(u32, bool)> = (0..jobs as u32)
+        .filter_map(|j| {
+            let (uj, ru) = (u[j as usize], r.ru[j as usize]);
+            if uj < ru {
+                Some((j, true))
+            } else if uj.saturating_sub(ru) < max_drop {
+                Some((j, false))
+            } else {
+                None
+            }
+        })
+        .collect();
+    // Rows not scanned keep the invariant at the lowered prices by taking
+    // on the largest drop (their margin covers it).
+    for (j, ru) in r.ru.iter_mut().enumerate() {
+        let (uj, v) = (u[j], *ru);
+        if uj >= v && uj.saturating_sub(v) >= max_drop {
+            *ru = v.saturating_add(max_drop);
+        }
+    }
+    let groups = groups_by_price(s, &r.rp);
+    let (rp, ru_old) = (&r.rp, &r.ru);
+    let parts = parallel(&rows, opts.threads, |chunk| {
+        let mut sc = Scratch {
+            mark: vec![false; gpus],
+            hits: Vec::new(),
+        };
+        let mut found = Vec::new();
+        let mut ru = Vec::with_capacity(chunk.len());
+        let mut scored = 0u64;
+        for &(j, full) in chunk {
+            let lo = edges.partition_point(|e| e.job < j);
+            let hi = lo + edges[lo..].partition_point(|e| e.job == j);
+            let row_edges = &edges[lo..hi];
+            let uj = u[j as usize];
+            let v = if full {
+                price_row(
+                    s,
+                    rp,
+                    &groups,
+                    j,
+                    uj,
+                    row_edges,
+                    cap,
+                    &mut sc,
+                    &mut found,
+                    &mut scored,
+                )
+            } else {
+                let base = ru_old[j as usize];
+                let margin = uj.saturating_sub(base);
+                let mut ru_new = base;
+                for &(d, g) in &drops {
+                    if d <= margin {
+                        ru_new = ru_new.max(base + d);
+                        break;
+                    }
+                    if row_edges.binary_search_by_key(&g, |e| e.gpu).is_ok() {
+                        continue;
+                    }
+                    scored += 1;
+                    if let Some(w) = s.weight(j, g) {
+                        let v = w - p[g as usize];
+                        if v > uj {
+                            sc.hits.push((v, g));
+                        } else {
+                            ru_new = ru_new.max(v);
+                        }
+                    }
+                }
+                ru_new = ru_new.max(keep_best(&mut sc.hits, cap));
+                found.extend(sc.hits.drain(..).map(|(v, g)| Edge {
+                    job: j,
+                    gpu: g,
+                    weight: v + p[g as usize],
+                }));
+                ru_new
+            };
+            ru.push((j, v));
+        }
+        (ru, found, scored)
+    });
+    for (ru, found, scored) in parts {
+        for (j, v) in ru {
+            r.ru[j as usize] = v;
+        }
+        out.extend(found);
+        stats.scored += scored;
+    }
+    stats.rows += rows.len() as u64;
+    stats.passes += 1;
+    out.sort_unstable_by_key(|e| (e.job, e.gpu));
+    out.dedup_by_key(|e| (e.job, e.gpu));
+    stats.added += out.len();
+    out
+}
+
+/// Merges sorted, disjoint edge lists.
+fn merge(a: Vec<Edge>, b: &[Edge]) -> Vec<Edge> {
+    if b.is_empty() {
+        return a;
+    }
+    let mut out = Vec::with_capacity(a.len() + b.len());
+    let (mut i, mut k) = (0, 0);
+    while i < a.len() && k < b.len() {
+        if (a[i].job, a[i].gpu) <= (b[k].job, b[k].gpu) {
+            out.push(a[i]);
+            i += 1;
+        } else {
+            out.push(b[k]);
+            k += 1;
+        }
+    }
+    out.extend_from_slice(&a[i..]);
+    out.extend_from_slice(&b[k..]);
+    out
+}
+
+fn start_of(sol: &Solution, jobs: usize) -> (Vec<u32>, Vec<i64>) {
+    (sol.job_gpu(jobs), sol.duals.gpu.clone())
+}
+
+/// Prices and re-solves warm until a pass finds nothing: then every pair
+/// outside the graph has `w ≤ ru + rp ≤ u + p` and the solution's
+/// certificate holds on the full graph.
+fn converge<S: Scores>(
+    s: &S,
+    mut edges: Vec<Edge>,
+    mut sol: Solution,
+    r: &mut Reference,
+    opts: &ExactOptions,
+    stats: &mut PricingStats,
+) -> (Vec<Edge>, Solution) {
+    loop {
+        let t = std::time::Instant::now();
+        let before = (stats.rows, stats.cols, stats.scored);
+        let add = price(s, &edges, &sol, r, opts, stats);
+        tracing::debug!(
+            rows = stats.rows - before.0,
+            cols = stats.cols - before.1,
+            scored = stats.scored - before.2,
+            added = add.len(),
+            ms = t.elapsed().as_secs_f64() * 1e3,
+            searches = sol.stats.searches,
+            reverse = sol.stats.reverse_searches,
+            "pricing pass"
+        );
+        if add.is_empty() {
+            return (edges, sol);
+        }
+        edges = merge(edges, &add);
+        let (job_gpu, prices) = start_of(&sol, s.jobs());
+        sol = solve_warm_sorted(
+            s.jobs(),
+            s.gpus(),
+            &edges,
+            &Start {
+                job_gpu: &job_gpu,
+                price: &prices,
+            },
+        );
+    }
+}
+
+/// The maximum-weight matching of the full graph of `s`, starting from the
+/// candidate graph `initial` (any feasible pairs with their weights).
+pub fn solve_exact<S: Scores>(
+    s: &S,
+    initial: &[Edge],
+    opts: &ExactOptions,
+) -> Result<Exact, InputError> {
+    Incremental::cold(s, initial, opts).map(|i| i.exact)
+}
+
+/// A round cache: the last round's certified state (see the module docs).
+#[derive(Debug, Clone)]
+pub struct Incremental {
+    exact: Exact,
+    reference: Reference,
+    jobs: usize,
+    gpus: usize,
+}
+
+impl Incremental {
+    /// A cold round ([`solve_exact`]) that later rounds start from.
+    pub fn cold<S: Scores>(
+        s: &S,
+        initial: &[Edge],
+        opts: &ExactOptions,
+    ) -> Result<Incremental, InputError> {
+        let solve_opts = SolveOptions {
+            threads: opts.threads.max(1),
+            ..SolveOptions::default()
+        };
+        let sol = solve_with(s.jobs(), s.gpus(), initial, &solve_opts)?;
+        let mut edges = initial.to_vec();
+        edges.sort_unstable_by_key(|e| (e.job, e.gpu));
+        let mut reference = Reference {
+            ru: vec![i64::MAX; s.jobs()],
+            rp: sol.duals.gpu.clone(),
+        };
+        let mut pricing = PricingStats::default();
+        let (edges, solution) = converge(s, edges, sol, &mut reference, opts, &mut pricing);
+        Ok(Incremental {
+            exact: Exact {
+                solution,
+                edges,
+                pricing,
+            },
+            reference,
+            jobs: s.jobs(),
+            gpus: s.gpus(),
+        })
+    }
+
+    /// The current round.
+    pub fn exact(&self) -> &Exact {
+        &self.exact
+    }
+
+    /// The next round after `changed_jobs` and `changed_gpus` (any pair
+    /// touching one of them may have a new weight, or none); every other
+    /// pair must weigh what it did. Same indices and sizes as before.
+    pub fn update<S: Scores>(
+        &mut self,
+        s: &S,
+        changed_jobs: &[u32],
+        changed_gpus: &[u32],
+        opts: &ExactOptions,
+    ) -> &Exact {
+        assert_eq!(
+            (s.jobs(), s.gpus()),
+            (self.jobs, self.gpus),
+            "an incremental round keeps the index space"
+        );
+        let mut cj = vec![false; self.jobs];
+        let mut cg = vec![false; self.gpus];
+        for &j in changed_jobs {
+            cj[j as usize] = true;
+            self.reference.ru[j as usize] = i64::MAX;
+        }
+        for &g in changed_gpus {
+            cg[g as usize] = true;
+            self.reference.rp[g as usize] = i64::MAX;
+        }
+        let mut edges = std::mem::take(&mut self.exact.edges);
+        edges.retain(|e| !cj[e.job as usize] && !cg[e.gpu as usize]);
+        let mut job_gpu = self.exact.solution.job_gpu(self.jobs);
+        for (j, g) in job_gpu.iter_mut().enumerate() {
+            if cj[j] || (*g as usize) < self.gpus && cg[*g as usize] {
+                *g = u32::MAX;
+            }
+        }
+        let mut prices = std::mem::take(&mut self.exact.solution.duals.gpu);
+        for (g, p) in prices.iter_mut().enumerate() {
+            if cg[g] {
+                *p = 0;
+            }
+        }
+        let sol = solve_warm_sorted(
+            self.jobs,
+            self.gpus,
+            &edges,
+            &Start {
+                job_gpu: &job_gpu,
+                price: &prices,
+            },
+        );
+        let mut pricing = PricingStats::default();
+        let (edges, solution) = converge(s, edges, sol, &mut self.reference, opts, &mut pricing);
+        self.exact = Exact {
+            solution,
+            edges,
+            pricing,
+        };
+        &self.exact
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::prune::prune_scored;
+    use crate::reference::dense_kuhn_munkres;
+    use crate::solver::verify_certificate;
+    use crate::synth::{Cluster, WeightMode};
+
+    fn check_exact<S: Scores>(s: &S, all: &[Edge], initial: &[Edge], opts: &ExactOptions) -> Exact {
+        let exact = solve_exact(s, initial, opts).expect("valid edges");
+        let dense = dense_kuhn_munkres(s.jobs(), s.gpus(), all);
+        assert_eq!(exact.solution.matching.objective, dense.objective);
+        // The certificate holds over every feasible pair.
+        verify_certificate(
+            s.jobs(),
+            s.gpus(),
+            all,
+            &exact.solution.matching,
+            &exact.solution.duals,
+        )
+        .expect("certificate on the full graph");
+        exact
+    }
+
+    #[test]
+    fn pricing_reaches_the_dense_optimum_of_the_full_graph() {
+        for mode in [WeightMode::Structured, WeightMode::Uniform] {
+            for (gpus, jobs, seed) in [(50, 30, 1), (80, 120, 2), (300, 200, 3), (150, 150, 4)] {
+                let c = Cluster::generate(gpus, jobs, seed, mode);
+                let all = c.all_edges();
+                for (k, per_job, threads) in [(2, 1, 1), (4, 8, 2), (16, 3, 2)] {
+                    let opts = ExactOptions { per_job, threads };
+                    // Bounded pricing (the cluster's groups) and plain scans.
+                    check_exact(&c, &all, &c.candidates(k, threads), &opts);
+                    let plain = FnScores {
+                        jobs,
+                        gpus,
+                        score: |j, g| c.weight(j, g),
+                    };
+                    check_exact(&plain, &all, &c.top_k_candidates(k, threads), &opts);
+                }
+                // From nothing at all: pricing builds the graph.
+                check_exact(&c, &all, &[], &ExactOptions::default());
+            }
+        }
+    }
+
+    /// Every job ranks the same 4 GPUs first; its best partner in the
+    /// optimum is a private GPU outside its top 4 (and outside the top 4 of
+    /// every other job).
+    #[test]
+    fn planted_optimum_outside_every_top_k_is_found() {
+        let (jobs, k) = (40usize, 4usize);
+        let gpus = k + jobs + 20;
+        let score = |j: u32, g: u32| -> Option<i64> {
+            let (j, g) = (j as i64, g as i64);
+            Some(if g < k as i64 {
+                1000 - j - g
+            } else if g == k as i64 + j {
+                900
+            } else {
+                1 + (j * 7 + g * 13) % 50
+            })
+        };
+        let s = FnScores { jobs, gpus, score };
+        let mut all = Vec::new();
+        for j in 0..jobs as u32 {
+            for g in 0..gpus as u32 {
+                all.push(Edge {
+                    job: j,
+                    gpu: g,
+                    weight: score(j, g).unwrap(),
+                });
+            }
+        }
+        let top = prune_scored(jobs, gpus, k, 1, score);
+        let pruned = solve_with(jobs, gpus, &top, &SolveOptions::default()).unwrap();
+        assert_eq!(pruned.matching.pairs.len(), k, "top-k alone places k jobs");
+        let exact = check_exact(&s, &all, &top, &ExactOptions::default());
+        let outside = exact
+            .solution
+            .matching
+            .pairs
+            .iter()
+            .filter(|&&(j, g)| !top.iter().any(|e| (e.job, e.gpu) == (j, g)))
+            .count();
+        assert_eq!(outside, jobs - k);
+        assert_eq!(
+            exact.solution.matching.objective,
+            900 * 36 + 1000 * 4 - 6 - 6
+        );
+    }
+
+    /// A warm start is only a hint: any assignment and prices (stale,
+    /// conflicting, out of range) give the cold optimum with a valid
+    /// certificate.
+    #[test]
+    fn any_warm_start_gives_the_cold_optimum() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        for seed in 0..20 {
+            let mode = if seed % 2 == 0 {
+                WeightMode::Structured
+            } else {
+                WeightMode::Uniform
+            };
+            let (gpus, jobs) = (rng.gen_range(5..60), rng.gen_range(5..60));
+            let c = Cluster::generate(gpus, jobs, seed, mode);
+            let mut edges = c.candidates(3, 1);
+            edges.sort_unstable_by_key(|e| (e.job, e.gpu));
+            let cold = solve_with(jobs, gpus, &edges, &SolveOptions::default()).unwrap();
+            let job_gpu: Vec<u32> = (0..jobs)
+                .map(|_| match rng.gen_range(0..3) {
+                    0 => u32::MAX,
+                    1 => rng.gen_range(0..gpus as u32 + 3),
+                    _ => rng.gen_range(0..3),
+                })
+                .collect();
+            let price: Vec<i64> = (0..rng.gen_range(0..gpus + 3))
+                .map(|_| rng.gen_range(-1000..2_000_000))
+                .collect();
+            let warm = solve_warm_sorted(
+                jobs,
+                gpus,
+                &edges,
+                &Start {
+                    job_gpu: &job_gpu,
+                    price: &price,
+                },
+            );
+            assert_eq!(warm.matching.objective, cold.matching.objective);
+            verify_certificate(jobs, gpus, &edges, &warm.matching, &warm.duals)
+                .expect("certificate from a garbage start");
+        }
+    }
+
+    fn cold(c: &Cluster, opts: &ExactOptions) -> Exact {
+        solve_exact(c, &c.candidates(4, 1), opts).unwrap()
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+        /// After any sequence of job replacements and GPU health flips, the
+        /// incremental round has the cold round's optimum and a certificate
+        /// on the full graph.
+        #[test]
+        fn incremental_round_equals_cold_round(
+            gpus in 10usize..70,
+            jobs in 5usize..60,
+            seed in 0u64..1000,
+            uniform in proptest::bool::ANY,
+            steps in proptest::collection::vec(
+                (proptest::collection::vec(0usize..1000, 0..6),
+                 proptest::collection::vec(0usize..1000, 0..6)),
+                1..5),
+        ) {
+            use rand::SeedableRng;
+            let mode = if uniform { WeightMode::Uniform } else { WeightMode::Structured };
+            let mut c = Cluster::generate(gpus, jobs, seed, mode);
+            let opts = ExactOptions { per_job: 2, threads: 1 };
+            let mut inc = Incremental::cold(&c, &c.candidates(4, 1), &opts).unwrap();
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+            for (js, gs) in steps {
+                let js: Vec<u32> = js.iter().map(|&j| (j % jobs) as u32).collect();
+                let gs: Vec<u32> = gs.iter().map(|&g| (g % gpus) as u32).collect();
+                for &j in &js {
+                    c.replace_job(j as usize, &mut rng);
+                }
+                let mut flipped = gs.clone();
+                flipped.sort_unstable();
+                flipped.dedup();
+                for &g in &flipped {
+                    c.toggle_health(g as usize);
+                }
+                c.regroup();
+                let got = inc.update(&c, &js, &gs, &opts).clone();
+                let want = cold(&c, &opts);
+                proptest::prop_assert_eq!(got.solution.matching.objective,
+                    want.solution.matching.objective);
+                let all = c.all_edges();
+                let cert = verify_certificate(jobs, gpus, &all, &got.solution.matching,
+                    &got.solution.duals);
+                proptest::prop_assert!(cert.is_ok(), "{:?}", cert);
+            }
+        }
+    }
+}
