@@ -431,7 +431,12 @@ fn node_unusable(n: &SinfoNode) -> bool {
             .any(|f| bad.contains(&f.to_ascii_uppercase().as_str()))
 }
 
-/// Expands a Slurm hostlist: `node[1-3,5],gpu7` → node1 node2 node3 node5 gpu7.
+/// Most names one hostlist expands to: far beyond any cluster's node count,
+/// and a bound on what a malformed list (many wide ranges) can cost.
+pub const MAX_HOSTLIST_NAMES: usize = 100_000;
+
+/// Expands a Slurm hostlist: `node[1-3,5],gpu7` → node1 node2 node3 node5
+/// gpu7. At most [`MAX_HOSTLIST_NAMES`] names.
 pub fn expand_hostlist(s: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut depth = 0;
@@ -454,13 +459,18 @@ pub fn expand_hostlist(s: &str) -> Vec<String> {
                             let (a, z) = r.split_once('-').unwrap_or((r, r));
                             let width = a.len();
                             if let (Ok(a), Ok(z)) = (a.parse::<u64>(), z.parse::<u64>()) {
-                                for v in a..=z.min(a + 100_000) {
+                                let room = (MAX_HOSTLIST_NAMES - out.len()) as u64;
+                                if room == 0 {
+                                    return out;
+                                }
+                                for v in a..=z.min(a.saturating_add(room - 1)) {
                                     out.push(format!("{prefix}{v:0width$}{suffix}"));
                                 }
                             }
                         }
                     }
-                    None => out.push(part.to_string()),
+                    None if out.len() < MAX_HOSTLIST_NAMES => out.push(part.to_string()),
+                    None => return out,
                 }
             }
             _ => {}
@@ -523,5 +533,13 @@ mod tests {
         );
         assert_eq!(expand_hostlist("node2"), ["node2"]);
         assert!(expand_hostlist("").is_empty());
+        // Many wide ranges (found by fuzzing the reader): bounded, in order.
+        let wide = format!("n[{}]", vec!["0-99999"; 50].join(","));
+        let names = expand_hostlist(&wide);
+        assert_eq!(names.len(), MAX_HOSTLIST_NAMES);
+        assert_eq!(
+            (names[0].as_str(), names[99_999].as_str()),
+            ("n0", "n99999")
+        );
     }
 }
