@@ -384,6 +384,23 @@ impl Cluster {
         }
     }
 
+    /// An offline job as users submit it (`sleep 300`), held by
+    /// job_submit.lua until the matcher places it.
+    pub fn offline_parked(&self, name: &str) -> u32 {
+        let id = self
+            .sbatch(
+                &["--muxflow=offline", "--job-name", name],
+                "#!/bin/sh\nsleep 300\n",
+            )
+            .unwrap_or_else(|e| panic!("sbatch {name}: {e}"));
+        assert_eq!(
+            self.job_field(id, "Reason"),
+            "JobHeldUser",
+            "job {id} not parked"
+        );
+        id
+    }
+
     /// Cancels every queued or running job whose name starts with `prefix`
     /// (what a test's earlier run may have left).
     pub fn cancel_named(&self, prefix: &str) {

@@ -52,22 +52,6 @@ fn faulty_published(c: &Cluster, node: &str, gpu: u32) {
     });
 }
 
-/// An offline job as users submit it: held by job_submit.lua until placed.
-fn offline(c: &Cluster, name: &str) -> u32 {
-    let id = c
-        .sbatch(
-            &["--muxflow=offline", "--job-name", name],
-            "#!/bin/sh\nsleep 300\n",
-        )
-        .unwrap_or_else(|e| panic!("sbatch {name}: {e}"));
-    assert_eq!(
-        c.job_field(id, "Reason"),
-        "JobHeldUser",
-        "job {id} not parked"
-    );
-    id
-}
-
 /// A finished offline run with figures in AdminComment (history).
 fn history(c: &Cluster, name: &str, report: &str) -> u32 {
     let id = c
@@ -180,9 +164,9 @@ fn matcher_places_best_total_avoids_unhealthy_gpus_and_converges_after_kill_9() 
 
     // Submitted small first: a greedy first-come placement would give
     // mfm-small node1 and leave mfm-big nowhere.
-    let small = offline(&c, "mfm-small");
-    let big = offline(&c, "mfm-big");
-    let extra = offline(&c, "mfm-extra");
+    let small = c.offline_parked("mfm-small");
+    let big = c.offline_parked("mfm-big");
+    let extra = c.offline_parked("mfm-extra");
 
     // --dry-run: the decision table, and nothing changes in Slurm.
     let mut cmd = matcher(&c);
@@ -283,7 +267,9 @@ fn matcher_places_best_total_avoids_unhealthy_gpus_and_converges_after_kill_9() 
     }
     c.sim_fault("node3", g3, &["xid", "43"]);
     faulty_published(&c, "node3", g3);
-    let jobs: Vec<u32> = (1..=3).map(|i| offline(&c, &format!("mfm-k{i}"))).collect();
+    let jobs: Vec<u32> = (1..=3)
+        .map(|i| c.offline_parked(&format!("mfm-k{i}")))
+        .collect();
     for ms in [150u64, 450, 900] {
         let l = Loop::start(&c);
         std::thread::sleep(Duration::from_millis(ms));

@@ -47,21 +47,6 @@ fn history(c: &Cluster, name: &str, report: &str) -> u32 {
     id
 }
 
-fn offline(c: &Cluster, name: &str) -> u32 {
-    let id = c
-        .sbatch(
-            &["--muxflow=offline", "--job-name", name],
-            "#!/bin/sh\nsleep 300\n",
-        )
-        .unwrap_or_else(|e| panic!("sbatch {name}: {e}"));
-    assert_eq!(
-        c.job_field(id, "Reason"),
-        "JobHeldUser",
-        "job {id} not parked"
-    );
-    id
-}
-
 #[test]
 fn history_of_shared_runs_gives_two_jobs_different_predictions_and_the_pairing_it_favours() {
     let c = Cluster::get();
@@ -103,8 +88,8 @@ fn history_of_shared_runs_gives_two_jobs_different_predictions_and_the_pairing_i
         c.sacct_until(id, "AdminComment", |l| l.contains("claim.launches"));
     }
 
-    let a = offline(&c, "mfp-a");
-    let b = offline(&c, "mfp-b");
+    let a = c.offline_parked("mfp-a");
+    let b = c.offline_parked("mfp-b");
 
     let mut cmd = matcher(&c);
     cmd.args(["--once", "--dry-run", "--json"]);
