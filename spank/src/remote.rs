@@ -86,7 +86,14 @@ impl RemoteState {
         // What the Prolog recorded for the job wins over the step's option,
         // which its user can drop or change in any srun: a step of an
         // offline job stays offline.
-        let mode = match (recorded_mode(spank), asked) {
+        // Read once for the step; quiet when muxflow is not set up here (this
+        // runs for every step of every job), an error for a muxflow step.
+        let loaded = node_config(spank);
+        let recorded = loaded
+            .as_ref()
+            .ok()
+            .and_then(|(_, config)| recorded_mode(spank, config));
+        let mode = match (recorded, asked) {
             (Some(recorded), Some(asked)) if recorded != asked => {
                 tracing::warn!(
                     "muxflow: step asked for --{OPTION}={asked} in a job recorded as {recorded}; runs as {recorded}"
@@ -99,7 +106,7 @@ impl RemoteState {
         };
         self.mode = Some(mode);
         set(spank, MODE_VAR, mode.as_str());
-        if let Err(e) = self.prepare(spank, mode, step) {
+        if let Err(e) = self.prepare(spank, mode, step, loaded) {
             let msg = format!("muxflow: {e}");
             tracing::error!("{msg}");
             if mode == Mode::Offline {
@@ -109,10 +116,14 @@ impl RemoteState {
         }
     }
 
-    fn prepare(&mut self, spank: &mut SpankHandle, mode: Mode, step: u32) -> anyhow::Result<()> {
-        let (_, config) = settings::load(spank)?;
-        let node = node_name(spank)?;
-        let config = config.for_node(&node)?;
+    fn prepare(
+        &mut self,
+        spank: &mut SpankHandle,
+        mode: Mode,
+        step: u32,
+        loaded: anyhow::Result<(String, Config)>,
+    ) -> anyhow::Result<()> {
+        let (node, config) = loaded?;
         let job_id = spank.job_id()?;
         let state = NodeState::new(config.paths.state_dir.as_path());
         if let Some(why) = state.refusal(job_id)? {
@@ -360,12 +371,17 @@ fn no_record(config: &Config, state: &NodeState, job_id: u32, node: &str, mode: 
 
 /// This node's Slurm name. SLURMD_NODENAME reaches the tasks only later, so
 /// for muxflow's single-node jobs the job's node list is the name.
+/// The muxflow config the plugstack line names, resolved for this node.
+fn node_config(spank: &SpankHandle) -> anyhow::Result<(String, Config)> {
+    let (_, config) = settings::load(spank)?;
+    let node = node_name(spank)?;
+    let config = config.for_node(&node)?;
+    Ok((node, config))
+}
+
 /// The mode the Prolog recorded for this job on this node (root's record of
-/// what slurmctld passed it), if any. Quiet when muxflow is not set up here:
-/// this runs for every step of every job.
-fn recorded_mode(spank: &SpankHandle) -> Option<Mode> {
-    let (_, config) = settings::load(spank).ok()?;
-    let config = config.for_node(&node_name(spank).ok()?).ok()?;
+/// what slurmctld passed it), if any.
+fn recorded_mode(spank: &SpankHandle, config: &Config) -> Option<Mode> {
     let state = NodeState::new(config.paths.state_dir.as_path());
     let (_, record) = state.find_job(spank.job_id().ok()?).ok()??;
     Some(record.mode)
