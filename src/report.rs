@@ -25,7 +25,7 @@
 //! | measured_peak_mib | offline: the largest GPU memory NVML showed for its processes, at muxflow-police's checks and the health steps |
 //! | policed | offline: why the node terminated a process of it (codes of `muxflow-health`'s police, comma-separated) |
 //! | run_s | seconds from the batch step's start to this report, by the node's clock (turns `claim.launches` into launches/s) |
-//! | partner_load_pct | offline: the online partner's mean load while this run ran, percent of its peak (a node measurement; the plugin does not write it yet, see the matcher's `predict` module) |
+//! | partner_load_pct | offline: the online partner's mean SM utilization while this run ran, percent of the largest seen in the run (muxflow-police samples NVML's per-process utilization every check; [`Measured`]) |
 //! | claim.launches, claim.delayed, claim.delay_ms | xCUDA: kernel launches, launches it delayed, total delay |
 //! | claim.oom, claim.peak_mib | xCUDA: allocations refused by the cap, peak GPU memory |
 //! | claim.steps, claim.steps_per_s | the workload's training steps, if it reports them |
@@ -116,6 +116,39 @@ pub fn last_kv_line(text: &str) -> Option<BTreeMap<String, String>> {
         .filter(|w| w.contains('='))
         .collect();
     kv::parse(&words.join(" ")).ok()
+}
+
+/// What the node's programs measured of an offline job, from the
+/// root-owned `<state_dir>/limits/<job>.measured` line that muxflow-police
+/// and the health steps keep: `peak_mib`, and the online partner's SM
+/// utilization samples (`load_n`, `load_sum`, `load_max`, percent of the
+/// GPU).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Measured {
+    pub peak_mib: Option<u64>,
+    /// Mean partner utilization over the largest sample, percent; None
+    /// without samples, or when the partner never used the GPU.
+    pub partner_load_pct: Option<u8>,
+}
+
+impl Measured {
+    pub fn parse(text: &str) -> Measured {
+        let Ok(map) = kv::parse(text.trim()) else {
+            return Measured::default();
+        };
+        let num = |k: &str| -> Option<u64> { map.get(k)?.parse().ok() };
+        let load = match (num("load_n"), num("load_sum"), num("load_max")) {
+            (Some(n), Some(sum), Some(max)) if n > 0 && max > 0 => {
+                let mean = sum as f64 / n as f64;
+                Some((100.0 * mean / max as f64).round().min(100.0) as u8)
+            }
+            _ => None,
+        };
+        Measured {
+            peak_mib: num("peak_mib"),
+            partner_load_pct: load,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -534,6 +567,19 @@ mod tests {
             text.contains(" claim.launches=5 ") && text.ends_with(" claims_refused=launches,rps")
         );
         assert_eq!(JobReport::decode(&text).unwrap(), r);
+    }
+
+    #[test]
+    fn measured_partner_load_is_the_mean_over_the_largest_sample() {
+        let m = Measured::parse("load_max=80 load_n=4 load_sum=200 peak_mib=3000\n");
+        assert_eq!(m.peak_mib, Some(3000));
+        assert_eq!(m.partner_load_pct, Some(63));
+        assert_eq!(Measured::parse("peak_mib=10").partner_load_pct, None);
+        assert_eq!(
+            Measured::parse("load_n=3 load_sum=0 load_max=0").partner_load_pct,
+            None
+        );
+        assert_eq!(Measured::parse("garbage"), Measured::default());
     }
 
     #[test]

@@ -91,7 +91,13 @@ pub const DEFAULT_SD: f64 = 0.30;
 pub const EXPLORE_SD: f64 = 0.25;
 pub const EXPLORE_MAX: f64 = 0.05;
 const RIDGE: f64 = 1e-3;
-const FEATURES: usize = 5;
+const FEATURES: usize = 7;
+/// The first `BASE_FEATURES` features are share and memory; the rest use
+/// the job's launch rate, kept only where it lowers the cross-validated
+/// error ([`choose_features`]).
+const BASE_FEATURES: usize = 5;
+/// Launch-rate feature when the job's is unknown: the middle of its scale.
+pub const DEFAULT_RATE: f64 = 0.5;
 /// Regularization of the biases and factors (in run-weights) tried; the
 /// one with the least cross-validated error on the training pairs wins, so
 /// no table's scale is built in.
@@ -191,6 +197,9 @@ pub struct Profile {
     pub peak_mib: Option<u64>,
     pub runs: usize,
     pub alone_runs: usize,
+    /// Mean kernel launches per second over its runs (xCUDA's count over the
+    /// node's run time), whatever its progress signal.
+    pub launch_rate: Option<f64>,
 }
 
 /// One (offline job, online partner) pair's estimate from its runs.
@@ -204,6 +213,8 @@ pub struct PairObs {
     /// Mean SM share and memory feature of its runs.
     pub share: f64,
     pub mem: f64,
+    /// The job's launch-rate feature ([`rate_feature`]).
+    pub rate: f64,
 }
 
 /// What the runs say, before any model: per-job profiles, per-pair
@@ -299,6 +310,13 @@ pub fn estimate(runs: &[Run]) -> Estimates {
             continue;
         }
         prof.signal = Some(signal);
+        let rates: Vec<f64> = job_runs
+            .iter()
+            .filter_map(|r| progress(&r.report, Signal::LaunchesPerS))
+            .collect();
+        prof.launch_rate =
+            (!rates.is_empty()).then(|| rates.iter().sum::<f64>() / rates.len() as f64);
+        let rate = rate_feature(prof.launch_rate);
         let alone: Vec<f64> = obs
             .iter()
             .filter(|o| o.partner.is_none())
@@ -321,6 +339,7 @@ pub fn estimate(runs: &[Run]) -> Estimates {
                 runs: mine.len(),
                 share: mine.iter().map(|o| o.share).sum::<f64>() / n,
                 mem: mine.iter().map(|o| o.mem).sum::<f64>() / n,
+                rate,
             });
         }
         out.profiles.insert(key.clone(), prof);
@@ -373,8 +392,84 @@ pub fn default_prediction(share: f64) -> f64 {
     (share / DEFAULT_DEMAND).clamp(0.01, 1.0)
 }
 
-fn features(share: f64, mem: f64) -> [f64; FEATURES] {
-    [1.0, share, share * share, mem, share * mem]
+/// A job's launch rate as a feature in [0, 1]: log10 of launches/s over 5
+/// (1/s → 0, 100,000/s → 1); [`DEFAULT_RATE`] when unknown.
+pub fn rate_feature(launches_per_s: Option<f64>) -> f64 {
+    launches_per_s
+        .filter(|r| r.is_finite() && *r > 0.0)
+        .map_or(DEFAULT_RATE, |r| (r.log10() / 5.0).clamp(0.0, 1.0))
+}
+
+fn features(share: f64, mem: f64, rate: f64) -> [f64; FEATURES] {
+    [
+        1.0,
+        share,
+        share * share,
+        mem,
+        share * mem,
+        rate,
+        share * rate,
+    ]
+}
+
+/// Weighted ridge regression of the pairs' `x` on their first `used`
+/// features (the others' coefficients are 0): `(XᵀWX + λI) b = XᵀWy`.
+fn ridge(pairs: &[&PairObs], used: usize) -> Option<[f64; FEATURES]> {
+    let w = |p: &PairObs| p.runs as f64 / (p.runs as f64 + 1.0);
+    let mut a = SMatrix::<f64, FEATURES, FEATURES>::identity() * (RIDGE * pairs.len() as f64);
+    let mut v = SVector::<f64, FEATURES>::zeros();
+    for p in pairs {
+        let mut f = features(p.share, p.mem, p.rate);
+        f[used..].iter_mut().for_each(|x| *x = 0.0);
+        let x = SVector::<f64, FEATURES>::from(f);
+        a += x * x.transpose() * w(p);
+        v += x * (p.x * w(p));
+    }
+    a.cholesky()
+        .map(|c| c.solve(&v))
+        .filter(|b| b.iter().all(|x| x.is_finite()))
+        .map(<[f64; FEATURES]>::from)
+}
+
+/// How many features the regression uses: all of them only where the
+/// launch rate lowers the error on held-out folds of the pairs by more than
+/// one standard error of that difference (the one-standard-error rule: an
+/// uninformative feature's chance gains on a few pairs do not count).
+fn choose_features(pairs: &[PairObs]) -> usize {
+    if pairs.len() < 2 * FOLDS {
+        return BASE_FEATURES;
+    }
+    // Squared held-out error of each pair under `used` features.
+    let cv = |used: usize| -> Option<Vec<f64>> {
+        let mut err = vec![0.0; pairs.len()];
+        for fold in 0..FOLDS {
+            let train: Vec<&PairObs> = pairs
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| i % FOLDS != fold)
+                .map(|(_, p)| p)
+                .collect();
+            let c = ridge(&train, used)?;
+            for (i, p) in pairs.iter().enumerate().skip(fold).step_by(FOLDS) {
+                let f = features(p.share, p.mem, p.rate);
+                let y: f64 = f.iter().zip(&c).map(|(x, b)| x * b).sum();
+                err[i] = (y - p.x).powi(2);
+            }
+        }
+        Some(err)
+    };
+    let (Some(base), Some(all)) = (cv(BASE_FEATURES), cv(FEATURES)) else {
+        return BASE_FEATURES;
+    };
+    let gain: Vec<f64> = base.iter().zip(&all).map(|(b, a)| b - a).collect();
+    let n = gain.len() as f64;
+    let mean = gain.iter().sum::<f64>() / n;
+    let var = gain.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / (n - 1.0);
+    if mean > (var / n).sqrt() {
+        FEATURES
+    } else {
+        BASE_FEATURES
+    }
 }
 
 /// A prediction: normalized throughput if the pair runs, its standard
@@ -391,8 +486,12 @@ pub struct Estimate {
 impl Estimate {
     /// What the matcher maximizes: the expected throughput with bounded
     /// optimism.
+    /// The bonus may lift it above 1: clamped at 1, a pair predicted near 1
+    /// would tie with every untried one, and exploration would stop where
+    /// the predictions are best.
     pub fn weight(&self) -> f64 {
-        ((1.0 - self.p_fail) * self.mean + (EXPLORE_SD * self.sd).min(EXPLORE_MAX)).clamp(0.01, 1.0)
+        ((1.0 - self.p_fail) * self.mean + (EXPLORE_SD * self.sd).min(EXPLORE_MAX))
+            .clamp(0.01, 1.0 + EXPLORE_MAX)
     }
 }
 
@@ -462,27 +561,20 @@ impl Model {
             m.index_seen(e);
             return m;
         }
-        // Side features: weighted ridge, (XᵀWX + λI) b = XᵀWy.
+        // Side features: weighted ridge (share, memory, and the launch rate
+        // where it helps).
         let w = |p: &PairObs| p.runs as f64 / (p.runs as f64 + 1.0);
         let mean_x =
             e.pairs.iter().map(|p| w(p) * p.x).sum::<f64>() / e.pairs.iter().map(w).sum::<f64>();
         let coef = if e.pairs.len() >= MIN_PAIRS {
-            let mut a =
-                SMatrix::<f64, FEATURES, FEATURES>::identity() * (RIDGE * e.pairs.len() as f64);
-            let mut v = SVector::<f64, FEATURES>::zeros();
-            for p in &e.pairs {
-                let x = SVector::<f64, FEATURES>::from(features(p.share, p.mem));
-                a += x * x.transpose() * w(p);
-                v += x * (p.x * w(p));
-            }
-            a.cholesky()
-                .map(|c| c.solve(&v))
-                .filter(|b| b.iter().all(|x| x.is_finite()))
-                .map(<[f64; FEATURES]>::from)
+            let all: Vec<&PairObs> = e.pairs.iter().collect();
+            ridge(&all, choose_features(&e.pairs))
         } else {
             None
         };
-        m.coef = Some(coef.unwrap_or([mean_x, 0.0, 0.0, 0.0, 0.0]));
+        let mut constant = [0.0; FEATURES];
+        constant[0] = mean_x;
+        m.coef = Some(coef.unwrap_or(constant));
         let obs: Vec<(u32, u32, f64, f64)> = e
             .pairs
             .iter()
@@ -490,7 +582,7 @@ impl Model {
                 (
                     m.job_index[&p.job],
                     m.partner_index[&p.partner],
-                    p.x - m.raw(p.share, p.mem),
+                    p.x - m.raw(p.share, p.mem, p.rate),
                     w(p),
                 )
             })
@@ -580,9 +672,13 @@ impl Model {
         self.seen = seen;
     }
 
-    fn raw(&self, share: f64, mem: f64) -> f64 {
+    fn raw(&self, share: f64, mem: f64, rate: f64) -> f64 {
         match &self.coef {
-            Some(c) => features(share, mem).iter().zip(c).map(|(x, b)| x * b).sum(),
+            Some(c) => features(share, mem, rate)
+                .iter()
+                .zip(c)
+                .map(|(x, b)| x * b)
+                .sum(),
             None => default_prediction(share),
         }
     }
@@ -621,6 +717,7 @@ impl Model {
         JobTerms {
             index: self.job_index.get(key).copied(),
             peak_mib: self.peak_mib(key),
+            rate: rate_feature(self.profiles.get(key).and_then(|p| p.launch_rate)),
         }
     }
 
@@ -683,7 +780,7 @@ impl Model {
                 p_fail,
             });
         }
-        let base = self.raw(gpu.share, mem);
+        let base = self.raw(gpu.share, mem, job.rate);
         let a = job.index.and_then(|j| self.jobs.get(j as usize)).copied();
         let b = gpu
             .partner
@@ -814,6 +911,8 @@ fn fit_sides(
 pub struct JobTerms {
     index: Option<u32>,
     pub peak_mib: Option<u64>,
+    /// [`rate_feature`] of the job's launch rate.
+    pub rate: f64,
 }
 
 /// Per-GPU inputs of [`Model::predict_terms`].
@@ -1192,6 +1291,7 @@ mod tests {
                     runs: 3,
                     share: 0.5,
                     mem: 0.5,
+                    rate: DEFAULT_RATE,
                 };
                 if rng.gen_bool(0.33) {
                     train.push(p)
@@ -1497,5 +1597,64 @@ mod tests {
             at("a", 1)
         );
         assert!(at("b", 1) > at("b", 2) + 0.3);
+    }
+
+    #[test]
+    fn a_cold_job_is_predicted_from_its_launch_rate_when_rates_explain_the_pairs() {
+        // Jobs that launch more suffer more next to every partner; a job
+        // never seen is told apart only by its launch rate.
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let mut pairs = Vec::new();
+        for i in 0..24 {
+            let rate = rng.gen_range(0.1..0.9);
+            for k in 0..4 {
+                pairs.push(PairObs {
+                    job: key("u", &format!("j{i}")),
+                    partner: key("s", &format!("k{k}")),
+                    x: 1.0 - 0.8 * rate + rng.gen_range(-0.02..0.02),
+                    runs: 2,
+                    share: 0.5,
+                    mem: 0.5,
+                    rate,
+                });
+            }
+        }
+        let m = Model::from_estimates(&Estimates {
+            pairs,
+            run_sd: 0.02,
+            ..Estimates::default()
+        });
+        let gpu = GpuTerms {
+            share: 0.5,
+            room_mib: u64::MAX,
+            partner: None,
+        };
+        let cold = |rate: f64| {
+            let job = JobTerms {
+                index: None,
+                peak_mib: None,
+                rate,
+            };
+            m.predict_terms(&job, &gpu).unwrap().mean
+        };
+        assert!((cold(0.2) - 0.84).abs() < 0.05, "{}", cold(0.2));
+        assert!((cold(0.8) - 0.36).abs() < 0.05, "{}", cold(0.8));
+    }
+
+    #[test]
+    fn the_launch_rate_is_left_out_where_it_explains_nothing() {
+        let mut rng = ChaCha8Rng::seed_from_u64(6);
+        let pairs: Vec<PairObs> = (0..40)
+            .map(|i| PairObs {
+                job: key("u", &format!("j{i}")),
+                partner: key("s", "k"),
+                x: rng.gen_range(0.3..0.9),
+                runs: 2,
+                share: rng.gen_range(0.3..0.9),
+                mem: 0.5,
+                rate: rng.gen_range(0.0..1.0),
+            })
+            .collect();
+        assert_eq!(choose_features(&pairs), BASE_FEATURES);
     }
 }

@@ -288,18 +288,91 @@ pub fn police_gpu(
 /// Raises the job's measured peak GPU memory (all its processes on the GPU
 /// at one step) to `mib`, in `<state_dir>/limits/<job>.measured`.
 fn record_peak(ns: &NodeState, job: u32, mib: u64) {
+    update_measured(ns, job, |m| {
+        let old: u64 = m.get("peak_mib").and_then(|v| v.parse().ok()).unwrap_or(0);
+        (mib > old).then(|| {
+            m.insert("peak_mib".into(), mib.to_string());
+        })
+    });
+}
+
+/// Adds one sample of the online partner's SM utilization (percent of the
+/// GPU, summed over its processes) to the job's measured file: count, sum
+/// and largest, from which the report's `partner_load_pct` is the mean
+/// over the largest ([`muxflow::report::partner_load_pct`]).
+fn record_partner_load(ns: &NodeState, job: u32, sm_pct: u32) {
+    update_measured(ns, job, |m| {
+        let get = |m: &BTreeMap<String, String>, k: &str| -> u64 {
+            m.get(k).and_then(|v| v.parse().ok()).unwrap_or(0)
+        };
+        let (n, sum, max) = (get(m, "load_n"), get(m, "load_sum"), get(m, "load_max"));
+        m.insert("load_n".into(), (n + 1).to_string());
+        m.insert("load_sum".into(), (sum + u64::from(sm_pct)).to_string());
+        m.insert("load_max".into(), max.max(u64::from(sm_pct)).to_string());
+        Some(())
+    });
+}
+
+/// Reads, changes and rewrites (atomically) the job's measured file, a
+/// `key=value` line root writes; `change` returns None to leave it as it is.
+fn update_measured(
+    ns: &NodeState,
+    job: u32,
+    change: impl FnOnce(&mut BTreeMap<String, String>) -> Option<()>,
+) {
     let path = ns.measured_file(job);
-    let old: u64 = std::fs::read_to_string(&path)
+    let mut map = std::fs::read_to_string(&path)
         .ok()
         .and_then(|t| muxflow::kv::parse(t.trim()).ok())
-        .and_then(|m| m.get("peak_mib")?.parse().ok())
-        .unwrap_or(0);
-    if mib > old {
-        let text = format!("peak_mib={mib}\n");
-        if let Err(e) = muxflow::node_state::write_atomic(&path, text.as_bytes()) {
-            tracing::error!(job, "{e}");
-        }
+        .unwrap_or_default();
+    if change(&mut map).is_none() {
+        return;
     }
+    let text = map
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+        + "\n";
+    if let Err(e) = muxflow::node_state::write_atomic(&path, text.as_bytes()) {
+        tracing::error!(job, "{e}");
+    }
+}
+
+/// The online partner's SM utilization on `gpu` now: the summed NVML
+/// per-process samples of the processes of the GPU's online jobs. None
+/// when there is no online job or NVML has no per-process figures.
+fn partner_sm_pct(
+    ns: &NodeState,
+    procfs: &Procfs,
+    dev: &nvml_wrapper::Device,
+    gpu: u32,
+) -> Option<u32> {
+    let online: BTreeSet<u32> = ns
+        .jobs(gpu)
+        .ok()?
+        .into_iter()
+        .filter(|j| j.mode == muxflow::Mode::Online)
+        .map(|j| j.job_id)
+        .collect();
+    if online.is_empty() {
+        return None;
+    }
+    let samples = match dev.process_utilization_stats(None) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::debug!(gpu, "NVML per-process utilization: {e}");
+            return None;
+        }
+    };
+    Some(
+        samples
+            .iter()
+            .filter(|s| procfs.job_of(s.pid).is_some_and(|j| online.contains(&j)))
+            .map(|s| s.sm_util.min(100))
+            .sum::<u32>()
+            .min(100),
+    )
 }
 
 /// How long `muxflow-police` waits for the job's slurmstepd to appear
@@ -352,12 +425,20 @@ pub fn watch(config: &Config, job: u32) -> anyhow::Result<()> {
             }
             (false, false) => {}
         }
-        let processes = nvml
+        let device = nvml.as_ref().and_then(|n| n.device_by_index(gpu).ok());
+        let processes = device
             .as_ref()
-            .and_then(|n| n.device_by_index(gpu).ok())
-            .and_then(|d| crate::nvml::gpu_processes(&d).ok())
+            .and_then(|d| crate::nvml::gpu_processes(d).ok())
             .unwrap_or_default();
+        let partner_sm = device
+            .as_ref()
+            .and_then(|d| partner_sm_pct(&ns, &procfs, d, gpu));
+        // The measured file is also written by the health steps: under the
+        // GPU's lock.
         let lock = ns.lock_gpu(gpu)?;
+        if let Some(sm) = partner_sm {
+            record_partner_load(&ns, job, sm);
+        }
         let mps = MpsDaemon::for_gpu(config, gpu);
         for (pid, of_job, verdict) in police_gpu(config, &ns, &mps, gpu, &processes) {
             tracing::warn!(

@@ -63,6 +63,10 @@ pub struct Report {
     pub predictors: Vec<Figures>,
     /// The model's mean predicted standard deviation on hidden pairs.
     pub model_sd: f64,
+    /// What a description of each job type by `rank` numbers can reach at
+    /// best: models fitted on *every* pair of the split (true values, no
+    /// noise), scored like the predictors. Not predictors: ceilings.
+    pub ceilings: Vec<Figures>,
 }
 
 impl Report {
@@ -83,6 +87,10 @@ impl Report {
             "model's mean predicted sd on hidden pairs: {:.3}\n",
             self.model_sd
         );
+        s += "ceilings: fitted on every pair of the split (all true, no noise), not predictors:\n";
+        for f in &self.ceilings {
+            s += &format!("{:<16} {:>8.3} {:>8.3}\n", f.name, f.mae, f.pairing);
+        }
         s += &format!(
             "mae={:.3} pairing={:.3} default_pairing={:.3}\n",
             self.predictors[2].mae, self.predictors[2].pairing, self.predictors[0].pairing
@@ -107,6 +115,7 @@ pub fn run(pairs: &Pairs, observed: f64, seeds: u64) -> Result<Report, String> {
     }
     let mut sums = [(0.0, 0.0); 3];
     let mut sd = 0.0;
+    let mut ceil = [(0.0, 0.0); CEILING_RANKS.len()];
     let (mut n_off, mut n_on) = (0, 0);
     for seed in 1..=seeds {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -226,6 +235,28 @@ pub fn run(pairs: &Pairs, observed: f64, seeds: u64) -> Result<Report, String> {
             .map(|&(i, k, _)| model_at(i, k).1)
             .sum::<f64>()
             / h;
+        let truth: Vec<Vec<Option<f64>>> = (0..offline.len())
+            .map(|i| (0..online.len()).map(|k| x(i, k)).collect())
+            .collect();
+        for (acc, &rank) in ceil.iter_mut().zip(&CEILING_RANKS) {
+            let fit = low_rank_fit(&truth, rank);
+            let (mut err, mut cnt) = (0.0, 0usize);
+            for (i, row) in truth.iter().enumerate() {
+                for (k, t) in row.iter().enumerate() {
+                    if let Some(t) = t {
+                        err += (fit[i][k] - t).abs();
+                        cnt += 1;
+                    }
+                }
+            }
+            acc.0 += err / cnt.max(1) as f64;
+            acc.1 += pairing_quality(
+                offline.len(),
+                online.len(),
+                &|i, k| x(i, k).map(|_| fit[i][k]),
+                &|i, k| x(i, k),
+            );
+        }
     }
     let s = seeds as f64;
     let names = ["default", "row-col means", "model"];
@@ -245,7 +276,91 @@ pub fn run(pairs: &Pairs, observed: f64, seeds: u64) -> Result<Report, String> {
             })
             .collect(),
         model_sd: sd / s,
+        ceilings: CEILING_RANKS
+            .iter()
+            .zip(ceil)
+            .map(|(&rank, (mae, pairing))| Figures {
+                name: CEILING_NAMES[rank],
+                mae: mae / s,
+                pairing: pairing / s,
+            })
+            .collect(),
     })
+}
+
+/// Ranks of the ceiling fits: 0 is job mean + partner mean (additive).
+const CEILING_RANKS: [usize; 4] = [0, 1, 2, 3];
+const CEILING_NAMES: [&str; 4] = ["additive, all", "rank-1, all", "rank-2, all", "rank-3, all"];
+
+/// `x ≈ μ + b_i + c_k + u_i·v_k` (`rank` factors) by alternating ridge
+/// least squares on the known entries of `m`; the fitted values everywhere.
+fn low_rank_fit(m: &[Vec<Option<f64>>], rank: usize) -> Vec<Vec<f64>> {
+    use nalgebra::{DMatrix, DVector};
+    const LAMBDA: f64 = 1e-3;
+    let (rows, cols) = (m.len(), m.first().map_or(0, Vec::len));
+    let known: Vec<(usize, usize, f64)> = m
+        .iter()
+        .enumerate()
+        .flat_map(|(i, r)| {
+            r.iter()
+                .enumerate()
+                .filter_map(move |(k, v)| Some((i, k, (*v)?)))
+        })
+        .collect();
+    if known.is_empty() {
+        return vec![vec![0.0; cols]; rows];
+    }
+    let mu = known.iter().map(|e| e.2).sum::<f64>() / known.len() as f64;
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let mut u: Vec<Vec<f64>> = (0..rows)
+        .map(|_| (0..rank).map(|_| rng.gen_range(-0.1..0.1)).collect())
+        .collect();
+    let mut v: Vec<Vec<f64>> = (0..cols)
+        .map(|_| (0..rank).map(|_| rng.gen_range(-0.1..0.1)).collect())
+        .collect();
+    let (mut b, mut c) = (vec![0.0; rows], vec![0.0; cols]);
+    let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
+    // One side's bias and factors given the other's: ridge least squares on
+    // [1, other's factors].
+    let solve = |entries: &[(f64, &[f64])]| -> (f64, Vec<f64>) {
+        let n = rank + 1;
+        let mut a = DMatrix::<f64>::identity(n, n) * LAMBDA;
+        let mut y = DVector::<f64>::zeros(n);
+        for (t, f) in entries {
+            let x = DVector::from_iterator(n, std::iter::once(1.0).chain(f.iter().copied()));
+            a += &x * x.transpose();
+            y += &x * *t;
+        }
+        let sol = a
+            .cholesky()
+            .map_or_else(|| DVector::zeros(n), |ch| ch.solve(&y));
+        (sol[0], sol.iter().skip(1).copied().collect())
+    };
+    for _ in 0..200 {
+        for i in 0..rows {
+            let e: Vec<(f64, &[f64])> = known
+                .iter()
+                .filter(|e| e.0 == i)
+                .map(|&(_, k, t)| (t - mu - c[k], v[k].as_slice()))
+                .collect();
+            (b[i], u[i]) = solve(&e);
+        }
+        for k in 0..cols {
+            let e: Vec<(f64, &[f64])> = known
+                .iter()
+                .filter(|e| e.1 == k)
+                .map(|&(i, _, t)| (t - mu - b[i], u[i].as_slice()))
+                .collect();
+            (c[k], v[k]) = solve(&e);
+        }
+    }
+    (0..rows)
+        .map(|i| {
+            (0..cols)
+                .map(|k| mu + b[i] + c[k] + dot(&u[i], &v[k]))
+                .collect()
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -70,3 +70,23 @@ pub fn sm_activity_between(cfg: &GpuConfig, gpu: &SharedGpu, t0: u64, t1: u64) -
     let t = gpu.lock();
     model::sm_activity(&p, t.spans(), t.external(), t0, t1)
 }
+
+/// Each client's SM activity over the window ending at `now`, percent of
+/// the GPU's SMs (what `nvmlDeviceGetProcessUtilization` reports as
+/// `smUtil`): the client's own kernels' demand, as [`model::sm_activity`]
+/// counts the GPU's, without the scripted external load.
+pub fn process_sm_pct(cfg: &GpuConfig, gpu: &SharedGpu, now: u64) -> Vec<(i32, u32)> {
+    let p = cfg.model();
+    let mut t = gpu.lock();
+    t.prune_dead();
+    let t0 = now.saturating_sub(p.window_ns);
+    let ks = t.kernels_since(t0);
+    clients(&t)
+        .iter()
+        .map(|c| {
+            let mine = ks.iter().copied().filter(|k| k.pid == c.pid);
+            let a = model::sm_activity(&p, mine, model::ExternalLoad::default(), t0, now);
+            (c.pid, (a * 100.0).round() as u32)
+        })
+        .collect()
+}

@@ -20,7 +20,7 @@ use muxflow::report::JobReport;
 use muxflow::slurm_cli::Scontrol;
 use muxflow::slurm_version::{SLURM_BATCH_SCRIPT, SLURM_EXTERN_CONT, SLURM_INTERACTIVE_STEP};
 use muxflow::xcuda_env::{self, XcudaEnv};
-use muxflow::{kv, mps, Config, Mode};
+use muxflow::{mps, Config, Mode};
 use slurm_spank::SpankHandle;
 
 use crate::{preload, settings, OPTION};
@@ -475,9 +475,13 @@ fn build_report(ctx: &ReportContext) -> JobReport {
         let codes = muxflow::limits::policed_codes(&text);
         r.policed = (!codes.is_empty()).then(|| codes.join(","));
     }
-    r.measured_peak_mib = read_root_file(&state.measured_file(ctx.job_id))
-        .and_then(|t| kv::parse(t.trim()).ok())
-        .and_then(|m| m.get("peak_mib")?.parse().ok());
+    let measured = read_root_file(&state.measured_file(ctx.job_id))
+        .map(|t| muxflow::report::Measured::parse(&t))
+        .unwrap_or_default();
+    r.measured_peak_mib = measured.peak_mib;
+    if r.partner.is_some() {
+        r.partner_load_pct = measured.partner_load_pct;
+    }
     let Some(dir) = &ctx.stats_dir else { return r };
     let files: Vec<(String, String)> = std::fs::read_dir(dir)
         .into_iter()

@@ -185,6 +185,13 @@ fn online_and_offline_share_one_daemon_and_report_to_sacct() {
     // The node's run time turns the launch count into the rate the
     // predictor learns from when a workload reports no steps.
     assert!(report.run_s.is_some(), "{line}");
+    // muxflow-police sampled the online partner's SM utilization (NVML's
+    // per-process figures) while the job ran: the load the predictor
+    // separates a job's solo speed from its pair's slowdown with.
+    let load = report
+        .partner_load_pct
+        .unwrap_or_else(|| panic!("no partner_load_pct: {line}"));
+    assert!((1..=100).contains(&load), "{line}");
     let line = c.sacct_until(online, "AdminComment", |l| l.contains("requests="));
     let report = JobReport::decode(line.split('|').nth(1).unwrap()).unwrap();
     assert_eq!(report.mode, Some(Mode::Online));

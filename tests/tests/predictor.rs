@@ -5,9 +5,9 @@
 //! their history favours, where the default predictor sees two alike GPUs.
 //!
 //! The history is written into AdminComment as the plugin writes it (an
-//! offline run's launches, the node's `run_s`, its partner); the partner's
-//! load (`partner_load_pct`) is written too: the plugin does not measure it
-//! yet (see the matcher's `predict` module).
+//! offline run's launches, the node's `run_s`, its partner, the partner's
+//! load `partner_load_pct` that muxflow-police measures: job_path.rs checks
+//! that a real shared run records it).
 
 use std::process::Command;
 use std::time::Duration;

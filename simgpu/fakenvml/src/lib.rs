@@ -426,6 +426,46 @@ pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v3(
     processes(d, count, infos, true)
 }
 
+/// Per-process SM utilization over the model's window (one sample per
+/// client, stamped now; `last_seen` is accepted and not used: the model
+/// keeps no sample history).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
+    d: nvmlDevice_t,
+    samples: *mut nvmlProcessUtilizationSample_t,
+    count: *mut c_uint,
+    _last_seen: c_ulonglong,
+) -> Ret {
+    guard(|| {
+        let g = gpu(d)?.1;
+        let now = now_ns();
+        let per = telemetry::process_sm_pct(&g.cfg, &g.shared, now);
+        if count.is_null() {
+            return Err(rc::INVALID_ARGUMENT);
+        }
+        // SAFETY: non-null in/out count.
+        let cap = unsafe { *count } as usize;
+        put(count, per.len() as c_uint)?;
+        if samples.is_null() || cap < per.len() {
+            return Err(rc::INSUFFICIENT_SIZE);
+        }
+        for (i, &(pid, sm)) in per.iter().enumerate() {
+            // SAFETY: the caller's array holds `cap` >= len entries.
+            unsafe {
+                samples.add(i).write(nvmlProcessUtilizationSample_t {
+                    pid: pid as c_uint,
+                    timeStamp: now / 1000,
+                    smUtil: sm,
+                    memUtil: 0,
+                    encUtil: 0,
+                    decUtil: 0,
+                })
+            };
+        }
+        Ok(())
+    })
+}
+
 // ---- GPM (SM activity) ---------------------------------------------------
 
 struct GpmSample {
