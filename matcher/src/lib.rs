@@ -50,6 +50,7 @@ pub mod round;
 pub mod slurm;
 pub mod solver;
 pub mod synth;
+pub mod userreport;
 pub mod weights;
 
 pub use prune::{prune_candidates, prune_scored, spread_scored};

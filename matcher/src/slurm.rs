@@ -102,6 +102,53 @@ impl SlurmCli {
         Ok(())
     }
 
+    /// `sacct --json -X` with `args` (filters), parsed.
+    pub fn sacct(&self, args: &[String]) -> Result<Vec<reader::SacctJob>, SlurmError> {
+        let mut all = vec!["--json".to_string(), "-X".to_string()];
+        all.extend_from_slice(args);
+        Ok(reader::parse_sacct(&self.run("sacct", &all)?)?)
+    }
+
+    /// The owner of job `id` as sacct's text output names it. Slurm 22.05's
+    /// `--json` leaves `user` null for a user with no association in the
+    /// accounting database; the text output resolves the uid.
+    pub fn job_user(&self, id: u32) -> Result<Option<String>, SlurmError> {
+        let out = self.run(
+            "sacct",
+            &[
+                "-X".into(),
+                "-nP".into(),
+                "-j".into(),
+                id.to_string(),
+                "-o".into(),
+                "User".into(),
+            ],
+        )?;
+        Ok(out
+            .lines()
+            .map(str::trim)
+            .find(|l| !l.is_empty())
+            .map(str::to_string))
+    }
+
+    /// `sacctmgr show user NAME`'s AdminLevel says the user administers
+    /// Slurm (Operator or Administrator).
+    pub fn is_slurm_admin(&self, user: &str) -> Result<bool, SlurmError> {
+        let out = self.run(
+            "sacctmgr",
+            &[
+                "-nP".into(),
+                "show".into(),
+                "user".into(),
+                user.into(),
+                "format=adminlevel".into(),
+            ],
+        )?;
+        Ok(out
+            .lines()
+            .any(|l| matches!(l.trim(), "Administrator" | "Operator")))
+    }
+
     /// One scontrol call (`update …`, `hold N`, `release N`).
     pub fn scontrol(&self, args: &[String]) -> Result<(), SlurmError> {
         self.run("scontrol", args).map(|_| ())

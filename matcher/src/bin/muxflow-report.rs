@@ -1,0 +1,151 @@
+//! `muxflow-report JOBID [--json]`: what sharing did to one of your jobs,
+//! from sacct (see [`muxflow_matcher::userreport`]). Any user, for their
+//! own jobs; Slurm administrators (root, AdminLevel Operator or
+//! Administrator) for every job.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Parser;
+use muxflow_matcher::slurm::SlurmCli;
+use muxflow_matcher::userreport::{report, Viewer};
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "What sharing did to one of your jobs: partners (by job ID), SM share and memory cap, time throttled, OOM refusals, speed shared vs predicted"
+)]
+struct Cli {
+    /// The job's ID.
+    job: u32,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Days of your earlier runs the speed estimate and the prediction use.
+    #[arg(long, default_value_t = 30)]
+    days: u32,
+    /// Seconds each Slurm command may take.
+    #[arg(long, default_value_t = 30)]
+    timeout_s: u64,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(&cli) {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("muxflow-report: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: &Cli) -> anyhow::Result<String> {
+    let slurm = SlurmCli {
+        timeout_s: cli.timeout_s,
+    };
+    // SAFETY: getuid(2) cannot fail and touches no memory.
+    let uid = unsafe { libc::getuid() };
+    let user = user_name(uid).with_context(|| format!("cannot find the name of uid {uid}"))?;
+    let admin = uid == 0 || slurm.is_slurm_admin(&user).unwrap_or(false);
+    let viewer = Viewer { user, admin };
+    let mut listing = slurm
+        .sacct(&["-j".into(), cli.job.to_string()])
+        .context("reading the job from sacct")?;
+    // A job ID the database holds twice (IDs start over after a cluster's
+    // state is reset): the latest record is the job meant.
+    latest_per_id(&mut listing);
+    if let Some(job) = listing.first_mut() {
+        if job.user.is_empty() {
+            job.user = slurm
+                .job_user(cli.job)
+                .context("reading the job's owner from sacct")?
+                .unwrap_or_default();
+        }
+    }
+    if let Some(job) = listing.first().cloned() {
+        let since = format!("now-{}days", cli.days);
+        // The owner's runs of the same name (the speed estimate), and the
+        // jobs that ran beside it (partners, by ID).
+        let mut more = slurm
+            .sacct(&[
+                "-u".into(),
+                job.user.clone(),
+                "--name".into(),
+                job.name.clone(),
+                "-S".into(),
+                since.clone(),
+            ])
+            .context("reading the job's earlier runs from sacct")?;
+        let partners: Vec<String> = more
+            .iter()
+            .chain(&listing)
+            .filter_map(|j| {
+                muxflow::report::JobReport::decode(j.comment.administrator.as_deref()?)
+                    .ok()?
+                    .partner
+            })
+            .map(|p| p.to_string())
+            .collect();
+        if !partners.is_empty() {
+            more.extend(
+                slurm
+                    .sacct(&["-a".into(), "-j".into(), partners.join(",")])
+                    .context("reading the partner jobs from sacct")?,
+            );
+        }
+        // An online job's offline partners name it: everything that ran
+        // while it did.
+        more.extend(
+            slurm
+                .sacct(&["-a".into(), "-S".into(), since])
+                .context("reading the jobs that shared its GPU from sacct")?
+                .into_iter()
+                .filter(|j| {
+                    j.comment
+                        .administrator
+                        .as_deref()
+                        .and_then(|c| muxflow::report::JobReport::decode(c).ok())
+                        .is_some_and(|r| r.partner == Some(cli.job))
+                }),
+        );
+        listing.extend(more);
+        latest_per_id(&mut listing);
+    }
+    let r = report(cli.job, &listing, &viewer)?;
+    Ok(if cli.json {
+        serde_json::to_string_pretty(&r)? + "\n"
+    } else {
+        r.to_string()
+    })
+}
+
+/// One record per job ID, the latest (a running job's end is 0: latest).
+fn latest_per_id(listing: &mut Vec<muxflow_matcher::reader::SacctJob>) {
+    let recency = |j: &muxflow_matcher::reader::SacctJob| match j.time.end {
+        0 => u64::MAX,
+        e => e,
+    };
+    listing.sort_by(|a, b| a.job_id.cmp(&b.job_id).then(recency(b).cmp(&recency(a))));
+    listing.dedup_by_key(|j| j.job_id);
+}
+
+/// The user name of `uid` from the password database.
+fn user_name(uid: u32) -> Option<String> {
+    let mut buf = vec![0 as libc::c_char; 16384];
+    // SAFETY: an all-zero passwd is a valid value to be overwritten.
+    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut out: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: getpwuid_r writes into `pw` and `buf` (its length given) and
+    // sets `out` to `&pw` on success; both outlive the call.
+    let rc = unsafe { libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr(), buf.len(), &mut out) };
+    if rc != 0 || out.is_null() {
+        return None;
+    }
+    // SAFETY: on success pw_name points into `buf`, NUL-terminated.
+    let name = unsafe { std::ffi::CStr::from_ptr(pw.pw_name) };
+    Some(name.to_string_lossy().into_owned())
+}

@@ -1,0 +1,457 @@
+//! `muxflow-report JOBID`: what sharing did to one job, for its owner, from
+//! the records sacct keeps (the AdminComment of the job and of the jobs it
+//! shared a GPU with).
+//!
+//! Who sees what: a user sees their own jobs; an administrator (root, or a
+//! Slurm account with AdminLevel) sees every job. Partners are shown by job
+//! ID and figures only — never another user's name or job name.
+//!
+//! The speed figures: the run's progress (steps/s, else launches/s), the
+//! job's solo speed as the predictor estimates it from the job's runs that
+//! the viewer may see (its own), their ratio (the normalized throughput),
+//! and what the production predictor would have predicted for the pair,
+//! trained on the history that ended before this run began.
+
+use serde::Serialize;
+
+use crate::predict::{estimate, progress, runs_from_sacct, Model, Run, Signal};
+use crate::reader::SacctJob;
+use muxflow::report::JobReport;
+use muxflow::Mode;
+
+/// Who asks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Viewer {
+    pub user: String,
+    pub admin: bool,
+}
+
+/// Why there is no report, each with what to do.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Refusal {
+    #[error("job {0}: no such job in the accounting database (check the ID with `sacct -j {0}`; jobs older than the database keeps are gone)")]
+    NoSuchJob(u32),
+    #[error("job {0} belongs to another user: you can see your own jobs (administrators see all)")]
+    NotYours(u32),
+    #[error("job {0} is not a muxflow job (it was submitted without --muxflow=online|offline): nothing was shared")]
+    NotMuxflow(u32),
+    #[error("job {job} has no figures yet ({state}): they are written when its batch step ends; try again then")]
+    NoFigures { job: u32, state: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Speed {
+    /// "steps/s" or "launches/s".
+    pub unit: &'static str,
+    /// This run's progress next to its partner.
+    pub shared: f64,
+    /// The job's estimated speed alone (from its runs the viewer may see).
+    pub solo_estimate: Option<f64>,
+    /// shared / solo_estimate.
+    pub normalized: Option<f64>,
+    /// The predictor's normalized throughput for this pair, trained on the
+    /// history before this run (mean, sd).
+    pub predicted: Option<(f64, f64)>,
+}
+
+/// An offline partner of an online job: what the node gave it and held it
+/// back by.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OfflinePartner {
+    pub job_id: u32,
+    pub sm_pct: Option<u8>,
+    pub mem_cap_mib: Option<u64>,
+    pub throttled_s: Option<f64>,
+    pub delayed_launches: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct UserReport {
+    pub job_id: u32,
+    pub name: String,
+    pub state: String,
+    pub mode: &'static str,
+    pub node: Option<String>,
+    pub gpu: Option<u32>,
+    /// The job it shared its GPU with (an offline job's online partner, or
+    /// an offline job an online job hosted), by ID.
+    pub partner: Option<u32>,
+    pub run_s: Option<u64>,
+    pub sm_pct: Option<u8>,
+    pub mem_cap_mib: Option<u64>,
+    pub measured_peak_mib: Option<u64>,
+    pub partner_load_pct: Option<u8>,
+    pub launches: Option<u64>,
+    pub delayed_launches: Option<u64>,
+    pub throttled_s: Option<f64>,
+    pub oom_refusals: Option<u64>,
+    /// Why the node terminated a process of it, if it did.
+    pub policed: Option<String>,
+    pub speed: Option<Speed>,
+    /// Online jobs: the offline jobs that shared its GPU.
+    pub offline_partners: Vec<OfflinePartner>,
+    pub rps: Option<f64>,
+    pub p50_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
+}
+
+/// The report of job `job_id` from `listing` (sacct records: the job, the
+/// viewer's history, and the jobs that ran beside it), as `viewer` may see
+/// it.
+pub fn report(job_id: u32, listing: &[SacctJob], viewer: &Viewer) -> Result<UserReport, Refusal> {
+    let job = listing
+        .iter()
+        .find(|j| j.job_id == job_id)
+        .ok_or(Refusal::NoSuchJob(job_id))?;
+    if !viewer.admin && job.user != viewer.user {
+        return Err(Refusal::NotYours(job_id));
+    }
+    let text = job.comment.administrator.as_deref().unwrap_or("");
+    let no_figures = || Refusal::NoFigures {
+        job: job_id,
+        state: job.state.current.to_lowercase(),
+    };
+    // A placed job's record is the matcher's placement until its batch
+    // step ends and the node writes the figures over it.
+    if muxflow::placement::Placement::from_admin_comment(text).is_some() {
+        return Err(no_figures());
+    }
+    let r = match JobReport::decode(text) {
+        Ok(r) => r,
+        // Running or pending: muxflow's or not, the figures come at the end.
+        Err(_) if job.time.end == 0 => return Err(no_figures()),
+        Err(_) => return Err(Refusal::NotMuxflow(job_id)),
+    };
+    let mode = r.mode.unwrap_or(Mode::Offline);
+    let mut out = UserReport {
+        job_id,
+        name: job.name.clone(),
+        state: job.state.current.to_lowercase(),
+        mode: mode.as_str(),
+        node: r.node.clone(),
+        gpu: r.gpu,
+        partner: r.partner,
+        run_s: r.run_s,
+        sm_pct: r.sm_pct,
+        mem_cap_mib: r.mem_cap_mib,
+        measured_peak_mib: r.measured_peak_mib,
+        partner_load_pct: r.partner_load_pct,
+        launches: r.launches,
+        delayed_launches: r.delayed,
+        throttled_s: r.delay_ms.map(|ms| ms as f64 / 1000.0),
+        oom_refusals: r.oom,
+        policed: r.policed.clone(),
+        speed: None,
+        offline_partners: Vec::new(),
+        rps: r.rps,
+        p50_ms: r.p50_ms,
+        p99_ms: r.p99_ms,
+    };
+    match mode {
+        Mode::Offline => out.speed = speed(job, &r, listing),
+        Mode::Online => {
+            out.offline_partners = listing
+                .iter()
+                .filter(|j| j.job_id != job_id)
+                .filter_map(|j| {
+                    let p = JobReport::decode(j.comment.administrator.as_deref()?).ok()?;
+                    (p.mode == Some(Mode::Offline) && p.partner == Some(job_id)).then(|| {
+                        OfflinePartner {
+                            job_id: j.job_id,
+                            sm_pct: p.sm_pct,
+                            mem_cap_mib: p.mem_cap_mib,
+                            throttled_s: p.delay_ms.map(|ms| ms as f64 / 1000.0),
+                            delayed_launches: p.delayed,
+                        }
+                    })
+                })
+                .collect();
+        }
+    }
+    Ok(out)
+}
+
+/// The offline run's speed: shared, solo estimate from the owner's runs of
+/// the same name, and the prediction from the history before it.
+fn speed(job: &SacctJob, r: &JobReport, listing: &[SacctJob]) -> Option<Speed> {
+    let runs = runs_from_sacct(listing);
+    let key = (job.user.clone(), job.name.clone());
+    let mine: Vec<Run> = runs.iter().filter(|x| x.key == key).cloned().collect();
+    let est = estimate(&mine);
+    let profile = est.profiles.get(&key);
+    let signal = profile
+        .and_then(|p| p.signal)
+        .unwrap_or(Signal::LaunchesPerS);
+    let shared = progress(r, signal)?;
+    let solo = profile.and_then(|p| p.solo);
+    // What the matcher could have known: runs that ended before this one
+    // began (its end less its run time).
+    let began = job.time.end.saturating_sub(r.run_s.unwrap_or(0));
+    let before: Vec<Run> = runs
+        .iter()
+        .filter(|x| x.job_id != job.job_id && x.end_s > 0 && x.end_s <= began)
+        .cloned()
+        .collect();
+    let predicted = r.partner.and_then(|partner_id| {
+        let partner = runs
+            .iter()
+            .find(|x| x.job_id == job.job_id)
+            .and_then(|x| x.partner_key.clone())
+            .unwrap_or_else(|| (String::new(), format!("job {partner_id}")));
+        let model = Model::train(&before);
+        let share = r.sm_pct.map_or(1.0, |s| f64::from(s.min(100)) / 100.0);
+        let mem = match (r.measured_peak_mib, r.mem_cap_mib) {
+            (Some(p), Some(c)) if c > 0 => (p as f64 / c as f64).min(1.0),
+            _ => crate::predict::DEFAULT_MEM,
+        };
+        model
+            .predict_pair(&key, &partner, share, mem)
+            .map(|e| (e.mean, e.sd))
+    });
+    Some(Speed {
+        unit: match signal {
+            Signal::StepsPerS => "steps/s",
+            Signal::LaunchesPerS => "launches/s",
+        },
+        shared,
+        solo_estimate: solo,
+        normalized: solo.filter(|s| *s > 0.0).map(|s| shared / s),
+        predicted,
+    })
+}
+
+fn opt<T: std::fmt::Display>(v: Option<T>, unit: &str) -> String {
+    v.map_or_else(|| "-".to_string(), |v| format!("{v}{unit}"))
+}
+
+impl std::fmt::Display for UserReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "job {} ({}), {} muxflow job, {}",
+            self.job_id, self.name, self.mode, self.state
+        )?;
+        writeln!(
+            f,
+            "  ran on           {} GPU {} for {}",
+            opt(self.node.as_deref(), ""),
+            opt(self.gpu, ""),
+            opt(self.run_s, " s")
+        )?;
+        match (self.mode, self.partner) {
+            ("offline", Some(p)) => writeln!(f, "  shared with      online job {p}")?,
+            ("offline", None) => writeln!(f, "  shared with      no online job (an idle GPU)")?,
+            _ => {}
+        }
+        if self.mode == "offline" {
+            writeln!(
+                f,
+                "  limits           SM share {}, memory cap {} (peak measured {})",
+                opt(self.sm_pct, "%"),
+                opt(self.mem_cap_mib, " MiB"),
+                opt(self.measured_peak_mib, " MiB")
+            )?;
+            writeln!(
+                f,
+                "  throttled        {} ({} of {} launches delayed)",
+                self.throttled_s
+                    .map_or_else(|| "-".into(), |s| format!("{s:.1} s")),
+                opt(self.delayed_launches, ""),
+                opt(self.launches, "")
+            )?;
+            writeln!(
+                f,
+                "  OOM refusals     {} (allocations over the cap, refused by xCUDA)",
+                opt(self.oom_refusals, "")
+            )?;
+            if let Some(load) = self.partner_load_pct {
+                writeln!(f, "  partner's load   {load}% of its peak while this ran")?;
+            }
+            match &self.speed {
+                Some(s) => {
+                    let solo = s
+                        .solo_estimate
+                        .map_or_else(|| "unknown".into(), |v| format!("{v:.2} {}", s.unit));
+                    let norm = s
+                        .normalized
+                        .map_or_else(|| "-".into(), |v| format!("{v:.2}"));
+                    writeln!(
+                        f,
+                        "  speed            {:.2} {} shared; alone about {solo} (estimated from your runs of this job): {norm} of alone",
+                        s.shared, s.unit
+                    )?;
+                    if let Some((m, sd)) = s.predicted {
+                        writeln!(
+                            f,
+                            "  predicted        {m:.2}±{sd:.2} of alone (the matcher's model on the history before this run)"
+                        )?;
+                    }
+                }
+                None => writeln!(
+                    f,
+                    "  speed            no progress figures (no steps, no launches)"
+                )?,
+            }
+        } else {
+            writeln!(
+                f,
+                "  served           {} req/s, p50 {} ms, p99 {} ms",
+                opt(self.rps, ""),
+                opt(self.p50_ms, ""),
+                opt(self.p99_ms, "")
+            )?;
+            if self.offline_partners.is_empty() {
+                writeln!(f, "  offline partners none recorded")?;
+            }
+            for p in &self.offline_partners {
+                writeln!(
+                    f,
+                    "  offline partner  job {}: SM share {}, memory cap {}, held back {} ({} launches delayed)",
+                    p.job_id,
+                    opt(p.sm_pct, "%"),
+                    opt(p.mem_cap_mib, " MiB"),
+                    p.throttled_s
+                        .map_or_else(|| "-".into(), |s| format!("{s:.1} s")),
+                    opt(p.delayed_launches, "")
+                )?;
+            }
+        }
+        if let Some(p) = &self.policed {
+            writeln!(
+                f,
+                "  policed          {p} (the node terminated a process out of its limits)"
+            )?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reader::{SacctComment, SacctState, SacctTime};
+
+    fn rec(id: u32, user: &str, name: &str, end: u64, comment: &str) -> SacctJob {
+        SacctJob {
+            job_id: id,
+            name: name.into(),
+            user: user.into(),
+            state: SacctState {
+                current: if end > 0 { "COMPLETED" } else { "RUNNING" }.into(),
+            },
+            comment: SacctComment {
+                administrator: (!comment.is_empty()).then(|| comment.to_string()),
+            },
+            time: SacctTime { end },
+        }
+    }
+
+    fn listing() -> Vec<SacctJob> {
+        let off = |id: u32, partner: u32, end: u64, launches: u64| {
+            rec(
+                id,
+                "alice",
+                "train",
+                end,
+                &format!(
+                    "muxflow:v1 mode=offline node=n1 gpu=0 sm_pct=40 mem_cap_mib=60000 partner={partner} \
+                     measured_peak_mib=2000 run_s=100 partner_load_pct=80 claim.launches={launches} \
+                     claim.delayed=50 claim.delay_ms=1500 claim.oom=2"
+                ),
+            )
+        };
+        vec![
+            rec(
+                1,
+                "svc",
+                "secret-service-a",
+                5000,
+                "muxflow:v1 mode=online node=n1 gpu=0 run_s=4000 claim.rps=100 claim.p99_ms=4.5",
+            ),
+            rec(
+                2,
+                "svc",
+                "secret-service-b",
+                5000,
+                "muxflow:v1 mode=online node=n2 gpu=0 run_s=4000",
+            ),
+            off(10, 1, 1000, 50_000),
+            off(11, 2, 2000, 100_000),
+            off(12, 1, 3000, 60_000),
+            rec(13, "alice", "plain", 3000, ""),
+            rec(
+                14,
+                "alice",
+                "train",
+                0,
+                "muxflow:v1 mode=offline placed=n1:g0",
+            ),
+        ]
+    }
+
+    fn alice() -> Viewer {
+        Viewer {
+            user: "alice".into(),
+            admin: false,
+        }
+    }
+
+    #[test]
+    fn the_owner_sees_limits_throttling_speed_and_partner_ids_only() {
+        let r = report(12, &listing(), &alice()).unwrap();
+        assert_eq!(
+            (r.mode, r.partner, r.sm_pct),
+            ("offline", Some(1), Some(40))
+        );
+        assert_eq!(r.throttled_s, Some(1.5));
+        assert_eq!(r.oom_refusals, Some(2));
+        let s = r.speed.clone().unwrap();
+        assert_eq!(s.unit, "launches/s");
+        assert!((s.shared - 600.0).abs() < 1e-9);
+        let text = r.to_string();
+        assert!(text.contains("online job 1"), "{text}");
+        assert!(!text.contains("secret"), "no partner names: {text}");
+        let json = serde_json::to_string(&r).unwrap();
+        assert!(!json.contains("secret"), "{json}");
+    }
+
+    #[test]
+    fn another_user_is_refused_and_an_admin_sees_all() {
+        let bob = Viewer {
+            user: "bob".into(),
+            admin: false,
+        };
+        assert_eq!(report(12, &listing(), &bob), Err(Refusal::NotYours(12)));
+        let admin = Viewer {
+            user: "root".into(),
+            admin: true,
+        };
+        let r = report(1, &listing(), &admin).unwrap();
+        let partners: Vec<u32> = r.offline_partners.iter().map(|p| p.job_id).collect();
+        assert_eq!(partners, vec![10, 12]);
+        assert!(r.to_string().contains("offline partner  job 10"));
+    }
+
+    #[test]
+    fn each_refusal_names_what_to_do() {
+        let l = listing();
+        let e = report(99, &l, &alice()).unwrap_err();
+        assert_eq!(e, Refusal::NoSuchJob(99));
+        assert!(e.to_string().contains("sacct -j 99"));
+        let e = report(13, &l, &alice()).unwrap_err();
+        assert_eq!(e, Refusal::NotMuxflow(13));
+        assert!(e.to_string().contains("--muxflow"));
+        let e = report(14, &l, &alice()).unwrap_err();
+        assert!(matches!(e, Refusal::NoFigures { job: 14, .. }), "{e:?}");
+        assert!(e.to_string().contains("when its batch step ends"));
+    }
+
+    #[test]
+    fn the_prediction_uses_only_runs_that_ended_before() {
+        // Job 10 is the first run: nothing before it, so the default.
+        let r = report(10, &listing(), &alice()).unwrap();
+        let (m, sd) = r.speed.unwrap().predicted.unwrap();
+        assert_eq!(sd, crate::predict::DEFAULT_SD);
+        assert!(m > 0.0);
+    }
+}
