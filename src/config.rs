@@ -137,6 +137,25 @@ pub struct Config {
     pub health: Health,
     pub matcher: Matcher,
     pub mps: Mps,
+    pub metrics: Metrics,
+}
+
+/// Where muxflow's figures go for Prometheus and DCGM (all off by default).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Metrics {
+    /// node_exporter's textfile-collector directory: the node programs write
+    /// `muxflow.prom` there (atomically) at every health step, Prolog and
+    /// Epilog, and the matcher `muxflow-matcher.prom` after every round.
+    /// `{node}` expands. Unset: no textfile.
+    pub textfile_dir: Option<AbsPath>,
+    /// dcgm-exporter's `--hpc-job-mapping-dir`: one file per GPU index
+    /// listing every job on the GPU (online and offline), so DCGM's metrics
+    /// get job labels on shared GPUs. `{node}` expands. Unset: none.
+    pub dcgm_job_mapping_dir: Option<AbsPath>,
+    /// The matcher's HTTP endpoint for Prometheus (`/metrics`), e.g.
+    /// `127.0.0.1:9842`. Unset: no endpoint.
+    pub listen: Option<String>,
 }
 
 /// The MPS control daemons (one per GPU).
@@ -424,6 +443,17 @@ impl Config {
                 );
             }
         }
+        if let Some(listen) = &self.metrics.listen {
+            if listen.parse::<std::net::SocketAddr>().is_err() {
+                return err(
+                    "metrics",
+                    "listen",
+                    format!(
+                        "'{listen}' is not an address and port, e.g. \"127.0.0.1:9842\" (or remove the key: no endpoint)"
+                    ),
+                );
+            }
+        }
         let p = &self.policy;
         if p.sm_floor > p.sm_ceiling {
             return err(
@@ -678,7 +708,11 @@ impl Config {
             &mut self.paths.mps_log_root,
             &mut self.paths.node_log,
             &mut self.paths.kernel_log,
-        ] {
+        ]
+        .into_iter()
+        .chain(self.metrics.textfile_dir.as_mut())
+        .chain(self.metrics.dcgm_job_mapping_dir.as_mut())
+        {
             let s = p.0.to_string_lossy().replace("{node}", node);
             p.0 = PathBuf::from(s);
         }
@@ -891,6 +925,30 @@ mod tests {
 
         let (_, key, _) = invalid_parts("[slurm]\noffline_gres = \"a b\"\n");
         assert_eq!(key, "slurm.offline_gres");
+    }
+
+    #[test]
+    fn metrics_are_off_by_default_and_a_bad_listen_address_is_named() {
+        let c: Config = toml::from_str("").unwrap();
+        assert!(c.metrics.textfile_dir.is_none() && c.metrics.listen.is_none());
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("muxflow.toml");
+        std::fs::write(&path, "[metrics]\nlisten = \"localhost\"\n").unwrap();
+        let e = Config::load(&path).unwrap_err().to_string();
+        assert!(
+            e.contains("metrics.listen") && e.contains("127.0.0.1:9842"),
+            "{e}"
+        );
+        std::fs::write(
+            &path,
+            "[metrics]\nlisten = \"127.0.0.1:9842\"\ntextfile_dir = \"/var/lib/{node}/prom\"\n",
+        )
+        .unwrap();
+        let c = Config::load(&path).unwrap().for_node("n1").unwrap();
+        assert_eq!(
+            c.metrics.textfile_dir.unwrap().as_path(),
+            Path::new("/var/lib/n1/prom")
+        );
     }
 
     #[test]

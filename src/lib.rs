@@ -9,6 +9,7 @@ pub mod health;
 pub mod jobproc;
 pub mod kv;
 pub mod limits;
+pub mod metrics;
 pub mod mode;
 pub mod mps;
 pub mod node_state;

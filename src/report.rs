@@ -151,6 +151,46 @@ impl Measured {
     }
 }
 
+/// Most entries of a job's stats directory looked at: the job's user can
+/// fill it with files, and root reads it.
+pub const MAX_CLAIM_FILES: usize = 1024;
+
+/// The claim files of a job's stats directory (`xcuda.<pid>`, `job.report`)
+/// as `(name, text)`, read as root from a directory the job's user can
+/// write: no symlinks, no FIFOs (O_NONBLOCK and a regular-file check), at
+/// most 4 KiB each, at most [`MAX_CLAIM_FILES`] entries scanned.
+pub fn read_claim_files(dir: &std::path::Path) -> Vec<(String, String)> {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .take(MAX_CLAIM_FILES)
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !name.starts_with("xcuda.") && name != "job.report" {
+                return None;
+            }
+            Some((name, read_user_file(&entry.path())?))
+        })
+        .collect()
+}
+
+fn read_user_file(path: &std::path::Path) -> Option<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut bytes = Vec::new();
+    file.take(4096).read_to_end(&mut bytes).ok()?;
+    Some(String::from_utf8_lossy(&bytes).into_owned())
+}
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ReportError {
     #[error("AdminComment does not start with '{TAG}'")]

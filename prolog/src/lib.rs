@@ -100,6 +100,7 @@ fn init_logging(config: Option<&Config>) {
 pub mod detector;
 pub mod job;
 pub mod kmsg;
+pub mod metrics;
 pub mod nvml;
 pub mod police;
 pub mod publish;

@@ -177,7 +177,14 @@ pub fn step(config: &Config, env: &JobEnv, trigger: Trigger) -> anyhow::Result<(
     if let Ok(t) = &mut telemetry {
         add_kernel_log_xids(config, t);
     }
-    step_with(config, &node, trigger, telemetry, now_s())?;
+    let stepped = step_with(config, &node, trigger, telemetry, now_s());
+    // Whatever the step did, the figures show the node as it is now.
+    crate::metrics::publish(
+        config,
+        &NodeState::new(config.paths.state_dir.as_path()),
+        &node,
+    );
+    stepped?;
     Ok(())
 }
 

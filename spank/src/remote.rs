@@ -483,15 +483,7 @@ fn build_report(ctx: &ReportContext) -> JobReport {
         r.partner_load_pct = measured.partner_load_pct;
     }
     let Some(dir) = &ctx.stats_dir else { return r };
-    let files: Vec<(String, String)> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|entry| {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            Some((name, read_user_file(&entry.path())?))
-        })
-        .collect();
+    let files = muxflow::report::read_claim_files(dir);
     r.add_claims(files.iter().map(|(n, t)| (n.as_str(), t.as_str())));
     if let Some(refused) = &r.claims_refused {
         tracing::warn!(
@@ -528,21 +520,4 @@ fn partner(state: &NodeState, gpu: u32, job_id: u32, mode: Mode) -> Option<u32> 
     jobs.into_iter()
         .find(|j| j.mode != mode && j.job_id != job_id)
         .map(|j| j.job_id)
-}
-
-/// Reads a small file the job's user wrote, as root: no symlinks, no FIFOs
-/// (O_NONBLOCK + regular-file check), at most 4 KiB.
-fn read_user_file(path: &Path) -> Option<String> {
-    use std::io::Read;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .ok()?;
-    if !file.metadata().ok()?.is_file() {
-        return None;
-    }
-    let mut bytes = Vec::new();
-    file.take(4096).read_to_end(&mut bytes).ok()?;
-    Some(String::from_utf8_lossy(&bytes).into_owned())
 }

@@ -1,0 +1,177 @@
+//! The node's figures for Prometheus and DCGM ([`muxflow::metrics`]):
+//! gathered from the node state the health steps, Prolog and Epilog keep,
+//! written to `[metrics] textfile_dir` (`muxflow.prom`) and
+//! `[metrics] dcgm_job_mapping_dir` when set.
+//!
+//! Series (labels `node`, `gpu`; `job` for an offline job's own):
+//! * `muxflow_gpu_health_state` — 1 for the GPU's state, 0 for the others
+//!   (label `state`);
+//! * `muxflow_gpu_online_solo_sm_activity_ratio` — the online job's SM
+//!   activity measured alone (what the SM policy sizes offline jobs by);
+//! * `muxflow_gpu_jobs` — jobs on the GPU by `mode`;
+//! * `muxflow_offline_sm_share_ratio`, `muxflow_offline_memory_cap_bytes` —
+//!   what the policy gave each offline job;
+//! * `muxflow_xcuda_launches_total`, `…_delayed_launches_total`,
+//!   `…_delay_seconds_total`, `…_oom_refusals_total` — xCUDA's counters of
+//!   each running offline job (its own claims: a job can only misreport
+//!   itself);
+//! * `muxflow_node_actions_total` (label `action`) and
+//!   `muxflow_mps_restarts_total` — what the health steps did, from the
+//!   GPU's record; `muxflow_node_policed_total` (label `code`) — processes
+//!   the node terminated.
+
+use std::collections::BTreeSet;
+
+use muxflow::health::HealthState;
+use muxflow::limits::JobLimits;
+use muxflow::metrics::Exposition;
+use muxflow::node_state::NodeState;
+use muxflow::report::{read_claim_files, JobReport};
+use muxflow::{Config, Mode};
+
+use crate::sysmon::load_record;
+
+/// The textfile's name in `textfile_dir`.
+pub const TEXTFILE: &str = "muxflow.prom";
+
+/// Counters of the GPU record that count MPS restarts (the detector's
+/// server restart, the health check's control-daemon restart).
+const RESTART_ACTIONS: [&str; 2] = ["action.restart_mps", "action.restart_mps_daemon"];
+
+/// Everything the node knows, as one exposition, and each GPU's jobs.
+pub fn collect(ns: &NodeState, node: &str) -> (Exposition, Vec<(u32, BTreeSet<u32>)>) {
+    let mut e = Exposition::default();
+    let mut mapping = Vec::new();
+    for gpu in ns.gpus().unwrap_or_default() {
+        let base = [("node", node.to_string()), ("gpu", gpu.to_string())];
+        let record = load_record(ns, gpu).ok().flatten();
+        if let Some(rec) = &record {
+            let current = rec.fsm().state;
+            for st in HealthState::ALL {
+                let mut l = base.to_vec();
+                l.push(("state", st.to_string()));
+                e.gauge(
+                    "muxflow_gpu_health_state",
+                    "The GPU's health state as muxflow's state machine decided it (1: current).",
+                )
+                .sample(&l, f64::from(u8::from(st == current)));
+            }
+            if let Some(sm) = rec.solo.as_ref().and_then(|s| s.sm_pct) {
+                e.gauge(
+                    "muxflow_gpu_online_solo_sm_activity_ratio",
+                    "SM activity of the GPU's online job measured while it ran alone.",
+                )
+                .sample(&base, sm / 100.0);
+            }
+            let mut restarts = 0;
+            for (key, n) in &rec.counters {
+                if let Some(action) = key.strip_prefix("action.") {
+                    let mut l = base.to_vec();
+                    l.push(("action", action.to_string()));
+                    e.counter(
+                        "muxflow_node_actions_total",
+                        "Actions the node's health steps took on the GPU.",
+                    )
+                    .sample(&l, *n as f64);
+                }
+                if let Some(code) = key.strip_prefix("policed.") {
+                    let mut l = base.to_vec();
+                    l.push(("code", code.to_string()));
+                    e.counter(
+                        "muxflow_node_policed_total",
+                        "Processes or settings the node undid because they broke an offline job's limits.",
+                    )
+                    .sample(&l, *n as f64);
+                }
+                if RESTART_ACTIONS.contains(&key.as_str()) {
+                    restarts += n;
+                }
+            }
+            e.counter(
+                "muxflow_mps_restarts_total",
+                "Restarts of the GPU's MPS server or control daemon by the node.",
+            )
+            .sample(&base, restarts as f64);
+        }
+        let jobs = ns.jobs(gpu).unwrap_or_default();
+        for mode in [Mode::Online, Mode::Offline] {
+            let mut l = base.to_vec();
+            l.push(("mode", mode.as_str().to_string()));
+            e.gauge("muxflow_gpu_jobs", "Jobs on the GPU, by mode.")
+                .sample(&l, jobs.iter().filter(|j| j.mode == mode).count() as f64);
+        }
+        for job in jobs.iter().filter(|j| j.mode == Mode::Offline) {
+            let mut l = base.to_vec();
+            l.push(("job", job.job_id.to_string()));
+            if let Ok((limits, _)) = JobLimits::read_trusted(&ns.limits_dir(), job.job_id, 0) {
+                e.gauge(
+                    "muxflow_offline_sm_share_ratio",
+                    "SM share (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE) the policy gave the offline job.",
+                )
+                .sample(&l, f64::from(limits.sm_pct) / 100.0);
+                if let Some(cap) = limits.mem_cap_mib {
+                    e.gauge(
+                        "muxflow_offline_memory_cap_bytes",
+                        "GPU memory cap the policy gave the offline job.",
+                    )
+                    .sample(&l, (cap as f64) * 1024.0 * 1024.0);
+                }
+            }
+            let mut claims = JobReport::default();
+            let files = read_claim_files(&ns.xcuda_stats_dir(job.job_id));
+            claims.add_claims(files.iter().map(|(n, t)| (n.as_str(), t.as_str())));
+            let counters = [
+                (
+                    "muxflow_xcuda_launches_total",
+                    "Kernel launches xCUDA saw in the offline job.",
+                    claims.launches.map(|v| v as f64),
+                ),
+                (
+                    "muxflow_xcuda_delayed_launches_total",
+                    "Launches xCUDA delayed to give the online job the GPU.",
+                    claims.delayed.map(|v| v as f64),
+                ),
+                (
+                    "muxflow_xcuda_delay_seconds_total",
+                    "Time xCUDA held the offline job's launches back.",
+                    claims.delay_ms.map(|v| v as f64 / 1000.0),
+                ),
+                (
+                    "muxflow_xcuda_oom_refusals_total",
+                    "Allocations xCUDA refused for going over the job's memory cap.",
+                    claims.oom.map(|v| v as f64),
+                ),
+            ];
+            for (name, help, value) in counters {
+                if let Some(v) = value {
+                    e.counter(name, help).sample(&l, v);
+                }
+            }
+        }
+        mapping.push((gpu, jobs.iter().map(|j| j.job_id).collect()));
+    }
+    (e, mapping)
+}
+
+/// Writes the node's textfile and job-mapping files where the config says;
+/// a failure is logged (figures are never worth failing a job or a health
+/// step for).
+pub fn publish(config: &Config, ns: &NodeState, node: &str) {
+    let m = &config.metrics;
+    if m.textfile_dir.is_none() && m.dcgm_job_mapping_dir.is_none() {
+        return;
+    }
+    let (exposition, mapping) = collect(ns, node);
+    if let Some(dir) = &m.textfile_dir {
+        if let Err(e) =
+            muxflow::metrics::write_atomic(dir.as_path(), TEXTFILE, &exposition.render())
+        {
+            tracing::warn!("muxflow metrics textfile: {e}");
+        }
+    }
+    if let Some(dir) = &m.dcgm_job_mapping_dir {
+        if let Err(e) = muxflow::metrics::write_job_mapping(dir.as_path(), &mapping) {
+            tracing::warn!("dcgm job mapping: {e}");
+        }
+    }
+}

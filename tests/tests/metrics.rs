@@ -1,0 +1,159 @@
+//! Metrics on the dev cluster (issue 18): an online and an offline job on
+//! one simulated GPU; the node's textfile (node_exporter's textfile
+//! collector format) holds the expected series with the right labels,
+//! `promtool check metrics` accepts it, xCUDA's delay counters grow while
+//! the GPU is Overloaded, and dcgm-exporter's job-mapping file for the GPU
+//! lists both jobs and is cleared when they end.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use muxflow::health::HealthState;
+use muxflow_tests::Cluster;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+struct CancelNamed<'a>(&'a Cluster, &'static str);
+
+impl Drop for CancelNamed<'_> {
+    fn drop(&mut self) {
+        self.0.cancel_named(self.1);
+    }
+}
+
+fn textfile(c: &Cluster, node: &str) -> PathBuf {
+    c.node_path("var/lib/prometheus/{node}/muxflow.prom", node)
+}
+
+/// The value of the sample of `name` whose labels include every `labels`.
+fn value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines().find_map(|l| {
+        let rest = l.strip_prefix(name)?.strip_prefix('{')?;
+        let (lbl, v) = rest.split_once("} ")?;
+        labels
+            .iter()
+            .all(|(k, want)| lbl.split(',').any(|kv| kv == format!("{k}=\"{want}\"")))
+            .then(|| v.trim().parse().ok())?
+    })
+}
+
+fn promtool_accepts(path: &Path) {
+    let file = std::fs::File::open(path).unwrap();
+    let out = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::from(file))
+        .output()
+        .expect("promtool (Debian package prometheus; scripts/devcluster installs it)");
+    assert!(
+        out.status.success(),
+        "promtool check metrics {}:\n{}{}",
+        path.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn step_until(c: &Cluster, config: &Path, node: &str, gpu: u32, want: HealthState) {
+    let ns = c.node_state(config, node);
+    c.step_until(config, node, &format!("{node} gpu{gpu} {want:?}"), || {
+        ns.health(gpu).unwrap() == Some(want)
+    });
+}
+
+#[test]
+fn the_node_textfile_and_job_mapping_follow_the_jobs_on_a_shared_gpu() {
+    let c = Cluster::get();
+    c.cancel_named("mfm-");
+    let _cancel = CancelNamed(&c, "mfm-");
+    let cfg = c.health_config("metrics", "min_dwell_s = 1\nrecovery_quiet_s = 1");
+    let node = "node2";
+    let (online, gpu) = c.online_workload("mfm-online", node, 0.05, 1000);
+    c.settle_healthy(&cfg, node, gpu, 1000);
+    let script = format!(
+        "#!/bin/sh\n{}\n",
+        c.workload("offline --duration 120 --kernels-per-step 4 --kernel-us 200")
+    );
+    let offline = c
+        .sbatch(&["--muxflow=offline", "--job-name", "mfm-offline"], &script)
+        .unwrap();
+    c.place(offline, node, gpu);
+    c.wait_running(offline, WAIT);
+    let (g, o) = (gpu.to_string(), offline.to_string());
+    let job_labels = [("node", node), ("gpu", g.as_str()), ("job", o.as_str())];
+
+    // Running, Healthy: the series are there with their labels.
+    let path = textfile(&c, node);
+    let mut text = String::new();
+    c.step_until(&cfg, node, "launches in the textfile", || {
+        text = std::fs::read_to_string(&path).unwrap_or_default();
+        value(&text, "muxflow_xcuda_launches_total", &job_labels).is_some_and(|v| v > 0.0)
+    });
+    promtool_accepts(&path);
+    // One state of the GPU is current (which depends on the load: Busy
+    // while the offline job fills the GPU).
+    let current: f64 = HealthState::ALL
+        .iter()
+        .filter_map(|st| {
+            let s = st.to_string();
+            let l = [("node", node), ("gpu", g.as_str()), ("state", s.as_str())];
+            value(&text, "muxflow_gpu_health_state", &l)
+        })
+        .sum();
+    assert_eq!(current, 1.0, "{text}");
+    let share = value(&text, "muxflow_offline_sm_share_ratio", &job_labels).unwrap();
+    assert!(share > 0.0 && share <= 1.0, "{text}");
+    assert!(value(&text, "muxflow_offline_memory_cap_bytes", &job_labels).unwrap() > 0.0);
+    let gpu_labels = [("node", node), ("gpu", g.as_str()), ("mode", "offline")];
+    assert_eq!(
+        value(&text, "muxflow_gpu_jobs", &gpu_labels),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(
+        text.contains("# TYPE muxflow_mps_restarts_total counter"),
+        "{text}"
+    );
+    let delayed = |t: &str| value(t, "muxflow_xcuda_delay_seconds_total", &job_labels);
+    let before = delayed(&text).unwrap_or(0.0);
+
+    // dcgm-exporter's mapping: both jobs on the GPU.
+    let mapping = c.node_path(&format!("var/run/dcgm-job-mapping/{{node}}/{gpu}"), node);
+    let listed = std::fs::read_to_string(&mapping).unwrap();
+    let mut ids: Vec<u32> = listed.lines().map(|l| l.parse().unwrap()).collect();
+    ids.sort();
+    let mut want = vec![online, offline];
+    want.sort();
+    assert_eq!(ids, want, "{listed}");
+
+    // Overloaded: xCUDA holds the offline job's launches; its delay grows.
+    c.sim_load(node, gpu, 0.99);
+    step_until(&c, &cfg, node, gpu, HealthState::Overloaded);
+    std::thread::sleep(Duration::from_secs(3));
+    c.sim_load(node, gpu, 0.0);
+    step_until(&c, &cfg, node, gpu, HealthState::Healthy);
+    c.step_until(&cfg, node, "delay seconds grow", || {
+        let t = std::fs::read_to_string(&path).unwrap_or_default();
+        delayed(&t).is_some_and(|d| d > before)
+    });
+    promtool_accepts(&path);
+
+    // Both jobs end: the mapping file goes, the job's series too.
+    for id in [offline, online] {
+        let mut cmd = c.cmd("scancel");
+        cmd.arg(id.to_string());
+        c.run(cmd);
+    }
+    for id in [offline, online] {
+        c.wait(id, WAIT);
+    }
+    c.step_until(&cfg, node, "mapping cleared", || !mapping.exists());
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(
+        value(&text, "muxflow_xcuda_launches_total", &job_labels),
+        None,
+        "{text}"
+    );
+    promtool_accepts(&path);
+    c.assert_no_drain();
+}
