@@ -48,9 +48,13 @@ pub enum ProcAddress {
 
 impl Driver {
     pub fn open() -> Result<Driver, String> {
+        Driver::open_with(libc::RTLD_NOW | libc::RTLD_LOCAL)
+    }
+
+    /// With other `dlopen` flags (e.g. `RTLD_DEEPBIND`, as some frameworks use).
+    pub fn open_with(flags: c_int) -> Result<Driver, String> {
         // SAFETY: dlopen with a NUL-terminated name; the handle is never closed.
-        let handle =
-            unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        let handle = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), flags) };
         if handle.is_null() {
             // SAFETY: dlerror after a failed dlopen returns a message or null.
             let e = unsafe { libc::dlerror() };

@@ -38,3 +38,38 @@ pub struct LaunchConfig {
     pub attrs: *mut c_void,
     pub num_attrs: c_uint,
 }
+
+/// `CUDA_ARRAY_DESCRIPTOR_v1` (the un-suffixed `cuArrayCreate`): 32-bit extents.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ArrayDescV1 {
+    pub width: c_uint,
+    pub height: c_uint,
+    pub format: c_uint,
+    pub channels: c_uint,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR_v1` (the un-suffixed `cuArray3DCreate`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct Array3dDescV1 {
+    pub width: c_uint,
+    pub height: c_uint,
+    pub depth: c_uint,
+    pub format: c_uint,
+    pub channels: c_uint,
+    pub flags: c_uint,
+}
+
+/// `CUDA_MEM_ALLOC_NODE_PARAMS` (`cuGraphAddMemAllocNode`): `bytesize` in,
+/// `dptr` out. `CUmemPoolProps` is 88 bytes (two enums, a location, a
+/// pointer, 64 reserved bytes) and only passed through.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct MemAllocNodeParams {
+    pub pool_props: [u8; 88],
+    pub access_descs: *const c_void,
+    pub access_desc_count: usize,
+    pub bytesize: usize,
+    pub dptr: u64,
+}

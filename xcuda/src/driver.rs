@@ -166,6 +166,9 @@ fn answer(handle: *mut c_void, name: *const c_char, version: Option<*const c_cha
         // would lead back here.
         let _ = REAL[i].compare_exchange(0, found, Relaxed, Relaxed);
     }
+    if hooks::deliberately_unhooked(i) {
+        return 0;
+    }
     // Found our own export (RTLD_DEFAULT): only an answer if the driver has it.
     if real(i).is_some() {
         hk.wrapper

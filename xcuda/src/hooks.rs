@@ -13,7 +13,7 @@
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::OnceLock;
 
-use crate::abi::{Array3dDesc, ArrayDesc};
+use crate::abi::{Array3dDesc, Array3dDescV1, ArrayDesc, ArrayDescV1, MemAllocNodeParams};
 use crate::memcap::{array_bytes, Kind};
 use crate::runtime;
 use crate::{cu, driver, CUresult};
@@ -147,13 +147,50 @@ fn desc2(p: *const ArrayDesc) -> Option<(usize, usize, usize, c_uint, c_uint)> {
     unsafe { p.as_ref() }.map(|x| (x.width, x.height, 0, x.format, x.channels))
 }
 
+fn desc2_v1(p: *const ArrayDescV1) -> Option<(usize, usize, usize, c_uint, c_uint)> {
+    // SAFETY: as in desc2.
+    unsafe { p.as_ref() }.map(|x| (x.width as usize, x.height as usize, 0, x.format, x.channels))
+}
+
+fn desc3_v1(p: *const Array3dDescV1) -> Option<(usize, usize, usize, c_uint, c_uint)> {
+    // SAFETY: as in desc2.
+    unsafe { p.as_ref() }.map(|x| {
+        let e = |v: c_uint| v as usize;
+        (e(x.width), e(x.height), e(x.depth), x.format, x.channels)
+    })
+}
+
 fn desc3(p: *const Array3dDesc) -> Option<(usize, usize, usize, c_uint, c_uint)> {
     // SAFETY: as in desc2.
     unsafe { p.as_ref() }.map(|x| (x.width, x.height, x.depth, x.format, x.channels))
 }
 
-fn alloc(kind: Kind, size: usize, handle: *const u64, call: impl FnOnce() -> CUresult) -> CUresult {
-    runtime::memcap().alloc(kind, size as u64, call, || out(handle), || size as u64)
+fn alloc<T: Copy + Into<u64>>(
+    kind: Kind,
+    size: u64,
+    handle: *const T,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    runtime::memcap().alloc(kind, size, call, || out(handle), || size)
+}
+
+/// A graph memory-allocation node: counted when the node is added (the
+/// earliest xCUDA sees it; the driver commits the memory at launch), by the
+/// address the driver writes into the parameters; its free node, or any free
+/// of that address, gives it back.
+fn graph_alloc(params: *mut MemAllocNodeParams, call: impl FnOnce() -> CUresult) -> CUresult {
+    // SAFETY: the caller's parameter block, valid for this call (or null).
+    let Some(size) = (unsafe { params.as_ref() }).map(|p| p.bytesize as u64) else {
+        return call(); // the driver says what is wrong with a null block
+    };
+    runtime::memcap().alloc(
+        Kind::Device,
+        size,
+        call,
+        // SAFETY: as above; the driver just wrote `dptr`.
+        || unsafe { (*params).dptr },
+        || size,
+    )
 }
 
 fn free(kind: Kind, h: u64, call: impl FnOnce() -> CUresult) -> CUresult {
@@ -179,34 +216,51 @@ hooks! {
         => |real| runtime::contexts().released(dev, real(dev));
     "cuDevicePrimaryCtxRelease" fn cuDevicePrimaryCtxRelease_v2(dev: c_int)
         => |real| runtime::contexts().released(dev, real(dev));
+    "cuDevicePrimaryCtxReset" fn cuDevicePrimaryCtxReset(dev: c_int)
+        => |real| runtime::contexts().reset(dev, real(dev));
     "cuDevicePrimaryCtxReset" fn cuDevicePrimaryCtxReset_v2(dev: c_int)
         => |real| runtime::contexts().reset(dev, real(dev));
+    "cuCtxCreate" fn cuCtxCreate(ctx: *mut H, flags: c_uint, dev: c_int)
+        => |real| runtime::contexts().created(real(ctx, flags, dev), || ptr_out(ctx));
     "cuCtxCreate" fn cuCtxCreate_v2(ctx: *mut H, flags: c_uint, dev: c_int)
         => |real| runtime::contexts().created(real(ctx, flags, dev), || ptr_out(ctx));
     "cuCtxCreate" fn cuCtxCreate_v3(ctx: *mut H, params: H, n: c_int, flags: c_uint, dev: c_int)
         => |real| runtime::contexts().created(real(ctx, params, n, flags, dev), || ptr_out(ctx));
     "cuCtxCreate" fn cuCtxCreate_v4(ctx: *mut H, params: H, flags: c_uint, dev: c_int)
         => |real| runtime::contexts().created(real(ctx, params, flags, dev), || ptr_out(ctx));
+    "cuCtxDestroy" fn cuCtxDestroy(ctx: H) => |real| runtime::contexts().destroyed(ctx, real(ctx));
     "cuCtxDestroy" fn cuCtxDestroy_v2(ctx: H) => |real| runtime::contexts().destroyed(ctx, real(ctx));
     // Memory: capped allocations, frees that give quota back, the cap as the total.
     "cuMemGetInfo" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) => |real| mem_info(free, total, real(free, total));
-    "cuMemAlloc" fn cuMemAlloc_v2(p: *mut u64, size: usize) => |real| alloc(Kind::Device, size, p, || real(p, size));
+    "cuMemGetInfo" fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) => |real| mem_info_v1(free, total, real(free, total));
+    "cuMemAlloc" fn cuMemAlloc(p: *mut c_uint, size: c_uint) => |real| alloc(Kind::Device, size as u64, p, || real(p, size));
+    "cuMemAlloc" fn cuMemAlloc_v2(p: *mut u64, size: usize) => |real| alloc(Kind::Device, size as u64, p, || real(p, size));
+    "cuMemAllocPitch" fn cuMemAllocPitch(p: *mut c_uint, pitch: *mut c_uint, width: c_uint, height: c_uint, elem: c_uint)
+        => |real| alloc_pitch(|| out(p), || out(pitch), width as usize, height as usize, || real(p, pitch, width, height, elem));
     "cuMemAllocPitch" fn cuMemAllocPitch_v2(p: *mut u64, pitch: *mut usize, width: usize, height: usize, elem: c_uint)
-        => |real| alloc_pitch(p, pitch, width, height, || real(p, pitch, width, height, elem));
+        => |real| alloc_pitch(|| out(p), || out(pitch as *const usize as *const u64), width, height, || real(p, pitch, width, height, elem));
     "cuMemAllocManaged" fn cuMemAllocManaged(p: *mut u64, size: usize, flags: c_uint)
-        => |real| alloc(Kind::Device, size, p, || real(p, size, flags));
-    "cuMemAllocAsync" fn cuMemAllocAsync(p: *mut u64, size: usize, s: H) => |real| alloc(Kind::Device, size, p, || real(p, size, s));
-    "cuMemAllocAsync" fn cuMemAllocAsync_ptsz(p: *mut u64, size: usize, s: H) => |real| alloc(Kind::Device, size, p, || real(p, size, s));
+        => |real| alloc(Kind::Device, size as u64, p, || real(p, size, flags));
+    "cuMemAllocAsync" fn cuMemAllocAsync(p: *mut u64, size: usize, s: H) => |real| alloc(Kind::Device, size as u64, p, || real(p, size, s));
+    "cuMemAllocAsync" fn cuMemAllocAsync_ptsz(p: *mut u64, size: usize, s: H) => |real| alloc(Kind::Device, size as u64, p, || real(p, size, s));
     "cuMemAllocFromPoolAsync" fn cuMemAllocFromPoolAsync(p: *mut u64, size: usize, pool: H, s: H)
-        => |real| alloc(Kind::Device, size, p, || real(p, size, pool, s));
+        => |real| alloc(Kind::Device, size as u64, p, || real(p, size, pool, s));
     "cuMemAllocFromPoolAsync" fn cuMemAllocFromPoolAsync_ptsz(p: *mut u64, size: usize, pool: H, s: H)
-        => |real| alloc(Kind::Device, size, p, || real(p, size, pool, s));
+        => |real| alloc(Kind::Device, size as u64, p, || real(p, size, pool, s));
+    "cuGraphAddMemAllocNode" fn cuGraphAddMemAllocNode(node: *mut H, g: H, deps: *const H, n: usize, params: *mut MemAllocNodeParams)
+        => |real| graph_alloc(params, || real(node, g, deps, n, params));
+    "cuGraphAddMemFreeNode" fn cuGraphAddMemFreeNode(node: *mut H, g: H, deps: *const H, n: usize, dptr: u64)
+        => |real| free(Kind::Device, dptr, || real(node, g, deps, n, dptr));
+    "cuMemFree" fn cuMemFree(p: c_uint) => |real| free(Kind::Device, p as u64, || real(p));
     "cuMemFree" fn cuMemFree_v2(p: u64) => |real| free(Kind::Device, p, || real(p));
     "cuMemFreeAsync" fn cuMemFreeAsync(p: u64, s: H) => |real| free(Kind::Device, p, || real(p, s));
     "cuMemFreeAsync" fn cuMemFreeAsync_ptsz(p: u64, s: H) => |real| free(Kind::Device, p, || real(p, s));
     "cuMemCreate" fn cuMemCreate(h: *mut u64, size: usize, prop: *const c_void, flags: u64)
-        => |real| alloc(Kind::Vmm, size, h, || real(h, size, prop, flags));
+        => |real| alloc(Kind::Vmm, size as u64, h, || real(h, size, prop, flags));
     "cuMemRelease" fn cuMemRelease(h: u64) => |real| free(Kind::Vmm, h, || real(h));
+    "cuArrayCreate" fn cuArrayCreate(a: *mut H, d: *const ArrayDescV1) => |real| array(Kind::Array, a, desc2_v1(d), 1, || real(a, d));
+    "cuArray3DCreate" fn cuArray3DCreate(a: *mut H, d: *const Array3dDescV1)
+        => |real| array(Kind::Array, a, desc3_v1(d), 1, || real(a, d));
     "cuArrayCreate" fn cuArrayCreate_v2(a: *mut H, d: *const ArrayDesc) => |real| array(Kind::Array, a, desc2(d), 1, || real(a, d));
     "cuArray3DCreate" fn cuArray3DCreate_v2(a: *mut H, d: *const Array3dDesc)
         => |real| array(Kind::Array, a, desc3(d), 1, || real(a, d));
@@ -227,11 +281,16 @@ hooks! {
         => |real| launch(|| real(f, gx, gy, gz, bx, by, bz, shm, s, p));
     "cuGraphLaunch" fn cuGraphLaunch(g: H, s: H) => |real| launch(|| real(g, s));
     "cuGraphLaunch" fn cuGraphLaunch_ptsz(g: H, s: H) => |real| launch(|| real(g, s));
+    // Legacy launches (execution configuration set by earlier calls).
+    "cuLaunch" fn cuLaunch(f: H) => |real| launch(|| real(f));
+    "cuLaunchGrid" fn cuLaunchGrid(f: H, w: c_int, h: c_int) => |real| launch(|| real(f, w, h));
+    "cuLaunchGridAsync" fn cuLaunchGridAsync(f: H, w: c_int, h: c_int, s: H) => |real| launch(|| real(f, w, h, s));
 }
 
+/// `handle` and `pitch` read the driver's outputs after the call.
 fn alloc_pitch(
-    p: *mut u64,
-    pitch: *mut usize,
+    handle: impl FnOnce() -> u64,
+    pitch: impl FnOnce() -> u64,
     width: usize,
     height: usize,
     call: impl FnOnce() -> CUresult,
@@ -241,13 +300,23 @@ fn alloc_pitch(
         .div_ceil(512)
         .saturating_mul(512)
         .saturating_mul(height.max(1));
-    runtime::memcap().alloc(
-        Kind::Device,
-        bound as u64,
-        call,
-        || out(p),
-        || out(pitch as *const usize as *const u64).saturating_mul(height.max(1) as u64),
-    )
+    runtime::memcap().alloc(Kind::Device, bound as u64, call, handle, || {
+        pitch().saturating_mul(height.max(1) as u64)
+    })
+}
+
+/// The v1 `cuMemGetInfo` (32-bit figures): the cap as the total, clamped.
+fn mem_info_v1(free: *mut c_uint, total: *mut c_uint, rc: CUresult) -> CUresult {
+    if rc != cu::SUCCESS || free.is_null() || total.is_null() {
+        return rc;
+    }
+    // SAFETY: both out-pointers non-null and just written by the driver.
+    unsafe {
+        let (f, t) = runtime::memcap().info(*free as u64, *total as u64);
+        *free = f.min(c_uint::MAX as u64) as c_uint;
+        *total = t.min(c_uint::MAX as u64) as c_uint;
+    }
+    rc
 }
 
 fn mem_info(free: *mut usize, total: *mut usize, rc: CUresult) -> CUresult {
@@ -275,11 +344,37 @@ fn proc_address(symbol: *const c_char, pfn: Pp, rc: CUresult) -> CUresult {
         return rc;
     }
     if let Some(i) = driver::hook_of_driver_fn(name.to_bytes(), p) {
-        // SAFETY: as above.
-        unsafe { *pfn = table()[i].wrapper as *mut c_void };
+        if !deliberately_unhooked(i) {
+            // SAFETY: as above.
+            unsafe { *pfn = table()[i].wrapper as *mut c_void };
+        }
     }
     rc
 }
+
+/// Test-only mutation, to prove the lookup tests can fail: the hook named by
+/// `MUXFLOW_XCUDA_TEST_UNHOOK` is not handed out by `cuGetProcAddress`,
+/// `dlsym` or `dlvsym` (the driver's own function is). Honoured only where
+/// the environment is trusted anyway (root, outside a Slurm job: see
+/// `runtime::Source`); a job's processes never read it.
+pub fn deliberately_unhooked(i: usize) -> bool {
+    static UNHOOKED: OnceLock<Option<usize>> = OnceLock::new();
+    let u = *UNHOOKED.get_or_init(|| {
+        let name = std::env::var(TEST_UNHOOK).ok()?;
+        if runtime::Source::of_this_process() != runtime::Source::RootEnvironment {
+            return None;
+        }
+        let i = index_of(name.as_bytes());
+        crate::log(format_args!(
+            "{TEST_UNHOOK}={name}: lookups of it return the driver's function (a test's deliberate breakage)"
+        ));
+        i
+    });
+    u == Some(i)
+}
+
+/// The variable [`deliberately_unhooked`] reads.
+pub const TEST_UNHOOK: &str = "MUXFLOW_XCUDA_TEST_UNHOOK";
 
 #[cfg(test)]
 mod tests {

@@ -2,6 +2,18 @@
 //! Every export catches panics and returns a CUresult; nothing here aborts.
 //! The entry-point table is declared once (`cuda_exports!`): the macro emits
 //! the exported functions and the table `cuGetProcAddress` resolves against.
+//!
+//! Like the real driver, the library binds its own references inside itself
+//! (`-Bsymbolic`, build.rs): what `cuGetProcAddress` returns is this
+//! library's function even when a preloaded xCUDA exports the same name.
+//! Every export is a distinct function (it counts its own calls,
+//! [`simgpu_calls`]), so `_v2`/`_ptsz`/`_ptds` variants are never aliases and
+//! a test can tell which variant a call reached.
+//!
+//! Null mode (`MUXFLOW_SIM_NULL_DRIVER=1`, read at the first call): every
+//! entry point but `cuGetProcAddress(_v2)` returns `CUDA_SUCCESS` at once,
+//! touching nothing, so a benchmark sees only the cost of what sits between
+//! the caller and the driver.
 #![allow(clippy::missing_safety_doc)] // C ABI: the CUDA driver API documents these.
 #![allow(non_snake_case)]
 
@@ -10,6 +22,7 @@ mod driver;
 use driver::*;
 use muxflow_simgpu::codes::cu;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
 
 pub type CUresult = u32;
 
@@ -58,11 +71,58 @@ macro_rules! jump {
     };
 }
 
+/// 0: not read yet, 1: off, 2: on.
+static NULL_MODE: AtomicU8 = AtomicU8::new(0);
+
+#[inline]
+fn null_mode() -> bool {
+    match NULL_MODE.load(Relaxed) {
+        1 => false,
+        2 => true,
+        _ => {
+            let on = std::env::var_os("MUXFLOW_SIM_NULL_DRIVER").is_some_and(|v| v == "1");
+            NULL_MODE.store(if on { 2 } else { 1 }, Relaxed);
+            on
+        }
+    }
+}
+
+const fn same(x: &[u8], y: &[u8]) -> bool {
+    if x.len() != y.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < x.len() {
+        if x[i] != y[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+/// The entry points null mode leaves working (a loader needs them).
+const fn is_lookup(name: &str) -> bool {
+    same(name.as_bytes(), b"cuGetProcAddress") || same(name.as_bytes(), b"cuGetProcAddress_v2")
+}
+
 macro_rules! cuda_exports {
     ($( [$base:literal, $since:literal, $pt:literal] fn $name:ident($($arg:ident : $ty:ty),* $(,)?) $body:block )*) => {
+        #[allow(non_camel_case_types, clippy::upper_case_acronyms)]
+        #[derive(Clone, Copy)]
+        #[repr(usize)]
+        enum ExportId { $($name),* }
+        const EXPORTS: usize = [$(stringify!($name)),*].len();
+        /// Calls each export received (by [`ExportId`]).
+        static CALLS: [AtomicU64; EXPORTS] = [const { AtomicU64::new(0) }; EXPORTS];
         $(
             #[no_mangle]
             pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
+                const LOOKUP: bool = is_lookup(stringify!($name));
+                if !LOOKUP && null_mode() {
+                    return cu::SUCCESS;
+                }
+                CALLS[ExportId::$name as usize].fetch_add(1, Relaxed);
                 guard(|| $body)
             }
             // `<name>@SIMGPU_1`: the same function under a (non-default)
@@ -76,6 +136,12 @@ macro_rules! cuda_exports {
                 concat!(".symver simgpu_versioned_", stringify!($name), ", ", stringify!($name), "@SIMGPU_1"),
             );
         )*
+        /// How many calls the export named `name` received (None: no such export).
+        pub fn calls_of(name: &str) -> Option<u64> {
+            const NAMES: [&str; EXPORTS] = [$(stringify!($name)),*];
+            NAMES.iter().position(|n| *n == name).map(|i| CALLS[i].load(Relaxed))
+        }
+
         /// The table of every exported entry point.
         pub fn entry_points() -> &'static [Entry] {
             static T: std::sync::OnceLock<Vec<Entry>> = std::sync::OnceLock::new();
@@ -88,6 +154,21 @@ macro_rules! cuda_exports {
             }),*])
         }
     };
+}
+
+/// Test hook: how many calls the export `name` received so far in this
+/// process; `u64::MAX` for a name the fake does not export.
+///
+/// # Safety
+/// `name` is a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn simgpu_calls(name: *const c_char) -> u64 {
+    if name.is_null() {
+        return u64::MAX;
+    }
+    // SAFETY: NUL-terminated per the contract.
+    let n = unsafe { CStr::from_ptr(name) };
+    n.to_str().ok().and_then(calls_of).unwrap_or(u64::MAX)
 }
 
 pub const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: u64 = 2;
@@ -139,7 +220,9 @@ unsafe fn proc_address(
 // The driver ABI's structures, as xCUDA declares them.
 #[path = "../../../xcuda/src/abi.rs"]
 mod abi;
-pub use abi::{Array3dDesc, ArrayDesc, LaunchConfig};
+pub use abi::{
+    Array3dDesc, Array3dDescV1, ArrayDesc, ArrayDescV1, LaunchConfig, MemAllocNodeParams,
+};
 
 pub type Handle = *mut c_void;
 type Dptr = u64;
@@ -162,6 +245,21 @@ unsafe fn array_3d(out: *mut Handle, d: *const Array3dDesc, levels: c_uint, kind
         Ok(n) => unsafe { alloc_out(out as *mut u64, n, kind) },
         Err(e) => e,
     }
+}
+
+/// A v1 allocation (`CUdeviceptr_v1`, 32 bits) written through `out`.
+unsafe fn alloc_out_v1(out: *mut u32, size: u64) -> CUresult {
+    // SAFETY: the caller's out-pointer (checked for null by put).
+    done(mem_alloc_at(size, Mem::Linear, true).and_then(|a| unsafe { put(out, a as u32) }))
+}
+
+/// A name argument as text (INVALID_VALUE when null).
+unsafe fn name_of(p: *const c_char) -> Result<String, CUresult> {
+    if p.is_null() {
+        return Err(cu::INVALID_VALUE);
+    }
+    // SAFETY: non-null NUL-terminated string per the API.
+    Ok(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
 }
 
 fn blocks(x: c_uint, y: c_uint, z: c_uint) -> u64 {
@@ -250,11 +348,11 @@ cuda_exports! {
     ["cuMemAllocManaged", 6000, false] fn cuMemAllocManaged(p: *mut Dptr, size: usize, _flags: c_uint) { alloc_out(p, size as u64, Mem::Linear) }
     ["cuMemAllocAsync", 11020, false] fn cuMemAllocAsync(p: *mut Dptr, size: usize, _s: Handle) { alloc_out(p, size as u64, Mem::Linear) }
     ["cuMemAllocAsync", 11020, true] fn cuMemAllocAsync_ptsz(p: *mut Dptr, size: usize, _s: Handle) { alloc_out(p, size as u64, Mem::Linear) }
-    ["cuMemAllocFromPoolAsync", 11020, false] fn cuMemAllocFromPoolAsync(p: *mut Dptr, size: usize, _pool: Handle, _s: Handle) {
-        alloc_out(p, size as u64, Mem::Linear)
+    ["cuMemAllocFromPoolAsync", 11020, false] fn cuMemAllocFromPoolAsync(p: *mut Dptr, size: usize, pool: Handle, _s: Handle) {
+        match pool_check(pool) { Ok(()) => alloc_out(p, size as u64, Mem::Linear), Err(e) => e }
     }
-    ["cuMemAllocFromPoolAsync", 11020, true] fn cuMemAllocFromPoolAsync_ptsz(p: *mut Dptr, size: usize, _pool: Handle, _s: Handle) {
-        alloc_out(p, size as u64, Mem::Linear)
+    ["cuMemAllocFromPoolAsync", 11020, true] fn cuMemAllocFromPoolAsync_ptsz(p: *mut Dptr, size: usize, pool: Handle, _s: Handle) {
+        match pool_check(pool) { Ok(()) => alloc_out(p, size as u64, Mem::Linear), Err(e) => e }
     }
     ["cuMemFree", 3020, false] fn cuMemFree_v2(p: Dptr) { done(mem_free(p, Mem::Linear)) }
     ["cuMemFreeAsync", 11020, false] fn cuMemFreeAsync(p: Dptr, _s: Handle) { done(mem_free(p, Mem::Linear)) }
@@ -319,6 +417,94 @@ cuda_exports! {
     ["cuGraphLaunch", 10000, true] fn cuGraphLaunch_ptsz(e: Handle, s: Handle) { done(graph_launch(e, s, true)) }
     ["cuGraphExecDestroy", 10000, false] fn cuGraphExecDestroy(e: Handle) { done(graph_destroy(e)) }
     ["cuGraphDestroy", 10000, false] fn cuGraphDestroy(g: Handle) { done(graph_destroy(g)) }
+    // The un-suffixed v1 entry points (CUDA 3.1 and older ABI): 32-bit sizes and device pointers.
+    ["cuMemGetInfo", 2000, false] fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) {
+        let narrow = |x: u64| x.min(u32::MAX as u64) as c_uint;
+        done(mem_info().and_then(|(f, t)| { put(free, narrow(f))?; put(total, narrow(t)) }))
+    }
+    ["cuMemAlloc", 2000, false] fn cuMemAlloc(p: *mut u32, size: c_uint) { alloc_out_v1(p, size as u64) }
+    ["cuMemAllocPitch", 2000, false] fn cuMemAllocPitch(p: *mut u32, pitch: *mut c_uint, width: c_uint, height: c_uint, _elem: c_uint) {
+        let pt = width.div_ceil(512) * 512;
+        match put(pitch, pt) { Ok(()) => alloc_out_v1(p, pt as u64 * height as u64), Err(e) => e }
+    }
+    ["cuMemFree", 2000, false] fn cuMemFree(p: u32) { done(mem_free(p as u64, Mem::Linear)) }
+    ["cuCtxCreate", 2000, false] fn cuCtxCreate(ctx: *mut Handle, _flags: c_uint, d: c_int) { done(ctx_create(d).and_then(|h| put(ctx, h))) }
+    ["cuCtxDestroy", 2000, false] fn cuCtxDestroy(ctx: Handle) { done(ctx_destroy(ctx)) }
+    ["cuDevicePrimaryCtxReset", 7000, false] fn cuDevicePrimaryCtxReset(d: c_int) { done(primary_reset(d)) }
+    ["cuArrayCreate", 2000, false] fn cuArrayCreate(a: *mut Handle, d: *const ArrayDescV1) {
+        match d.as_ref() {
+            Some(d) => {
+                let d3 = Array3dDesc { width: d.width as usize, height: d.height as usize, depth: 0, format: d.format, channels: d.channels, flags: 0 };
+                array_3d(a, &d3, 1, Mem::Array)
+            }
+            None => cu::INVALID_VALUE,
+        }
+    }
+    ["cuArray3DCreate", 2000, false] fn cuArray3DCreate(a: *mut Handle, d: *const Array3dDescV1) {
+        match d.as_ref() {
+            Some(d) => {
+                let d3 = Array3dDesc { width: d.width as usize, height: d.height as usize, depth: d.depth as usize, format: d.format, channels: d.channels, flags: d.flags };
+                array_3d(a, &d3, 1, Mem::Array)
+            }
+            None => cu::INVALID_VALUE,
+        }
+    }
+    // Pinned host memory: host memory, not the GPU's.
+    ["cuMemAllocHost", 2000, false] fn cuMemAllocHost(pp: *mut *mut c_void, size: c_uint) { done(host_alloc(size as u64).and_then(|h| put(pp, h))) }
+    ["cuMemAllocHost", 3020, false] fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) { done(host_alloc(size as u64).and_then(|h| put(pp, h))) }
+    ["cuMemHostAlloc", 2020, false] fn cuMemHostAlloc(pp: *mut *mut c_void, size: usize, _flags: c_uint) { done(host_alloc(size as u64).and_then(|h| put(pp, h))) }
+    ["cuMemFreeHost", 2000, false] fn cuMemFreeHost(p: *mut c_void) { done(host_free(p)) }
+    // Memory pools created by the application.
+    ["cuMemPoolCreate", 11020, false] fn cuMemPoolCreate(pool: *mut Handle, props: *const c_void) {
+        if props.is_null() { return cu::INVALID_VALUE; }
+        done(pool_create().and_then(|h| put(pool, h)))
+    }
+    ["cuMemPoolDestroy", 11020, false] fn cuMemPoolDestroy(pool: Handle) { done(pool_destroy(pool)) }
+    // The virtual memory management path: address ranges, mappings, access.
+    ["cuMemAddressReserve", 10020, false] fn cuMemAddressReserve(ptr: *mut Dptr, size: usize, _align: usize, _addr: Dptr, _flags: u64) {
+        done(address_reserve(size as u64).and_then(|a| put(ptr, a)))
+    }
+    ["cuMemAddressFree", 10020, false] fn cuMemAddressFree(ptr: Dptr, size: usize) { done(address_free(ptr, size as u64)) }
+    ["cuMemMap", 10020, false] fn cuMemMap(ptr: Dptr, size: usize, _offset: usize, h: u64, _flags: u64) { done(map(ptr, size as u64, h)) }
+    ["cuMemSetAccess", 10020, false] fn cuMemSetAccess(ptr: Dptr, _size: usize, desc: *const c_void, count: usize) {
+        if desc.is_null() || count == 0 { return cu::INVALID_VALUE; }
+        done(set_access(ptr))
+    }
+    ["cuMemUnmap", 10020, false] fn cuMemUnmap(ptr: Dptr, _size: usize) { done(unmap(ptr)) }
+    // Graph memory nodes: the model takes the memory when the node is added
+    // and gives it back at its free node (or cuMemFree of the address).
+    ["cuGraphCreate", 10000, false] fn cuGraphCreate(g: *mut Handle, _flags: c_uint) { done(graph_create().and_then(|h| put(g, h))) }
+    ["cuGraphAddMemAllocNode", 11040, false] fn cuGraphAddMemAllocNode(node: *mut Handle, g: Handle, _deps: *const Handle, _n: usize, params: *mut MemAllocNodeParams) {
+        let Some(prm) = params.as_mut() else { return cu::INVALID_VALUE; };
+        done(graph_node(g).and_then(|n| {
+            prm.dptr = mem_alloc(prm.bytesize as u64, Mem::Linear)?;
+            put(node, n)
+        }))
+    }
+    ["cuGraphAddMemFreeNode", 11040, false] fn cuGraphAddMemFreeNode(node: *mut Handle, g: Handle, _deps: *const Handle, _n: usize, dptr: Dptr) {
+        done(graph_node(g).and_then(|n| { mem_free(dptr, Mem::Linear)?; put(node, n) }))
+    }
+    // Legacy launches (execution configuration set beforehand; the fake ignores it).
+    ["cuLaunch", 2000, false] fn cuLaunch(f: Handle) { done(launch(f, 1, std::ptr::null_mut(), false)) }
+    ["cuLaunchGrid", 2000, false] fn cuLaunchGrid(f: Handle, w: c_int, h: c_int) {
+        done(launch(f, blocks(w.max(1) as c_uint, h.max(1) as c_uint, 1), std::ptr::null_mut(), false))
+    }
+    ["cuLaunchGridAsync", 2000, false] fn cuLaunchGridAsync(f: Handle, w: c_int, h: c_int, s: Handle) {
+        done(launch(f, blocks(w.max(1) as c_uint, h.max(1) as c_uint, 1), s, false))
+    }
+    // CUDA 12 lazy loading: libraries and context-independent kernels.
+    ["cuLibraryLoadData", 12000, false] fn cuLibraryLoadData(lib: *mut Handle, code: *const c_void, _jo: *mut c_int, _jv: *mut *mut c_void, _nj: c_uint, _lo: *mut c_int, _lv: *mut *mut c_void, _nl: c_uint) {
+        if code.is_null() { return cu::INVALID_VALUE; }
+        done(init().and_then(|_| put(lib, new_library())))
+    }
+    ["cuLibraryLoadFromFile", 12000, false] fn cuLibraryLoadFromFile(lib: *mut Handle, file: *const c_char, _jo: *mut c_int, _jv: *mut *mut c_void, _nj: c_uint, _lo: *mut c_int, _lv: *mut *mut c_void, _nl: c_uint) {
+        done(name_of(file).and_then(|_| init()).and_then(|_| put(lib, new_library())))
+    }
+    ["cuLibraryGetKernel", 12000, false] fn cuLibraryGetKernel(k: *mut Handle, lib: Handle, name: *const c_char) {
+        done(library_check(lib).and_then(|_| name_of(name)).and_then(|n| kernel(&n)).and_then(|h| put(k, h)))
+    }
+    ["cuLibraryUnload", 12000, false] fn cuLibraryUnload(lib: Handle) { done(library_unload(lib)) }
+    ["cuKernelGetFunction", 12000, false] fn cuKernelGetFunction(f: *mut Handle, k: Handle) { done(put(f, k)) }
 }
 
 #[cfg(test)]
@@ -332,11 +518,14 @@ mod tests {
     #[test]
     fn variants_by_version_and_flag() {
         assert_eq!(sym("cuMemAlloc", 12000, 0), Some("cuMemAlloc_v2"));
-        assert_eq!(sym("cuMemAlloc", 3000, 0), None);
+        // Before CUDA 3.2: the v1 (32-bit) variant.
+        assert_eq!(sym("cuMemAlloc", 3000, 0), Some("cuMemAlloc"));
+        assert_eq!(sym("cuCtxCreate", 3000, 0), Some("cuCtxCreate"));
         assert_eq!(
-            resolve("cuMemAlloc", 3000, 0).unwrap_err(),
+            resolve("cuMemAlloc", 1000, 0).unwrap_err(),
             STATUS_VERSION_NOT_SUFFICIENT
         );
+        assert_eq!(sym("cuLibraryLoadData", 11080, 0), None);
         assert_eq!(sym("cuCtxCreate", 11000, 0), Some("cuCtxCreate_v2"));
         assert_eq!(sym("cuCtxCreate", 11040, 0), Some("cuCtxCreate_v3"));
         assert_eq!(sym("cuCtxCreate", 12050, 0), Some("cuCtxCreate_v4"));
@@ -365,6 +554,17 @@ mod tests {
             resolve("cuNoSuchThing", 12000, 0).unwrap_err(),
             STATUS_SYMBOL_NOT_FOUND
         );
+        // Every export is its own function (no aliases), and counts its calls.
+        let mut addrs: Vec<_> = entry_points().iter().map(|e| e.addr).collect();
+        addrs.sort();
+        addrs.dedup();
+        assert_eq!(addrs.len(), entry_points().len());
+        let before = calls_of("cuDriverGetVersion").unwrap();
+        let mut v = 0;
+        // SAFETY: a valid out-pointer.
+        assert_eq!(unsafe { cuDriverGetVersion(&mut v) }, cu::SUCCESS);
+        assert_eq!(calls_of("cuDriverGetVersion"), Some(before + 1));
+        assert_eq!(calls_of("cuNoSuchThing"), None);
         // Exported names are unique.
         let mut names: Vec<_> = entry_points().iter().map(|e| e.symbol).collect();
         names.sort();
