@@ -276,3 +276,21 @@ pub fn hook_of_driver_fn(base: &[u8], p: usize) -> Option<usize> {
     let sname = unsafe { CStr::from_ptr(info.dli_sname) };
     hooks::index_of(sname.to_bytes()).filter(|&i| t[i].base.as_bytes() == base)
 }
+
+/// The C library's own function `name` (the next definition after this
+/// library's, never our interposer of the same name); 0 if none.
+pub fn libc_next(name: &CStr) -> usize {
+    let Some(dlvsym) = real_dlvsym() else {
+        return 0;
+    };
+    for h in [libc::RTLD_NEXT, libc::RTLD_DEFAULT] {
+        for v in [c"GLIBC_2.2.5", c"GLIBC_2.17", c"GLIBC_2.0"] {
+            // SAFETY: libc's dlvsym with NUL-terminated strings.
+            let p = unsafe { dlvsym(h, name.as_ptr(), v.as_ptr()) } as usize;
+            if p != 0 && !is_ours(p) {
+                return p;
+            }
+        }
+    }
+    0
+}

@@ -159,6 +159,10 @@ impl<'n> Sampler<'n> {
 }
 
 fn run(s: &'static Settings) {
+    // SIGINT/SIGTERM are the exit thread's and the application's: never
+    // delivered here, so xCUDA's threads change nothing about which of the
+    // application's threads takes them (or that they stay pending).
+    crate::shutdown::block_signals_in_this_thread();
     let gate = runtime::gate();
     let interval = Duration::from_millis(s.env.sample_interval_ms);
     let b = busy();

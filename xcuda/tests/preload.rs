@@ -743,3 +743,120 @@ fn bad_setting_is_logged_and_the_cap_still_holds() {
     );
     assert_eq!(r["quota_cuMemAlloc_v2"], "0,2,0,0,0");
 }
+
+#[test]
+fn sigterm_right_after_the_application_installs_its_handler_releases_first() {
+    // The application installs its SIGTERM handler right after cuInit and
+    // the signal comes at once, 100 times: the context is released every
+    // time before the application's handler runs (its allocation finds the
+    // context gone: CUDA_ERROR_INVALID_CONTEXT), and the handler gets the
+    // sender's siginfo.
+    let sim = Sim::new();
+    let runs: Vec<usize> = (0..100).collect();
+    for batch in runs.chunks(4) {
+        let children: Vec<(usize, Child)> = batch
+            .iter()
+            .map(|&i| {
+                let mode = if i % 10 == 9 { "signal" } else { "handler" };
+                (
+                    i,
+                    sim.probe(&["getproc2", "signals", mode], true)
+                        .spawn()
+                        .unwrap(),
+                )
+            })
+            .collect();
+        for (i, child) in children {
+            let pid = child.id();
+            let o = child.wait_with_output().unwrap();
+            let r = kv(&String::from_utf8_lossy(&o.stdout));
+            assert_eq!(
+                o.status.code(),
+                Some(7),
+                "run {i}: the application's handler did not end it: {o:?}"
+            );
+            assert_eq!(
+                r["alloc_rc"], "201",
+                "run {i}: the context was not released first: {r:?}"
+            );
+            if i % 10 != 9 {
+                assert_eq!(
+                    r["si_pid"],
+                    pid.to_string(),
+                    "run {i}: siginfo not the sender's"
+                );
+            }
+            let ev = sim.events();
+            assert!(
+                ev.contains(&format!("pid={pid} event=released")),
+                "run {i}: {ev}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_application_handler_gets_the_real_senders_siginfo() {
+    let sim = Sim::new();
+    let mut child = sim
+        .probe(&["getproc2", "signals", "external"], true)
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    line.clear();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    let r = kv(&line);
+    assert_eq!(r["alloc_rc"], "201", "{line}");
+    assert_eq!(r["si_pid"], std::process::id().to_string(), "{line}");
+    assert_eq!(
+        wait_exit(&mut child, Duration::from_secs(10)).code(),
+        Some(7)
+    );
+}
+
+#[test]
+fn sig_ign_sa_resethand_and_blocked_signals_are_respected() {
+    use std::os::unix::process::ExitStatusExt;
+    let sim = Sim::new();
+    for (mode, want, exit_signal, released) in [
+        // SIGTERM ignored: released all the same (Slurm's SIGKILL follows),
+        // the process goes on, its launches refused (4), SIGTERM still ignored.
+        ("ignore", "ignored launch_rc=4 still_ignored=1", None, true),
+        // SA_RESETHAND: the handler ran once and the disposition is the
+        // default again: the second SIGTERM kills the process.
+        ("resethand", "handled=1 reset=1", Some(libc::SIGTERM), true),
+        // SIGINT ignored: nothing happens, launches go on.
+        ("sigint-ignored", "sigint_ignored launch_rc=0", None, false),
+        // SIGTERM blocked by the application: released, and the signal is
+        // left pending for the application.
+        ("blocked", "blocked launch_rc=4 pending=1", None, true),
+    ] {
+        let child = sim
+            .probe(&["getproc2", "signals", mode], true)
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let o = child.wait_with_output().unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout).trim(),
+            want,
+            "{mode}: {o:?}"
+        );
+        match exit_signal {
+            Some(s) => assert_eq!(o.status.signal(), Some(s), "{mode}: {o:?}"),
+            None => assert!(o.status.success(), "{mode}: {o:?}"),
+        }
+        let ev = sim.events();
+        assert_eq!(
+            ev.contains(&format!("pid={pid} event=released")),
+            released,
+            "{mode}: {ev}"
+        );
+    }
+}

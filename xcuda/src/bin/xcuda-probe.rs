@@ -973,6 +973,182 @@ fn ctx_then_sigterm(r: &Resolver, symbol: &str) {
     std::process::exit(3);
 }
 
+/// `signals MODE`: how the application's own signal handling fares with
+/// xCUDA. The application changes its SIGTERM (or SIGINT) disposition right
+/// after cuInit and the signal comes at once (sent to itself):
+///   handler    sigaction(SA_SIGINFO handler); the handler reports whether
+///              the context was already gone (an allocation fails) and the
+///              sender's pid, then _exit(7)
+///   signal     the same with signal()
+///   external   the handler installed, then `ready`: the test sends SIGTERM
+///   ignore     SIG_IGN; afterwards a launch (refused: released) and a query
+///   resethand  SA_RESETHAND handler; it runs once, the disposition is then
+///              the default, and a second SIGTERM kills the process
+///   sigint-ignored   SIGINT to SIG_IGN, then SIGINT: nothing is released
+///   blocked    SIGTERM blocked in the application's thread: released all
+///              the same, and the signal stays pending for the application
+fn signals(r: &Resolver, mode: &str) {
+    use std::io::Write;
+    use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::SeqCst};
+    static ALLOC: AtomicUsize = AtomicUsize::new(0);
+    static HANDLED: AtomicU32 = AtomicU32::new(0);
+    extern "C" fn report_and_exit(sig: c_int, info: *mut libc::siginfo_t, _: *mut c_void) {
+        // SAFETY: test-only handler: the pointer stored below, with its
+        // signature; the kernel's siginfo; then _exit. (Formatting is not
+        // async-signal-safe; the main thread is asleep meanwhile.)
+        unsafe {
+            let alloc: unsafe extern "C" fn(*mut u64, usize) -> Res =
+                std::mem::transmute(ALLOC.load(SeqCst));
+            let mut p = 0u64;
+            let rc = alloc(&mut p, MIB);
+            let pid = if info.is_null() { -1 } else { (*info).si_pid() };
+            println!("app_handler sig={sig} alloc_rc={rc} si_pid={pid}");
+            let _ = std::io::stdout().flush();
+            libc::_exit(7);
+        }
+    }
+    extern "C" fn plain(sig: c_int) {
+        report_and_exit(sig, std::ptr::null_mut(), std::ptr::null_mut());
+    }
+    extern "C" fn count(_: c_int, _: *mut libc::siginfo_t, _: *mut c_void) {
+        HANDLED.fetch_add(1, SeqCst);
+    }
+    let (cu, _ctx, f) = setup(r, c"sim_kernel_1us");
+    ALLOC.store(cu.alloc as usize, SeqCst);
+    let launch: Launch = r.get("cuLaunchKernel", "cuLaunchKernel");
+    let null: H = std::ptr::null_mut();
+    let handler = |h: usize, flags: c_int| {
+        // SAFETY: a zeroed sigaction is valid; filled below.
+        let mut a: libc::sigaction = unsafe { std::mem::zeroed() };
+        a.sa_sigaction = h;
+        a.sa_flags = flags;
+        a
+    };
+    let query = |sig: c_int| {
+        // SAFETY: a null new action only reads.
+        unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(sig, std::ptr::null(), &mut old);
+            old.sa_sigaction
+        }
+    };
+    let pause = |ms: u64| std::thread::sleep(std::time::Duration::from_millis(ms));
+    // SAFETY: sigaction/signal/kill/sigprocmask on our own process with
+    // valid arguments; resolved entry points.
+    unsafe {
+        let me = libc::getpid();
+        match mode {
+            "handler" | "external" => {
+                let a = handler(report_and_exit as *const () as usize, libc::SA_SIGINFO);
+                libc::sigaction(libc::SIGTERM, &a, std::ptr::null_mut());
+                // The application sees its own handler when it asks.
+                if query(libc::SIGTERM) != report_and_exit as *const () as usize {
+                    die("sigaction does not report the application's own handler");
+                }
+                if mode == "handler" {
+                    libc::kill(me, libc::SIGTERM);
+                } else {
+                    println!("ready");
+                    let _ = std::io::stdout().flush();
+                }
+            }
+            "signal" => {
+                libc::signal(libc::SIGTERM, plain as *const () as usize);
+                libc::kill(me, libc::SIGTERM);
+            }
+            "ignore" => {
+                libc::signal(libc::SIGTERM, libc::SIG_IGN);
+                libc::kill(me, libc::SIGTERM);
+                pause(500);
+                let rc = launch(
+                    f,
+                    1,
+                    1,
+                    1,
+                    32,
+                    1,
+                    1,
+                    0,
+                    null,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                );
+                let ign = u8::from(query(libc::SIGTERM) == libc::SIG_IGN);
+                println!("ignored launch_rc={rc} still_ignored={ign}");
+                std::process::exit(0);
+            }
+            "resethand" => {
+                let a = handler(
+                    count as *const () as usize,
+                    libc::SA_SIGINFO | libc::SA_RESETHAND,
+                );
+                libc::sigaction(libc::SIGTERM, &a, std::ptr::null_mut());
+                libc::kill(me, libc::SIGTERM);
+                for _ in 0..500 {
+                    if HANDLED.load(SeqCst) > 0 {
+                        break;
+                    }
+                    pause(10);
+                }
+                let reset = u8::from(query(libc::SIGTERM) == libc::SIG_DFL);
+                println!("handled={} reset={reset}", HANDLED.load(SeqCst));
+                let _ = std::io::stdout().flush();
+                libc::kill(me, libc::SIGTERM);
+            }
+            "sigint-ignored" => {
+                libc::signal(libc::SIGINT, libc::SIG_IGN);
+                libc::kill(me, libc::SIGINT);
+                pause(500);
+                let rc = launch(
+                    f,
+                    1,
+                    1,
+                    1,
+                    32,
+                    1,
+                    1,
+                    0,
+                    null,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                );
+                println!("sigint_ignored launch_rc={rc}");
+                std::process::exit(0);
+            }
+            "blocked" => {
+                let mut set: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut set);
+                libc::sigaddset(&mut set, libc::SIGTERM);
+                libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+                libc::kill(me, libc::SIGTERM);
+                pause(500);
+                let rc = launch(
+                    f,
+                    1,
+                    1,
+                    1,
+                    32,
+                    1,
+                    1,
+                    0,
+                    null,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                );
+                let mut pending: libc::sigset_t = std::mem::zeroed();
+                libc::sigpending(&mut pending);
+                let p = libc::sigismember(&pending, libc::SIGTERM);
+                println!("blocked launch_rc={rc} pending={p}");
+                std::process::exit(0);
+            }
+            _ => die("unknown signals mode"),
+        }
+    }
+    std::thread::sleep(std::time::Duration::from_secs(10));
+    println!("no_handler_ran");
+    std::process::exit(1);
+}
+
 fn storm(r: &Resolver, n: usize) {
     let (cu, ctx, _) = setup(r, c"sim_kernel_1us");
     let ctx = ctx as usize;
@@ -1244,6 +1420,7 @@ fn main() {
     match rest.first() {
         Some(&"api") => api(&r),
         Some(&"gate") => gate_one(&r, rest.get(1).copied().unwrap_or("")),
+        Some(&"signals") => signals(&r, rest.get(1).copied().unwrap_or("")),
         Some(&"ctx") => ctx_then_sigterm(&r, rest.get(1).copied().unwrap_or("")),
         Some(&"storm") => storm(&r, n),
         Some(&"launches") => launches(&r, n),
