@@ -276,13 +276,15 @@ extern "C" fn after_fork() {
 }
 
 /// After fork, in the child (only the forking thread exists: no watcher, no
-/// exit thread): let go, hand the signals back to the application and make
-/// the next gated launch restart everything.
+/// exit thread): let go, hand the signals back to the application, start
+/// the child's counters and memory books from zero (its stats file is its
+/// own; the job sums them) and make the next gated launch restart everything.
 extern "C" fn in_forked_child() {
     let _ = std::panic::catch_unwind(|| {
         FORK_HELD.with(|h| h.borrow_mut().clear());
         crate::shutdown::after_fork_in_child();
         gate().after_fork();
+        memcap().after_fork();
     });
 }
 

@@ -860,3 +860,31 @@ fn sig_ign_sa_resethand_and_blocked_signals_are_respected() {
         );
     }
 }
+
+#[test]
+fn a_forked_child_counts_from_zero_and_the_sums_are_what_happened() {
+    // Parent and child each allocate 48 MiB, are refused 48 more, and
+    // launch (3 + 2 in the parent, 5 in the child): summed over their stats
+    // files, as the plugin sums a job's, the figures are exactly that.
+    let sim = Sim::new();
+    let mut c = sim.probe(&["getproc2", "fork-quota"], true);
+    c.env(muxflow::xcuda_env::MEM_LIMIT_BYTES, (64 * MIB).to_string());
+    let child = c.spawn().unwrap();
+    let parent = child.id();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let out = String::from_utf8_lossy(&o.stdout);
+    let r = kv(&out.replace('\n', " "));
+    assert_eq!(r["child_status"], "0", "{out}");
+    assert_eq!(r["parent_allocs"], "0,2", "{out}");
+    assert_eq!(
+        r["child_allocs"], "0,2",
+        "the child's quota is its own: {out}"
+    );
+    let kid: u32 = r["child"].parse().unwrap();
+    let (p, k) = (sim.stats_of(parent).unwrap(), sim.stats_of(kid).unwrap());
+    assert_eq!(p["launches"] + k["launches"], 10, "{p:?} {k:?}");
+    assert_eq!(k["launches"], 5, "{k:?}");
+    assert_eq!(p["oom"] + k["oom"], 2, "{p:?} {k:?}");
+    assert_eq!((p["peak_bytes"], k["peak_bytes"]), (48 * MIB, 48 * MIB));
+}

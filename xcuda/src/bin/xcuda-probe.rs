@@ -1149,6 +1149,85 @@ fn signals(r: &Resolver, mode: &str) {
     std::process::exit(1);
 }
 
+/// `fork-quota`: the parent allocates 48 MiB (fits 64) and 48 more
+/// (refused), launches 3 kernels, forks; the child does the same with 5
+/// launches and exits; the parent then frees and launches 2 more. Prints
+/// `child=PID` and what each side saw.
+fn fork_quota(r: &Resolver) {
+    let (cu, _ctx, f) = setup(r, c"sim_kernel_1us");
+    let launch: Launch = r.get("cuLaunchKernel", "cuLaunchKernel");
+    let sync: unsafe extern "C" fn(H) -> Res = r.get("cuStreamSynchronize", "cuStreamSynchronize");
+    let null: H = std::ptr::null_mut();
+    let work = |launches: usize| {
+        let mut rcs = Vec::new();
+        // SAFETY: resolved entry points with valid arguments.
+        unsafe {
+            for _ in 0..launches {
+                check(
+                    launch(
+                        f,
+                        1,
+                        1,
+                        1,
+                        32,
+                        1,
+                        1,
+                        0,
+                        null,
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                    ),
+                    "cuLaunchKernel",
+                );
+            }
+            check(sync(null), "cuStreamSynchronize");
+            for _ in 0..2 {
+                let mut p = 0u64;
+                rcs.push((cu.alloc)(&mut p, 48 * MIB));
+            }
+        }
+        join(&rcs)
+    };
+    let parent = work(3);
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    // SAFETY: fork/waitpid on our own process and child.
+    unsafe {
+        match libc::fork() {
+            -1 => die("fork failed"),
+            0 => {
+                let child = work(5);
+                println!("child_allocs={child}");
+                std::process::exit(0);
+            }
+            child => {
+                let mut status = 0;
+                libc::waitpid(child, &mut status, 0);
+                for _ in 0..2 {
+                    check(
+                        launch(
+                            f,
+                            1,
+                            1,
+                            1,
+                            32,
+                            1,
+                            1,
+                            0,
+                            null,
+                            std::ptr::null_mut(),
+                            std::ptr::null_mut(),
+                        ),
+                        "cuLaunchKernel",
+                    );
+                }
+                check(sync(null), "cuStreamSynchronize");
+                println!("child={child} child_status={status} parent_allocs={parent}");
+            }
+        }
+    }
+}
+
 fn storm(r: &Resolver, n: usize) {
     let (cu, ctx, _) = setup(r, c"sim_kernel_1us");
     let ctx = ctx as usize;
@@ -1421,6 +1500,7 @@ fn main() {
         Some(&"api") => api(&r),
         Some(&"gate") => gate_one(&r, rest.get(1).copied().unwrap_or("")),
         Some(&"signals") => signals(&r, rest.get(1).copied().unwrap_or("")),
+        Some(&"fork-quota") => fork_quota(&r),
         Some(&"ctx") => ctx_then_sigterm(&r, rest.get(1).copied().unwrap_or("")),
         Some(&"storm") => storm(&r, n),
         Some(&"launches") => launches(&r, n),
