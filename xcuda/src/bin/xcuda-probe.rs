@@ -1382,13 +1382,18 @@ fn exit_on_error(r: &Resolver) {
     }
 }
 
-/// Median and mean of per-call times (ns).
-fn summary(mut v: Vec<u64>) -> (f64, f64) {
-    v.sort_unstable();
-    let mean = v.iter().sum::<u64>() as f64 / v.len().max(1) as f64;
-    (v.get(v.len() / 2).copied().unwrap_or(0) as f64, mean)
+/// Median and mean of per-call times (ns), each sample the mean of a block.
+fn summary(mut v: Vec<f64>) -> (f64, f64) {
+    v.sort_unstable_by(f64::total_cmp);
+    let mean = v.iter().sum::<f64>() / v.len().max(1) as f64;
+    (v.get(v.len() / 2).copied().unwrap_or(0.0), mean)
 }
 
+/// Launches and alloc/free pairs, direct and through the dlopen'ed shim,
+/// interleaved in blocks (the order alternating) in one process, so machine
+/// noise hits both alike. Each sample is one block's mean per call: timing
+/// single calls would add the clock's own cost (tens of ns) to a call of a
+/// few ns (the fake's null mode).
 fn shim_bench(r: &Resolver, n: usize) {
     let path = std::env::var("XCUDA_PROBE_SHIM").unwrap_or_else(|_| die("XCUDA_PROBE_SHIM unset"));
     let c = CString::new(path).unwrap();
@@ -1426,7 +1431,7 @@ fn shim_bench(r: &Resolver, n: usize) {
     let sync: unsafe extern "C" fn(H) -> Res = r.get("cuStreamSynchronize", "cuStreamSynchronize");
     let null: H = std::ptr::null_mut();
     let pp = std::ptr::null_mut();
-    let block = 200;
+    let block = 500;
     let (mut ld, mut lx, mut ad, mut ax) = (vec![], vec![], vec![], vec![]);
     // SAFETY: resolved entry points with valid arguments.
     unsafe {
@@ -1437,40 +1442,44 @@ fn shim_bench(r: &Resolver, n: usize) {
                 } else {
                     (x_launch, &mut lx)
                 };
+                let t = Instant::now();
                 for _ in 0..block {
-                    let t = Instant::now();
                     check(
                         launch(f, 1, 1, 1, 32, 1, 1, 0, null, pp, pp),
                         "cuLaunchKernel",
                     );
-                    out.push(t.elapsed().as_nanos() as u64);
                 }
+                out.push(t.elapsed().as_nanos() as f64 / block as f64);
                 check(sync(null), "cuStreamSynchronize");
                 let (alloc, free, out) = if which == 0 {
                     (cu.alloc, cu.free, &mut ad)
                 } else {
                     (x_alloc, x_free, &mut ax)
                 };
-                for _ in 0..block / 4 {
+                let pairs = block / 4;
+                let t = Instant::now();
+                for _ in 0..pairs {
                     let mut p = 0u64;
-                    let t = Instant::now();
                     check(alloc(&mut p, MIB), "cuMemAlloc");
                     check(free(p), "cuMemFree");
-                    out.push(t.elapsed().as_nanos() as u64);
                 }
+                out.push(t.elapsed().as_nanos() as f64 / pairs as f64);
             }
         }
     }
     let ((ld50, ldm), (lx50, lxm)) = (summary(ld), summary(lx));
     let ((ad50, _), (ax50, _)) = (summary(ad), summary(ax));
     println!(
-        "direct_launch_ns={ld50:.0} xcuda_launch_ns={lx50:.0} direct_launches_per_s={:.0} xcuda_launches_per_s={:.0}",
+        "direct_launch_ns={ld50:.1} xcuda_launch_ns={lx50:.1} direct_launches_per_s={:.0} xcuda_launches_per_s={:.0}",
         1e9 / ldm,
         1e9 / lxm
     );
-    println!("direct_alloc_free_ns={ad50:.0} xcuda_alloc_free_ns={ax50:.0} added_ns_per_alloc_free={:.0}", ax50 - ad50);
     println!(
-        "added_ns_per_launch={:.0} ratio={:.3}",
+        "direct_alloc_free_ns={ad50:.1} xcuda_alloc_free_ns={ax50:.1} added_ns_per_alloc_free={:.1}",
+        ax50 - ad50
+    );
+    println!(
+        "added_ns_per_launch={:.1} ratio={:.3}",
         lx50 - ld50,
         ldm / lxm
     );
