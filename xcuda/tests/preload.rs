@@ -319,6 +319,31 @@ fn every_entry_point_row_is_documented_and_tested() {
             "{sym} listed twice"
         );
     }
+    // The README agrees with the one entry-point list: every hooked entry
+    // point has its row with its action, and every row is in the list.
+    let class = |a: &str| match a {
+        "count" | "pitch" | "array" | "graph_alloc" => "count".to_string(),
+        "retained" | "released" | "reset" | "created" | "destroyed" => "context".to_string(),
+        x => x.to_string(),
+    };
+    for e in muxflow_xcuda::abi::ENTRY_POINTS {
+        match rows.iter().find(|r| r.0 == e.symbol) {
+            Some(r) => assert_eq!(r.1, class(e.action), "{}: README vs abi.rs", e.symbol),
+            None => assert_eq!(
+                e.action, "pass",
+                "{} is hooked but has no README row",
+                e.symbol
+            ),
+        }
+    }
+    for (sym, ..) in &rows {
+        assert!(
+            muxflow_xcuda::abi::ENTRY_POINTS
+                .iter()
+                .any(|e| e.symbol == sym),
+            "{sym}: a README row not in the list"
+        );
+    }
     // Every hook xCUDA exports has a hooked row, and no pass row is exported.
     let out = Command::new("readelf")
         .args(["--dyn-syms", "-W"])

@@ -27,6 +27,8 @@
 //! ```
 //! The quota checks in `api` assume MUXFLOW_XCUDA_MEM_LIMIT_BYTES = 64 MiB.
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::time::Instant;
 
@@ -37,10 +39,12 @@ include!(concat!(env!("OUT_DIR"), "/linked.rs"));
 // simulator crate, which is only a dev-dependency here.
 #[path = "../../../simgpu/src/cudaload.rs"]
 mod cudaload;
-// The driver ABI's structures, as the shim declares them (the probe must not
-// link the shim's library: its exports would interpose inside the probe).
+// The driver ABI, as the shim declares it (the probe must not link the
+// shim's library: its exports would interpose inside the probe).
+#[macro_use]
 #[path = "../abi.rs"]
 mod abi;
+use abi::fnty;
 use abi::{Array3dDesc, Array3dDescV1, ArrayDesc, ArrayDescV1, LaunchConfig, MemAllocNodeParams};
 use cudaload::{Driver, ProcAddress};
 
@@ -363,9 +367,9 @@ fn launchers(r: &Resolver, f: H, kernel: H) -> Vec<(String, Box<dyn Fn() -> Res>
     };
     let launch_sym = pt(r, "cuLaunchKernel");
     let launch: Launch = r.get("cuLaunchKernel", &launch_sym);
-    // SAFETY (all closures): entry points resolved for these signatures, valid arguments.
     out.push((
         launch_sym.clone(),
+        // SAFETY: an entry point resolved for this signature; valid arguments.
         Box::new(move || unsafe {
             launch(
                 f as H,
@@ -384,6 +388,7 @@ fn launchers(r: &Resolver, f: H, kernel: H) -> Vec<(String, Box<dyn Fn() -> Res>
     ));
     out.push((
         format!("{launch_sym}+CUkernel"),
+        // SAFETY: an entry point resolved for this signature; valid arguments.
         Box::new(move || unsafe {
             launch(
                 kernel as H,
@@ -405,6 +410,7 @@ fn launchers(r: &Resolver, f: H, kernel: H) -> Vec<(String, Box<dyn Fn() -> Res>
     let ex: Ex = r.get("cuLaunchKernelEx", &ex_sym);
     out.push((
         ex_sym.clone(),
+        // SAFETY: an entry point resolved for this signature; valid arguments.
         Box::new(move || unsafe {
             let c = cfg();
             ex(
@@ -417,6 +423,7 @@ fn launchers(r: &Resolver, f: H, kernel: H) -> Vec<(String, Box<dyn Fn() -> Res>
     ));
     out.push((
         format!("{ex_sym}+CUkernel"),
+        // SAFETY: an entry point resolved for this signature; valid arguments.
         Box::new(move || unsafe {
             let c = cfg();
             ex(
@@ -431,6 +438,7 @@ fn launchers(r: &Resolver, f: H, kernel: H) -> Vec<(String, Box<dyn Fn() -> Res>
     let coop: Coop = r.get("cuLaunchCooperativeKernel", &coop_sym);
     out.push((
         coop_sym,
+        // SAFETY: an entry point resolved for this signature; valid arguments.
         Box::new(move || unsafe {
             coop(
                 f as H,
@@ -447,11 +455,10 @@ fn launchers(r: &Resolver, f: H, kernel: H) -> Vec<(String, Box<dyn Fn() -> Res>
         }),
     ));
     // A graph captured from one (ungated while capturing: nothing runs) launch.
-    let begin: unsafe extern "C" fn(H, c_int) -> Res =
+    let begin: fnty::cuStreamBeginCapture_v2 =
         r.get("cuStreamBeginCapture", &pt(r, "cuStreamBeginCapture_v2"));
-    let end: unsafe extern "C" fn(H, *mut H) -> Res =
-        r.get("cuStreamEndCapture", &pt(r, "cuStreamEndCapture"));
-    let inst: unsafe extern "C" fn(*mut H, H, u64) -> Res =
+    let end: fnty::cuStreamEndCapture = r.get("cuStreamEndCapture", &pt(r, "cuStreamEndCapture"));
+    let inst: fnty::cuGraphInstantiateWithFlags =
         r.get("cuGraphInstantiateWithFlags", "cuGraphInstantiateWithFlags");
     let graph_sym = pt(r, "cuGraphLaunch");
     let glaunch: unsafe extern "C" fn(H, H) -> Res = r.get("cuGraphLaunch", &graph_sym);
@@ -481,20 +488,23 @@ fn launchers(r: &Resolver, f: H, kernel: H) -> Vec<(String, Box<dyn Fn() -> Res>
     let e = e as usize;
     out.push((
         graph_sym,
+        // SAFETY: an entry point resolved for this signature; valid arguments.
         Box::new(move || unsafe { glaunch(e as H, std::ptr::null_mut()) }),
     ));
     // Legacy launches (no per-thread variants).
-    let l0: unsafe extern "C" fn(H) -> Res = r.get("cuLaunch", "cuLaunch");
+    let l0: fnty::cuLaunch = r.get("cuLaunch", "cuLaunch");
+    // SAFETY: an entry point resolved for this signature; valid arguments.
     out.push(("cuLaunch".into(), Box::new(move || unsafe { l0(f as H) })));
-    let lg: unsafe extern "C" fn(H, c_int, c_int) -> Res = r.get("cuLaunchGrid", "cuLaunchGrid");
+    let lg: fnty::cuLaunchGrid = r.get("cuLaunchGrid", "cuLaunchGrid");
     out.push((
         "cuLaunchGrid".into(),
+        // SAFETY: an entry point resolved for this signature; valid arguments.
         Box::new(move || unsafe { lg(f as H, 2, 1) }),
     ));
-    let la: unsafe extern "C" fn(H, c_int, c_int, H) -> Res =
-        r.get("cuLaunchGridAsync", "cuLaunchGridAsync");
+    let la: fnty::cuLaunchGridAsync = r.get("cuLaunchGridAsync", "cuLaunchGridAsync");
     out.push((
         "cuLaunchGridAsync".into(),
+        // SAFETY: an entry point resolved for this signature; valid arguments.
         Box::new(move || unsafe { la(f as H, 2, 1, std::ptr::null_mut()) }),
     ));
     out
@@ -524,11 +534,9 @@ fn library_kernel(r: &Resolver, name: &CStr) -> H {
     ) -> Res;
     let load: Load = r.get("cuLibraryLoadData", "cuLibraryLoadData");
     let load_file: LoadFile = r.get("cuLibraryLoadFromFile", "cuLibraryLoadFromFile");
-    let get: unsafe extern "C" fn(*mut H, H, *const c_char) -> Res =
-        r.get("cuLibraryGetKernel", "cuLibraryGetKernel");
-    let unload: unsafe extern "C" fn(H) -> Res = r.get("cuLibraryUnload", "cuLibraryUnload");
-    let to_fn: unsafe extern "C" fn(*mut H, H) -> Res =
-        r.get("cuKernelGetFunction", "cuKernelGetFunction");
+    let get: fnty::cuLibraryGetKernel = r.get("cuLibraryGetKernel", "cuLibraryGetKernel");
+    let unload: fnty::cuLibraryUnload = r.get("cuLibraryUnload", "cuLibraryUnload");
+    let to_fn: fnty::cuKernelGetFunction = r.get("cuKernelGetFunction", "cuKernelGetFunction");
     let (mut lib, mut other, mut k, mut f): (H, H, H, H) = Default::default();
     let n = std::ptr::null_mut();
     // SAFETY: entry points resolved for these signatures, valid arguments.
@@ -571,88 +579,57 @@ fn api(r: &Resolver) {
     let null: H = std::ptr::null_mut();
     let kernel = library_kernel(r, c"sim_kernel_1us");
     let gated = launchers(r, f, kernel);
-    let sync: unsafe extern "C" fn(H) -> Res =
+    let sync: fnty::cuStreamSynchronize =
         r.get("cuStreamSynchronize", &pt(r, "cuStreamSynchronize"));
     // Memory entry points.
     const V1: c_int = 3000; // CUDA 3.0: the un-suffixed v1 variants
-    let alloc_v1: unsafe extern "C" fn(*mut u32, c_uint) -> Res =
-        r.get_at("cuMemAlloc", "cuMemAlloc", V1);
-    let free_v1: unsafe extern "C" fn(u32) -> Res = r.get_at("cuMemFree", "cuMemFree", V1);
-    let pitch_v1: unsafe extern "C" fn(*mut u32, *mut c_uint, c_uint, c_uint, c_uint) -> Res =
-        r.get_at("cuMemAllocPitch", "cuMemAllocPitch", V1);
-    let info_v1: unsafe extern "C" fn(*mut c_uint, *mut c_uint) -> Res =
-        r.get_at("cuMemGetInfo", "cuMemGetInfo", V1);
-    let pitch: unsafe extern "C" fn(*mut u64, *mut usize, usize, usize, c_uint) -> Res =
-        r.get("cuMemAllocPitch", "cuMemAllocPitch_v2");
-    let managed: unsafe extern "C" fn(*mut u64, usize, c_uint) -> Res =
-        r.get("cuMemAllocManaged", "cuMemAllocManaged");
+    let alloc_v1: fnty::cuMemAlloc = r.get_at("cuMemAlloc", "cuMemAlloc", V1);
+    let free_v1: fnty::cuMemFree = r.get_at("cuMemFree", "cuMemFree", V1);
+    let pitch_v1: fnty::cuMemAllocPitch = r.get_at("cuMemAllocPitch", "cuMemAllocPitch", V1);
+    let info_v1: fnty::cuMemGetInfo = r.get_at("cuMemGetInfo", "cuMemGetInfo", V1);
+    let pitch: fnty::cuMemAllocPitch_v2 = r.get("cuMemAllocPitch", "cuMemAllocPitch_v2");
+    let managed: fnty::cuMemAllocManaged = r.get("cuMemAllocManaged", "cuMemAllocManaged");
     let async_sym = pt(r, "cuMemAllocAsync");
     let a_async: unsafe extern "C" fn(*mut u64, usize, H) -> Res =
         r.get("cuMemAllocAsync", &async_sym);
-    let f_async: unsafe extern "C" fn(u64, H) -> Res =
-        r.get("cuMemFreeAsync", &pt(r, "cuMemFreeAsync"));
+    let f_async: fnty::cuMemFreeAsync = r.get("cuMemFreeAsync", &pt(r, "cuMemFreeAsync"));
     let pool_sym = pt(r, "cuMemAllocFromPoolAsync");
     let from_pool: unsafe extern "C" fn(*mut u64, usize, H, H) -> Res =
         r.get("cuMemAllocFromPoolAsync", &pool_sym);
-    let pool_create: unsafe extern "C" fn(*mut H, *const c_void) -> Res =
-        r.get("cuMemPoolCreate", "cuMemPoolCreate");
-    let pool_destroy: unsafe extern "C" fn(H) -> Res =
-        r.get("cuMemPoolDestroy", "cuMemPoolDestroy");
-    let create: unsafe extern "C" fn(*mut u64, usize, *const c_void, u64) -> Res =
-        r.get("cuMemCreate", "cuMemCreate");
-    let mrelease: unsafe extern "C" fn(u64) -> Res = r.get("cuMemRelease", "cuMemRelease");
-    let reserve: unsafe extern "C" fn(*mut u64, usize, usize, u64, u64) -> Res =
-        r.get("cuMemAddressReserve", "cuMemAddressReserve");
-    let addr_free: unsafe extern "C" fn(u64, usize) -> Res =
-        r.get("cuMemAddressFree", "cuMemAddressFree");
-    let map: unsafe extern "C" fn(u64, usize, usize, u64, u64) -> Res =
-        r.get("cuMemMap", "cuMemMap");
-    let set_access: unsafe extern "C" fn(u64, usize, *const c_void, usize) -> Res =
-        r.get("cuMemSetAccess", "cuMemSetAccess");
-    let unmap: unsafe extern "C" fn(u64, usize) -> Res = r.get("cuMemUnmap", "cuMemUnmap");
-    let array2d_v1: unsafe extern "C" fn(*mut H, *const ArrayDescV1) -> Res =
-        r.get_at("cuArrayCreate", "cuArrayCreate", V1);
-    let array3d_v1: unsafe extern "C" fn(*mut H, *const Array3dDescV1) -> Res =
-        r.get_at("cuArray3DCreate", "cuArray3DCreate", V1);
-    let array2d: unsafe extern "C" fn(*mut H, *const ArrayDesc) -> Res =
-        r.get("cuArrayCreate", "cuArrayCreate_v2");
-    let array3d: unsafe extern "C" fn(*mut H, *const Array3dDesc) -> Res =
-        r.get("cuArray3DCreate", "cuArray3DCreate_v2");
-    let adestroy: unsafe extern "C" fn(H) -> Res = r.get("cuArrayDestroy", "cuArrayDestroy");
-    let mipmapped: unsafe extern "C" fn(*mut H, *const Array3dDesc, c_uint) -> Res =
+    let pool_create: fnty::cuMemPoolCreate = r.get("cuMemPoolCreate", "cuMemPoolCreate");
+    let pool_destroy: fnty::cuMemPoolDestroy = r.get("cuMemPoolDestroy", "cuMemPoolDestroy");
+    let create: fnty::cuMemCreate = r.get("cuMemCreate", "cuMemCreate");
+    let mrelease: fnty::cuMemRelease = r.get("cuMemRelease", "cuMemRelease");
+    let reserve: fnty::cuMemAddressReserve = r.get("cuMemAddressReserve", "cuMemAddressReserve");
+    let addr_free: fnty::cuMemAddressFree = r.get("cuMemAddressFree", "cuMemAddressFree");
+    let map: fnty::cuMemMap = r.get("cuMemMap", "cuMemMap");
+    let set_access: fnty::cuMemSetAccess = r.get("cuMemSetAccess", "cuMemSetAccess");
+    let unmap: fnty::cuMemUnmap = r.get("cuMemUnmap", "cuMemUnmap");
+    let array2d_v1: fnty::cuArrayCreate = r.get_at("cuArrayCreate", "cuArrayCreate", V1);
+    let array3d_v1: fnty::cuArray3DCreate = r.get_at("cuArray3DCreate", "cuArray3DCreate", V1);
+    let array2d: fnty::cuArrayCreate_v2 = r.get("cuArrayCreate", "cuArrayCreate_v2");
+    let array3d: fnty::cuArray3DCreate_v2 = r.get("cuArray3DCreate", "cuArray3DCreate_v2");
+    let adestroy: fnty::cuArrayDestroy = r.get("cuArrayDestroy", "cuArrayDestroy");
+    let mipmapped: fnty::cuMipmappedArrayCreate =
         r.get("cuMipmappedArrayCreate", "cuMipmappedArrayCreate");
-    let mdestroy: unsafe extern "C" fn(H) -> Res =
+    let mdestroy: fnty::cuMipmappedArrayDestroy =
         r.get("cuMipmappedArrayDestroy", "cuMipmappedArrayDestroy");
-    let graph_create: unsafe extern "C" fn(*mut H, c_uint) -> Res =
-        r.get("cuGraphCreate", "cuGraphCreate");
-    let alloc_node: unsafe extern "C" fn(
-        *mut H,
-        H,
-        *const H,
-        usize,
-        *mut MemAllocNodeParams,
-    ) -> Res = r.get("cuGraphAddMemAllocNode", "cuGraphAddMemAllocNode");
-    let free_node: unsafe extern "C" fn(*mut H, H, *const H, usize, u64) -> Res =
+    let graph_create: fnty::cuGraphCreate = r.get("cuGraphCreate", "cuGraphCreate");
+    let alloc_node: fnty::cuGraphAddMemAllocNode =
+        r.get("cuGraphAddMemAllocNode", "cuGraphAddMemAllocNode");
+    let free_node: fnty::cuGraphAddMemFreeNode =
         r.get("cuGraphAddMemFreeNode", "cuGraphAddMemFreeNode");
-    let host_v1: unsafe extern "C" fn(*mut *mut c_void, c_uint) -> Res =
-        r.get_at("cuMemAllocHost", "cuMemAllocHost", V1);
-    let host_v2: unsafe extern "C" fn(*mut *mut c_void, usize) -> Res =
-        r.get("cuMemAllocHost", "cuMemAllocHost_v2");
-    let host_alloc: unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> Res =
-        r.get("cuMemHostAlloc", "cuMemHostAlloc");
-    let host_free: unsafe extern "C" fn(*mut c_void) -> Res =
-        r.get("cuMemFreeHost", "cuMemFreeHost");
+    let host_v1: fnty::cuMemAllocHost = r.get_at("cuMemAllocHost", "cuMemAllocHost", V1);
+    let host_v2: fnty::cuMemAllocHost_v2 = r.get("cuMemAllocHost", "cuMemAllocHost_v2");
+    let host_alloc: fnty::cuMemHostAlloc = r.get("cuMemHostAlloc", "cuMemHostAlloc");
+    let host_free: fnty::cuMemFreeHost = r.get("cuMemFreeHost", "cuMemFreeHost");
     // Contexts.
-    let ctx_v1: unsafe extern "C" fn(*mut H, c_uint, c_int) -> Res =
-        r.get_at("cuCtxCreate", "cuCtxCreate", V1);
-    let ctx_v2: unsafe extern "C" fn(*mut H, c_uint, c_int) -> Res =
-        r.get_at("cuCtxCreate", "cuCtxCreate_v2", 11000);
-    let ctx_v3: unsafe extern "C" fn(*mut H, H, c_int, c_uint, c_int) -> Res =
-        r.get_at("cuCtxCreate", "cuCtxCreate_v3", 12000);
-    let ctx_v4: unsafe extern "C" fn(*mut H, H, c_uint, c_int) -> Res =
-        r.get_at("cuCtxCreate", "cuCtxCreate_v4", 12050);
-    let destroy_v1: unsafe extern "C" fn(H) -> Res = r.get_at("cuCtxDestroy", "cuCtxDestroy", V1);
-    let destroy_v2: unsafe extern "C" fn(H) -> Res = r.get("cuCtxDestroy", "cuCtxDestroy_v2");
+    let ctx_v1: fnty::cuCtxCreate = r.get_at("cuCtxCreate", "cuCtxCreate", V1);
+    let ctx_v2: fnty::cuCtxCreate_v2 = r.get_at("cuCtxCreate", "cuCtxCreate_v2", 11000);
+    let ctx_v3: fnty::cuCtxCreate_v3 = r.get_at("cuCtxCreate", "cuCtxCreate_v3", 12000);
+    let ctx_v4: fnty::cuCtxCreate_v4 = r.get_at("cuCtxCreate", "cuCtxCreate_v4", 12050);
+    let destroy_v1: fnty::cuCtxDestroy = r.get_at("cuCtxDestroy", "cuCtxDestroy", V1);
+    let destroy_v2: fnty::cuCtxDestroy_v2 = r.get("cuCtxDestroy", "cuCtxDestroy_v2");
     r.report();
     // SAFETY: entry points resolved for these signatures; valid arguments.
     unsafe {
@@ -917,8 +894,8 @@ fn gate_one(r: &Resolver, which: &str) {
 /// sends itself SIGTERM: the graceful exit must release what xCUDA
 /// recorded (the default action then ends the process).
 fn ctx_then_sigterm(r: &Resolver, symbol: &str) {
-    let init: unsafe extern "C" fn(c_uint) -> Res = r.get("cuInit", "cuInit");
-    let retain: unsafe extern "C" fn(*mut H, c_int) -> Res =
+    let init: fnty::cuInit = r.get("cuInit", "cuInit");
+    let retain: fnty::cuDevicePrimaryCtxRetain =
         r.get("cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain");
     type Create = unsafe extern "C" fn(*mut H, c_uint, c_int) -> Res;
     let mut ctx: H = std::ptr::null_mut();
@@ -1156,7 +1133,7 @@ fn signals(r: &Resolver, mode: &str) {
 fn fork_quota(r: &Resolver) {
     let (cu, _ctx, f) = setup(r, c"sim_kernel_1us");
     let launch: Launch = r.get("cuLaunchKernel", "cuLaunchKernel");
-    let sync: unsafe extern "C" fn(H) -> Res = r.get("cuStreamSynchronize", "cuStreamSynchronize");
+    let sync: fnty::cuStreamSynchronize = r.get("cuStreamSynchronize", "cuStreamSynchronize");
     let null: H = std::ptr::null_mut();
     let work = |launches: usize| {
         let mut rcs = Vec::new();
@@ -1283,7 +1260,7 @@ fn launches(r: &Resolver, n: usize) {
     // 1 ns kernels: the queue stays short, so the loop measures the call path.
     let (cu, _ctx, f) = setup(r, c"sim_kernel_1ns");
     let launch: Launch = r.get("cuLaunchKernel", &pt(r, "cuLaunchKernel"));
-    let sync: unsafe extern "C" fn(H) -> Res =
+    let sync: fnty::cuStreamSynchronize =
         r.get("cuStreamSynchronize", &pt(r, "cuStreamSynchronize"));
     let null: H = std::ptr::null_mut();
     let pp = std::ptr::null_mut();
@@ -1328,7 +1305,7 @@ fn allocs(r: &Resolver, n: usize) {
 fn fork_child_launches(r: &Resolver, secs: usize) {
     let (_cu, _ctx, f) = setup(r, c"sim_kernel_1ms");
     let launch: Launch = r.get("cuLaunchKernel", &pt(r, "cuLaunchKernel"));
-    let sync: unsafe extern "C" fn(H) -> Res =
+    let sync: fnty::cuStreamSynchronize =
         r.get("cuStreamSynchronize", &pt(r, "cuStreamSynchronize"));
     let (null, pp): (H, *mut H) = (std::ptr::null_mut(), std::ptr::null_mut());
     // SAFETY: resolved entry points with valid arguments; fork/waitpid on
@@ -1428,7 +1405,7 @@ fn shim_bench(r: &Resolver, n: usize) {
     check(unsafe { x_init(0) }, "xcuda cuInit");
     let (cu, _ctx, f) = setup(r, c"sim_kernel_1ns");
     let d_launch: Launch = r.get("cuLaunchKernel", "cuLaunchKernel");
-    let sync: unsafe extern "C" fn(H) -> Res = r.get("cuStreamSynchronize", "cuStreamSynchronize");
+    let sync: fnty::cuStreamSynchronize = r.get("cuStreamSynchronize", "cuStreamSynchronize");
     let null: H = std::ptr::null_mut();
     let pp = std::ptr::null_mut();
     let block = 500;

@@ -59,7 +59,8 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicUsize, Ordering:
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::runtime;
+use crate::state;
+use crate::sys::driver;
 
 const SIGNALS: [c_int; 2] = [libc::SIGINT, libc::SIGTERM];
 /// Longest wait for launches inside the driver and for each synchronize.
@@ -100,7 +101,7 @@ type SigactionFn =
 fn real_sigaction() -> Option<SigactionFn> {
     let mut p = REAL_SIGACTION.load(SeqCst);
     if p == 0 {
-        p = crate::driver::libc_next(c"sigaction");
+        p = driver::libc_next(c"sigaction");
         REAL_SIGACTION.store(p, SeqCst);
     }
     // SAFETY: p is libc's sigaction, of this signature.
@@ -275,7 +276,7 @@ fn bsd_signal_impl(
         return old.sa_sigaction;
     }
     type SignalFn = unsafe extern "C" fn(c_int, libc::sighandler_t) -> libc::sighandler_t;
-    match crate::driver::libc_next(libc_name) {
+    match driver::libc_next(libc_name) {
         0 => libc::SIG_ERR,
         // SAFETY: libc's function of that name and signature, with the caller's arguments.
         p => unsafe { std::mem::transmute::<usize, SignalFn>(p)(sig, handler) },
@@ -312,7 +313,7 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, _ctx: *mut c_voi
         unsafe { (*INFO.0.get()).write(info.read()) };
         INFO_SET.store(true, SeqCst);
     }
-    runtime::gate().begin_shutdown();
+    state::gate().begin_shutdown();
     // SAFETY: errno is saved and restored around write(2), which is async-signal-safe.
     unsafe {
         let errno = *libc::__errno_location();
@@ -437,7 +438,7 @@ type RetainFn = unsafe extern "C" fn(*mut usize, c_int) -> u32;
 type ReleaseFn = unsafe extern "C" fn(c_int) -> u32;
 
 fn driver_fn<T: Copy>(name: &CStr) -> Option<T> {
-    let p = crate::driver::driver_symbol(name);
+    let p = driver::driver_symbol(name);
     // SAFETY: T is the C signature of `name`; p is the driver's export.
     (p != 0).then(|| unsafe { std::mem::transmute_copy::<usize, T>(&p) })
 }
@@ -445,7 +446,7 @@ fn driver_fn<T: Copy>(name: &CStr) -> Option<T> {
 /// Synchronizes and releases every context in the book, with the driver's
 /// own functions (not our wrappers).
 fn release_contexts() {
-    let book = runtime::contexts().take();
+    let book = state::contexts().take();
     let set: Option<HandleFn> = driver_fn(c"cuCtxSetCurrent");
     let sync: Option<CtxFn> = driver_fn(c"cuCtxSynchronize");
     let retain: Option<RetainFn> = driver_fn(c"cuDevicePrimaryCtxRetain");
@@ -480,7 +481,7 @@ fn release_contexts() {
 }
 
 fn exit(sig: c_int) {
-    let gate = runtime::gate();
+    let gate = state::gate();
     gate.begin_shutdown();
     if !gate.drain(Instant::now() + DRAIN_DEADLINE) {
         crate::log(format_args!(
@@ -489,7 +490,7 @@ fn exit(sig: c_int) {
     }
     release_contexts();
     gate.finish_shutdown();
-    runtime::write_stats();
+    state::write_stats();
     RELEASED.store(true, SeqCst);
     chain(sig);
 }

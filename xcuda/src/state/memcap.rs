@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::Mutex;
 
-use crate::cu;
+use crate::abi::cu;
 
 /// Namespaces of handles: device pointers, VMM handles and arrays may share values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
