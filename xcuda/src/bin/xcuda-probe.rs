@@ -957,6 +957,7 @@ fn ctx_then_sigterm(r: &Resolver, symbol: &str) {
 ///              the context was already gone (an allocation fails) and the
 ///              sender's pid, then _exit(7)
 ///   signal     the same with signal()
+///   sysv       the same with sysv_signal()
 ///   external   the handler installed, then `ready`: the test sends SIGTERM
 ///   ignore     SIG_IGN; afterwards a launch (refused: released) and a query
 ///   resethand  SA_RESETHAND handler; it runs once, the disposition is then
@@ -1031,6 +1032,13 @@ fn signals(r: &Resolver, mode: &str) {
             }
             "signal" => {
                 libc::signal(libc::SIGTERM, plain as *const () as usize);
+                libc::kill(me, libc::SIGTERM);
+            }
+            "sysv" => {
+                extern "C" {
+                    fn sysv_signal(sig: c_int, h: libc::sighandler_t) -> libc::sighandler_t;
+                }
+                sysv_signal(libc::SIGTERM, plain as *const () as usize);
                 libc::kill(me, libc::SIGTERM);
             }
             "ignore" => {

@@ -252,21 +252,30 @@ pub unsafe extern "C" fn sigaction(
     }
 }
 
-/// `signal` (BSD semantics, as glibc's): the handler with SA_RESTART and
-/// the signal itself masked while it runs.
-fn bsd_signal_impl(
+/// `signal`-style calls: `handler` with `flags`, the signal itself masked
+/// while it runs when `mask_self` (BSD semantics) — as glibc builds them.
+fn signal_like(
     sig: c_int,
     handler: libc::sighandler_t,
+    flags: c_int,
+    mask_self: bool,
     libc_name: &CStr,
 ) -> libc::sighandler_t {
     if SIGNALS.contains(&sig) && held_here() {
+        if handler == libc::SIG_ERR {
+            // SAFETY: errno is this thread's.
+            unsafe { *libc::__errno_location() = libc::EINVAL };
+            return libc::SIG_ERR;
+        }
         let mut a = default_action();
         a.sa_sigaction = handler;
-        a.sa_flags = libc::SA_RESTART;
+        a.sa_flags = flags;
         // SAFETY: our own mask.
         unsafe {
             libc::sigemptyset(&mut a.sa_mask);
-            libc::sigaddset(&mut a.sa_mask, sig);
+            if mask_self {
+                libc::sigaddset(&mut a.sa_mask, sig);
+            }
         }
         let mut old = default_action();
         // SAFETY: valid action and out-buffer.
@@ -283,13 +292,14 @@ fn bsd_signal_impl(
     }
 }
 
-/// The C library's `signal`, interposed for SIGINT and SIGTERM.
+/// The C library's `signal` (BSD semantics, as glibc's: `SA_RESTART`, the
+/// signal masked while its handler runs), interposed for SIGINT and SIGTERM.
 ///
 /// # Safety
 /// The C contract of `signal`.
 #[no_mangle]
 pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
-    bsd_signal_impl(sig, handler, c"signal")
+    signal_like(sig, handler, libc::SA_RESTART, true, c"signal")
 }
 
 /// The C library's `bsd_signal` (the same as its `signal`).
@@ -298,7 +308,26 @@ pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc
 /// The C contract of `bsd_signal`.
 #[no_mangle]
 pub unsafe extern "C" fn bsd_signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
-    bsd_signal_impl(sig, handler, c"bsd_signal")
+    signal_like(sig, handler, libc::SA_RESTART, true, c"bsd_signal")
+}
+
+/// The C library's `sysv_signal` (System V semantics: the handler runs
+/// once, then the default action; not masked while it runs).
+///
+/// # Safety
+/// The C contract of `sysv_signal`.
+#[no_mangle]
+pub unsafe extern "C" fn sysv_signal(
+    sig: c_int,
+    handler: libc::sighandler_t,
+) -> libc::sighandler_t {
+    signal_like(
+        sig,
+        handler,
+        libc::SA_RESETHAND | libc::SA_NODEFER,
+        false,
+        c"sysv_signal",
+    )
 }
 
 extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, _ctx: *mut c_void) {
