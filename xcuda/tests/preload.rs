@@ -494,8 +494,8 @@ fn gate_rows_are_held_while_overloaded() {
         assert_eq!(l, "ready", "{name}");
     }
     std::fs::write(sim.health(), "overloaded\n").unwrap();
-    // The watchers read the health file every sample (20 ms).
-    std::thread::sleep(Duration::from_millis(500));
+    // The watchers read the health file every sample (20 ms): 50 samples.
+    std::thread::sleep(Duration::from_millis(1000));
     for (_, child, _) in &mut running {
         use std::io::Write;
         writeln!(child.stdin.as_mut().unwrap(), "go").unwrap();

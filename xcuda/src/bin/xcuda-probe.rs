@@ -1011,6 +1011,21 @@ fn signals(r: &Resolver, mode: &str) {
         }
     };
     let pause = |ms: u64| std::thread::sleep(std::time::Duration::from_millis(ms));
+    // The signal may be taken by xCUDA's exit thread while this one runs on:
+    // launch (every 10 ms, at most 20 s) until the graceful exit refuses it.
+    let launch_until_refused = || {
+        let mut rc = 0;
+        for _ in 0..2000 {
+            let (n, pp) = (std::ptr::null_mut(), std::ptr::null_mut());
+            // SAFETY: a resolved entry point with valid arguments.
+            rc = unsafe { launch(f, 1, 1, 1, 32, 1, 1, 0, n, pp, pp) };
+            if rc != 0 {
+                break;
+            }
+            pause(10);
+        }
+        rc
+    };
     // SAFETY: sigaction/signal/kill/sigprocmask on our own process with
     // valid arguments; resolved entry points.
     unsafe {
@@ -1044,20 +1059,7 @@ fn signals(r: &Resolver, mode: &str) {
             "ignore" => {
                 libc::signal(libc::SIGTERM, libc::SIG_IGN);
                 libc::kill(me, libc::SIGTERM);
-                pause(500);
-                let rc = launch(
-                    f,
-                    1,
-                    1,
-                    1,
-                    32,
-                    1,
-                    1,
-                    0,
-                    null,
-                    std::ptr::null_mut(),
-                    std::ptr::null_mut(),
-                );
+                let rc = launch_until_refused();
                 let ign = u8::from(query(libc::SIGTERM) == libc::SIG_IGN);
                 println!("ignored launch_rc={rc} still_ignored={ign}");
                 std::process::exit(0);
@@ -1106,20 +1108,7 @@ fn signals(r: &Resolver, mode: &str) {
                 libc::sigaddset(&mut set, libc::SIGTERM);
                 libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
                 libc::kill(me, libc::SIGTERM);
-                pause(500);
-                let rc = launch(
-                    f,
-                    1,
-                    1,
-                    1,
-                    32,
-                    1,
-                    1,
-                    0,
-                    null,
-                    std::ptr::null_mut(),
-                    std::ptr::null_mut(),
-                );
+                let rc = launch_until_refused();
                 let mut pending: libc::sigset_t = std::mem::zeroed();
                 libc::sigpending(&mut pending);
                 let p = libc::sigismember(&pending, libc::SIGTERM);
