@@ -1,27 +1,9 @@
 //! Numeric result codes as they cross the ABI (raw ints, so codes that a newer
 //! driver adds never need an enum variant here).
 
-/// CUresult values from cuda.h.
+/// CUresult values from cuda.h (declared once, in xCUDA's ABI file).
 pub mod cu {
-    pub const SUCCESS: u32 = 0;
-    pub const INVALID_VALUE: u32 = 1;
-    pub const OUT_OF_MEMORY: u32 = 2;
-    pub const NOT_INITIALIZED: u32 = 3;
-    pub const DEVICE_UNAVAILABLE: u32 = 46;
-    pub const NO_DEVICE: u32 = 100;
-    pub const INVALID_DEVICE: u32 = 101;
-    pub const INVALID_CONTEXT: u32 = 201;
-    pub const ECC_UNCORRECTABLE: u32 = 214;
-    pub const INVALID_HANDLE: u32 = 400;
-    pub const NOT_FOUND: u32 = 500;
-    pub const NOT_READY: u32 = 600;
-    pub const ILLEGAL_ADDRESS: u32 = 700;
-    pub const LAUNCH_FAILED: u32 = 719;
-    pub const NOT_SUPPORTED: u32 = 801;
-    pub const MPS_CONNECTION_FAILED: u32 = 805;
-    pub const MPS_CLIENT_TERMINATED: u32 = 810;
-    pub const STREAM_CAPTURE_INVALIDATED: u32 = 901;
-    pub const UNKNOWN: u32 = 999;
+    pub use crate::abi::cu::*;
 
     /// (name, description) like cuGetErrorName / cuGetErrorString.
     pub fn describe(code: u32) -> Option<(&'static str, &'static str)> {

@@ -3,30 +3,17 @@
 //! `dlsym` on that handle. One loader for `muxflow-workload` and xCUDA's
 //! probe; the probe includes this file by path (it is a binary of the
 //! shim's crate, which does not depend on the simulator), so it needs
-//! nothing beyond `std` and `libc`.
+//! nothing beyond `std`, `libc` and the ABI file (`crate::abi`, included by
+//! path in both).
 
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::{c_int, c_void, CStr};
 
-/// `cuGetProcAddress`.
-pub type GetProc = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> u32;
+/// `cuGetProcAddress` (its type from the one entry-point list).
+pub type GetProc = crate::abi::fnty::cuGetProcAddress;
 /// `cuGetProcAddress_v2` (with the symbol status out-parameter).
-pub type GetProc2 =
-    unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> u32;
-
+pub type GetProc2 = crate::abi::fnty::cuGetProcAddress_v2;
 /// `cuLaunchKernel(f, grid xyz, block xyz, shared bytes, stream, params, extra)`.
-pub type LaunchKernel = unsafe extern "C" fn(
-    *mut c_void,
-    u32,
-    u32,
-    u32,
-    u32,
-    u32,
-    u32,
-    u32,
-    *mut c_void,
-    *mut *mut c_void,
-    *mut *mut c_void,
-) -> u32;
+pub type LaunchKernel = crate::abi::fnty::cuLaunchKernel;
 
 /// The CUDA version the loaders ask entry points for (12.4).
 pub const CUDA_VERSION: c_int = 12040;
@@ -48,9 +35,13 @@ pub enum ProcAddress {
 
 impl Driver {
     pub fn open() -> Result<Driver, String> {
+        Driver::open_with(libc::RTLD_NOW | libc::RTLD_LOCAL)
+    }
+
+    /// With other `dlopen` flags (e.g. `RTLD_DEEPBIND`, as some frameworks use).
+    pub fn open_with(flags: c_int) -> Result<Driver, String> {
         // SAFETY: dlopen with a NUL-terminated name; the handle is never closed.
-        let handle =
-            unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        let handle = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), flags) };
         if handle.is_null() {
             // SAFETY: dlerror after a failed dlopen returns a message or null.
             let e = unsafe { libc::dlerror() };

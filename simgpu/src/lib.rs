@@ -8,6 +8,12 @@
 //! cdylibs so that binaries linking this crate never pose as a driver.
 //! See `simgpu/README.md` for the model's formulas.
 
+// The CUDA driver ABI, declared once in xCUDA's crate (entry points, their
+// function types, structures, result codes), included by path: the
+// simulator cannot depend on the shim.
+#[macro_use]
+#[path = "../../xcuda/src/abi.rs"]
+pub mod abi;
 pub mod codes;
 pub mod config;
 pub mod cudaload;

@@ -3,7 +3,7 @@
 //! sim root). Liveness deadlines are generous; no timing assertions.
 
 use muxflow_simgpu::testing::{built, SimRoot};
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};
 use std::time::{Duration, Instant};
@@ -120,43 +120,252 @@ fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitStatus {
     }
 }
 
-/// Entry points the probe's `api` scenario resolves, and how many of them are hooked.
-const RESOLVED_IN_API: &str = "29";
-const HOOKED_IN_API: &str = "22";
+/// The README's entry-point table: (symbol, action, test that shows it).
+fn readme_rows() -> Vec<(String, String, String)> {
+    let text =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let start = text
+        .find("<!-- entry-points -->")
+        .expect("README table start");
+    let end = text
+        .find("<!-- /entry-points -->")
+        .expect("README table end");
+    text[start..end]
+        .lines()
+        .filter(|l| l.starts_with("| `"))
+        .map(|l| {
+            let cells: Vec<&str> = l.trim_matches('|').split('|').map(str::trim).collect();
+            (
+                cells[0].trim_matches('`').to_string(),
+                cells[1].to_string(),
+                cells[2].to_string(),
+            )
+        })
+        .collect()
+}
+
+fn list(r: &HashMap<String, String>, key: &str) -> BTreeSet<String> {
+    r.get(key)
+        .map(|v| {
+            v.split(',')
+                .filter(|s| !s.is_empty())
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Runs `xcuda-probe HOW [--pt] api` with xCUDA preloaded (64 MiB cap) and
+/// returns everything that is not as it must be: an entry point not handed
+/// out as the wrapper of its exact variant, a launch not reaching its own
+/// variant, a quota not enforced or not given back, launches not counted.
+/// Empty: every lookup path landed on the right wrappers.
+fn lookup_failures(sim: &Sim, how: &str, pt: bool, env: &[(&str, &str)]) -> Vec<String> {
+    let mut args = vec![how];
+    if pt {
+        args.push("--pt");
+    }
+    args.push("api");
+    let mut c = sim.probe(&args, true);
+    c.env(muxflow::xcuda_env::MEM_LIMIT_BYTES, (64 * MIB).to_string());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let child = c.spawn().unwrap();
+    let pid = child.id();
+    let o = child.wait_with_output().unwrap();
+    let r = kv(&String::from_utf8_lossy(&o.stdout));
+    let mut bad = Vec::new();
+    if !o.status.success() {
+        bad.push(format!(
+            "exit {:?}: {}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr)
+        ));
+        return bad;
+    }
+    let rows = readme_rows();
+    let hooked = list(&r, "hooked");
+    for s in &hooked {
+        match rows.iter().find(|x| &x.0 == s) {
+            Some((_, action, _)) if action != "pass" => {}
+            _ => bad.push(format!(
+                "{s}: handed out as xCUDA's wrapper, but not a hooked row of the README"
+            )),
+        }
+    }
+    for s in list(&r, "passed") {
+        match rows.iter().find(|x| x.0 == s) {
+            Some((_, action, _)) if action != "pass" => bad.push(format!(
+                "{s}: the driver's own function came back, not xCUDA's wrapper"
+            )),
+            _ => {}
+        }
+    }
+    for key in ["wrong_variants", "launch_variant_misses"] {
+        if !list(&r, key).is_empty() {
+            bad.push(format!("{key}={}", r[key]));
+        }
+    }
+    if list(&r, "launch_rcs").iter().any(|x| x != "0") {
+        bad.push(format!("launch_rcs={}", r["launch_rcs"]));
+    }
+    for (k, v) in &r {
+        if let Some(api) = k.strip_prefix("quota_") {
+            if v != "0,2,0,0,0" {
+                bad.push(format!("{api}: quota results {v} (want 0,2,0,0,0)"));
+            }
+            if r[&format!("driver_calls_{api}")] != "2" {
+                bad.push(format!(
+                    "{api}: {} calls reached the driver (want 2)",
+                    r[&format!("driver_calls_{api}")]
+                ));
+            }
+        }
+    }
+    // Every gated call was counted (the stats file is written at exit).
+    let launches = sim.stats_of(pid).map(|s| s["launches"]);
+    if launches != r.get("gated_calls").and_then(|n| n.parse().ok()) {
+        bad.push(format!(
+            "launches counted {launches:?}, gated calls {:?}",
+            r.get("gated_calls")
+        ));
+    }
+    bad
+}
+
+const HOWS: [&str; 7] = [
+    "direct",
+    "dlsym",
+    "dlsym-deepbind",
+    "dlsym-default",
+    "dlvsym",
+    "getproc",
+    "getproc2",
+];
 
 #[test]
 fn every_way_to_reach_the_driver_lands_on_the_wrappers() {
     let sim = Sim::new();
-    for how in [
-        "direct",
-        "dlsym",
-        "dlsym-default",
-        "dlvsym",
-        "getproc",
-        "getproc2",
-    ] {
+    for how in HOWS {
         for pt in [false, true] {
-            let mut args = vec![how];
-            if pt {
-                args.push("--pt");
-            }
-            args.push("api");
-            let mut c = sim.probe(&args, true);
-            c.env(muxflow::xcuda_env::MEM_LIMIT_BYTES, (64 * MIB).to_string());
-            let (o, r) = run(c);
-            let ctx = format!("{how} pt={pt}: {o:?}");
-            assert!(o.status.success(), "{ctx}");
-            assert_eq!(r["resolved"], RESOLVED_IN_API, "{ctx}");
-            assert_eq!(r["in_xcuda"], HOOKED_IN_API, "{ctx}");
-            // The exact variant asked for (_v2, _ptsz...) came back.
-            assert_eq!(r["wrong_variants"], "", "{ctx}");
-            assert_eq!(r["launch_rcs"], "0,0,0,0,0,0,0,0,0", "{ctx}");
-            if how == "dlvsym" {
-                // Names xCUDA does not hook still resolve, relative to the caller.
-                assert_eq!(r["dlvsym_passthrough"], "1", "{ctx}");
-            }
+            let bad = lookup_failures(&sim, how, pt, &[]);
+            assert!(bad.is_empty(), "{how} pt={pt}: {bad:#?}");
         }
     }
+    // Names xCUDA does not hook still resolve through dlvsym, relative to the caller.
+    let (o, r) = run(sim.probe(&["dlvsym", "api"], true));
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(r["dlvsym_passthrough"], "1");
+}
+
+#[test]
+fn a_deliberately_broken_hook_is_caught() {
+    // xCUDA's test-only switch hands out the driver's own function for one
+    // variant: the self-bound fake returns its own address, so every lookup
+    // path but the exported symbol must notice, by name and by effect.
+    let sim = Sim::new();
+    for (how, pt, broken) in [
+        ("getproc2", true, "cuMemAllocAsync_ptsz"),
+        ("getproc", true, "cuLaunchKernel_ptsz"),
+        ("getproc2", false, "cuMemAlloc"),
+        ("dlsym-deepbind", true, "cuGraphLaunch_ptsz"),
+        ("dlvsym", false, "cuMemCreate"),
+    ] {
+        let bad = lookup_failures(&sim, how, pt, &[("MUXFLOW_XCUDA_TEST_UNHOOK", broken)]);
+        assert!(
+            bad.iter()
+                .any(|b| b.starts_with(&format!("{broken}: the driver's own function"))),
+            "{how} {broken} not caught: {bad:#?}"
+        );
+        assert!(
+            bad.len() >= 2,
+            "{how} {broken}: the effect must show too: {bad:#?}"
+        );
+    }
+    // The switch is ignored where the environment is not trusted (a user
+    // outside a job): covered by runtime's Source; here, an unknown name
+    // changes nothing.
+    let bad = lookup_failures(
+        &sim,
+        "getproc2",
+        true,
+        &[("MUXFLOW_XCUDA_TEST_UNHOOK", "cuNoSuchThing")],
+    );
+    assert!(bad.is_empty(), "{bad:#?}");
+}
+
+#[test]
+fn every_entry_point_row_is_documented_and_tested() {
+    let src =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/preload.rs"))
+            .unwrap();
+    let rows = readme_rows();
+    assert!(rows.len() > 60, "{rows:?}");
+    let names: Vec<&String> = rows.iter().map(|r| &r.0).collect();
+    for (sym, action, test) in &rows {
+        assert!(
+            ["init", "lookup", "count", "free", "cap", "gate", "context", "pass"]
+                .contains(&action.as_str()),
+            "{sym}: unknown action {action}"
+        );
+        assert!(
+            src.contains(&format!("fn {test}()")),
+            "{sym}: no test {test}"
+        );
+        assert_eq!(
+            names.iter().filter(|n| **n == sym).count(),
+            1,
+            "{sym} listed twice"
+        );
+    }
+    // The README agrees with the one entry-point list: every hooked entry
+    // point has its row with its action, and every row is in the list.
+    let class = |a: &str| match a {
+        "count" | "pitch" | "array" | "graph_alloc" => "count".to_string(),
+        "retained" | "released" | "reset" | "created" | "destroyed" => "context".to_string(),
+        x => x.to_string(),
+    };
+    for e in muxflow_xcuda::abi::ENTRY_POINTS {
+        match rows.iter().find(|r| r.0 == e.symbol) {
+            Some(r) => assert_eq!(r.1, class(e.action), "{}: README vs abi.rs", e.symbol),
+            None => assert_eq!(
+                e.action, "pass",
+                "{} is hooked but has no README row",
+                e.symbol
+            ),
+        }
+    }
+    for (sym, ..) in &rows {
+        assert!(
+            muxflow_xcuda::abi::ENTRY_POINTS
+                .iter()
+                .any(|e| e.symbol == sym),
+            "{sym}: a README row not in the list"
+        );
+    }
+    // Every hook xCUDA exports has a hooked row, and no pass row is exported.
+    let out = Command::new("readelf")
+        .args(["--dyn-syms", "-W"])
+        .arg(built("libmuxflow_xcuda.so"))
+        .output()
+        .unwrap();
+    // Columns: Num Value Size Type Bind Vis Ndx Name; defined = Ndx not UND.
+    let exported: BTreeSet<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|c| c.len() >= 8 && c[3] == "FUNC" && c[6] != "UND" && c[7].starts_with("cu"))
+        .map(|c| c[7].split('@').next().unwrap_or(c[7]).to_string())
+        .collect();
+    let hooked: BTreeSet<String> = rows
+        .iter()
+        .filter(|r| r.1 != "pass")
+        .map(|r| r.0.clone())
+        .collect();
+    assert_eq!(
+        exported, hooked,
+        "xCUDA's exports vs the README's hooked rows"
+    );
 }
 
 #[test]
@@ -165,18 +374,23 @@ fn without_the_shim_nothing_is_intercepted_or_capped() {
     for how in ["getproc2", "dlvsym"] {
         let (o, r) = run(sim.probe(&[how, "--pt", "api"], false));
         assert!(o.status.success(), "{how}: {o:?}");
-        assert_eq!(r["resolved"], RESOLVED_IN_API, "{how}");
         assert_eq!(r["in_xcuda"], "0", "{how}");
-        assert_eq!(r["quota_cuMemAlloc"], "0,0,0", "{how}");
+        assert_eq!(r["quota_cuMemAlloc_v2"], "0,0,0,0,0", "{how}");
+        assert_eq!(r["driver_calls_cuMemAlloc_v2"], "3", "{how}");
         // The fake driver has arrays: without the cap both fit, both go.
-        assert_eq!(r["quota_cuMipmappedArrayCreate"], "0,0,0", "{how}");
+        assert_eq!(r["quota_cuMipmappedArrayCreate"], "0,0,0,0,0", "{how}");
     }
 }
 
 #[test]
-fn memory_cap_on_every_allocation_api_with_frees_and_mem_get_info() {
+fn memory_rows_count_refuse_and_give_back() {
     let sim = Sim::new();
-    for (how, pt) in [("direct", false), ("getproc", true), ("dlsym", false)] {
+    for (how, pt) in [
+        ("direct", false),
+        ("getproc", true),
+        ("dlsym", false),
+        ("getproc2", false),
+    ] {
         let mut args = vec![how];
         if pt {
             args.push("--pt");
@@ -186,23 +400,162 @@ fn memory_cap_on_every_allocation_api_with_frees_and_mem_get_info() {
         c.env(muxflow::xcuda_env::MEM_LIMIT_BYTES, (64 * MIB).to_string());
         let (o, r) = run(c);
         assert!(o.status.success(), "{o:?}");
-        for api in [
-            "cuMemAlloc",
-            "cuMemAllocPitch",
-            "cuMemAllocManaged",
-            "cuMemAllocAsync",
-            "cuMemAllocFromPoolAsync",
-            "cuMemCreate",
-            "cuArrayCreate",
-            "cuArray3DCreate",
-            "cuMipmappedArrayCreate",
+        for (row, result) in [
+            // 48 MiB fits, 48 more is refused (2), the free succeeds, 48 fits again, freed.
+            ("quota_cuMemAlloc", "0,2,0,0,0"),
+            ("quota_cuMemAlloc_v2", "0,2,0,0,0"),
+            ("quota_cuMemAllocPitch", "0,2,0,0,0"),
+            ("quota_cuMemAllocPitch_v2", "0,2,0,0,0"),
+            ("quota_cuMemAllocManaged", "0,2,0,0,0"),
+            ("quota_cuMemAllocAsync", "0,2,0,0,0"),
+            ("quota_cuMemAllocFromPoolAsync", "0,2,0,0,0"),
+            ("quota_cuMemCreate", "0,2,0,0,0"),
+            ("quota_cuGraphAddMemAllocNode", "0,2,0,0,0"),
+            ("quota_cuArrayCreate", "0,2,0,0,0"),
+            ("quota_cuArrayCreate_v2", "0,2,0,0,0"),
+            ("quota_cuArray3DCreate", "0,2,0,0,0"),
+            ("quota_cuArray3DCreate_v2", "0,2,0,0,0"),
+            ("quota_cuMipmappedArrayCreate", "0,2,0,0,0"),
+            // VMM: create, reserve, map, set access pass; a second create is
+            // refused; unmap, release, free the range; a create fits again.
+            ("vmm", "0,0,0,0,2,0,0,0,0,0"),
+            // Pinned host memory is not the GPU's: 3 x 48 MiB over a 64 MiB cap, all fine.
+            ("host_cuMemAllocHost", "0,0,0,0,0,0"),
+            ("host_cuMemAllocHost_v2", "0,0,0,0,0,0"),
+            ("host_cuMemHostAlloc", "0,0,0,0,0,0"),
+            // Contexts made with v1..v4 and destroyed with v1 and v2.
+            ("ctx_rcs", "0,0,0,0,0,0,0,0"),
+            // The cap is the total, and all of it is free again at the end.
+            ("meminfo_total", "67108864"),
+            ("meminfo_free", "67108864"),
+            ("meminfo_v1_total", "67108864"),
+            ("meminfo_v1_free", "67108864"),
         ] {
-            // 48 MiB fits, 48 more is refused with CUDA_ERROR_OUT_OF_MEMORY, the free succeeds.
-            assert_eq!(r[&format!("quota_{api}")], "0,2,0", "{how} {api}: {r:?}");
+            assert_eq!(
+                r.get(row).map(String::as_str),
+                Some(result),
+                "{how} pt={pt} {row}: {r:?}"
+            );
         }
-        // Every free gave its quota back: the cap is all free again.
-        assert_eq!(r["meminfo_total"], (64 * MIB).to_string());
-        assert_eq!(r["meminfo_free"], (64 * MIB).to_string());
+        for (k, v) in &r {
+            if k.starts_with("driver_calls_") {
+                // The refused allocation never reached the driver.
+                assert_eq!(v, "2", "{how} {k}");
+            }
+        }
+    }
+}
+
+#[test]
+fn gate_rows_are_held_while_overloaded() {
+    let sim = Sim::new();
+    std::fs::write(sim.health(), "healthy\n").unwrap();
+    let mut names = BTreeSet::new();
+    for pt in [false, true] {
+        let mut args = vec!["getproc2"];
+        if pt {
+            args.push("--pt");
+        }
+        args.push("api");
+        let (o, r) = run(sim.probe(&args, false));
+        assert!(o.status.success(), "{o:?}");
+        names.extend(list(&r, "gated").into_iter().map(|n| (pt, n)));
+    }
+    assert_eq!(names.len(), 18, "{names:?}");
+    // One process per gated call, set up on a healthy GPU; the GPU turns
+    // overloaded, then each makes its call.
+    let mut running: Vec<(String, Child, std::sync::mpsc::Receiver<String>)> = names
+        .iter()
+        .map(|(pt, name)| {
+            let mut args = vec!["getproc2"];
+            if *pt {
+                args.push("--pt");
+            }
+            args.extend(["gate", name.as_str()]);
+            let mut c = sim.probe(&args, true);
+            c.env(muxflow::xcuda_env::HEALTH_FILE, sim.health())
+                .stdin(std::process::Stdio::piped());
+            let mut child = c.spawn().unwrap();
+            let out = child.stdout.take().unwrap();
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                for l in std::io::BufRead::lines(std::io::BufReader::new(out)).map_while(Result::ok)
+                {
+                    let _ = tx.send(l);
+                }
+            });
+            (name.clone(), child, rx)
+        })
+        .collect();
+    for (name, _, rx) in &running {
+        let l = rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(l, "ready", "{name}");
+    }
+    std::fs::write(sim.health(), "overloaded\n").unwrap();
+    // The watchers read the health file every sample (20 ms): 50 samples.
+    std::thread::sleep(Duration::from_millis(1000));
+    for (_, child, _) in &mut running {
+        use std::io::Write;
+        writeln!(child.stdin.as_mut().unwrap(), "go").unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    for (name, _, rx) in &running {
+        assert!(
+            rx.try_recv().is_err(),
+            "{name} launched while the GPU was overloaded"
+        );
+    }
+    std::fs::write(sim.health(), "healthy\n").unwrap();
+    for (name, child, rx) in &mut running {
+        let l = rx
+            .recv_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(l, "launched rc=0", "{name}");
+        assert!(
+            wait_exit(child, Duration::from_secs(10)).success(),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn context_rows_are_released_on_sigterm() {
+    use std::os::unix::process::ExitStatusExt;
+    let sim = Sim::new();
+    for symbol in [
+        "cuDevicePrimaryCtxRetain",
+        "cuCtxCreate",
+        "cuCtxCreate_v2",
+        "cuCtxCreate_v3",
+        "cuCtxCreate_v4",
+        "cuDevicePrimaryCtxRelease",
+        "cuDevicePrimaryCtxReset",
+        "cuDevicePrimaryCtxReset_v2",
+    ] {
+        let child = sim
+            .probe(&["getproc2", "ctx", symbol], true)
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let o = child.wait_with_output().unwrap();
+        let r = kv(&String::from_utf8_lossy(&o.stdout));
+        assert_eq!(o.status.signal(), Some(libc::SIGTERM), "{symbol}: {o:?}");
+        assert!(list(&r, "hooked").contains(symbol), "{symbol}: {r:?}");
+        assert_eq!(
+            r["driver_calls"], "1",
+            "{symbol}: reached its own variant once"
+        );
+        // The graceful exit released the context this variant made (xCUDA
+        // recorded it): the driver logged the process's release.
+        let ev = sim.events();
+        let last = ev
+            .lines()
+            .rev()
+            .find(|l| l.contains(&format!("pid={pid} ")))
+            .unwrap_or("");
+        assert!(last.ends_with("event=released"), "{symbol}: {ev}");
     }
 }
 
@@ -413,5 +766,154 @@ fn bad_setting_is_logged_and_the_cap_still_holds() {
         1,
         "{err}"
     );
-    assert_eq!(r["quota_cuMemAlloc"], "0,2,0");
+    assert_eq!(r["quota_cuMemAlloc_v2"], "0,2,0,0,0");
+}
+
+#[test]
+fn sigterm_right_after_the_application_installs_its_handler_releases_first() {
+    // The application installs its SIGTERM handler right after cuInit and
+    // the signal comes at once, 100 times: the context is released every
+    // time before the application's handler runs (its allocation finds the
+    // context gone: CUDA_ERROR_INVALID_CONTEXT), and the handler gets the
+    // sender's siginfo.
+    let sim = Sim::new();
+    let runs: Vec<usize> = (0..100).collect();
+    for batch in runs.chunks(4) {
+        let children: Vec<(usize, Child)> = batch
+            .iter()
+            .map(|&i| {
+                let mode = match i % 10 {
+                    9 => "signal",
+                    8 => "sysv",
+                    _ => "handler",
+                };
+                (
+                    i,
+                    sim.probe(&["getproc2", "signals", mode], true)
+                        .spawn()
+                        .unwrap(),
+                )
+            })
+            .collect();
+        for (i, child) in children {
+            let pid = child.id();
+            let o = child.wait_with_output().unwrap();
+            let r = kv(&String::from_utf8_lossy(&o.stdout));
+            assert_eq!(
+                o.status.code(),
+                Some(7),
+                "run {i}: the application's handler did not end it: {o:?}"
+            );
+            assert_eq!(
+                r["alloc_rc"], "201",
+                "run {i}: the context was not released first: {r:?}"
+            );
+            if i % 10 < 8 {
+                assert_eq!(
+                    r["si_pid"],
+                    pid.to_string(),
+                    "run {i}: siginfo not the sender's"
+                );
+            }
+            let ev = sim.events();
+            assert!(
+                ev.contains(&format!("pid={pid} event=released")),
+                "run {i}: {ev}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_application_handler_gets_the_real_senders_siginfo() {
+    let sim = Sim::new();
+    let mut child = sim
+        .probe(&["getproc2", "signals", "external"], true)
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    line.clear();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    let r = kv(&line);
+    assert_eq!(r["alloc_rc"], "201", "{line}");
+    assert_eq!(r["si_pid"], std::process::id().to_string(), "{line}");
+    assert_eq!(
+        wait_exit(&mut child, Duration::from_secs(10)).code(),
+        Some(7)
+    );
+}
+
+#[test]
+fn sig_ign_sa_resethand_and_blocked_signals_are_respected() {
+    use std::os::unix::process::ExitStatusExt;
+    let sim = Sim::new();
+    for (mode, want, exit_signal, released) in [
+        // SIGTERM ignored: released all the same (Slurm's SIGKILL follows),
+        // the process goes on, its launches refused (4), SIGTERM still ignored.
+        ("ignore", "ignored launch_rc=4 still_ignored=1", None, true),
+        // SA_RESETHAND: the handler ran once and the disposition is the
+        // default again: the second SIGTERM kills the process.
+        ("resethand", "handled=1 reset=1", Some(libc::SIGTERM), true),
+        // SIGINT ignored: nothing happens, launches go on.
+        ("sigint-ignored", "sigint_ignored launch_rc=0", None, false),
+        // SIGTERM blocked by the application: released, and the signal is
+        // left pending for the application.
+        ("blocked", "blocked launch_rc=4 pending=1", None, true),
+    ] {
+        let child = sim
+            .probe(&["getproc2", "signals", mode], true)
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let o = child.wait_with_output().unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout).trim(),
+            want,
+            "{mode}: {o:?}"
+        );
+        match exit_signal {
+            Some(s) => assert_eq!(o.status.signal(), Some(s), "{mode}: {o:?}"),
+            None => assert!(o.status.success(), "{mode}: {o:?}"),
+        }
+        let ev = sim.events();
+        assert_eq!(
+            ev.contains(&format!("pid={pid} event=released")),
+            released,
+            "{mode}: {ev}"
+        );
+    }
+}
+
+#[test]
+fn a_forked_child_counts_from_zero_and_the_sums_are_what_happened() {
+    // Parent and child each allocate 48 MiB, are refused 48 more, and
+    // launch (3 + 2 in the parent, 5 in the child): summed over their stats
+    // files, as the plugin sums a job's, the figures are exactly that.
+    let sim = Sim::new();
+    let mut c = sim.probe(&["getproc2", "fork-quota"], true);
+    c.env(muxflow::xcuda_env::MEM_LIMIT_BYTES, (64 * MIB).to_string());
+    let child = c.spawn().unwrap();
+    let parent = child.id();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let out = String::from_utf8_lossy(&o.stdout);
+    let r = kv(&out.replace('\n', " "));
+    assert_eq!(r["child_status"], "0", "{out}");
+    assert_eq!(r["parent_allocs"], "0,2", "{out}");
+    assert_eq!(
+        r["child_allocs"], "0,2",
+        "the child's quota is its own: {out}"
+    );
+    let kid: u32 = r["child"].parse().unwrap();
+    let (p, k) = (sim.stats_of(parent).unwrap(), sim.stats_of(kid).unwrap());
+    assert_eq!(p["launches"] + k["launches"], 10, "{p:?} {k:?}");
+    assert_eq!(k["launches"], 5, "{k:?}");
+    assert_eq!(p["oom"] + k["oom"], 2, "{p:?} {k:?}");
+    assert_eq!((p["peak_bytes"], k["peak_bytes"]), (48 * MIB, 48 * MIB));
 }

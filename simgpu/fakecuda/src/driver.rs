@@ -48,11 +48,17 @@ struct Kernel {
 }
 
 enum Obj {
-    Ctx { dev: usize },
+    Ctx {
+        dev: usize,
+    },
     Stream,
     Func(Kernel),
     Graph(Vec<(Kernel, u64)>),
     Module,
+    /// cuMemPoolCreate.
+    Pool,
+    /// cuLibraryLoadData / cuLibraryLoadFromFile.
+    Library,
 }
 
 #[derive(Default)]
@@ -75,6 +81,11 @@ struct Local {
     power: Vec<Option<(u64, f64)>>,
     /// Handle -> (device, bytes, kind).
     allocs: HashMap<u64, (usize, u64, Mem)>,
+    /// VMM: reserved address ranges (base -> size) and mappings (base -> handle).
+    reserved: HashMap<u64, u64>,
+    mapped: HashMap<u64, u64>,
+    /// Pinned host allocations (cuMemAllocHost, cuMemHostAlloc): not GPU memory.
+    host: std::collections::HashSet<usize>,
     clients: Vec<Option<ClientState>>,
     mps: Option<Option<(PathBuf, Grant)>>,
 }
@@ -146,6 +157,9 @@ fn load() -> Result<Proc, u32> {
             captures: HashMap::new(),
             power: vec![None; n],
             allocs: HashMap::new(),
+            reserved: HashMap::new(),
+            mapped: HashMap::new(),
+            host: Default::default(),
             clients: (0..n).map(|_| None).collect(),
             mps: None,
         }),
@@ -701,6 +715,12 @@ impl Mem {
 /// Takes `size` bytes of the client's and the GPU's memory for a new `kind`
 /// allocation; returns its handle (a device address for linear memory).
 pub fn mem_alloc(size: u64, kind: Mem) -> R<u64> {
+    mem_alloc_at(size, kind, false)
+}
+
+/// As [`mem_alloc`]; `narrow`: a 32-bit device address (the v1 entry points'
+/// `CUdeviceptr_v1`).
+pub fn mem_alloc_at(size: u64, kind: Mem, narrow: bool) -> R<u64> {
     let (p, dev) = current()?;
     if size == 0 {
         return Err(cu::INVALID_VALUE);
@@ -716,7 +736,23 @@ pub fn mem_alloc(size: u64, kind: Mem) -> R<u64> {
     c.mem_used += size;
     drop(t);
     let mut l = p.local();
-    let addr = 0x7f00_0000_0000u64 + (alloc_id(&mut l) as u64) * 0x1_0000_0000;
+    let id = alloc_id(&mut l) as u64;
+    let addr = if narrow {
+        // Below 4 GiB: 64 KiB apart, from 1 GiB up (ids grow by 16).
+        match 0x4000_0000u64
+            .checked_add(id * 0x1000)
+            .filter(|&a| a < u32::MAX as u64)
+        {
+            Some(a) => a,
+            None => {
+                drop(l);
+                give_back(p, dev, size);
+                return Err(cu::OUT_OF_MEMORY);
+            }
+        }
+    } else {
+        0x7f00_0000_0000u64 + id * 0x1_0000_0000
+    };
     l.allocs.insert(addr, (dev, size, kind));
     Ok(addr)
 }
@@ -734,13 +770,125 @@ pub fn mem_free(addr: u64, kind: Mem) -> R<()> {
             _ => return Err(kind.bad_handle()),
         }
     };
+    give_back(p, dev, size);
+    check(p, dev)
+}
+
+fn give_back(p: &Proc, dev: usize, size: u64) {
     let d = &p.devs[dev];
     let mut t = d.gpu.lock();
     if let Some(s) = t.slot_of(p.pid) {
         t.clients[s].mem_used = t.clients[s].mem_used.saturating_sub(size);
     }
-    drop(t);
-    check(p, dev)
+}
+
+// ---- pools, VMM address space, pinned host memory --------------------------
+
+pub fn pool_create() -> R<Handle> {
+    let (p, _) = current()?;
+    let mut l = p.local();
+    let h = alloc_id(&mut l);
+    l.objs.insert(h, Obj::Pool);
+    Ok(h as Handle)
+}
+
+pub fn pool_check(pool: Handle) -> R<()> {
+    let p = proc_()?;
+    match p.local().objs.get(&(pool as usize)) {
+        Some(Obj::Pool) => Ok(()),
+        _ => Err(cu::INVALID_VALUE),
+    }
+}
+
+pub fn pool_destroy(pool: Handle) -> R<()> {
+    let p = proc_()?;
+    let mut l = p.local();
+    match l.objs.get(&(pool as usize)) {
+        Some(Obj::Pool) => {
+            l.objs.remove(&(pool as usize));
+            Ok(())
+        }
+        _ => Err(cu::INVALID_VALUE),
+    }
+}
+
+/// cuMemAddressReserve: virtual addresses only, no memory.
+pub fn address_reserve(size: u64) -> R<u64> {
+    let (p, _) = current()?;
+    if size == 0 {
+        return Err(cu::INVALID_VALUE);
+    }
+    let mut l = p.local();
+    let base = 0x5f00_0000_0000u64 + (alloc_id(&mut l) as u64) * 0x1_0000_0000;
+    l.reserved.insert(base, size);
+    Ok(base)
+}
+
+pub fn address_free(base: u64, size: u64) -> R<()> {
+    let p = proc_()?;
+    let mut l = p.local();
+    match l.reserved.get(&base) {
+        Some(&s) if s == size && !l.mapped.contains_key(&base) => {
+            l.reserved.remove(&base);
+            Ok(())
+        }
+        _ => Err(cu::INVALID_VALUE),
+    }
+}
+
+/// cuMemMap: a whole reservation onto a cuMemCreate handle of at least its size.
+pub fn map(base: u64, size: u64, handle: u64) -> R<()> {
+    let (p, _) = current()?;
+    let mut l = p.local();
+    let fits = l.reserved.get(&base).is_some_and(|&s| s >= size);
+    let backed = matches!(l.allocs.get(&handle), Some(&(_, n, Mem::Vmm)) if n >= size);
+    if !fits || !backed || l.mapped.contains_key(&base) {
+        return Err(cu::INVALID_VALUE);
+    }
+    l.mapped.insert(base, handle);
+    Ok(())
+}
+
+pub fn set_access(base: u64) -> R<()> {
+    let (p, _) = current()?;
+    if p.local().mapped.contains_key(&base) {
+        Ok(())
+    } else {
+        Err(cu::INVALID_VALUE)
+    }
+}
+
+pub fn unmap(base: u64) -> R<()> {
+    let p = proc_()?;
+    match p.local().mapped.remove(&base) {
+        Some(_) => Ok(()),
+        None => Err(cu::INVALID_VALUE),
+    }
+}
+
+/// Pinned host memory: plain host memory here, never the GPU's.
+pub fn host_alloc(size: u64) -> R<*mut std::ffi::c_void> {
+    let p = proc_()?;
+    if size == 0 {
+        return Err(cu::INVALID_VALUE);
+    }
+    // SAFETY: malloc of a non-zero size; freed by host_free.
+    let ptr = unsafe { libc::malloc(size as usize) };
+    if ptr.is_null() {
+        return Err(cu::OUT_OF_MEMORY);
+    }
+    p.local().host.insert(ptr as usize);
+    Ok(ptr)
+}
+
+pub fn host_free(ptr: *mut std::ffi::c_void) -> R<()> {
+    let p = proc_()?;
+    if !p.local().host.remove(&(ptr as usize)) {
+        return Err(cu::INVALID_VALUE);
+    }
+    // SAFETY: a pointer host_alloc returned, freed once (just removed from the set).
+    unsafe { libc::free(ptr) };
+    Ok(())
 }
 
 /// Bytes of an array of `width x height x depth` elements (0 = that
@@ -779,7 +927,14 @@ pub fn parse_kernel_name(name: &str) -> Option<u64> {
 }
 
 pub fn function(name: &str) -> R<Handle> {
-    let (p, _) = current()?;
+    current()?;
+    kernel(name)
+}
+
+/// A kernel by name (`sim_kernel_<N>us`), context-independent like CUDA 12's
+/// `CUkernel` (cuLibraryGetKernel); usable wherever a `CUfunction` is.
+pub fn kernel(name: &str) -> R<Handle> {
+    let p = proc_()?;
     let solo_ns = parse_kernel_name(name).ok_or(cu::NOT_FOUND)?;
     let mut l = p.local();
     let h = alloc_id(&mut l);
@@ -972,4 +1127,49 @@ pub fn graph_destroy(g: Handle) -> R<()> {
         Some(Obj::Graph(_)) => Ok(()),
         _ => Err(cu::INVALID_HANDLE),
     }
+}
+
+pub fn graph_create() -> R<Handle> {
+    let p = proc_()?;
+    let mut l = p.local();
+    let h = alloc_id(&mut l);
+    l.objs.insert(h, Obj::Graph(Vec::new()));
+    Ok(h as Handle)
+}
+
+/// A node of graph `g` (nodes are not modelled beyond their handle).
+pub fn graph_node(g: Handle) -> R<Handle> {
+    let p = proc_()?;
+    let mut l = p.local();
+    if !matches!(l.objs.get(&(g as usize)), Some(Obj::Graph(_))) {
+        return Err(cu::INVALID_VALUE);
+    }
+    Ok(alloc_id(&mut l) as Handle)
+}
+
+/// A loaded library (cuLibraryLoadData / FromFile): needs no context.
+pub fn new_library() -> Handle {
+    match proc_() {
+        Ok(p) => {
+            let mut l = p.local();
+            let h = alloc_id(&mut l);
+            l.objs.insert(h, Obj::Library);
+            h as Handle
+        }
+        Err(_) => std::ptr::null_mut(),
+    }
+}
+
+pub fn library_check(lib: Handle) -> R<()> {
+    let p = proc_()?;
+    match p.local().objs.get(&(lib as usize)) {
+        Some(Obj::Library) => Ok(()),
+        _ => Err(cu::INVALID_HANDLE),
+    }
+}
+
+pub fn library_unload(lib: Handle) -> R<()> {
+    library_check(lib)?;
+    proc_()?.local().objs.remove(&(lib as usize));
+    Ok(())
 }

@@ -2,14 +2,33 @@
 //! Every export catches panics and returns a CUresult; nothing here aborts.
 //! The entry-point table is declared once (`cuda_exports!`): the macro emits
 //! the exported functions and the table `cuGetProcAddress` resolves against.
+//!
+//! Like the real driver, the library binds its own references inside itself
+//! (`-Bsymbolic`, build.rs): what `cuGetProcAddress` returns is this
+//! library's function even when a preloaded xCUDA exports the same name.
+//! Every export is a distinct function (it counts its own calls,
+//! [`simgpu_calls`]), so `_v2`/`_ptsz`/`_ptds` variants are never aliases and
+//! a test can tell which variant a call reached.
+//!
+//! Null mode (`MUXFLOW_SIM_NULL_DRIVER=1`, read at the first call): every
+//! entry point but `cuGetProcAddress(_v2)` returns `CUDA_SUCCESS` at once,
+//! touching nothing, so a benchmark sees only the cost of what sits between
+//! the caller and the driver.
 #![allow(clippy::missing_safety_doc)] // C ABI: the CUDA driver API documents these.
 #![allow(non_snake_case)]
 
+// The driver ABI, declared once (the entry-point list, structures, codes),
+// as xCUDA declares it.
+#[macro_use]
+#[path = "../../../xcuda/src/abi.rs"]
+pub mod abi;
 mod driver;
+mod imp;
 
 use driver::*;
 use muxflow_simgpu::codes::cu;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
 
 pub type CUresult = u32;
 
@@ -58,12 +77,61 @@ macro_rules! jump {
     };
 }
 
+/// 0: not read yet, 1: off, 2: on.
+static NULL_MODE: AtomicU8 = AtomicU8::new(0);
+
+#[inline]
+fn null_mode() -> bool {
+    match NULL_MODE.load(Relaxed) {
+        1 => false,
+        2 => true,
+        _ => {
+            let on = std::env::var_os("MUXFLOW_SIM_NULL_DRIVER").is_some_and(|v| v == "1");
+            NULL_MODE.store(if on { 2 } else { 1 }, Relaxed);
+            on
+        }
+    }
+}
+
+const fn same(x: &[u8], y: &[u8]) -> bool {
+    if x.len() != y.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < x.len() {
+        if x[i] != y[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+/// The entry points null mode leaves working (a loader needs them).
+const fn is_lookup(name: &str) -> bool {
+    same(name.as_bytes(), b"cuGetProcAddress") || same(name.as_bytes(), b"cuGetProcAddress_v2")
+}
+
+/// The exports, generated from the one entry-point list (`cuda_entry_points!`
+/// in xcuda/src/abi.rs): each calls its implementation in [`imp`].
 macro_rules! cuda_exports {
-    ($( [$base:literal, $since:literal, $pt:literal] fn $name:ident($($arg:ident : $ty:ty),* $(,)?) $body:block )*) => {
+    ($( {$name:ident, $base:literal, $since:literal, $pt:literal, $action:ident $(( $($aa:tt)* ))?, ( $($arg:ident : $ty:ty),* $(,)? )} )*) => {
+        #[allow(non_camel_case_types, clippy::upper_case_acronyms)]
+        #[derive(Clone, Copy)]
+        #[repr(usize)]
+        enum ExportId { $($name),* }
+        const EXPORTS: usize = [$(stringify!($name)),*].len();
+        /// Calls each export received (by [`ExportId`]).
+        static CALLS: [AtomicU64; EXPORTS] = [const { AtomicU64::new(0) }; EXPORTS];
         $(
             #[no_mangle]
             pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
-                guard(|| $body)
+                const LOOKUP: bool = is_lookup(stringify!($name));
+                if !LOOKUP && null_mode() {
+                    return cu::SUCCESS;
+                }
+                CALLS[ExportId::$name as usize].fetch_add(1, Relaxed);
+                guard(|| unsafe { imp::$name($($arg),*) })
             }
             // `<name>@SIMGPU_1`: the same function under a (non-default)
             // symbol version, for dlvsym (version node from build.rs).
@@ -76,6 +144,12 @@ macro_rules! cuda_exports {
                 concat!(".symver simgpu_versioned_", stringify!($name), ", ", stringify!($name), "@SIMGPU_1"),
             );
         )*
+        /// How many calls the export named `name` received (None: no such export).
+        pub fn calls_of(name: &str) -> Option<u64> {
+            const NAMES: [&str; EXPORTS] = [$(stringify!($name)),*];
+            NAMES.iter().position(|n| *n == name).map(|i| CALLS[i].load(Relaxed))
+        }
+
         /// The table of every exported entry point.
         pub fn entry_points() -> &'static [Entry] {
             static T: std::sync::OnceLock<Vec<Entry>> = std::sync::OnceLock::new();
@@ -88,6 +162,21 @@ macro_rules! cuda_exports {
             }),*])
         }
     };
+}
+
+/// Test hook: how many calls the export `name` received so far in this
+/// process; `u64::MAX` for a name the fake does not export.
+///
+/// # Safety
+/// `name` is a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn simgpu_calls(name: *const c_char) -> u64 {
+    if name.is_null() {
+        return u64::MAX;
+    }
+    // SAFETY: NUL-terminated per the contract.
+    let n = unsafe { CStr::from_ptr(name) };
+    n.to_str().ok().and_then(calls_of).unwrap_or(u64::MAX)
 }
 
 pub const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: u64 = 2;
@@ -136,13 +225,10 @@ unsafe fn proc_address(
     rc
 }
 
-// The driver ABI's structures, as xCUDA declares them.
-#[path = "../../../xcuda/src/abi.rs"]
-mod abi;
-pub use abi::{Array3dDesc, ArrayDesc, LaunchConfig};
-
-pub type Handle = *mut c_void;
-type Dptr = u64;
+pub use abi::types::{Dptr, Handle};
+pub use abi::{
+    Array3dDesc, Array3dDescV1, ArrayDesc, ArrayDescV1, LaunchConfig, MemAllocNodeParams,
+};
 
 /// Allocates `size` bytes of `kind` and writes the handle through `out`.
 unsafe fn alloc_out(out: *mut u64, size: u64, kind: Mem) -> CUresult {
@@ -164,6 +250,21 @@ unsafe fn array_3d(out: *mut Handle, d: *const Array3dDesc, levels: c_uint, kind
     }
 }
 
+/// A v1 allocation (`CUdeviceptr_v1`, 32 bits) written through `out`.
+unsafe fn alloc_out_v1(out: *mut u32, size: u64) -> CUresult {
+    // SAFETY: the caller's out-pointer (checked for null by put).
+    done(mem_alloc_at(size, Mem::Linear, true).and_then(|a| unsafe { put(out, a as u32) }))
+}
+
+/// A name argument as text (INVALID_VALUE when null).
+unsafe fn name_of(p: *const c_char) -> Result<String, CUresult> {
+    if p.is_null() {
+        return Err(cu::INVALID_VALUE);
+    }
+    // SAFETY: non-null NUL-terminated string per the API.
+    Ok(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+}
+
 fn blocks(x: c_uint, y: c_uint, z: c_uint) -> u64 {
     x.max(1) as u64 * y.max(1) as u64 * z.max(1) as u64
 }
@@ -182,144 +283,7 @@ unsafe fn launch_ex(cfg: *const LaunchConfig, f: Handle, pt: bool) -> CUresult {
     ))
 }
 
-cuda_exports! {
-    ["cuInit", 2000, false] fn cuInit(_flags: c_uint) { done(init()) }
-    ["cuDriverGetVersion", 2020, false] fn cuDriverGetVersion(v: *mut c_int) { done(put(v, DRIVER_VERSION)) }
-    ["cuGetErrorString", 6000, false] fn cuGetErrorString(e: CUresult, s: *mut *const c_char) {
-        match error_strings(e) { Some((_, d)) => done(put(s, d)), None => { let _ = put(s, std::ptr::null()); cu::INVALID_VALUE } }
-    }
-    ["cuGetErrorName", 6000, false] fn cuGetErrorName(e: CUresult, s: *mut *const c_char) {
-        match error_strings(e) { Some((n, _)) => done(put(s, n)), None => { let _ = put(s, std::ptr::null()); cu::INVALID_VALUE } }
-    }
-    ["cuGetProcAddress", 11030, false] fn cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64) {
-        proc_address(symbol, pfn, version, flags, std::ptr::null_mut())
-    }
-    ["cuGetProcAddress", 12000, false] fn cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int) {
-        proc_address(symbol, pfn, version, flags, status)
-    }
-    ["cuDeviceGetCount", 2000, false] fn cuDeviceGetCount(n: *mut c_int) { done(with_proc(|p| put(n, p.devs.len() as c_int))) }
-    ["cuDeviceGet", 2000, false] fn cuDeviceGet(d: *mut c_int, ordinal: c_int) {
-        done(with_proc(|p| { p.dev(ordinal)?; put(d, ordinal) }))
-    }
-    ["cuDeviceGetName", 2000, false] fn cuDeviceGetName(name: *mut c_char, len: c_int, d: c_int) {
-        done(with_proc(|p| copy_str(name, len, &p.dev(d)?.cfg.name)))
-    }
-    ["cuDeviceGetUuid", 9020, false] fn cuDeviceGetUuid(uuid: *mut [u8; 16], d: c_int) { done(with_proc(|p| put(uuid, p.dev(d)?.uuid_bytes()))) }
-    ["cuDeviceGetUuid", 11040, false] fn cuDeviceGetUuid_v2(uuid: *mut [u8; 16], d: c_int) { done(with_proc(|p| put(uuid, p.dev(d)?.uuid_bytes()))) }
-    ["cuDeviceTotalMem", 3020, false] fn cuDeviceTotalMem_v2(bytes: *mut usize, d: c_int) {
-        done(with_proc(|p| put(bytes, p.dev(d)?.cfg.memory_bytes() as usize)))
-    }
-    ["cuDeviceGetAttribute", 2000, false] fn cuDeviceGetAttribute(v: *mut c_int, attr: c_int, d: c_int) {
-        done(with_proc(|p| put(v, p.attribute(d, attr)?)))
-    }
-    ["cuDeviceComputeCapability", 2000, false] fn cuDeviceComputeCapability(major: *mut c_int, minor: *mut c_int, _d: c_int) {
-        done(put(major, 9).and_then(|_| put(minor, 0)))
-    }
-    ["cuDevicePrimaryCtxRetain", 7000, false] fn cuDevicePrimaryCtxRetain(ctx: *mut Handle, d: c_int) {
-        done(primary_retain(d).and_then(|h| put(ctx, h)))
-    }
-    ["cuDevicePrimaryCtxRelease", 7000, false] fn cuDevicePrimaryCtxRelease(d: c_int) { done(primary_release(d)) }
-    ["cuDevicePrimaryCtxRelease", 11000, false] fn cuDevicePrimaryCtxRelease_v2(d: c_int) { done(primary_release(d)) }
-    ["cuDevicePrimaryCtxReset", 11000, false] fn cuDevicePrimaryCtxReset_v2(d: c_int) { done(primary_reset(d)) }
-    ["cuDevicePrimaryCtxGetState", 7000, false] fn cuDevicePrimaryCtxGetState(d: c_int, flags: *mut c_uint, active: *mut c_int) {
-        done(primary_state(d).and_then(|a| { put(flags, 0)?; put(active, a as c_int) }))
-    }
-    ["cuDevicePrimaryCtxSetFlags", 11000, false] fn cuDevicePrimaryCtxSetFlags_v2(d: c_int, _flags: c_uint) { done(with_proc(|p| p.dev(d).map(|_| ()))) }
-    ["cuCtxCreate", 3020, false] fn cuCtxCreate_v2(ctx: *mut Handle, _flags: c_uint, d: c_int) { done(ctx_create(d).and_then(|h| put(ctx, h))) }
-    ["cuCtxCreate", 11040, false] fn cuCtxCreate_v3(ctx: *mut Handle, _params: *mut c_void, _n: c_int, _flags: c_uint, d: c_int) {
-        done(ctx_create(d).and_then(|h| put(ctx, h)))
-    }
-    ["cuCtxCreate", 12050, false] fn cuCtxCreate_v4(ctx: *mut Handle, _params: *mut c_void, _flags: c_uint, d: c_int) {
-        done(ctx_create(d).and_then(|h| put(ctx, h)))
-    }
-    ["cuCtxDestroy", 4000, false] fn cuCtxDestroy_v2(ctx: Handle) { done(ctx_destroy(ctx)) }
-    ["cuCtxSetCurrent", 4000, false] fn cuCtxSetCurrent(ctx: Handle) { done(ctx_set_current(ctx)) }
-    ["cuCtxGetCurrent", 4000, false] fn cuCtxGetCurrent(ctx: *mut Handle) { done(put(ctx, current_ctx())) }
-    ["cuCtxPushCurrent", 4000, false] fn cuCtxPushCurrent_v2(ctx: Handle) { done(ctx_push(ctx)) }
-    ["cuCtxPopCurrent", 4000, false] fn cuCtxPopCurrent_v2(ctx: *mut Handle) { done(ctx_pop().and_then(|h| if ctx.is_null() { Ok(()) } else { put(ctx, h) })) }
-    ["cuCtxGetDevice", 2000, false] fn cuCtxGetDevice(d: *mut c_int) { done(current_dev().and_then(|x| put(d, x as c_int))) }
-    ["cuCtxSynchronize", 2000, false] fn cuCtxSynchronize() { done(ctx_synchronize()) }
-    ["cuMemGetInfo", 3020, false] fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) {
-        done(mem_info().and_then(|(f, t)| { put(free, f as usize)?; put(total, t as usize) }))
-    }
-    ["cuMemAlloc", 3020, false] fn cuMemAlloc_v2(p: *mut Dptr, size: usize) { alloc_out(p, size as u64, Mem::Linear) }
-    ["cuMemAllocPitch", 3020, false] fn cuMemAllocPitch_v2(p: *mut Dptr, pitch: *mut usize, width: usize, height: usize, _elem: c_uint) {
-        let pt = width.div_ceil(512) * 512;
-        match put(pitch, pt) { Ok(()) => alloc_out(p, (pt * height) as u64, Mem::Linear), Err(e) => e }
-    }
-    ["cuMemAllocManaged", 6000, false] fn cuMemAllocManaged(p: *mut Dptr, size: usize, _flags: c_uint) { alloc_out(p, size as u64, Mem::Linear) }
-    ["cuMemAllocAsync", 11020, false] fn cuMemAllocAsync(p: *mut Dptr, size: usize, _s: Handle) { alloc_out(p, size as u64, Mem::Linear) }
-    ["cuMemAllocAsync", 11020, true] fn cuMemAllocAsync_ptsz(p: *mut Dptr, size: usize, _s: Handle) { alloc_out(p, size as u64, Mem::Linear) }
-    ["cuMemAllocFromPoolAsync", 11020, false] fn cuMemAllocFromPoolAsync(p: *mut Dptr, size: usize, _pool: Handle, _s: Handle) {
-        alloc_out(p, size as u64, Mem::Linear)
-    }
-    ["cuMemAllocFromPoolAsync", 11020, true] fn cuMemAllocFromPoolAsync_ptsz(p: *mut Dptr, size: usize, _pool: Handle, _s: Handle) {
-        alloc_out(p, size as u64, Mem::Linear)
-    }
-    ["cuMemFree", 3020, false] fn cuMemFree_v2(p: Dptr) { done(mem_free(p, Mem::Linear)) }
-    ["cuMemFreeAsync", 11020, false] fn cuMemFreeAsync(p: Dptr, _s: Handle) { done(mem_free(p, Mem::Linear)) }
-    ["cuMemFreeAsync", 11020, true] fn cuMemFreeAsync_ptsz(p: Dptr, _s: Handle) { done(mem_free(p, Mem::Linear)) }
-    ["cuMemCreate", 10020, false] fn cuMemCreate(h: *mut u64, size: usize, _prop: *const c_void, _flags: u64) { alloc_out(h, size as u64, Mem::Vmm) }
-    ["cuMemRelease", 10020, false] fn cuMemRelease(h: u64) { done(mem_free(h, Mem::Vmm)) }
-    ["cuArrayCreate", 3020, false] fn cuArrayCreate_v2(a: *mut Handle, d: *const ArrayDesc) {
-        match d.as_ref() {
-            Some(d) => {
-                let d3 = Array3dDesc { width: d.width, height: d.height, depth: 0, format: d.format, channels: d.channels, flags: 0 };
-                array_3d(a, &d3, 1, Mem::Array)
-            }
-            None => cu::INVALID_VALUE,
-        }
-    }
-    ["cuArray3DCreate", 3020, false] fn cuArray3DCreate_v2(a: *mut Handle, d: *const Array3dDesc) { array_3d(a, d, 1, Mem::Array) }
-    ["cuArrayDestroy", 2000, false] fn cuArrayDestroy(a: Handle) { done(mem_free(a as u64, Mem::Array)) }
-    ["cuMipmappedArrayCreate", 5000, false] fn cuMipmappedArrayCreate(m: *mut Handle, d: *const Array3dDesc, levels: c_uint) {
-        array_3d(m, d, levels, Mem::Mipmapped)
-    }
-    ["cuMipmappedArrayDestroy", 5000, false] fn cuMipmappedArrayDestroy(m: Handle) { done(mem_free(m as u64, Mem::Mipmapped)) }
-    ["cuMemcpyHtoD", 3020, false] fn cuMemcpyHtoD_v2(_d: Dptr, _h: *const c_void, _n: usize) { done(check_current()) }
-    ["cuMemcpyHtoD", 7000, true] fn cuMemcpyHtoD_v2_ptds(_d: Dptr, _h: *const c_void, _n: usize) { done(check_current()) }
-    ["cuMemcpyDtoH", 3020, false] fn cuMemcpyDtoH_v2(_h: *mut c_void, _d: Dptr, _n: usize) { done(ctx_synchronize()) }
-    ["cuMemcpyDtoH", 7000, true] fn cuMemcpyDtoH_v2_ptds(_h: *mut c_void, _d: Dptr, _n: usize) { done(ctx_synchronize()) }
-    ["cuModuleLoad", 2000, false] fn cuModuleLoad(m: *mut Handle, _fname: *const c_char) { done(check_current().and_then(|_| put(m, new_handle()))) }
-    ["cuModuleLoadData", 2000, false] fn cuModuleLoadData(m: *mut Handle, _image: *const c_void) { done(check_current().and_then(|_| put(m, new_handle()))) }
-    ["cuModuleUnload", 2000, false] fn cuModuleUnload(_m: Handle) { cu::SUCCESS }
-    ["cuModuleGetFunction", 2000, false] fn cuModuleGetFunction(f: *mut Handle, _m: Handle, name: *const c_char) {
-        if name.is_null() { return cu::INVALID_VALUE; }
-        done(function(&CStr::from_ptr(name).to_string_lossy()).and_then(|h| put(f, h)))
-    }
-    ["cuLaunchKernel", 4000, false] fn cuLaunchKernel(f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, _bx: c_uint, _by: c_uint, _bz: c_uint, _shm: c_uint, s: Handle, _p: *mut *mut c_void, _e: *mut *mut c_void) {
-        done(launch(f, blocks(gx, gy, gz), s, false))
-    }
-    ["cuLaunchKernel", 7000, true] fn cuLaunchKernel_ptsz(f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, _bx: c_uint, _by: c_uint, _bz: c_uint, _shm: c_uint, s: Handle, _p: *mut *mut c_void, _e: *mut *mut c_void) {
-        done(launch(f, blocks(gx, gy, gz), s, true))
-    }
-    ["cuLaunchKernelEx", 11060, false] fn cuLaunchKernelEx(cfg: *const LaunchConfig, f: Handle, _p: *mut *mut c_void, _e: *mut *mut c_void) { launch_ex(cfg, f, false) }
-    ["cuLaunchKernelEx", 11060, true] fn cuLaunchKernelEx_ptsz(cfg: *const LaunchConfig, f: Handle, _p: *mut *mut c_void, _e: *mut *mut c_void) { launch_ex(cfg, f, true) }
-    ["cuLaunchCooperativeKernel", 9000, false] fn cuLaunchCooperativeKernel(f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, _bx: c_uint, _by: c_uint, _bz: c_uint, _shm: c_uint, s: Handle, _p: *mut *mut c_void) {
-        done(launch(f, blocks(gx, gy, gz), s, false))
-    }
-    ["cuLaunchCooperativeKernel", 9000, true] fn cuLaunchCooperativeKernel_ptsz(f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, _bx: c_uint, _by: c_uint, _bz: c_uint, _shm: c_uint, s: Handle, _p: *mut *mut c_void) {
-        done(launch(f, blocks(gx, gy, gz), s, true))
-    }
-    ["cuStreamCreate", 2000, false] fn cuStreamCreate(s: *mut Handle, _flags: c_uint) { done(stream_create().and_then(|h| put(s, h))) }
-    ["cuStreamCreateWithPriority", 5050, false] fn cuStreamCreateWithPriority(s: *mut Handle, _flags: c_uint, _prio: c_int) { done(stream_create().and_then(|h| put(s, h))) }
-    ["cuStreamDestroy", 4000, false] fn cuStreamDestroy_v2(s: Handle) { done(stream_destroy(s)) }
-    ["cuStreamSynchronize", 2000, false] fn cuStreamSynchronize(s: Handle) { done(stream_synchronize(s, false)) }
-    ["cuStreamSynchronize", 7000, true] fn cuStreamSynchronize_ptsz(s: Handle) { done(stream_synchronize(s, true)) }
-    ["cuStreamQuery", 2000, false] fn cuStreamQuery(s: Handle) { done(stream_query(s, false)) }
-    ["cuStreamQuery", 7000, true] fn cuStreamQuery_ptsz(s: Handle) { done(stream_query(s, true)) }
-    ["cuStreamBeginCapture", 10010, false] fn cuStreamBeginCapture_v2(s: Handle, _mode: c_int) { done(begin_capture(s, false)) }
-    ["cuStreamBeginCapture", 10010, true] fn cuStreamBeginCapture_v2_ptsz(s: Handle, _mode: c_int) { done(begin_capture(s, true)) }
-    ["cuStreamEndCapture", 10000, false] fn cuStreamEndCapture(s: Handle, g: *mut Handle) { done(end_capture(s, false).and_then(|h| put(g, h))) }
-    ["cuStreamEndCapture", 10000, true] fn cuStreamEndCapture_ptsz(s: Handle, g: *mut Handle) { done(end_capture(s, true).and_then(|h| put(g, h))) }
-    ["cuGraphInstantiateWithFlags", 11040, false] fn cuGraphInstantiateWithFlags(e: *mut Handle, g: Handle, _flags: u64) {
-        done(graph_instantiate(g).and_then(|h| put(e, h)))
-    }
-    ["cuGraphLaunch", 10000, false] fn cuGraphLaunch(e: Handle, s: Handle) { done(graph_launch(e, s, false)) }
-    ["cuGraphLaunch", 10000, true] fn cuGraphLaunch_ptsz(e: Handle, s: Handle) { done(graph_launch(e, s, true)) }
-    ["cuGraphExecDestroy", 10000, false] fn cuGraphExecDestroy(e: Handle) { done(graph_destroy(e)) }
-    ["cuGraphDestroy", 10000, false] fn cuGraphDestroy(g: Handle) { done(graph_destroy(g)) }
-}
+cuda_entry_points!(cuda_exports);
 
 #[cfg(test)]
 mod tests {
@@ -332,11 +296,14 @@ mod tests {
     #[test]
     fn variants_by_version_and_flag() {
         assert_eq!(sym("cuMemAlloc", 12000, 0), Some("cuMemAlloc_v2"));
-        assert_eq!(sym("cuMemAlloc", 3000, 0), None);
+        // Before CUDA 3.2: the v1 (32-bit) variant.
+        assert_eq!(sym("cuMemAlloc", 3000, 0), Some("cuMemAlloc"));
+        assert_eq!(sym("cuCtxCreate", 3000, 0), Some("cuCtxCreate"));
         assert_eq!(
-            resolve("cuMemAlloc", 3000, 0).unwrap_err(),
+            resolve("cuMemAlloc", 1000, 0).unwrap_err(),
             STATUS_VERSION_NOT_SUFFICIENT
         );
+        assert_eq!(sym("cuLibraryLoadData", 11080, 0), None);
         assert_eq!(sym("cuCtxCreate", 11000, 0), Some("cuCtxCreate_v2"));
         assert_eq!(sym("cuCtxCreate", 11040, 0), Some("cuCtxCreate_v3"));
         assert_eq!(sym("cuCtxCreate", 12050, 0), Some("cuCtxCreate_v4"));
@@ -365,6 +332,17 @@ mod tests {
             resolve("cuNoSuchThing", 12000, 0).unwrap_err(),
             STATUS_SYMBOL_NOT_FOUND
         );
+        // Every export is its own function (no aliases), and counts its calls.
+        let mut addrs: Vec<_> = entry_points().iter().map(|e| e.addr).collect();
+        addrs.sort();
+        addrs.dedup();
+        assert_eq!(addrs.len(), entry_points().len());
+        let before = calls_of("cuDriverGetVersion").unwrap();
+        let mut v = 0;
+        // SAFETY: a valid out-pointer.
+        assert_eq!(unsafe { cuDriverGetVersion(&mut v) }, cu::SUCCESS);
+        assert_eq!(calls_of("cuDriverGetVersion"), Some(before + 1));
+        assert_eq!(calls_of("cuNoSuchThing"), None);
         // Exported names are unique.
         let mut names: Vec<_> = entry_points().iter().map(|e| e.symbol).collect();
         names.sort();

@@ -3,8 +3,9 @@
 //! offline trainer. Prints one `key=value` report line; exits 0 on SIGTERM/SIGINT.
 
 use clap::{Parser, Subcommand, ValueEnum};
+use muxflow_simgpu::abi::fnty;
 use muxflow_simgpu::cudaload::{self, Driver, ProcAddress};
-use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -142,24 +143,26 @@ impl Api {
     }
 }
 
+/// The entry points used, typed from the one list (`abi::fnty`): what
+/// cuGetProcAddress returns for each base name at CUDA 12.4.
 struct Cuda {
-    err_name: unsafe extern "C" fn(Res, *mut *const c_char) -> Res,
-    retain: unsafe extern "C" fn(*mut H, c_int) -> Res,
-    release: unsafe extern "C" fn(c_int) -> Res,
-    set_current: unsafe extern "C" fn(H) -> Res,
-    module_load_data: unsafe extern "C" fn(*mut H, *const c_void) -> Res,
-    get_function: unsafe extern "C" fn(*mut H, H, *const c_char) -> Res,
-    launch: cudaload::LaunchKernel,
-    stream_sync: unsafe extern "C" fn(H) -> Res,
-    ctx_sync: unsafe extern "C" fn() -> Res,
-    alloc: unsafe extern "C" fn(*mut u64, usize) -> Res,
-    free: unsafe extern "C" fn(u64) -> Res,
-    alloc_async: unsafe extern "C" fn(*mut u64, usize, H) -> Res,
-    free_async: unsafe extern "C" fn(u64, H) -> Res,
-    begin_capture: unsafe extern "C" fn(H, c_int) -> Res,
-    end_capture: unsafe extern "C" fn(H, *mut H) -> Res,
-    instantiate: unsafe extern "C" fn(*mut H, H, u64) -> Res,
-    graph_launch: unsafe extern "C" fn(H, H) -> Res,
+    err_name: fnty::cuGetErrorName,
+    retain: fnty::cuDevicePrimaryCtxRetain,
+    release: fnty::cuDevicePrimaryCtxRelease_v2,
+    set_current: fnty::cuCtxSetCurrent,
+    module_load_data: fnty::cuModuleLoadData,
+    get_function: fnty::cuModuleGetFunction,
+    launch: fnty::cuLaunchKernel,
+    stream_sync: fnty::cuStreamSynchronize,
+    ctx_sync: fnty::cuCtxSynchronize,
+    alloc: fnty::cuMemAlloc_v2,
+    free: fnty::cuMemFree_v2,
+    alloc_async: fnty::cuMemAllocAsync,
+    free_async: fnty::cuMemFreeAsync,
+    begin_capture: fnty::cuStreamBeginCapture_v2,
+    end_capture: fnty::cuStreamEndCapture,
+    instantiate: fnty::cuGraphInstantiateWithFlags,
+    graph_launch: fnty::cuGraphLaunch,
 }
 
 struct Failed(Res, &'static str);
@@ -181,7 +184,7 @@ fn load(flags: u64) -> Cuda {
         });
     let api = Api { get, flags };
     // SAFETY: resolved by the driver for this exact name.
-    let init: unsafe extern "C" fn(c_uint) -> Res = api.sym("cuInit");
+    let init: fnty::cuInit = api.sym("cuInit");
     // SAFETY: cuInit(0).
     let rc = unsafe { init(0) };
     if rc != 0 {

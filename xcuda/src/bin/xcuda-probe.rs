@@ -4,6 +4,7 @@
 //! ```text
 //! xcuda-probe HOW [--pt] SCENARIO [N]
 //!   HOW       direct (linked symbols) | dlsym (dlopen + dlsym(handle)) |
+//!             dlsym-deepbind (dlopen with RTLD_DEEPBIND + dlsym(handle)) |
 //!             dlsym-default (dlsym(RTLD_DEFAULT)) | dlvsym (dlopen +
 //!             dlvsym(handle, name, "SIMGPU_1"), the fake's symbol version) |
 //!             getproc (cuGetProcAddress) | getproc2 (cuGetProcAddress_v2)
@@ -26,6 +27,8 @@
 //! ```
 //! The quota checks in `api` assume MUXFLOW_XCUDA_MEM_LIMIT_BYTES = 64 MiB.
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::time::Instant;
 
@@ -36,11 +39,13 @@ include!(concat!(env!("OUT_DIR"), "/linked.rs"));
 // simulator crate, which is only a dev-dependency here.
 #[path = "../../../simgpu/src/cudaload.rs"]
 mod cudaload;
-// The driver ABI's structures, as the shim declares them (the probe must not
-// link the shim's library: its exports would interpose inside the probe).
+// The driver ABI, as the shim declares it (the probe must not link the
+// shim's library: its exports would interpose inside the probe).
+#[macro_use]
 #[path = "../abi.rs"]
 mod abi;
-use abi::{Array3dDesc, ArrayDesc, LaunchConfig};
+use abi::fnty;
+use abi::{Array3dDesc, Array3dDescV1, ArrayDesc, ArrayDescV1, LaunchConfig, MemAllocNodeParams};
 use cudaload::{Driver, ProcAddress};
 
 type Res = u32;
@@ -81,6 +86,7 @@ fn dlvsym_passes_through() -> bool {
 enum How {
     Direct,
     Dlsym,
+    DlsymDeepbind,
     DlsymDefault,
     Dlvsym,
     GetProc,
@@ -103,7 +109,13 @@ fn die(msg: &str) -> ! {
 
 impl Resolver {
     fn new(how: How, pt: bool) -> Resolver {
-        let driver = Driver::open().unwrap_or_else(|e| die(&e));
+        let driver = match how {
+            How::DlsymDeepbind => {
+                Driver::open_with(libc::RTLD_NOW | libc::RTLD_LOCAL | libc::RTLD_DEEPBIND)
+            }
+            _ => Driver::open(),
+        }
+        .unwrap_or_else(|e| die(&e));
         // The entry point itself as a framework finds it: dlsym on its handle.
         let getproc = match how {
             How::GetProc | How::GetProc2 => Some(
@@ -125,6 +137,12 @@ impl Resolver {
     /// `base` as cuGetProcAddress is asked; `symbol` the variant wanted
     /// (what the other paths name explicitly).
     fn get<T: Copy>(&self, base: &str, symbol: &str) -> T {
+        self.get_at(base, symbol, cudaload::CUDA_VERSION)
+    }
+
+    /// As [`Resolver::get`]; cuGetProcAddress is asked for CUDA `version`
+    /// (how a program built against old headers gets the v1 variants).
+    fn get_at<T: Copy>(&self, base: &str, symbol: &str, version: c_int) -> T {
         let c = CString::new(match self.getproc {
             Some(_) => base,
             None => symbol,
@@ -136,7 +154,7 @@ impl Resolver {
             0
         };
         let addr = match (self.how, self.getproc) {
-            (_, Some(g)) => g.resolve(&c, cudaload::CUDA_VERSION, flags),
+            (_, Some(g)) => g.resolve(&c, version, flags),
             (How::Direct, _) => {
                 linked(symbol).unwrap_or_else(|| die(&format!("{symbol} not linked")))
             }
@@ -156,10 +174,24 @@ impl Resolver {
         unsafe { cudaload::as_fn(addr) }
     }
 
+    /// How many calls the fake driver's export `symbol` received so far
+    /// (its test hook; u64::MAX without the fake).
+    fn driver_calls(&self, symbol: &str) -> u64 {
+        type Calls = unsafe extern "C" fn(*const c_char) -> u64;
+        let p = self.driver.dlsym(c"simgpu_calls");
+        if p == 0 {
+            return u64::MAX;
+        }
+        let c = CString::new(symbol).unwrap();
+        // SAFETY: the fake's `simgpu_calls(const char*)` with a NUL-terminated name.
+        unsafe { cudaload::as_fn::<Calls>(p)(c.as_ptr()) }
+    }
+
     /// Which library and symbol each resolved pointer is.
     fn report(&self) {
         let mut inside = 0;
         let mut wrong_variant = Vec::new();
+        let (mut hooked, mut passed) = (Vec::new(), Vec::new());
         let seen = self.seen.borrow();
         for (want, p) in seen.iter() {
             // SAFETY: dladdr only reads; zeroed Dl_info is valid.
@@ -184,12 +216,21 @@ impl Resolver {
             };
             if file.contains("libmuxflow_xcuda") {
                 inside += 1;
+                hooked.push(want.clone());
+            } else {
+                passed.push(want.clone());
             }
             if &sym != want {
                 wrong_variant.push(format!("{want}->{sym}"));
             }
         }
+        for l in [&mut hooked, &mut passed] {
+            l.sort();
+            l.dedup();
+        }
         println!("resolved={} in_xcuda={inside}", seen.len());
+        println!("hooked={}", hooked.join(","));
+        println!("passed={}", passed.join(","));
         if self.how == How::Dlvsym {
             println!("dlvsym_passthrough={}", u8::from(dlvsym_passes_through()));
         }
@@ -256,117 +297,485 @@ fn pt(r: &Resolver, name: &str) -> String {
     }
 }
 
-/// Allocates 48 MiB (fits 64), 48 MiB more (must not), frees the first.
-fn quota_case(name: &str, mut alloc: impl FnMut(&mut u64) -> Res, free: impl Fn(u64) -> Res) {
-    let (mut a, mut b) = (0u64, 0u64);
+/// An allocation row: 48 MiB (fits the 64 MiB cap), 48 MiB more (must be
+/// refused), the first freed, 48 MiB again (fits only if the free gave its
+/// quota back), that freed. Prints the five results and how many calls
+/// reached the driver's `alloc_sym` (the refused one must not).
+fn count_row(
+    r: &Resolver,
+    key: &str,
+    alloc_sym: &str,
+    mut alloc: impl FnMut(&mut u64) -> Res,
+    free: impl Fn(u64) -> Res,
+) {
+    let before = r.driver_calls(alloc_sym);
+    let (mut a, mut b, mut c) = (0u64, 0u64, 0u64);
     let first = alloc(&mut a);
     let second = alloc(&mut b);
     let freed = free(a);
     if second == 0 {
         free(b);
     }
-    println!("quota_{name}={first},{second},{freed}");
+    let again = alloc(&mut c);
+    let freed_again = if again == 0 { free(c) } else { 99 };
+    let calls = r.driver_calls(alloc_sym).wrapping_sub(before);
+    println!(
+        "quota_{key}={first},{second},{freed},{again},{freed_again} driver_calls_{key}={calls}"
+    );
+}
+
+/// A pass-through row (pinned host memory): three 48 MiB allocations, all
+/// beyond the GPU cap together, then their frees.
+fn host_row(
+    r: &Resolver,
+    key: &str,
+    alloc: impl Fn(&mut *mut c_void) -> Res,
+    free: impl Fn(*mut c_void) -> Res,
+) {
+    let mut rcs = Vec::new();
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut p = std::ptr::null_mut();
+        rcs.push(alloc(&mut p));
+        held.push(p);
+    }
+    for p in held {
+        rcs.push(free(p));
+    }
+    let _ = r;
+    println!("host_{key}={}", join(&rcs));
+}
+
+fn join<T: ToString>(v: &[T]) -> String {
+    v.iter().map(T::to_string).collect::<Vec<_>>().join(",")
+}
+
+/// The gated entry points, each as one call that launches `f` (a
+/// `CUfunction`, or a `CUkernel` for the lazy-loading rows). Names: the
+/// variant called (`_ptsz` with --pt where one exists).
+fn launchers(r: &Resolver, f: H, kernel: H) -> Vec<(String, Box<dyn Fn() -> Res>)> {
+    let null: H = std::ptr::null_mut();
+    let (f, kernel) = (f as usize, kernel as usize);
+    let mut out: Vec<(String, Box<dyn Fn() -> Res>)> = Vec::new();
+    let cfg = || LaunchConfig {
+        grid: [1, 1, 1],
+        block: [32, 1, 1],
+        shared_mem_bytes: 0,
+        stream: std::ptr::null_mut(),
+        attrs: std::ptr::null_mut(),
+        num_attrs: 0,
+    };
+    let launch_sym = pt(r, "cuLaunchKernel");
+    let launch: Launch = r.get("cuLaunchKernel", &launch_sym);
+    out.push((
+        launch_sym.clone(),
+        // SAFETY: an entry point resolved for this signature; valid arguments.
+        Box::new(move || unsafe {
+            launch(
+                f as H,
+                1,
+                1,
+                1,
+                32,
+                1,
+                1,
+                0,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        }),
+    ));
+    out.push((
+        format!("{launch_sym}+CUkernel"),
+        // SAFETY: an entry point resolved for this signature; valid arguments.
+        Box::new(move || unsafe {
+            launch(
+                kernel as H,
+                1,
+                1,
+                1,
+                32,
+                1,
+                1,
+                0,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        }),
+    ));
+    type Ex = unsafe extern "C" fn(*const c_void, H, *mut H, *mut H) -> Res;
+    let ex_sym = pt(r, "cuLaunchKernelEx");
+    let ex: Ex = r.get("cuLaunchKernelEx", &ex_sym);
+    out.push((
+        ex_sym.clone(),
+        // SAFETY: an entry point resolved for this signature; valid arguments.
+        Box::new(move || unsafe {
+            let c = cfg();
+            ex(
+                &c as *const LaunchConfig as *const c_void,
+                f as H,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        }),
+    ));
+    out.push((
+        format!("{ex_sym}+CUkernel"),
+        // SAFETY: an entry point resolved for this signature; valid arguments.
+        Box::new(move || unsafe {
+            let c = cfg();
+            ex(
+                &c as *const LaunchConfig as *const c_void,
+                kernel as H,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        }),
+    ));
+    let coop_sym = pt(r, "cuLaunchCooperativeKernel");
+    let coop: Coop = r.get("cuLaunchCooperativeKernel", &coop_sym);
+    out.push((
+        coop_sym,
+        // SAFETY: an entry point resolved for this signature; valid arguments.
+        Box::new(move || unsafe {
+            coop(
+                f as H,
+                1,
+                1,
+                1,
+                32,
+                1,
+                1,
+                0,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        }),
+    ));
+    // A graph captured from one (ungated while capturing: nothing runs) launch.
+    let begin: fnty::cuStreamBeginCapture_v2 =
+        r.get("cuStreamBeginCapture", &pt(r, "cuStreamBeginCapture_v2"));
+    let end: fnty::cuStreamEndCapture = r.get("cuStreamEndCapture", &pt(r, "cuStreamEndCapture"));
+    let inst: fnty::cuGraphInstantiateWithFlags =
+        r.get("cuGraphInstantiateWithFlags", "cuGraphInstantiateWithFlags");
+    let graph_sym = pt(r, "cuGraphLaunch");
+    let glaunch: unsafe extern "C" fn(H, H) -> Res = r.get("cuGraphLaunch", &graph_sym);
+    let (mut g, mut e) = (null, null);
+    // SAFETY: as above.
+    unsafe {
+        check(begin(null, 0), "cuStreamBeginCapture");
+        check(
+            launch(
+                f as H,
+                1,
+                1,
+                1,
+                32,
+                1,
+                1,
+                0,
+                null,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            ),
+            "captured launch",
+        );
+        check(end(null, &mut g), "cuStreamEndCapture");
+        check(inst(&mut e, g, 0), "cuGraphInstantiateWithFlags");
+    }
+    let e = e as usize;
+    out.push((
+        graph_sym,
+        // SAFETY: an entry point resolved for this signature; valid arguments.
+        Box::new(move || unsafe { glaunch(e as H, std::ptr::null_mut()) }),
+    ));
+    // Legacy launches (no per-thread variants).
+    let l0: fnty::cuLaunch = r.get("cuLaunch", "cuLaunch");
+    // SAFETY: an entry point resolved for this signature; valid arguments.
+    out.push(("cuLaunch".into(), Box::new(move || unsafe { l0(f as H) })));
+    let lg: fnty::cuLaunchGrid = r.get("cuLaunchGrid", "cuLaunchGrid");
+    out.push((
+        "cuLaunchGrid".into(),
+        // SAFETY: an entry point resolved for this signature; valid arguments.
+        Box::new(move || unsafe { lg(f as H, 2, 1) }),
+    ));
+    let la: fnty::cuLaunchGridAsync = r.get("cuLaunchGridAsync", "cuLaunchGridAsync");
+    out.push((
+        "cuLaunchGridAsync".into(),
+        // SAFETY: an entry point resolved for this signature; valid arguments.
+        Box::new(move || unsafe { la(f as H, 2, 1, std::ptr::null_mut()) }),
+    ));
+    out
+}
+
+/// A `CUkernel` the CUDA 12 way: cuLibraryLoadData + cuLibraryGetKernel.
+fn library_kernel(r: &Resolver, name: &CStr) -> H {
+    type Load = unsafe extern "C" fn(
+        *mut H,
+        *const c_void,
+        *mut c_int,
+        *mut *mut c_void,
+        c_uint,
+        *mut c_int,
+        *mut *mut c_void,
+        c_uint,
+    ) -> Res;
+    type LoadFile = unsafe extern "C" fn(
+        *mut H,
+        *const c_char,
+        *mut c_int,
+        *mut *mut c_void,
+        c_uint,
+        *mut c_int,
+        *mut *mut c_void,
+        c_uint,
+    ) -> Res;
+    let load: Load = r.get("cuLibraryLoadData", "cuLibraryLoadData");
+    let load_file: LoadFile = r.get("cuLibraryLoadFromFile", "cuLibraryLoadFromFile");
+    let get: fnty::cuLibraryGetKernel = r.get("cuLibraryGetKernel", "cuLibraryGetKernel");
+    let unload: fnty::cuLibraryUnload = r.get("cuLibraryUnload", "cuLibraryUnload");
+    let to_fn: fnty::cuKernelGetFunction = r.get("cuKernelGetFunction", "cuKernelGetFunction");
+    let (mut lib, mut other, mut k, mut f): (H, H, H, H) = Default::default();
+    let n = std::ptr::null_mut();
+    // SAFETY: entry points resolved for these signatures, valid arguments.
+    unsafe {
+        check(
+            load(
+                &mut lib,
+                c"probe".as_ptr() as *const c_void,
+                n,
+                n as *mut *mut c_void,
+                0,
+                n,
+                n as *mut *mut c_void,
+                0,
+            ),
+            "cuLibraryLoadData",
+        );
+        check(
+            load_file(
+                &mut other,
+                c"probe.cubin".as_ptr(),
+                n,
+                n as *mut *mut c_void,
+                0,
+                n,
+                n as *mut *mut c_void,
+                0,
+            ),
+            "cuLibraryLoadFromFile",
+        );
+        check(unload(other), "cuLibraryUnload");
+        check(get(&mut k, lib, name.as_ptr()), "cuLibraryGetKernel");
+        check(to_fn(&mut f, k), "cuKernelGetFunction");
+    }
+    k
 }
 
 fn api(r: &Resolver) {
     let (cu, _ctx, f) = setup(r, c"sim_kernel_1us");
     let null: H = std::ptr::null_mut();
-    let launch: Launch = r.get("cuLaunchKernel", &pt(r, "cuLaunchKernel"));
-    type Ex = unsafe extern "C" fn(*const c_void, H, *mut H, *mut H) -> Res;
-    let ex: Ex = r.get("cuLaunchKernelEx", &pt(r, "cuLaunchKernelEx"));
-    let coop: Coop = r.get(
-        "cuLaunchCooperativeKernel",
-        &pt(r, "cuLaunchCooperativeKernel"),
-    );
-    let sync: unsafe extern "C" fn(H) -> Res =
+    let kernel = library_kernel(r, c"sim_kernel_1us");
+    let gated = launchers(r, f, kernel);
+    let sync: fnty::cuStreamSynchronize =
         r.get("cuStreamSynchronize", &pt(r, "cuStreamSynchronize"));
-    let begin: unsafe extern "C" fn(H, c_int) -> Res =
-        r.get("cuStreamBeginCapture", &pt(r, "cuStreamBeginCapture_v2"));
-    let end: unsafe extern "C" fn(H, *mut H) -> Res =
-        r.get("cuStreamEndCapture", &pt(r, "cuStreamEndCapture"));
-    let inst: unsafe extern "C" fn(*mut H, H, u64) -> Res =
-        r.get("cuGraphInstantiateWithFlags", "cuGraphInstantiateWithFlags");
-    let glaunch: unsafe extern "C" fn(H, H) -> Res =
-        r.get("cuGraphLaunch", &pt(r, "cuGraphLaunch"));
-    let pitch: unsafe extern "C" fn(*mut u64, *mut usize, usize, usize, c_uint) -> Res =
-        r.get("cuMemAllocPitch", "cuMemAllocPitch_v2");
-    let managed: unsafe extern "C" fn(*mut u64, usize, c_uint) -> Res =
-        r.get("cuMemAllocManaged", "cuMemAllocManaged");
+    // Memory entry points.
+    const V1: c_int = 3000; // CUDA 3.0: the un-suffixed v1 variants
+    let alloc_v1: fnty::cuMemAlloc = r.get_at("cuMemAlloc", "cuMemAlloc", V1);
+    let free_v1: fnty::cuMemFree = r.get_at("cuMemFree", "cuMemFree", V1);
+    let pitch_v1: fnty::cuMemAllocPitch = r.get_at("cuMemAllocPitch", "cuMemAllocPitch", V1);
+    let info_v1: fnty::cuMemGetInfo = r.get_at("cuMemGetInfo", "cuMemGetInfo", V1);
+    let pitch: fnty::cuMemAllocPitch_v2 = r.get("cuMemAllocPitch", "cuMemAllocPitch_v2");
+    let managed: fnty::cuMemAllocManaged = r.get("cuMemAllocManaged", "cuMemAllocManaged");
+    let async_sym = pt(r, "cuMemAllocAsync");
     let a_async: unsafe extern "C" fn(*mut u64, usize, H) -> Res =
-        r.get("cuMemAllocAsync", &pt(r, "cuMemAllocAsync"));
-    let f_async: unsafe extern "C" fn(u64, H) -> Res =
-        r.get("cuMemFreeAsync", &pt(r, "cuMemFreeAsync"));
-    let pool: unsafe extern "C" fn(*mut u64, usize, H, H) -> Res =
-        r.get("cuMemAllocFromPoolAsync", &pt(r, "cuMemAllocFromPoolAsync"));
-    let create: unsafe extern "C" fn(*mut u64, usize, *const c_void, u64) -> Res =
-        r.get("cuMemCreate", "cuMemCreate");
-    let mrelease: unsafe extern "C" fn(u64) -> Res = r.get("cuMemRelease", "cuMemRelease");
-    let array2d: unsafe extern "C" fn(*mut H, *const ArrayDesc) -> Res =
-        r.get("cuArrayCreate", "cuArrayCreate_v2");
-    let array3d: unsafe extern "C" fn(*mut H, *const Array3dDesc) -> Res =
-        r.get("cuArray3DCreate", "cuArray3DCreate_v2");
-    let adestroy: unsafe extern "C" fn(H) -> Res = r.get("cuArrayDestroy", "cuArrayDestroy");
-    let mipmapped: unsafe extern "C" fn(*mut H, *const Array3dDesc, c_uint) -> Res =
+        r.get("cuMemAllocAsync", &async_sym);
+    let f_async: fnty::cuMemFreeAsync = r.get("cuMemFreeAsync", &pt(r, "cuMemFreeAsync"));
+    let pool_sym = pt(r, "cuMemAllocFromPoolAsync");
+    let from_pool: unsafe extern "C" fn(*mut u64, usize, H, H) -> Res =
+        r.get("cuMemAllocFromPoolAsync", &pool_sym);
+    let pool_create: fnty::cuMemPoolCreate = r.get("cuMemPoolCreate", "cuMemPoolCreate");
+    let pool_destroy: fnty::cuMemPoolDestroy = r.get("cuMemPoolDestroy", "cuMemPoolDestroy");
+    let create: fnty::cuMemCreate = r.get("cuMemCreate", "cuMemCreate");
+    let mrelease: fnty::cuMemRelease = r.get("cuMemRelease", "cuMemRelease");
+    let reserve: fnty::cuMemAddressReserve = r.get("cuMemAddressReserve", "cuMemAddressReserve");
+    let addr_free: fnty::cuMemAddressFree = r.get("cuMemAddressFree", "cuMemAddressFree");
+    let map: fnty::cuMemMap = r.get("cuMemMap", "cuMemMap");
+    let set_access: fnty::cuMemSetAccess = r.get("cuMemSetAccess", "cuMemSetAccess");
+    let unmap: fnty::cuMemUnmap = r.get("cuMemUnmap", "cuMemUnmap");
+    let array2d_v1: fnty::cuArrayCreate = r.get_at("cuArrayCreate", "cuArrayCreate", V1);
+    let array3d_v1: fnty::cuArray3DCreate = r.get_at("cuArray3DCreate", "cuArray3DCreate", V1);
+    let array2d: fnty::cuArrayCreate_v2 = r.get("cuArrayCreate", "cuArrayCreate_v2");
+    let array3d: fnty::cuArray3DCreate_v2 = r.get("cuArray3DCreate", "cuArray3DCreate_v2");
+    let adestroy: fnty::cuArrayDestroy = r.get("cuArrayDestroy", "cuArrayDestroy");
+    let mipmapped: fnty::cuMipmappedArrayCreate =
         r.get("cuMipmappedArrayCreate", "cuMipmappedArrayCreate");
-    let mdestroy: unsafe extern "C" fn(H) -> Res =
+    let mdestroy: fnty::cuMipmappedArrayDestroy =
         r.get("cuMipmappedArrayDestroy", "cuMipmappedArrayDestroy");
+    let graph_create: fnty::cuGraphCreate = r.get("cuGraphCreate", "cuGraphCreate");
+    let alloc_node: fnty::cuGraphAddMemAllocNode =
+        r.get("cuGraphAddMemAllocNode", "cuGraphAddMemAllocNode");
+    let free_node: fnty::cuGraphAddMemFreeNode =
+        r.get("cuGraphAddMemFreeNode", "cuGraphAddMemFreeNode");
+    let host_v1: fnty::cuMemAllocHost = r.get_at("cuMemAllocHost", "cuMemAllocHost", V1);
+    let host_v2: fnty::cuMemAllocHost_v2 = r.get("cuMemAllocHost", "cuMemAllocHost_v2");
+    let host_alloc: fnty::cuMemHostAlloc = r.get("cuMemHostAlloc", "cuMemHostAlloc");
+    let host_free: fnty::cuMemFreeHost = r.get("cuMemFreeHost", "cuMemFreeHost");
+    // Contexts.
+    let ctx_v1: fnty::cuCtxCreate = r.get_at("cuCtxCreate", "cuCtxCreate", V1);
+    let ctx_v2: fnty::cuCtxCreate_v2 = r.get_at("cuCtxCreate", "cuCtxCreate_v2", 11000);
+    let ctx_v3: fnty::cuCtxCreate_v3 = r.get_at("cuCtxCreate", "cuCtxCreate_v3", 12000);
+    let ctx_v4: fnty::cuCtxCreate_v4 = r.get_at("cuCtxCreate", "cuCtxCreate_v4", 12050);
+    let destroy_v1: fnty::cuCtxDestroy = r.get_at("cuCtxDestroy", "cuCtxDestroy", V1);
+    let destroy_v2: fnty::cuCtxDestroy_v2 = r.get("cuCtxDestroy", "cuCtxDestroy_v2");
     r.report();
-    let cfg = LaunchConfig {
-        grid: [1, 1, 1],
-        block: [32, 1, 1],
-        shared_mem_bytes: 0,
-        stream: null,
-        attrs: null,
-        num_attrs: 0,
-    };
-    let pp = std::ptr::null_mut();
     // SAFETY: entry points resolved for these signatures; valid arguments.
     unsafe {
-        let mut rcs = vec![(launch)(f, 1, 1, 1, 32, 1, 1, 0, null, pp, pp)];
-        rcs.push(ex(&cfg as *const LaunchConfig as *const c_void, f, pp, pp));
-        rcs.push(coop(f, 1, 1, 1, 32, 1, 1, 0, null, pp));
-        rcs.push(begin(null, 0));
-        rcs.push((launch)(f, 1, 1, 1, 32, 1, 1, 0, null, pp, pp));
-        let (mut g, mut e) = (null, null);
-        rcs.push(end(null, &mut g));
-        rcs.push(inst(&mut e, g, 0));
-        rcs.push(glaunch(e, null));
+        let mut rcs = Vec::new();
+        let mut variant_calls = Vec::new();
+        for (name, call) in &gated {
+            let driver_sym = name.split('+').next().unwrap_or(name);
+            let before = r.driver_calls(driver_sym);
+            rcs.push(call());
+            if r.driver_calls(driver_sym).wrapping_sub(before) != 1 {
+                variant_calls.push(name.clone());
+            }
+        }
         rcs.push(sync(null));
+        println!("launch_rcs={}", join(&rcs));
         println!(
-            "launch_rcs={}",
-            rcs.iter()
-                .map(|r| r.to_string())
-                .collect::<Vec<_>>()
-                .join(",")
+            "gated={}",
+            join(&gated.iter().map(|g| g.0.clone()).collect::<Vec<_>>())
         );
+        // The launch captured into the graph passed the gate too.
+        println!("gated_calls={}", gated.len() + 1);
+        // Gated calls that did not reach exactly their own variant in the driver once.
+        println!("launch_variant_misses={}", variant_calls.join(","));
         let n = 48 * MIB;
-        quota_case("cuMemAlloc", |p| (cu.alloc)(p, n), |p| (cu.free)(p));
-        let mut pitch_out = 0usize;
-        quota_case(
+        count_row(
+            r,
+            "cuMemAlloc",
+            "cuMemAlloc",
+            |p| {
+                let mut x = 0u32;
+                let rc = alloc_v1(&mut x, n as c_uint);
+                *p = x as u64;
+                rc
+            },
+            |p| free_v1(p as u32),
+        );
+        count_row(
+            r,
+            "cuMemAlloc_v2",
+            "cuMemAlloc_v2",
+            |p| (cu.alloc)(p, n),
+            |p| (cu.free)(p),
+        );
+        count_row(
+            r,
             "cuMemAllocPitch",
+            "cuMemAllocPitch",
+            |p| {
+                let (mut x, mut pt) = (0u32, 0 as c_uint);
+                let rc = pitch_v1(&mut x, &mut pt, 4096, (n / 4096) as c_uint, 4);
+                *p = x as u64;
+                rc
+            },
+            |p| (cu.free)(p),
+        );
+        let mut pitch_out = 0usize;
+        count_row(
+            r,
+            "cuMemAllocPitch_v2",
+            "cuMemAllocPitch_v2",
             |p| pitch(p, &mut pitch_out, 4096, n / 4096, 4),
             |p| (cu.free)(p),
         );
-        quota_case("cuMemAllocManaged", |p| managed(p, n, 1), |p| (cu.free)(p));
-        quota_case(
+        count_row(
+            r,
+            "cuMemAllocManaged",
+            "cuMemAllocManaged",
+            |p| managed(p, n, 1),
+            |p| (cu.free)(p),
+        );
+        count_row(
+            r,
             "cuMemAllocAsync",
+            &async_sym,
             |p| a_async(p, n, null),
             |p| f_async(p, null),
         );
-        quota_case(
+        let mut pool = null;
+        check(
+            pool_create(&mut pool, [0u8; 88].as_ptr() as *const c_void),
+            "cuMemPoolCreate",
+        );
+        count_row(
+            r,
             "cuMemAllocFromPoolAsync",
-            |p| pool(p, n, null, null),
+            &pool_sym,
+            |p| from_pool(p, n, pool, null),
             |p| f_async(p, null),
         );
-        quota_case(
+        check(pool_destroy(pool), "cuMemPoolDestroy");
+        count_row(
+            r,
+            "cuMemCreate",
             "cuMemCreate",
             |p| create(p, n, std::ptr::null(), 0),
             |p| mrelease(p),
         );
+        let mut g = null;
+        check(graph_create(&mut g, 0), "cuGraphCreate");
+        count_row(
+            r,
+            "cuGraphAddMemAllocNode",
+            "cuGraphAddMemAllocNode",
+            |p| {
+                let mut prm = MemAllocNodeParams {
+                    pool_props: [0; 88],
+                    access_descs: std::ptr::null(),
+                    access_desc_count: 0,
+                    bytesize: n,
+                    dptr: 0,
+                };
+                let mut node = null;
+                let rc = alloc_node(&mut node, g, std::ptr::null(), 0, &mut prm);
+                *p = prm.dptr;
+                rc
+            },
+            |p| {
+                let mut node = null;
+                free_node(&mut node, g, std::ptr::null(), 0, p)
+            },
+        );
+        // The VMM path end to end: physical memory counted, mapping it passes.
+        let mut v = Vec::new();
+        let (mut h1, mut h2, mut h3, mut va) = (0u64, 0u64, 0u64, 0u64);
+        let access = [0u8; 12];
+        v.push(create(&mut h1, n, std::ptr::null(), 0));
+        v.push(reserve(&mut va, n, 0, 0, 0));
+        v.push(map(va, n, 0, h1, 0));
+        v.push(set_access(va, n, access.as_ptr() as *const c_void, 1));
+        v.push(create(&mut h2, n, std::ptr::null(), 0));
+        v.push(unmap(va, n));
+        v.push(mrelease(h1));
+        v.push(addr_free(va, n));
+        v.push(create(&mut h3, n, std::ptr::null(), 0));
+        v.push(mrelease(h3));
+        println!("vmm={}", join(&v));
         // Arrays of 4-byte floats: 4096 x 3072 and 4096 x 768 x 4 are 48 MiB;
         // two mipmap levels of 4096 x 2304 and 2048 x 1152, 45 MiB.
         const FLOAT: c_uint = 0x20;
         let d2 = ArrayDesc {
+            width: 4096,
+            height: 3072,
+            format: FLOAT,
+            channels: 1,
+        };
+        let d2_v1 = ArrayDescV1 {
             width: 4096,
             height: 3072,
             format: FLOAT,
@@ -380,27 +789,416 @@ fn api(r: &Resolver) {
             channels: 1,
             flags: 0,
         };
+        let cube_v1 = Array3dDescV1 {
+            width: 4096,
+            height: 768,
+            depth: 4,
+            format: FLOAT,
+            channels: 1,
+            flags: 0,
+        };
         let (cube, mip) = (d3(4096, 768, 4), d3(4096, 2304, 0));
         let handle = |p: &mut u64| p as *mut u64 as *mut H;
-        quota_case(
+        count_row(
+            r,
             "cuArrayCreate",
+            "cuArrayCreate",
+            |p| array2d_v1(handle(p), &d2_v1),
+            |p| adestroy(p as H),
+        );
+        count_row(
+            r,
+            "cuArrayCreate_v2",
+            "cuArrayCreate_v2",
             |p| array2d(handle(p), &d2),
             |p| adestroy(p as H),
         );
-        quota_case(
+        count_row(
+            r,
             "cuArray3DCreate",
+            "cuArray3DCreate",
+            |p| array3d_v1(handle(p), &cube_v1),
+            |p| adestroy(p as H),
+        );
+        count_row(
+            r,
+            "cuArray3DCreate_v2",
+            "cuArray3DCreate_v2",
             |p| array3d(handle(p), &cube),
             |p| adestroy(p as H),
         );
-        quota_case(
+        count_row(
+            r,
+            "cuMipmappedArrayCreate",
             "cuMipmappedArrayCreate",
             |p| mipmapped(handle(p), &mip, 2),
             |p| mdestroy(p as H),
         );
+        // Pinned host memory: not the GPU's, never capped.
+        host_row(
+            r,
+            "cuMemAllocHost",
+            |p| host_v1(p, n as c_uint),
+            |p| host_free(p),
+        );
+        host_row(r, "cuMemAllocHost_v2", |p| host_v2(p, n), |p| host_free(p));
+        host_row(
+            r,
+            "cuMemHostAlloc",
+            |p| host_alloc(p, n, 0),
+            |p| host_free(p),
+        );
+        // Contexts made and destroyed with every variant.
+        let mut c = Vec::new();
+        let (mut a, mut b, mut d, mut e) = (null, null, null, null);
+        c.push(ctx_v1(&mut a, 0, 0));
+        c.push(ctx_v2(&mut b, 0, 0));
+        c.push(ctx_v3(&mut d, null, 0, 0, 0));
+        c.push(ctx_v4(&mut e, null, 0, 0));
+        c.push(destroy_v1(a));
+        for x in [b, d, e] {
+            c.push(destroy_v2(x));
+        }
+        check((cu.set_current)(_ctx), "cuCtxSetCurrent");
+        println!("ctx_rcs={}", join(&c));
         let (mut free, mut total) = (0usize, 0usize);
-        check((cu.info)(&mut free, &mut total), "cuMemGetInfo");
+        check((cu.info)(&mut free, &mut total), "cuMemGetInfo_v2");
         println!("meminfo_free={free} meminfo_total={total}");
+        let (mut free, mut total) = (0 as c_uint, 0 as c_uint);
+        check(info_v1(&mut free, &mut total), "cuMemGetInfo");
+        println!("meminfo_v1_free={free} meminfo_v1_total={total}");
         check((cu.release)(0), "cuDevicePrimaryCtxRelease");
+    }
+}
+
+/// One gated call (`gated` names it, as `api` prints them), once the
+/// process is set up: prints `ready`, waits for a line on stdin, makes the
+/// call (held while the gate is closed), prints `launched rc=N`.
+fn gate_one(r: &Resolver, which: &str) {
+    let (_cu, _ctx, f) = setup(r, c"sim_kernel_1us");
+    let kernel = library_kernel(r, c"sim_kernel_1us");
+    let gated = launchers(r, f, kernel);
+    let Some((_, call)) = gated.iter().find(|g| g.0 == which) else {
+        die(&format!("no gated call {which}"));
+    };
+    println!("ready");
+    let mut go = String::new();
+    let _ = std::io::stdin().read_line(&mut go);
+    let rc = call();
+    println!("launched rc={rc}");
+}
+
+/// `ctx SYMBOL`: makes a context with SYMBOL (a create or retain variant),
+/// or, for a release/reset variant, retains the primary context, calls
+/// SYMBOL and retains it again; prints what it resolved, `ready`, then
+/// sends itself SIGTERM: the graceful exit must release what xCUDA
+/// recorded (the default action then ends the process).
+fn ctx_then_sigterm(r: &Resolver, symbol: &str) {
+    let init: fnty::cuInit = r.get("cuInit", "cuInit");
+    let retain: fnty::cuDevicePrimaryCtxRetain =
+        r.get("cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain");
+    type Create = unsafe extern "C" fn(*mut H, c_uint, c_int) -> Res;
+    let mut ctx: H = std::ptr::null_mut();
+    // SAFETY: entry points resolved for these signatures; valid out-pointers.
+    unsafe {
+        check(init(0), "cuInit");
+        let before = r.driver_calls(symbol);
+        let rc = match symbol {
+            "cuDevicePrimaryCtxRetain" => retain(&mut ctx, 0),
+            "cuCtxCreate" => r.get_at::<Create>("cuCtxCreate", symbol, 3000)(&mut ctx, 0, 0),
+            "cuCtxCreate_v2" => r.get_at::<Create>("cuCtxCreate", symbol, 11000)(&mut ctx, 0, 0),
+            "cuCtxCreate_v3" => r
+                .get_at::<unsafe extern "C" fn(*mut H, H, c_int, c_uint, c_int) -> Res>(
+                    "cuCtxCreate",
+                    symbol,
+                    12000,
+                )(&mut ctx, std::ptr::null_mut(), 0, 0, 0),
+            "cuCtxCreate_v4" => r.get_at::<unsafe extern "C" fn(*mut H, H, c_uint, c_int) -> Res>(
+                "cuCtxCreate",
+                symbol,
+                12050,
+            )(&mut ctx, std::ptr::null_mut(), 0, 0),
+            "cuDevicePrimaryCtxRelease"
+            | "cuDevicePrimaryCtxReset"
+            | "cuDevicePrimaryCtxReset_v2" => {
+                let base = symbol.trim_end_matches("_v2");
+                let v = if symbol.ends_with("_v2") {
+                    11000
+                } else {
+                    10000
+                };
+                let f: unsafe extern "C" fn(c_int) -> Res = r.get_at(base, symbol, v);
+                check(retain(&mut ctx, 0), "cuDevicePrimaryCtxRetain");
+                let rc = f(0);
+                check(retain(&mut ctx, 0), "cuDevicePrimaryCtxRetain");
+                rc
+            }
+            _ => die(&format!("ctx: unknown {symbol}")),
+        };
+        check(rc, symbol);
+        println!(
+            "driver_calls={}",
+            r.driver_calls(symbol).wrapping_sub(before)
+        );
+        r.report();
+        println!("ready");
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        libc::kill(libc::getpid(), libc::SIGTERM);
+        std::thread::sleep(std::time::Duration::from_secs(10));
+    }
+    std::process::exit(3);
+}
+
+/// `signals MODE`: how the application's own signal handling fares with
+/// xCUDA. The application changes its SIGTERM (or SIGINT) disposition right
+/// after cuInit and the signal comes at once (sent to itself):
+///   handler    sigaction(SA_SIGINFO handler); the handler reports whether
+///              the context was already gone (an allocation fails) and the
+///              sender's pid, then _exit(7)
+///   signal     the same with signal()
+///   sysv       the same with sysv_signal()
+///   external   the handler installed, then `ready`: the test sends SIGTERM
+///   ignore     SIG_IGN; afterwards a launch (refused: released) and a query
+///   resethand  SA_RESETHAND handler; it runs once, the disposition is then
+///              the default, and a second SIGTERM kills the process
+///   sigint-ignored   SIGINT to SIG_IGN, then SIGINT: nothing is released
+///   blocked    SIGTERM blocked in the application's thread: released all
+///              the same, and the signal stays pending for the application
+fn signals(r: &Resolver, mode: &str) {
+    use std::io::Write;
+    use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::SeqCst};
+    static ALLOC: AtomicUsize = AtomicUsize::new(0);
+    static HANDLED: AtomicU32 = AtomicU32::new(0);
+    extern "C" fn report_and_exit(sig: c_int, info: *mut libc::siginfo_t, _: *mut c_void) {
+        // SAFETY: test-only handler: the pointer stored below, with its
+        // signature; the kernel's siginfo; then _exit. (Formatting is not
+        // async-signal-safe; the main thread is asleep meanwhile.)
+        unsafe {
+            let alloc: unsafe extern "C" fn(*mut u64, usize) -> Res =
+                std::mem::transmute(ALLOC.load(SeqCst));
+            let mut p = 0u64;
+            let rc = alloc(&mut p, MIB);
+            let pid = if info.is_null() { -1 } else { (*info).si_pid() };
+            println!("app_handler sig={sig} alloc_rc={rc} si_pid={pid}");
+            let _ = std::io::stdout().flush();
+            libc::_exit(7);
+        }
+    }
+    extern "C" fn plain(sig: c_int) {
+        report_and_exit(sig, std::ptr::null_mut(), std::ptr::null_mut());
+    }
+    extern "C" fn count(_: c_int, _: *mut libc::siginfo_t, _: *mut c_void) {
+        HANDLED.fetch_add(1, SeqCst);
+    }
+    let (cu, _ctx, f) = setup(r, c"sim_kernel_1us");
+    ALLOC.store(cu.alloc as usize, SeqCst);
+    let launch: Launch = r.get("cuLaunchKernel", "cuLaunchKernel");
+    let null: H = std::ptr::null_mut();
+    let handler = |h: usize, flags: c_int| {
+        // SAFETY: a zeroed sigaction is valid; filled below.
+        let mut a: libc::sigaction = unsafe { std::mem::zeroed() };
+        a.sa_sigaction = h;
+        a.sa_flags = flags;
+        a
+    };
+    let query = |sig: c_int| {
+        // SAFETY: a null new action only reads.
+        unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(sig, std::ptr::null(), &mut old);
+            old.sa_sigaction
+        }
+    };
+    let pause = |ms: u64| std::thread::sleep(std::time::Duration::from_millis(ms));
+    // The signal may be taken by xCUDA's exit thread while this one runs on:
+    // launch (every 10 ms, at most 20 s) until the graceful exit refuses it.
+    let launch_until_refused = || {
+        let mut rc = 0;
+        for _ in 0..2000 {
+            let (n, pp) = (std::ptr::null_mut(), std::ptr::null_mut());
+            // SAFETY: a resolved entry point with valid arguments.
+            rc = unsafe { launch(f, 1, 1, 1, 32, 1, 1, 0, n, pp, pp) };
+            if rc != 0 {
+                break;
+            }
+            pause(10);
+        }
+        rc
+    };
+    // SAFETY: sigaction/signal/kill/sigprocmask on our own process with
+    // valid arguments; resolved entry points.
+    unsafe {
+        let me = libc::getpid();
+        match mode {
+            "handler" | "external" => {
+                let a = handler(report_and_exit as *const () as usize, libc::SA_SIGINFO);
+                libc::sigaction(libc::SIGTERM, &a, std::ptr::null_mut());
+                // The application sees its own handler when it asks.
+                if query(libc::SIGTERM) != report_and_exit as *const () as usize {
+                    die("sigaction does not report the application's own handler");
+                }
+                if mode == "handler" {
+                    libc::kill(me, libc::SIGTERM);
+                } else {
+                    println!("ready");
+                    let _ = std::io::stdout().flush();
+                }
+            }
+            "signal" => {
+                libc::signal(libc::SIGTERM, plain as *const () as usize);
+                libc::kill(me, libc::SIGTERM);
+            }
+            "sysv" => {
+                extern "C" {
+                    fn sysv_signal(sig: c_int, h: libc::sighandler_t) -> libc::sighandler_t;
+                }
+                sysv_signal(libc::SIGTERM, plain as *const () as usize);
+                libc::kill(me, libc::SIGTERM);
+            }
+            "ignore" => {
+                libc::signal(libc::SIGTERM, libc::SIG_IGN);
+                libc::kill(me, libc::SIGTERM);
+                let rc = launch_until_refused();
+                let ign = u8::from(query(libc::SIGTERM) == libc::SIG_IGN);
+                println!("ignored launch_rc={rc} still_ignored={ign}");
+                std::process::exit(0);
+            }
+            "resethand" => {
+                let a = handler(
+                    count as *const () as usize,
+                    libc::SA_SIGINFO | libc::SA_RESETHAND,
+                );
+                libc::sigaction(libc::SIGTERM, &a, std::ptr::null_mut());
+                libc::kill(me, libc::SIGTERM);
+                for _ in 0..500 {
+                    if HANDLED.load(SeqCst) > 0 {
+                        break;
+                    }
+                    pause(10);
+                }
+                let reset = u8::from(query(libc::SIGTERM) == libc::SIG_DFL);
+                println!("handled={} reset={reset}", HANDLED.load(SeqCst));
+                let _ = std::io::stdout().flush();
+                libc::kill(me, libc::SIGTERM);
+            }
+            "sigint-ignored" => {
+                libc::signal(libc::SIGINT, libc::SIG_IGN);
+                libc::kill(me, libc::SIGINT);
+                pause(500);
+                let rc = launch(
+                    f,
+                    1,
+                    1,
+                    1,
+                    32,
+                    1,
+                    1,
+                    0,
+                    null,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                );
+                println!("sigint_ignored launch_rc={rc}");
+                std::process::exit(0);
+            }
+            "blocked" => {
+                let mut set: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut set);
+                libc::sigaddset(&mut set, libc::SIGTERM);
+                libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+                libc::kill(me, libc::SIGTERM);
+                let rc = launch_until_refused();
+                let mut pending: libc::sigset_t = std::mem::zeroed();
+                libc::sigpending(&mut pending);
+                let p = libc::sigismember(&pending, libc::SIGTERM);
+                println!("blocked launch_rc={rc} pending={p}");
+                std::process::exit(0);
+            }
+            _ => die("unknown signals mode"),
+        }
+    }
+    std::thread::sleep(std::time::Duration::from_secs(10));
+    println!("no_handler_ran");
+    std::process::exit(1);
+}
+
+/// `fork-quota`: the parent allocates 48 MiB (fits 64) and 48 more
+/// (refused), launches 3 kernels, forks; the child does the same with 5
+/// launches and exits; the parent then frees and launches 2 more. Prints
+/// `child=PID` and what each side saw.
+fn fork_quota(r: &Resolver) {
+    let (cu, _ctx, f) = setup(r, c"sim_kernel_1us");
+    let launch: Launch = r.get("cuLaunchKernel", "cuLaunchKernel");
+    let sync: fnty::cuStreamSynchronize = r.get("cuStreamSynchronize", "cuStreamSynchronize");
+    let null: H = std::ptr::null_mut();
+    let work = |launches: usize| {
+        let mut rcs = Vec::new();
+        // SAFETY: resolved entry points with valid arguments.
+        unsafe {
+            for _ in 0..launches {
+                check(
+                    launch(
+                        f,
+                        1,
+                        1,
+                        1,
+                        32,
+                        1,
+                        1,
+                        0,
+                        null,
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                    ),
+                    "cuLaunchKernel",
+                );
+            }
+            check(sync(null), "cuStreamSynchronize");
+            for _ in 0..2 {
+                let mut p = 0u64;
+                rcs.push((cu.alloc)(&mut p, 48 * MIB));
+            }
+        }
+        join(&rcs)
+    };
+    let parent = work(3);
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    // SAFETY: fork/waitpid on our own process and child.
+    unsafe {
+        match libc::fork() {
+            -1 => die("fork failed"),
+            0 => {
+                let child = work(5);
+                println!("child_allocs={child}");
+                std::process::exit(0);
+            }
+            child => {
+                let mut status = 0;
+                libc::waitpid(child, &mut status, 0);
+                for _ in 0..2 {
+                    check(
+                        launch(
+                            f,
+                            1,
+                            1,
+                            1,
+                            32,
+                            1,
+                            1,
+                            0,
+                            null,
+                            std::ptr::null_mut(),
+                            std::ptr::null_mut(),
+                        ),
+                        "cuLaunchKernel",
+                    );
+                }
+                check(sync(null), "cuStreamSynchronize");
+                println!("child={child} child_status={status} parent_allocs={parent}");
+            }
+        }
     }
 }
 
@@ -459,7 +1257,7 @@ fn launches(r: &Resolver, n: usize) {
     // 1 ns kernels: the queue stays short, so the loop measures the call path.
     let (cu, _ctx, f) = setup(r, c"sim_kernel_1ns");
     let launch: Launch = r.get("cuLaunchKernel", &pt(r, "cuLaunchKernel"));
-    let sync: unsafe extern "C" fn(H) -> Res =
+    let sync: fnty::cuStreamSynchronize =
         r.get("cuStreamSynchronize", &pt(r, "cuStreamSynchronize"));
     let null: H = std::ptr::null_mut();
     let pp = std::ptr::null_mut();
@@ -504,7 +1302,7 @@ fn allocs(r: &Resolver, n: usize) {
 fn fork_child_launches(r: &Resolver, secs: usize) {
     let (_cu, _ctx, f) = setup(r, c"sim_kernel_1ms");
     let launch: Launch = r.get("cuLaunchKernel", &pt(r, "cuLaunchKernel"));
-    let sync: unsafe extern "C" fn(H) -> Res =
+    let sync: fnty::cuStreamSynchronize =
         r.get("cuStreamSynchronize", &pt(r, "cuStreamSynchronize"));
     let (null, pp): (H, *mut H) = (std::ptr::null_mut(), std::ptr::null_mut());
     // SAFETY: resolved entry points with valid arguments; fork/waitpid on
@@ -558,13 +1356,18 @@ fn exit_on_error(r: &Resolver) {
     }
 }
 
-/// Median and mean of per-call times (ns).
-fn summary(mut v: Vec<u64>) -> (f64, f64) {
-    v.sort_unstable();
-    let mean = v.iter().sum::<u64>() as f64 / v.len().max(1) as f64;
-    (v.get(v.len() / 2).copied().unwrap_or(0) as f64, mean)
+/// Median and mean of per-call times (ns), each sample the mean of a block.
+fn summary(mut v: Vec<f64>) -> (f64, f64) {
+    v.sort_unstable_by(f64::total_cmp);
+    let mean = v.iter().sum::<f64>() / v.len().max(1) as f64;
+    (v.get(v.len() / 2).copied().unwrap_or(0.0), mean)
 }
 
+/// Launches and alloc/free pairs, direct and through the dlopen'ed shim,
+/// interleaved in blocks (the order alternating) in one process, so machine
+/// noise hits both alike. Each sample is one block's mean per call: timing
+/// single calls would add the clock's own cost (tens of ns) to a call of a
+/// few ns (the fake's null mode).
 fn shim_bench(r: &Resolver, n: usize) {
     let path = std::env::var("XCUDA_PROBE_SHIM").unwrap_or_else(|_| die("XCUDA_PROBE_SHIM unset"));
     let c = CString::new(path).unwrap();
@@ -599,10 +1402,10 @@ fn shim_bench(r: &Resolver, n: usize) {
     check(unsafe { x_init(0) }, "xcuda cuInit");
     let (cu, _ctx, f) = setup(r, c"sim_kernel_1ns");
     let d_launch: Launch = r.get("cuLaunchKernel", "cuLaunchKernel");
-    let sync: unsafe extern "C" fn(H) -> Res = r.get("cuStreamSynchronize", "cuStreamSynchronize");
+    let sync: fnty::cuStreamSynchronize = r.get("cuStreamSynchronize", "cuStreamSynchronize");
     let null: H = std::ptr::null_mut();
     let pp = std::ptr::null_mut();
-    let block = 200;
+    let block = 500;
     let (mut ld, mut lx, mut ad, mut ax) = (vec![], vec![], vec![], vec![]);
     // SAFETY: resolved entry points with valid arguments.
     unsafe {
@@ -613,40 +1416,44 @@ fn shim_bench(r: &Resolver, n: usize) {
                 } else {
                     (x_launch, &mut lx)
                 };
+                let t = Instant::now();
                 for _ in 0..block {
-                    let t = Instant::now();
                     check(
                         launch(f, 1, 1, 1, 32, 1, 1, 0, null, pp, pp),
                         "cuLaunchKernel",
                     );
-                    out.push(t.elapsed().as_nanos() as u64);
                 }
+                out.push(t.elapsed().as_nanos() as f64 / block as f64);
                 check(sync(null), "cuStreamSynchronize");
                 let (alloc, free, out) = if which == 0 {
                     (cu.alloc, cu.free, &mut ad)
                 } else {
                     (x_alloc, x_free, &mut ax)
                 };
-                for _ in 0..block / 4 {
+                let pairs = block / 4;
+                let t = Instant::now();
+                for _ in 0..pairs {
                     let mut p = 0u64;
-                    let t = Instant::now();
                     check(alloc(&mut p, MIB), "cuMemAlloc");
                     check(free(p), "cuMemFree");
-                    out.push(t.elapsed().as_nanos() as u64);
                 }
+                out.push(t.elapsed().as_nanos() as f64 / pairs as f64);
             }
         }
     }
     let ((ld50, ldm), (lx50, lxm)) = (summary(ld), summary(lx));
     let ((ad50, _), (ax50, _)) = (summary(ad), summary(ax));
     println!(
-        "direct_launch_ns={ld50:.0} xcuda_launch_ns={lx50:.0} direct_launches_per_s={:.0} xcuda_launches_per_s={:.0}",
+        "direct_launch_ns={ld50:.1} xcuda_launch_ns={lx50:.1} direct_launches_per_s={:.0} xcuda_launches_per_s={:.0}",
         1e9 / ldm,
         1e9 / lxm
     );
-    println!("direct_alloc_free_ns={ad50:.0} xcuda_alloc_free_ns={ax50:.0} added_ns_per_alloc_free={:.0}", ax50 - ad50);
     println!(
-        "added_ns_per_launch={:.0} ratio={:.3}",
+        "direct_alloc_free_ns={ad50:.1} xcuda_alloc_free_ns={ax50:.1} added_ns_per_alloc_free={:.1}",
+        ax50 - ad50
+    );
+    println!(
+        "added_ns_per_launch={:.1} ratio={:.3}",
         lx50 - ld50,
         ldm / lxm
     );
@@ -657,6 +1464,7 @@ fn main() {
     let how = match args.first().map(String::as_str) {
         Some("direct") => How::Direct,
         Some("dlsym") => How::Dlsym,
+        Some("dlsym-deepbind") => How::DlsymDeepbind,
         Some("dlsym-default") => How::DlsymDefault,
         Some("dlvsym") => How::Dlvsym,
         Some("getproc") => How::GetProc,
@@ -673,6 +1481,10 @@ fn main() {
     let r = Resolver::new(how, pt);
     match rest.first() {
         Some(&"api") => api(&r),
+        Some(&"gate") => gate_one(&r, rest.get(1).copied().unwrap_or("")),
+        Some(&"signals") => signals(&r, rest.get(1).copied().unwrap_or("")),
+        Some(&"fork-quota") => fork_quota(&r),
+        Some(&"ctx") => ctx_then_sigterm(&r, rest.get(1).copied().unwrap_or("")),
         Some(&"storm") => storm(&r, n),
         Some(&"launches") => launches(&r, n),
         Some(&"allocs") => allocs(&r, n),

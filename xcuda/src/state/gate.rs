@@ -10,10 +10,10 @@
 //! launch (off the fast path, since the state is not open) calls the
 //! gate's restart function, which starts the child's own watcher.
 
-use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
-use crate::cu;
+use crate::abi::cu;
 
 /// `state` values: 0 = open; 1..=MAX_DELAY_NS = delay each launch by that
 /// many ns; the top four values are the closed states.
@@ -46,8 +46,10 @@ pub struct Gate {
     delayed: AtomicU64,
     delay_ns: AtomicU64,
     /// Called by a launch that finds the gate in the restart state; must
-    /// leave it in another state.
-    restart: fn(),
+    /// leave it in another state. A `fn()` as an address (0: none), set by
+    /// the lifecycle layer at start-up ([`Gate::set_restart`]), so this
+    /// layer does not know that one.
+    restart: AtomicUsize,
 }
 
 /// Counters for the stats file.
@@ -66,11 +68,6 @@ impl Default for Gate {
 
 impl Gate {
     pub const fn new() -> Gate {
-        fn open() {}
-        Gate::with_restart(open)
-    }
-
-    pub const fn with_restart(restart: fn()) -> Gate {
         Gate {
             state: AtomicU64::new(OPEN),
             entered: AtomicU64::new(0),
@@ -78,8 +75,13 @@ impl Gate {
             not_launched: AtomicU64::new(0),
             delayed: AtomicU64::new(0),
             delay_ns: AtomicU64::new(0),
-            restart,
+            restart: AtomicUsize::new(0),
         }
+    }
+
+    /// What a launch in the restart state (a forked child's first) calls.
+    pub fn set_restart(&self, restart: fn()) {
+        self.restart.store(restart as usize, SeqCst);
     }
 
     /// In a forked child (single-threaded, async-signal-safe stores only):
@@ -115,7 +117,12 @@ impl Gate {
     #[cold]
     fn slow(&self, mut s: u64, launch: impl FnOnce() -> u32) -> u32 {
         if s == RESTART {
-            (self.restart)();
+            let f = self.restart.load(SeqCst);
+            if f != 0 {
+                // SAFETY: only ever set from a `fn()` by set_restart.
+                let f = unsafe { std::mem::transmute::<usize, fn()>(f) };
+                f();
+            }
             // Forget the restart state if the restart left it (it must not).
             let _ = self.state.compare_exchange(RESTART, OPEN, SeqCst, SeqCst);
             s = self.state.load(SeqCst);
@@ -258,7 +265,7 @@ mod tests {
     }
 
     static RESTARTED: AtomicBool = AtomicBool::new(false);
-    static FORKED: Gate = Gate::with_restart(restart);
+    static FORKED: Gate = Gate::new();
     fn restart() {
         RESTARTED.store(true, SeqCst);
         FORKED.set(Mode::Delay(Duration::ZERO));
@@ -267,6 +274,7 @@ mod tests {
     #[test]
     fn a_forked_child_restarts_on_its_first_launch() {
         let g = &FORKED;
+        g.set_restart(restart);
         g.set(Mode::Delay(Duration::from_millis(500)));
         g.after_fork();
         assert_eq!(g.counts(), GateCounts::default());

@@ -15,9 +15,9 @@ use nvml_wrapper::enum_wrappers::device::Clock;
 use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::{Device, Nvml};
 
-use crate::controller::{Controller, Params, Sample};
-use crate::gate::Mode;
-use crate::runtime::{self, Settings};
+use crate::state::controller::{Controller, Params, Sample};
+use crate::state::gate::Mode;
+use crate::state::{self, Settings};
 
 const HOUSEKEEPING: Duration = Duration::from_secs(1);
 
@@ -81,7 +81,7 @@ pub fn apply_health(s: &Settings, logged: &mut bool) -> bool {
         .as_deref()
         .is_some_and(|p| health_pauses(p, logged));
     if paused {
-        runtime::gate().set(Mode::Paused);
+        state::gate().set(Mode::Paused);
     }
     paused
 }
@@ -159,7 +159,11 @@ impl<'n> Sampler<'n> {
 }
 
 fn run(s: &'static Settings) {
-    let gate = runtime::gate();
+    // SIGINT/SIGTERM are the exit thread's and the application's: never
+    // delivered here, so xCUDA's threads change nothing about which of the
+    // application's threads takes them (or that they stay pending).
+    super::shutdown::block_signals_in_this_thread();
+    let gate = state::gate();
     let interval = Duration::from_millis(s.env.sample_interval_ms);
     let b = busy();
     let nvml = open_nvml(s);
@@ -181,8 +185,8 @@ fn run(s: &'static Settings) {
         }
         if last_housekeeping.elapsed() >= HOUSEKEEPING {
             last_housekeeping = Instant::now();
-            runtime::write_stats();
-            crate::shutdown::reassert();
+            state::write_stats();
+            super::shutdown::reassert();
         }
     }
 }

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::Mutex;
 
-use crate::cu;
+use crate::abi::cu;
 
 /// Namespaces of handles: device pointers, VMM handles and arrays may share values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -125,6 +125,17 @@ impl MemCap {
         self.live.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// In a child forked after start-up: its books start empty. The parent's
+    /// allocations are not the child's (a CUDA context does not survive a
+    /// fork), and its stats file must count only what the child does, so
+    /// that a job's summed figures count nothing twice.
+    pub fn after_fork(&self) {
+        self.live.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        for c in [&self.used, &self.peak, &self.refused] {
+            c.store(0, SeqCst);
+        }
+    }
+
     /// Clamps the driver's (free, total) to the cap.
     pub fn info(&self, free: u64, total: u64) -> (u64, u64) {
         match self.limit {
@@ -224,6 +235,22 @@ mod tests {
         assert!(ok > 0);
         assert_eq!(m.used(), 0);
         assert!(m.peak() <= 64 * MIB);
+    }
+
+    #[test]
+    fn a_forked_child_starts_from_zero() {
+        let m = MemCap::new(Some(10 * MIB));
+        m.alloc(Kind::Device, 8 * MIB, || 0, || 1, || 8 * MIB);
+        assert_eq!(
+            m.alloc(Kind::Device, 8 * MIB, || 0, || 2, || 8 * MIB),
+            cu::OUT_OF_MEMORY
+        );
+        m.after_fork();
+        assert_eq!((m.used(), m.peak(), m.refused()), (0, 0, 0));
+        // The parent's handle is not the child's to free.
+        assert_eq!(m.free(Kind::Device, 1, || 0), 0);
+        assert_eq!(m.used(), 0);
+        assert_eq!(m.alloc(Kind::Device, 8 * MIB, || 0, || 3, || 8 * MIB), 0);
     }
 
     #[test]

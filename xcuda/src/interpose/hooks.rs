@@ -1,0 +1,468 @@
+//! The hooks, generated from the one entry-point list
+//! ([`cuda_entry_points!`](crate::abi)): for every entry point whose action
+//! is not `pass`, an exported function of its exact C signature that calls
+//! the driver's own function through the action (count against the quota,
+//! gate, record the context...); and [`table`] / [`index_of`], what the
+//! `dlsym`/`dlvsym` hooks and the `cuGetProcAddress` answer look names and
+//! variants up in.
+//!
+//! Every export catches panics (`CUDA_ERROR_UNKNOWN`) and returns the
+//! driver's CUresult as a raw `u32`, so codes we do not know pass through.
+#![allow(non_snake_case)]
+#![allow(clippy::missing_safety_doc)] // C ABI: the CUDA driver API documents these.
+#![allow(clippy::too_many_arguments)] // C signatures.
+
+use std::ffi::{c_char, c_uint, c_void, CStr};
+use std::sync::OnceLock;
+
+use crate::abi::types::*;
+use crate::abi::{cu, Array3dDesc, Array3dDescV1, ArrayDesc, ArrayDescV1, MemAllocNodeParams};
+use crate::lifecycle::start;
+use crate::state::memcap::{array_bytes, Kind};
+use crate::state::{contexts, gate, memcap, Source};
+use crate::sys::driver::{self, COUNT};
+
+/// One entry point of the list: `symbol` is the exported name
+/// (NUL-terminated for dlsym), `base` the name cuGetProcAddress is asked
+/// for, `wrapper` the address of our export (0: passed through, not hooked).
+#[derive(Debug)]
+pub struct Hook {
+    pub symbol: &'static CStr,
+    pub base: &'static str,
+    pub wrapper: usize,
+}
+
+fn guard(f: impl FnOnce() -> CUresult) -> CUresult {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(cu::UNKNOWN)
+}
+
+/// A value a driver writes through an out-pointer, as a number.
+trait OutValue: Copy {
+    fn value(self) -> u64;
+}
+impl OutValue for u32 {
+    fn value(self) -> u64 {
+        self as u64
+    }
+}
+impl OutValue for u64 {
+    fn value(self) -> u64 {
+        self
+    }
+}
+impl OutValue for usize {
+    fn value(self) -> u64 {
+        self as u64
+    }
+}
+impl OutValue for *mut c_void {
+    fn value(self) -> u64 {
+        self as usize as u64
+    }
+}
+
+/// Reads a caller's out-pointer after the driver filled it (0 if null).
+fn out<T: OutValue>(p: *const T) -> u64 {
+    if p.is_null() {
+        return 0;
+    }
+    // SAFETY: non-null out-pointer the driver just wrote on success.
+    unsafe { p.read() }.value()
+}
+
+/// A handle argument (pointer, 32- or 64-bit address) as the books' key.
+trait AsHandle: Copy {
+    fn handle(self) -> u64;
+}
+impl AsHandle for u32 {
+    fn handle(self) -> u64 {
+        self as u64
+    }
+}
+impl AsHandle for u64 {
+    fn handle(self) -> u64 {
+        self
+    }
+}
+impl AsHandle for *mut c_void {
+    fn handle(self) -> u64 {
+        self as usize as u64
+    }
+}
+
+/// An array descriptor: extents (0 = dimension unused), format, channels.
+trait Extents {
+    fn extents(&self) -> (usize, usize, usize, c_uint, c_uint);
+}
+impl Extents for ArrayDesc {
+    fn extents(&self) -> (usize, usize, usize, c_uint, c_uint) {
+        (self.width, self.height, 0, self.format, self.channels)
+    }
+}
+impl Extents for Array3dDesc {
+    fn extents(&self) -> (usize, usize, usize, c_uint, c_uint) {
+        (
+            self.width,
+            self.height,
+            self.depth,
+            self.format,
+            self.channels,
+        )
+    }
+}
+impl Extents for ArrayDescV1 {
+    fn extents(&self) -> (usize, usize, usize, c_uint, c_uint) {
+        let e = |v: c_uint| v as usize;
+        (e(self.width), e(self.height), 0, self.format, self.channels)
+    }
+}
+impl Extents for Array3dDescV1 {
+    fn extents(&self) -> (usize, usize, usize, c_uint, c_uint) {
+        let e = |v: c_uint| v as usize;
+        (
+            e(self.width),
+            e(self.height),
+            e(self.depth),
+            self.format,
+            self.channels,
+        )
+    }
+}
+
+/// The figures `cuMemGetInfo` writes (`usize`, or `c_uint` for v1).
+trait MemFigure: Copy {
+    fn get(self) -> u64;
+    fn from_clamped(v: u64) -> Self;
+}
+impl MemFigure for usize {
+    fn get(self) -> u64 {
+        self as u64
+    }
+    fn from_clamped(v: u64) -> Self {
+        v.min(usize::MAX as u64) as usize
+    }
+}
+impl MemFigure for c_uint {
+    fn get(self) -> u64 {
+        self as u64
+    }
+    fn from_clamped(v: u64) -> Self {
+        v.min(c_uint::MAX as u64) as c_uint
+    }
+}
+
+/// The action applied around the driver's call `$real` (args `$a`).
+macro_rules! act {
+    ($real:ident, ($($a:ident),*), init) => { start::on_init($real($($a),*)) };
+    ($real:ident, ($($a:ident),*), lookup($sym:ident, $pfn:ident)) => {
+        proc_address($sym, $pfn, $real($($a),*))
+    };
+    ($real:ident, ($($a:ident),*), gate) => { gate().pass(|| $real($($a),*)) };
+    ($real:ident, ($($a:ident),*), count($kind:ident, $size:ident, $out:ident)) => {
+        alloc(Kind::$kind, $size as u64, $out, || $real($($a),*))
+    };
+    ($real:ident, ($($a:ident),*), pitch($out:ident, $pitch:ident, $w:ident, $h:ident)) => {
+        alloc_pitch(|| out($out), || out($pitch), $w as usize, $h as usize, || $real($($a),*))
+    };
+    ($real:ident, ($($a:ident),*), array($kind:ident, $out:ident, $desc:ident, $levels:tt)) => {
+        array(Kind::$kind, $out, $desc, $levels, || $real($($a),*))
+    };
+    ($real:ident, ($($a:ident),*), graph_alloc($params:ident)) => {
+        graph_alloc($params, || $real($($a),*))
+    };
+    ($real:ident, ($($a:ident),*), free($kind:ident, $h:ident)) => {
+        memcap().free(Kind::$kind, $h.handle(), || $real($($a),*))
+    };
+    ($real:ident, ($($a:ident),*), cap($free:ident, $total:ident)) => {
+        mem_info($free, $total, $real($($a),*))
+    };
+    ($real:ident, ($($a:ident),*), retained($d:ident)) => { contexts().retained($d, $real($($a),*)) };
+    ($real:ident, ($($a:ident),*), released($d:ident)) => { contexts().released($d, $real($($a),*)) };
+    ($real:ident, ($($a:ident),*), reset($d:ident)) => { contexts().reset($d, $real($($a),*)) };
+    ($real:ident, ($($a:ident),*), created($c:ident)) => {
+        contexts().created($real($($a),*), || out($c))
+    };
+    ($real:ident, ($($a:ident),*), destroyed($c:ident)) => { contexts().destroyed($c, $real($($a),*)) };
+}
+
+/// One export, unless the entry point passes through.
+macro_rules! hook {
+    ($name:ident, pass, ($($arg:ident : $ty:ty),*)) => {};
+    ($name:ident, $action:ident $(( $($aa:tt)* ))?, ($($arg:ident : $ty:ty),*)) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
+            guard(|| {
+                let Some(p) = driver::real(Id::$name as usize) else {
+                    return cu::NOT_FOUND;
+                };
+                // SAFETY: `p` is the driver's export of this very name, whose C
+                // signature is the one the list declares.
+                let f: unsafe extern "C" fn($($ty),*) -> CUresult = unsafe { std::mem::transmute(p) };
+                // SAFETY: the caller's arguments, passed through unchanged.
+                let real = |$($arg: $ty),*| unsafe { f($($arg),*) };
+                act!(real, ($($arg),*), $action $(( $($aa)* ))?)
+            })
+        }
+    };
+}
+
+macro_rules! wrapper {
+    ($name:ident, pass) => {
+        0
+    };
+    ($name:ident, $action:ident) => {
+        $name as *const () as usize
+    };
+}
+
+macro_rules! hooks {
+    ($( {$name:ident, $base:literal, $since:literal, $pt:literal, $action:ident $(( $($aa:tt)* ))?, ( $($arg:ident : $ty:ty),* $(,)? )} )*) => {
+        /// Index of each entry point of the list (hooked or not) in [`table`].
+        #[allow(non_camel_case_types, dead_code)]
+        #[derive(Debug, Clone, Copy)]
+        #[repr(usize)]
+        pub enum Id { $($name),* }
+
+        $( hook!($name, $action $(( $($aa)* ))?, ($($arg: $ty),*)); )*
+
+        /// Every entry point, in [`Id`] order.
+        pub fn table() -> &'static [Hook; COUNT] {
+            static T: OnceLock<[Hook; COUNT]> = OnceLock::new();
+            T.get_or_init(|| [$(Hook {
+                symbol: match CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
+                    Ok(s) => s,
+                    Err(_) => unreachable!(),
+                },
+                base: $base,
+                wrapper: wrapper!($name, $action),
+            }),*])
+        }
+    };
+}
+
+cuda_entry_points!(hooks);
+
+/// The hooked entry point whose exported name is `name`.
+pub fn index_of(name: &[u8]) -> Option<usize> {
+    if !name.starts_with(b"cu") {
+        return None;
+    }
+    table()
+        .iter()
+        .position(|h| h.wrapper != 0 && h.symbol.to_bytes() == name)
+}
+
+/// Bytes of an array of `levels` mipmap levels (each halving every extent,
+/// down to 1) of `w x h x d` elements (0 = dimension unused).
+fn array_size(
+    w: usize,
+    h: usize,
+    d: usize,
+    format: c_uint,
+    channels: c_uint,
+    levels: c_uint,
+) -> u64 {
+    let elems = (0..levels.clamp(1, 64))
+        .map(|l| {
+            [w, h, d]
+                .iter()
+                .fold(1u64, |n, &e| n.saturating_mul(((e as u64) >> l).max(1)))
+        })
+        .fold(0u64, u64::saturating_add);
+    array_bytes(elems, format, channels)
+}
+
+/// Reserves an array's bytes (from its descriptor; null: the driver says
+/// what is wrong with it) around the driver's `call`, recorded by the handle
+/// it writes to `handle_out`.
+fn array<D: Extents>(
+    kind: Kind,
+    handle_out: *mut Handle,
+    desc: *const D,
+    levels: c_uint,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    // SAFETY: a descriptor pointer valid for this call (or null), per the API.
+    match unsafe { desc.as_ref() } {
+        None => call(),
+        Some(d) => {
+            let (w, h, dd, format, channels) = d.extents();
+            let n = array_size(w, h, dd, format, channels, levels);
+            memcap().alloc(kind, n, call, || out(handle_out), || n)
+        }
+    }
+}
+
+fn alloc<T: OutValue>(
+    kind: Kind,
+    size: u64,
+    handle: *const T,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    memcap().alloc(kind, size, call, || out(handle), || size)
+}
+
+/// A graph memory-allocation node: counted when the node is added (the
+/// earliest xCUDA sees it; the driver commits the memory at launch), by the
+/// address the driver writes into the parameters; its free node, or any free
+/// of that address, gives it back.
+fn graph_alloc(params: *mut MemAllocNodeParams, call: impl FnOnce() -> CUresult) -> CUresult {
+    // SAFETY: the caller's parameter block, valid for this call (or null).
+    let Some(size) = (unsafe { params.as_ref() }).map(|p| p.bytesize as u64) else {
+        return call(); // the driver says what is wrong with a null block
+    };
+    memcap().alloc(
+        Kind::Device,
+        size,
+        call,
+        // SAFETY: as above; the driver just wrote `dptr`.
+        || unsafe { (*params).dptr },
+        || size,
+    )
+}
+
+/// `handle` and `pitch` read the driver's outputs after the call.
+fn alloc_pitch(
+    handle: impl FnOnce() -> u64,
+    pitch: impl FnOnce() -> u64,
+    width: usize,
+    height: usize,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    // Reserve with the widest pitch alignment drivers use; settle on the real pitch.
+    let bound = width
+        .div_ceil(512)
+        .saturating_mul(512)
+        .saturating_mul(height.max(1));
+    memcap().alloc(Kind::Device, bound as u64, call, handle, || {
+        pitch().saturating_mul(height.max(1) as u64)
+    })
+}
+
+/// `cuMemGetInfo` (either width): the cap as the total, what is left of it
+/// as the free memory.
+fn mem_info<T: MemFigure>(free_bytes: *mut T, total_bytes: *mut T, rc: CUresult) -> CUresult {
+    if rc != cu::SUCCESS || free_bytes.is_null() || total_bytes.is_null() {
+        return rc;
+    }
+    // SAFETY: both out-pointers non-null and just written by the driver.
+    unsafe {
+        let (f, t) = memcap().info((*free_bytes).get(), (*total_bytes).get());
+        *free_bytes = T::from_clamped(f);
+        *total_bytes = T::from_clamped(t);
+    }
+    rc
+}
+
+/// After the real cuGetProcAddress: swap the driver's function for our
+/// wrapper of the same variant. Unknown names and variants pass untouched.
+fn proc_address(symbol: *const c_char, pfn: *mut *mut c_void, rc: CUresult) -> CUresult {
+    if rc != cu::SUCCESS || symbol.is_null() || pfn.is_null() {
+        return rc;
+    }
+    // SAFETY: NUL-terminated name per the API; pfn non-null and just written.
+    let (name, p) = unsafe { (CStr::from_ptr(symbol), *pfn as usize) };
+    if p == 0 {
+        return rc;
+    }
+    if let Some(i) = hook_of_driver_fn(name.to_bytes(), p) {
+        if !deliberately_unhooked(i) {
+            // SAFETY: as above.
+            unsafe { *pfn = table()[i].wrapper as *mut c_void };
+        }
+    }
+    rc
+}
+
+/// Which hook's driver function is `p`? By address, then by the exported
+/// name `dladdr` gives it (drivers may hand out other addresses than dlsym).
+pub fn hook_of_driver_fn(base: &[u8], p: usize) -> Option<usize> {
+    let t = table();
+    if let Some(i) =
+        (0..COUNT).find(|&i| t[i].base.as_bytes() == base && driver::real_if_known(i) == p)
+    {
+        return Some(i);
+    }
+    // SAFETY: dladdr only reads the address; the info is plain data.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; a valid out-pointer.
+    let ok = unsafe { libc::dladdr(p as *const c_void, &mut info) } != 0;
+    if !ok || info.dli_sname.is_null() || info.dli_saddr as usize != p {
+        return None;
+    }
+    // SAFETY: dladdr returned a NUL-terminated symbol name.
+    let sname = unsafe { CStr::from_ptr(info.dli_sname) };
+    index_of(sname.to_bytes()).filter(|&i| t[i].base.as_bytes() == base)
+}
+
+/// Test-only mutation, to prove the lookup tests can fail: the hook named by
+/// `MUXFLOW_XCUDA_TEST_UNHOOK` is not handed out by `cuGetProcAddress`,
+/// `dlsym` or `dlvsym` (the driver's own function is). Honoured only where
+/// the environment is trusted anyway (root, outside a Slurm job: see
+/// [`Source`]); a job's processes never read it.
+pub fn deliberately_unhooked(i: usize) -> bool {
+    static UNHOOKED: OnceLock<Option<usize>> = OnceLock::new();
+    let u = *UNHOOKED.get_or_init(|| {
+        let name = std::env::var(TEST_UNHOOK).ok()?;
+        if Source::of_this_process() != Source::RootEnvironment {
+            return None;
+        }
+        let i = index_of(name.as_bytes());
+        crate::log(format_args!(
+            "{TEST_UNHOOK}={name}: lookups of it return the driver's function (a test's deliberate breakage)"
+        ));
+        i
+    });
+    u == Some(i)
+}
+
+/// The variable [`deliberately_unhooked`] reads.
+pub const TEST_UNHOOK: &str = "MUXFLOW_XCUDA_TEST_UNHOOK";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_follows_the_list_and_variants_share_their_base() {
+        let t = table();
+        assert_eq!(t.len(), crate::abi::ENTRY_POINTS.len());
+        for (i, (h, e)) in t.iter().zip(crate::abi::ENTRY_POINTS).enumerate() {
+            assert_eq!(h.symbol.to_str().unwrap(), e.symbol);
+            assert_eq!(h.wrapper != 0, e.action != "pass", "{}", e.symbol);
+            if h.wrapper != 0 {
+                assert_eq!(index_of(h.symbol.to_bytes()), Some(i));
+            }
+            let s = h.symbol.to_str().unwrap();
+            assert!(s.starts_with(h.base), "{s} vs {}", h.base);
+            let rest = &s[h.base.len()..];
+            assert!(
+                rest.is_empty() || rest.starts_with("_v") || rest.starts_with("_pt"),
+                "{s}"
+            );
+        }
+        assert_eq!(
+            index_of(b"cuLaunchKernel_ptsz"),
+            Some(Id::cuLaunchKernel_ptsz as usize)
+        );
+        assert_eq!(
+            index_of(b"cuMemPoolCreate"),
+            None,
+            "a pass entry is not hooked"
+        );
+        assert_eq!(index_of(b"cuNotHooked"), None);
+        assert_eq!(index_of(b"malloc"), None);
+    }
+
+    #[test]
+    fn array_sizes_count_every_mipmap_level() {
+        const FLOAT: c_uint = 0x20;
+        assert_eq!(array_size(1024, 0, 0, FLOAT, 1, 1), 4096);
+        assert_eq!(array_size(1024, 768, 0, FLOAT, 4, 1), 1024 * 768 * 16);
+        // 8x4x2, 4x2x1, 2x1x1, 1x1x1 (extents stop halving at 1).
+        assert_eq!(array_size(8, 4, 2, FLOAT, 1, 4), (64 + 8 + 2 + 1) * 4);
+        // Levels are at least 1, and absurd extents saturate rather than wrap.
+        assert_eq!(array_size(16, 0, 0, FLOAT, 1, 0), 64);
+        assert_eq!(array_size(usize::MAX, usize::MAX, 2, FLOAT, 1, 1), u64::MAX);
+    }
+}

@@ -1,0 +1,8 @@
+//! The lifecycle layer: what happens over a process's life around the
+//! state — start-up at `cuInit` ([`start`]), the watcher that samples the
+//! GPU and moves the gate ([`watcher`]), fork, the graceful exit on
+//! SIGINT/SIGTERM and the signal interposition it needs ([`shutdown`]).
+
+pub mod shutdown;
+pub mod start;
+pub mod watcher;

@@ -1,0 +1,64 @@
+//! The state layer: what xCUDA knows and counts, with no I/O beyond the
+//! stats file and no knowledge of how calls reach it. Settings, the launch
+//! gate and its controller, the memory cap, the context book, the counters
+//! and their file; the process-wide instances of each.
+
+pub mod contexts;
+pub mod controller;
+pub mod gate;
+pub mod memcap;
+pub mod settings;
+pub mod stats;
+
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Mutex, OnceLock};
+
+pub use contexts::Contexts;
+use gate::Gate;
+use memcap::MemCap;
+pub use settings::{settings, Settings, Source};
+use stats::Counters;
+
+static GATE: Gate = Gate::new();
+
+pub fn gate() -> &'static Gate {
+    &GATE
+}
+
+pub fn memcap() -> &'static MemCap {
+    static M: OnceLock<MemCap> = OnceLock::new();
+    M.get_or_init(|| MemCap::new(settings().env.mem_limit_bytes))
+}
+
+pub fn contexts() -> &'static Contexts {
+    static C: OnceLock<Contexts> = OnceLock::new();
+    C.get_or_init(Contexts::default)
+}
+
+pub fn counters() -> Counters {
+    let g = gate().counts();
+    let m = memcap();
+    Counters {
+        launches: g.launches,
+        delayed: g.delayed,
+        delay_us: g.delay_us,
+        oom: m.refused(),
+        peak_bytes: m.peak(),
+    }
+}
+
+/// Writes the stats file if the plugin asked for one; logs the first failure.
+pub fn write_stats() {
+    static LOGGED: AtomicBool = AtomicBool::new(false);
+    // One writer at a time (watcher, exit thread, atexit share the temp name);
+    // counters read inside, so the last file written is the newest.
+    static WRITING: Mutex<()> = Mutex::new(());
+    if let Some(dir) = &settings().env.stats_dir {
+        let _w = WRITING.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(e) = stats::write(dir, std::process::id(), &counters()) {
+            if !LOGGED.swap(true, Relaxed) {
+                crate::log(format_args!("{e}"));
+            }
+        }
+    }
+}
