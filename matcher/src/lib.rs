@@ -42,6 +42,7 @@ pub mod bench;
 pub mod exact;
 pub mod hints;
 pub mod history;
+pub mod metrics;
 pub mod predict;
 pub mod prune;
 pub mod reader;

@@ -19,6 +19,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use muxflow_matcher::bench::{self, BenchArgs, DenseMode};
 use muxflow_matcher::history::HistoryCache;
+use muxflow_matcher::metrics::MatcherMetrics;
 use muxflow_matcher::predict::{self, runs_from_sacct, Model};
 use muxflow_matcher::reader::{parse_sacct, Names};
 use muxflow_matcher::round::{plan, Plan};
@@ -172,16 +173,52 @@ fn main() -> anyhow::Result<()> {
     tracing::info!(?interval, dry_run = cli.dry_run, "muxflow-matcher looping");
     // Only the sacct history is carried between rounds, as a cache.
     let mut history = HistoryCache::default();
-    loop {
+    let mut metrics = MatcherMetrics::default();
+    let served = match &config.metrics.listen {
+        Some(addr) => Some(muxflow_matcher::metrics::serve(addr)?),
+        None => None,
+    };
+    for n in 0u64.. {
         let start = Instant::now();
         match round(&config, &slurm, &mut history, cli.dry_run) {
-            Ok(plan) => tracing::info!("{}", plan.summary_line()),
+            Ok(plan) => {
+                tracing::info!("{}", plan.summary_line());
+                metrics.round_done(&plan.summary, start.elapsed().as_secs_f64());
+            }
             // The next round reads Slurm afresh.
-            Err(e) => tracing::error!("round failed: {e:#}"),
+            Err(e) => {
+                tracing::error!("round failed: {e:#}");
+                metrics.round_failed(start.elapsed().as_secs_f64());
+            }
+        }
+        if served.is_some() || config.metrics.textfile_dir.is_some() {
+            // The predictor's error trains several models: not every round.
+            if n % EVALUATE_EVERY_ROUNDS == 0 {
+                metrics.evaluated(predict::evaluate(&history.runs()));
+            }
+            let text = metrics.exposition().render();
+            if let Some(dir) = &config.metrics.textfile_dir {
+                if let Err(e) = muxflow::metrics::write_atomic(
+                    dir.as_path(),
+                    muxflow_matcher::metrics::TEXTFILE,
+                    &text,
+                ) {
+                    tracing::warn!("metrics textfile: {e}");
+                }
+            }
+            if let Some(shared) = &served {
+                if let Ok(mut t) = shared.lock() {
+                    *t = text;
+                }
+            }
         }
         std::thread::sleep(interval.saturating_sub(start.elapsed()));
     }
+    Ok(())
 }
+
+/// Rounds between two measurements of the predictor's error for metrics.
+const EVALUATE_EVERY_ROUNDS: u64 = 10;
 
 /// One round: read, predict, match, apply.
 fn round(

@@ -18,7 +18,9 @@
 //! * `muxflow_node_actions_total` (label `action`) and
 //!   `muxflow_mps_restarts_total` — what the health steps did, from the
 //!   GPU's record; `muxflow_node_policed_total` (label `code`) — processes
-//!   the node terminated.
+//!   the node terminated;
+//! * `muxflow_online_latency_p99_seconds`, `muxflow_online_requests_per_second`
+//!   — the online service's figures where its workload reports them.
 
 use std::collections::BTreeSet;
 
@@ -99,6 +101,29 @@ pub fn collect(ns: &NodeState, node: &str) -> (Exposition, Vec<(u32, BTreeSet<u3
             l.push(("mode", mode.as_str().to_string()));
             e.gauge("muxflow_gpu_jobs", "Jobs on the GPU, by mode.")
                 .sample(&l, jobs.iter().filter(|j| j.mode == mode).count() as f64);
+        }
+        for job in jobs.iter().filter(|j| j.mode == Mode::Online) {
+            // The service's own figures, where its workload writes them to
+            // $MUXFLOW_JOB_REPORT (claims: it can only misreport itself).
+            let mut claims = JobReport::default();
+            let files = read_claim_files(&ns.xcuda_stats_dir(job.job_id));
+            claims.add_claims(files.iter().map(|(n, t)| (n.as_str(), t.as_str())));
+            let mut l = base.to_vec();
+            l.push(("job", job.job_id.to_string()));
+            if let Some(p99) = claims.p99_ms {
+                e.gauge(
+                    "muxflow_online_latency_p99_seconds",
+                    "The online service's 99th percentile latency, as its workload reports it.",
+                )
+                .sample(&l, p99 / 1000.0);
+            }
+            if let Some(rps) = claims.rps {
+                e.gauge(
+                    "muxflow_online_requests_per_second",
+                    "Requests the online service served per second, as its workload reports it.",
+                )
+                .sample(&l, rps);
+            }
         }
         for job in jobs.iter().filter(|j| j.mode == Mode::Offline) {
             let mut l = base.to_vec();

@@ -157,3 +157,81 @@ fn the_node_textfile_and_job_mapping_follow_the_jobs_on_a_shared_gpu() {
     promtool_accepts(&path);
     c.assert_no_drain();
 }
+
+#[test]
+fn the_matcher_serves_its_round_figures_and_writes_its_textfile() {
+    let c = Cluster::get();
+    let base = std::fs::read_to_string(c.dir.join("etc/muxflow.toml")).unwrap();
+    assert!(
+        base.contains("[metrics]\n"),
+        "the dev cluster config has [metrics]"
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let textdir = c.scratch("matcher-metrics");
+    let config = base.replace(
+        "[metrics]\n",
+        &format!(
+            "[metrics]\nlisten = \"127.0.0.1:{port}\"\n\
+             # the matcher's own textfile, apart from the nodes'\n"
+        ),
+    );
+    let config = config.replacen(
+        "textfile_dir = ",
+        &format!("textfile_dir = \"{}\"\n#", textdir.display()),
+        1,
+    );
+    let path = c.scratch("matcher-metrics-config").join("muxflow.toml");
+    std::fs::write(&path, config).unwrap();
+    let mut cmd = c.cmd(
+        muxflow_tests::target()
+            .join("muxflow-matcher")
+            .to_str()
+            .unwrap(),
+    );
+    cmd.arg("--config")
+        .arg(&path)
+        .args(["--interval", "1", "--dry-run"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut child = cmd.spawn().unwrap();
+    let fetch = || -> Option<String> {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        Some(out)
+    };
+    let start = std::time::Instant::now();
+    let body = loop {
+        if let Some(r) = fetch().filter(|r| r.contains("muxflow_matcher_rounds_total 2")) {
+            break r;
+        }
+        assert!(
+            start.elapsed() < WAIT,
+            "no second round on :{port}: {:?}",
+            fetch()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(body.contains("version=0.0.4"), "{body}");
+    assert!(
+        body.contains("muxflow_matcher_round_duration_seconds "),
+        "{body}"
+    );
+    assert!(
+        body.contains("muxflow_matcher_gpus{state=\"online\"}"),
+        "{body}"
+    );
+    let file = textdir.join("muxflow-matcher.prom");
+    promtool_accepts(&file);
+    assert!(std::fs::read_to_string(&file)
+        .unwrap()
+        .contains("# TYPE muxflow_matcher_rounds_total counter"));
+}
