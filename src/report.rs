@@ -80,7 +80,7 @@ pub struct JobReport {
 /// below what would overflow a reader or drown the predictor.
 pub fn claim_bound(key: &str) -> Option<f64> {
     Some(match key {
-        "launches" | "delayed" | "oom" | "steps" | "requests" => 1e15,
+        "launches" | "delayed" | "oom" | "steps" | "requests" | "released" => 1e15,
         "delay_ms" => 1e15,
         "peak_mib" => (1u64 << 20) as f64,
         "steps_per_s" | "rps" => 1e6,

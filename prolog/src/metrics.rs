@@ -12,7 +12,8 @@
 //! * `muxflow_offline_sm_share_ratio`, `muxflow_offline_memory_cap_bytes` —
 //!   what the policy gave each offline job;
 //! * `muxflow_xcuda_launches_total`, `…_delayed_launches_total`,
-//!   `…_delay_seconds_total`, `…_oom_refusals_total` — xCUDA's counters of
+//!   `…_delay_seconds_total`, `…_oom_refusals_total`,
+//!   `…_graceful_releases_total` — xCUDA's counters of
 //!   each running offline job (its own claims: a job can only misreport
 //!   itself);
 //! * `muxflow_node_actions_total` (label `action`) and
@@ -28,7 +29,7 @@ use muxflow::health::HealthState;
 use muxflow::limits::JobLimits;
 use muxflow::metrics::Exposition;
 use muxflow::node_state::NodeState;
-use muxflow::report::{read_claim_files, JobReport};
+use muxflow::report::{last_kv_line, read_claim_files, JobReport};
 use muxflow::{Config, Mode};
 
 use crate::sysmon::load_record;
@@ -167,6 +168,19 @@ pub fn collect(ns: &NodeState, node: &str) -> (Exposition, Vec<(u32, BTreeSet<u3
                     claims.oom.map(|v| v as f64),
                 ),
             ];
+            // Not in the job report: summed here from xCUDA's files.
+            let released: u64 = files
+                .iter()
+                .filter(|(n, _)| n.starts_with("xcuda."))
+                .filter_map(|(_, t)| {
+                    muxflow::report::claim_u64("released", last_kv_line(t)?.get("released")?)
+                })
+                .fold(0u64, u64::saturating_add);
+            e.counter(
+                "muxflow_xcuda_graceful_releases_total",
+                "Processes of the offline job whose GPU contexts xCUDA released on SIGTERM or SIGINT.",
+            )
+            .sample(&l, released as f64);
             for (name, help, value) in counters {
                 if let Some(v) = value {
                     e.counter(name, help).sample(&l, v);
@@ -198,5 +212,78 @@ pub fn publish(config: &Config, ns: &NodeState, node: &str) {
         if let Err(e) = muxflow::metrics::write_job_mapping(dir.as_path(), &mapping) {
             tracing::warn!("dcgm job mapping: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use muxflow::config::Xcuda;
+    use muxflow::node_state::JobRecord;
+    use muxflow::xcuda_env::XcudaEnv;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn an_offline_jobs_limits_and_xcuda_counters_become_labelled_series() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let ns = NodeState::new(dir.path());
+        let lock = ns.lock_gpu(1).unwrap();
+        for (job_id, mode) in [(7, Mode::Online), (12, Mode::Offline)] {
+            let rec = JobRecord {
+                job_id,
+                mode,
+                uid: 0,
+            };
+            ns.add_job(&lock, 1, &rec).unwrap();
+        }
+        drop(lock);
+        let limits = JobLimits {
+            job_id: 12,
+            gpu: 1,
+            sm_pct: 30,
+            mem_cap_mib: Some(1024),
+            xcuda: XcudaEnv::from_config(&Xcuda::default(), 1),
+        };
+        let ldir = ns.limits_dir();
+        std::fs::create_dir_all(&ldir).unwrap();
+        std::fs::set_permissions(&ldir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let lpath = muxflow::limits::path(&ldir, 12);
+        std::fs::write(&lpath, limits.encode()).unwrap();
+        std::fs::set_permissions(&lpath, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let stats = ns.xcuda_stats_dir(12);
+        std::fs::create_dir_all(&stats).unwrap();
+        for (pid, released) in [(100, 1), (101, 0)] {
+            std::fs::write(
+                stats.join(format!("xcuda.{pid}")),
+                format!("launches=10 delayed=4 delay_us=1500000 oom=2 peak_bytes=0 released={released}\n"),
+            )
+            .unwrap();
+        }
+        let online_stats = ns.xcuda_stats_dir(7);
+        std::fs::create_dir_all(&online_stats).unwrap();
+        std::fs::write(
+            online_stats.join("job.report"),
+            "requests=10 rps=50 p99_ms=8.5\n",
+        )
+        .unwrap();
+
+        let (e, mapping) = collect(&ns, "n1");
+        let text = e.render();
+        let job = "{node=\"n1\",gpu=\"1\",job=\"12\"}";
+        for want in [
+            format!("muxflow_offline_sm_share_ratio{job} 0.3\n"),
+            format!("muxflow_offline_memory_cap_bytes{job} 1073741824\n"),
+            format!("muxflow_xcuda_launches_total{job} 20\n"),
+            format!("muxflow_xcuda_delayed_launches_total{job} 8\n"),
+            format!("muxflow_xcuda_delay_seconds_total{job} 3\n"),
+            format!("muxflow_xcuda_oom_refusals_total{job} 4\n"),
+            format!("muxflow_xcuda_graceful_releases_total{job} 1\n"),
+            "muxflow_online_latency_p99_seconds{node=\"n1\",gpu=\"1\",job=\"7\"} 0.0085\n".into(),
+            "muxflow_gpu_jobs{node=\"n1\",gpu=\"1\",mode=\"offline\"} 1\n".into(),
+        ] {
+            assert!(text.contains(&want), "missing {want}in\n{text}");
+        }
+        assert_eq!(mapping, vec![(1, BTreeSet::from([7, 12]))]);
     }
 }

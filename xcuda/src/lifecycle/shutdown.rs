@@ -518,6 +518,7 @@ fn exit(sig: c_int) {
         ));
     }
     release_contexts();
+    state::count_release();
     gate.finish_shutdown();
     state::write_stats();
     RELEASED.store(true, SeqCst);

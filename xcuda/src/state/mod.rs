@@ -10,7 +10,7 @@ pub mod memcap;
 pub mod settings;
 pub mod stats;
 
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, OnceLock};
 
 pub use contexts::Contexts;
@@ -35,6 +35,14 @@ pub fn contexts() -> &'static Contexts {
     C.get_or_init(Contexts::default)
 }
 
+static RELEASES: AtomicU64 = AtomicU64::new(0);
+
+/// Counts a graceful release of the process's contexts (the stats file's
+/// `released`, the node's `muxflow_xcuda_graceful_releases_total`).
+pub fn count_release() {
+    RELEASES.fetch_add(1, Relaxed);
+}
+
 pub fn counters() -> Counters {
     let g = gate().counts();
     let m = memcap();
@@ -44,6 +52,7 @@ pub fn counters() -> Counters {
         delay_us: g.delay_us,
         oom: m.refused(),
         peak_bytes: m.peak(),
+        released: RELEASES.load(Relaxed),
     }
 }
 

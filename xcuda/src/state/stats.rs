@@ -12,13 +12,15 @@ pub struct Counters {
     pub delay_us: u64,
     pub oom: u64,
     pub peak_bytes: u64,
+    /// Graceful releases of the process's contexts on SIGTERM/SIGINT (0 or 1).
+    pub released: u64,
 }
 
 impl Counters {
     pub fn line(&self) -> String {
         format!(
-            "launches={} delayed={} delay_us={} oom={} peak_bytes={}\n",
-            self.launches, self.delayed, self.delay_us, self.oom, self.peak_bytes
+            "launches={} delayed={} delay_us={} oom={} peak_bytes={} released={}\n",
+            self.launches, self.delayed, self.delay_us, self.oom, self.peak_bytes, self.released
         )
     }
 }
@@ -62,6 +64,7 @@ mod tests {
             delay_us: 300,
             oom: 1,
             peak_bytes: 1 << 20,
+            released: 0,
         };
         write(d.path(), 42, &c).unwrap();
         c.launches = 6;
@@ -69,7 +72,7 @@ mod tests {
         let s = std::fs::read_to_string(path(d.path(), 42)).unwrap();
         assert_eq!(
             s,
-            "launches=6 delayed=2 delay_us=300 oom=1 peak_bytes=1048576\n"
+            "launches=6 delayed=2 delay_us=300 oom=1 peak_bytes=1048576 released=0\n"
         );
         let names: Vec<_> = std::fs::read_dir(d.path())
             .unwrap()
