@@ -530,6 +530,9 @@ pub struct Model {
     job_fail: Vec<f64>,
     partner_fail: Vec<f64>,
     fail_prior: f64,
+    /// Range of (share, mem, rate) over the training pairs: the regression
+    /// is not extrapolated beyond what it was fitted on.
+    seen_range_features: [(f64, f64); 3],
 }
 
 impl Model {
@@ -575,6 +578,15 @@ impl Model {
         let mut constant = [0.0; FEATURES];
         constant[0] = mean_x;
         m.coef = Some(coef.unwrap_or(constant));
+        let range = |f: &dyn Fn(&PairObs) -> f64| {
+            e.pairs
+                .iter()
+                .map(f)
+                .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+                    (lo.min(v), hi.max(v))
+                })
+        };
+        m.seen_range_features = [range(&|p| p.share), range(&|p| p.mem), range(&|p| p.rate)];
         let obs: Vec<(u32, u32, f64, f64)> = e
             .pairs
             .iter()
@@ -674,11 +686,18 @@ impl Model {
 
     fn raw(&self, share: f64, mem: f64, rate: f64) -> f64 {
         match &self.coef {
-            Some(c) => features(share, mem, rate)
+            Some(c) => {
+                let [s, m, r] = self.seen_range_features;
+                features(
+                    share.clamp(s.0, s.1),
+                    mem.clamp(m.0, m.1),
+                    rate.clamp(r.0, r.1),
+                )
                 .iter()
                 .zip(c)
                 .map(|(x, b)| x * b)
-                .sum(),
+                .sum()
+            }
             None => default_prediction(share),
         }
     }
@@ -1656,5 +1675,45 @@ mod tests {
             })
             .collect();
         assert_eq!(choose_features(&pairs), BASE_FEATURES);
+    }
+
+    #[test]
+    fn side_features_are_not_extrapolated_beyond_the_history() {
+        // The history saw small jobs only (memory feature up to 0.1), where
+        // more memory cost speed steeply; a job filling the room is not
+        // predicted from that slope's extension (which says 0).
+        let mut rng = ChaCha8Rng::seed_from_u64(8);
+        let pairs: Vec<PairObs> = (0..30)
+            .map(|i| {
+                let mem = rng.gen_range(0.0..0.1);
+                PairObs {
+                    job: key("u", &format!("j{i}")),
+                    partner: key("s", &format!("k{}", i % 3)),
+                    x: 1.0 - 3.0 * mem,
+                    runs: 2,
+                    share: 0.5,
+                    mem,
+                    rate: DEFAULT_RATE,
+                }
+            })
+            .collect();
+        let m = Model::from_estimates(&Estimates {
+            pairs,
+            run_sd: 0.02,
+            ..Estimates::default()
+        });
+        let gpu = GpuTerms {
+            share: 0.5,
+            room_mib: 10_000,
+            partner: None,
+        };
+        let big = JobTerms {
+            index: None,
+            peak_mib: Some(9_000),
+            rate: DEFAULT_RATE,
+        };
+        let e = m.predict_terms(&big, &gpu).unwrap();
+        // Within what the history saw (0.7 to 1), not the slope's 0.01.
+        assert!(e.mean > 0.65 && e.mean <= 1.0, "{e:?}");
     }
 }

@@ -124,10 +124,12 @@ impl SlurmCli {
                 "User".into(),
             ],
         )?;
+        // A reused ID (a cluster whose state was reset) lists older jobs
+        // first: the last line is the newest.
         Ok(out
             .lines()
             .map(str::trim)
-            .find(|l| !l.is_empty())
+            .rfind(|l| !l.is_empty())
             .map(str::to_string))
     }
 

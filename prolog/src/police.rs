@@ -236,7 +236,7 @@ pub fn police_gpu(
         };
         // A process NVML saw before it showed in the server's list (it was
         // connecting) is not outside MPS: ask the server again first.
-        if verdict.code == "not_mps" && mps_clients(mps).contains_key(&pid) {
+        if verdict.code == "not_mps" && !outside_mps_after_grace(procfs, mps, pid) {
             continue;
         }
         if already_policed(ns, job, pid) {
@@ -283,6 +283,37 @@ pub fn police_gpu(
         record_peak(ns, job, mib);
     }
     out
+}
+
+/// How long a process NVML lists outside MPS gets to show up as a client
+/// (connecting) or to die (exiting) before it counts as outside.
+const NOT_MPS_GRACE: Duration = Duration::from_millis(300);
+
+/// A process NVML lists but the MPS server does not: at its connect (NVML
+/// sees the context before the server lists the client) and at its exit
+/// (the server drops the client before the process is gone) that is no
+/// escape. Asks again after [`NOT_MPS_GRACE`]: outside only if the process
+/// still runs and is still no client. Only on suspicion, so a check costs
+/// nothing more otherwise.
+fn outside_mps_after_grace(procfs: &Procfs, mps: &MpsDaemon, pid: u32) -> bool {
+    if mps_clients(mps).contains_key(&pid) {
+        return false;
+    }
+    std::thread::sleep(NOT_MPS_GRACE);
+    let running = std::fs::read_to_string(procfs.path(pid, "stat"))
+        .ok()
+        .and_then(|stat| {
+            // The state follows the command's closing parenthesis.
+            let state = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .next()?
+                .to_string();
+            Some(state != "Z" && state != "X")
+        })
+        .unwrap_or(false);
+    running && !mps_clients(mps).contains_key(&pid)
 }
 
 /// Raises the job's measured peak GPU memory (all its processes on the GPU

@@ -64,18 +64,18 @@ fn step_until(c: &Cluster, config: &Path, node: &str, gpu: u32, want: HealthStat
 #[test]
 fn the_node_textfile_and_job_mapping_follow_the_jobs_on_a_shared_gpu() {
     let c = Cluster::get();
-    c.cancel_named("mfm-");
-    let _cancel = CancelNamed(&c, "mfm-");
+    c.cancel_named("mfx-");
+    let _cancel = CancelNamed(&c, "mfx-");
     let cfg = c.health_config("metrics", "min_dwell_s = 1\nrecovery_quiet_s = 1");
     let node = "node2";
-    let (online, gpu) = c.online_workload("mfm-online", node, 0.05, 1000);
+    let (online, gpu) = c.online_workload("mfx-online", node, 0.05, 1000);
     c.settle_healthy(&cfg, node, gpu, 1000);
     let script = format!(
         "#!/bin/sh\n{}\n",
         c.workload("offline --duration 120 --kernels-per-step 4 --kernel-us 200")
     );
     let offline = c
-        .sbatch(&["--muxflow=offline", "--job-name", "mfm-offline"], &script)
+        .sbatch(&["--muxflow=offline", "--job-name", "mfx-offline"], &script)
         .unwrap();
     c.place(offline, node, gpu);
     c.wait_running(offline, WAIT);

@@ -80,6 +80,10 @@ fn run(cli: &Cli) -> anyhow::Result<String> {
                 since.clone(),
             ])
             .context("reading the job's earlier runs from sacct")?;
+        // Asked by user: theirs, whatever the JSON's user field says.
+        for j in &mut more {
+            j.user.clone_from(&job.user);
+        }
         let partners: Vec<String> = more
             .iter()
             .chain(&listing)
@@ -112,6 +116,8 @@ fn run(cli: &Cli) -> anyhow::Result<String> {
                         .is_some_and(|r| r.partner == Some(cli.job))
                 }),
         );
+        // The job's own record first: it wins over its copies in `more`.
+        more.retain(|j| j.job_id != cli.job);
         listing.extend(more);
         latest_per_id(&mut listing);
     }
