@@ -492,6 +492,16 @@ impl Cluster {
     }
 }
 
+/// Cancels the jobs whose names start with its prefix when dropped, so a
+/// test's long-running jobs go however the test ends.
+pub struct CancelNamed<'a>(pub &'a Cluster, pub &'static str);
+
+impl Drop for CancelNamed<'_> {
+    fn drop(&mut self) {
+        self.0.cancel_named(self.1);
+    }
+}
+
 /// The directory of the workspace's built programs (`MUXFLOW_TARGET`).
 pub fn target() -> PathBuf {
     std::env::var_os("MUXFLOW_TARGET")

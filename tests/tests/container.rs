@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use muxflow::report::JobReport;
-use muxflow_tests::{target, Cluster};
+use muxflow_tests::{target, CancelNamed, Cluster};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -58,16 +58,6 @@ exec env -u LD_PRELOAD bwrap "${{args[@]}}" -- \
             .display(),
         sim = sim.display(),
     )
-}
-
-/// Cancels the test's jobs however the test ends (its online service runs
-/// until cancelled).
-struct CancelNamed<'a>(&'a Cluster, &'static str);
-
-impl Drop for CancelNamed<'_> {
-    fn drop(&mut self) {
-        self.0.cancel_named(self.1);
-    }
 }
 
 #[test]

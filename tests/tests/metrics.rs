@@ -10,17 +10,9 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use muxflow::health::HealthState;
-use muxflow_tests::Cluster;
+use muxflow_tests::{CancelNamed, Cluster};
 
 const WAIT: Duration = Duration::from_secs(60);
-
-struct CancelNamed<'a>(&'a Cluster, &'static str);
-
-impl Drop for CancelNamed<'_> {
-    fn drop(&mut self) {
-        self.0.cancel_named(self.1);
-    }
-}
 
 fn textfile(c: &Cluster, node: &str) -> PathBuf {
     c.node_path("var/lib/prometheus/{node}/muxflow.prom", node)

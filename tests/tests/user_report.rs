@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use muxflow_tests::{target, Cluster};
+use muxflow_tests::{target, CancelNamed, Cluster};
 
 const WAIT: Duration = Duration::from_secs(60);
 const USER: &str = "nobody";
@@ -20,14 +20,6 @@ fn report(c: &Cluster, user: Option<&str>, args: &[&str]) -> (bool, String, Stri
     };
     cmd.args(args);
     c.run(cmd)
-}
-
-struct CancelNamed<'a>(&'a Cluster, &'static str);
-
-impl Drop for CancelNamed<'_> {
-    fn drop(&mut self) {
-        self.0.cancel_named(self.1);
-    }
 }
 
 #[test]
