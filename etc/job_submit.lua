@@ -21,6 +21,12 @@ job_desc.spank_job_env. Then:
            once, by the matcher, while the job is held. An offline job
            released unplaced (only root or SlurmUser can) holds no GPU: the
            Prolog refuses it and it goes back to the queue, held.
+           Refused at submit, with a message naming the option and what to
+           do instead (offline_refusal): --exclusive (an offline job shares
+           its node and GPU by design), more than one node (-N 2, -N 1-2),
+           more than one GPU (--gres=gpu:2, --gpus=2, --gpus-per-task with
+           several tasks): it would otherwise wait forever, fail when its
+           tasks start, or run on one GPU's slot with no word said.
   online   The job keeps its gres/gpu request and is tagged in AdminComment so
            the matcher finds it.
 
@@ -119,6 +125,74 @@ local function muxflow_mode(job_desc)
 	return nil
 end
 
+-- Slurm's NO_VAL16: job_desc.shared when no --exclusive/--oversubscribe was given.
+local NO_VAL16 = 65534
+-- job_desc.shared: JOB_SHARED_NONE (--exclusive), _OK (--oversubscribe),
+-- _USER (--exclusive=user), _MCS (--exclusive=mcs).
+local SHARED_OK = 1
+
+-- GPUs a TRES string asks for: "gres:gpu:4", "gres:gpu:a100:2", "gres:gpu"
+-- (one). Other GRES are not counted.
+local function gpu_count(tres)
+	local n = 0
+	if tres == nil then
+		return 0
+	end
+	for item in string.gmatch(tres, "[^,]+") do
+		local rest = string.match(item, "^gres[:/]gpu(.*)$")
+		if rest ~= nil then
+			local count = string.match(rest, ":(%d+)$")
+			n = n + (tonumber(count) or 1)
+		end
+	end
+	return n
+end
+
+local function set(v)
+	return v ~= nil and v ~= NO_VAL and v ~= 0
+end
+
+-- Why an offline job cannot run as asked (a message naming the option and
+-- what to do instead), or nil. Offline work runs beside an online job, on
+-- one GPU of one node, placed by the matcher: an option that cannot be met
+-- there is refused now rather than accepted and left pending (or started
+-- on less than asked).
+local function offline_refusal(job_desc)
+	local shared = job_desc.shared
+	if shared ~= nil and shared ~= NO_VAL16 and shared ~= SHARED_OK then
+		return "--exclusive cannot be used with --muxflow=offline: an offline job shares its node and GPU "
+			.. "with an online job by design. Drop --exclusive, or submit without --muxflow to get whole nodes"
+	end
+	local min_nodes, max_nodes = job_desc.min_nodes, job_desc.max_nodes
+	if (set(min_nodes) and min_nodes > 1) or (set(max_nodes) and max_nodes > 1) then
+		local asked = tostring(set(min_nodes) and min_nodes or max_nodes)
+		if set(min_nodes) and set(max_nodes) and max_nodes ~= min_nodes then
+			asked = min_nodes .. "-" .. max_nodes
+		end
+		return "-N/--nodes=" .. asked .. " cannot be used with --muxflow=offline: an offline job runs on one node "
+			.. "(multi-node offline jobs are not supported). Submit with -N 1, or without --muxflow"
+	end
+	local gpus = 0
+	for _, field in ipairs({ "tres_per_node", "tres_per_job" }) do
+		gpus = math.max(gpus, gpu_count(job_desc[field]))
+	end
+	for _, field in ipairs({ "tres_per_socket", "tres_per_task" }) do
+		if gpu_count(job_desc[field]) > 0 then
+			local tasks = job_desc.num_tasks
+			local per = gpu_count(job_desc[field])
+			if field == "tres_per_socket" or (set(tasks) and tasks > 1) or per > 1 then
+				gpus = math.max(gpus, 2)
+			end
+		end
+	end
+	if gpus > 1 then
+		return "more than one GPU (--gres=gpu:N, --gpus, --gpus-per-*) cannot be used with --muxflow=offline: "
+			.. "an offline job gets one GPU's offline slot. Ask for one GPU (--gres=gpu:1), "
+			.. "or submit without --muxflow for whole GPUs"
+	end
+	return nil
+end
+
 -- Drops every gres:gpu request from a tres_per_node string: an offline job
 -- takes an offline slot, never a whole GPU.
 local function without_gpu(tres)
@@ -156,6 +230,11 @@ function muxflow_job_submit(job_desc)
 		return slurm.SUCCESS
 	end
 	if mode == "offline" then
+		local why = offline_refusal(job_desc)
+		if why ~= nil then
+			slurm.log_user("muxflow: %s", why)
+			return slurm.ERROR
+		end
 		local others = without_gpu(job_desc.tres_per_node)
 		if PARK_OFFLINE then
 			-- Slurm's Lua binding takes strings only: "" clears the request.
