@@ -26,7 +26,9 @@ job_desc.spank_job_env. Then:
            its node and GPU by design), more than one node (-N 2, -N 1-2),
            more than one GPU (--gres=gpu:2, --gpus=2, --gpus-per-task with
            several tasks): it would otherwise wait forever, fail when its
-           tasks start, or run on one GPU's slot with no word said.
+           tasks start, or run on one GPU's slot with no word said; and
+           --no-requeue (muxflow requeues an offline job when an online job
+           lands on its GPU).
   online   The job keeps its gres/gpu request and is tagged in AdminComment so
            the matcher finds it.
 
@@ -162,6 +164,11 @@ local function offline_refusal(job_desc)
 	if shared ~= nil and shared ~= NO_VAL16 and shared ~= SHARED_OK then
 		return "--exclusive cannot be used with --muxflow=offline: an offline job shares its node and GPU "
 			.. "with an online job by design. Drop --exclusive, or submit without --muxflow to get whole nodes"
+	end
+	if job_desc.requeue == 0 then
+		return "--no-requeue cannot be used with --muxflow=offline: muxflow puts an offline job back in the "
+			.. "queue when an online job needs its GPU (or its GPU turns unhealthy before it starts). "
+			.. "Drop --no-requeue (make the job restartable), or submit without --muxflow"
 	end
 	local min_nodes, max_nodes = job_desc.min_nodes, job_desc.max_nodes
 	if (set(min_nodes) and min_nodes > 1) or (set(max_nodes) and max_nodes > 1) then

@@ -2,12 +2,21 @@
 //! exact matching, and the hint updates to send. Pure: Slurm I/O lives in
 //! [`crate::slurm`].
 //!
-//! Candidates of a pending offline job: GPUs that run an online job, are
-//! Healthy, have their offline slot free, leave room for the job's memory
-//! (its history's peak, or nothing known), and — for a job whose slot type
-//! Slurm already fixed — have that GPU index. The graph is pruned with
-//! [`crate::prune::spread_scored`] (`matcher.candidates_per_job`) and
-//! solved exactly.
+//! Candidates of a pending offline job: Healthy GPUs with their offline
+//! slot free that either run an online job (scored by the predictor next
+//! to it) or are idle — no job holds them as gres/gpu — (scored at the
+//! job's solo speed, [`Predictor::solo`]: issue 15), that leave room for
+//! the job's memory (its history's peak, or nothing known), and — for a
+//! job whose slot type Slurm already fixed — have that GPU index. The
+//! graph is pruned with [`crate::prune::spread_scored`]
+//! (`matcher.candidates_per_job`) and solved exactly.
+//!
+//! An idle GPU's offline job gets the SM ceiling and the GPU's memory less
+//! the reserve ([`muxflow::policy::GpuFacts::without_online`]); an online
+//! job that lands there later requeues it (the Prolog), and the matcher
+//! places it again next to that online job or elsewhere. On a tie with a
+//! shared GPU the shared one wins ([`IDLE_TIE_BREAK`]): the same predicted
+//! throughput without the risk of that requeue.
 //!
 //! A round scores every job that holds a hint and the oldest held jobs up
 //! to [`HELD_JOBS_PER_OPEN_GPU`] per open GPU ([`considered_jobs`]): a long
@@ -18,7 +27,8 @@
 //!
 //! ```text
 //! JOB     NAME        ACTION  NODE    GPU       SPEED  REASON
-//! 17      train-x     place   node1   0    0.812±0.05  best total predicted throughput
+//! 17      train-x     place   node1   0    0.812±0.05  best total predicted throughput (online job 12)
+//! 18      train-y     place   node4   1    1.000±0.00  idle GPU: runs alone at its solo speed (best total predicted throughput)
 //! ```
 //!
 //! ACTION is `place` (hint written), `keep` (already placed there), `park`
@@ -35,6 +45,7 @@
 use std::fmt::Write as _;
 
 use muxflow::config::{Matcher, Policy};
+use muxflow::policy::{offline_mem_cap_mib, GpuFacts};
 use serde::Serialize;
 
 use crate::hints::{update_args, Target};
@@ -85,6 +96,8 @@ pub struct Decision {
 pub struct Summary {
     pub pending_offline: usize,
     pub online_gpus: usize,
+    /// GPUs no job holds as gres/gpu, of any health (issue 15).
+    pub idle_gpus: usize,
     pub open_gpus: usize,
     pub candidate_edges: usize,
     pub placed: usize,
@@ -122,6 +135,11 @@ pub trait Predictor: Sync {
     fn estimate(&self, job: &Self::Job, gpu: &Self::Gpu) -> Option<(f64, f64)> {
         self.predict(job, gpu).map(|p| (p, 0.0))
     }
+    /// The job alone on idle GPU `gpu`, which leaves it `room_mib` of
+    /// memory: its normalized throughput (1 by definition: its speed there
+    /// ÷ its speed alone) and standard deviation; `None`: not a candidate
+    /// (its memory does not fit, or the GPU is not one it may use).
+    fn solo(&self, job: &Self::Job, gpu: &GpuState, room_mib: u64) -> Option<(f64, f64)>;
 }
 
 impl Predictor for Model {
@@ -140,10 +158,41 @@ impl Predictor for Model {
     fn estimate(&self, job: &JobTerms, gpu: &GpuTerms) -> Option<(f64, f64)> {
         self.predict_terms(job, gpu).map(|e| (e.mean, e.sd))
     }
+    fn solo(&self, job: &JobTerms, _gpu: &GpuState, room_mib: u64) -> Option<(f64, f64)> {
+        // The node-measured peak decides, as next to an online job.
+        job.peak_mib
+            .is_none_or(|p| p <= room_mib)
+            .then_some((1.0, 0.0))
+    }
+}
+
+/// What an idle GPU's weight is lowered by, so that a shared GPU predicted
+/// as fast wins the tie: one unit of the solver's integer weights.
+pub const IDLE_TIE_BREAK: f64 = 1.0 / crate::weights::SCALE;
+
+/// Memory an offline job may use on an idle GPU: the GPU's less the
+/// reserve ([`GpuFacts::without_online`]); 0 when the GPU's is unknown.
+pub fn idle_room_mib(gpu: &GpuState, policy: &Policy) -> u64 {
+    let facts = GpuFacts {
+        online_solo_sm_pct: None,
+        online_mem_mib: None,
+        mem_total_mib: (gpu.published.mem_mib > 0).then_some(gpu.published.mem_mib),
+    };
+    offline_mem_cap_mib(policy, &facts.without_online()).unwrap_or(0)
+}
+
+/// A candidate GPU's terms: next to an online job, or idle.
+enum Side<G> {
+    Shared(G),
+    Idle { room_mib: u64 },
 }
 
 const NO_CANDIDATE: &str =
-    "no candidate: no Healthy GPU with an online job, a free offline slot and room";
+    "no candidate: no Healthy GPU (idle or with an online job) with a free offline slot and room";
+
+/// The reason of a placement on an idle GPU.
+pub const IDLE_REASON: &str =
+    "idle GPU: runs alone at its solo speed (best total predicted throughput)";
 
 /// Held jobs a round scores per open GPU, oldest first (lowest job id). A
 /// round places at most one job per open GPU, so a longer queue only costs
@@ -185,18 +234,39 @@ pub fn plan<P: Predictor>(
         .iter()
         .map(|j| (model.job_terms(j), j.slot_gpu))
         .collect();
-    let gpu_terms: Vec<(P::Gpu, u32)> = open
+    let gpu_terms: Vec<(Side<P::Gpu>, u32)> = open
         .iter()
-        .map(|&i| (model.gpu_terms(&state.gpus[i], policy), state.gpus[i].index))
+        .map(|&i| {
+            let gpu = &state.gpus[i];
+            let side = if gpu.online_jobs.is_empty() {
+                Side::Idle {
+                    room_mib: idle_room_mib(gpu, policy),
+                }
+            } else {
+                Side::Shared(model.gpu_terms(gpu, policy))
+            };
+            (side, gpu.index)
+        })
         .collect();
+    let estimate = |j: usize, g: usize| -> Option<(f64, f64)> {
+        match &gpu_terms[g].0 {
+            Side::Shared(gpu) => model.estimate(&job_terms[j].0, gpu),
+            Side::Idle { room_mib } => model.solo(&job_terms[j].0, &state.gpus[open[g]], *room_mib),
+        }
+    };
     let score = |j: u32, g: u32| -> Option<i64> {
         let (job, slot_gpu) = &job_terms[j as usize];
-        let (gpu, index) = &gpu_terms[g as usize];
+        let (side, index) = &gpu_terms[g as usize];
         // Slurm 22.05 cannot move a job's typed slot to another GPU index.
         if slot_gpu.is_some_and(|i| i != *index) {
             return None;
         }
-        model.predict(job, gpu).and_then(quantize)
+        match side {
+            Side::Shared(gpu) => model.predict(job, gpu).and_then(quantize),
+            Side::Idle { room_mib } => model
+                .solo(job, &state.gpus[open[g as usize]], *room_mib)
+                .and_then(|(mean, _)| quantize(mean - IDLE_TIE_BREAK)),
+        }
     };
     let threads = SolveOptions::default().threads;
     let edges = spread_scored(
@@ -229,15 +299,10 @@ pub fn plan<P: Predictor>(
         let (target, predicted, reason) = match assigned[j] {
             Some((g, w)) => {
                 let gpu = &state.gpus[open[g as usize]];
-                let shown = model
-                    .estimate(&job_terms[j].0, &gpu_terms[g as usize].0)
-                    .unwrap_or((to_throughput(w), 0.0));
-                (
-                    Target::Gpu {
-                        node: gpu.node.clone(),
-                        gpu: gpu.index,
-                    },
-                    Some(shown),
+                let shown = estimate(j, g as usize).unwrap_or((to_throughput(w), 0.0));
+                let reason = if gpu.online_jobs.is_empty() {
+                    IDLE_REASON.to_string()
+                } else {
                     format!(
                         "best total predicted throughput (online job {})",
                         gpu.online_jobs
@@ -245,7 +310,15 @@ pub fn plan<P: Predictor>(
                             .map(u32::to_string)
                             .collect::<Vec<_>>()
                             .join(",")
-                    ),
+                    )
+                };
+                (
+                    Target::Gpu {
+                        node: gpu.node.clone(),
+                        gpu: gpu.index,
+                    },
+                    Some(shown),
+                    reason,
                 )
             }
             None if !has_edge[j] => (Target::Parked, None, NO_CANDIDATE.to_string()),
@@ -339,7 +412,16 @@ pub fn plan<P: Predictor>(
         .collect();
     let summary = Summary {
         pending_offline: state.pending.len(),
-        online_gpus: state.gpus.len(),
+        online_gpus: state
+            .gpus
+            .iter()
+            .filter(|g| !g.online_jobs.is_empty())
+            .count(),
+        idle_gpus: state
+            .gpus
+            .iter()
+            .filter(|g| g.online_jobs.is_empty())
+            .count(),
         open_gpus: open.len(),
         candidate_edges: edges.len(),
         placed: placed.len(),
@@ -389,8 +471,8 @@ impl Plan {
     pub fn summary_line(&self) -> String {
         let m = &self.summary;
         format!(
-            "round: {} pending offline, {} online GPUs ({} open), {} candidate edges, {} placed, predicted total {:.3}, {} updates, {} deferred, {} waiting",
-            m.pending_offline, m.online_gpus, m.open_gpus, m.candidate_edges, m.placed,
+            "round: {} pending offline, {} online GPUs, {} idle GPUs ({} open), {} candidate edges, {} placed, predicted total {:.3}, {} updates, {} deferred, {} waiting",
+            m.pending_offline, m.online_gpus, m.idle_gpus, m.open_gpus, m.candidate_edges, m.placed,
             m.predicted_total, m.updates, m.deferred, m.waiting
         )
     }
@@ -476,6 +558,115 @@ mod tests {
         assert_eq!(at, [Some("b"), Some("a")]);
         assert!((p.summary.predicted_total - 1.6).abs() < 1e-9);
         assert_eq!(p.summary.open_gpus, 2);
+    }
+
+    fn idle(node: &str, state: HealthState) -> GpuState {
+        GpuState {
+            online_jobs: vec![],
+            ..gpu(node, state, 0, 0, false)
+        }
+    }
+
+    #[test]
+    fn idle_gpus_take_offline_work_at_solo_speed_and_lose_ties_to_shared_ones() {
+        let mut m = model();
+        m.profiles.insert(
+            ("u".into(), "huge".into()),
+            crate::predict::Profile {
+                peak_mib: Some(80_000),
+                ..Default::default()
+            },
+        );
+        let cfg = muxflow::Config::default();
+        struct Case {
+            name: &'static str,
+            gpus: Vec<GpuState>,
+            jobs: Vec<PendingJob>,
+            /// (node, reason starts with) per job, in job order.
+            want: Vec<(Option<&'static str>, &'static str)>,
+        }
+        let cases = [
+            Case {
+                name: "a tie (both predicted 1.0): the shared GPU",
+                gpus: vec![
+                    gpu("a", HealthState::Healthy, 10, 4_000, false),
+                    idle("b", HealthState::Healthy),
+                ],
+                jobs: vec![job(1, "small", true, "", None)],
+                want: vec![(Some("a"), "best total predicted throughput (online job 1)")],
+            },
+            Case {
+                name: "big fits only the idle GPU (60 GB, 30 GB online beside)",
+                gpus: vec![
+                    gpu("a", HealthState::Healthy, 10, 30_000, false),
+                    idle("b", HealthState::Healthy),
+                ],
+                jobs: vec![job(1, "big", true, "", None)],
+                want: vec![(Some("b"), IDLE_REASON)],
+            },
+            Case {
+                name: "an idle cluster: every job on an idle GPU, not on a faulty or taken one",
+                gpus: vec![
+                    idle("a", HealthState::Healthy),
+                    idle("b", HealthState::Faulty),
+                    GpuState {
+                        slot_used: true,
+                        ..idle("c", HealthState::Healthy)
+                    },
+                    idle("d", HealthState::Healthy),
+                ],
+                jobs: vec![
+                    job(1, "small", true, "", None),
+                    job(2, "big", true, "", None),
+                    job(3, "small", true, "", None),
+                ],
+                want: vec![
+                    (Some("a"), IDLE_REASON),
+                    (Some("d"), IDLE_REASON),
+                    (None, "its candidate GPUs went to jobs with a higher total"),
+                ],
+            },
+            Case {
+                name: "more memory than an idle GPU leaves (80 GB > 81559 - 2048 MiB)",
+                gpus: vec![idle("a", HealthState::Healthy)],
+                jobs: vec![job(1, "huge", true, "", None)],
+                want: vec![(None, "no candidate")],
+            },
+        ];
+        for c in cases {
+            let state = ClusterState {
+                gpus: c.gpus,
+                pending: c.jobs,
+                ..ClusterState::default()
+            };
+            let p = plan(&state, &m, &cfg.policy, &cfg.matcher, &names());
+            let got: Vec<(Option<&str>, &str)> = p
+                .decisions
+                .iter()
+                .map(|d| (d.node.as_deref(), d.reason.as_str()))
+                .collect();
+            assert_eq!(got.len(), c.want.len(), "{}", c.name);
+            for ((node, reason), (want_node, want_reason)) in got.iter().zip(&c.want) {
+                assert_eq!(node, want_node, "{}: {:?}", c.name, p.decisions);
+                assert!(reason.starts_with(want_reason), "{}: {reason}", c.name);
+            }
+            for d in p.decisions.iter().filter(|d| d.reason == IDLE_REASON) {
+                assert_eq!(
+                    (d.predicted, d.confidence),
+                    (Some(1.0), Some(0.0)),
+                    "{}",
+                    c.name
+                );
+            }
+            assert_eq!(
+                p.summary.idle_gpus,
+                state
+                    .gpus
+                    .iter()
+                    .filter(|g| g.online_jobs.is_empty())
+                    .count()
+            );
+        }
     }
 
     #[test]

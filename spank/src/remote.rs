@@ -205,7 +205,12 @@ impl RemoteState {
         let (sm_pct, cap) = match JobLimits::read_trusted(&state.limits_dir(), ctx.job_id, 0) {
             Ok((l, _)) if l.gpu == gpu => (l.sm_pct, l.mem_cap_mib),
             _ => {
-                let facts = state.facts(gpu)?;
+                let mut facts = state.facts(gpu)?;
+                if ctx.partner.is_none() {
+                    // No online job on the GPU now (issue 15: idle GPUs take
+                    // offline work): the recorded figures are a departed one's.
+                    facts = facts.without_online();
+                }
                 (
                     offline_sm_percent(&config.policy, facts.online_solo_sm_pct),
                     offline_mem_cap_mib(&config.policy, &facts),

@@ -56,6 +56,14 @@ fn options_an_offline_job_cannot_run_with_are_refused_at_submit() {
             ],
         },
         Case {
+            name: "not restartable",
+            args: &["--no-requeue"],
+            says: &[
+                "--no-requeue cannot be used with --muxflow=offline",
+                "Drop --no-requeue",
+            ],
+        },
+        Case {
             name: "two GPUs per node",
             args: &["--gres=gpu:2"],
             says: gpus,
@@ -88,7 +96,7 @@ fn options_an_offline_job_cannot_run_with_are_refused_at_submit() {
     let accepted: [&[&str]; 4] = [
         &["--muxflow=offline", "--gres=gpu:1"],
         &["--muxflow=offline", "-N", "1"],
-        &["--muxflow=offline", "--oversubscribe"],
+        &["--muxflow=offline", "--oversubscribe", "--requeue"],
         &["--exclusive", "-N", "2", "--hold"],
     ];
     let mut ids = Vec::new();
