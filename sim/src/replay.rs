@@ -882,6 +882,7 @@ impl<'a> Sim<'a> {
                     now_s: self.now as u64,
                     metrics: Some(metrics),
                     fault: false,
+                    offline_only: false,
                 },
                 &self.cfg.health,
             );

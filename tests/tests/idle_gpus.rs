@@ -12,6 +12,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use muxflow::health::HealthState;
 use muxflow_tests::{target, Cluster};
 
 const PREFIX: &str = "mfi-";
@@ -118,6 +119,22 @@ fn offline_jobs_start_on_idle_gpus_and_leave_when_an_online_job_lands() {
         );
         placed.push((id, ran_on, gpu));
     }
+
+    // The offline job alone saturates its GPU: its own load is not
+    // contention, so the GPU stays Healthy (it would otherwise turn
+    // Overloaded and pause the job that caused it).
+    let (_, node0, gpu0) = placed[0].clone();
+    let cfg = c.health_config("idle-health", "min_dwell_s = 1\nrecovery_quiet_s = 1");
+    c.sim_load(&node0, gpu0, 0.99);
+    for _ in 0..3 {
+        c.health_step(&cfg, &node0);
+    }
+    assert_eq!(
+        c.published_gpu(&node0, gpu0).state,
+        HealthState::Healthy,
+        "an offline job alone overloaded its GPU"
+    );
+    c.sim_load(&node0, gpu0, 0.0);
 
     // An online job takes the whole node of the first offline job (both of
     // its GPUs, so Slurm's choice of GPU cannot dodge it). The other
