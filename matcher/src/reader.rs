@@ -265,6 +265,23 @@ pub fn job_mode(admin_comment: &str) -> Option<Mode> {
     JobReport::decode(admin_comment).ok().and_then(|r| r.mode)
 }
 
+/// Most GPUs one offline job is read as asking for: beyond any node's
+/// count, and a bound on what a malformed record can make a round try.
+pub const MAX_JOB_GPUS: u32 = 64;
+
+/// The GPU count (`gpus=`, [`muxflow::placement::GPUS_KEY`]) in an offline
+/// job's AdminComment; 1 when absent or unreadable, at most
+/// [`MAX_JOB_GPUS`].
+pub fn job_gpus(admin_comment: &str) -> u32 {
+    let Some(rest) = admin_comment.trim().strip_prefix(muxflow::report::TAG) else {
+        return 1;
+    };
+    muxflow::kv::parse(rest)
+        .ok()
+        .and_then(|m| m.get(muxflow::placement::GPUS_KEY)?.parse::<u32>().ok())
+        .map_or(1, |k| k.clamp(1, MAX_JOB_GPUS))
+}
+
 /// How the matcher names its Slurm objects (config `[slurm]`).
 #[derive(Debug, Clone)]
 pub struct Names {
@@ -300,10 +317,13 @@ pub struct PendingJob {
     pub user: String,
     pub name: String,
     pub required_nodes: String,
-    /// GPU index of the typed offline slot it requests, if any. Slurm 22.05
-    /// keeps the first typed GRES a job was given through every later update,
-    /// so once set it fixes the GPU index the job can be placed on.
-    pub slot_gpu: Option<u32>,
+    /// GPU indices of the typed offline slots it requests (ascending; empty:
+    /// none yet). Slurm 22.05 keeps the first typed GRES a job was given
+    /// through every later update, so once set they fix the GPU indices the
+    /// job can be placed on.
+    pub slot_gpus: Vec<u32>,
+    /// GPUs it asked for, on one node (issue 15: more than 1 is a gang).
+    pub gpus: u32,
     /// Held (priority 0): how job_submit.lua parks offline jobs.
     pub held: bool,
 }
@@ -365,16 +385,25 @@ impl ClusterState {
                     }
                 }
                 (Some(Mode::Offline), false) if j.job_state == "PENDING" => {
-                    let slot_gpu = parse_gres(&j.tres_per_node)
+                    let mut slot_gpus: Vec<u32> = parse_gres(&j.tres_per_node)
                         .into_iter()
                         .filter(|g| g.name == names.offline_gres && g.count > 0)
-                        .find_map(|g| g.kind.as_deref().and_then(slot_index));
+                        .filter_map(|g| g.kind.as_deref().and_then(slot_index))
+                        .collect();
+                    slot_gpus.sort_unstable();
+                    slot_gpus.dedup();
+                    // The count job_submit.lua (or the matcher's placement)
+                    // wrote; a record that lost it (the Prolog's refusal, the
+                    // end-of-run report) still has the typed slots Slurm keeps.
+                    let asked = job_gpus(&j.admin_comment);
+                    let gpus = asked.max(slot_gpus.len() as u32).max(1);
                     st.pending.push(PendingJob {
                         id: j.job_id,
                         user: j.user_name.clone(),
                         name: j.name.clone(),
                         required_nodes: j.required_nodes.clone(),
-                        slot_gpu,
+                        slot_gpus,
+                        gpus,
                         held: j.state_reason.starts_with("JobHeld"),
                     });
                 }
@@ -618,6 +647,38 @@ mod tests {
             .map(|(_, g)| (g.node.as_str(), g.index))
             .collect();
         assert_eq!(open, [("a", 0), ("a", 1), ("b", 0), ("d", 0)]);
+    }
+
+    #[test]
+    fn a_jobs_gpu_count_comes_from_its_record_or_its_typed_slots() {
+        assert_eq!(job_gpus("muxflow:v1 mode=offline gpus=2"), 2);
+        assert_eq!(job_gpus("muxflow:v1 mode=offline gpus=2 placed=n:g0,g1"), 2);
+        assert_eq!(job_gpus("muxflow:v1 mode=offline"), 1, "absent: one");
+        assert_eq!(
+            job_gpus("muxflow:v1 mode=offline gpus=x"),
+            1,
+            "unreadable: one"
+        );
+        assert_eq!(job_gpus("gpus=4"), 1, "not muxflow's record");
+        assert_eq!(
+            job_gpus("muxflow:v1 mode=offline gpus=100000"),
+            MAX_JOB_GPUS
+        );
+        // The Prolog's refusal dropped the count; Slurm kept both typed slots.
+        let pending = SqueueJob {
+            job_id: 3,
+            job_state: "PENDING".into(),
+            admin_comment: "muxflow:v1 mode=offline refused=gpu_busy".into(),
+            tres_per_node: "gres:mfslot:g1:1,gres:mfslot:g0:1".into(),
+            state_reason: "JobHeldAdmin".into(),
+            ..SqueueJob::default()
+        };
+        let names = Names::from_config(&muxflow::config::Slurm::default());
+        let st = ClusterState::build(&[pending], &[], &names);
+        assert_eq!(
+            (st.pending[0].gpus, &st.pending[0].slot_gpus[..]),
+            (2, &[0, 1][..])
+        );
     }
 
     #[test]

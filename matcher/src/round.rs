@@ -48,6 +48,7 @@ use muxflow::config::{Matcher, Policy};
 use muxflow::policy::{offline_mem_cap_mib, GpuFacts};
 use serde::Serialize;
 
+use crate::gang::{place_gangs, GangChoice};
 use crate::hints::{update_args, Target};
 use crate::predict::{GpuTerms, JobTerms, Model};
 use crate::prune::spread_scored;
@@ -82,7 +83,11 @@ pub struct Decision {
     pub user: String,
     pub action: Action,
     pub node: Option<String>,
+    /// The first of `gpus`.
     pub gpu: Option<u32>,
+    /// Its GPUs on `node` (a k-GPU job's gang: k of them); empty when not
+    /// placed.
+    pub gpus: Vec<u32>,
     pub predicted: Option<f64>,
     /// The prediction's standard deviation.
     pub confidence: Option<f64>,
@@ -230,9 +235,9 @@ pub fn plan<P: Predictor>(
     let waiting = state.pending.len() - considered.len();
     let jobs: Vec<&PendingJob> = considered.iter().map(|&i| &state.pending[i]).collect();
     // Lookups once per job and per GPU; the per-pair score is arithmetic.
-    let job_terms: Vec<(P::Job, Option<u32>)> = jobs
+    let job_terms: Vec<(P::Job, &[u32])> = jobs
         .iter()
-        .map(|j| (model.job_terms(j), j.slot_gpu))
+        .map(|j| (model.job_terms(j), &j.slot_gpus[..]))
         .collect();
     let gpu_terms: Vec<(Side<P::Gpu>, u32)> = open
         .iter()
@@ -255,10 +260,10 @@ pub fn plan<P: Predictor>(
         }
     };
     let score = |j: u32, g: u32| -> Option<i64> {
-        let (job, slot_gpu) = &job_terms[j as usize];
+        let (job, slot_gpus) = &job_terms[j as usize];
         let (side, index) = &gpu_terms[g as usize];
-        // Slurm 22.05 cannot move a job's typed slot to another GPU index.
-        if slot_gpu.is_some_and(|i| i != *index) {
+        // Slurm 22.05 cannot move a job's typed slots to other GPU indices.
+        if !slot_gpus.is_empty() && !slot_gpus.contains(index) {
             return None;
         }
         match side {
@@ -268,13 +273,60 @@ pub fn plan<P: Predictor>(
                 .and_then(|(mean, _)| quantize(mean - IDLE_TIE_BREAK)),
         }
     };
+    // k-GPU jobs first, by the documented greedy (crate::gang), then the
+    // exact matching of the 1-GPU jobs on the GPUs they left.
+    let node_of: Vec<u32> = {
+        let mut ids: std::collections::HashMap<&str, u32> = Default::default();
+        open.iter()
+            .map(|&i| {
+                let n = ids.len() as u32;
+                *ids.entry(state.gpus[i].node.as_str()).or_insert(n)
+            })
+            .collect()
+    };
+    let gangs: Vec<(u32, u32)> = jobs
+        .iter()
+        .enumerate()
+        .filter(|(_, j)| j.gpus > 1)
+        .map(|(i, j)| (i as u32, j.gpus))
+        .collect();
+    let is_gang: Vec<bool> = jobs.iter().map(|j| j.gpus > 1).collect();
     let threads = SolveOptions::default().threads;
+    // Each GPU's price: its dual in the 1-GPU jobs' own optimum.
+    let price: Vec<i64> = if gangs.is_empty() {
+        Vec::new()
+    } else {
+        let alone = |j: u32, g: u32| (!is_gang[j as usize]).then(|| score(j, g)).flatten();
+        let edges = spread_scored(
+            jobs.len(),
+            open.len(),
+            matcher.candidates_per_job,
+            threads,
+            alone,
+        );
+        solve_with(jobs.len(), open.len(), &edges, &SolveOptions::default())
+            .expect("candidate edges are in range, positive and unique")
+            .duals
+            .gpu
+    };
+    let mut taken = vec![false; open.len()];
+    let gang_choice = place_gangs(&gangs, &node_of, &price, &mut taken, &score);
+    let mut gang_of: Vec<Option<&GangChoice>> = vec![None; jobs.len()];
+    for (&(j, _), c) in gangs.iter().zip(&gang_choice) {
+        gang_of[j as usize] = c.as_ref();
+    }
+    let single = |j: u32, g: u32| -> Option<i64> {
+        if is_gang[j as usize] || taken[g as usize] {
+            return None;
+        }
+        score(j, g)
+    };
     let edges = spread_scored(
         jobs.len(),
         open.len(),
         matcher.candidates_per_job,
         threads,
-        score,
+        single,
     );
     let sol = solve_with(jobs.len(), open.len(), &edges, &SolveOptions::default())
         .expect("candidate edges are in range, positive and unique");
@@ -296,7 +348,43 @@ pub fn plan<P: Predictor>(
 
     let mut decisions = Vec::with_capacity(jobs.len());
     for (j, &job) in jobs.iter().enumerate() {
-        let (target, predicted, reason) = match assigned[j] {
+        let (target, predicted, reason) = match (gang_of[j], assigned[j]) {
+            (Some(c), _) => {
+                let first = &state.gpus[open[c.gpus[0] as usize]];
+                // Its speed is its slowest GPU's (synchronous training).
+                let shown = c
+                    .gpus
+                    .iter()
+                    .filter_map(|&g| estimate(j, g as usize))
+                    .min_by(|a, b| a.0.total_cmp(&b.0))
+                    .unwrap_or((to_throughput(c.min_weight), 0.0));
+                let mut gpus: Vec<u32> = c
+                    .gpus
+                    .iter()
+                    .map(|&g| state.gpus[open[g as usize]].index)
+                    .collect();
+                gpus.sort_unstable();
+                (
+                    Target::Gpus {
+                        node: first.node.clone(),
+                        gpus,
+                    },
+                    Some(shown),
+                    format!(
+                        "gang of {} GPUs on one node at its slowest GPU's speed (greedy, before the exact matching)",
+                        job.gpus
+                    ),
+                )
+            }
+            (None, _) if is_gang[j] => (
+                Target::Parked,
+                None,
+                format!(
+                    "no candidate: no node with {} Healthy GPUs free for it (idle or with an online job, with room)",
+                    job.gpus
+                ),
+            ),
+            (None, Some(_)) | (None, None) => match assigned[j] {
             Some((g, w)) => {
                 let gpu = &state.gpus[open[g as usize]];
                 let shown = estimate(j, g as usize).unwrap_or((to_throughput(w), 0.0));
@@ -313,9 +401,9 @@ pub fn plan<P: Predictor>(
                     )
                 };
                 (
-                    Target::Gpu {
+                    Target::Gpus {
                         node: gpu.node.clone(),
-                        gpu: gpu.index,
+                        gpus: vec![gpu.index],
                     },
                     Some(shown),
                     reason,
@@ -327,17 +415,18 @@ pub fn plan<P: Predictor>(
                 None,
                 "its candidate GPUs went to jobs with a higher total".to_string(),
             ),
+            },
         };
         let update = update_args(job, &target, names);
         let action = match (&target, update.is_some()) {
-            (Target::Gpu { .. }, true) => Action::Place,
-            (Target::Gpu { .. }, false) => Action::Keep,
+            (Target::Gpus { .. }, true) => Action::Place,
+            (Target::Gpus { .. }, false) => Action::Keep,
             (Target::Parked, true) => Action::Park,
             (Target::Parked, false) => Action::None,
         };
-        let (node, gpu) = match &target {
-            Target::Gpu { node, gpu } => (Some(node.clone()), Some(*gpu)),
-            Target::Parked => (None, None),
+        let (node, gpus) = match &target {
+            Target::Gpus { node, gpus } => (Some(node.clone()), gpus.clone()),
+            Target::Parked => (None, Vec::new()),
         };
         decisions.push(Decision {
             job: job.id,
@@ -345,7 +434,8 @@ pub fn plan<P: Predictor>(
             user: job.user.clone(),
             action,
             node,
-            gpu,
+            gpu: gpus.first().copied(),
+            gpus,
             predicted: predicted.map(|p| p.0),
             confidence: predicted.map(|p| p.1),
             reason,
@@ -368,6 +458,7 @@ pub fn plan<P: Predictor>(
             action: Action::None,
             node: None,
             gpu: None,
+            gpus: Vec::new(),
             predicted: None,
             confidence: None,
             reason: if no_open_gpu {
@@ -425,7 +516,11 @@ pub fn plan<P: Predictor>(
         open_gpus: open.len(),
         candidate_edges: edges.len(),
         placed: placed.len(),
-        predicted_total: placed.iter().filter_map(|d| d.predicted).sum(),
+        // A gang counts k times its (slowest GPU's) speed.
+        predicted_total: placed
+            .iter()
+            .filter_map(|d| Some(d.predicted? * d.gpus.len() as f64))
+            .sum(),
         updates: decisions.iter().filter(|d| d.update.is_some()).count(),
         deferred,
         waiting,
@@ -454,7 +549,15 @@ impl Plan {
                 d.name,
                 d.action.as_str(),
                 d.node.as_deref().unwrap_or("-"),
-                d.gpu.map_or("-".into(), |g| g.to_string()),
+                if d.gpus.is_empty() {
+                    "-".to_string()
+                } else {
+                    d.gpus
+                        .iter()
+                        .map(u32::to_string)
+                        .collect::<Vec<_>>()
+                        .join(",")
+                },
                 match (d.predicted, d.confidence) {
                     (Some(p), Some(sd)) => format!("{p:.3}±{sd:.2}"),
                     (Some(p), None) => format!("{p:.3}"),
@@ -512,7 +615,8 @@ mod tests {
             user: "u".into(),
             name: name.into(),
             required_nodes: req.into(),
-            slot_gpu: slot,
+            slot_gpus: slot.into_iter().collect(),
+            gpus: 1,
             held,
         }
     }
@@ -667,6 +771,70 @@ mod tests {
                     .count()
             );
         }
+    }
+
+    #[test]
+    fn a_gang_takes_k_gpus_of_one_node_and_is_written_as_its_slots() {
+        let at = |node: &str, index: u32, g: GpuState| GpuState {
+            node: node.into(),
+            index,
+            published: GpuPublished {
+                index,
+                ..g.published
+            },
+            ..g
+        };
+        let state = ClusterState {
+            gpus: vec![
+                at("a", 0, idle("a", HealthState::Healthy)),
+                at("a", 1, idle("a", HealthState::Healthy)),
+                at("b", 0, gpu("b", HealthState::Healthy, 10, 4_000, false)),
+                at("c", 0, idle("c", HealthState::Healthy)),
+            ],
+            pending: vec![
+                PendingJob {
+                    gpus: 2,
+                    ..job(1, "small", true, "", None)
+                },
+                job(2, "small", true, "", None),
+                PendingJob {
+                    gpus: 3,
+                    ..job(3, "small", true, "", None)
+                },
+            ],
+            ..ClusterState::default()
+        };
+        let cfg = muxflow::Config::default();
+        let p = plan(&state, &model(), &cfg.policy, &cfg.matcher, &names());
+        let d = &p.decisions;
+        assert_eq!(
+            (d[0].node.as_deref(), &d[0].gpus[..]),
+            (Some("a"), &[0, 1][..])
+        );
+        assert!(d[0].reason.starts_with("gang of 2 GPUs"), "{}", d[0].reason);
+        assert_eq!(
+            d[0].update.as_ref().unwrap()[0][3..],
+            [
+                "Gres=mfslot:g0:1,mfslot:g1:1",
+                "AdminComment=muxflow:v1 mode=offline gpus=2 placed=a:g0,g1"
+            ]
+        );
+        // The 1-GPU job goes beside the online job (the tie rule) on b.
+        assert_eq!(d[1].node.as_deref(), Some("b"));
+        // No node has 3 GPUs.
+        assert_eq!(d[2].action, Action::None);
+        assert!(
+            d[2].reason.starts_with("no candidate: no node with 3"),
+            "{}",
+            d[2].reason
+        );
+        // The total counts the gang twice (two GPUs at its slowest speed).
+        assert!(
+            (p.summary.predicted_total - 3.0).abs() < 1e-5,
+            "{:?}",
+            p.summary
+        );
+        assert!(p.table().contains(" 0,1 "), "{}", p.table());
     }
 
     #[test]

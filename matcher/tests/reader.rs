@@ -83,7 +83,8 @@ fn squeue_and_sinfo_give_online_gpus_slots_and_pending_jobs() {
         (p.id, p.name.as_str(), p.user.as_str()),
         (17, "train-x", "root")
     );
-    assert_eq!(p.slot_gpu, None);
+    assert!(p.slot_gpus.is_empty());
+    assert_eq!(p.gpus, 1);
     assert_eq!(current(p), Target::Parked);
     // node3's Extra is not muxflow's, but it runs no online job: no note.
     assert!(st.notes.is_empty(), "{:?}", st.notes);

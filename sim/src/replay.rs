@@ -672,7 +672,9 @@ impl<'a> Sim<'a> {
                 user: "sim".into(),
                 name: self.sc.tasks[job.task as usize].name.clone(),
                 required_nodes: String::new(),
-                slot_gpu: self.jobs[j as usize].slot_gpu,
+                slot_gpus: self.jobs[j as usize].slot_gpu.into_iter().collect(),
+                // The trace's multi-GPU tasks are split into 1-GPU workers.
+                gpus: 1,
                 held: true,
             });
             self.in_state[j as usize] = true;
@@ -1053,7 +1055,7 @@ impl<'a> Sim<'a> {
                     .pending
                     .binary_search_by_key(&d.job, |p| p.id)
                     .expect("a pending job");
-                self.state.pending[k].slot_gpu = Some(i);
+                self.state.pending[k].slot_gpus = vec![i];
             }
         }
     }
