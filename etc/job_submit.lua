@@ -24,11 +24,13 @@ job_desc.spank_job_env. Then:
            Refused at submit, with a message naming the option and what to
            do instead (offline_refusal): --exclusive (an offline job shares
            its node and GPU by design), more than one node (-N 2, -N 1-2),
-           more than one GPU (--gres=gpu:2, --gpus=2, --gpus-per-task with
-           several tasks): it would otherwise wait forever, fail when its
-           tasks start, or run on one GPU's slot with no word said; and
-           --no-requeue (muxflow requeues an offline job when an online job
-           lands on its GPU).
+           GPUs per task or per socket (--gpus-per-task with several tasks:
+           ask with --gres=gpu:N): it would otherwise wait forever, fail
+           when its tasks start, or run on less than asked; and --no-requeue
+           (muxflow requeues an offline job when an online job lands on its
+           GPU). An offline job asking for N GPUs of its node (--gres=gpu:N,
+           --gpus=N) is recorded as `gpus=N` and placed as a gang of N slots
+           of one node; each of its tasks gets one of them.
   online   The job keeps its gres/gpu request and is tagged in AdminComment so
            the matcher finds it.
 
@@ -154,11 +156,21 @@ local function set(v)
 	return v ~= nil and v ~= NO_VAL and v ~= 0
 end
 
+-- GPUs an offline job asks for on its one node (--gres=gpu:N, --gpus=N):
+-- the matcher places N slots of one node as a gang. At least 1.
+local function offline_gpus(job_desc)
+	local gpus = 1
+	for _, field in ipairs({ "tres_per_node", "tres_per_job" }) do
+		gpus = math.max(gpus, gpu_count(job_desc[field]))
+	end
+	return gpus
+end
+
 -- Why an offline job cannot run as asked (a message naming the option and
--- what to do instead), or nil. Offline work runs beside an online job, on
--- one GPU of one node, placed by the matcher: an option that cannot be met
--- there is refused now rather than accepted and left pending (or started
--- on less than asked).
+-- what to do instead), or nil. Offline work runs in offline slots of one
+-- node, placed by the matcher: an option that cannot be met there is
+-- refused now rather than accepted and left pending (or started on less
+-- than asked).
 local function offline_refusal(job_desc)
 	local shared = job_desc.shared
 	if shared ~= nil and shared ~= NO_VAL16 and shared ~= SHARED_OK then
@@ -179,23 +191,17 @@ local function offline_refusal(job_desc)
 		return "-N/--nodes=" .. asked .. " cannot be used with --muxflow=offline: an offline job runs on one node "
 			.. "(multi-node offline jobs are not supported). Submit with -N 1, or without --muxflow"
 	end
-	local gpus = 0
-	for _, field in ipairs({ "tres_per_node", "tres_per_job" }) do
-		gpus = math.max(gpus, gpu_count(job_desc[field]))
-	end
 	for _, field in ipairs({ "tres_per_socket", "tres_per_task" }) do
 		if gpu_count(job_desc[field]) > 0 then
 			local tasks = job_desc.num_tasks
 			local per = gpu_count(job_desc[field])
 			if field == "tres_per_socket" or (set(tasks) and tasks > 1) or per > 1 then
-				gpus = math.max(gpus, 2)
+				return "GPUs per task or per socket (--gpus-per-task, --gpus-per-socket) cannot be used with "
+					.. "--muxflow=offline: an offline job's GPUs are counted per node. Ask for them with "
+					.. "--gres=gpu:N (N GPUs of one node, one task per GPU gets its own), "
+					.. "or submit without --muxflow"
 			end
 		end
-	end
-	if gpus > 1 then
-		return "more than one GPU (--gres=gpu:N, --gpus, --gpus-per-*) cannot be used with --muxflow=offline: "
-			.. "an offline job gets one GPU's offline slot. Ask for one GPU (--gres=gpu:1), "
-			.. "or submit without --muxflow for whole GPUs"
 	end
 	return nil
 end
@@ -242,6 +248,8 @@ function muxflow_job_submit(job_desc)
 			slurm.log_user("muxflow: %s", why)
 			return slurm.ERROR
 		end
+		-- Read before the GPU request is dropped below.
+		local gpus = offline_gpus(job_desc)
 		local others = without_gpu(job_desc.tres_per_node)
 		if PARK_OFFLINE then
 			-- Slurm's Lua binding takes strings only: "" clears the request.
@@ -257,9 +265,21 @@ function muxflow_job_submit(job_desc)
 				job_desc[field] = without_gpu(job_desc[field]) or ""
 			end
 		end
-		-- Parked: no placement yet; the matcher writes `placed=<node>:g<i>`.
+		-- Parked: no placement yet; the matcher writes `placed=<node>:g<i>`
+		-- (a k-GPU job: `gpus=k placed=<node>:g<i>,g<j>,...`, its gang).
 		-- Without a matcher, Slurm picks the slot.
-		job_desc.admin_comment = TAG .. " mode=offline" .. (PARK_OFFLINE and "" or " placed=any")
+		if gpus > 1 and not PARK_OFFLINE then
+			slurm.log_user(
+				"muxflow: --muxflow=offline with %d GPUs needs muxflow-matcher, which this cluster does not run "
+					.. "(PARK_OFFLINE = false): ask for one GPU",
+				gpus
+			)
+			return slurm.ERROR
+		end
+		job_desc.admin_comment = TAG
+			.. " mode=offline"
+			.. (gpus > 1 and (" gpus=" .. gpus) or "")
+			.. (PARK_OFFLINE and "" or " placed=any")
 	elseif mode == "online" then
 		job_desc.admin_comment = TAG .. " mode=online"
 	else

@@ -389,11 +389,23 @@ fn stop_daemon(daemon: &MpsDaemon) {
 /// Removes job `job_id`'s limits, policing and measurement files (at its
 /// end, and at its start in case an earlier job of that id left them).
 fn remove_limits_files(state: &NodeState, job_id: u32) {
+    // A k-GPU job's per-GPU files (`limits/g<i>/<job>`).
+    let gang_files: Vec<std::path::PathBuf> = std::fs::read_dir(state.limits_dir())
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with('g'))
+                .map(|e| muxflow::limits::path(&e.path(), job_id))
+                .collect()
+        })
+        .unwrap_or_default();
     for file in [
         muxflow::limits::path(&state.limits_dir(), job_id),
         state.policed_file(job_id),
         state.measured_file(job_id),
-    ] {
+    ]
+    .into_iter()
+    .chain(gang_files)
+    {
         match std::fs::remove_file(&file) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

@@ -2,8 +2,8 @@
 //! tried as a user of the cluster (`nobody`): `sbatch` fails with a message
 //! naming the option and what to do instead, and nothing is queued — rather
 //! than a job that waits forever (`--exclusive`), fails when its tasks
-//! start (`-N 2`) or runs on one GPU's slot when it asked for more
-//! (`--gres=gpu:2`). The same options stay accepted without `--muxflow`.
+//! start (`-N 2`). The same options stay accepted without `--muxflow`;
+//! several GPUs of one node (`--gres=gpu:2`) are accepted as a gang.
 
 use muxflow_tests::Cluster;
 
@@ -22,11 +22,6 @@ fn options_an_offline_job_cannot_run_with_are_refused_at_submit() {
     let exclusive: &[&str] = &[
         "--exclusive cannot be used with --muxflow=offline",
         "Drop --exclusive",
-    ];
-    let gpus: &[&str] = &[
-        "more than one GPU",
-        "cannot be used with --muxflow=offline",
-        "--gres=gpu:1",
     ];
     let cases = [
         Case {
@@ -64,19 +59,12 @@ fn options_an_offline_job_cannot_run_with_are_refused_at_submit() {
             ],
         },
         Case {
-            name: "two GPUs per node",
-            args: &["--gres=gpu:2"],
-            says: gpus,
-        },
-        Case {
-            name: "two GPUs per job",
-            args: &["--gpus=2"],
-            says: gpus,
-        },
-        Case {
             name: "a GPU for each of two tasks",
             args: &["--gpus-per-task=1", "-n", "2"],
-            says: gpus,
+            says: &[
+                "--gpus-per-task, --gpus-per-socket) cannot be used with --muxflow=offline",
+                "--gres=gpu:N",
+            ],
         },
     ];
     for case in &cases {
@@ -93,8 +81,11 @@ fn options_an_offline_job_cannot_run_with_are_refused_at_submit() {
 
     // What an offline job can run with stays accepted (and parked), and the
     // refused options are muxflow's rule only: a plain job keeps them.
-    let accepted: [&[&str]; 4] = [
+    // Several GPUs of one node are a gang (issue 15), recorded as gpus=N.
+    let accepted: [&[&str]; 6] = [
         &["--muxflow=offline", "--gres=gpu:1"],
+        &["--muxflow=offline", "--gres=gpu:2"],
+        &["--muxflow=offline", "--gpus=2"],
         &["--muxflow=offline", "-N", "1"],
         &["--muxflow=offline", "--oversubscribe", "--requeue"],
         &["--exclusive", "-N", "2", "--hold"],
@@ -107,6 +98,13 @@ fn options_an_offline_job_cannot_run_with_are_refused_at_submit() {
             .sbatch_as(USER, &all, "#!/bin/sh\ntrue\n")
             .unwrap_or_else(|e| panic!("{args:?} refused: {e}"));
         assert_eq!(c.job_field(id, "JobState"), "PENDING", "{args:?}");
+        let gang = args.contains(&"--gres=gpu:2") || args.contains(&"--gpus=2");
+        assert_eq!(
+            c.admin_comment(id).contains(" gpus=2"),
+            gang,
+            "{args:?}: {}",
+            c.admin_comment(id)
+        );
         ids.push(id.to_string());
     }
     let mut cmd = c.cmd("scancel");
