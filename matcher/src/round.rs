@@ -38,9 +38,13 @@
 //! predictor's weight ([`Predictor::predict`]: for [`Model`] the mean plus
 //! a bounded exploration bonus); SPEED and `predicted_total` are means.
 //! `--json` prints the same as `{"summary": {...}, "decisions": [{"job",
-//! "name", "user", "action", "node", "gpu", "predicted", "confidence",
-//! "reason"}]}`; `node`, `gpu`, `predicted`, `confidence` are null when not
-//! placed. Both formats are stable.
+//! "name", "user", "action", "node", "gpu", "gpus", "predicted",
+//! "confidence", "reason"}]}`; `node`, `gpu`, `predicted`, `confidence` are
+//! null and `gpus` empty when not placed. A k-GPU job (`gpus=k` in its
+//! record) is placed as a gang on k GPUs of one node ([`crate::gang`]):
+//! GPU shows them all (`0,1`), SPEED its slowest GPU's, and the summary's
+//! `predicted_total` counts it k times. Both formats are stable (fields
+//! are only added).
 
 use std::fmt::Write as _;
 
