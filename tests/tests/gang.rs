@@ -5,7 +5,8 @@
 //! jobs), Slurm starts it on both slots, and each of its tasks gets its own
 //! GPU: its CUDA_VISIBLE_DEVICES, MPS pipe, SM share (the two online jobs
 //! differ, so the shares do) and limits; each runs a workload through xCUDA
-//! on its GPU without being policed.
+//! on its GPU without being policed, and on `scancel` (SIGTERM) both leave
+//! gracefully, each releasing its own context.
 //!
 //! One test function: the matcher acts on every pending offline job.
 
@@ -71,14 +72,14 @@ fn a_two_gpu_offline_job_runs_as_a_gang_each_task_on_its_own_gpu() {
     // Everything else is held by plain jobs: NODE is the only place.
     c.hold_free_gpus(&format!("{PREFIX}fill"));
 
-    // Each task prints what it got, then trains 2 s on its GPU.
+    // Each task prints what it got, then trains on its GPU until signalled.
     let task_script = c.scratch("gang-task").join("task.sh");
     std::fs::write(
         &task_script,
         format!(
             "#!/bin/sh\necho task=$SLURM_LOCALID cvd=$CUDA_VISIBLE_DEVICES pct=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE \
              mem=$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT pipe=$CUDA_MPS_PIPE_DIRECTORY limits=$MUXFLOW_XCUDA_LIMITS_DIR\n{}\n",
-            c.workload("offline --duration 2")
+            c.workload("offline")
         ),
     )
     .unwrap();
@@ -131,9 +132,26 @@ fn a_two_gpu_offline_job_runs_as_a_gang_each_task_on_its_own_gpu() {
         gres.contains("mfslot:g0:1(IDX:0)") && gres.contains("mfslot:g1:1(IDX:1)"),
         "both slots: {gres}"
     );
+    // Both tasks training (each printed its pid), then SIGTERM: each
+    // process takes xCUDA's graceful exit (sync, release its context on its
+    // GPU's MPS server, exit 0 with its report line).
+    let start = std::time::Instant::now();
+    while c.output_or_empty(gang).matches("pid=").count() < 2 {
+        assert!(
+            start.elapsed() < WAIT,
+            "tasks never started:\n{}",
+            c.output_or_empty(gang)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let mut cmd = c.cmd("scancel");
+    cmd.arg(gang.to_string());
+    c.run(cmd);
     let end = c.wait(gang, WAIT);
     let out = c.output(gang);
-    assert_eq!(end.state, "COMPLETED", "{end:?}\n{out}");
+    assert_eq!(end.state, "CANCELLED", "{end:?}\n{out}");
+    assert!(!out.contains("not yet released"), "{out}");
     let task = |t: u32| -> String {
         out.lines()
             .find(|l| l.starts_with(&format!("task={t} ")))
@@ -157,7 +175,8 @@ fn a_two_gpu_offline_job_runs_as_a_gang_each_task_on_its_own_gpu() {
         (pct(&t1), pct(&t0))
     };
     assert!(p_busy < p_quiet, "busy {p_busy} vs quiet {p_quiet}\n{out}");
-    // Both workloads ran through xCUDA on their GPU, and none was policed.
+    // Both workloads ran through xCUDA on their GPU and left gracefully on
+    // SIGTERM (a report line each), and none was policed.
     assert_eq!(
         out.lines()
             .filter(|l| l.starts_with("mode=offline steps="))
