@@ -7,6 +7,8 @@
 //! back to Slurm from `init`/`init_post_opt` (that drains the node): problems
 //! are logged to the slurmd log, and an offline step that cannot be protected
 //! is refused in `task_init` instead (the job fails, the node does not).
+//! A k-GPU offline job (issue 15) gets its first GPU's settings for the
+//! step and, in `task_init`, each task its own GPU's (task i: GPU i mod k).
 //! `exit` of the batch step (root, job still running) writes the job's
 //! sharing figures into its AdminComment.
 
