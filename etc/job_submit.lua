@@ -21,6 +21,16 @@ job_desc.spank_job_env. Then:
            once, by the matcher, while the job is held. An offline job
            released unplaced (only root or SlurmUser can) holds no GPU: the
            Prolog refuses it and it goes back to the queue, held.
+           Refused at submit, with a message naming the option and what to
+           do instead (offline_refusal): --exclusive (an offline job shares
+           its node and GPU by design), more than one node (-N 2, -N 1-2),
+           GPUs per task or per socket (--gpus-per-task with several tasks:
+           ask with --gres=gpu:N): it would otherwise wait forever, fail
+           when its tasks start, or run on less than asked; and --no-requeue
+           (muxflow requeues an offline job when an online job lands on its
+           GPU). An offline job asking for N GPUs of its node (--gres=gpu:N,
+           --gpus=N) is recorded as `gpus=N` and placed as a gang of N slots
+           of one node; each of its tasks gets one of them.
   online   The job keeps its gres/gpu request and is tagged in AdminComment so
            the matcher finds it.
 
@@ -119,6 +129,83 @@ local function muxflow_mode(job_desc)
 	return nil
 end
 
+-- Slurm's NO_VAL16: job_desc.shared when no --exclusive/--oversubscribe was given.
+local NO_VAL16 = 65534
+-- job_desc.shared: JOB_SHARED_NONE (--exclusive), _OK (--oversubscribe),
+-- _USER (--exclusive=user), _MCS (--exclusive=mcs).
+local SHARED_OK = 1
+
+-- GPUs a TRES string asks for: "gres:gpu:4", "gres:gpu:a100:2", "gres:gpu"
+-- (one). Other GRES are not counted.
+local function gpu_count(tres)
+	local n = 0
+	if tres == nil then
+		return 0
+	end
+	for item in string.gmatch(tres, "[^,]+") do
+		local rest = string.match(item, "^gres[:/]gpu(.*)$")
+		if rest ~= nil then
+			local count = string.match(rest, ":(%d+)$")
+			n = n + (tonumber(count) or 1)
+		end
+	end
+	return n
+end
+
+local function set(v)
+	return v ~= nil and v ~= NO_VAL and v ~= 0
+end
+
+-- GPUs an offline job asks for on its one node (--gres=gpu:N, --gpus=N):
+-- the matcher places N slots of one node as a gang. At least 1.
+local function offline_gpus(job_desc)
+	local gpus = 1
+	for _, field in ipairs({ "tres_per_node", "tres_per_job" }) do
+		gpus = math.max(gpus, gpu_count(job_desc[field]))
+	end
+	return gpus
+end
+
+-- Why an offline job cannot run as asked (a message naming the option and
+-- what to do instead), or nil. Offline work runs in offline slots of one
+-- node, placed by the matcher: an option that cannot be met there is
+-- refused now rather than accepted and left pending (or started on less
+-- than asked).
+local function offline_refusal(job_desc)
+	local shared = job_desc.shared
+	if shared ~= nil and shared ~= NO_VAL16 and shared ~= SHARED_OK then
+		return "--exclusive cannot be used with --muxflow=offline: an offline job shares its node and GPU "
+			.. "with an online job by design. Drop --exclusive, or submit without --muxflow to get whole nodes"
+	end
+	if job_desc.requeue == 0 then
+		return "--no-requeue cannot be used with --muxflow=offline: muxflow puts an offline job back in the "
+			.. "queue when an online job needs its GPU (or its GPU turns unhealthy before it starts). "
+			.. "Drop --no-requeue (make the job restartable), or submit without --muxflow"
+	end
+	local min_nodes, max_nodes = job_desc.min_nodes, job_desc.max_nodes
+	if (set(min_nodes) and min_nodes > 1) or (set(max_nodes) and max_nodes > 1) then
+		local asked = tostring(set(min_nodes) and min_nodes or max_nodes)
+		if set(min_nodes) and set(max_nodes) and max_nodes ~= min_nodes then
+			asked = min_nodes .. "-" .. max_nodes
+		end
+		return "-N/--nodes=" .. asked .. " cannot be used with --muxflow=offline: an offline job runs on one node "
+			.. "(multi-node offline jobs are not supported). Submit with -N 1, or without --muxflow"
+	end
+	for _, field in ipairs({ "tres_per_socket", "tres_per_task" }) do
+		if gpu_count(job_desc[field]) > 0 then
+			local tasks = job_desc.num_tasks
+			local per = gpu_count(job_desc[field])
+			if field == "tres_per_socket" or (set(tasks) and tasks > 1) or per > 1 then
+				return "GPUs per task or per socket (--gpus-per-task, --gpus-per-socket) cannot be used with "
+					.. "--muxflow=offline: an offline job's GPUs are counted per node. Ask for them with "
+					.. "--gres=gpu:N (N GPUs of one node, one task per GPU gets its own), "
+					.. "or submit without --muxflow"
+			end
+		end
+	end
+	return nil
+end
+
 -- Drops every gres:gpu request from a tres_per_node string: an offline job
 -- takes an offline slot, never a whole GPU.
 local function without_gpu(tres)
@@ -156,6 +243,13 @@ function muxflow_job_submit(job_desc)
 		return slurm.SUCCESS
 	end
 	if mode == "offline" then
+		local why = offline_refusal(job_desc)
+		if why ~= nil then
+			slurm.log_user("muxflow: %s", why)
+			return slurm.ERROR
+		end
+		-- Read before the GPU request is dropped below.
+		local gpus = offline_gpus(job_desc)
 		local others = without_gpu(job_desc.tres_per_node)
 		if PARK_OFFLINE then
 			-- Slurm's Lua binding takes strings only: "" clears the request.
@@ -171,9 +265,21 @@ function muxflow_job_submit(job_desc)
 				job_desc[field] = without_gpu(job_desc[field]) or ""
 			end
 		end
-		-- Parked: no placement yet; the matcher writes `placed=<node>:g<i>`.
+		-- Parked: no placement yet; the matcher writes `placed=<node>:g<i>`
+		-- (a k-GPU job: `gpus=k placed=<node>:g<i>,g<j>,...`, its gang).
 		-- Without a matcher, Slurm picks the slot.
-		job_desc.admin_comment = TAG .. " mode=offline" .. (PARK_OFFLINE and "" or " placed=any")
+		if gpus > 1 and not PARK_OFFLINE then
+			slurm.log_user(
+				"muxflow: --muxflow=offline with %d GPUs needs muxflow-matcher, which this cluster does not run "
+					.. "(PARK_OFFLINE = false): ask for one GPU",
+				gpus
+			)
+			return slurm.ERROR
+		end
+		job_desc.admin_comment = TAG
+			.. " mode=offline"
+			.. (gpus > 1 and (" gpus=" .. gpus) or "")
+			.. (PARK_OFFLINE and "" or " placed=any")
 	elseif mode == "online" then
 		job_desc.admin_comment = TAG .. " mode=online"
 	else

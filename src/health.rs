@@ -98,6 +98,13 @@ pub struct Input {
     pub now_s: u64,
     pub metrics: Option<Metrics>,
     pub fault: bool,
+    /// Only offline jobs run on the GPU (an idle GPU took offline work,
+    /// issue 15): the load is their own, not contention with an online
+    /// job, so it moves no state (faults still do). Otherwise an offline
+    /// job that saturates the GPU alone would turn it Overloaded and pause
+    /// itself. A GPU with no muxflow job at all keeps its load readings:
+    /// someone else's load keeps offline work off it.
+    pub offline_only: bool,
 }
 
 /// The persistent part of the machine: the state and when it was entered
@@ -212,7 +219,16 @@ impl Fsm {
         let Some(m) = input.metrics else {
             return hold;
         };
-        let load = classify(&m, c);
+        let load = if input.offline_only {
+            Load {
+                over_enter: false,
+                over_stay: false,
+                busy_enter: false,
+                busy_stay: false,
+            }
+        } else {
+            classify(&m, c)
+        };
         match self.state {
             Healthy | Busy | Recovering if load.over_enter => go(Overloaded, Why::OverloadEnter),
             Healthy | Recovering if load.busy_enter => go(Busy, Why::BusyEnter),
@@ -289,6 +305,46 @@ impl Solo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_offline_job_alone_does_not_overload_its_gpu_but_a_fault_still_counts() {
+        let c = Health::default();
+        let full = Some(Metrics {
+            utilization_pct: 100.0,
+            sm_activity_pct: Some(90.0),
+            sm_clock_fraction: Some(0.7),
+            memory_pct: 97.0,
+        });
+        let at = |now_s, offline_only, fault| Input {
+            now_s,
+            metrics: full,
+            fault,
+            offline_only,
+        };
+        let healthy = Fsm::new(100);
+        assert_eq!(
+            healthy.step(&at(101, false, false), &c).0.state,
+            HealthState::Overloaded
+        );
+        assert_eq!(
+            healthy.step(&at(101, true, false), &c),
+            (healthy, Why::Hold)
+        );
+        assert_eq!(
+            healthy.step(&at(101, true, true), &c).0.state,
+            HealthState::Faulty
+        );
+        // Overloaded before (an online job that has left) calms as if idle.
+        let over = Fsm {
+            state: HealthState::Overloaded,
+            since_s: 100,
+        };
+        let later = 100 + c.min_dwell_s;
+        assert_eq!(
+            over.step(&at(later, true, false), &c).0.state,
+            HealthState::Recovering
+        );
+    }
 
     #[test]
     fn names_round_trip() {
@@ -553,6 +609,7 @@ mod fsm_tests {
                 now_s: r.now,
                 metrics: r.metrics,
                 fault: r.fault,
+                offline_only: false,
             };
             let (next, why) = fsm.step(&input, &c);
             assert_eq!(
@@ -611,6 +668,7 @@ mod fsm_tests {
                     now_s: t,
                     metrics: m(util, 10.0, 1.0, 10.0),
                     fault: false,
+                    offline_only: false,
                 },
                 &c,
             );
@@ -629,6 +687,7 @@ mod fsm_tests {
                         now_s: t,
                         metrics: m(util, 10.0, 1.0, 10.0),
                         fault: false,
+                        offline_only: false,
                     },
                     &c,
                 )
@@ -648,6 +707,7 @@ mod fsm_tests {
             now_s,
             metrics: IDLE,
             fault,
+            offline_only: false,
         };
         let (f, _) = f.step(&at(108, true), &c);
         assert_eq!(
@@ -680,6 +740,7 @@ mod fsm_tests {
             now_s: 100,
             metrics: only_util,
             fault: false,
+            offline_only: false,
         };
         assert_eq!(
             busy.step(&input, &c),

@@ -62,6 +62,17 @@ pub fn path(dir: &Path, job_id: u32) -> PathBuf {
     dir.join(job_id.to_string())
 }
 
+/// Where a k-GPU job's limits for its GPU `gpu` live (issue 15): the same
+/// file form in `<dir>/g<gpu>/`, root-owned like `dir`. Each of the job's
+/// tasks gets the directory of its own GPU as its limits directory, so
+/// xCUDA reads its GPU's cap; `<dir>/<job>` holds the first GPU's, as for
+/// a 1-GPU job. A task that names another of these directories gets
+/// another of its own job's GPUs' limits, no one else's; the police checks
+/// each process against the GPU it is on.
+pub fn gpu_dir(dir: &Path, gpu: u32) -> PathBuf {
+    dir.join(format!("g{gpu}"))
+}
+
 impl JobLimits {
     pub fn encode(&self) -> String {
         let mut s = format!(

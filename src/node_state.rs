@@ -374,6 +374,17 @@ impl NodeState {
     }
 
     /// Where job `job_id` is recorded: (GPU, record).
+    /// Every GPU job `job_id` is recorded on (a k-GPU offline job: k), ascending.
+    pub fn job_gpus(&self, job_id: u32) -> Result<Vec<u32>, StateError> {
+        let mut out = Vec::new();
+        for gpu in self.gpus()? {
+            if self.jobs(gpu)?.iter().any(|j| j.job_id == job_id) {
+                out.push(gpu);
+            }
+        }
+        Ok(out)
+    }
+
     pub fn find_job(&self, job_id: u32) -> Result<Option<(u32, JobRecord)>, StateError> {
         for gpu in self.gpus()? {
             if let Some(j) = self.jobs(gpu)?.into_iter().find(|j| j.job_id == job_id) {

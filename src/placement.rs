@@ -4,9 +4,16 @@
 //!
 //! ```text
 //! muxflow:v1 mode=offline placed=node3:g1        written by muxflow-matcher with the slot
+//! muxflow:v1 mode=offline gpus=2 placed=node3:g0,g1   a 2-GPU job's gang of slots (issue 15)
 //! muxflow:v1 mode=offline placed=any             job_submit.lua without a matcher (any slot)
 //! muxflow:v1 mode=offline refused=gpu_faulty     written by the Prolog when it refuses the job
 //! ```
+//!
+//! The gang form (several `g<i>`, one node) extends the single form, which
+//! is unchanged: records of either kind parse. A reader that predates it
+//! fails to parse a gang's value and refuses the job: never runs it on
+//! fewer GPUs than it was placed on. `gpus=` is the job's GPU count as
+//! job_submit.lua recorded it ([`GPUS_KEY`]); absent means 1.
 //!
 //! The Prolog compares the slot Slurm allocated with `placed=`; a job whose
 //! slot is not the one muxflow wrote is refused. The end-of-job report
@@ -22,12 +29,17 @@ use crate::report::TAG;
 pub const PLACED_KEY: &str = "placed";
 /// Key of a refusal code in the AdminComment.
 pub const REFUSED_KEY: &str = "refused";
+/// Key of an offline job's GPU count (one node), when more than 1.
+pub const GPUS_KEY: &str = "gpus";
 
 /// What muxflow wrote about where an offline job may run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Placement {
     /// The matcher's choice: this node's offline slot of GPU `gpu`.
     Gpu { node: String, gpu: u32 },
+    /// A k-GPU job's gang: the offline slots of these GPUs (ascending, at
+    /// least two) of one node.
+    Gang { node: String, gpus: Vec<u32> },
     /// No matcher (job_submit.lua's `PARK_OFFLINE = false`): any slot Slurm picks.
     AnySlot,
 }
@@ -36,6 +48,10 @@ impl fmt::Display for Placement {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Placement::Gpu { node, gpu } => write!(f, "{node}:g{gpu}"),
+            Placement::Gang { node, gpus } => {
+                let list: Vec<String> = gpus.iter().map(|g| format!("g{g}")).collect();
+                write!(f, "{node}:{}", list.join(","))
+            }
             Placement::AnySlot => f.write_str("any"),
         }
     }
@@ -46,18 +62,49 @@ impl Placement {
         if v == "any" {
             return Some(Placement::AnySlot);
         }
-        let (node, gpu) = v.rsplit_once(":g")?;
+        // The GPU list has no ':', so the last ":g" starts it.
+        let (node, list) = v.rsplit_once(":g")?;
         (!node.is_empty()).then_some(())?;
-        Some(Placement::Gpu {
-            node: node.to_string(),
-            gpu: gpu.parse().ok()?,
-        })
+        let mut gpus = list
+            .split(",g")
+            .map(|g| g.parse().ok())
+            .collect::<Option<Vec<u32>>>()?;
+        let node = node.to_string();
+        if let [gpu] = gpus[..] {
+            return Some(Placement::Gpu { node, gpu });
+        }
+        gpus.sort_unstable();
+        gpus.dedup();
+        (gpus.len() == list.split(",g").count()).then_some(())?;
+        Some(Placement::Gang { node, gpus })
+    }
+
+    /// A placement on `gpus` (ascending, deduplicated) of `node`: the
+    /// single form for one GPU.
+    pub fn on(node: &str, gpus: &[u32]) -> Placement {
+        let mut gpus = gpus.to_vec();
+        gpus.sort_unstable();
+        gpus.dedup();
+        match gpus[..] {
+            [gpu] => Placement::Gpu {
+                node: node.to_string(),
+                gpu,
+            },
+            _ => Placement::Gang {
+                node: node.to_string(),
+                gpus,
+            },
+        }
     }
 
     /// The AdminComment the matcher writes with the slot.
     pub fn admin_comment(&self) -> String {
         let mut w = kv::Writer::new().tag(TAG);
-        w.push("mode", crate::Mode::Offline).push(PLACED_KEY, self);
+        w.push("mode", crate::Mode::Offline);
+        if let Placement::Gang { gpus, .. } = self {
+            w.push(GPUS_KEY, gpus.len());
+        }
+        w.push(PLACED_KEY, self);
         w.finish()
     }
 
@@ -75,6 +122,11 @@ impl Placement {
     pub fn allows(&self, node: &str, slots: &[u32]) -> bool {
         match self {
             Placement::Gpu { node: n, gpu } => n == node && slots == [*gpu],
+            Placement::Gang { node: n, gpus } => {
+                let mut s = slots.to_vec();
+                s.sort_unstable();
+                n == node && s == *gpus
+            }
             Placement::AnySlot => !slots.is_empty(),
         }
     }
@@ -117,6 +169,32 @@ mod tests {
                 want: gpu("a:gx", 12),
             },
             Case {
+                name: "a gang",
+                text: "muxflow:v1 mode=offline gpus=2 placed=node3:g0,g1",
+                want: Some(Placement::Gang {
+                    node: "node3".into(),
+                    gpus: vec![0, 1],
+                }),
+            },
+            Case {
+                name: "a gang written in any order",
+                text: "muxflow:v1 mode=offline placed=a:gx:g3,g1",
+                want: Some(Placement::Gang {
+                    node: "a:gx".into(),
+                    gpus: vec![1, 3],
+                }),
+            },
+            Case {
+                name: "a gang naming a GPU twice",
+                text: "muxflow:v1 mode=offline placed=node3:g1,g1",
+                want: None,
+            },
+            Case {
+                name: "a gang with a bad item",
+                text: "muxflow:v1 mode=offline placed=node3:g0,1",
+                want: None,
+            },
+            Case {
                 name: "no matcher",
                 text: "muxflow:v1 mode=offline placed=any",
                 want: Some(Placement::AnySlot),
@@ -155,7 +233,11 @@ mod tests {
         for c in cases {
             assert_eq!(Placement::from_admin_comment(c.text), c.want, "{}", c.name);
         }
-        for p in [gpu("node3", 1).unwrap(), Placement::AnySlot] {
+        for p in [
+            gpu("node3", 1).unwrap(),
+            Placement::on("node3", &[1, 0]),
+            Placement::AnySlot,
+        ] {
             assert_eq!(Placement::from_admin_comment(&p.admin_comment()), Some(p));
         }
         // The report and the job mode still read it.
@@ -181,6 +263,16 @@ mod tests {
         assert!(!p.allows("node2", &[0]), "another node");
         assert!(!p.allows("node1", &[0, 1]), "an extra slot");
         assert!(!p.allows("node1", &[]), "no slot");
+        let gang = Placement::on("node1", &[1, 0]);
+        assert_eq!(
+            gang.admin_comment(),
+            "muxflow:v1 mode=offline gpus=2 placed=node1:g0,g1"
+        );
+        assert_eq!(Placement::on("node1", &[0]), p, "one GPU: the single form");
+        assert!(gang.allows("node1", &[1, 0]));
+        assert!(!gang.allows("node1", &[0]), "fewer GPUs than placed");
+        assert!(!gang.allows("node1", &[0, 1, 2]));
+        assert!(!gang.allows("node2", &[0, 1]));
         assert!(Placement::AnySlot.allows("node9", &[1]));
         assert!(!Placement::AnySlot.allows("node9", &[]));
     }

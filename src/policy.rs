@@ -15,6 +15,23 @@ pub struct GpuFacts {
     pub mem_total_mib: Option<u64>,
 }
 
+impl GpuFacts {
+    /// The facts for an offline job on a GPU that runs no online job now
+    /// (an idle GPU, or its online job has ended): an idle partner. The
+    /// solo figures a GPU keeps belong to an online job that has left, so
+    /// they size nothing: the SM share is the ceiling, the memory cap the
+    /// GPU's memory less the reserve. Safe because an online job that
+    /// lands there later requeues the offline jobs it finds (the Prolog):
+    /// MPS fixes a client's limits when it starts, so they cannot shrink.
+    pub fn without_online(self) -> GpuFacts {
+        GpuFacts {
+            online_solo_sm_pct: Some(0),
+            online_mem_mib: None,
+            mem_total_mib: self.mem_total_mib,
+        }
+    }
+}
+
 /// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for the offline job: the SMs the online
 /// job leaves idle, less a headroom, within [floor, ceiling]; the default
 /// when the online job's solo activity was never measured.
@@ -115,5 +132,28 @@ mod tests {
         for (facts, want, why) in cases {
             assert_eq!(offline_mem_cap_mib(&p, facts), *want, "{why}");
         }
+    }
+
+    #[test]
+    fn an_idle_gpu_ignores_the_figures_of_an_online_job_that_left() {
+        let p = policy();
+        let left_behind = GpuFacts {
+            online_solo_sm_pct: Some(70),
+            online_mem_mib: Some(40_000),
+            mem_total_mib: Some(81_559),
+        };
+        let idle = left_behind.without_online();
+        assert_eq!(
+            offline_sm_percent(&p, idle.online_solo_sm_pct),
+            80,
+            "the ceiling"
+        );
+        assert_eq!(offline_mem_cap_mib(&p, &idle), Some(81_559 - 2048));
+        let unknown = GpuFacts::default().without_online();
+        assert_eq!(
+            offline_mem_cap_mib(&p, &unknown),
+            None,
+            "memory still unknown"
+        );
     }
 }

@@ -644,6 +644,47 @@ impl Cluster {
         (id, idx)
     }
 
+    /// Holds every GPU of the cluster that no job holds now with a plain
+    /// GPU job (no muxflow, `sleep 600`, named `name`), running before this
+    /// returns; returns their ids. Idle GPUs take offline work (issue 15):
+    /// a test that wants only its online GPUs to be candidates fills the
+    /// rest this way (a GPU held by a job muxflow does not manage is no
+    /// candidate). Cancel them with [`cancel_named`](Self::cancel_named).
+    pub fn hold_free_gpus(&self, name: &str) -> Vec<u32> {
+        let mut cmd = self.cmd("sinfo");
+        cmd.args(["-h", "-N", "-O", "NodeList:20,Gres:60,GresUsed:80"]);
+        let (ok, out, err) = self.run(cmd);
+        assert!(ok, "sinfo: {out}{err}");
+        let gpus = |field: &str| -> u32 {
+            field
+                .split(',')
+                .find_map(|g| g.strip_prefix("gpu:"))
+                .and_then(|n| n.split('(').next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0)
+        };
+        let mut ids = Vec::new();
+        for line in out.lines() {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            let [node, total, used] = cols[..] else {
+                panic!("sinfo line '{line}'")
+            };
+            for _ in gpus(used)..gpus(total) {
+                let id = self
+                    .sbatch(
+                        &["--gres=gpu:1", "-w", node, "--job-name", name],
+                        "#!/bin/sh\nexec sleep 600\n",
+                    )
+                    .unwrap_or_else(|e| panic!("sbatch {name} on {node}: {e}"));
+                ids.push(id);
+            }
+        }
+        for &id in &ids {
+            self.wait_running(id, Duration::from_secs(60));
+        }
+        ids
+    }
+
     /// Steps `node` until GPU `gpu` is published Healthy with its online
     /// job's solo figures measured (at least `mem_mib` of memory in use).
     pub fn settle_healthy(&self, config: &Path, node: &str, gpu: u32, mem_mib: u64) {

@@ -447,6 +447,173 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<BenchReport> {
     })
 }
 
+/// GPUs per node in the gang bench (a common GPU server).
+pub const GANG_BENCH_GPUS_PER_NODE: usize = 8;
+
+/// `muxflow-matcher bench --gang-share F` (issue 15): one production round
+/// with k-GPU jobs ([`crate::gang`]: the 1-GPU jobs' matching for prices,
+/// the gangs, the 1-GPU jobs' matching on the GPUs left) on the synthetic
+/// cluster cut into nodes of [`GANG_BENCH_GPUS_PER_NODE`] GPUs, a share
+/// `F` of its jobs asking for 2, 4 or 8 GPUs; timed against the reference
+/// measured in the same run, the same jobs all as 1-GPU jobs (one pruned
+/// matching). Instance generation is excluded. Ends in one key=value line.
+pub fn gang_run(args: &BenchArgs, gang_share: f64) -> anyhow::Result<String> {
+    if !(0.0..=1.0).contains(&gang_share) {
+        bail!("--gang-share {gang_share}: a share of the jobs, from 0 to 1");
+    }
+    let mut text = String::new();
+    let cluster = Cluster::generate(args.gpus, args.jobs, args.seed, args.weights);
+    let opts = SolveOptions {
+        threads: args.threads,
+        ..SolveOptions::default()
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(args.seed ^ 0x6a96);
+    let ks: Vec<u32> = (0..args.jobs)
+        .map(|_| {
+            if rng.gen_bool(gang_share) {
+                [2, 4, 8][rng.gen_range(0..3)]
+            } else {
+                1
+            }
+        })
+        .collect();
+    let node_of: Vec<u32> = (0..args.gpus)
+        .map(|g| (g / GANG_BENCH_GPUS_PER_NODE) as u32)
+        .collect();
+    let score = |j: u32, g: u32| cluster.weight(j, g);
+
+    let t = Instant::now();
+    let edges = cluster.candidates(args.candidates_per_job, args.threads);
+    let reference = solve_with(args.jobs, args.gpus, &edges, &opts).context("solving")?;
+    let reference_s = t.elapsed().as_secs_f64();
+
+    let t = Instant::now();
+    let alone = |j: u32, g: u32| (ks[j as usize] == 1).then(|| score(j, g)).flatten();
+    let edges = crate::spread_scored(
+        args.jobs,
+        args.gpus,
+        args.candidates_per_job,
+        args.threads,
+        alone,
+    );
+    let priced = solve_with(args.jobs, args.gpus, &edges, &opts).context("solving")?;
+    let price_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let gangs: Vec<(u32, u32)> = ks
+        .iter()
+        .enumerate()
+        .filter(|(_, &k)| k > 1)
+        .map(|(j, &k)| (j as u32, k))
+        .collect();
+    let mut taken = vec![false; args.gpus];
+    let chosen = crate::gang::place_gangs(&gangs, &node_of, &priced.duals.gpu, &mut taken, &score);
+    let gang_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let left = |j: u32, g: u32| (!taken[g as usize]).then(|| alone(j, g)).flatten();
+    let edges = crate::spread_scored(
+        args.jobs,
+        args.gpus,
+        args.candidates_per_job,
+        args.threads,
+        left,
+    );
+    // From the prices' matching: only what the gangs took is searched again.
+    let start = priced.job_gpu(args.jobs);
+    let singles = crate::solve_warm_sorted(
+        args.jobs,
+        args.gpus,
+        &edges,
+        &crate::Start {
+            job_gpu: &start,
+            price: &priced.duals.gpu,
+        },
+    );
+    let final_s = t.elapsed().as_secs_f64();
+    let round_s = price_s + gang_s + final_s;
+    let peak_mb = peak_rss_mb().unwrap_or(f64::NAN);
+    let placed = chosen.iter().flatten().count();
+    let gang_gpus: usize = chosen.iter().flatten().map(|c| c.gpus.len()).sum();
+    let gang_value: i64 = gangs
+        .iter()
+        .zip(&chosen)
+        .filter_map(|(&(_, k), c)| Some(c.as_ref()?.min_weight * i64::from(k)))
+        .sum();
+    let objective = gang_value + singles.matching.objective;
+
+    writeln!(
+        text,
+        "muxflow-matcher bench --gang-share {gang_share}: {} GPUs in nodes of {GANG_BENCH_GPUS_PER_NODE} x {} jobs ({} of them 2, 4 or 8-GPU gangs), seed {}, k={}, {} threads",
+        args.gpus,
+        args.jobs,
+        gangs.len(),
+        args.seed,
+        args.candidates_per_job,
+        args.threads
+    )?;
+    writeln!(
+        text,
+        "{:<44} {:>9} {:>14} {:>8}",
+        "step", "time_s", "objective", "placed"
+    )?;
+    let row = |text: &mut String, name: &str, s: f64, obj: Option<i64>, placed: Option<usize>| {
+        writeln!(
+            text,
+            "{:<44} {:>9.3} {:>14} {:>8}",
+            name,
+            s,
+            obj.map_or("-".into(), |o| o.to_string()),
+            placed.map_or("-".into(), |p| p.to_string())
+        )
+    };
+    row(
+        &mut text,
+        "reference: all as 1-GPU jobs, one matching",
+        reference_s,
+        Some(reference.matching.objective),
+        Some(reference.matching.pairs.len()),
+    )?;
+    row(
+        &mut text,
+        "1. 1-GPU jobs' matching (prices)",
+        price_s,
+        None,
+        None,
+    )?;
+    row(
+        &mut text,
+        "2. gangs (priced greedy)",
+        gang_s,
+        Some(gang_value),
+        Some(placed),
+    )?;
+    row(
+        &mut text,
+        "3. 1-GPU jobs on the GPUs left (warm)",
+        final_s,
+        Some(singles.matching.objective),
+        Some(singles.matching.pairs.len()),
+    )?;
+    row(
+        &mut text,
+        "round with gangs (1+2+3)",
+        round_s,
+        Some(objective),
+        None,
+    )?;
+    writeln!(
+        text,
+        "gangs placed {placed} of {} on {gang_gpus} GPUs; peak {peak_mb:.1} MB",
+        gangs.len()
+    )?;
+    writeln!(
+        text,
+        "gang_round_s={round_s:.3} reference_s={reference_s:.3} ratio={:.2} gangs={} gangs_placed={placed} peak_mb={peak_mb:.1}",
+        if reference_s > 0.0 { round_s / reference_s } else { f64::NAN },
+        gangs.len()
+    )?;
+    Ok(text)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -486,6 +653,33 @@ mod tests {
             assert!(last.contains("objective_gap=0 full_graph_gap=0 "));
             assert!(report.matched >= report.top_k_matched);
         }
+    }
+
+    #[test]
+    fn gang_bench_places_gangs_on_free_gpus_and_ends_with_its_key_value_line() {
+        let args = BenchArgs {
+            gpus: 160,
+            jobs: 120,
+            seed: 5,
+            weights: WeightMode::Structured,
+            dense: DenseMode::Never,
+            candidates_per_job: 16,
+            threads: 2,
+            export: None,
+        };
+        let text = gang_run(&args, 0.1).expect("gang bench runs");
+        let last = text.lines().last().unwrap();
+        let value = |key: &str| -> f64 {
+            last.split(' ')
+                .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
+                .unwrap_or_else(|| panic!("{key} missing: {last}"))
+                .parse()
+                .unwrap()
+        };
+        assert!(value("gangs") > 0.0, "{text}");
+        assert!(value("gangs_placed") > 0.0, "{text}");
+        assert!(value("gangs_placed") <= value("gangs"));
+        assert!(gang_run(&args, 1.5).is_err(), "a share above 1");
     }
 
     #[test]

@@ -27,22 +27,25 @@ use muxflow::placement::Placement;
 
 use crate::reader::{Names, PendingJob};
 
-/// Where the round wants a job.
+/// Where the round wants a job: parked, or on the slots of these GPUs
+/// (ascending; one, or a k-GPU job's gang) of one node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {
     Parked,
-    Gpu { node: String, gpu: u32 },
+    Gpus { node: String, gpus: Vec<u32> },
 }
 
 /// Where Slurm's hints currently put the job.
 pub fn current(job: &PendingJob) -> Target {
-    match (job.held, job.slot_gpu) {
-        (false, Some(gpu))
-            if !job.required_nodes.is_empty() && !job.required_nodes.contains(',') =>
+    match job.held {
+        false
+            if !job.slot_gpus.is_empty()
+                && !job.required_nodes.is_empty()
+                && !job.required_nodes.contains(',') =>
         {
-            Target::Gpu {
+            Target::Gpus {
                 node: job.required_nodes.clone(),
-                gpu,
+                gpus: job.slot_gpus.clone(),
             }
         }
         // Not held but not fully placed either (e.g. released by hand):
@@ -58,20 +61,19 @@ pub fn update_args(job: &PendingJob, target: &Target, names: &Names) -> Option<V
         Target::Parked if job.held => None,
         Target::Parked => Some(vec![vec!["hold".to_string(), job.id.to_string()]]),
         t if *t == current(job) => None,
-        Target::Gpu { node, gpu } => {
+        Target::Gpus { node, gpus } => {
+            // Slurm 22.05 takes several typed slots of one GRES in one
+            // request (checked on the dev cluster: `mfslot:g0:1,mfslot:g1:1`).
+            let gres: Vec<String> = gpus
+                .iter()
+                .map(|g| format!("{}:g{g}:1", names.offline_gres))
+                .collect();
             let mut calls = vec![vec![
                 "update".to_string(),
                 format!("JobId={}", job.id),
                 format!("ReqNodeList={node}"),
-                format!("Gres={}:g{gpu}:1", names.offline_gres),
-                format!(
-                    "AdminComment={}",
-                    Placement::Gpu {
-                        node: node.clone(),
-                        gpu: *gpu
-                    }
-                    .admin_comment()
-                ),
+                format!("Gres={}", gres.join(",")),
+                format!("AdminComment={}", Placement::on(node, gpus).admin_comment()),
             ]];
             if job.held {
                 calls.push(vec!["release".to_string(), job.id.to_string()]);
@@ -97,7 +99,8 @@ mod tests {
             user: "u".into(),
             name: "n".into(),
             required_nodes: req.into(),
-            slot_gpu: slot,
+            slot_gpus: slot.into_iter().collect(),
+            gpus: 1,
             held: false,
         }
     }
@@ -112,9 +115,9 @@ mod tests {
     #[test]
     fn place_only_when_the_hint_changes() {
         let n = names();
-        let t = Target::Gpu {
+        let t = Target::Gpus {
             node: "node3".into(),
-            gpu: 1,
+            gpus: vec![1],
         };
         // As job_submit.lua leaves it: held, no slot.
         let fresh = held("", None);
@@ -136,14 +139,44 @@ mod tests {
         let placed = job("node3", Some(1));
         assert_eq!(current(&placed), t);
         assert_eq!(update_args(&placed, &t, &n), None);
-        let moved = Target::Gpu {
+        let moved = Target::Gpus {
             node: "node4".into(),
-            gpu: 1,
+            gpus: vec![1],
         };
         assert_eq!(
             update_args(&placed, &moved, &n).unwrap()[0][2],
             "ReqNodeList=node4"
         );
+    }
+
+    #[test]
+    fn a_gang_is_written_as_typed_slots_of_one_node_with_its_count() {
+        let n = names();
+        let gang = PendingJob {
+            gpus: 2,
+            ..held("", None)
+        };
+        let t = Target::Gpus {
+            node: "node2".into(),
+            gpus: vec![0, 1],
+        };
+        assert_eq!(
+            update_args(&gang, &t, &n).unwrap()[0],
+            [
+                "update",
+                "JobId=7",
+                "ReqNodeList=node2",
+                "Gres=mfslot:g0:1,mfslot:g1:1",
+                "AdminComment=muxflow:v1 mode=offline gpus=2 placed=node2:g0,g1"
+            ]
+        );
+        let placed = PendingJob {
+            gpus: 2,
+            slot_gpus: vec![0, 1],
+            ..job("node2", None)
+        };
+        assert_eq!(current(&placed), t);
+        assert_eq!(update_args(&placed, &t, &n), None);
     }
 
     #[test]
@@ -158,9 +191,9 @@ mod tests {
         // as parked; placing it again repeats the update and releases it.
         let half = held("node3", Some(1));
         assert_eq!(current(&half), Target::Parked);
-        let t = Target::Gpu {
+        let t = Target::Gpus {
             node: "node3".into(),
-            gpu: 1,
+            gpus: vec![1],
         };
         let calls = update_args(&half, &t, &n).unwrap();
         assert_eq!(calls.last().unwrap(), &vec!["release", "7"]);

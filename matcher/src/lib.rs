@@ -17,6 +17,8 @@
 //!   feasible pair; incremental rounds from a cache. Used by the bench; the
 //!   round ([`round::plan`]) keeps the pruned solve until pricing is fast
 //!   enough for it (issue 19: 21 s at 18,000 × 10,000 today).
+//! * [`gang`]: k-GPU offline jobs on one node (issue 15), placed by a
+//!   documented greedy before the exact matching of the 1-GPU jobs.
 //! * [`reference`]: dense Kuhn–Munkres, brute force and greedy, for checks.
 //! * [`synth`]: deterministic synthetic clusters; [`bench`]: the `bench`
 //!   subcommand.
@@ -40,6 +42,7 @@
 
 pub mod bench;
 pub mod exact;
+pub mod gang;
 pub mod hints;
 pub mod history;
 pub mod metrics;

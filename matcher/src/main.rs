@@ -94,6 +94,11 @@ enum Command {
         /// `J G E`, then one `job gpu weight` line per edge.
         #[arg(long, value_name = "FILE")]
         export: Option<PathBuf>,
+        /// Instead: one production round where this share of the jobs are
+        /// 2, 4 or 8-GPU gangs (nodes of 8 GPUs), timed against the same
+        /// jobs as 1-GPU jobs (issue 15).
+        #[arg(long, value_name = "SHARE")]
+        gang_share: Option<f64>,
     },
 }
 
@@ -121,6 +126,7 @@ fn main() -> anyhow::Result<()> {
         candidates_per_job,
         threads,
         export,
+        gang_share,
     }) = cli.command
     {
         let args = BenchArgs {
@@ -141,6 +147,10 @@ fn main() -> anyhow::Result<()> {
             threads: threads.max(1),
             export,
         };
+        if let Some(share) = gang_share {
+            print!("{}", bench::gang_run(&args, share)?);
+            return Ok(());
+        }
         let report = bench::run(&args)?;
         print!("{}", report.text);
         return Ok(());

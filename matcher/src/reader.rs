@@ -265,6 +265,23 @@ pub fn job_mode(admin_comment: &str) -> Option<Mode> {
     JobReport::decode(admin_comment).ok().and_then(|r| r.mode)
 }
 
+/// Most GPUs one offline job is read as asking for: beyond any node's
+/// count, and a bound on what a malformed record can make a round try.
+pub const MAX_JOB_GPUS: u32 = 64;
+
+/// The GPU count (`gpus=`, [`muxflow::placement::GPUS_KEY`]) in an offline
+/// job's AdminComment; 1 when absent or unreadable, at most
+/// [`MAX_JOB_GPUS`].
+pub fn job_gpus(admin_comment: &str) -> u32 {
+    let Some(rest) = admin_comment.trim().strip_prefix(muxflow::report::TAG) else {
+        return 1;
+    };
+    muxflow::kv::parse(rest)
+        .ok()
+        .and_then(|m| m.get(muxflow::placement::GPUS_KEY)?.parse::<u32>().ok())
+        .map_or(1, |k| k.clamp(1, MAX_JOB_GPUS))
+}
+
 /// How the matcher names its Slurm objects (config `[slurm]`).
 #[derive(Debug, Clone)]
 pub struct Names {
@@ -279,12 +296,15 @@ impl Names {
     }
 }
 
-/// A GPU that runs an online job, as the matcher sees it.
+/// A GPU that runs an online job, or an idle one (no job holds it as
+/// gres/gpu), as the matcher sees it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GpuState {
     pub node: String,
     pub index: u32,
     pub published: GpuPublished,
+    /// Empty: an idle GPU (issue 15: it takes offline work at the job's
+    /// solo speed).
     pub online_jobs: Vec<u32>,
     /// The offline slot is held by a running job.
     pub slot_used: bool,
@@ -297,10 +317,13 @@ pub struct PendingJob {
     pub user: String,
     pub name: String,
     pub required_nodes: String,
-    /// GPU index of the typed offline slot it requests, if any. Slurm 22.05
-    /// keeps the first typed GRES a job was given through every later update,
-    /// so once set it fixes the GPU index the job can be placed on.
-    pub slot_gpu: Option<u32>,
+    /// GPU indices of the typed offline slots it requests (ascending; empty:
+    /// none yet). Slurm 22.05 keeps the first typed GRES a job was given
+    /// through every later update, so once set they fix the GPU indices the
+    /// job can be placed on.
+    pub slot_gpus: Vec<u32>,
+    /// GPUs it asked for, on one node (issue 15: more than 1 is a gang).
+    pub gpus: u32,
     /// Held (priority 0): how job_submit.lua parks offline jobs.
     pub held: bool,
 }
@@ -308,7 +331,7 @@ pub struct PendingJob {
 /// Everything one round needs, read from Slurm.
 #[derive(Debug, Clone, Default)]
 pub struct ClusterState {
-    /// GPUs with a running online job, by (node, index).
+    /// GPUs with a running online job, and idle GPUs, by (node, index).
     pub gpus: Vec<GpuState>,
     pub pending: Vec<PendingJob>,
     /// Running offline jobs: (job, node, GPU index).
@@ -322,9 +345,20 @@ impl ClusterState {
         let mut st = ClusterState::default();
         // (node, gpu) -> online jobs
         let mut online: BTreeMap<(String, u32), Vec<u32>> = BTreeMap::new();
+        // (node, gpu) held as gres/gpu by any running job.
+        let mut gpu_held: BTreeSet<(String, u32)> = BTreeSet::new();
         for j in jobs {
             let mode = job_mode(&j.admin_comment);
             let running = j.job_state == "RUNNING";
+            if running {
+                for (node, detail) in expand_hostlist(&j.nodes).iter().zip(&j.gres_detail) {
+                    for g in parse_gres(detail).into_iter().filter(|g| g.name == "gpu") {
+                        for i in g.indices {
+                            gpu_held.insert((node.clone(), i));
+                        }
+                    }
+                }
+            }
             match (mode, running) {
                 (Some(Mode::Online), true) => {
                     // One gres_detail entry per node of the allocation.
@@ -351,16 +385,25 @@ impl ClusterState {
                     }
                 }
                 (Some(Mode::Offline), false) if j.job_state == "PENDING" => {
-                    let slot_gpu = parse_gres(&j.tres_per_node)
+                    let mut slot_gpus: Vec<u32> = parse_gres(&j.tres_per_node)
                         .into_iter()
                         .filter(|g| g.name == names.offline_gres && g.count > 0)
-                        .find_map(|g| g.kind.as_deref().and_then(slot_index));
+                        .filter_map(|g| g.kind.as_deref().and_then(slot_index))
+                        .collect();
+                    slot_gpus.sort_unstable();
+                    slot_gpus.dedup();
+                    // The count job_submit.lua (or the matcher's placement)
+                    // wrote; a record that lost it (the Prolog's refusal, the
+                    // end-of-run report) still has the typed slots Slurm keeps.
+                    let asked = job_gpus(&j.admin_comment);
+                    let gpus = asked.max(slot_gpus.len() as u32).max(1);
                     st.pending.push(PendingJob {
                         id: j.job_id,
                         user: j.user_name.clone(),
                         name: j.name.clone(),
                         required_nodes: j.required_nodes.clone(),
-                        slot_gpu,
+                        slot_gpus,
+                        gpus,
                         held: j.state_reason.starts_with("JobHeld"),
                     });
                 }
@@ -374,6 +417,20 @@ impl ClusterState {
                 .filter(|g| g.name == names.offline_gres && g.count > 0)
                 .filter_map(|g| g.kind.as_deref().and_then(slot_index))
                 .collect();
+            // A GPU no running job holds as gres/gpu (muxflow's or not) is
+            // idle. squeue's gres_detail names the indices; the node's
+            // gres_used only counts them (22.05 prints `gpu:1`, no IDX):
+            // when it counts more than squeue named, some job's GPUs are
+            // unknown and none of the node's GPUs is taken for idle.
+            let used_gpus: u64 = parse_gres(&n.gres_used)
+                .into_iter()
+                .filter(|g| g.name == "gpu")
+                .map(|g| g.count)
+                .sum();
+            let named = gpu_held
+                .range((n.name.clone(), 0)..=(n.name.clone(), u32::MAX))
+                .count();
+            let idle_known = used_gpus <= named as u64;
             let has_online = online.keys().any(|(node, _)| node == &n.name);
             let published = match published::decode(&n.extra) {
                 Ok(p) => p,
@@ -395,15 +452,21 @@ impl ClusterState {
                 continue;
             }
             for p in published {
-                if let Some(jobs) = online.get(&(n.name.clone(), p.index)) {
-                    st.gpus.push(GpuState {
-                        node: n.name.clone(),
-                        index: p.index,
-                        slot_used: used.contains(&p.index),
-                        online_jobs: jobs.clone(),
-                        published: p,
-                    });
-                }
+                let online_jobs = match online.get(&(n.name.clone(), p.index)) {
+                    Some(jobs) => jobs.clone(),
+                    // Held by a job muxflow does not manage: not ours to share.
+                    None if !idle_known || gpu_held.contains(&(n.name.clone(), p.index)) => {
+                        continue
+                    }
+                    None => Vec::new(),
+                };
+                st.gpus.push(GpuState {
+                    node: n.name.clone(),
+                    index: p.index,
+                    slot_used: used.contains(&p.index),
+                    online_jobs,
+                    published: p,
+                });
             }
         }
         st.gpus
@@ -523,6 +586,99 @@ mod tests {
         assert_eq!(v[0].indices, vec![0, 2, 3]);
         assert_eq!(parse_gres("gres:mfslot:1")[0].kind, None);
         assert!(parse_gres("").is_empty());
+    }
+
+    #[test]
+    fn idle_gpus_are_those_no_running_job_holds() {
+        let extra = "muxflow:v1 gpu0.state=healthy gpu0.mem_mib=81559 gpu1.state=healthy gpu1.mem_mib=81559";
+        let node = |name: &str, used: &str| SinfoNode {
+            name: name.into(),
+            state: "MIXED".into(),
+            extra: extra.into(),
+            gres_used: used.into(),
+            ..SinfoNode::default()
+        };
+        let running = |id: u32, node: &str, comment: &str, detail: &str| SqueueJob {
+            job_id: id,
+            job_state: "RUNNING".into(),
+            nodes: node.into(),
+            admin_comment: comment.into(),
+            gres_detail: vec![detail.into()],
+            ..SqueueJob::default()
+        };
+        let jobs = [
+            running(1, "a", "muxflow:v1 mode=online", "gpu:1(IDX:0)"),
+            // A plain GPU job (no muxflow): its GPU is not idle.
+            running(2, "b", "", "gpu:1(IDX:1)"),
+            // node c counts a GPU in use that no job names: nothing idle there.
+        ];
+        let nodes = [
+            node("a", "gpu:1,mfslot:g0:0(IDX:N/A),mfslot:g1:0(IDX:N/A)"),
+            node("b", "gpu:1,mfslot:g0:0(IDX:N/A),mfslot:g1:0(IDX:N/A)"),
+            node("c", "gpu:1,mfslot:g0:0(IDX:N/A),mfslot:g1:0(IDX:N/A)"),
+            node("d", "gpu:0,mfslot:g0:0(IDX:N/A),mfslot:g1:1(IDX:1)"),
+        ];
+        let names = Names::from_config(&muxflow::config::Slurm::default());
+        let st = ClusterState::build(&jobs, &nodes, &names);
+        let got: Vec<(&str, u32, bool, bool)> = st
+            .gpus
+            .iter()
+            .map(|g| {
+                (
+                    g.node.as_str(),
+                    g.index,
+                    g.online_jobs.is_empty(),
+                    g.slot_used,
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("a", 0, false, false),
+                ("a", 1, true, false),
+                ("b", 0, true, false),
+                ("d", 0, true, false),
+                ("d", 1, true, true),
+            ]
+        );
+        let open: Vec<_> = st
+            .open_gpus()
+            .map(|(_, g)| (g.node.as_str(), g.index))
+            .collect();
+        assert_eq!(open, [("a", 0), ("a", 1), ("b", 0), ("d", 0)]);
+    }
+
+    #[test]
+    fn a_jobs_gpu_count_comes_from_its_record_or_its_typed_slots() {
+        assert_eq!(job_gpus("muxflow:v1 mode=offline gpus=2"), 2);
+        assert_eq!(job_gpus("muxflow:v1 mode=offline gpus=2 placed=n:g0,g1"), 2);
+        assert_eq!(job_gpus("muxflow:v1 mode=offline"), 1, "absent: one");
+        assert_eq!(
+            job_gpus("muxflow:v1 mode=offline gpus=x"),
+            1,
+            "unreadable: one"
+        );
+        assert_eq!(job_gpus("gpus=4"), 1, "not muxflow's record");
+        assert_eq!(
+            job_gpus("muxflow:v1 mode=offline gpus=100000"),
+            MAX_JOB_GPUS
+        );
+        // The Prolog's refusal dropped the count; Slurm kept both typed slots.
+        let pending = SqueueJob {
+            job_id: 3,
+            job_state: "PENDING".into(),
+            admin_comment: "muxflow:v1 mode=offline refused=gpu_busy".into(),
+            tres_per_node: "gres:mfslot:g1:1,gres:mfslot:g0:1".into(),
+            state_reason: "JobHeldAdmin".into(),
+            ..SqueueJob::default()
+        };
+        let names = Names::from_config(&muxflow::config::Slurm::default());
+        let st = ClusterState::build(&[pending], &[], &names);
+        assert_eq!(
+            (st.pending[0].gpus, &st.pending[0].slot_gpus[..]),
+            (2, &[0, 1][..])
+        );
     }
 
     #[test]

@@ -2,12 +2,21 @@
 //! exact matching, and the hint updates to send. Pure: Slurm I/O lives in
 //! [`crate::slurm`].
 //!
-//! Candidates of a pending offline job: GPUs that run an online job, are
-//! Healthy, have their offline slot free, leave room for the job's memory
-//! (its history's peak, or nothing known), and — for a job whose slot type
-//! Slurm already fixed — have that GPU index. The graph is pruned with
-//! [`crate::prune::spread_scored`] (`matcher.candidates_per_job`) and
-//! solved exactly.
+//! Candidates of a pending offline job: Healthy GPUs with their offline
+//! slot free that either run an online job (scored by the predictor next
+//! to it) or are idle — no job holds them as gres/gpu — (scored at the
+//! job's solo speed, [`Predictor::solo`]: issue 15), that leave room for
+//! the job's memory (its history's peak, or nothing known), and — for a
+//! job whose slot type Slurm already fixed — have that GPU index. The
+//! graph is pruned with [`crate::prune::spread_scored`]
+//! (`matcher.candidates_per_job`) and solved exactly.
+//!
+//! An idle GPU's offline job gets the SM ceiling and the GPU's memory less
+//! the reserve ([`muxflow::policy::GpuFacts::without_online`]); an online
+//! job that lands there later requeues it (the Prolog), and the matcher
+//! places it again next to that online job or elsewhere. On a tie with a
+//! shared GPU the shared one wins ([`IDLE_TIE_BREAK`]): the same predicted
+//! throughput without the risk of that requeue.
 //!
 //! A round scores every job that holds a hint and the oldest held jobs up
 //! to [`HELD_JOBS_PER_OPEN_GPU`] per open GPU ([`considered_jobs`]): a long
@@ -18,7 +27,8 @@
 //!
 //! ```text
 //! JOB     NAME        ACTION  NODE    GPU       SPEED  REASON
-//! 17      train-x     place   node1   0    0.812±0.05  best total predicted throughput
+//! 17      train-x     place   node1   0    0.812±0.05  best total predicted throughput (online job 12)
+//! 18      train-y     place   node4   1    1.000±0.00  idle GPU: runs alone at its solo speed (best total predicted throughput)
 //! ```
 //!
 //! ACTION is `place` (hint written), `keep` (already placed there), `park`
@@ -28,20 +38,26 @@
 //! predictor's weight ([`Predictor::predict`]: for [`Model`] the mean plus
 //! a bounded exploration bonus); SPEED and `predicted_total` are means.
 //! `--json` prints the same as `{"summary": {...}, "decisions": [{"job",
-//! "name", "user", "action", "node", "gpu", "predicted", "confidence",
-//! "reason"}]}`; `node`, `gpu`, `predicted`, `confidence` are null when not
-//! placed. Both formats are stable.
+//! "name", "user", "action", "node", "gpu", "gpus", "predicted",
+//! "confidence", "reason"}]}`; `node`, `gpu`, `predicted`, `confidence` are
+//! null and `gpus` empty when not placed. A k-GPU job (`gpus=k` in its
+//! record) is placed as a gang on k GPUs of one node ([`crate::gang`]):
+//! GPU shows them all (`0,1`), SPEED its slowest GPU's, and the summary's
+//! `predicted_total` counts it k times. Both formats are stable (fields
+//! are only added).
 
 use std::fmt::Write as _;
 
 use muxflow::config::{Matcher, Policy};
+use muxflow::policy::{offline_mem_cap_mib, GpuFacts};
 use serde::Serialize;
 
+use crate::gang::{place_gangs, GangChoice};
 use crate::hints::{update_args, Target};
 use crate::predict::{GpuTerms, JobTerms, Model};
 use crate::prune::spread_scored;
 use crate::reader::{ClusterState, GpuState, Names, PendingJob};
-use crate::solver::{solve_with, SolveOptions};
+use crate::solver::{solve_warm_sorted, solve_with, SolveOptions, Start};
 use crate::weights::{quantize, to_throughput};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -71,7 +87,11 @@ pub struct Decision {
     pub user: String,
     pub action: Action,
     pub node: Option<String>,
+    /// The first of `gpus`.
     pub gpu: Option<u32>,
+    /// Its GPUs on `node` (a k-GPU job's gang: k of them); empty when not
+    /// placed.
+    pub gpus: Vec<u32>,
     pub predicted: Option<f64>,
     /// The prediction's standard deviation.
     pub confidence: Option<f64>,
@@ -85,6 +105,8 @@ pub struct Decision {
 pub struct Summary {
     pub pending_offline: usize,
     pub online_gpus: usize,
+    /// GPUs no job holds as gres/gpu, of any health (issue 15).
+    pub idle_gpus: usize,
     pub open_gpus: usize,
     pub candidate_edges: usize,
     pub placed: usize,
@@ -122,6 +144,11 @@ pub trait Predictor: Sync {
     fn estimate(&self, job: &Self::Job, gpu: &Self::Gpu) -> Option<(f64, f64)> {
         self.predict(job, gpu).map(|p| (p, 0.0))
     }
+    /// The job alone on idle GPU `gpu`, which leaves it `room_mib` of
+    /// memory: its normalized throughput (1 by definition: its speed there
+    /// ÷ its speed alone) and standard deviation; `None`: not a candidate
+    /// (its memory does not fit, or the GPU is not one it may use).
+    fn solo(&self, job: &Self::Job, gpu: &GpuState, room_mib: u64) -> Option<(f64, f64)>;
 }
 
 impl Predictor for Model {
@@ -140,10 +167,41 @@ impl Predictor for Model {
     fn estimate(&self, job: &JobTerms, gpu: &GpuTerms) -> Option<(f64, f64)> {
         self.predict_terms(job, gpu).map(|e| (e.mean, e.sd))
     }
+    fn solo(&self, job: &JobTerms, _gpu: &GpuState, room_mib: u64) -> Option<(f64, f64)> {
+        // The node-measured peak decides, as next to an online job.
+        job.peak_mib
+            .is_none_or(|p| p <= room_mib)
+            .then_some((1.0, 0.0))
+    }
+}
+
+/// What an idle GPU's weight is lowered by, so that a shared GPU predicted
+/// as fast wins the tie: one unit of the solver's integer weights.
+pub const IDLE_TIE_BREAK: f64 = 1.0 / crate::weights::SCALE;
+
+/// Memory an offline job may use on an idle GPU: the GPU's less the
+/// reserve ([`GpuFacts::without_online`]); 0 when the GPU's is unknown.
+pub fn idle_room_mib(gpu: &GpuState, policy: &Policy) -> u64 {
+    let facts = GpuFacts {
+        online_solo_sm_pct: None,
+        online_mem_mib: None,
+        mem_total_mib: (gpu.published.mem_mib > 0).then_some(gpu.published.mem_mib),
+    };
+    offline_mem_cap_mib(policy, &facts.without_online()).unwrap_or(0)
+}
+
+/// A candidate GPU's terms: next to an online job, or idle.
+enum Side<G> {
+    Shared(G),
+    Idle { room_mib: u64 },
 }
 
 const NO_CANDIDATE: &str =
-    "no candidate: no Healthy GPU with an online job, a free offline slot and room";
+    "no candidate: no Healthy GPU (idle or with an online job) with a free offline slot and room";
+
+/// The reason of a placement on an idle GPU.
+pub const IDLE_REASON: &str =
+    "idle GPU: runs alone at its solo speed (best total predicted throughput)";
 
 /// Held jobs a round scores per open GPU, oldest first (lowest job id). A
 /// round places at most one job per open GPU, so a longer queue only costs
@@ -181,33 +239,111 @@ pub fn plan<P: Predictor>(
     let waiting = state.pending.len() - considered.len();
     let jobs: Vec<&PendingJob> = considered.iter().map(|&i| &state.pending[i]).collect();
     // Lookups once per job and per GPU; the per-pair score is arithmetic.
-    let job_terms: Vec<(P::Job, Option<u32>)> = jobs
+    let job_terms: Vec<(P::Job, &[u32])> = jobs
         .iter()
-        .map(|j| (model.job_terms(j), j.slot_gpu))
+        .map(|j| (model.job_terms(j), &j.slot_gpus[..]))
         .collect();
-    let gpu_terms: Vec<(P::Gpu, u32)> = open
+    let gpu_terms: Vec<(Side<P::Gpu>, u32)> = open
         .iter()
-        .map(|&i| (model.gpu_terms(&state.gpus[i], policy), state.gpus[i].index))
+        .map(|&i| {
+            let gpu = &state.gpus[i];
+            let side = if gpu.online_jobs.is_empty() {
+                Side::Idle {
+                    room_mib: idle_room_mib(gpu, policy),
+                }
+            } else {
+                Side::Shared(model.gpu_terms(gpu, policy))
+            };
+            (side, gpu.index)
+        })
         .collect();
+    let estimate = |j: usize, g: usize| -> Option<(f64, f64)> {
+        match &gpu_terms[g].0 {
+            Side::Shared(gpu) => model.estimate(&job_terms[j].0, gpu),
+            Side::Idle { room_mib } => model.solo(&job_terms[j].0, &state.gpus[open[g]], *room_mib),
+        }
+    };
     let score = |j: u32, g: u32| -> Option<i64> {
-        let (job, slot_gpu) = &job_terms[j as usize];
-        let (gpu, index) = &gpu_terms[g as usize];
-        // Slurm 22.05 cannot move a job's typed slot to another GPU index.
-        if slot_gpu.is_some_and(|i| i != *index) {
+        let (job, slot_gpus) = &job_terms[j as usize];
+        let (side, index) = &gpu_terms[g as usize];
+        // Slurm 22.05 cannot move a job's typed slots to other GPU indices.
+        if !slot_gpus.is_empty() && !slot_gpus.contains(index) {
             return None;
         }
-        model.predict(job, gpu).and_then(quantize)
+        match side {
+            Side::Shared(gpu) => model.predict(job, gpu).and_then(quantize),
+            Side::Idle { room_mib } => model
+                .solo(job, &state.gpus[open[g as usize]], *room_mib)
+                .and_then(|(mean, _)| quantize(mean - IDLE_TIE_BREAK)),
+        }
     };
+    // k-GPU jobs first, by the documented greedy (crate::gang), then the
+    // exact matching of the 1-GPU jobs on the GPUs they left.
+    let node_of: Vec<u32> = {
+        let mut ids: std::collections::HashMap<&str, u32> = Default::default();
+        open.iter()
+            .map(|&i| {
+                let n = ids.len() as u32;
+                *ids.entry(state.gpus[i].node.as_str()).or_insert(n)
+            })
+            .collect()
+    };
+    let gangs: Vec<(u32, u32)> = jobs
+        .iter()
+        .enumerate()
+        .filter(|(_, j)| j.gpus > 1)
+        .map(|(i, j)| (i as u32, j.gpus))
+        .collect();
+    let is_gang: Vec<bool> = jobs.iter().map(|j| j.gpus > 1).collect();
     let threads = SolveOptions::default().threads;
+    let alone = |j: u32, g: u32| (!is_gang[j as usize]).then(|| score(j, g)).flatten();
     let edges = spread_scored(
         jobs.len(),
         open.len(),
         matcher.candidates_per_job,
         threads,
-        score,
+        alone,
     );
-    let sol = solve_with(jobs.len(), open.len(), &edges, &SolveOptions::default())
-        .expect("candidate edges are in range, positive and unique");
+    let cold = |edges: &[crate::solver::Edge]| {
+        solve_with(jobs.len(), open.len(), edges, &SolveOptions::default())
+            .expect("candidate edges are in range, positive and unique")
+    };
+    let mut taken = vec![false; open.len()];
+    let (gang_choice, edges, sol) = if gangs.is_empty() {
+        let sol = cold(&edges);
+        (Vec::new(), edges, sol)
+    } else {
+        // Each GPU's price: its dual in the 1-GPU jobs' own optimum.
+        let priced = cold(&edges);
+        let chosen = place_gangs(&gangs, &node_of, &priced.duals.gpu, &mut taken, &score);
+        // A fresh candidate graph on the GPUs left (the first one's lists
+        // lean on the GPUs the gangs took: filtering it lost 12% of the
+        // 1-GPU total on the bench), solved from the prices' matching: only
+        // what the gangs took is searched again (exact on that graph all
+        // the same, with its certificate).
+        let left = |j: u32, g: u32| (!taken[g as usize]).then(|| alone(j, g)).flatten();
+        let edges = spread_scored(
+            jobs.len(),
+            open.len(),
+            matcher.candidates_per_job,
+            threads,
+            left,
+        );
+        let sol = solve_warm_sorted(
+            jobs.len(),
+            open.len(),
+            &edges,
+            &Start {
+                job_gpu: &priced.job_gpu(jobs.len()),
+                price: &priced.duals.gpu,
+            },
+        );
+        (chosen, edges, sol)
+    };
+    let mut gang_of: Vec<Option<&GangChoice>> = vec![None; jobs.len()];
+    for (&(j, _), c) in gangs.iter().zip(&gang_choice) {
+        gang_of[j as usize] = c.as_ref();
+    }
     let mut assigned: Vec<Option<(u32, i64)>> = vec![None; jobs.len()];
     for &(j, g) in &sol.matching.pairs {
         // spread_scored returns edges sorted by (job, GPU).
@@ -226,18 +362,49 @@ pub fn plan<P: Predictor>(
 
     let mut decisions = Vec::with_capacity(jobs.len());
     for (j, &job) in jobs.iter().enumerate() {
-        let (target, predicted, reason) = match assigned[j] {
-            Some((g, w)) => {
-                let gpu = &state.gpus[open[g as usize]];
-                let shown = model
-                    .estimate(&job_terms[j].0, &gpu_terms[g as usize].0)
-                    .unwrap_or((to_throughput(w), 0.0));
+        let (target, predicted, reason) = match (gang_of[j], assigned[j]) {
+            (Some(c), _) => {
+                let first = &state.gpus[open[c.gpus[0] as usize]];
+                // Its speed is its slowest GPU's (synchronous training).
+                let shown = c
+                    .gpus
+                    .iter()
+                    .filter_map(|&g| estimate(j, g as usize))
+                    .min_by(|a, b| a.0.total_cmp(&b.0))
+                    .unwrap_or((to_throughput(c.min_weight), 0.0));
+                let mut gpus: Vec<u32> = c
+                    .gpus
+                    .iter()
+                    .map(|&g| state.gpus[open[g as usize]].index)
+                    .collect();
+                gpus.sort_unstable();
                 (
-                    Target::Gpu {
-                        node: gpu.node.clone(),
-                        gpu: gpu.index,
+                    Target::Gpus {
+                        node: first.node.clone(),
+                        gpus,
                     },
                     Some(shown),
+                    format!(
+                        "gang of {} GPUs on one node at its slowest GPU's speed (greedy, before the exact matching)",
+                        job.gpus
+                    ),
+                )
+            }
+            (None, _) if is_gang[j] => (
+                Target::Parked,
+                None,
+                format!(
+                    "no candidate: no node with {} Healthy GPUs free for it (idle or with an online job, with room)",
+                    job.gpus
+                ),
+            ),
+            (None, Some(_)) | (None, None) => match assigned[j] {
+            Some((g, w)) => {
+                let gpu = &state.gpus[open[g as usize]];
+                let shown = estimate(j, g as usize).unwrap_or((to_throughput(w), 0.0));
+                let reason = if gpu.online_jobs.is_empty() {
+                    IDLE_REASON.to_string()
+                } else {
                     format!(
                         "best total predicted throughput (online job {})",
                         gpu.online_jobs
@@ -245,7 +412,15 @@ pub fn plan<P: Predictor>(
                             .map(u32::to_string)
                             .collect::<Vec<_>>()
                             .join(",")
-                    ),
+                    )
+                };
+                (
+                    Target::Gpus {
+                        node: gpu.node.clone(),
+                        gpus: vec![gpu.index],
+                    },
+                    Some(shown),
+                    reason,
                 )
             }
             None if !has_edge[j] => (Target::Parked, None, NO_CANDIDATE.to_string()),
@@ -254,17 +429,18 @@ pub fn plan<P: Predictor>(
                 None,
                 "its candidate GPUs went to jobs with a higher total".to_string(),
             ),
+            },
         };
         let update = update_args(job, &target, names);
         let action = match (&target, update.is_some()) {
-            (Target::Gpu { .. }, true) => Action::Place,
-            (Target::Gpu { .. }, false) => Action::Keep,
+            (Target::Gpus { .. }, true) => Action::Place,
+            (Target::Gpus { .. }, false) => Action::Keep,
             (Target::Parked, true) => Action::Park,
             (Target::Parked, false) => Action::None,
         };
-        let (node, gpu) = match &target {
-            Target::Gpu { node, gpu } => (Some(node.clone()), Some(*gpu)),
-            Target::Parked => (None, None),
+        let (node, gpus) = match &target {
+            Target::Gpus { node, gpus } => (Some(node.clone()), gpus.clone()),
+            Target::Parked => (None, Vec::new()),
         };
         decisions.push(Decision {
             job: job.id,
@@ -272,7 +448,8 @@ pub fn plan<P: Predictor>(
             user: job.user.clone(),
             action,
             node,
-            gpu,
+            gpu: gpus.first().copied(),
+            gpus,
             predicted: predicted.map(|p| p.0),
             confidence: predicted.map(|p| p.1),
             reason,
@@ -295,6 +472,7 @@ pub fn plan<P: Predictor>(
             action: Action::None,
             node: None,
             gpu: None,
+            gpus: Vec::new(),
             predicted: None,
             confidence: None,
             reason: if no_open_gpu {
@@ -339,11 +517,24 @@ pub fn plan<P: Predictor>(
         .collect();
     let summary = Summary {
         pending_offline: state.pending.len(),
-        online_gpus: state.gpus.len(),
+        online_gpus: state
+            .gpus
+            .iter()
+            .filter(|g| !g.online_jobs.is_empty())
+            .count(),
+        idle_gpus: state
+            .gpus
+            .iter()
+            .filter(|g| g.online_jobs.is_empty())
+            .count(),
         open_gpus: open.len(),
         candidate_edges: edges.len(),
         placed: placed.len(),
-        predicted_total: placed.iter().filter_map(|d| d.predicted).sum(),
+        // A gang counts k times its (slowest GPU's) speed.
+        predicted_total: placed
+            .iter()
+            .filter_map(|d| Some(d.predicted? * d.gpus.len() as f64))
+            .sum(),
         updates: decisions.iter().filter(|d| d.update.is_some()).count(),
         deferred,
         waiting,
@@ -372,7 +563,15 @@ impl Plan {
                 d.name,
                 d.action.as_str(),
                 d.node.as_deref().unwrap_or("-"),
-                d.gpu.map_or("-".into(), |g| g.to_string()),
+                if d.gpus.is_empty() {
+                    "-".to_string()
+                } else {
+                    d.gpus
+                        .iter()
+                        .map(u32::to_string)
+                        .collect::<Vec<_>>()
+                        .join(",")
+                },
                 match (d.predicted, d.confidence) {
                     (Some(p), Some(sd)) => format!("{p:.3}±{sd:.2}"),
                     (Some(p), None) => format!("{p:.3}"),
@@ -389,8 +588,8 @@ impl Plan {
     pub fn summary_line(&self) -> String {
         let m = &self.summary;
         format!(
-            "round: {} pending offline, {} online GPUs ({} open), {} candidate edges, {} placed, predicted total {:.3}, {} updates, {} deferred, {} waiting",
-            m.pending_offline, m.online_gpus, m.open_gpus, m.candidate_edges, m.placed,
+            "round: {} pending offline, {} online GPUs, {} idle GPUs ({} open), {} candidate edges, {} placed, predicted total {:.3}, {} updates, {} deferred, {} waiting",
+            m.pending_offline, m.online_gpus, m.idle_gpus, m.open_gpus, m.candidate_edges, m.placed,
             m.predicted_total, m.updates, m.deferred, m.waiting
         )
     }
@@ -430,7 +629,8 @@ mod tests {
             user: "u".into(),
             name: name.into(),
             required_nodes: req.into(),
-            slot_gpu: slot,
+            slot_gpus: slot.into_iter().collect(),
+            gpus: 1,
             held,
         }
     }
@@ -476,6 +676,179 @@ mod tests {
         assert_eq!(at, [Some("b"), Some("a")]);
         assert!((p.summary.predicted_total - 1.6).abs() < 1e-9);
         assert_eq!(p.summary.open_gpus, 2);
+    }
+
+    fn idle(node: &str, state: HealthState) -> GpuState {
+        GpuState {
+            online_jobs: vec![],
+            ..gpu(node, state, 0, 0, false)
+        }
+    }
+
+    #[test]
+    fn idle_gpus_take_offline_work_at_solo_speed_and_lose_ties_to_shared_ones() {
+        let mut m = model();
+        m.profiles.insert(
+            ("u".into(), "huge".into()),
+            crate::predict::Profile {
+                peak_mib: Some(80_000),
+                ..Default::default()
+            },
+        );
+        let cfg = muxflow::Config::default();
+        struct Case {
+            name: &'static str,
+            gpus: Vec<GpuState>,
+            jobs: Vec<PendingJob>,
+            /// (node, reason starts with) per job, in job order.
+            want: Vec<(Option<&'static str>, &'static str)>,
+        }
+        let cases = [
+            Case {
+                name: "a tie (both predicted 1.0): the shared GPU",
+                gpus: vec![
+                    gpu("a", HealthState::Healthy, 10, 4_000, false),
+                    idle("b", HealthState::Healthy),
+                ],
+                jobs: vec![job(1, "small", true, "", None)],
+                want: vec![(Some("a"), "best total predicted throughput (online job 1)")],
+            },
+            Case {
+                name: "big fits only the idle GPU (60 GB, 30 GB online beside)",
+                gpus: vec![
+                    gpu("a", HealthState::Healthy, 10, 30_000, false),
+                    idle("b", HealthState::Healthy),
+                ],
+                jobs: vec![job(1, "big", true, "", None)],
+                want: vec![(Some("b"), IDLE_REASON)],
+            },
+            Case {
+                name: "an idle cluster: every job on an idle GPU, not on a faulty or taken one",
+                gpus: vec![
+                    idle("a", HealthState::Healthy),
+                    idle("b", HealthState::Faulty),
+                    GpuState {
+                        slot_used: true,
+                        ..idle("c", HealthState::Healthy)
+                    },
+                    idle("d", HealthState::Healthy),
+                ],
+                jobs: vec![
+                    job(1, "small", true, "", None),
+                    job(2, "big", true, "", None),
+                    job(3, "small", true, "", None),
+                ],
+                want: vec![
+                    (Some("a"), IDLE_REASON),
+                    (Some("d"), IDLE_REASON),
+                    (None, "its candidate GPUs went to jobs with a higher total"),
+                ],
+            },
+            Case {
+                name: "more memory than an idle GPU leaves (80 GB > 81559 - 2048 MiB)",
+                gpus: vec![idle("a", HealthState::Healthy)],
+                jobs: vec![job(1, "huge", true, "", None)],
+                want: vec![(None, "no candidate")],
+            },
+        ];
+        for c in cases {
+            let state = ClusterState {
+                gpus: c.gpus,
+                pending: c.jobs,
+                ..ClusterState::default()
+            };
+            let p = plan(&state, &m, &cfg.policy, &cfg.matcher, &names());
+            let got: Vec<(Option<&str>, &str)> = p
+                .decisions
+                .iter()
+                .map(|d| (d.node.as_deref(), d.reason.as_str()))
+                .collect();
+            assert_eq!(got.len(), c.want.len(), "{}", c.name);
+            for ((node, reason), (want_node, want_reason)) in got.iter().zip(&c.want) {
+                assert_eq!(node, want_node, "{}: {:?}", c.name, p.decisions);
+                assert!(reason.starts_with(want_reason), "{}: {reason}", c.name);
+            }
+            for d in p.decisions.iter().filter(|d| d.reason == IDLE_REASON) {
+                assert_eq!(
+                    (d.predicted, d.confidence),
+                    (Some(1.0), Some(0.0)),
+                    "{}",
+                    c.name
+                );
+            }
+            assert_eq!(
+                p.summary.idle_gpus,
+                state
+                    .gpus
+                    .iter()
+                    .filter(|g| g.online_jobs.is_empty())
+                    .count()
+            );
+        }
+    }
+
+    #[test]
+    fn a_gang_takes_k_gpus_of_one_node_and_is_written_as_its_slots() {
+        let at = |node: &str, index: u32, g: GpuState| GpuState {
+            node: node.into(),
+            index,
+            published: GpuPublished {
+                index,
+                ..g.published
+            },
+            ..g
+        };
+        let state = ClusterState {
+            gpus: vec![
+                at("a", 0, idle("a", HealthState::Healthy)),
+                at("a", 1, idle("a", HealthState::Healthy)),
+                at("b", 0, gpu("b", HealthState::Healthy, 10, 4_000, false)),
+                at("c", 0, idle("c", HealthState::Healthy)),
+            ],
+            pending: vec![
+                PendingJob {
+                    gpus: 2,
+                    ..job(1, "small", true, "", None)
+                },
+                job(2, "small", true, "", None),
+                PendingJob {
+                    gpus: 3,
+                    ..job(3, "small", true, "", None)
+                },
+            ],
+            ..ClusterState::default()
+        };
+        let cfg = muxflow::Config::default();
+        let p = plan(&state, &model(), &cfg.policy, &cfg.matcher, &names());
+        let d = &p.decisions;
+        assert_eq!(
+            (d[0].node.as_deref(), &d[0].gpus[..]),
+            (Some("a"), &[0, 1][..])
+        );
+        assert!(d[0].reason.starts_with("gang of 2 GPUs"), "{}", d[0].reason);
+        assert_eq!(
+            d[0].update.as_ref().unwrap()[0][3..],
+            [
+                "Gres=mfslot:g0:1,mfslot:g1:1",
+                "AdminComment=muxflow:v1 mode=offline gpus=2 placed=a:g0,g1"
+            ]
+        );
+        // The 1-GPU job goes beside the online job (the tie rule) on b.
+        assert_eq!(d[1].node.as_deref(), Some("b"));
+        // No node has 3 GPUs.
+        assert_eq!(d[2].action, Action::None);
+        assert!(
+            d[2].reason.starts_with("no candidate: no node with 3"),
+            "{}",
+            d[2].reason
+        );
+        // The total counts the gang twice (two GPUs at its slowest speed).
+        assert!(
+            (p.summary.predicted_total - 3.0).abs() < 1e-5,
+            "{:?}",
+            p.summary
+        );
+        assert!(p.table().contains(" 0,1 "), "{}", p.table());
     }
 
     #[test]

@@ -8,8 +8,9 @@
 //!   was a constraint; its `features` and `state_reason` were edited to what
 //!   job_submit.lua leaves now: held, Reason=JobHeldUser, no constraint);
 //! * jobs 4-15: finished experiments (ignored; 3 and 6 were refused at submit);
-//! * node Extra: node1 both GPUs healthy; node2 GPU 0 busy, GPU 1 healthy
-//!   (its slot taken by job 16); node3 `rack=12` (not muxflow); node4 empty;
+//! * node Extra: node1 both GPUs healthy (GPU 1 idle: no job holds it);
+//!   node2 GPU 0 busy, GPU 1 healthy (its slot taken by job 16); node3
+//!   `rack=12` (not muxflow); node4 empty;
 //! * sacct: `hist-a` (one run alone, one shared), `hist-b` (shared only),
 //!   an online record.
 
@@ -62,6 +63,8 @@ fn squeue_and_sinfo_give_online_gpus_slots_and_pending_jobs() {
         gpus,
         [
             ("node1", 0, HealthState::Healthy, false, vec![1]),
+            // Idle (issue 15): no online job, no job holds it as gres/gpu.
+            ("node1", 1, HealthState::Healthy, false, vec![]),
             ("node2", 0, HealthState::Busy, false, vec![2]),
             ("node2", 1, HealthState::Healthy, true, vec![2]),
         ]
@@ -72,7 +75,7 @@ fn squeue_and_sinfo_give_online_gpus_slots_and_pending_jobs() {
         .open_gpus()
         .map(|(_, g)| (g.node.clone(), g.index))
         .collect();
-    assert_eq!(open, [("node1".to_string(), 0)]);
+    assert_eq!(open, [("node1".to_string(), 0), ("node1".to_string(), 1)]);
     assert_eq!(st.running_offline, [(16, "node2".to_string(), 1)]);
     assert_eq!(st.pending.len(), 1);
     let p = &st.pending[0];
@@ -80,7 +83,8 @@ fn squeue_and_sinfo_give_online_gpus_slots_and_pending_jobs() {
         (p.id, p.name.as_str(), p.user.as_str()),
         (17, "train-x", "root")
     );
-    assert_eq!(p.slot_gpu, None);
+    assert!(p.slot_gpus.is_empty());
+    assert_eq!(p.gpus, 1);
     assert_eq!(current(p), Target::Parked);
     // node3's Extra is not muxflow's, but it runs no online job: no note.
     assert!(st.notes.is_empty(), "{:?}", st.notes);
@@ -111,7 +115,7 @@ fn sacct_gives_offline_runs_and_profiles() {
 }
 
 #[test]
-fn a_round_on_the_recording_places_the_parked_job_on_the_only_open_gpu() {
+fn a_round_on_the_recording_places_the_parked_job_beside_the_online_job_not_on_the_idle_gpu() {
     let st = state();
     let cfg = muxflow::Config::default();
     let p = plan(&st, &Model::default(), &cfg.policy, &cfg.matcher, &names());
@@ -133,8 +137,18 @@ fn a_round_on_the_recording_places_the_parked_job_on_the_only_open_gpu() {
             vec!["release", "17"]
         ]
     );
-    // Default predictor: share = 100 - 35 - 10 = 55% -> min(1, 0.55 / 0.5).
+    // Default predictor: share = 100 - 35 - 10 = 55% -> min(1, 0.55 / 0.5),
+    // as fast as alone on the idle GPU 1: the tie goes to the shared GPU.
     assert_eq!(d.predicted, Some(1.0));
+    assert!(d.reason.contains("online job 1"), "{}", d.reason);
+    assert_eq!(
+        (
+            p.summary.online_gpus,
+            p.summary.idle_gpus,
+            p.summary.open_gpus
+        ),
+        (3, 1, 2)
+    );
     let table = p.table();
     assert!(table.starts_with("JOB "), "{table}");
     assert!(

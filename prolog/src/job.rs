@@ -195,7 +195,7 @@ pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
         }
         return Ok(());
     }
-    for gpu in gpus {
+    for &gpu in &gpus {
         let lock = state.lock_gpu(gpu)?;
         let daemon = MpsDaemon::for_gpu(config, gpu);
         match daemon.ensure_running() {
@@ -223,6 +223,9 @@ pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
         }
         tracing::info!(job = job.id, gpu, mode = %job.mode, "recorded muxflow job");
     }
+    if job.mode == Mode::Online {
+        make_room(config, &state, &job, &gpus);
+    }
     if job.mode == Mode::Offline {
         remove_limits_files(&state, job.id);
         // The config path this program was given, for the watcher.
@@ -232,6 +235,99 @@ pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// How long an online job's Prolog waits for the offline jobs it requeued
+/// to leave its GPUs: xCUDA's graceful exit on SIGTERM takes well under a
+/// second, Slurm's KillWait (30 s by default) bounds a job that ignores it.
+/// Past this the online job starts anyway, with the reason logged.
+pub const OFFLINE_EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(45);
+
+/// The offline jobs an online job arriving on `gpus` requeues: every one
+/// recorded there. Each was sized for a GPU without this online job (an
+/// idle GPU, or a partner that has since ended), and MPS fixes a client's
+/// SM share and memory limit when it starts, so its cap cannot shrink: the
+/// online job could otherwise fail for memory the offline job holds.
+pub fn offline_jobs_to_requeue(online_job: u32, on_gpus: &[(u32, Vec<JobRecord>)]) -> Vec<u32> {
+    let mut out: Vec<u32> = on_gpus
+        .iter()
+        .flat_map(|(_, jobs)| jobs.iter())
+        .filter(|r| r.mode == Mode::Offline && r.job_id != online_job)
+        .map(|r| r.job_id)
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// An online job landed on GPUs that run offline jobs (issue 15: idle GPUs
+/// take offline work): put those back in the queue, held, for the matcher
+/// to place again under the usual policy, and wait (bounded) until their
+/// Epilog has run, so their memory is free before the online job starts.
+/// Best effort: the online job starts whatever happens, with each failure
+/// logged.
+fn make_room(config: &Config, state: &NodeState, job: &Job, gpus: &[u32]) {
+    let on_gpus: Vec<(u32, Vec<JobRecord>)> = gpus
+        .iter()
+        .map(|&g| (g, state.jobs(g).unwrap_or_default()))
+        .collect();
+    let victims = offline_jobs_to_requeue(job.id, &on_gpus);
+    if victims.is_empty() {
+        return;
+    }
+    let scontrol = Scontrol::new(config);
+    let mut waiting = Vec::new();
+    for &id in &victims {
+        match scontrol.requeue_hold(id) {
+            Ok(()) => {
+                tracing::warn!(
+                    job = id,
+                    online_job = job.id,
+                    "offline job requeued (held, for muxflow-matcher to place again): online job {} starts on its GPU",
+                    job.id
+                );
+                waiting.push(id);
+            }
+            Err(e) => tracing::error!(
+                job = id,
+                online_job = job.id,
+                "cannot requeue the offline job on the online job's GPU: {e}"
+            ),
+        }
+    }
+    let start = std::time::Instant::now();
+    loop {
+        let left: Vec<u32> = waiting
+            .iter()
+            .copied()
+            .filter(|&id| {
+                gpus.iter().any(|&g| {
+                    state
+                        .jobs(g)
+                        .unwrap_or_default()
+                        .iter()
+                        .any(|r| r.job_id == id)
+                })
+            })
+            .collect();
+        if left.is_empty() {
+            tracing::info!(
+                online_job = job.id,
+                "requeued offline jobs left its GPUs after {:.1} s",
+                start.elapsed().as_secs_f64()
+            );
+            return;
+        }
+        if start.elapsed() >= OFFLINE_EXIT_WAIT {
+            tracing::error!(
+                online_job = job.id,
+                "requeued offline jobs {left:?} still on its GPUs after {:?}; the online job starts anyway",
+                OFFLINE_EXIT_WAIT
+            );
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
 }
 
 /// Epilog: forget the job; stop a GPU's daemon when no muxflow job is left.
@@ -293,11 +389,23 @@ fn stop_daemon(daemon: &MpsDaemon) {
 /// Removes job `job_id`'s limits, policing and measurement files (at its
 /// end, and at its start in case an earlier job of that id left them).
 fn remove_limits_files(state: &NodeState, job_id: u32) {
+    // A k-GPU job's per-GPU files (`limits/g<i>/<job>`).
+    let gang_files: Vec<std::path::PathBuf> = std::fs::read_dir(state.limits_dir())
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with('g'))
+                .map(|e| muxflow::limits::path(&e.path(), job_id))
+                .collect()
+        })
+        .unwrap_or_default();
     for file in [
         muxflow::limits::path(&state.limits_dir(), job_id),
         state.policed_file(job_id),
         state.measured_file(job_id),
-    ] {
+    ]
+    .into_iter()
+    .chain(gang_files)
+    {
         match std::fs::remove_file(&file) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -309,6 +417,48 @@ fn remove_limits_files(state: &NodeState, job_id: u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_online_job_requeues_every_offline_job_on_its_gpus() {
+        let rec = |job_id, mode| JobRecord {
+            job_id,
+            mode,
+            uid: 1000,
+        };
+        struct Case {
+            name: &'static str,
+            on_gpus: Vec<(u32, Vec<JobRecord>)>,
+            want: Vec<u32>,
+        }
+        let cases = [
+            Case {
+                name: "an idle GPU: nothing to requeue",
+                on_gpus: vec![(0, vec![rec(9, Mode::Online)])],
+                want: vec![],
+            },
+            Case {
+                name: "an offline job placed while the GPU was idle",
+                on_gpus: vec![(0, vec![rec(5, Mode::Offline), rec(9, Mode::Online)])],
+                want: vec![5],
+            },
+            Case {
+                name: "two GPUs, one offline job each, one left by an ended partner",
+                on_gpus: vec![
+                    (0, vec![rec(5, Mode::Offline), rec(9, Mode::Online)]),
+                    (1, vec![rec(7, Mode::Offline), rec(9, Mode::Online)]),
+                ],
+                want: vec![5, 7],
+            },
+            Case {
+                name: "another online job's record is not touched",
+                on_gpus: vec![(0, vec![rec(8, Mode::Online), rec(9, Mode::Online)])],
+                want: vec![],
+            },
+        ];
+        for c in cases {
+            assert_eq!(offline_jobs_to_requeue(9, &c.on_gpus), c.want, "{}", c.name);
+        }
+    }
 
     #[test]
     fn an_offline_job_runs_only_where_muxflow_placed_it_on_a_healthy_gpu() {

@@ -208,7 +208,11 @@ pub fn police_gpu(
         let Some(job) = procfs.job_of(pid) else {
             continue;
         };
-        let limits = match JobLimits::read_trusted(&limits_dir, job, owner) {
+        // A k-GPU job's limits for this GPU, else the job's (1-GPU) file.
+        let gang_dir = muxflow::limits::gpu_dir(&limits_dir, gpu);
+        let limits = match JobLimits::read_trusted(&gang_dir, job, owner)
+            .or_else(|_| JobLimits::read_trusted(&limits_dir, job, owner))
+        {
             Ok((l, _)) => l,
             // Not an offline job of this node (online, or not muxflow's).
             Err(muxflow::limits::LimitsError::Io { source, .. })
@@ -440,10 +444,12 @@ pub fn watch(config: &Config, job: u32) -> anyhow::Result<()> {
     tracing::info!(job, ?interval, "muxflow-police: watching offline job");
     loop {
         std::thread::sleep(interval);
-        let Some((gpu, _)) = ns.find_job(job)? else {
+        // Every GPU the job is on (a k-GPU job: k).
+        let gpus = ns.job_gpus(job)?;
+        if gpus.is_empty() {
             tracing::info!(job, "muxflow-police: job forgotten by the Epilog; done");
             return Ok(());
-        };
+        }
         match (procfs.stepd_of_job_runs(job), stepd_seen) {
             (true, _) => stepd_seen = true,
             (false, true) => {
@@ -456,30 +462,32 @@ pub fn watch(config: &Config, job: u32) -> anyhow::Result<()> {
             }
             (false, false) => {}
         }
-        let device = nvml.as_ref().and_then(|n| n.device_by_index(gpu).ok());
-        let processes = device
-            .as_ref()
-            .and_then(|d| crate::nvml::gpu_processes(d).ok())
-            .unwrap_or_default();
-        let partner_sm = device
-            .as_ref()
-            .and_then(|d| partner_sm_pct(&ns, &procfs, d, gpu));
-        // The measured file is also written by the health steps: under the
-        // GPU's lock.
-        let lock = ns.lock_gpu(gpu)?;
-        if let Some(sm) = partner_sm {
-            record_partner_load(&ns, job, sm);
+        for gpu in gpus {
+            let device = nvml.as_ref().and_then(|n| n.device_by_index(gpu).ok());
+            let processes = device
+                .as_ref()
+                .and_then(|d| crate::nvml::gpu_processes(d).ok())
+                .unwrap_or_default();
+            let partner_sm = device
+                .as_ref()
+                .and_then(|d| partner_sm_pct(&ns, &procfs, d, gpu));
+            // The measured file is also written by the health steps: under
+            // the GPU's lock.
+            let lock = ns.lock_gpu(gpu)?;
+            if let Some(sm) = partner_sm {
+                record_partner_load(&ns, job, sm);
+            }
+            let mps = MpsDaemon::for_gpu(config, gpu);
+            for (pid, of_job, verdict) in police_gpu(config, &ns, &mps, gpu, &processes) {
+                tracing::warn!(
+                    job = of_job,
+                    pid,
+                    code = verdict.code,
+                    "muxflow-police: terminated a process out of bounds"
+                );
+            }
+            drop(lock);
         }
-        let mps = MpsDaemon::for_gpu(config, gpu);
-        for (pid, of_job, verdict) in police_gpu(config, &ns, &mps, gpu, &processes) {
-            tracing::warn!(
-                job = of_job,
-                pid,
-                code = verdict.code,
-                "muxflow-police: terminated a process out of bounds"
-            );
-        }
-        drop(lock);
     }
 }
 

@@ -324,6 +324,7 @@ fn step_gpu(
             now_s: now,
             metrics: reading.map(|r| r.metrics),
             fault: actions.contains(&Action::MarkFaulty),
+            offline_only: offline_only(&jobs),
         },
         &config.health,
     );
@@ -424,6 +425,12 @@ fn police_daemon(mps: &MpsDaemon, gpu: u32, jobs: &[JobRecord], rec: &mut GpuRec
         }
         Ok(_) => {}
     }
+}
+
+/// Only offline jobs are recorded on the GPU: an idle GPU that took
+/// offline work (its load is theirs, see [`Input::offline_only`]).
+pub fn offline_only(jobs: &[JobRecord]) -> bool {
+    jobs.iter().any(|j| j.mode == Mode::Offline) && jobs.iter().all(|j| j.mode == Mode::Offline)
 }
 
 /// Appends a sample and updates the solo figures.

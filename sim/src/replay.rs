@@ -9,7 +9,12 @@
 //! text ([`JobReport`]) that finished jobs leave, [`offline_sm_percent`] and
 //! [`offline_mem_cap_mib`] at each start, and [`Fsm::step`] at every health
 //! check (placement only where `accepts_offline`, work paused where
-//! `pauses_offline`).
+//! `pauses_offline`). Idle GPUs (no online service) are the round's
+//! candidates too (issue 15), at the job's solo speed: under `muxflow` an
+//! arrival waits for the next round rather than taking an idle GPU first
+//! come, first served, as the other policies do. The replay's online
+//! services never move, so the requeue an online arrival causes on a
+//! node never happens here.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -405,10 +410,12 @@ impl<'a> Sim<'a> {
             progress,
         };
         if kind == PolicyKind::Muxflow {
-            for &g in &sim.online_ids {
+            for g in 0..n as u32 {
                 let gpu = &sc.gpus[g as usize];
-                let svc = sc.online[g as usize].as_ref().expect("online GPU");
-                sim.gpus[g as usize].fsm = Some(Fsm::new(0));
+                let svc = sc.online[g as usize].as_ref();
+                if svc.is_some() {
+                    sim.gpus[g as usize].fsm = Some(Fsm::new(0));
+                }
                 sim.state_index[g as usize] = sim.state.gpus.len();
                 sim.state.gpus.push(GpuState {
                     node: sc.nodes[gpu.node as usize].clone(),
@@ -421,7 +428,8 @@ impl<'a> Sim<'a> {
                         mem_mib: gpu.mem_mib,
                         offline: 0,
                     },
-                    online_jobs: vec![svc.job_id],
+                    // Empty: an idle GPU, the round's solo candidate.
+                    online_jobs: svc.map(|s| s.job_id).into_iter().collect(),
                     slot_used: false,
                 });
             }
@@ -629,7 +637,12 @@ impl<'a> Sim<'a> {
             self.q.push(next.arrival_s, Ev::Arrival);
         }
         // An idle GPU first (whole), then, when sharing, a free slot beside
-        // an online service (first fit by GPU order).
+        // an online service (first fit by GPU order). Under muxflow the
+        // matcher's round places it, on an idle GPU or beside a service.
+        if self.kind == PolicyKind::Muxflow {
+            self.enqueue(j);
+            return;
+        }
         if let Some(g) = self.idle_free.iter().copied().find(|&g| self.allowed(j, g)) {
             self.start(j, g, None);
             return;
@@ -659,7 +672,9 @@ impl<'a> Sim<'a> {
                 user: "sim".into(),
                 name: self.sc.tasks[job.task as usize].name.clone(),
                 required_nodes: String::new(),
-                slot_gpu: self.jobs[j as usize].slot_gpu,
+                slot_gpus: self.jobs[j as usize].slot_gpu.into_iter().collect(),
+                // The trace's multi-GPU tasks are split into 1-GPU workers.
+                gpus: 1,
                 held: true,
             });
             self.in_state[j as usize] = true;
@@ -691,14 +706,14 @@ impl<'a> Sim<'a> {
         }
         if online {
             self.sums.lent += 1;
-            if let Some(&k) = self
-                .state_index
-                .get(g as usize)
-                .filter(|&&k| k != usize::MAX)
-            {
-                self.state.gpus[k].slot_used = true;
-                self.state.gpus[k].published.offline = 1;
-            }
+        }
+        if let Some(&k) = self
+            .state_index
+            .get(g as usize)
+            .filter(|&&k| k != usize::MAX)
+        {
+            self.state.gpus[k].slot_used = true;
+            self.state.gpus[k].published.offline = 1;
         }
         // Force a new finish event even if the rates look unchanged.
         self.gpus[g as usize].rates = GpuRates {
@@ -721,16 +736,16 @@ impl<'a> Sim<'a> {
         rt.pair = None;
         self.sums.running -= 1;
         self.refresh(g);
+        if let Some(&k) = self
+            .state_index
+            .get(g as usize)
+            .filter(|&&k| k != usize::MAX)
+        {
+            self.state.gpus[k].slot_used = false;
+            self.state.gpus[k].published.offline = 0;
+        }
         if online {
             self.sums.lent -= 1;
-            if let Some(&k) = self
-                .state_index
-                .get(g as usize)
-                .filter(|&&k| k != usize::MAX)
-            {
-                self.state.gpus[k].slot_used = false;
-                self.state.gpus[k].published.offline = 0;
-            }
             if self.kind.shares() && self.kind != PolicyKind::Muxflow {
                 self.slot_free.insert(g);
             }
@@ -760,7 +775,9 @@ impl<'a> Sim<'a> {
     /// Gives a freed GPU to the oldest waiting job that can use it.
     fn fill(&mut self, g: u32) {
         let online = self.sc.online[g as usize].is_some();
-        if !online {
+        if self.kind == PolicyKind::Muxflow {
+            // The next round places a job there.
+        } else if !online {
             if let Some(j) = self.queue.iter().copied().find(|&j| self.allowed(j, g)) {
                 self.start(j, g, None);
             }
@@ -867,6 +884,7 @@ impl<'a> Sim<'a> {
                     now_s: self.now as u64,
                     metrics: Some(metrics),
                     fault: false,
+                    offline_only: false,
                 },
                 &self.cfg.health,
             );
@@ -902,11 +920,15 @@ impl<'a> Sim<'a> {
     /// production policy, from what the node published.
     fn policy_for(&self, g: u32) -> (u8, Option<u64>) {
         let p = &self.state.gpus[self.state_index[g as usize]].published;
-        let facts = GpuFacts {
+        let mut facts = GpuFacts {
             online_solo_sm_pct: p.solo_sm_pct,
             online_mem_mib: p.online_mem_mib,
             mem_total_mib: Some(p.mem_mib),
         };
+        if self.sc.online[g as usize].is_none() {
+            // What the plugin gives on a GPU with no online job.
+            facts = facts.without_online();
+        }
         (
             offline_sm_percent(&self.cfg.policy, facts.online_solo_sm_pct),
             offline_mem_cap_mib(&self.cfg.policy, &facts),
@@ -973,7 +995,9 @@ impl<'a> Sim<'a> {
         {
             if let (Some(node), Some(i)) = (&d.node, d.gpu) {
                 let g = self.gpu_of(node, i).expect("a GPU of the scenario");
-                self.pair_oracle += self.true_speed(d.job - 1, g);
+                if self.sc.online[g as usize].is_some() {
+                    self.pair_oracle += self.true_speed(d.job - 1, g);
+                }
             }
         }
         for d in chosen
@@ -986,10 +1010,15 @@ impl<'a> Sim<'a> {
             };
             let g = self.gpu_of(node, i).expect("a GPU of the scenario");
             let j = d.job - 1;
-            let truth = self.true_speed(j, g);
-            self.pair_true += truth;
-            self.pred_err += (d.predicted.unwrap_or(0.0) - truth).abs();
-            self.pred_n += 1;
+            let idle = self.sc.online[g as usize].is_none();
+            // The pair predictor's figures count the pairs only: on an idle
+            // GPU the round predicts the solo speed, 1 by definition.
+            if !idle {
+                let truth = self.true_speed(j, g);
+                self.pair_true += truth;
+                self.pred_err += (d.predicted.unwrap_or(0.0) - truth).abs();
+                self.pred_n += 1;
+            }
             if d.update.is_none() {
                 continue; // deferred by max_updates_per_round
             }
@@ -1009,7 +1038,9 @@ impl<'a> Sim<'a> {
             // Slurm 22.05 keeps the typed slot: later placements only on
             // this GPU index.
             self.jobs[j as usize].slot_gpu = Some(i);
-            if let (Some(pair), false) = (pair, over_cap) {
+            if idle && !over_cap && job.mem_mib <= self.sc.gpus[g as usize].mem_mib {
+                self.start(j, g, None);
+            } else if let (Some(pair), false) = (pair, over_cap) {
                 self.start(j, g, Some(pair));
             } else {
                 // Its allocations hit the memory cap at once: it exits, its
@@ -1024,7 +1055,7 @@ impl<'a> Sim<'a> {
                     .pending
                     .binary_search_by_key(&d.job, |p| p.id)
                     .expect("a pending job");
-                self.state.pending[k].slot_gpu = Some(i);
+                self.state.pending[k].slot_gpus = vec![i];
             }
         }
     }
@@ -1119,9 +1150,15 @@ impl Truth<'_, '_> {
         if !sim.allowed(j, g) {
             return None;
         }
-        let (x_off, x_on) = sim.fits_beside(j, g)?;
         let (sm_pct, cap) = sim.policy_for(g);
         let job = &sim.sc.jobs[j as usize];
+        if sim.sc.online[g as usize].is_none() {
+            // Alone (what the exclusive replay gives a job on an idle GPU).
+            let fits = job.mem_mib <= sim.sc.gpus[g as usize].mem_mib
+                && cap.is_none_or(|c| job.mem_mib <= c);
+            return fits.then_some(1.0);
+        }
+        let (x_off, x_on) = sim.fits_beside(j, g)?;
         if cap.is_some_and(|c| job.mem_mib > c) {
             return None;
         }
@@ -1167,7 +1204,9 @@ impl<'s, 'a> Predictor for Truth<'s, 'a> {
         let g = sim
             .gpu_of(&gpu.node, gpu.index)
             .expect("a GPU of the scenario");
-        let svc = sim.sc.online[g as usize].as_ref().expect("an online GPU");
+        let svc = sim.sc.online[g as usize]
+            .as_ref()
+            .expect("an online GPU: the round asks solo() of idle ones");
         let (sm_pct, cap_mib) = sim.policy_for(g);
         TruthGpu {
             online_type: svc.job_type,
@@ -1189,5 +1228,17 @@ impl<'s, 'a> Predictor for Truth<'s, 'a> {
         }
         let (x_off, x_on) = self.sim.sc.pairs.pair(job.job_type, gpu.online_type)?;
         Some(model::muxflow(x_off, x_on, gpu.share, job.demand).0)
+    }
+    /// The same rules as [`Truth::speed`] on an idle GPU.
+    fn solo(&self, job: &TruthJob, gpu: &GpuState, room_mib: u64) -> Option<(f64, f64)> {
+        let sim = self.sim;
+        let g = sim
+            .gpu_of(&gpu.node, gpu.index)
+            .expect("a GPU of the scenario");
+        let model = sim.sc.gpus[g as usize].model;
+        let fits = job.models.is_none_or(|m| m.contains(&model))
+            && job.mem_mib <= room_mib
+            && job.mem_mib <= sim.sc.gpus[g as usize].mem_mib;
+        fits.then_some((1.0, 0.0))
     }
 }

@@ -172,24 +172,28 @@ fn every_metric_of_every_policy_matches_the_hand_computation() {
         predictor_mae: None,
         pairing: None,
     };
-    // muxflow: job 2 waits for the round at 900 s. The service's solo SM
+    // muxflow: both jobs wait for the round at 900 s (the production round
+    // places on idle GPUs too, issue 15). The service's solo SM
     // activity from the health checks at 0, 300, 600 s is 0.325 × 29.8 =
     // 9.685% → 10; SM share 100 − 10 − 10 = 80% (≥ the job's demand 0.5),
     // so the job runs at 0.5 × 0.825 = 0.4125 for 7200 / 0.4125 s; the
     // service at 1 + (2 − 1) × 0.0635 (bin 1.063). The GPU stays Healthy
     // (utilization ≤ 57%, SM ≤ 30%, memory 80%). The predictor has no
-    // history: the default min(1, 0.8 / 0.5) = 1.0, off by 0.5875; the
-    // oracle picks the same pair.
+    // history: the default min(1, 0.8 / 0.5) = 1.0, off by 0.5875, as
+    // fast as alone on the idle GPU 1 (1.0), so the tie goes to the shared
+    // GPU: job 1 beside the service, job 2 alone (the idle GPU's prediction
+    // is not the pair predictor's and counts in neither MAE nor pairing);
+    // the oracle picks the same pair.
     let speed = 0.5 * XCUDA_OFFLINE_SPEED;
-    let run = 7200.0 / speed;
+    let run = 3600.0 / speed;
     let lat = 1.0 + XCUDA_LATENCY_EXCESS_LEFT;
     let want_muxflow = Want {
         on_gpu0: vec![(run, speed)],
-        on_gpu1: vec![(3600.0, 1.0)],
+        on_gpu1: vec![(7200.0, 1.0)],
         latency_p50: 1.0,
         latency_p99: ((lat - 1.0) / 0.001).round() * 0.001 + 1.0,
-        jct: vec![3600.0, 900.0 + run],
-        queue: vec![0.0, 900.0],
+        jct: vec![900.0 + 7200.0, 900.0 + run],
+        queue: vec![900.0, 900.0],
         rounds: Some(1),
         predictor_mae: Some(1.0 - speed),
         pairing: Some(1.0),

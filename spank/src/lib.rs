@@ -63,7 +63,7 @@ unsafe impl Plugin for MuxflowPlugin {
 
     fn task_init(&mut self, spank: &mut SpankHandle) -> Result<(), Box<dyn Error>> {
         match spank.context()? {
-            Context::Remote => self.remote.task_init().map_err(Into::into),
+            Context::Remote => self.remote.task_init(spank).map_err(Into::into),
             _ => Ok(()),
         }
     }

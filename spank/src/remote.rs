@@ -7,6 +7,8 @@
 //! back to Slurm from `init`/`init_post_opt` (that drains the node): problems
 //! are logged to the slurmd log, and an offline step that cannot be protected
 //! is refused in `task_init` instead (the job fails, the node does not).
+//! A k-GPU offline job (issue 15) gets its first GPU's settings for the
+//! step and, in `task_init`, each task its own GPU's (task i: GPU i mod k).
 //! `exit` of the batch step (root, job still running) writes the job's
 //! sharing figures into its AdminComment.
 
@@ -37,6 +39,9 @@ pub struct RemoteState {
     refusal: Option<String>,
     /// Set in the batch step of a muxflow job: what `exit` reports.
     report: Option<ReportContext>,
+    /// A k-GPU offline job: per GPU (in ascending order), the variables a
+    /// task on it gets (`None`: unset); task i takes entry i mod k.
+    task_env: Vec<Vec<(&'static str, Option<String>)>>,
 }
 
 struct ReportContext {
@@ -198,78 +203,109 @@ impl RemoteState {
                 xcuda.display()
             );
         }
-        let gpu = ctx.gpu;
-        // The job's limits are fixed by its first step: a later step (srun)
-        // gets the same, so the node never polices a running process against
-        // limits it did not start with.
-        let (sm_pct, cap) = match JobLimits::read_trusted(&state.limits_dir(), ctx.job_id, 0) {
-            Ok((l, _)) if l.gpu == gpu => (l.sm_pct, l.mem_cap_mib),
-            _ => {
-                let facts = state.facts(gpu)?;
-                (
-                    offline_sm_percent(&config.policy, facts.online_solo_sm_pct),
-                    offline_mem_cap_mib(&config.policy, &facts),
-                )
-            }
+        let stats = ctx
+            .stats_dir
+            .clone()
+            .expect("prepare made the stats directory");
+        // A k-GPU job (issue 15) is recorded on each of its GPUs. MPS runs one
+        // server per GPU and a client attaches to one server, so each task
+        // gets one GPU (its local task id modulo k): that GPU's pipe, SM share,
+        // memory cap and limits. The step itself, and a 1-GPU job, get the
+        // first GPU's.
+        let gpus = match state.job_gpus(ctx.job_id)? {
+            g if g.is_empty() => vec![ctx.gpu],
+            g => g,
         };
-        ctx.sm_pct = Some(sm_pct);
-        ctx.mem_cap_mib = cap;
-
-        set(spank, "CUDA_VISIBLE_DEVICES", &gpu.to_string());
-        set(
-            spank,
-            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
-            &sm_pct.to_string(),
-        );
-        // The client sees one device (CUDA_VISIBLE_DEVICES): device 0.
-        match cap {
-            Some(mib) => set(
-                spank,
-                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
-                &format!("0={mib}M"),
-            ),
-            None => {
-                unset(spank, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT");
+        let gang = gpus.len() > 1;
+        let mut per_gpu: Vec<Vec<(&'static str, Option<String>)>> = Vec::new();
+        for (n, &gpu) in gpus.iter().enumerate() {
+            let dir = if gang {
+                muxflow::limits::gpu_dir(&state.limits_dir(), gpu)
+            } else {
+                state.limits_dir()
+            };
+            // The job's limits are fixed by its first step: a later step
+            // (srun) gets the same, so the node never polices a running
+            // process against limits it did not start with.
+            let (sm_pct, cap) = match JobLimits::read_trusted(&dir, ctx.job_id, 0) {
+                Ok((l, _)) if l.gpu == gpu => (l.sm_pct, l.mem_cap_mib),
+                _ => {
+                    let mut facts = state.facts(gpu)?;
+                    if partner(state, gpu, ctx.job_id, Mode::Offline).is_none() {
+                        // No online job on the GPU now (issue 15: idle GPUs
+                        // take offline work): the recorded figures are a
+                        // departed one's.
+                        facts = facts.without_online();
+                    }
+                    (
+                        offline_sm_percent(&config.policy, facts.online_solo_sm_pct),
+                        offline_mem_cap_mib(&config.policy, &facts),
+                    )
+                }
+            };
+            if n == 0 {
+                ctx.sm_pct = Some(sm_pct);
+                ctx.mem_cap_mib = cap;
+            }
+            if cap.is_none() {
                 tracing::warn!(
                     job = ctx.job_id,
                     gpu,
                     "GPU memory not recorded yet: offline job runs without a memory cap"
                 );
             }
+            let mut env = XcudaEnv::from_config(&config.xcuda, gpu);
+            env.mem_limit_bytes = cap.map(|m| m.saturating_mul(1 << 20));
+            env.nvml_library = config
+                .paths
+                .nvml_library
+                .as_ref()
+                .map(|p| p.as_path().to_path_buf());
+            env.health_file = Some(state.health_file(gpu));
+            env.stats_dir = Some(stats.clone());
+            // xCUDA reads its settings from this root-owned file, never from
+            // the environment; the node polices the job against it.
+            let limits = JobLimits {
+                job_id: ctx.job_id,
+                gpu,
+                sm_pct,
+                mem_cap_mib: cap,
+                xcuda: env,
+            };
+            write_limits(&dir, &limits)?;
+            if gang && n == 0 {
+                // The first GPU's at the 1-GPU place too (what the health
+                // steps and older readers look up).
+                write_limits(&state.limits_dir(), &limits)?;
+            }
+            per_gpu.push(vec![
+                ("CUDA_VISIBLE_DEVICES", Some(gpu.to_string())),
+                (
+                    "CUDA_MPS_PIPE_DIRECTORY",
+                    Some(mps::pipe_dir(config, gpu).to_string_lossy().into_owned()),
+                ),
+                (
+                    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+                    Some(sm_pct.to_string()),
+                ),
+                // The client sees one device (CUDA_VISIBLE_DEVICES): device 0.
+                (
+                    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+                    cap.map(|mib| format!("0={mib}M")),
+                ),
+                (
+                    xcuda_env::LIMITS_DIR,
+                    Some(dir.to_string_lossy().into_owned()),
+                ),
+            ]);
         }
-
-        let stats = ctx
-            .stats_dir
-            .clone()
-            .expect("prepare made the stats directory");
-
-        let mut env = XcudaEnv::from_config(&config.xcuda, gpu);
-        env.mem_limit_bytes = cap.map(|m| m.saturating_mul(1 << 20));
-        env.nvml_library = config
-            .paths
-            .nvml_library
-            .as_ref()
-            .map(|p| p.as_path().to_path_buf());
-        env.health_file = Some(state.health_file(gpu));
-        env.stats_dir = Some(stats.clone());
-        // xCUDA reads its settings from this root-owned file, never from the
-        // environment; the node polices the job against it.
-        let limits = JobLimits {
-            job_id: ctx.job_id,
-            gpu,
-            sm_pct,
-            mem_cap_mib: cap,
-            xcuda: env,
-        };
-        write_limits(&state.limits_dir(), &limits)?;
         for var in xcuda_env::ALL {
             unset(spank, var);
         }
-        set(
-            spank,
-            xcuda_env::LIMITS_DIR,
-            state.limits_dir().to_string_lossy().as_ref(),
-        );
+        apply(spank, &per_gpu[0]);
+        if gang {
+            self.task_env = per_gpu;
+        }
         set(
             spank,
             JOB_REPORT_VAR,
@@ -284,12 +320,20 @@ impl RemoteState {
         Ok(())
     }
 
-    /// Per task, as the user: refuse an offline step that cannot be protected.
-    pub fn task_init(&self) -> Result<(), Refused> {
-        match &self.refusal {
-            Some(why) => Err(Refused(why.clone())),
-            None => Ok(()),
+    /// Per task, as the user: refuse an offline step that cannot be
+    /// protected; a k-GPU job's task gets its own GPU's settings.
+    pub fn task_init(&self, spank: &mut SpankHandle) -> Result<(), Refused> {
+        if let Some(why) = &self.refusal {
+            return Err(Refused(why.clone()));
         }
+        if !self.task_env.is_empty() {
+            let local = spank
+                .task_id()
+                .map_err(|e| Refused(format!("muxflow: cannot read the task id: {e}")))?;
+            let k = self.task_env.len();
+            apply(spank, &self.task_env[local.max(0) as usize % k]);
+        }
+        Ok(())
     }
 
     /// End of the step (root). In the batch step, the job is still running:
@@ -401,6 +445,16 @@ fn node_name(spank: &SpankHandle) -> anyhow::Result<String> {
 fn set(spank: &SpankHandle, var: &str, value: &str) {
     if let Err(e) = spank.setenv(var, value, true) {
         tracing::error!("muxflow: cannot set {var}: {e}");
+    }
+}
+
+/// Sets (or, for `None`, unsets) each variable.
+fn apply(spank: &SpankHandle, vars: &[(&'static str, Option<String>)]) {
+    for (var, value) in vars {
+        match value {
+            Some(v) => set(spank, var, v),
+            None => unset(spank, var),
+        }
     }
 }
 

@@ -146,10 +146,18 @@ fn matcher_places_best_total_avoids_unhealthy_gpus_and_converges_after_kill_9() 
     // node2: busier (a third of the SMs, below the Busy exit threshold, so
     // a spike cannot leave it Busy) with 30 GB: mfm-big does not fit.
     // node3: the quietest, but faulty: must get nothing. node4: no online
-    // job, so no candidate.
+    // job and its GPUs held by plain jobs (as are the others' second
+    // GPUs), so no candidate.
     let (on1, g1) = c.online_workload("mfm-online-1", "node1", 0.1, 4000);
     let (on2, g2) = c.online_workload("mfm-online-2", "node2", 0.35, 30_000);
     let (on3, g3) = c.online_workload("mfm-online-3", "node3", 0.02, 1000);
+    // Idle GPUs take offline work too (issue 15): hold them with plain jobs.
+    let fill = c.hold_free_gpus(&format!("{PREFIX}fill"));
+    let node4_fill = fill
+        .iter()
+        .copied()
+        .find(|&id| c.job_field(id, "NodeList") == "node4")
+        .expect("node4 has no online job, so a plain job holds its GPUs");
     c.settle_healthy(&quick, "node1", g1, 4000);
     c.settle_healthy(&quick, "node2", g2, 30_000);
     c.settle_healthy(&quick, "node3", g3, 1000);
@@ -260,6 +268,11 @@ fn matcher_places_best_total_avoids_unhealthy_gpus_and_converges_after_kill_9() 
     for id in [big, small] {
         c.wait(id, WAIT);
     }
+    // One of node4's GPUs for its online job.
+    let mut cmd = c.cmd("scancel");
+    cmd.arg(node4_fill.to_string());
+    c.run(cmd);
+    c.wait(node4_fill, WAIT);
     let (on4, g4) = c.online_workload("mfm-online-4", "node4", 0.2, 1000);
     c.settle_healthy(&quick, "node4", g4, 1000);
     for (node, g) in [("node1", g1), ("node2", g2)] {

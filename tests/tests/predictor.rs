@@ -59,6 +59,9 @@ fn history_of_shared_runs_gives_two_jobs_different_predictions_and_the_pairing_i
     let (on2, g2) = c.online_workload("mfp-online-2", "node2", 0.2, 4000);
     c.settle_healthy(&quick, "node1", g1, 4000);
     c.settle_healthy(&quick, "node2", g2, 4000);
+    // Idle GPUs would take both jobs at their solo speed (issue 15): held
+    // by plain jobs, only the two online GPUs are candidates.
+    c.hold_free_gpus(&format!("{PREFIX}fill"));
 
     // Earlier shared runs: mfp-a (900 launches/s with an idle partner) ran
     // at 0.9 of that next to online-1 and 0.4 next to online-2; mfp-b (40
