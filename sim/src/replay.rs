@@ -995,9 +995,10 @@ impl<'a> Sim<'a> {
         {
             if let (Some(node), Some(i)) = (&d.node, d.gpu) {
                 let g = self.gpu_of(node, i).expect("a GPU of the scenario");
-                if self.sc.online[g as usize].is_some() {
-                    self.pair_oracle += self.true_speed(d.job - 1, g);
-                }
+                // Every placement, idle GPUs' too: the two rounds may put
+                // different numbers of jobs beside online jobs, and a
+                // ratio over the shared ones alone could pass 1.
+                self.pair_oracle += self.true_speed(d.job - 1, g);
             }
         }
         for d in chosen
@@ -1011,11 +1012,11 @@ impl<'a> Sim<'a> {
             let g = self.gpu_of(node, i).expect("a GPU of the scenario");
             let j = d.job - 1;
             let idle = self.sc.online[g as usize].is_none();
-            // The pair predictor's figures count the pairs only: on an idle
-            // GPU the round predicts the solo speed, 1 by definition.
+            let truth = self.true_speed(j, g);
+            self.pair_true += truth;
+            // The predictor's error counts the pairs only: on an idle GPU
+            // the round predicts the solo speed, 1 by definition.
             if !idle {
-                let truth = self.true_speed(j, g);
-                self.pair_true += truth;
                 self.pred_err += (d.predicted.unwrap_or(0.0) - truth).abs();
                 self.pred_n += 1;
             }
