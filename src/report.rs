@@ -31,6 +31,8 @@
 //! | claim.steps, claim.steps_per_s | the workload's training steps, if it reports them |
 //! | claim.requests, claim.rps, claim.p50_ms, claim.p99_ms | the workload's served requests and latency, if it reports them |
 //! | claims_refused | claims left out for being out of bounds |
+//! | gpus | a k-GPU offline job (tag `muxflow:v2`): its GPUs in order; the first one's figures are the keys above |
+//! | g\<i\>.sm_pct, g\<i\>.mem_cap_mib, g\<i\>.partner | the same for each further GPU `i` of a k-GPU job |
 //!
 //! Every key but `mode` is optional; unknown keys are ignored when reading, so
 //! newer writers stay readable. Records written before the `claim.` prefix
@@ -42,6 +44,23 @@ use crate::kv::{self, Fields, KvError};
 use crate::Mode;
 
 pub const TAG: &str = "muxflow:v1";
+/// The tag of a record with per-GPU figures of a k-GPU job (`gpus=`,
+/// `g<i>.*`); a 1-GPU job's record stays [`TAG`], which every reader takes.
+pub const TAG_V2: &str = "muxflow:v2";
+
+/// Most GPUs of one job a record carries figures for.
+pub const MAX_GANG_GPUS: usize = 64;
+
+/// One further GPU of a k-GPU job (the first is the record's `gpu`,
+/// `sm_pct`, `mem_cap_mib`, `partner`): what the policy gave the job's
+/// task there and the online job it shared that GPU with.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct GangGpu {
+    pub gpu: u32,
+    pub sm_pct: Option<u8>,
+    pub mem_cap_mib: Option<u64>,
+    pub partner: Option<u32>,
+}
 
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct JobReport {
@@ -73,6 +92,8 @@ pub struct JobReport {
     pub p99_ms: Option<f64>,
     /// Claims left out for being out of bounds, comma-separated keys.
     pub claims_refused: Option<String>,
+    /// A k-GPU job's GPUs after the first, in order ([`TAG_V2`] records).
+    pub gang: Vec<GangGpu>,
 }
 
 /// The largest value a claim may have. Far above anything real (a GPU of
@@ -203,7 +224,8 @@ pub enum ReportError {
 
 impl JobReport {
     pub fn encode(&self) -> String {
-        let mut w = kv::Writer::new().tag(TAG);
+        let tag = if self.gang.is_empty() { TAG } else { TAG_V2 };
+        let mut w = kv::Writer::new().tag(tag);
         w.push_opt("mode", self.mode)
             .push_opt("node", self.node.as_deref())
             .push_opt("gpu", self.gpu)
@@ -229,13 +251,29 @@ impl JobReport {
             .push_opt("claim.p50_ms", self.p50_ms.filter(|v| v.is_finite()))
             .push_opt("claim.p99_ms", self.p99_ms.filter(|v| v.is_finite()))
             .push_opt("claims_refused", self.claims_refused.as_deref());
+        if !self.gang.is_empty() {
+            let gpus: Vec<String> = self
+                .gpu
+                .into_iter()
+                .chain(self.gang.iter().map(|g| g.gpu))
+                .map(|g| g.to_string())
+                .collect();
+            w.push("gpus", gpus.join(","));
+            for g in self.gang.iter().take(MAX_GANG_GPUS) {
+                let i = g.gpu;
+                w.push_opt(&format!("g{i}.sm_pct"), g.sm_pct)
+                    .push_opt(&format!("g{i}.mem_cap_mib"), g.mem_cap_mib)
+                    .push_opt(&format!("g{i}.partner"), g.partner);
+            }
+        }
         w.finish()
     }
 
     pub fn decode(text: &str) -> Result<JobReport, ReportError> {
+        let text = text.trim();
         let rest = text
-            .trim()
             .strip_prefix(TAG)
+            .or_else(|| text.strip_prefix(TAG_V2))
             .ok_or(ReportError::NotMuxflow)?;
         let map = kv::parse(rest)?;
         let f = Fields(&map);
@@ -284,7 +322,30 @@ impl JobReport {
             p50_ms: finite("p50_ms")?,
             p99_ms: finite("p99_ms")?,
             claims_refused: f.get("claims_refused")?,
+            gang: Vec::new(),
         };
+        let mut r = r;
+        if let Some(list) = map.get("gpus") {
+            let gpus: Vec<u32> = list
+                .split(',')
+                .take(MAX_GANG_GPUS + 1)
+                .map(|g| {
+                    g.parse().map_err(|_| KvError::BadValue {
+                        key: "gpus".into(),
+                        value: list.clone(),
+                        why: "not a comma-separated list of GPU indices".into(),
+                    })
+                })
+                .collect::<Result<_, _>>()?;
+            for &gpu in gpus.iter().skip(1) {
+                r.gang.push(GangGpu {
+                    gpu,
+                    sm_pct: f.get(&format!("g{gpu}.sm_pct"))?,
+                    mem_cap_mib: f.get(&format!("g{gpu}.mem_cap_mib"))?,
+                    partner: f.get(&format!("g{gpu}.partner"))?,
+                });
+            }
+        }
         Ok(r)
     }
 }
@@ -394,6 +455,7 @@ mod tests {
             p50_ms: Some(1.25),
             p99_ms: Some(0.1 + 0.2),
             claims_refused: Some("steps".into()),
+            gang: Vec::new(),
         }
     }
 
@@ -607,6 +669,45 @@ mod tests {
             text.contains(" claim.launches=5 ") && text.ends_with(" claims_refused=launches,rps")
         );
         assert_eq!(JobReport::decode(&text).unwrap(), r);
+    }
+
+    #[test]
+    fn a_gang_record_is_v2_with_each_gpus_figures_and_v1_records_still_parse() {
+        let r = JobReport {
+            mode: Some(Mode::Offline),
+            gpu: Some(0),
+            sm_pct: Some(40),
+            mem_cap_mib: Some(60000),
+            partner: Some(12),
+            gang: vec![GangGpu {
+                gpu: 1,
+                sm_pct: Some(30),
+                mem_cap_mib: Some(50000),
+                partner: Some(13),
+            }],
+            ..JobReport::default()
+        };
+        let text = r.encode();
+        assert!(text.starts_with("muxflow:v2 "), "{text}");
+        assert!(
+            text.contains(" gpus=0,1 g1.sm_pct=30 g1.mem_cap_mib=50000 g1.partner=13"),
+            "{text}"
+        );
+        assert_eq!(JobReport::decode(&text).unwrap(), r);
+        // A 1-GPU job keeps the v1 tag every reader takes.
+        let one = JobReport {
+            gang: Vec::new(),
+            ..r.clone()
+        };
+        assert!(one.encode().starts_with("muxflow:v1 "));
+        let old = "muxflow:v1 mode=offline gpu=0 sm_pct=40 partner=12 launches=5";
+        let back = JobReport::decode(old).unwrap();
+        assert_eq!(
+            (back.gpu, back.gang.len(), back.launches),
+            (Some(0), 0, Some(5))
+        );
+        let bad = JobReport::decode("muxflow:v2 mode=offline gpus=0,x").unwrap_err();
+        assert!(bad.to_string().contains("gpus"), "{bad}");
     }
 
     #[test]

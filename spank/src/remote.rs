@@ -54,6 +54,8 @@ struct ReportContext {
     mem_cap_mib: Option<u64>,
     partner: Option<u32>,
     stats_dir: Option<PathBuf>,
+    /// A k-GPU job's further GPUs: (GPU, SM share, memory cap).
+    gang: Vec<(u32, u8, Option<u64>)>,
     /// When the batch step started (slurmstepd's clock): the report's
     /// `run_s`, which turns xCUDA's launch count into a rate.
     started: std::time::Instant,
@@ -167,6 +169,7 @@ impl RemoteState {
             mem_cap_mib: None,
             partner: partner(&state, gpu, job_id, mode),
             stats_dir: None,
+            gang: Vec::new(),
             started: std::time::Instant::now(),
         };
         // Where xCUDA (offline) and the workload itself (both modes) leave
@@ -246,6 +249,8 @@ impl RemoteState {
             if n == 0 {
                 ctx.sm_pct = Some(sm_pct);
                 ctx.mem_cap_mib = cap;
+            } else {
+                ctx.gang.push((gpu, sm_pct, cap));
             }
             if cap.is_none() {
                 tracing::warn!(
@@ -525,6 +530,16 @@ fn build_report(ctx: &ReportContext) -> JobReport {
     r.partner = ctx
         .partner
         .or_else(|| partner(&state, ctx.gpu, ctx.job_id, ctx.mode));
+    r.gang = ctx
+        .gang
+        .iter()
+        .map(|&(gpu, sm_pct, mem_cap_mib)| muxflow::report::GangGpu {
+            gpu,
+            sm_pct: Some(sm_pct),
+            mem_cap_mib,
+            partner: partner(&state, gpu, ctx.job_id, ctx.mode),
+        })
+        .collect();
     if let Some(text) = read_root_file(&state.policed_file(ctx.job_id)) {
         let codes = muxflow::limits::policed_codes(&text);
         r.policed = (!codes.is_empty()).then(|| codes.join(","));

@@ -186,6 +186,16 @@ fn a_two_gpu_offline_job_runs_as_a_gang_each_task_on_its_own_gpu() {
     );
     let record = c.sacct_until(gang, "AdminComment", |l| l.contains("mode=offline"));
     assert!(!record.contains("policed="), "{record}");
+    // Each GPU's figures (a muxflow:v2 record): its SM share, its cap, the
+    // online job beside it.
+    let r = muxflow::report::JobReport::decode(record.split('|').nth(1).unwrap()).unwrap();
+    assert_eq!(r.gang.len(), 1, "{record}");
+    let (first, second) = (r.gpu.unwrap(), &r.gang[0]);
+    assert_ne!(first, second.gpu, "{record}");
+    assert!(r.sm_pct.is_some() && second.sm_pct.is_some(), "{record}");
+    let partners = [r.partner.unwrap(), second.partner.unwrap()];
+    assert!(partners.iter().all(|p| online.contains(p)), "{record}");
+    assert_ne!(partners[0], partners[1], "one online job per GPU: {record}");
 
     c.cancel_named(PREFIX);
     for id in online {
