@@ -156,9 +156,7 @@ fn main() -> anyhow::Result<()> {
     }
     let config = muxflow::Config::load(&cli.config)
         .with_context(|| format!("loading the muxflow config {}", cli.config.display()))?;
-    let slurm = SlurmCli {
-        timeout_s: config.matcher.command_timeout_s,
-    };
+    let slurm = SlurmCli::new(config.matcher.command_timeout_s);
     if cli.once {
         let plan = round(&config, &slurm, &mut HistoryCache::default(), cli.dry_run)?;
         if cli.json {
@@ -229,11 +227,9 @@ fn evaluate(cli: &Cli) -> anyhow::Result<()> {
     } else {
         let config = muxflow::Config::load(&cli.config)
             .with_context(|| format!("loading the muxflow config {}", cli.config.display()))?;
-        SlurmCli {
-            timeout_s: config.matcher.command_timeout_s,
-        }
-        .history(config.matcher.history_days)
-        .context("reading offline history from sacct")?
+        SlurmCli::new(config.matcher.command_timeout_s)
+            .history(config.matcher.history_days)
+            .context("reading offline history from sacct")?
     };
     println!("{}", predict::evaluate(&runs));
     Ok(())

@@ -1,8 +1,12 @@
 //! Slurm I/O of a round: the JSON listings in, `scontrol update` out. Each
 //! command runs under coreutils `timeout`, so a hung slurmctld cannot hang
 //! the daemon; `SLURM_CONF` from the environment selects the cluster.
+//! Nodes are read with `sinfo --json` from Slurm 22.05 and with `scontrol
+//! show nodes --json` from 23.02 on (its `sinfo --json` groups nodes; see
+//! the reader), chosen by the release `scontrol --version` names.
 
 use std::process::Command;
+use std::sync::OnceLock;
 
 use crate::history::HistoryCache;
 use crate::predict::{runs_from_sacct, Run};
@@ -32,9 +36,40 @@ pub enum SlurmError {
 #[derive(Debug, Clone)]
 pub struct SlurmCli {
     pub timeout_s: u64,
+    /// (major, minor) of the Slurm the commands belong to, asked once.
+    release: OnceLock<(u32, u32)>,
+}
+
+/// (major, minor) from `scontrol --version`: `slurm 24.11.5`,
+/// `slurm-wlm 22.05.8`.
+pub fn parse_release(version: &str) -> Option<(u32, u32)> {
+    let v = version.split_whitespace().nth(1)?;
+    let mut parts = v.split('.');
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
 }
 
 impl SlurmCli {
+    pub fn new(timeout_s: u64) -> SlurmCli {
+        SlurmCli {
+            timeout_s,
+            release: OnceLock::new(),
+        }
+    }
+
+    /// The Slurm release of the client commands (asked once).
+    pub fn release(&self) -> Result<(u32, u32), SlurmError> {
+        if let Some(r) = self.release.get() {
+            return Ok(*r);
+        }
+        let out = self.run("scontrol", &["--version".into()])?;
+        let r = parse_release(&out).ok_or_else(|| SlurmError::Failed {
+            cmd: "scontrol --version".into(),
+            status: "unrecognized answer".into(),
+            stderr: out.trim().to_string(),
+        })?;
+        Ok(*self.release.get_or_init(|| r))
+    }
+
     fn run(&self, program: &str, args: &[String]) -> Result<String, SlurmError> {
         let cmd = format!("{program} {}", args.join(" "));
         let out = Command::new("timeout")
@@ -67,7 +102,15 @@ impl SlurmCli {
     pub fn read_state(&self, names: &Names) -> Result<ClusterState, SlurmError> {
         // 22.05's `squeue --json` ignores filters: ask for everything once.
         let jobs = reader::parse_squeue(&self.run("squeue", &["--json".into()])?)?;
-        let nodes = reader::parse_sinfo(&self.run("sinfo", &["--json".into()])?)?;
+        let nodes = if self.release()? >= (23, 2) {
+            self.run(
+                "scontrol",
+                &["show".into(), "nodes".into(), "--json".into()],
+            )?
+        } else {
+            self.run("sinfo", &["--json".into()])?
+        };
+        let nodes = reader::parse_sinfo(&nodes)?;
         Ok(ClusterState::build(&jobs, &nodes, names))
     }
 
@@ -105,5 +148,18 @@ impl SlurmCli {
     /// One scontrol call (`update …`, `hold N`, `release N`).
     pub fn scontrol(&self, args: &[String]) -> Result<(), SlurmError> {
         self.run("scontrol", args).map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn releases_from_scontrol_version() {
+        assert_eq!(parse_release("slurm-wlm 22.05.8\n"), Some((22, 5)));
+        assert_eq!(parse_release("slurm 24.11.5\n"), Some((24, 11)));
+        assert_eq!(parse_release("slurm\n"), None);
+        assert_eq!(parse_release("scontrol: error: x"), None);
     }
 }
