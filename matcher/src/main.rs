@@ -36,9 +36,10 @@ deviation. --json prints {\"summary\": {...}, \"decisions\": [{job, name, user, 
 predicted, confidence, reason}]}."
 )]
 struct Cli {
-    /// muxflow config file.
-    #[arg(long, default_value = muxflow::config::DEFAULT_PATH)]
-    config: PathBuf,
+    /// muxflow config file [default: muxflow.toml beside $SLURM_CONF, else
+    /// /etc/slurm/muxflow.toml].
+    #[arg(long)]
+    config: Option<PathBuf>,
     /// Run one round and exit.
     #[arg(long)]
     once: bool,
@@ -154,8 +155,7 @@ fn main() -> anyhow::Result<()> {
     if cli.evaluate {
         return evaluate(&cli);
     }
-    let config = muxflow::Config::load(&cli.config)
-        .with_context(|| format!("loading the muxflow config {}", cli.config.display()))?;
+    let config = load_config(&cli)?;
     let slurm = SlurmCli::new(config.matcher.command_timeout_s);
     if cli.once {
         let plan = round(&config, &slurm, &mut HistoryCache::default(), cli.dry_run)?;
@@ -217,6 +217,15 @@ fn round(
     Ok(plan)
 }
 
+/// The config `--config` names, else the one found beside the slurm.conf
+/// in use or in /etc/slurm (the error lists where it looked).
+fn load_config(cli: &Cli) -> anyhow::Result<muxflow::Config> {
+    let slurm_conf = muxflow::slurm_conf::discover();
+    let (path, config) = muxflow::Config::find(cli.config.as_deref(), slurm_conf.as_deref())?;
+    tracing::debug!(config = %path.display(), "muxflow config");
+    Ok(config)
+}
+
 fn evaluate(cli: &Cli) -> anyhow::Result<()> {
     let runs = if let Some(n) = cli.synthetic {
         predict::synthetic_runs(n, 12, 1)
@@ -225,8 +234,7 @@ fn evaluate(cli: &Cli) -> anyhow::Result<()> {
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         runs_from_sacct(&parse_sacct(&text).with_context(|| path.display().to_string())?)
     } else {
-        let config = muxflow::Config::load(&cli.config)
-            .with_context(|| format!("loading the muxflow config {}", cli.config.display()))?;
+        let config = load_config(cli)?;
         SlurmCli::new(config.matcher.command_timeout_s)
             .history(config.matcher.history_days)
             .context("reading offline history from sacct")?

@@ -4,16 +4,26 @@
 //! node and requeues the job, so muxflow's own failures are logged and the
 //! program exits 0; only a deliberate, labelled decision may do otherwise.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use clap::Parser;
 use muxflow::Config;
 
 #[derive(Debug, Parser)]
 pub struct Cli {
-    /// muxflow config file.
-    #[arg(long, default_value = muxflow::config::DEFAULT_PATH)]
-    pub config: PathBuf,
+    /// muxflow config file [default: muxflow.toml beside the slurm.conf in
+    /// use ($SLURM_CONF, or slurmd's), else /etc/slurm/muxflow.toml].
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+/// The config file this program runs with, once found.
+static CONFIG_PATH: OnceLock<PathBuf> = OnceLock::new();
+
+/// The config file this program runs with (what `muxflow-police` is given).
+pub fn config_path() -> Option<&'static Path> {
+    CONFIG_PATH.get().map(PathBuf::as_path)
 }
 
 /// What a node program knows of the job it runs for, from slurmd's environment.
@@ -44,7 +54,12 @@ impl JobEnv {
 pub fn run_contained(program: &str, body: impl FnOnce(&Config, &JobEnv) -> anyhow::Result<()>) {
     let cli = Cli::parse();
     let env = JobEnv::from_env();
-    let config = Config::load(&cli.config)
+    let slurm_conf = muxflow::slurm_conf::discover();
+    let config = Config::find(cli.config.as_deref(), slurm_conf.as_deref())
+        .map(|(path, c)| {
+            let _ = CONFIG_PATH.set(path);
+            c
+        })
         .map_err(anyhow::Error::from)
         .and_then(|c| match &env.node {
             Some(node) => Ok(c.for_node(node)?),

@@ -154,19 +154,11 @@ pub struct Slurm {
 }
 
 impl Slurm {
-    /// SLURM_CONF from the environment, else the slurm.conf of the slurmd
-    /// that started this program (its `-f` argument or its SLURM_CONF), else
-    /// Slurm's default.
+    /// The slurm.conf of [`muxflow::slurm_conf::discover`].
     pub fn discover() -> Slurm {
-        if let Some(c) = std::env::var_os("SLURM_CONF") {
-            return Slurm {
-                conf: Some(c.into()),
-            };
+        Slurm {
+            conf: muxflow::slurm_conf::discover(),
         }
-        // SAFETY: getppid cannot fail and touches no memory.
-        let ppid = unsafe { libc::getppid() };
-        let conf = parent_conf(ppid);
-        Slurm { conf }
     }
 
     fn cmd(&self, program: &str) -> Command {
@@ -210,19 +202,4 @@ impl Slurm {
             v.to_string()
         })
     }
-}
-
-fn parent_conf(ppid: i32) -> Option<PathBuf> {
-    let cmdline = std::fs::read(format!("/proc/{ppid}/cmdline")).ok()?;
-    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-    for w in args.windows(2) {
-        if w[0] == b"-f" {
-            return Some(PathBuf::from(String::from_utf8_lossy(w[1]).into_owned()));
-        }
-    }
-    let environ = std::fs::read(format!("/proc/{ppid}/environ")).ok()?;
-    environ
-        .split(|b| *b == 0)
-        .find_map(|v| v.strip_prefix(b"SLURM_CONF="))
-        .map(|v| PathBuf::from(String::from_utf8_lossy(v).into_owned()))
 }
