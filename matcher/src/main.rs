@@ -156,7 +156,7 @@ fn main() -> anyhow::Result<()> {
         return evaluate(&cli);
     }
     let config = load_config(&cli)?;
-    let slurm = SlurmCli::new(config.matcher.command_timeout_s);
+    let slurm = SlurmCli::new(&config);
     if cli.once {
         let plan = round(&config, &slurm, &mut HistoryCache::default(), cli.dry_run)?;
         if cli.json {
@@ -235,7 +235,7 @@ fn evaluate(cli: &Cli) -> anyhow::Result<()> {
         runs_from_sacct(&parse_sacct(&text).with_context(|| path.display().to_string())?)
     } else {
         let config = load_config(cli)?;
-        SlurmCli::new(config.matcher.command_timeout_s)
+        SlurmCli::new(&config)
             .history(config.matcher.history_days)
             .context("reading offline history from sacct")?
     };

@@ -16,8 +16,6 @@ fn matcher(slurm_conf: &Path, args: &[&str]) -> (bool, String) {
         .args(args)
         .env("SLURM_CONF", slurm_conf)
         .env("RUST_BACKTRACE", "0")
-        // No Slurm commands: whatever is asked fails at once.
-        .env("PATH", "/nonexistent")
         .output()
         .unwrap();
     (
@@ -33,7 +31,12 @@ fn config_beside_slurm_conf_flag_and_none() {
     let bare = dir.path().join("bare");
     std::fs::create_dir_all(&site).unwrap();
     std::fs::create_dir_all(&bare).unwrap();
-    std::fs::write(site.join("muxflow.toml"), "[matcher]\ninterval_s = 5\n").unwrap();
+    // Slurm's commands from a directory that has none: fails at once.
+    std::fs::write(
+        site.join("muxflow.toml"),
+        "[matcher]\ninterval_s = 5\n[slurm]\nscontrol = \"/nonexistent/scontrol\"\n",
+    )
+    .unwrap();
     let broken = bare.join("broken.toml");
     std::fs::write(&broken, "[matcher]\ninterval_s = \"soon\"\n").unwrap();
 
@@ -41,6 +44,7 @@ fn config_beside_slurm_conf_flag_and_none() {
     let (ok, err) = matcher(&site.join("slurm.conf"), &[]);
     assert!(!ok);
     assert!(err.contains("reading jobs and nodes from Slurm"), "{err}");
+    assert!(err.contains("cannot run /nonexistent/squeue"), "{err}");
     assert!(!err.contains("muxflow config"), "{err}");
 
     if Path::new("/etc/slurm/muxflow.toml").exists() {

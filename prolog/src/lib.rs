@@ -118,4 +118,5 @@ pub mod kmsg;
 pub mod nvml;
 pub mod police;
 pub mod publish;
+pub mod record;
 pub mod sysmon;
