@@ -40,7 +40,7 @@ impl JobEnv {
         JobEnv {
             job_id: std::env::var("SLURM_JOB_ID").ok(),
             node: std::env::var("SLURMD_NODENAME").ok(),
-            mode: std::env::var("SPANK_MUXFLOW_MODE")
+            mode: std::env::var(muxflow::mode::PROLOG_ENV_VAR)
                 .ok()
                 .and_then(|m| m.parse().ok()),
         }

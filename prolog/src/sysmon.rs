@@ -394,8 +394,9 @@ pub fn process_mode(pid: u32, jobs: &[JobRecord]) -> Option<Mode> {
         if let Some(v) = var.strip_prefix("SLURM_JOB_ID=") {
             job_id = v.parse::<u32>().ok();
         } else if let Some(v) = var
-            .strip_prefix("MUXFLOW_MODE=")
-            .or_else(|| var.strip_prefix("SLURM_SPANK_MUXFLOW_MODE="))
+            .strip_prefix(muxflow::mode::ENV_VAR)
+            .or_else(|| var.strip_prefix(muxflow::mode::JOB_ENV_VAR))
+            .and_then(|rest| rest.strip_prefix('='))
         {
             mode = mode.or_else(|| v.parse().ok());
         }
