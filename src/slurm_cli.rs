@@ -22,10 +22,20 @@ use crate::Config;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ScontrolError {
-    #[error("{0} (check slurm.scontrol in muxflow.toml)")]
+    #[error("{0}{hint}", hint = run_hint(.0))]
     Run(#[from] RunError),
     #[error("{args}: {output}")]
     Failed { args: String, output: String },
+}
+
+/// The setting behind a command that could not run or did not finish.
+fn run_hint(e: &RunError) -> &'static str {
+    match e {
+        RunError::Spawn { .. } => " (check slurm.scontrol in muxflow.toml)",
+        RunError::Timeout { .. } => {
+            " (slurmctld did not answer; the limit is slurm.command_timeout_ms in muxflow.toml)"
+        }
+    }
 }
 
 impl ScontrolError {
