@@ -16,6 +16,11 @@ pub struct Cli {
     /// use ($SLURM_CONF, or slurmd's), else /etc/slurm/muxflow.toml].
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// muxflow-health only: report what is wrong on stdout and exit 1
+    /// instead of draining (for an NHC check, which drains with its own
+    /// reason); exit 0 when healthy or when muxflow itself failed.
+    #[arg(long)]
+    pub report: bool,
 }
 
 /// The config file this program runs with, once found.

@@ -63,6 +63,14 @@ pub struct Step<'a> {
     pub refresh_s: u64,
 }
 
+impl Step<'_> {
+    /// muxflow drains for a lost GPU itself, unless run as an NHC check
+    /// (`--report`), which leaves the drain, with its own reason, to NHC.
+    fn drains(&self) -> bool {
+        self.trigger != Trigger::HealthReport
+    }
+}
+
 /// Node fields the plan needs read from slurmctld first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Field {
@@ -131,10 +139,11 @@ fn changed_or_stale(s: &Step) -> bool {
 /// otherwise send nothing; the drain Reason when a drain or resume is due.
 pub fn needs(s: &Step) -> Vec<Field> {
     let mut fields = Vec::new();
-    if !changed_or_stale(s) && s.trigger == Trigger::HealthCheck {
+    if !changed_or_stale(s) && s.trigger.is_health_check() {
         fields.push(Field::Extra);
     }
-    if (!s.lost.is_empty() && !s.rec.drained) || (s.lost.is_empty() && s.rec.drained) {
+    let due = (!s.lost.is_empty() && !s.rec.drained) || (s.lost.is_empty() && s.rec.drained);
+    if due && s.drains() {
         fields.push(Field::Reason);
     }
     fields
@@ -143,10 +152,13 @@ pub fn needs(s: &Step) -> Vec<Field> {
 /// The updates one step sends (pure).
 pub fn plan(s: &Step, seen: &Seen) -> Plan {
     let mut p = Plan::default();
-    let readback_differs = s.trigger == Trigger::HealthCheck
-        && seen.extra.as_deref().is_some_and(|e| e.trim() != s.text);
+    let readback_differs =
+        s.trigger.is_health_check() && seen.extra.as_deref().is_some_and(|e| e.trim() != s.text);
     if changed_or_stale(s) || readback_differs {
         p.updates.push(Update::Publish(s.text.to_string()));
+    }
+    if !s.drains() {
+        return p;
     }
     if !s.lost.is_empty() && !s.rec.drained {
         let list: Vec<String> = s.lost.iter().map(|g| format!("gpu{g}")).collect();
@@ -415,6 +427,17 @@ mod tests {
                 needs: &[Field::Extra],
                 seen: seen(Some(TEXT), None),
                 updates: vec![],
+                forget_drain: false,
+            },
+            Row {
+                name: "GPU lost, run as an NHC check: published, drain left to NHC",
+                rec: sent(TEXT, 990, false),
+                text: NEW,
+                lost: &[1],
+                trigger: Trigger::HealthReport,
+                needs: &[],
+                seen: Seen::default(),
+                updates: vec![Update::Publish(NEW.into())],
                 forget_drain: false,
             },
             Row {

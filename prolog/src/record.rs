@@ -17,6 +17,16 @@ pub enum Trigger {
     JobStart,
     JobEnd,
     HealthCheck,
+    /// `muxflow-health --report` (an NHC check): a health check that
+    /// reports a lost GPU and leaves the drain to its caller.
+    HealthReport,
+}
+
+impl Trigger {
+    /// A periodic health check (either way it is run).
+    pub fn is_health_check(self) -> bool {
+        matches!(self, Trigger::HealthCheck | Trigger::HealthReport)
+    }
 }
 
 /// One history sample.

@@ -63,12 +63,29 @@ pub fn node_name(env: &JobEnv) -> anyhow::Result<String> {
         .context("SLURMD_NODENAME is not set: run this from slurmd, or set it to the node name")
 }
 
+/// `muxflow-health --report`: one step (publishing, no drain), then one
+/// line per problem the node's GPUs have — what muxflow would drain for —
+/// for the caller (NHC) to act on. Empty: healthy.
+pub fn report(config: &Config, env: &JobEnv) -> anyhow::Result<Vec<String>> {
+    step(config, env, Trigger::HealthReport)?;
+    let ns = NodeState::new(config.paths.state_dir.as_path());
+    let mut problems = Vec::new();
+    for gpu in ns.gpus()? {
+        if load_record(&ns, gpu)?.is_some_and(|r| r.lost) {
+            problems.push(format!("gpu{gpu} lost (NVML: GPU is lost)"));
+        }
+    }
+    Ok(problems)
+}
+
 /// One step for every GPU of the node, then publishing.
 pub fn step(config: &Config, env: &JobEnv, trigger: Trigger) -> anyhow::Result<()> {
     // `config` comes from run_contained with `{node}` already expanded.
     let node = node_name(env)?;
     let watch = match trigger {
-        Trigger::HealthCheck => Duration::from_millis(config.health.xid_watch_ms),
+        Trigger::HealthCheck | Trigger::HealthReport => {
+            Duration::from_millis(config.health.xid_watch_ms)
+        }
         _ => Duration::ZERO,
     };
     let mut telemetry = nvml::read(
