@@ -27,7 +27,7 @@ use muxflow_matcher::synth::WeightMode;
 
 #[derive(Debug, Parser)]
 #[command(
-    version,
+    version = muxflow::slurm_version::program_version(),
     about = "muxflow's matcher: places pending offline jobs next to online jobs",
     after_help = "Decision table columns: JOB NAME ACTION NODE GPU SPEED REASON. ACTION: place \
 (hint written), keep (already placed there), park (hint cleared), none (stays parked). SPEED: \

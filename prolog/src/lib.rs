@@ -11,6 +11,7 @@ use clap::Parser;
 use muxflow::Config;
 
 #[derive(Debug, Parser)]
+#[command(version = muxflow::slurm_version::program_version())]
 pub struct Cli {
     /// muxflow config file [default: muxflow.toml beside the slurm.conf in
     /// use ($SLURM_CONF, or slurmd's), else /etc/slurm/muxflow.toml].
@@ -21,6 +22,15 @@ pub struct Cli {
     /// reason); exit 0 when healthy or when muxflow itself failed.
     #[arg(long)]
     pub report: bool,
+}
+
+impl Cli {
+    /// The command line of node program `program` (its `--version` names it).
+    pub fn parse_for(program: &'static str) -> Cli {
+        use clap::{CommandFactory, FromArgMatches};
+        let matches = Cli::command().name(program).get_matches();
+        Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+    }
 }
 
 /// The config file this program runs with, once found.
@@ -56,8 +66,11 @@ impl JobEnv {
 /// exits 0 whatever muxflow's own code did, after logging what went wrong.
 /// `body` gets the config as this node uses it (`{node}` expanded). Logs go
 /// to `paths.node_log` (slurmd drops a Prolog's output) and to stderr.
-pub fn run_contained(program: &str, body: impl FnOnce(&Config, &JobEnv) -> anyhow::Result<()>) {
-    let cli = Cli::parse();
+pub fn run_contained(
+    program: &'static str,
+    body: impl FnOnce(&Config, &JobEnv) -> anyhow::Result<()>,
+) {
+    let cli = Cli::parse_for(program);
     let env = JobEnv::from_env();
     let slurm_conf = muxflow::slurm_conf::discover();
     let config = Config::find(cli.config.as_deref(), slurm_conf.as_deref())
@@ -118,6 +131,7 @@ fn init_logging(config: Option<&Config>) {
 }
 
 pub mod detector;
+pub mod doctor;
 pub mod job;
 pub mod kmsg;
 pub mod nvml;

@@ -7,10 +7,8 @@
 //! (`etc/nhc/muxflow.nhc`): it prints one line per problem and exits 1,
 //! leaving the drain to NHC.
 
-use clap::Parser;
-
 fn main() {
-    if muxflow_prolog::Cli::parse().report {
+    if muxflow_prolog::Cli::parse_for("muxflow-health").report {
         let mut problems = Vec::new();
         muxflow_prolog::run_contained("muxflow-health", |config, env| {
             problems = muxflow_prolog::sysmon::report(config, env)?;
