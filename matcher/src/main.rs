@@ -5,7 +5,10 @@
 //!   decision table (or JSON; formats in the library's `round` module docs).
 //! * `muxflow-matcher [--interval S]`: a round every `matcher.interval_s`
 //!   seconds, one summary line logged per round; errors are logged and the
-//!   next round retries (it keeps no state that matters).
+//!   next round retries (it keeps no state that matters). As a systemd
+//!   service: `Type=notify` (ready once its config is read), SIGHUP re-reads
+//!   the config before the next round (a bad config is logged and the
+//!   previous one kept).
 //! * `muxflow-matcher --evaluate [--sacct-json FILE | --synthetic N]`: on
 //!   the history's pairs (offline job × online job), 1 in 5 held out: MAE
 //!   and pairing quality of the default, row-col means and the model (the
@@ -166,8 +169,19 @@ fn main() -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let interval = Duration::from_secs(cli.interval.unwrap_or(config.matcher.interval_s).max(1));
+    let mut config = config;
+    let mut slurm = slurm;
+    let interval_of = |c: &muxflow::Config| {
+        Duration::from_secs(cli.interval.unwrap_or(c.matcher.interval_s).max(1))
+    };
+    let mut interval = interval_of(&config);
     tracing::info!(?interval, dry_run = cli.dry_run, "muxflow-matcher looping");
+    if let Err(e) = muxflow_matcher::service::watch_sighup() {
+        tracing::warn!("no reload on SIGHUP: {e}");
+    }
+    if let Err(e) = muxflow_matcher::service::notify("READY=1") {
+        tracing::warn!("cannot tell systemd the matcher is ready: {e}");
+    }
     // Only the sacct history is carried between rounds, as a cache.
     let mut history = HistoryCache::default();
     loop {
@@ -177,7 +191,25 @@ fn main() -> anyhow::Result<()> {
             // The next round reads Slurm afresh.
             Err(e) => tracing::error!("round failed: {e:#}"),
         }
-        std::thread::sleep(interval.saturating_sub(start.elapsed()));
+        // Sleep in slices, so a SIGHUP is acted on within a second.
+        while start.elapsed() < interval && !muxflow_matcher::service::reload_requested() {
+            std::thread::sleep(
+                Duration::from_millis(200).min(interval.saturating_sub(start.elapsed())),
+            );
+        }
+        if muxflow_matcher::service::take_reload() {
+            let _ = muxflow_matcher::service::notify("RELOADING=1");
+            match load_config(&cli) {
+                Ok(c) => {
+                    slurm = SlurmCli::new(&c);
+                    interval = interval_of(&c);
+                    config = c;
+                    tracing::info!(?interval, "config re-read (SIGHUP)");
+                }
+                Err(e) => tracing::error!("config not re-read, the previous one stays: {e:#}"),
+            }
+            let _ = muxflow_matcher::service::notify("READY=1");
+        }
     }
 }
 
