@@ -10,7 +10,11 @@ use anyhow::Context;
 use clap::Parser;
 
 #[derive(Debug, Parser)]
-#[command(version = muxflow::slurm_version::program_version(), about = "Checks this node's muxflow installation")]
+#[command(
+    name = "muxflow-doctor",
+    version = muxflow::slurm_version::program_version(),
+    about = "Checks this node's muxflow installation"
+)]
 struct Cli {
     /// muxflow config file [default: muxflow.toml beside the slurm.conf,
     /// else /etc/slurm/muxflow.toml].
