@@ -113,11 +113,17 @@ fn the_doctor_passes_a_correct_node_and_names_each_breakage_with_its_fix() {
             breaks: |dir, _| {
                 let fake = dir.join("bin/slurmd");
                 std::fs::create_dir_all(fake.parent().unwrap()).unwrap();
-                std::fs::write(&fake, "#!/bin/sh\necho slurm 24.11.5\n").unwrap();
+                // A release other than the build's.
+                let other = if muxflow::slurm_version::version_string().starts_with("24.11") {
+                    "22.05.8"
+                } else {
+                    "24.11.5"
+                };
+                std::fs::write(&fake, format!("#!/bin/sh\necho slurm {other}\n")).unwrap();
                 std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
             },
-            fails: "FAIL slurm version: muxflow was built for Slurm 22.05",
-            fix: "fix: install the muxflow packages built for Slurm 24.11",
+            fails: "Slurm will not load the plugin",
+            fix: "fix: install the muxflow packages built for Slurm ",
         },
         Row {
             name: "Prolog not muxflow's",
