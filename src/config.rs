@@ -13,15 +13,42 @@ use serde::{Deserialize, Deserializer};
 
 /// Where the config lives unless plugstack's `config=` says otherwise.
 pub const DEFAULT_PATH: &str = "/etc/slurm/muxflow.toml";
+/// The config's file name where programs look for it (see [`Config::find`]).
+pub const FILE_NAME: &str = "muxflow.toml";
+
+/// How the reader of a config names the setting that chose its path, for
+/// the fix an error gives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathSetting {
+    /// The plugin's plugstack argument `config=PATH`.
+    Plugstack,
+    /// A program's `--config PATH` flag.
+    Flag,
+}
+
+impl fmt::Display for PathSetting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PathSetting::Plugstack => write!(
+                f,
+                "set the path with the plugstack argument config=PATH; default {DEFAULT_PATH}"
+            ),
+            PathSetting::Flag => write!(f, "give the path with --config PATH"),
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read muxflow config {path}: {source} (set the path with the plugstack argument config=PATH; default {DEFAULT_PATH})")]
+    #[error("cannot read muxflow config {path}: {source} ({set_with})")]
     Read {
         path: PathBuf,
         #[source]
         source: std::io::Error,
+        set_with: PathSetting,
     },
+    #[error("no muxflow config found: tried {}; put {FILE_NAME} in one of these places or give its path with --config PATH", show_paths(tried))]
+    NotFound { tried: Vec<PathBuf> },
     #[error("node name '{0}' cannot be used in a path")]
     BadNode(String),
     #[error("{path}:{line}:{column}: key '{key}': {message}")]
@@ -396,14 +423,75 @@ impl Default for Matcher {
     }
 }
 
+fn show_paths(paths: &[PathBuf]) -> String {
+    let shown: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+    shown.join(", ")
+}
+
+/// Where a program looks for its config without `--config`: beside the
+/// slurm.conf it works with (`slurm_conf`, see [`crate::slurm_conf`]), then
+/// in `system_dir` (/etc/slurm); each place once.
+pub fn search_paths(slurm_conf: Option<&Path>, system_dir: &Path) -> Vec<PathBuf> {
+    let mut paths = Vec::new();
+    if let Some(conf) = slurm_conf {
+        paths.push(crate::slurm_conf::conf_dir(Some(conf)).join(FILE_NAME));
+    }
+    let system = system_dir.join(FILE_NAME);
+    if !paths.contains(&system) {
+        paths.push(system);
+    }
+    paths
+}
+
 impl Config {
-    /// Reads and validates the config at `path`.
+    /// Reads and validates the config at `path` (the plugin's: its path
+    /// comes from plugstack's `config=`).
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        Config::load_set_by(path, PathSetting::Plugstack)
+    }
+
+    /// Reads and validates the config at `path`, chosen by `set_with`.
+    pub fn load_set_by(path: &Path, set_with: PathSetting) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_path_buf(),
             source,
+            set_with,
         })?;
         Config::parse(&text, path)
+    }
+
+    /// The config of a program: `flag` (`--config PATH`) when given, else
+    /// the first of [`search_paths`] that exists. A config that exists but
+    /// cannot be read or is invalid is an error, never skipped for the
+    /// next place. Returns the path used with the config.
+    pub fn find(
+        flag: Option<&Path>,
+        slurm_conf: Option<&Path>,
+    ) -> Result<(PathBuf, Config), ConfigError> {
+        let system_dir = Path::new(DEFAULT_PATH).parent().unwrap_or(Path::new("/"));
+        Config::find_in(flag, slurm_conf, system_dir)
+    }
+
+    /// [`find`](Config::find) with another system directory (tests).
+    fn find_in(
+        flag: Option<&Path>,
+        slurm_conf: Option<&Path>,
+        system_dir: &Path,
+    ) -> Result<(PathBuf, Config), ConfigError> {
+        if let Some(path) = flag {
+            return Ok((
+                path.to_path_buf(),
+                Config::load_set_by(path, PathSetting::Flag)?,
+            ));
+        }
+        let tried = search_paths(slurm_conf, system_dir);
+        for path in &tried {
+            match std::fs::metadata(path) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                _ => return Ok((path.clone(), Config::load_set_by(path, PathSetting::Flag)?)),
+            }
+        }
+        Err(ConfigError::NotFound { tried })
     }
 
     /// Parses config text; `path` only names the file in errors.
@@ -1042,6 +1130,116 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    /// One row per way a program finds (or misses) its config.
+    #[test]
+    fn programs_find_their_config_beside_slurm_conf_then_in_etc_slurm() {
+        let dir = tempfile::tempdir().unwrap();
+        let mkdir = |name: &str| {
+            let d = dir.path().join(name);
+            std::fs::create_dir_all(&d).unwrap();
+            d
+        };
+        let (site, system, empty_system, other) = (
+            mkdir("site"),
+            mkdir("etc-slurm"),
+            mkdir("etc-empty"),
+            mkdir("other"),
+        );
+        std::fs::write(site.join(FILE_NAME), "[matcher]\ninterval_s = 7\n").unwrap();
+        std::fs::write(system.join(FILE_NAME), "[matcher]\ninterval_s = 8\n").unwrap();
+        let flagged = other.join("flagged.toml");
+        std::fs::write(&flagged, "[matcher]\ninterval_s = 9\n").unwrap();
+        let site_conf = site.join("slurm.conf");
+        let other_conf = other.join("slurm.conf");
+
+        struct Row<'a> {
+            name: &'a str,
+            flag: Option<&'a Path>,
+            slurm_conf: Option<&'a Path>,
+            system: &'a Path,
+            want: Result<(PathBuf, u64), &'a [&'a str]>,
+        }
+        let rows = [
+            Row {
+                name: "beside $SLURM_CONF, before /etc/slurm",
+                flag: None,
+                slurm_conf: Some(&site_conf),
+                system: &system,
+                want: Ok((site.join(FILE_NAME), 7)),
+            },
+            Row {
+                name: "/etc/slurm when none is beside $SLURM_CONF",
+                flag: None,
+                slurm_conf: Some(&other_conf),
+                system: &system,
+                want: Ok((system.join(FILE_NAME), 8)),
+            },
+            Row {
+                name: "/etc/slurm without $SLURM_CONF",
+                flag: None,
+                slurm_conf: None,
+                system: &system,
+                want: Ok((system.join(FILE_NAME), 8)),
+            },
+            Row {
+                name: "--config wins over the search",
+                flag: Some(&flagged),
+                slurm_conf: Some(&site_conf),
+                system: &system,
+                want: Ok((flagged.clone(), 9)),
+            },
+            Row {
+                name: "none anywhere: the places tried and the flag",
+                flag: None,
+                slurm_conf: Some(&other_conf),
+                system: &empty_system,
+                want: Err(&[
+                    "no muxflow config found: tried ",
+                    "other/muxflow.toml, ",
+                    "etc-empty/muxflow.toml;",
+                    "--config PATH",
+                ]),
+            },
+            Row {
+                name: "a missing --config file: named, with the flag's fix",
+                flag: Some(&other.join("nope.toml")),
+                slurm_conf: Some(&site_conf),
+                system: &system,
+                want: Err(&["other/nope.toml", "give the path with --config PATH"]),
+            },
+        ];
+        for row in rows {
+            let got = Config::find_in(row.flag, row.slurm_conf, row.system);
+            match (&row.want, got) {
+                (Ok((path, interval)), Ok((p, c))) => {
+                    assert_eq!(
+                        (&p, c.matcher.interval_s),
+                        (path, *interval),
+                        "{}",
+                        row.name
+                    )
+                }
+                (Err(words), Err(e)) => {
+                    let text = e.to_string();
+                    for w in *words {
+                        assert!(text.contains(w), "{}: {text}", row.name);
+                    }
+                    assert!(!text.contains("plugstack"), "{}: {text}", row.name);
+                }
+                (want, got) => panic!("{}: want {want:?}, got {got:?}", row.name),
+            }
+        }
+        // A config that exists but is broken is an error, not skipped.
+        std::fs::write(other.join(FILE_NAME), "[matcher]\ninterval_s = \"x\"\n").unwrap();
+        let e = Config::find_in(None, Some(&other_conf), &system).unwrap_err();
+        assert!(matches!(e, ConfigError::Invalid { .. }), "{e}");
+        // Each place once.
+        assert_eq!(
+            search_paths(Some(&system.join("slurm.conf")), &system),
+            [system.join(FILE_NAME)]
+        );
     }
 
     #[test]

@@ -19,6 +19,7 @@ pub mod process;
 pub mod published;
 pub mod report;
 pub mod slurm_cli;
+pub mod slurm_conf;
 pub mod slurm_version;
 pub mod text;
 pub mod xcuda_env;

@@ -12,6 +12,15 @@ pub enum Mode {
     Offline,
 }
 
+/// The variable the plugin exports with the job's mode (at submit, with
+/// `spank_job_control_setenv`; in each step, to the tasks). Slurm passes it
+/// on under two more names: [`PROLOG_ENV_VAR`] and [`JOB_ENV_VAR`].
+pub const ENV_VAR: &str = "MUXFLOW_MODE";
+/// [`ENV_VAR`] as the Prolog and Epilog see it.
+pub const PROLOG_ENV_VAR: &str = "SPANK_MUXFLOW_MODE";
+/// [`ENV_VAR`] as the job's environment carries it.
+pub const JOB_ENV_VAR: &str = "SLURM_SPANK_MUXFLOW_MODE";
+
 /// The values `--muxflow=` accepts, for messages.
 pub const ACCEPTED: &str = "online, offline";
 

@@ -1,10 +1,20 @@
-//! The few Slurm calls the node side makes (root): where an offline job's
-//! slot is, and writing a job's AdminComment — with `scontrol` while the job
-//! runs, else (a cancelled job is "already finished" for slurmctld before
-//! its batch step ends) with `sacctmgr` into the accounting record.
-//! `sacctmgr` and `sacct` are taken from the directory of `slurm.scontrol`.
+//! muxflow's one Slurm client: every Slurm command the plugin, the node
+//! programs and the matcher run goes through [`SlurmClient`].
+//!
+//! * Programs come from the directory of `slurm.scontrol` (root-owned
+//!   config; never the caller's PATH), with a scrubbed environment and the
+//!   slurm.conf of [`crate::slurm_conf::discover`].
+//! * Each call has a timeout: a slurmctld that stops answering costs one
+//!   timeout, not a hung Prolog. A call that fails fast because slurmctld
+//!   cannot be reached is tried again, a bounded number of times
+//!   ([`SlurmClient::attempts`]); a timed-out call is not (it would multiply
+//!   the wait).
+//! * The calls are typed: an offline job's slot, AdminComment (with
+//!   `scontrol` while the job runs, else — a cancelled job is "already
+//!   finished" for slurmctld before its batch step ends — with `sacctmgr`
+//!   into the accounting record), node fields and updates, JSON listings.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::process::{self, RunError};
@@ -12,10 +22,41 @@ use crate::Config;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ScontrolError {
-    #[error("{0} (check slurm.scontrol in muxflow.toml)")]
+    #[error("{0}{hint}", hint = run_hint(.0))]
     Run(#[from] RunError),
     #[error("{args}: {output}")]
     Failed { args: String, output: String },
+}
+
+/// The setting behind a command that could not run or did not finish.
+fn run_hint(e: &RunError) -> &'static str {
+    match e {
+        RunError::Spawn { .. } => " (check slurm.scontrol in muxflow.toml)",
+        RunError::Timeout { .. } => {
+            " (slurmctld did not answer; the limit is slurm.command_timeout_ms in muxflow.toml)"
+        }
+    }
+}
+
+impl ScontrolError {
+    /// slurmctld did not answer in time.
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, ScontrolError::Run(RunError::Timeout { .. }))
+    }
+}
+
+/// Slurm's words for a controller it cannot reach right now: worth another
+/// try after a pause.
+const UNREACHABLE: &[&str] = &[
+    "Unable to contact slurm controller",
+    "Socket timed out",
+    "Connection refused",
+    "Zero Bytes were transmitted or received",
+];
+
+/// Whether a failed call's output says slurmctld could not be reached.
+pub fn unreachable(output: &str) -> bool {
+    UNREACHABLE.iter().any(|w| output.contains(w))
 }
 
 /// Where an AdminComment was written.
@@ -27,29 +68,80 @@ pub enum Written {
     Accounting,
 }
 
-pub struct Scontrol {
+/// The name the plugin knows the client by.
+pub type Scontrol = SlurmClient;
+
+pub struct SlurmClient {
     program: PathBuf,
+    slurm_conf: Option<PathBuf>,
     timeout: Duration,
+    /// Tries per call when slurmctld cannot be reached (at least 1).
+    pub attempts: u32,
+    /// Pause between tries.
+    pub retry_pause: Duration,
 }
 
-impl Scontrol {
+impl SlurmClient {
+    /// The node side's client: `slurm.scontrol`'s directory,
+    /// `slurm.command_timeout_ms` per call.
     pub fn new(config: &Config) -> Self {
-        Scontrol {
+        SlurmClient::with_timeout(
+            config,
+            Duration::from_millis(config.slurm.command_timeout_ms),
+        )
+    }
+
+    /// The same client with another timeout per call (the matcher's).
+    pub fn with_timeout(config: &Config, timeout: Duration) -> Self {
+        SlurmClient {
             program: config.slurm.scontrol.as_path().to_path_buf(),
-            timeout: Duration::from_millis(config.slurm.command_timeout_ms),
+            slurm_conf: crate::slurm_conf::discover(),
+            timeout,
+            attempts: 3,
+            retry_pause: Duration::from_millis(500),
         }
+    }
+
+    /// The timeout of one call.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     fn run(&self, args: &[&str]) -> Result<String, ScontrolError> {
         self.run_program(&self.program, args)
     }
 
-    fn run_program(
-        &self,
-        program: &std::path::Path,
-        args: &[&str],
-    ) -> Result<String, ScontrolError> {
+    /// Runs Slurm command `name` (`squeue`, `sinfo`, …) from the directory of
+    /// `slurm.scontrol`; its stdout.
+    pub fn command(&self, name: &str, args: &[&str]) -> Result<String, ScontrolError> {
+        self.run_program(&self.program.with_file_name(name), args)
+    }
+
+    fn run_program(&self, program: &Path, args: &[&str]) -> Result<String, ScontrolError> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match self.run_once(program, args) {
+                Err(ScontrolError::Failed { output, .. })
+                    if unreachable(&output) && tries < self.attempts.max(1) =>
+                {
+                    tracing::debug!(
+                        program = %program.display(),
+                        "{output}; trying again ({tries} of {})",
+                        self.attempts
+                    );
+                    std::thread::sleep(self.retry_pause);
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn run_once(&self, program: &Path, args: &[&str]) -> Result<String, ScontrolError> {
         let mut c = process::command(program);
+        if let Some(conf) = &self.slurm_conf {
+            c.env("SLURM_CONF", conf);
+        }
         c.args(args);
         let out = process::run(c, None, self.timeout, false)?;
         if out.success {
@@ -64,6 +156,35 @@ impl Scontrol {
                 output: format!("{}{}", out.stdout, out.stderr).trim().to_string(),
             })
         }
+    }
+
+    /// `scontrol update NodeName=node <fields>` (root/SlurmUser).
+    pub fn update_node(&self, node: &str, fields: &[&str]) -> Result<(), ScontrolError> {
+        let name = format!("NodeName={node}");
+        let mut args = vec!["update", name.as_str()];
+        args.extend_from_slice(fields);
+        self.run(&args).map(drop)
+    }
+
+    /// A node field through sinfo's `-O` (values with spaces intact); ""
+    /// for none.
+    pub fn node_field(&self, node: &str, field: &str) -> Result<String, ScontrolError> {
+        let out = self.command(
+            "sinfo",
+            &["-h", "-N", "-n", node, "-O", &format!("{field}:4096")],
+        )?;
+        let v = out.lines().next().unwrap_or("").trim();
+        Ok(if v == "none" || v == "(null)" {
+            String::new()
+        } else {
+            v.to_string()
+        })
+    }
+
+    /// One `scontrol` call with the caller's arguments (`update …`, `hold N`,
+    /// `release N`: the matcher's planned updates).
+    pub fn scontrol(&self, args: &[&str]) -> Result<String, ScontrolError> {
+        self.run(args)
     }
 
     /// The offline slots job `job_id` holds on `node` and its AdminComment,
@@ -101,6 +222,7 @@ impl Scontrol {
             return Err(err);
         }
         let sibling = |name: &str| self.program.with_file_name(name);
+        // The accounting record may trail the job's end: a few tries.
         let job = job_id.to_string();
         let mut last = String::new();
         for attempt in 0..5 {
@@ -260,5 +382,90 @@ mod tests {
         let show = "     Nodes=n1 CPU_IDs=0 Mem=0 GRES=mfslot:g1:0(IDX:),mfslot:g0:1(IDX:0),gpu:2(IDX:0,1)\n";
         assert_eq!(parse_offline_slots(show, "n1", "mfslot"), [0]);
         assert!(parse_offline_slots("JobId=1\n", "n1", "mfslot").is_empty());
+    }
+}
+
+#[cfg(test)]
+mod client_tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A fake `scontrol` in a directory of its own: `script` is its body.
+    fn fake(dir: &Path, script: &str) -> SlurmClient {
+        let program = dir.join("scontrol");
+        std::fs::write(&program, format!("#!/bin/sh\n{script}\n")).unwrap();
+        std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+        SlurmClient {
+            program,
+            slurm_conf: Some(dir.join("slurm.conf")),
+            timeout: Duration::from_millis(500),
+            attempts: 3,
+            retry_pause: Duration::from_millis(1),
+        }
+    }
+
+    #[test]
+    fn an_unreachable_controller_is_tried_a_bounded_number_of_times() {
+        let dir = tempfile::tempdir().unwrap();
+        let count = dir.path().join("count");
+        let c = fake(
+            dir.path(),
+            &format!(
+                "echo x >> {0}; echo 'slurm_update error: Unable to contact slurm controller (connect failure)' >&2; exit 1",
+                count.display()
+            ),
+        );
+        let e = c.update_node("n1", &["Extra=x"]).unwrap_err();
+        assert!(
+            e.to_string().contains("Unable to contact slurm controller"),
+            "{e}"
+        );
+        assert_eq!(std::fs::read_to_string(&count).unwrap().lines().count(), 3);
+    }
+
+    #[test]
+    fn a_refusal_is_not_retried_and_a_hang_costs_one_timeout() {
+        let dir = tempfile::tempdir().unwrap();
+        let count = dir.path().join("count");
+        let c = fake(
+            dir.path(),
+            &format!(
+                "echo x >> {0}; echo 'Invalid node name specified' >&2; exit 1",
+                count.display()
+            ),
+        );
+        assert!(c.update_node("n1", &["Extra=x"]).is_err());
+        assert_eq!(std::fs::read_to_string(&count).unwrap().lines().count(), 1);
+
+        let hung = fake(dir.path(), "exec sleep 30");
+        let start = std::time::Instant::now();
+        let e = hung.update_node("n1", &["Extra=x"]).unwrap_err();
+        assert!(e.is_timeout(), "{e}");
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            start.elapsed()
+        );
+    }
+
+    #[test]
+    fn commands_get_the_discovered_slurm_conf_and_come_from_scontrols_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = fake(dir.path(), "echo \"$SLURM_CONF $0 $*\"");
+        let out = c.scontrol(&["show", "node", "n1"]).unwrap();
+        assert_eq!(
+            out.trim(),
+            format!(
+                "{0}/slurm.conf {0}/scontrol show node n1",
+                dir.path().display()
+            )
+        );
+        // sinfo from the same directory: missing here, so the error names it.
+        let e = c.node_field("n1", "Reason").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains(&format!("{}/sinfo", dir.path().display())),
+            "{e}"
+        );
     }
 }

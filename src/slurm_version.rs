@@ -19,6 +19,19 @@ pub const SLURM_INTERACTIVE_STEP: u32 = generated::SLURM_INTERACTIVE_STEP;
 // Slurm's loader compares major.minor; a header without them is not Slurm's.
 const _: () = assert!(SLURM_VERSION_NUMBER >> 16 >= 20 && SLURM_VERSION_NUMBER >> 16 < 0x100);
 
+/// What every muxflow program's `--version` prints: its version and the
+/// Slurm it was built for (`0.1.0 (built for Slurm 22.05.8)`).
+pub fn program_version() -> &'static str {
+    static VERSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    VERSION.get_or_init(|| {
+        format!(
+            "{} (built for Slurm {})",
+            env!("CARGO_PKG_VERSION"),
+            version_string()
+        )
+    })
+}
+
 /// "major.minor.micro" of the targeted Slurm.
 pub fn version_string() -> String {
     let v = SLURM_VERSION_NUMBER;
@@ -39,5 +52,6 @@ mod tests {
         assert_eq!(parts, [(v >> 16) & 0xff, (v >> 8) & 0xff, v & 0xff]);
         assert_eq!(SLURM_EXTERN_CONT, 0xffff_fffc);
         assert_eq!(SLURM_BATCH_SCRIPT, 0xffff_fffb);
+        assert!(program_version().ends_with(&format!("(built for Slurm {})", version_string())));
     }
 }

@@ -117,8 +117,19 @@ impl Cluster {
 
     /// `program` run as `user` (runuser: no shell, so accounts with a
     /// nologin shell such as `nobody` work), pointed at this cluster.
+    /// On a cluster of another Slurm release (`devcluster up --slurm`),
+    /// runuser runs inside its root, where that release's commands are.
     pub fn cmd_as(&self, user: &str, program: &str) -> Command {
-        let mut c = Command::new("runuser");
+        let mut c = match std::env::var_os("MUXFLOW_SLURM_ROOT") {
+            Some(root) => {
+                let mut c = Command::new(
+                    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/in-slurm-root"),
+                );
+                c.arg(root).arg("runuser");
+                c
+            }
+            None => Command::new("runuser"),
+        };
         c.args(["-u", user, "--", "env"])
             .arg(format!("SLURM_CONF={}", self.slurm_conf.display()))
             .arg(program);

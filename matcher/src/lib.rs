@@ -51,6 +51,7 @@ pub mod prune;
 pub mod reader;
 pub mod reference;
 pub mod round;
+pub mod service;
 pub mod slurm;
 pub mod solver;
 pub mod synth;

@@ -5,7 +5,10 @@
 //!   decision table (or JSON; formats in the library's `round` module docs).
 //! * `muxflow-matcher [--interval S]`: a round every `matcher.interval_s`
 //!   seconds, one summary line logged per round; errors are logged and the
-//!   next round retries (it keeps no state that matters).
+//!   next round retries (it keeps no state that matters). As a systemd
+//!   service: `Type=notify` (ready once its config is read), SIGHUP re-reads
+//!   the config before the next round (a bad config is logged and the
+//!   previous one kept).
 //! * `muxflow-matcher --evaluate [--sacct-json FILE | --synthetic N]`: on
 //!   the history's pairs (offline job × online job), 1 in 5 held out: MAE
 //!   and pairing quality of the default, row-col means and the model (the
@@ -28,7 +31,7 @@ use muxflow_matcher::synth::WeightMode;
 
 #[derive(Debug, Parser)]
 #[command(
-    version,
+    version = muxflow::slurm_version::program_version(),
     about = "muxflow's matcher: places pending offline jobs next to online jobs",
     after_help = "Decision table columns: JOB NAME ACTION NODE GPU SPEED REASON. ACTION: place \
 (hint written), keep (already placed there), park (hint cleared), none (stays parked). SPEED: \
@@ -37,9 +40,10 @@ deviation. --json prints {\"summary\": {...}, \"decisions\": [{job, name, user, 
 predicted, confidence, reason}]}."
 )]
 struct Cli {
-    /// muxflow config file.
-    #[arg(long, default_value = muxflow::config::DEFAULT_PATH)]
-    config: PathBuf,
+    /// muxflow config file [default: muxflow.toml beside $SLURM_CONF, else
+    /// /etc/slurm/muxflow.toml].
+    #[arg(long)]
+    config: Option<PathBuf>,
     /// Run one round and exit.
     #[arg(long)]
     once: bool,
@@ -165,11 +169,8 @@ fn main() -> anyhow::Result<()> {
     if cli.evaluate {
         return evaluate(&cli);
     }
-    let config = muxflow::Config::load(&cli.config)
-        .with_context(|| format!("loading the muxflow config {}", cli.config.display()))?;
-    let slurm = SlurmCli {
-        timeout_s: config.matcher.command_timeout_s,
-    };
+    let config = load_config(&cli)?;
+    let slurm = SlurmCli::new(&config);
     if cli.once {
         let plan = round(&config, &slurm, &mut HistoryCache::default(), cli.dry_run)?;
         if cli.json {
@@ -179,8 +180,19 @@ fn main() -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let interval = Duration::from_secs(cli.interval.unwrap_or(config.matcher.interval_s).max(1));
+    let mut config = config;
+    let mut slurm = slurm;
+    let interval_of = |c: &muxflow::Config| {
+        Duration::from_secs(cli.interval.unwrap_or(c.matcher.interval_s).max(1))
+    };
+    let mut interval = interval_of(&config);
     tracing::info!(?interval, dry_run = cli.dry_run, "muxflow-matcher looping");
+    if let Err(e) = muxflow_matcher::service::watch_sighup() {
+        tracing::warn!("no reload on SIGHUP: {e}");
+    }
+    if let Err(e) = muxflow_matcher::service::notify("READY=1") {
+        tracing::warn!("cannot tell systemd the matcher is ready: {e}");
+    }
     // Only the sacct history is carried between rounds, as a cache.
     let mut history = HistoryCache::default();
     let mut metrics = MatcherMetrics::default();
@@ -222,7 +234,25 @@ fn main() -> anyhow::Result<()> {
                 }
             }
         }
-        std::thread::sleep(interval.saturating_sub(start.elapsed()));
+        // Sleep in slices, so a SIGHUP is acted on within a second.
+        while start.elapsed() < interval && !muxflow_matcher::service::reload_requested() {
+            std::thread::sleep(
+                Duration::from_millis(200).min(interval.saturating_sub(start.elapsed())),
+            );
+        }
+        if muxflow_matcher::service::take_reload() {
+            let _ = muxflow_matcher::service::notify("RELOADING=1");
+            match load_config(&cli) {
+                Ok(c) => {
+                    slurm = SlurmCli::new(&c);
+                    interval = interval_of(&c);
+                    config = c;
+                    tracing::info!(?interval, "config re-read (SIGHUP)");
+                }
+                Err(e) => tracing::error!("config not re-read, the previous one stays: {e:#}"),
+            }
+            let _ = muxflow_matcher::service::notify("READY=1");
+        }
     }
     Ok(())
 }
@@ -266,6 +296,15 @@ fn round(
     Ok(plan)
 }
 
+/// The config `--config` names, else the one found beside the slurm.conf
+/// in use or in /etc/slurm (the error lists where it looked).
+fn load_config(cli: &Cli) -> anyhow::Result<muxflow::Config> {
+    let slurm_conf = muxflow::slurm_conf::discover();
+    let (path, config) = muxflow::Config::find(cli.config.as_deref(), slurm_conf.as_deref())?;
+    tracing::debug!(config = %path.display(), "muxflow config");
+    Ok(config)
+}
+
 fn evaluate(cli: &Cli) -> anyhow::Result<()> {
     let runs = if let Some(n) = cli.synthetic {
         predict::synthetic_runs(n, 12, 1)
@@ -274,13 +313,10 @@ fn evaluate(cli: &Cli) -> anyhow::Result<()> {
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         runs_from_sacct(&parse_sacct(&text).with_context(|| path.display().to_string())?)
     } else {
-        let config = muxflow::Config::load(&cli.config)
-            .with_context(|| format!("loading the muxflow config {}", cli.config.display()))?;
-        SlurmCli {
-            timeout_s: config.matcher.command_timeout_s,
-        }
-        .history(config.matcher.history_days)
-        .context("reading offline history from sacct")?
+        let config = load_config(cli)?;
+        SlurmCli::new(&config)
+            .history(config.matcher.history_days)
+            .context("reading offline history from sacct")?
     };
     println!("{}", predict::evaluate(&runs));
     Ok(())

@@ -1,6 +1,22 @@
-//! Reads the cluster from Slurm 22.05's JSON (openapi v0.0.38): `squeue
-//! --json`, `sinfo --json`, `sacct --json`. Only the fields the matcher uses
-//! are typed; the rest is ignored, so newer Slurm output still parses.
+//! Reads the cluster from Slurm's JSON, in both shapes muxflow supports:
+//!
+//! | | Slurm 22.05 (openapi v0.0.38) | Slurm 24.11 (data_parser v0.0.42) |
+//! |---|---|---|
+//! | jobs | `squeue --json` | `squeue --json` |
+//! | nodes | `sinfo --json` (`nodes`) | `scontrol show nodes --json` (`nodes`) |
+//! | history | `sacct --json` | `sacct --json` |
+//! | job / node / sacct state | a string (`"RUNNING"`, `"idle"` + `state_flags`) | an array of strings (`["RUNNING"]`, `["IDLE","DRAIN"]`) |
+//! | numbers | plain | plain or `{"set", "infinite", "number"}` |
+//! | requested GRES | `gres:mfslot:g0:1` | `gres/mfslot:g0:1` |
+//!
+//! Only the fields the matcher uses are typed; unknown fields are ignored.
+//! Both shapes are recorded from the dev cluster in `matcher/tests/data/`.
+//!
+//! From 23.02 on, `sinfo --json` groups nodes that differ only in fields it
+//! does not compare — node `extra` among them (24.11 showed one node's Extra
+//! for two nodes with different ones) — so its `sinfo` listing is refused
+//! here ([`ReadError::GroupedNodes`]): nodes are read per node from
+//! `scontrol show nodes --json`.
 //!
 //! `squeue --json` ignores `-j`, `-t` and the other filters in 22.05: every
 //! job comes back and [`ClusterState::build`] filters by itself.
@@ -34,6 +50,8 @@ pub enum ReadError {
     },
     #[error("{what}: Slurm reported errors: {errors}")]
     Slurm { what: &'static str, errors: String },
+    #[error("{what}: a grouped `sinfo` listing (Slurm 23.02 and later), which merges nodes with different Extra; read nodes with `scontrol show nodes --json` instead")]
+    GroupedNodes { what: &'static str },
 }
 
 /// Slurm's JSON writes `null` for fields it has no value for (a job's
@@ -47,18 +65,72 @@ where
     Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 
+/// A state as 22.05 writes it (`"RUNNING"`) or as 24.11 does
+/// (`["RUNNING"]`, `["IDLE", "DRAIN"]`); `null` is no state.
+fn state_words<'de, D>(d: D) -> Result<Vec<String>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Words {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match Option::<Words>::deserialize(d)? {
+        None => Vec::new(),
+        Some(Words::One(w)) if w.is_empty() => Vec::new(),
+        Some(Words::One(w)) => vec![w],
+        Some(Words::Many(v)) => v,
+    })
+}
+
+/// A number as 22.05 writes it, or 24.11's `{"set", "infinite", "number"}`
+/// (not set, or infinite: the default, as for `null`).
+fn number<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    #[derive(Deserialize)]
+    struct NoVal<T> {
+        #[serde(default)]
+        set: bool,
+        #[serde(default)]
+        infinite: bool,
+        number: Option<T>,
+    }
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Number<T> {
+        Plain(T),
+        Struct(NoVal<T>),
+    }
+    Ok(match Option::<Number<T>>::deserialize(d)? {
+        Some(Number::Plain(v)) => v,
+        Some(Number::Struct(n)) if n.set && !n.infinite => n.number.unwrap_or_default(),
+        _ => T::default(),
+    })
+}
+
+/// Whether `words` (a job's or node's state) holds `state`, in any case.
+pub fn has_state(words: &[String], state: &str) -> bool {
+    words.iter().any(|w| w.eq_ignore_ascii_case(state))
+}
+
 /// One job of `squeue --json`.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
 pub struct SqueueJob {
-    #[serde(deserialize_with = "nullable")]
+    #[serde(deserialize_with = "number")]
     pub job_id: u32,
     #[serde(deserialize_with = "nullable")]
     pub name: String,
     #[serde(deserialize_with = "nullable")]
     pub user_name: String,
-    #[serde(deserialize_with = "nullable")]
-    pub job_state: String,
+    /// `RUNNING`, `PENDING`… (24.11 adds flags such as `COMPLETING`).
+    #[serde(deserialize_with = "state_words")]
+    pub job_state: Vec<String>,
     #[serde(deserialize_with = "nullable")]
     pub nodes: String,
     #[serde(deserialize_with = "nullable")]
@@ -80,8 +152,10 @@ pub struct SqueueJob {
 pub struct SinfoNode {
     #[serde(deserialize_with = "nullable")]
     pub name: String,
-    #[serde(deserialize_with = "nullable")]
-    pub state: String,
+    /// 22.05: the base state (`idle`), flags in `state_flags`; 24.11: both
+    /// here (`["IDLE", "DRAIN"]`).
+    #[serde(deserialize_with = "state_words")]
+    pub state: Vec<String>,
     #[serde(deserialize_with = "nullable")]
     pub state_flags: Vec<String>,
     #[serde(deserialize_with = "nullable")]
@@ -101,15 +175,15 @@ pub struct SacctComment {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
 pub struct SacctState {
-    #[serde(deserialize_with = "nullable")]
-    pub current: String,
+    #[serde(deserialize_with = "state_words")]
+    pub current: Vec<String>,
 }
 
 /// Times of a sacct record, Unix seconds (0: not yet).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
 pub struct SacctTime {
-    #[serde(deserialize_with = "nullable")]
+    #[serde(deserialize_with = "number")]
     pub end: u64,
 }
 
@@ -117,7 +191,7 @@ pub struct SacctTime {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
 pub struct SacctJob {
-    #[serde(deserialize_with = "nullable")]
+    #[serde(deserialize_with = "number")]
     pub job_id: u32,
     #[serde(deserialize_with = "nullable")]
     pub name: String,
@@ -140,6 +214,9 @@ struct Envelope<T> {
     errors: Vec<serde_json::Value>,
     #[serde(default = "Vec::new", alias = "nodes")]
     jobs: Vec<T>,
+    /// 24.11's `sinfo --json` listing: groups of nodes, refused.
+    #[serde(default)]
+    sinfo: Option<serde::de::IgnoredAny>,
 }
 
 fn parse<T: for<'de> Deserialize<'de>>(
@@ -161,6 +238,9 @@ fn parse<T: for<'de> Deserialize<'de>>(
             errors: serde_json::Value::Array(errors).to_string(),
         });
     }
+    if env.sinfo.is_some() {
+        return Err(ReadError::GroupedNodes { what });
+    }
     Ok(env.jobs)
 }
 
@@ -168,8 +248,12 @@ pub fn parse_squeue(text: &str) -> Result<Vec<SqueueJob>, ReadError> {
     parse("squeue --json", text)
 }
 
+/// Nodes from 22.05's `sinfo --json` or 24.11's `scontrol show nodes --json`.
 pub fn parse_sinfo(text: &str) -> Result<Vec<SinfoNode>, ReadError> {
-    parse("sinfo --json", text)
+    parse(
+        "node listing (sinfo --json / scontrol show nodes --json)",
+        text,
+    )
 }
 
 pub fn parse_sacct(text: &str) -> Result<Vec<SacctJob>, ReadError> {
@@ -186,8 +270,8 @@ pub struct GresAlloc {
 }
 
 /// Parses `gpu:2(IDX:0-1),mfslot:g0:0(IDX:N/A),mfslot:g1:1(IDX:1)` (also
-/// without the `(IDX:…)` part, and with a `gres:` prefix as in
-/// `tres_per_node`). Unparsable entries are skipped.
+/// without the `(IDX:…)` part, and with the `gres:` (22.05) or `gres/`
+/// (24.11) prefix of `tres_per_node`). Unparsable entries are skipped.
 pub fn parse_gres(s: &str) -> Vec<GresAlloc> {
     let mut out = Vec::new();
     let mut depth = 0;
@@ -212,7 +296,10 @@ pub fn parse_gres(s: &str) -> Vec<GresAlloc> {
 
 fn parse_one_gres(entry: &str) -> Option<GresAlloc> {
     let entry = entry.trim();
-    let entry = entry.strip_prefix("gres:").unwrap_or(entry);
+    let entry = entry
+        .strip_prefix("gres:")
+        .or_else(|| entry.strip_prefix("gres/"))
+        .unwrap_or(entry);
     let (spec, idx) = match entry.split_once('(') {
         Some((spec, rest)) => (spec, rest.trim_end_matches(')')),
         None => (entry, ""),
@@ -349,7 +436,7 @@ impl ClusterState {
         let mut gpu_held: BTreeSet<(String, u32)> = BTreeSet::new();
         for j in jobs {
             let mode = job_mode(&j.admin_comment);
-            let running = j.job_state == "RUNNING";
+            let running = has_state(&j.job_state, "RUNNING");
             if running {
                 for (node, detail) in expand_hostlist(&j.nodes).iter().zip(&j.gres_detail) {
                     for g in parse_gres(detail).into_iter().filter(|g| g.name == "gpu") {
@@ -384,7 +471,7 @@ impl ClusterState {
                         }
                     }
                 }
-                (Some(Mode::Offline), false) if j.job_state == "PENDING" => {
+                (Some(Mode::Offline), false) if has_state(&j.job_state, "PENDING") => {
                     let mut slot_gpus: Vec<u32> = parse_gres(&j.tres_per_node)
                         .into_iter()
                         .filter(|g| g.name == names.offline_gres && g.count > 0)
@@ -446,8 +533,11 @@ impl ClusterState {
             };
             if node_unusable(n) {
                 if has_online {
-                    st.notes
-                        .push(format!("node {}: state {}; skipped", n.name, n.state));
+                    st.notes.push(format!(
+                        "node {}: state {}; skipped",
+                        n.name,
+                        n.state.join("+")
+                    ));
                 }
                 continue;
             }
@@ -487,11 +577,14 @@ fn node_unusable(n: &SinfoNode) -> bool {
     let bad = [
         "DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "MAINT",
     ];
-    let st = n.state.to_ascii_uppercase();
-    bad.iter().any(|b| st.contains(b))
-        || n.state_flags
-            .iter()
-            .any(|f| bad.contains(&f.to_ascii_uppercase().as_str()))
+    // 22.05 writes compound states such as `drained*` in one word.
+    n.state.iter().any(|w| {
+        let w = w.to_ascii_uppercase();
+        bad.iter().any(|b| w.contains(b))
+    }) || n
+        .state_flags
+        .iter()
+        .any(|f| bad.contains(&f.to_ascii_uppercase().as_str()))
 }
 
 /// Most names one hostlist expands to: far beyond any cluster's node count,
@@ -568,8 +661,93 @@ mod tests {
         assert_eq!(jobs.len(), 2);
         assert_eq!((jobs[0].user.as_str(), jobs[0].name.as_str()), ("", ""));
         assert_eq!(jobs[0].time.end, 1795335232);
-        assert_eq!(jobs[1].state.current, "");
+        assert!(jobs[1].state.current.is_empty());
         assert_eq!(jobs[1].time.end, 0);
+    }
+
+    /// One row per shape a field can take, in 22.05 and 24.11 output.
+    #[test]
+    fn states_and_numbers_in_both_slurm_shapes() {
+        struct Case {
+            name: &'static str,
+            job: &'static str,
+            state: &'static [&'static str],
+            job_id: u32,
+        }
+        let cases = [
+            Case {
+                name: "22.05: state a string, id a number",
+                job: r#"{"job_id": 7, "job_state": "RUNNING"}"#,
+                state: &["RUNNING"],
+                job_id: 7,
+            },
+            Case {
+                name: "24.11: state an array with a flag",
+                job: r#"{"job_id": 7, "job_state": ["RUNNING", "COMPLETING"]}"#,
+                state: &["RUNNING", "COMPLETING"],
+                job_id: 7,
+            },
+            Case {
+                name: "24.11: a number as a set NO_VAL object",
+                job: r#"{"job_id": {"set": true, "infinite": false, "number": 9}, "job_state": []}"#,
+                state: &[],
+                job_id: 9,
+            },
+            Case {
+                name: "unset or infinite numbers and null states read as none",
+                job: r#"{"job_id": {"set": false, "infinite": true, "number": 0}, "job_state": null}"#,
+                state: &[],
+                job_id: 0,
+            },
+            Case {
+                name: "unknown fields of any shape are ignored",
+                job: r#"{"job_id": 3, "job_state": "PENDING", "new": {"x": [1, {"y": null}]}, "power": {"flags": []}}"#,
+                state: &["PENDING"],
+                job_id: 3,
+            },
+        ];
+        for c in cases {
+            let text = format!(r#"{{"jobs": [{}], "errors": [], "warnings": []}}"#, c.job);
+            let jobs = parse_squeue(&text).unwrap_or_else(|e| panic!("{}: {e}", c.name));
+            assert_eq!(jobs[0].job_state, c.state, "{}", c.name);
+            assert_eq!(jobs[0].job_id, c.job_id, "{}", c.name);
+        }
+        // A field the reader types, in a shape neither version writes: an
+        // error naming the listing, not a silent default.
+        let e = parse_squeue(r#"{"jobs": [{"job_state": 5}]}"#).unwrap_err();
+        assert!(e.to_string().starts_with("squeue --json: "), "{e}");
+    }
+
+    #[test]
+    fn node_states_drained_in_either_shape_are_unusable() {
+        let node = |json: &str| -> SinfoNode {
+            parse_sinfo(&format!(r#"{{"nodes": [{json}]}}"#))
+                .unwrap()
+                .remove(0)
+        };
+        let cases = [
+            (r#"{"state": "idle"}"#, false),
+            (r#"{"state": "mixed", "state_flags": ["DRAIN"]}"#, true),
+            (r#"{"state": "drained*"}"#, true),
+            (r#"{"state": ["IDLE"]}"#, false),
+            (r#"{"state": ["MIXED", "DRAIN"]}"#, true),
+            (r#"{"state": ["DOWN", "NOT_RESPONDING"]}"#, true),
+        ];
+        for (json, unusable) in cases {
+            assert_eq!(node_unusable(&node(json)), unusable, "{json}");
+        }
+    }
+
+    #[test]
+    fn a_pending_24_11_job_keeps_its_slot_hint() {
+        let squeue = r#"{"jobs": [{"job_id": 12, "job_state": ["PENDING"], "state_reason": "JobHeldUser",
+            "admin_comment": "muxflow:v1 mode=offline placed=n1:g1", "tres_per_node": "gres/mfslot:g1:1"}]}"#;
+        let names = Names {
+            offline_gres: "mfslot".into(),
+        };
+        let st = ClusterState::build(&parse_squeue(squeue).unwrap(), &[], &names);
+        assert_eq!(st.pending[0].slot_gpus, vec![1]);
+        assert!(st.pending[0].held);
     }
 
     #[test]
@@ -582,6 +760,9 @@ mod tests {
         assert_eq!(v[2].indices, vec![1]);
         let v = parse_gres("gres:mfslot:g1:1,gres:mfslot:g0:0");
         assert_eq!((v[0].kind.as_deref(), v[0].count), (Some("g1"), 1));
+        let v = parse_gres("gres/mfslot:g1:1,gres/gpu:2");
+        assert_eq!((v[0].kind.as_deref(), v[0].count), (Some("g1"), 1));
+        assert_eq!((v[1].name.as_str(), v[1].count), ("gpu", 2));
         let v = parse_gres("gpu:4(IDX:0,2-3)");
         assert_eq!(v[0].indices, vec![0, 2, 3]);
         assert_eq!(parse_gres("gres:mfslot:1")[0].kind, None);
@@ -593,14 +774,14 @@ mod tests {
         let extra = "muxflow:v1 gpu0.state=healthy gpu0.mem_mib=81559 gpu1.state=healthy gpu1.mem_mib=81559";
         let node = |name: &str, used: &str| SinfoNode {
             name: name.into(),
-            state: "MIXED".into(),
+            state: vec!["MIXED".into()],
             extra: extra.into(),
             gres_used: used.into(),
             ..SinfoNode::default()
         };
         let running = |id: u32, node: &str, comment: &str, detail: &str| SqueueJob {
             job_id: id,
-            job_state: "RUNNING".into(),
+            job_state: vec!["RUNNING".into()],
             nodes: node.into(),
             admin_comment: comment.into(),
             gres_detail: vec![detail.into()],
@@ -667,7 +848,7 @@ mod tests {
         // The Prolog's refusal dropped the count; Slurm kept both typed slots.
         let pending = SqueueJob {
             job_id: 3,
-            job_state: "PENDING".into(),
+            job_state: vec!["PENDING".into()],
             admin_comment: "muxflow:v1 mode=offline refused=gpu_busy".into(),
             tres_per_node: "gres:mfslot:g1:1,gres:mfslot:g0:1".into(),
             state_reason: "JobHeldAdmin".into(),

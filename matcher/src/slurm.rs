@@ -1,8 +1,16 @@
-//! Slurm I/O of a round: the JSON listings in, `scontrol update` out. Each
-//! command runs under coreutils `timeout`, so a hung slurmctld cannot hang
-//! the daemon; `SLURM_CONF` from the environment selects the cluster.
+//! Slurm I/O of a round: the JSON listings in, `scontrol update` out,
+//! through muxflow's one Slurm client ([`muxflow::slurm_cli::SlurmClient`]:
+//! the commands of `slurm.scontrol`'s directory, `matcher.command_timeout_s`
+//! per call, bounded retries when slurmctld cannot be reached, one
+//! slurm.conf discovery), so a hung slurmctld cannot hang the daemon.
+//! Nodes are read with `sinfo --json` from Slurm 22.05 and with `scontrol
+//! show nodes --json` from 23.02 on (its `sinfo --json` groups nodes; see
+//! the reader), chosen by the release `scontrol --version` names.
 
-use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use muxflow::slurm_cli::{ScontrolError, SlurmClient};
 
 use crate::history::HistoryCache;
 use crate::predict::{runs_from_sacct, Run};
@@ -10,64 +18,60 @@ use crate::reader::{self, ClusterState, Names, ReadError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SlurmError {
-    #[error("cannot run {cmd}: {source}")]
-    Spawn {
-        cmd: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{cmd} timed out after {secs} s")]
-    Timeout { cmd: String, secs: u64 },
-    #[error("{cmd} failed ({status}): {stderr}")]
-    Failed {
-        cmd: String,
-        status: String,
-        stderr: String,
-    },
+    #[error(transparent)]
+    Client(#[from] ScontrolError),
+    #[error("scontrol --version: unrecognized answer '{0}'")]
+    Version(String),
     #[error(transparent)]
     Read(#[from] ReadError),
 }
 
-/// Runs Slurm's client commands.
-#[derive(Debug, Clone)]
+/// Runs Slurm's client commands for the matcher.
 pub struct SlurmCli {
-    pub timeout_s: u64,
+    client: SlurmClient,
+    /// (major, minor) of the Slurm the commands belong to, asked once.
+    release: OnceLock<(u32, u32)>,
+}
+
+/// (major, minor) from `scontrol --version`: `slurm 24.11.5`,
+/// `slurm-wlm 22.05.8`.
+pub fn parse_release(version: &str) -> Option<(u32, u32)> {
+    let v = version.split_whitespace().nth(1)?;
+    let mut parts = v.split('.');
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
 }
 
 impl SlurmCli {
-    fn run(&self, program: &str, args: &[String]) -> Result<String, SlurmError> {
-        let cmd = format!("{program} {}", args.join(" "));
-        let out = Command::new("timeout")
-            .arg("--kill-after=5")
-            .arg(self.timeout_s.to_string())
-            .arg(program)
-            .args(args)
-            .output()
-            .map_err(|source| SlurmError::Spawn {
-                cmd: cmd.clone(),
-                source,
-            })?;
-        if out.status.code() == Some(124) || out.status.code() == Some(137) {
-            return Err(SlurmError::Timeout {
-                cmd,
-                secs: self.timeout_s,
-            });
+    pub fn new(config: &muxflow::Config) -> SlurmCli {
+        SlurmCli {
+            client: SlurmClient::with_timeout(
+                config,
+                Duration::from_secs(config.matcher.command_timeout_s),
+            ),
+            release: OnceLock::new(),
         }
-        if !out.status.success() {
-            return Err(SlurmError::Failed {
-                cmd,
-                status: out.status.to_string(),
-                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-            });
+    }
+
+    /// The Slurm release of the client commands (asked once).
+    pub fn release(&self) -> Result<(u32, u32), SlurmError> {
+        if let Some(r) = self.release.get() {
+            return Ok(*r);
         }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        let out = self.client.scontrol(&["--version"])?;
+        let r = parse_release(&out).ok_or_else(|| SlurmError::Version(out.trim().to_string()))?;
+        Ok(*self.release.get_or_init(|| r))
     }
 
     /// Jobs and nodes, as one [`ClusterState`].
     pub fn read_state(&self, names: &Names) -> Result<ClusterState, SlurmError> {
         // 22.05's `squeue --json` ignores filters: ask for everything once.
-        let jobs = reader::parse_squeue(&self.run("squeue", &["--json".into()])?)?;
-        let nodes = reader::parse_sinfo(&self.run("sinfo", &["--json".into()])?)?;
+        let jobs = reader::parse_squeue(&self.client.command("squeue", &["--json"])?)?;
+        let nodes = if self.release()? >= (23, 2) {
+            self.client.scontrol(&["show", "nodes", "--json"])?
+        } else {
+            self.client.command("sinfo", &["--json"])?
+        };
+        let nodes = reader::parse_sinfo(&nodes)?;
         Ok(ClusterState::build(&jobs, &nodes, names))
     }
 
@@ -78,16 +82,10 @@ impl SlurmCli {
 
     /// Offline runs that ran within the last `secs` seconds.
     pub fn runs_since(&self, secs: u64) -> Result<Vec<Run>, SlurmError> {
-        let text = self.run(
-            "sacct",
-            &[
-                "--json".into(),
-                "-X".into(),
-                "-a".into(),
-                "-S".into(),
-                format!("now-{secs}seconds"),
-            ],
-        )?;
+        let since = format!("now-{secs}seconds");
+        let text = self
+            .client
+            .command("sacct", &["--json", "-X", "-a", "-S", &since])?;
         Ok(runs_from_sacct(&reader::parse_sacct(&text)?))
     }
 
@@ -104,26 +102,19 @@ impl SlurmCli {
 
     /// `sacct --json -X` with `args` (filters), parsed.
     pub fn sacct(&self, args: &[String]) -> Result<Vec<reader::SacctJob>, SlurmError> {
-        let mut all = vec!["--json".to_string(), "-X".to_string()];
-        all.extend_from_slice(args);
-        Ok(reader::parse_sacct(&self.run("sacct", &all)?)?)
+        let mut all = vec!["--json", "-X"];
+        all.extend(args.iter().map(String::as_str));
+        Ok(reader::parse_sacct(&self.client.command("sacct", &all)?)?)
     }
 
     /// The owner of job `id` as sacct's text output names it. Slurm 22.05's
     /// `--json` leaves `user` null for a user with no association in the
     /// accounting database; the text output resolves the uid.
     pub fn job_user(&self, id: u32) -> Result<Option<String>, SlurmError> {
-        let out = self.run(
-            "sacct",
-            &[
-                "-X".into(),
-                "-nP".into(),
-                "-j".into(),
-                id.to_string(),
-                "-o".into(),
-                "User".into(),
-            ],
-        )?;
+        let id = id.to_string();
+        let out = self
+            .client
+            .command("sacct", &["-X", "-nP", "-j", &id, "-o", "User"])?;
         // A reused ID (a cluster whose state was reset) lists older jobs
         // first: the last line is the newest.
         Ok(out
@@ -136,15 +127,9 @@ impl SlurmCli {
     /// `sacctmgr show user NAME`'s AdminLevel says the user administers
     /// Slurm (Operator or Administrator).
     pub fn is_slurm_admin(&self, user: &str) -> Result<bool, SlurmError> {
-        let out = self.run(
+        let out = self.client.command(
             "sacctmgr",
-            &[
-                "-nP".into(),
-                "show".into(),
-                "user".into(),
-                user.into(),
-                "format=adminlevel".into(),
-            ],
+            &["-nP", "show", "user", user, "format=adminlevel"],
         )?;
         Ok(out
             .lines()
@@ -153,6 +138,21 @@ impl SlurmCli {
 
     /// One scontrol call (`update …`, `hold N`, `release N`).
     pub fn scontrol(&self, args: &[String]) -> Result<(), SlurmError> {
-        self.run("scontrol", args).map(|_| ())
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.client.scontrol(&args)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn releases_from_scontrol_version() {
+        assert_eq!(parse_release("slurm-wlm 22.05.8\n"), Some((22, 5)));
+        assert_eq!(parse_release("slurm 24.11.5\n"), Some((24, 11)));
+        assert_eq!(parse_release("slurm\n"), None);
+        assert_eq!(parse_release("scontrol: error: x"), None);
     }
 }

@@ -109,7 +109,7 @@ pub fn report(job_id: u32, listing: &[SacctJob], viewer: &Viewer) -> Result<User
     let text = job.comment.administrator.as_deref().unwrap_or("");
     let no_figures = || Refusal::NoFigures {
         job: job_id,
-        state: job.state.current.to_lowercase(),
+        state: job.state.current.join(",").to_lowercase(),
     };
     // A placed job's record is the matcher's placement until its batch
     // step ends and the node writes the figures over it.
@@ -126,7 +126,7 @@ pub fn report(job_id: u32, listing: &[SacctJob], viewer: &Viewer) -> Result<User
     let mut out = UserReport {
         job_id,
         name: job.name.clone(),
-        state: job.state.current.to_lowercase(),
+        state: job.state.current.join(",").to_lowercase(),
         mode: mode.as_str(),
         node: r.node.clone(),
         gpu: r.gpu,
@@ -337,7 +337,7 @@ mod tests {
             name: name.into(),
             user: user.into(),
             state: SacctState {
-                current: if end > 0 { "COMPLETED" } else { "RUNNING" }.into(),
+                current: vec![if end > 0 { "COMPLETED" } else { "RUNNING" }.into()],
             },
             comment: SacctComment {
                 administrator: (!comment.is_empty()).then(|| comment.to_string()),

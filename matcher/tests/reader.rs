@@ -13,17 +13,36 @@
 //!   `rack=12` (not muxflow); node4 empty;
 //! * sacct: `hist-a` (one run alone, one shared), `hist-b` (shared only),
 //!   an online record.
+//!
+//! And on Slurm 24.11 JSON (data_parser v0.0.42), recorded from
+//! `scripts/devcluster up --slurm 24.11` (`matcher/tests/data/24.11/`,
+//! nothing edited; the offline jobs were placed by hand with the matcher's
+//! own `scontrol update`/`release` calls):
+//!
+//! * jobs 1 (`serve-a`, node1 GPU 0) and 2 (`serve-b`, node2 GPUs 0-1):
+//!   running online jobs; job 4 (`train-run`): running offline on node2's
+//!   `mfslot:g1`; job 3 (`train-x`): pending, parked by job_submit.lua;
+//! * nodes (`scontrol show nodes --json`): every GPU healthy as the nodes
+//!   published it; `sinfo.json`: 24.11's grouped listing of the same nodes;
+//! * sacct: `hist-a` and `hist-b`, finished offline runs on node1 GPU 0
+//!   with the records the plugin wrote (`hist-b` with a workload figure).
 
 use muxflow::health::HealthState;
 use muxflow::Mode;
 use muxflow_matcher::hints::{current, Target};
 use muxflow_matcher::predict::{estimate, runs_from_sacct, Model};
-use muxflow_matcher::reader::{parse_sacct, parse_sinfo, parse_squeue, ClusterState, Names};
+use muxflow_matcher::reader::{
+    parse_sacct, parse_sinfo, parse_squeue, ClusterState, Names, ReadError,
+};
 use muxflow_matcher::round::{plan, Action};
 
 const SQUEUE: &str = include_str!("data/squeue.json");
 const SINFO: &str = include_str!("data/sinfo.json");
 const SACCT: &str = include_str!("data/sacct.json");
+const SQUEUE_24_11: &str = include_str!("data/24.11/squeue.json");
+const NODES_24_11: &str = include_str!("data/24.11/nodes.json");
+const SINFO_24_11: &str = include_str!("data/24.11/sinfo.json");
+const SACCT_24_11: &str = include_str!("data/24.11/sacct.json");
 
 fn names() -> Names {
     Names::from_config(&muxflow::config::Slurm::default())
@@ -43,7 +62,7 @@ fn squeue_and_sinfo_give_online_gpus_slots_and_pending_jobs() {
     assert_eq!(jobs.len(), 15);
     let j1 = jobs.iter().find(|j| j.job_id == 1).unwrap();
     assert_eq!(j1.gres_detail, ["gpu:1(IDX:0)"]);
-    assert_eq!(j1.job_state, "RUNNING");
+    assert_eq!(j1.job_state, ["RUNNING"]);
 
     let st = state();
     let gpus: Vec<(&str, u32, HealthState, bool, Vec<u32>)> = st
@@ -158,4 +177,105 @@ fn a_round_on_the_recording_places_the_parked_job_beside_the_online_job_not_on_t
     let json: serde_json::Value = serde_json::from_str(&p.json()).unwrap();
     assert_eq!(json["decisions"][0]["action"], "place");
     assert_eq!(json["summary"]["placed"], 1);
+}
+
+fn state_24_11() -> ClusterState {
+    ClusterState::build(
+        &parse_squeue(SQUEUE_24_11).unwrap(),
+        &parse_sinfo(NODES_24_11).unwrap(),
+        &names(),
+    )
+}
+
+#[test]
+fn slurm_24_11_squeue_and_nodes_give_online_gpus_slots_and_pending_jobs() {
+    let jobs = parse_squeue(SQUEUE_24_11).unwrap();
+    let j4 = jobs.iter().find(|j| j.job_id == 4).unwrap();
+    assert_eq!(j4.job_state, ["RUNNING"]);
+    assert_eq!(j4.tres_per_node, "gres/mfslot:g1:1");
+
+    let st = state_24_11();
+    let gpus: Vec<(&str, u32, HealthState, bool, Vec<u32>)> = st
+        .gpus
+        .iter()
+        .map(|g| {
+            (
+                g.node.as_str(),
+                g.index,
+                g.published.state,
+                g.slot_used,
+                g.online_jobs.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        gpus,
+        // Every GPU of a usable node: those no job holds are idle ones,
+        // candidates too since issue 15.
+        [
+            ("node1", 0, HealthState::Healthy, false, vec![1]),
+            ("node1", 1, HealthState::Healthy, false, vec![]),
+            ("node2", 0, HealthState::Healthy, false, vec![2]),
+            ("node2", 1, HealthState::Healthy, true, vec![2]),
+            ("node3", 0, HealthState::Healthy, false, vec![]),
+            ("node3", 1, HealthState::Healthy, false, vec![]),
+            ("node4", 0, HealthState::Healthy, false, vec![]),
+            ("node4", 1, HealthState::Healthy, false, vec![]),
+        ]
+    );
+    assert_eq!(st.running_offline, [(4, "node2".to_string(), 1)]);
+    assert_eq!(st.pending.len(), 1);
+    let p = &st.pending[0];
+    assert_eq!(
+        (p.id, p.name.as_str(), p.user.as_str(), p.held),
+        (3, "train-x", "root", true)
+    );
+    assert_eq!(current(p), Target::Parked);
+    assert!(st.notes.is_empty(), "{:?}", st.notes);
+}
+
+#[test]
+fn slurm_24_11_grouped_sinfo_listing_is_refused_with_the_command_to_use() {
+    // 24.11's sinfo groups node3 and node4 into one entry: per-node Extra
+    // cannot be trusted from it.
+    let e = parse_sinfo(SINFO_24_11).unwrap_err();
+    assert!(matches!(e, ReadError::GroupedNodes { .. }), "{e}");
+    assert!(e.to_string().contains("scontrol show nodes --json"), "{e}");
+}
+
+#[test]
+fn slurm_24_11_sacct_gives_the_offline_runs_the_plugin_recorded() {
+    let jobs = parse_sacct(SACCT_24_11).unwrap();
+    assert_eq!(jobs.len(), 5, "jobs 1, 2, 4, 5, 6 (3 never started)");
+    let hist_b = jobs.iter().find(|j| j.name == "hist-b").unwrap();
+    assert_eq!(hist_b.state.current, ["COMPLETED"]);
+    assert!(hist_b.time.end > 1_700_000_000);
+    let runs = runs_from_sacct(&jobs);
+    let names: Vec<&str> = runs.iter().map(|r| r.key.1.as_str()).collect();
+    assert_eq!(names, ["hist-a", "hist-b"], "{runs:?}");
+    // hist-a's partner is serve-a, resolved from the same listing.
+    assert_eq!(
+        runs[0].partner_key,
+        Some(("root".to_string(), "serve-a".to_string()))
+    );
+    assert!(runs.iter().all(|r| r.report.mode == Some(Mode::Offline)));
+}
+
+#[test]
+fn slurm_24_11_a_round_places_the_parked_job_on_the_open_gpu() {
+    let st = state_24_11();
+    let cfg = muxflow::Config::default();
+    let p = plan(&st, &Model::default(), &cfg.policy, &cfg.matcher, &names());
+    assert_eq!(p.decisions.len(), 1);
+    let d = &p.decisions[0];
+    assert_eq!(d.action, Action::Place);
+    // node1 GPU 0 (slot free) or node2 GPU 0; node2 GPU 1's slot is taken.
+    assert!(
+        matches!(
+            (d.node.as_deref(), d.gpu),
+            (Some("node1"), Some(0)) | (Some("node2"), Some(0))
+        ),
+        "{:?}",
+        (d.node.as_deref(), d.gpu)
+    );
 }

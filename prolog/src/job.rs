@@ -228,10 +228,10 @@ pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
     }
     if job.mode == Mode::Offline {
         remove_limits_files(&state, job.id);
-        // The config path this program was given, for the watcher.
-        match <crate::Cli as clap::Parser>::try_parse() {
-            Ok(cli) => crate::police::spawn_watcher(&cli.config, job.id),
-            Err(e) => tracing::error!(job = job.id, "muxflow-police not started: {e}"),
+        // The config this program runs with, for the watcher.
+        match crate::config_path() {
+            Some(path) => crate::police::spawn_watcher(path, job.id),
+            None => tracing::error!(job = job.id, "muxflow-police not started: no config path"),
         }
     }
     Ok(())

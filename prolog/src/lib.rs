@@ -4,16 +4,41 @@
 //! node and requeues the job, so muxflow's own failures are logged and the
 //! program exits 0; only a deliberate, labelled decision may do otherwise.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use clap::Parser;
 use muxflow::Config;
 
 #[derive(Debug, Parser)]
+#[command(version = muxflow::slurm_version::program_version())]
 pub struct Cli {
-    /// muxflow config file.
-    #[arg(long, default_value = muxflow::config::DEFAULT_PATH)]
-    pub config: PathBuf,
+    /// muxflow config file [default: muxflow.toml beside the slurm.conf in
+    /// use ($SLURM_CONF, or slurmd's), else /etc/slurm/muxflow.toml].
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// muxflow-health only: report what is wrong on stdout and exit 1
+    /// instead of draining (for an NHC check, which drains with its own
+    /// reason); exit 0 when healthy or when muxflow itself failed.
+    #[arg(long)]
+    pub report: bool,
+}
+
+impl Cli {
+    /// The command line of node program `program` (its `--version` names it).
+    pub fn parse_for(program: &'static str) -> Cli {
+        use clap::{CommandFactory, FromArgMatches};
+        let matches = Cli::command().name(program).get_matches();
+        Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+    }
+}
+
+/// The config file this program runs with, once found.
+static CONFIG_PATH: OnceLock<PathBuf> = OnceLock::new();
+
+/// The config file this program runs with (what `muxflow-police` is given).
+pub fn config_path() -> Option<&'static Path> {
+    CONFIG_PATH.get().map(PathBuf::as_path)
 }
 
 /// What a node program knows of the job it runs for, from slurmd's environment.
@@ -30,7 +55,7 @@ impl JobEnv {
         JobEnv {
             job_id: std::env::var("SLURM_JOB_ID").ok(),
             node: std::env::var("SLURMD_NODENAME").ok(),
-            mode: std::env::var("SPANK_MUXFLOW_MODE")
+            mode: std::env::var(muxflow::mode::PROLOG_ENV_VAR)
                 .ok()
                 .and_then(|m| m.parse().ok()),
         }
@@ -41,10 +66,18 @@ impl JobEnv {
 /// exits 0 whatever muxflow's own code did, after logging what went wrong.
 /// `body` gets the config as this node uses it (`{node}` expanded). Logs go
 /// to `paths.node_log` (slurmd drops a Prolog's output) and to stderr.
-pub fn run_contained(program: &str, body: impl FnOnce(&Config, &JobEnv) -> anyhow::Result<()>) {
-    let cli = Cli::parse();
+pub fn run_contained(
+    program: &'static str,
+    body: impl FnOnce(&Config, &JobEnv) -> anyhow::Result<()>,
+) {
+    let cli = Cli::parse_for(program);
     let env = JobEnv::from_env();
-    let config = Config::load(&cli.config)
+    let slurm_conf = muxflow::slurm_conf::discover();
+    let config = Config::find(cli.config.as_deref(), slurm_conf.as_deref())
+        .map(|(path, c)| {
+            let _ = CONFIG_PATH.set(path);
+            c
+        })
         .map_err(anyhow::Error::from)
         .and_then(|c| match &env.node {
             Some(node) => Ok(c.for_node(node)?),
@@ -98,10 +131,12 @@ fn init_logging(config: Option<&Config>) {
 }
 
 pub mod detector;
+pub mod doctor;
 pub mod job;
 pub mod kmsg;
 pub mod metrics;
 pub mod nvml;
 pub mod police;
 pub mod publish;
+pub mod record;
 pub mod sysmon;

@@ -11,124 +11,25 @@
 //! <state_dir>/gpu<i>/record.json   FSM, metric history, solo figures, log cursors, counters
 //! ```
 //!
-//! Then the node's GPUs are published to slurmctld ([`crate::publish`]).
+//! The records themselves are [`crate::record`]'s; then the node's GPUs are
+//! published to slurmctld ([`crate::publish`]).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context;
-use muxflow::health::{Fsm, HealthState, Input, Why};
+use muxflow::health::{Input, Why};
 use muxflow::mps::MpsDaemon;
 use muxflow::node_state::{write_atomic, GpuLock, JobRecord, NodeState};
 use muxflow::policy::GpuFacts;
-use muxflow::published::GpuPublished;
 use muxflow::{Config, Mode};
-use serde::{Deserialize, Serialize};
 
 use crate::detector::{self, Action, Observation};
 use crate::nvml::{self, GpuRead, Reading};
+pub use crate::record::{load_record, record_path, space_note, GpuRecord, Sample, Solo, Trigger};
 use crate::JobEnv;
-
-/// Which program runs the step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Trigger {
-    JobStart,
-    JobEnd,
-    HealthCheck,
-}
-
-/// One history sample.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Sample {
-    pub t_s: u64,
-    pub util_pct: f64,
-    pub sm_pct: Option<f64>,
-    pub clock_frac: Option<f64>,
-    pub mem_used_mib: u64,
-    pub mem_total_mib: u64,
-    /// Online / offline clients (processes and registered jobs) on the GPU.
-    pub online: u32,
-    pub offline: u32,
-    /// An online job ran and no offline one: a solo measurement.
-    pub solo: bool,
-}
-
-pub use muxflow::health::Solo;
-
-/// Everything persisted per GPU besides the health word.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct GpuRecord {
-    pub state: String,
-    pub since_s: u64,
-    pub lost: bool,
-    pub mem_total_mib: u64,
-    pub history: VecDeque<Sample>,
-    pub solo: Option<Solo>,
-    /// Byte offsets of the MPS log files already scanned.
-    pub log_offsets: BTreeMap<String, u64>,
-    /// Matched rules and actions taken, by name.
-    pub counters: BTreeMap<String, u64>,
-    pub last_fault: Option<String>,
-    pub offline: u32,
-}
-
-impl GpuRecord {
-    fn new(now_s: u64) -> Self {
-        GpuRecord {
-            state: HealthState::Healthy.to_string(),
-            since_s: now_s,
-            lost: false,
-            mem_total_mib: 0,
-            history: VecDeque::new(),
-            solo: None,
-            log_offsets: BTreeMap::new(),
-            counters: BTreeMap::new(),
-            last_fault: None,
-            offline: 0,
-        }
-    }
-
-    pub fn fsm(&self) -> Fsm {
-        Fsm {
-            state: self.state.parse().unwrap_or(HealthState::Healthy),
-            since_s: self.since_s,
-        }
-    }
-
-    pub fn published(&self, index: u32) -> GpuPublished {
-        let solo = self.solo.as_ref();
-        GpuPublished {
-            index,
-            state: self.fsm().state,
-            solo_sm_pct: solo.and_then(Solo::published_sm_pct),
-            online_mem_mib: solo.map(|s| s.mem_mib),
-            mem_mib: self.mem_total_mib,
-            offline: self.offline,
-        }
-    }
-
-    fn count(&mut self, key: &str) {
-        *self.counters.entry(key.to_string()).or_insert(0) += 1;
-    }
-}
-
-pub fn record_path(ns: &NodeState, gpu: u32) -> PathBuf {
-    ns.gpu_dir(gpu).join("record.json")
-}
-
-/// GPU `gpu`'s record; None when never written.
-pub fn load_record(ns: &NodeState, gpu: u32) -> anyhow::Result<Option<GpuRecord>> {
-    let path = record_path(ns, gpu);
-    match std::fs::read(&path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .with_context(|| format!("{}: corrupt record", path.display())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
-    }
-}
 
 fn save_record(ns: &NodeState, lock: &GpuLock, gpu: u32, r: &GpuRecord) -> anyhow::Result<()> {
     let bytes = serde_json::to_vec(r)?;
@@ -162,12 +63,29 @@ pub fn node_name(env: &JobEnv) -> anyhow::Result<String> {
         .context("SLURMD_NODENAME is not set: run this from slurmd, or set it to the node name")
 }
 
+/// `muxflow-health --report`: one step (publishing, no drain), then one
+/// line per problem the node's GPUs have — what muxflow would drain for —
+/// for the caller (NHC) to act on. Empty: healthy.
+pub fn report(config: &Config, env: &JobEnv) -> anyhow::Result<Vec<String>> {
+    step(config, env, Trigger::HealthReport)?;
+    let ns = NodeState::new(config.paths.state_dir.as_path());
+    let mut problems = Vec::new();
+    for gpu in ns.gpus()? {
+        if load_record(&ns, gpu)?.is_some_and(|r| r.lost) {
+            problems.push(format!("gpu{gpu} lost (NVML: GPU is lost)"));
+        }
+    }
+    Ok(problems)
+}
+
 /// One step for every GPU of the node, then publishing.
 pub fn step(config: &Config, env: &JobEnv, trigger: Trigger) -> anyhow::Result<()> {
     // `config` comes from run_contained with `{node}` already expanded.
     let node = node_name(env)?;
     let watch = match trigger {
-        Trigger::HealthCheck => Duration::from_millis(config.health.xid_watch_ms),
+        Trigger::HealthCheck | Trigger::HealthReport => {
+            Duration::from_millis(config.health.xid_watch_ms)
+        }
         _ => Duration::ZERO,
     };
     let mut telemetry = nvml::read(
@@ -262,14 +180,6 @@ pub fn step_with(
         tracing::warn!(%node, "publishing GPU states failed (retried next step): {e:#}");
     }
     Ok(())
-}
-
-/// " (No space left on device: <dir>)" when the state directory is full,
-/// so a failure says what it is; "" otherwise.
-pub fn space_note(ns: &NodeState) -> String {
-    ns.space_problem()
-        .map(|p| format!(" ({p})"))
-        .unwrap_or_default()
 }
 
 /// One GPU's step; returns its new record, also when it could not be saved.
@@ -515,8 +425,9 @@ pub fn process_mode(pid: u32, jobs: &[JobRecord]) -> Option<Mode> {
         if let Some(v) = var.strip_prefix("SLURM_JOB_ID=") {
             job_id = v.parse::<u32>().ok();
         } else if let Some(v) = var
-            .strip_prefix("MUXFLOW_MODE=")
-            .or_else(|| var.strip_prefix("SLURM_SPANK_MUXFLOW_MODE="))
+            .strip_prefix(muxflow::mode::ENV_VAR)
+            .or_else(|| var.strip_prefix(muxflow::mode::JOB_ENV_VAR))
+            .and_then(|rest| rest.strip_prefix('='))
         {
             mode = mode.or_else(|| v.parse().ok());
         }

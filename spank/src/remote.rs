@@ -28,7 +28,7 @@ use slurm_spank::SpankHandle;
 use crate::{preload, settings, OPTION};
 
 /// The step's mode, exported to its tasks.
-pub const MODE_VAR: &str = "MUXFLOW_MODE";
+pub const MODE_VAR: &str = muxflow::mode::ENV_VAR;
 /// Where a workload may write its own figures (`key=value`) for the report.
 pub const JOB_REPORT_VAR: &str = "MUXFLOW_JOB_REPORT";
 

@@ -11,7 +11,7 @@ use crate::OPTION;
 
 /// Variable exported to job_submit.lua (`job_desc.spank_job_env`), the
 /// Prolog/Epilog (`SPANK_MUXFLOW_MODE`) and the job (`SLURM_SPANK_MUXFLOW_MODE`).
-pub const MODE_VAR: &str = "MUXFLOW_MODE";
+pub const MODE_VAR: &str = muxflow::mode::ENV_VAR;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SubmitError {

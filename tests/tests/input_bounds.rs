@@ -3,16 +3,12 @@
 //! value is echoed cut, and an absurd number in muxflow.toml names the file,
 //! line, key and allowed range. Nothing is queued, no node drains.
 
-use std::process::Command;
-
 use muxflow_tests::Cluster;
 
 /// `sbatch` run as the unprivileged user `nobody`.
 fn sbatch_as_nobody(c: &Cluster, args: &[&str]) -> (bool, String, String) {
-    let mut cmd = Command::new("runuser");
-    cmd.args(["-u", "nobody", "--", "env"])
-        .arg(format!("SLURM_CONF={}", c.slurm_conf.display()))
-        .args(["sbatch", "--parsable", "--output=/dev/null"])
+    let mut cmd = c.cmd_as("nobody", "sbatch");
+    cmd.args(["--parsable", "--output=/dev/null"])
         .args(args)
         .args(["--wrap", "echo ran"]);
     c.run(cmd)

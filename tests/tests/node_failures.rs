@@ -232,3 +232,99 @@ fn an_unreachable_slurmctld_is_named_and_drains_nothing() {
     });
     c.assert_no_drain();
 }
+
+/// slurmctld stopped (SIGSTOP: it accepts connections and never answers);
+/// continued on drop, also after a failed assert.
+struct CtldStopped {
+    pid: String,
+}
+
+impl CtldStopped {
+    fn new(c: &Cluster) -> CtldStopped {
+        let pid = std::fs::read_to_string(c.dir.join("run/slurmctld.pid")).unwrap();
+        let pid = pid.trim().to_string();
+        assert!(Command::new("kill")
+            .args(["-STOP", &pid])
+            .status()
+            .unwrap()
+            .success());
+        CtldStopped { pid }
+    }
+}
+
+impl Drop for CtldStopped {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").args(["-CONT", &self.pid]).status();
+    }
+}
+
+#[test]
+fn a_hung_slurmctld_costs_the_prolog_one_timeout_and_loses_no_job() {
+    let _turn = one_at_a_time();
+    let c = Cluster::get();
+    let node = "node3";
+    // A short limit per Slurm call, so the run is quick.
+    let base = std::fs::read_to_string(c.dir.join("etc/muxflow.toml")).unwrap();
+    let cfg = c.scratch("hung").join("muxflow.toml");
+    let text = if base.contains("[slurm]\n") {
+        base.replace("[slurm]\n", "[slurm]\ncommand_timeout_ms = 2000\n")
+    } else {
+        format!("{base}\n[slurm]\ncommand_timeout_ms = 2000\n")
+    };
+    std::fs::write(&cfg, text).unwrap();
+    let online = c
+        .sbatch(
+            &["--muxflow=online", "--gres=gpu:1", "-w", node],
+            "#!/bin/sh\nsleep 8\necho online-ran\n",
+        )
+        .unwrap();
+    c.wait_running(online, WAIT);
+    let ns = c.node_state(&cfg, node);
+    // Forget what was published, so this Prolog has something to send.
+    let _ = std::fs::remove_file(ns.dir().join("node.json"));
+
+    let stopped = CtldStopped::new(&c);
+    // The job's Prolog, as slurmd runs it, while slurmctld hangs.
+    let mut prolog = c.cmd(target().join("muxflow-prolog").to_str().unwrap());
+    prolog
+        .arg("--config")
+        .arg(&cfg)
+        .env("SLURMD_NODENAME", node)
+        .env("SLURM_JOB_ID", online.to_string())
+        .env("SLURM_JOB_UID", "0")
+        .env("SLURM_JOB_GPUS", "0")
+        .env("SPANK_MUXFLOW_MODE", "online")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = prolog.spawn().unwrap();
+    // It must end while slurmctld is still stopped; a hang is killed here
+    // (after far more than the 2 s limit) and fails the test.
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("the Prolog hangs with slurmctld");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(status.success(), "the Prolog must exit 0: {err}");
+    assert!(
+        err.contains("publishing GPU states failed (retried next step)")
+            && err.contains("timed out after 2s")
+            && err.contains("slurmctld did not answer"),
+        "{err}"
+    );
+    // Its own work was done: the job is recorded on the GPU.
+    assert!(ns.find_job(online).unwrap().is_some(), "{err}");
+    drop(stopped);
+
+    // Continued: the job is not lost, and nothing drained.
+    let end = c.wait(online, WAIT);
+    assert_eq!(end.state, "COMPLETED", "{end:?}");
+    c.assert_no_drain();
+}

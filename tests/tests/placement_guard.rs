@@ -67,7 +67,11 @@ fn a_user_cannot_ask_for_the_offline_slot() {
         &["update", &format!("JobId={id}"), "Gres=mfslot:g0:1"],
     );
     assert!(!ok && out.contains(DENIED), "{out}");
-    assert_eq!(c.job_field(plain, "TresPerNode"), "gres:gpu:1");
+    // Slurm 24.11 writes `gres/gpu:1`.
+    assert_eq!(
+        c.job_field(plain, "TresPerNode").replace("gres/", "gres:"),
+        "gres:gpu:1"
+    );
     // Root (an administrator) still can: the rule is about users.
     let mut cmd = c.cmd("scontrol");
     cmd.args(["update", &format!("JobId={id}"), "Comment=checked"]);

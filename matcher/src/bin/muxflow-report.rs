@@ -27,6 +27,10 @@ struct Cli {
     /// Seconds each Slurm command may take.
     #[arg(long, default_value_t = 30)]
     timeout_s: u64,
+    /// muxflow.toml (for the Slurm client's paths); default: beside
+    /// $SLURM_CONF, then /etc/slurm, else built-in defaults.
+    #[arg(long)]
+    config: Option<std::path::PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -44,9 +48,17 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: &Cli) -> anyhow::Result<String> {
-    let slurm = SlurmCli {
-        timeout_s: cli.timeout_s,
+    let mut config = match muxflow::Config::find(
+        cli.config.as_deref(),
+        muxflow::slurm_conf::discover().as_deref(),
+    ) {
+        Ok((_, c)) => c,
+        // A login node without muxflow.toml: Slurm's commands from PATH.
+        Err(_) if cli.config.is_none() => muxflow::Config::default(),
+        Err(e) => return Err(e.into()),
     };
+    config.matcher.command_timeout_s = cli.timeout_s;
+    let slurm = SlurmCli::new(&config);
     // SAFETY: getuid(2) cannot fail and touches no memory.
     let uid = unsafe { libc::getuid() };
     let user = user_name(uid).with_context(|| format!("cannot find the name of uid {uid}"))?;

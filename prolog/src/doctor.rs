@@ -1,0 +1,673 @@
+//! `muxflow-doctor`: checks one node's muxflow installation, as root, and
+//! prints one line per check — `ok` or `FAIL` with the fix — so an admin (or
+//! a script, by the exit status) knows what is wrong before a job finds out.
+//!
+//! Each check is a function of what it reads (file text, file metadata), so
+//! the table tests below feed them broken inputs directly; [`run`] gathers
+//! the inputs from the node.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use muxflow::Config;
+
+/// One check's outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Check {
+    pub name: &'static str,
+    /// None: passed.
+    pub fix: Option<String>,
+    /// What was found (passed) or what is wrong (failed).
+    pub detail: String,
+}
+
+impl Check {
+    fn ok(name: &'static str, detail: impl Into<String>) -> Check {
+        Check {
+            name,
+            fix: None,
+            detail: detail.into(),
+        }
+    }
+
+    fn fail(name: &'static str, detail: impl Into<String>, fix: impl Into<String>) -> Check {
+        Check {
+            name,
+            fix: Some(fix.into()),
+            detail: detail.into(),
+        }
+    }
+
+    /// `ok   NAME: detail` or `FAIL NAME: detail; fix: …`.
+    pub fn line(&self) -> String {
+        match &self.fix {
+            None => format!("ok   {}: {}", self.name, self.detail),
+            Some(fix) => format!("FAIL {}: {}; fix: {fix}", self.name, self.detail),
+        }
+    }
+}
+
+/// `Key=value` settings of a slurm.conf-style text (first occurrence, keys
+/// compared without case, comments dropped).
+pub fn conf_values(text: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if let Some((k, v)) = line.split_once('=') {
+            if !k.contains(char::is_whitespace) {
+                out.entry(k.to_ascii_lowercase())
+                    .or_insert_with(|| v.trim().to_string());
+            }
+        }
+    }
+    out
+}
+
+/// The plugstack line that loads muxflow's plugin, from plugstack.conf
+/// texts (the file and its `plugstack.conf.d/` includes).
+pub fn check_plugstack(texts: &[(PathBuf, String)]) -> Check {
+    const NAME: &str = "plugstack";
+    for (path, text) in texts {
+        for line in text.lines().map(str::trim) {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let Some(so) = words.get(1) else { continue };
+            if line.starts_with('#') || !so.ends_with("spank_muxflow.so") {
+                continue;
+            }
+            if words[0] != "required" && words[0] != "optional" {
+                return Check::fail(
+                    NAME,
+                    format!("{}: '{line}' starts with '{}'", path.display(), words[0]),
+                    "start the line with `required`",
+                );
+            }
+            if !Path::new(so).is_file() {
+                return Check::fail(
+                    NAME,
+                    format!("{}: {so} does not exist", path.display()),
+                    "install the plugin there or correct the path",
+                );
+            }
+            return Check::ok(NAME, format!("{}: {line}", path.display()));
+        }
+    }
+    let tried: Vec<String> = texts.iter().map(|(p, _)| p.display().to_string()).collect();
+    Check::fail(
+        NAME,
+        format!("no spank_muxflow.so line in {}", tried.join(", ")),
+        "link /usr/share/muxflow/plugstack.conf into plugstack.conf.d/ (or add its line to plugstack.conf)",
+    )
+}
+
+/// The Slurm this build is for against the installed slurmd's
+/// (`slurmd -V`: `slurm-wlm 22.05.8`); Slurm loads no plugin of another
+/// major.minor.
+pub fn check_slurm_version(built: &str, slurmd_v: &str) -> Check {
+    const NAME: &str = "slurm version";
+    let minor = |v: &str| v.split('.').take(2).collect::<Vec<_>>().join(".");
+    let installed = slurmd_v.split_whitespace().nth(1).unwrap_or("");
+    if installed.is_empty() {
+        return Check::fail(
+            NAME,
+            format!("cannot tell the installed Slurm from '{}'", slurmd_v.trim()),
+            "install slurmd on this node",
+        );
+    }
+    if minor(installed) != minor(built) {
+        return Check::fail(
+            NAME,
+            format!("muxflow was built for Slurm {built}, slurmd is {installed}: Slurm will not load the plugin"),
+            format!("install the muxflow packages built for Slurm {}", minor(installed)),
+        );
+    }
+    Check::ok(NAME, format!("built for {built}, slurmd {installed}"))
+}
+
+/// Whether a slurm.conf program setting runs `program` (`muxflow-prolog`):
+/// the setting itself, or a script of its `dir/*` drop-in directory that
+/// calls it (`scripts`: their names and texts).
+fn runs(setting: &str, program: &str, scripts: &[(PathBuf, String)]) -> bool {
+    setting.split(',').any(|p| p.trim().ends_with(program))
+        || scripts.iter().any(|(_, text)| text.contains(program))
+}
+
+/// Prolog, Epilog, HealthCheckProgram (or an NHC check) and PrologFlags.
+pub fn check_wiring(
+    slurm_conf: &BTreeMap<String, String>,
+    prolog_scripts: &[(PathBuf, String)],
+    epilog_scripts: &[(PathBuf, String)],
+    nhc_check: bool,
+) -> Vec<Check> {
+    let get = |k: &str| slurm_conf.get(k).map(String::as_str).unwrap_or("");
+    let mut out = Vec::new();
+    for (name, key, program, scripts) in [
+        ("prolog", "prolog", "muxflow-prolog", prolog_scripts),
+        ("epilog", "epilog", "muxflow-epilog", epilog_scripts),
+    ] {
+        let setting = get(key);
+        out.push(if runs(setting, program, scripts) {
+            Check::ok(
+                name,
+                format!("{}={setting} runs {program}", capitalized(key)),
+            )
+        } else {
+            Check::fail(
+                name,
+                format!("{}='{setting}' does not run {program}", capitalized(key)),
+                format!(
+                    "set {}=/etc/slurm/{key}.d/* and install etc/{key}.d/50-muxflow there",
+                    capitalized(key)
+                ),
+            )
+        });
+    }
+    let health = get("healthcheckprogram");
+    out.push(if health.ends_with("muxflow-health") || nhc_check {
+        Check::ok(
+            "health check",
+            if nhc_check {
+                "NHC runs check_muxflow".to_string()
+            } else {
+                format!("HealthCheckProgram={health}")
+            },
+        )
+    } else {
+        Check::fail(
+            "health check",
+            format!("HealthCheckProgram='{health}' and no NHC check_muxflow"),
+            "set HealthCheckProgram=/usr/sbin/muxflow-health, or with NHC install etc/nhc/muxflow.nhc",
+        )
+    });
+    let flags = get("prologflags");
+    out.push(
+        if flags
+            .split(',')
+            .any(|f| f.trim().eq_ignore_ascii_case("alloc"))
+        {
+            Check::ok("prolog flags", format!("PrologFlags={flags}"))
+        } else {
+            Check::fail(
+                "prolog flags",
+                format!("PrologFlags='{flags}' lacks Alloc: the MPS daemon would start after the job's first step"),
+                "add Alloc to PrologFlags",
+            )
+        },
+    );
+    out
+}
+
+fn capitalized(key: &str) -> String {
+    let mut c = key.chars();
+    c.next()
+        .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
+        .unwrap_or_default()
+}
+
+/// `/dev/nvidia[0-1]` → `/dev/nvidia0`, `/dev/nvidia1` (one bracket range).
+fn expand_files(spec: &str) -> Vec<String> {
+    let Some((head, rest)) = spec.split_once('[') else {
+        return vec![spec.to_string()];
+    };
+    let Some((ranges, tail)) = rest.split_once(']') else {
+        return vec![spec.to_string()];
+    };
+    let mut out = Vec::new();
+    for r in ranges.split(',') {
+        let (a, z) = r.split_once('-').unwrap_or((r, r));
+        if let (Ok(a), Ok(z)) = (a.parse::<u32>(), z.parse::<u32>()) {
+            out.extend((a..=z.min(a + 1024)).map(|i| format!("{head}{i}{tail}")));
+        }
+    }
+    out
+}
+
+/// gres.conf: every GPU file of `node` has exactly one `offline_gres` slot
+/// typed `g<i>` bound to the same file.
+pub fn check_gres(text: &str, node: &str, offline_gres: &str) -> Check {
+    const NAME: &str = "gres.conf";
+    let mut gpus: Vec<String> = Vec::new();
+    let mut slots: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for line in text.lines() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        let kv: BTreeMap<String, String> = line
+            .split_whitespace()
+            .filter_map(|w| w.split_once('='))
+            .map(|(k, v)| (k.to_ascii_lowercase(), v.to_string()))
+            .collect();
+        if let Some(nodes) = kv.get("nodename") {
+            if !crate::doctor::hostlist_contains(nodes, node) {
+                continue;
+            }
+        }
+        let files = kv.get("file").map(|f| expand_files(f)).unwrap_or_default();
+        match kv.get("name").map(String::as_str) {
+            Some("gpu") => gpus.extend(files),
+            Some(n) if n == offline_gres => {
+                let ty = kv.get("type").cloned().unwrap_or_default();
+                for f in files {
+                    slots.entry(f).or_default().push(ty.clone());
+                }
+            }
+            _ => {}
+        }
+    }
+    if gpus.is_empty() {
+        return Check::fail(
+            NAME,
+            format!("no Name=gpu line for {node}"),
+            "list the GPUs (etc/gres-muxflow prints the lines)",
+        );
+    }
+    for (i, file) in gpus.iter().enumerate() {
+        let want = format!("g{i}");
+        match slots.get(file).map(Vec::as_slice) {
+            Some([ty]) if *ty == want => {}
+            Some(types) if !types.is_empty() => {
+                return Check::fail(
+                    NAME,
+                    format!("{file}: {offline_gres} slots typed {types:?}, expected one typed {want}"),
+                    format!("keep one line `Name={offline_gres} Type={want} File={file}`"),
+                )
+            }
+            _ => {
+                return Check::fail(
+                    NAME,
+                    format!("GPU {i} ({file}) has no {offline_gres} slot"),
+                    format!("add `Name={offline_gres} Type={want} File={file}` (etc/gres-muxflow prints the lines)"),
+                )
+            }
+        }
+    }
+    Check::ok(
+        NAME,
+        format!("{} GPUs, one {offline_gres} slot each", gpus.len()),
+    )
+}
+
+/// Whether a Slurm hostlist (`node[1-4],gpu7`) names `node`.
+pub fn hostlist_contains(list: &str, node: &str) -> bool {
+    if list.eq_ignore_ascii_case("ALL") {
+        return true;
+    }
+    let mut depth = 0;
+    let mut start = 0;
+    let b = list.as_bytes();
+    for i in 0..=b.len() {
+        match b.get(i) {
+            Some(b'[') => depth += 1,
+            Some(b']') => depth -= 1,
+            Some(b',') | None if depth == 0 => {
+                let part = &list[start..i];
+                start = i + 1;
+                if expand_files(part).iter().any(|n| n == node) {
+                    return true;
+                }
+            }
+            _ => {}
+        }
+    }
+    false
+}
+
+/// What matters of a path for root's trust: owner and mode, of it and of
+/// each directory above it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Owned {
+    pub uid: u32,
+    pub mode: u32,
+}
+
+fn owned(path: &Path) -> std::io::Result<Owned> {
+    let m = std::fs::metadata(path)?;
+    Ok(Owned {
+        uid: m.uid(),
+        mode: m.mode(),
+    })
+}
+
+/// A root-trusted path: root-owned and writable by no one else, itself and
+/// every directory above it (a sticky world-writable directory such as
+/// /tmp still lets another user replace what is not theirs only if they
+/// own it, so it is refused too).
+pub fn check_root_owned(
+    name: &'static str,
+    path: &Path,
+    chain: &[(PathBuf, std::io::Result<Owned>)],
+) -> Check {
+    for (p, o) in chain {
+        match o {
+            Err(e) => {
+                return Check::fail(
+                    name,
+                    format!("{}: {e}", p.display()),
+                    format!(
+                        "install it at {} or correct paths in muxflow.toml",
+                        path.display()
+                    ),
+                )
+            }
+            Ok(o) if o.uid != 0 => {
+                return Check::fail(
+                    name,
+                    format!("{} is owned by uid {}, not root", p.display(), o.uid),
+                    format!("chown root:root {}", p.display()),
+                )
+            }
+            Ok(o) if o.mode & 0o022 != 0 => {
+                return Check::fail(
+                    name,
+                    format!(
+                        "{} is writable by others (mode {:04o})",
+                        p.display(),
+                        o.mode & 0o7777
+                    ),
+                    format!("chmod go-w {}", p.display()),
+                )
+            }
+            Ok(_) => {}
+        }
+    }
+    Check::ok(
+        name,
+        format!("{} root-owned, not writable by others", path.display()),
+    )
+}
+
+/// `path` and each directory above it, with their owner and mode.
+pub fn chain(path: &Path) -> Vec<(PathBuf, std::io::Result<Owned>)> {
+    path.ancestors()
+        .map(|p| (p.to_path_buf(), owned(p)))
+        .collect()
+}
+
+/// An executable file (the MPS control program).
+pub fn check_executable(name: &'static str, path: &Path, setting: &str) -> Check {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() && m.mode() & 0o111 != 0 => {
+            Check::ok(name, format!("{}", path.display()))
+        }
+        Ok(_) => Check::fail(
+            name,
+            format!("{} is not an executable file", path.display()),
+            format!("chmod 755 it, or correct {setting} in muxflow.toml"),
+        ),
+        Err(e) => Check::fail(
+            name,
+            format!("{}: {e}", path.display()),
+            format!("install the NVIDIA driver utilities, or correct {setting} in muxflow.toml"),
+        ),
+    }
+}
+
+/// Everything, for node `node` with `config`, the slurm.conf `slurm_conf`
+/// and the installed `slurmd -V` answer.
+pub fn run(config: &Config, node: &str, slurm_conf: &Path, slurmd_v: &str) -> Vec<Check> {
+    let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
+    let conf_dir = slurm_conf.parent().unwrap_or(Path::new("/"));
+    let conf = conf_values(&read(slurm_conf));
+    let rel = |v: Option<&String>, default: &str| {
+        let p = PathBuf::from(v.map(String::as_str).unwrap_or(default));
+        if p.is_absolute() {
+            p
+        } else {
+            conf_dir.join(p)
+        }
+    };
+    let mut checks = Vec::new();
+
+    // plugstack.conf and its plugstack.conf.d/ includes.
+    let plugstack = rel(conf.get("plugstackconfig"), "plugstack.conf");
+    let mut texts = vec![(plugstack.clone(), read(&plugstack))];
+    if let Ok(dir) = std::fs::read_dir(plugstack.with_extension("conf.d")) {
+        let mut files: Vec<PathBuf> = dir.flatten().map(|e| e.path()).collect();
+        files.sort();
+        texts.extend(files.into_iter().map(|p| {
+            let t = read(&p);
+            (p, t)
+        }));
+    }
+    checks.push(check_plugstack(&texts));
+    checks.push(check_slurm_version(
+        &muxflow::slurm_version::version_string(),
+        slurmd_v,
+    ));
+
+    // Prolog/Epilog drop-in directories: the scripts a glob names.
+    let scripts = |key: &str| -> Vec<(PathBuf, String)> {
+        let setting = conf.get(key).cloned().unwrap_or_default();
+        let Some(dir) = setting.strip_suffix("/*") else {
+            return Vec::new();
+        };
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        files.sort();
+        files
+            .into_iter()
+            .map(|p| {
+                let t = read(&p);
+                (p, t)
+            })
+            .collect()
+    };
+    let nhc = read(Path::new("/etc/nhc/nhc.conf")).contains("check_muxflow");
+    checks.extend(check_wiring(
+        &conf,
+        &scripts("prolog"),
+        &scripts("epilog"),
+        nhc,
+    ));
+
+    let gres = conf_dir.join("gres.conf");
+    checks.push(match std::fs::read_to_string(&gres) {
+        Ok(text) => check_gres(&text, node, &config.slurm.offline_gres),
+        Err(e) => Check::fail(
+            "gres.conf",
+            format!("{}: {e}", gres.display()),
+            "write gres.conf (etc/gres-muxflow prints it)",
+        ),
+    });
+
+    checks.push(check_executable(
+        "mps control",
+        config.paths.mps_control.as_path(),
+        "paths.mps_control",
+    ));
+    let nvml_lib = config.paths.nvml_library.as_ref().map(|p| p.as_path());
+    checks.push(
+        match crate::nvml::read(nvml_lib, std::time::Duration::ZERO) {
+            Ok(t) => Check::ok("nvml", format!("{} GPUs", t.gpus.len())),
+            Err(e) => Check::fail(
+                "nvml",
+                e.to_string(),
+                "install the NVIDIA driver (libnvidia-ml.so.1), or correct paths.nvml_library",
+            ),
+        },
+    );
+    let xcuda = config.paths.xcuda_library.as_path();
+    checks.push(check_root_owned("xcuda", xcuda, &chain(xcuda)));
+    for (name, dir) in [
+        ("state dir", config.paths.state_dir.as_path()),
+        ("mps pipe dir", config.paths.mps_pipe_root.as_path()),
+        ("mps log dir", config.paths.mps_log_root.as_path()),
+    ] {
+        // Not there yet: the first Prolog makes it, root-owned.
+        let existing = dir
+            .ancestors()
+            .find(|p| p.exists())
+            .unwrap_or(Path::new("/"));
+        let mut c = check_root_owned(name, existing, &chain(existing));
+        if existing != dir && c.fix.is_none() {
+            c.detail = format!("{} (made by the first Prolog)", dir.display());
+        }
+        checks.push(c);
+    }
+    checks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD_GRES: &str = "Name=gpu File=/dev/nvidia[0-1]\nName=mfslot Type=g0 File=/dev/nvidia0\nName=mfslot Type=g1 File=/dev/nvidia1\n";
+
+    #[test]
+    fn gres_conf_one_slot_per_gpu_on_its_device() {
+        let rows = [
+            ("the pattern", GOOD_GRES, None),
+            (
+                "a slot missing",
+                "Name=gpu File=/dev/nvidia[0-1]\nName=mfslot Type=g0 File=/dev/nvidia0\n",
+                Some("GPU 1 (/dev/nvidia1) has no mfslot slot"),
+            ),
+            (
+                "slots crossed",
+                "Name=gpu File=/dev/nvidia[0-1]\nName=mfslot Type=g1 File=/dev/nvidia0\nName=mfslot Type=g0 File=/dev/nvidia1\n",
+                Some("expected one typed g0"),
+            ),
+            ("no GPUs", "Name=mfslot Type=g0 File=/dev/nvidia0\n", Some("no Name=gpu line")),
+            (
+                "another node's lines are not this node's",
+                "NodeName=other Name=gpu File=/dev/nvidia0\nNodeName=n[1-2] Name=gpu File=/dev/nvidia0\nNodeName=n[1-2] Name=mfslot Type=g0 File=/dev/nvidia0\n",
+                None,
+            ),
+        ];
+        for (name, text, want) in rows {
+            let c = check_gres(text, "n1", "mfslot");
+            match want {
+                None => assert!(c.fix.is_none(), "{name}: {}", c.line()),
+                Some(w) => assert!(
+                    c.fix.is_some() && c.line().contains(w),
+                    "{name}: {}",
+                    c.line()
+                ),
+            }
+        }
+    }
+
+    /// The shipped generator writes what the check accepts, for any count.
+    #[test]
+    fn the_gres_generator_satisfies_the_check() {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../etc/gres-muxflow");
+        for count in ["1", "3", "16"] {
+            let out = std::process::Command::new(&script)
+                .args(["--node", "n1", count])
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{count}");
+            let text = String::from_utf8(out.stdout).unwrap();
+            let c = check_gres(&text, "n1", "mfslot");
+            assert!(c.fix.is_none(), "{count}: {}\n{text}", c.line());
+            assert!(
+                c.detail.starts_with(&format!("{count} GPUs")),
+                "{}",
+                c.detail
+            );
+        }
+        let bad = std::process::Command::new(&script)
+            .arg("x")
+            .output()
+            .unwrap();
+        assert!(!bad.status.success());
+    }
+
+    #[test]
+    fn wiring_accepts_drop_ins_and_names_what_is_missing() {
+        let conf = conf_values(
+            "Prolog=/etc/slurm/prolog.d/*\nEpilog=/usr/sbin/muxflow-epilog\nHealthCheckProgram=/usr/sbin/muxflow-health\nPrologFlags=Contain,Alloc\n",
+        );
+        let drop_in = vec![(
+            PathBuf::from("/etc/slurm/prolog.d/50-muxflow"),
+            "#!/bin/sh\nexec /usr/sbin/muxflow-prolog\n".to_string(),
+        )];
+        let all = check_wiring(&conf, &drop_in, &[], false);
+        assert!(all.iter().all(|c| c.fix.is_none()), "{all:?}");
+
+        let bare = conf_values("Prolog=/etc/slurm/site-prolog\nHealthCheckProgram=/usr/sbin/nhc\n");
+        let lines: Vec<String> = check_wiring(&bare, &[], &[], false)
+            .iter()
+            .map(Check::line)
+            .collect();
+        assert!(lines[0].starts_with("FAIL prolog: Prolog='/etc/slurm/site-prolog' does not run muxflow-prolog; fix: set Prolog=/etc/slurm/prolog.d/*"), "{lines:?}");
+        assert!(lines[1].starts_with("FAIL epilog"), "{lines:?}");
+        assert!(lines[2].starts_with("FAIL health check"), "{lines:?}");
+        assert!(lines[3].starts_with("FAIL prolog flags"), "{lines:?}");
+        // NHC with muxflow's check is a health check.
+        assert!(check_wiring(&bare, &[], &[], true)[2].fix.is_none());
+    }
+
+    #[test]
+    fn plugstack_line_version_and_ownership() {
+        let dir = tempfile::tempdir().unwrap();
+        let so = dir.path().join("spank_muxflow.so");
+        std::fs::write(&so, "").unwrap();
+        let line = format!("required {} config=/etc/slurm/muxflow.toml\n", so.display());
+        let p = PathBuf::from("/etc/slurm/plugstack.conf");
+        assert!(check_plugstack(&[(p.clone(), line.clone())]).fix.is_none());
+        assert!(check_plugstack(&[(p.clone(), format!("# {line}"))])
+            .fix
+            .is_some());
+        let missing = check_plugstack(&[(p.clone(), "required /nope/spank_muxflow.so\n".into())]);
+        assert!(
+            missing
+                .line()
+                .contains("/nope/spank_muxflow.so does not exist"),
+            "{}",
+            missing.line()
+        );
+
+        assert!(check_slurm_version("22.05.8", "slurm-wlm 22.05.8\n")
+            .fix
+            .is_none());
+        let other = check_slurm_version("22.05.8", "slurm 24.11.5\n");
+        assert!(
+            other
+                .line()
+                .contains("built for Slurm 22.05.8, slurmd is 24.11.5"),
+            "{}",
+            other.line()
+        );
+        assert!(other
+            .line()
+            .contains("fix: install the muxflow packages built for Slurm 24.11"));
+
+        let root = |mode| Ok(Owned { uid: 0, mode });
+        let ok = check_root_owned(
+            "xcuda",
+            &so,
+            &[
+                (so.clone(), root(0o100755)),
+                (PathBuf::from("/"), root(0o40755)),
+            ],
+        );
+        assert!(ok.fix.is_none());
+        let writable = check_root_owned("xcuda", &so, &[(so.clone(), root(0o100775))]);
+        assert!(
+            writable
+                .line()
+                .contains("writable by others (mode 0775); fix: chmod go-w"),
+            "{}",
+            writable.line()
+        );
+        let users = check_root_owned(
+            "xcuda",
+            &so,
+            &[
+                (so.clone(), root(0o100755)),
+                (
+                    PathBuf::from("/home/u"),
+                    Ok(Owned {
+                        uid: 1000,
+                        mode: 0o40755,
+                    }),
+                ),
+            ],
+        );
+        assert!(
+            users.line().contains("/home/u is owned by uid 1000"),
+            "{}",
+            users.line()
+        );
+    }
+}
