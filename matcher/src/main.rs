@@ -190,16 +190,18 @@ fn main() -> anyhow::Result<()> {
     if let Err(e) = muxflow_matcher::service::watch_sighup() {
         tracing::warn!("no reload on SIGHUP: {e}");
     }
+    // A listen address that cannot be bound is a config error: said before
+    // systemd hears READY.
+    let served = match &config.metrics.listen {
+        Some(addr) => Some(muxflow_matcher::metrics::serve(addr)?),
+        None => None,
+    };
     if let Err(e) = muxflow_matcher::service::notify("READY=1") {
         tracing::warn!("cannot tell systemd the matcher is ready: {e}");
     }
     // Only the sacct history is carried between rounds, as a cache.
     let mut history = HistoryCache::default();
     let mut metrics = MatcherMetrics::default();
-    let served = match &config.metrics.listen {
-        Some(addr) => Some(muxflow_matcher::metrics::serve(addr)?),
-        None => None,
-    };
     for n in 0u64.. {
         let start = Instant::now();
         match round(&config, &slurm, &mut history, cli.dry_run) {
@@ -220,8 +222,15 @@ fn main() -> anyhow::Result<()> {
             }
             let text = metrics.exposition().render();
             if let Some(dir) = &config.metrics.textfile_dir {
+                // `{node}` (for the node programs) is this host here.
+                let dir = dir.as_path().to_string_lossy().replace(
+                    "{node}",
+                    std::fs::read_to_string("/proc/sys/kernel/hostname")
+                        .unwrap_or_default()
+                        .trim(),
+                );
                 if let Err(e) = muxflow::metrics::write_atomic(
-                    dir.as_path(),
+                    std::path::Path::new(&dir),
                     muxflow_matcher::metrics::TEXTFILE,
                     &text,
                 ) {

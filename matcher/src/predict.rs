@@ -185,7 +185,11 @@ fn failed_for_memory(r: &JobReport) -> bool {
 fn partner_of(r: &Run) -> Option<JobKey> {
     r.partner_key
         .clone()
-        .or_else(|| Some((String::new(), format!("job {}", r.report.partner?))))
+        .or_else(|| Some(unresolved_partner(r.report.partner?)))
+}
+
+fn unresolved_partner(id: u32) -> JobKey {
+    (String::new(), format!("job {id}"))
 }
 
 /// What history says about one offline job.
@@ -247,6 +251,19 @@ pub fn estimate(runs: &[Run]) -> Estimates {
             out.partner_ids.insert(id, k.clone());
         }
     }
+    // A partner the listing did not resolve (sacct may not list a running
+    // job yet) is known by its job id, so a GPU whose online job has that
+    // id still finds the pair.
+    for r in runs {
+        if let Some(id) = r.report.partner {
+            out.partner_ids
+                .entry(id)
+                .or_insert_with(|| unresolved_partner(id));
+        }
+    }
+    // One name per partner: the resolved one wherever any run resolved it.
+    let names = out.partner_ids.clone();
+    let canonical = |r: &Run| r.report.partner.and_then(|id| names.get(&id).cloned());
     let (mut sq, mut dof) = (0.0, 0usize);
     for (key, job_runs) in by_job {
         let mut prof = Profile {
@@ -256,7 +273,7 @@ pub fn estimate(runs: &[Run]) -> Estimates {
         for r in &job_runs {
             prof.peak_mib = prof.peak_mib.max(trusted_peak_mib(&r.report));
             if failed_for_memory(&r.report) {
-                if let Some(p) = partner_of(r) {
+                if let Some(p) = canonical(r) {
                     out.infeasible.insert((key.clone(), p));
                 }
             }
@@ -276,7 +293,7 @@ pub fn estimate(runs: &[Run]) -> Estimates {
                 continue;
             };
             let partner = if r.report.partner.is_some() {
-                let k = partner_of(r).expect("has a partner");
+                let k = canonical(r).expect("has a partner");
                 Some(match partners.iter().position(|x| *x == k) {
                     Some(i) => i,
                     None => {
@@ -1715,5 +1732,41 @@ mod tests {
         let e = m.predict_terms(&big, &gpu).unwrap();
         // Within what the history saw (0.7 to 1), not the slope's 0.01.
         assert!(e.mean > 0.65 && e.mean <= 1.0, "{e:?}");
+    }
+
+    #[test]
+    fn a_partner_sacct_did_not_list_is_found_by_its_job_id() {
+        // The online job was running and not in the listing: its runs name
+        // it by id, and a GPU whose online job has that id finds the pair.
+        let runs: Vec<Run> = [(0.3, 500u64), (0.9, 380)]
+            .iter()
+            .enumerate()
+            .map(|(i, &(load, launches))| Run {
+                job_id: 100 + i as u32,
+                key: key("u", "train"),
+                report: JobReport {
+                    mode: Some(Mode::Offline),
+                    partner: Some(76),
+                    partner_load_pct: Some((load * 100.0) as u8),
+                    run_s: Some(1),
+                    launches: Some(launches),
+                    ..JobReport::default()
+                },
+                end_s: 1,
+                partner_key: None,
+            })
+            .collect();
+        let m = Model::train(&runs);
+        let gpu = GpuTerms {
+            share: 0.5,
+            room_mib: u64::MAX,
+            partner: m.partner_by_id.get(&76).copied(),
+        };
+        assert!(gpu.partner.is_some());
+        let e = m
+            .predict_terms(&m.job_terms(&key("u", "train")), &gpu)
+            .unwrap();
+        // progress = σ(1 − load·d): 500 at 0.3, 380 at 0.9 → σ = 560, x = 0.64.
+        assert!((e.mean - 0.64).abs() < 0.08, "{e:?}");
     }
 }

@@ -12,7 +12,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use muxflow_tests::{target, Cluster};
+use muxflow_tests::{target, CancelNamed, Cluster};
 
 const PREFIX: &str = "mfp-";
 const WAIT: Duration = Duration::from_secs(60);
@@ -51,6 +51,8 @@ fn history(c: &Cluster, name: &str, report: &str) -> u32 {
 fn history_of_shared_runs_gives_two_jobs_different_predictions_and_the_pairing_it_favours() {
     let c = Cluster::get();
     c.cancel_named(PREFIX);
+    // Its online and fill jobs hold every GPU: gone however the test ends.
+    let _cancel = CancelNamed(&c, PREFIX);
     let quick = c.health_config("predictor-health", "min_dwell_s = 1\nrecovery_quiet_s = 1");
 
     // Two alike online jobs: the same SM activity and memory, so the SM
