@@ -93,6 +93,19 @@ pub struct UserReport {
     pub rps: Option<f64>,
     pub p50_ms: Option<f64>,
     pub p99_ms: Option<f64>,
+    /// Online jobs: what sharing cost the service, from its own figures.
+    pub cost: Option<OnlineCost>,
+}
+
+/// An online run's p99 over the p99 of the same service's runs (same user
+/// and job name) that hosted no offline job: what its partners cost it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OnlineCost {
+    /// Median p99 of the service's unshared runs, ms.
+    pub alone_p99_ms: f64,
+    pub alone_runs: usize,
+    /// This run's p99 / alone_p99_ms.
+    pub p99_factor: f64,
 }
 
 /// The report of job `job_id` from `listing` (sacct records: the job, the
@@ -146,6 +159,7 @@ pub fn report(job_id: u32, listing: &[SacctJob], viewer: &Viewer) -> Result<User
         rps: r.rps,
         p50_ms: r.p50_ms,
         p99_ms: r.p99_ms,
+        cost: None,
     };
     match mode {
         Mode::Offline => out.speed = speed(job, &r, listing),
@@ -166,9 +180,33 @@ pub fn report(job_id: u32, listing: &[SacctJob], viewer: &Viewer) -> Result<User
                     })
                 })
                 .collect();
+            out.cost = online_cost(job, &r, listing);
         }
     }
     Ok(out)
+}
+
+/// This online run's p99 against the same service's unshared runs.
+fn online_cost(job: &SacctJob, r: &JobReport, listing: &[SacctJob]) -> Option<OnlineCost> {
+    let p99 = r.p99_ms?;
+    let mut alone: Vec<f64> = listing
+        .iter()
+        .filter(|j| j.job_id != job.job_id && j.user == job.user && j.name == job.name)
+        .filter_map(|j| JobReport::decode(j.comment.administrator.as_deref()?).ok())
+        .filter(|x| x.mode == Some(Mode::Online) && x.partner.is_none())
+        .filter_map(|x| x.p99_ms)
+        .filter(|v| *v > 0.0)
+        .collect();
+    if alone.is_empty() {
+        return None;
+    }
+    alone.sort_by(f64::total_cmp);
+    let median = alone[alone.len() / 2];
+    Some(OnlineCost {
+        alone_p99_ms: median,
+        alone_runs: alone.len(),
+        p99_factor: p99 / median,
+    })
 }
 
 /// The offline run's speed: shared, solo estimate from the owner's runs of
@@ -300,6 +338,18 @@ impl std::fmt::Display for UserReport {
                 opt(self.p50_ms, ""),
                 opt(self.p99_ms, "")
             )?;
+            match &self.cost {
+                Some(c) => writeln!(
+                    f,
+                    "  sharing cost     p99 x{:.2} of its runs without partners (median {:.2} ms over {} runs)",
+                    c.p99_factor, c.alone_p99_ms, c.alone_runs
+                )?,
+                None if self.partner.is_some() || !self.offline_partners.is_empty() => writeln!(
+                    f,
+                    "  sharing cost     unknown: no run of this service without partners in the history read"
+                )?,
+                None => {}
+            }
             if self.offline_partners.is_empty() {
                 writeln!(f, "  offline partners none recorded")?;
             }
@@ -430,6 +480,35 @@ mod tests {
         let partners: Vec<u32> = r.offline_partners.iter().map(|p| p.job_id).collect();
         assert_eq!(partners, vec![10, 12]);
         assert!(r.to_string().contains("offline partner  job 10"));
+    }
+
+    #[test]
+    fn an_online_runs_cost_is_its_p99_over_its_unshared_runs() {
+        let mut l = listing();
+        for (id, p99) in [(20, "3.0"), (21, "5.0"), (22, "4.0")] {
+            l.push(rec(
+                id,
+                "svc",
+                "secret-service-a",
+                100,
+                &format!("muxflow:v1 mode=online node=n1 gpu=0 run_s=60 claim.p99_ms={p99}"),
+            ));
+        }
+        let admin = Viewer {
+            user: "root".into(),
+            admin: true,
+        };
+        let r = report(1, &l, &admin).unwrap();
+        let c = r.cost.clone().unwrap();
+        assert_eq!((c.alone_p99_ms, c.alone_runs), (4.0, 3));
+        assert!((c.p99_factor - 4.5 / 4.0).abs() < 1e-9, "{c:?}");
+        assert!(r
+            .to_string()
+            .contains("p99 x1.12 of its runs without partners"));
+        // No unshared run: said so.
+        let r = report(1, &listing(), &admin).unwrap();
+        assert!(r.cost.is_none());
+        assert!(r.to_string().contains("sharing cost     unknown"), "{r}");
     }
 
     #[test]
