@@ -101,6 +101,8 @@ fn a_user_reads_their_job_others_are_refused_admins_see_all() {
         out.contains(&format!("offline partner  job {offline}")),
         "{out}"
     );
+    // Its cost needs unshared runs of the same service to compare with.
+    assert!(out.contains("sharing cost     unknown"), "{out}");
 
     // A job submitted without --muxflow.
     let plain = c
