@@ -337,6 +337,28 @@ impl JobReport {
                     })
                 })
                 .collect::<Result<_, _>>()?;
+            let mut seen = std::collections::BTreeSet::new();
+            if let Some(dup) = gpus.iter().find(|g| !seen.insert(**g)) {
+                return Err(KvError::BadValue {
+                    key: "gpus".into(),
+                    value: list.clone(),
+                    why: format!("names GPU {dup} twice"),
+                }
+                .into());
+            }
+            // The list starts with the record's own GPU.
+            match (r.gpu, gpus.first()) {
+                (None, first) => r.gpu = first.copied(),
+                (Some(g), Some(&first)) if g != first => {
+                    return Err(KvError::BadValue {
+                        key: "gpus".into(),
+                        value: list.clone(),
+                        why: format!("does not start with the record's gpu={g}"),
+                    }
+                    .into())
+                }
+                _ => {}
+            }
             for &gpu in gpus.iter().skip(1) {
                 r.gang.push(GangGpu {
                     gpu,
@@ -708,6 +730,14 @@ mod tests {
         );
         let bad = JobReport::decode("muxflow:v2 mode=offline gpus=0,x").unwrap_err();
         assert!(bad.to_string().contains("gpus"), "{bad}");
+        let bad = JobReport::decode("muxflow:v2 mode=offline gpu=1 gpus=0,1").unwrap_err();
+        assert!(bad.to_string().contains("gpu=1"), "{bad}");
+        let bad = JobReport::decode("muxflow:v2 mode=offline gpus=0,1,1").unwrap_err();
+        assert!(bad.to_string().contains("twice"), "{bad}");
+        // Found by the fuzzer: a list without gpu= names the record's GPU.
+        let r = JobReport::decode("muxflow:v1 mode=offline gpus=00,5").unwrap();
+        assert_eq!((r.gpu, r.gang.len()), (Some(0), 1));
+        assert_eq!(JobReport::decode(&r.encode()).unwrap(), r);
     }
 
     #[test]
