@@ -62,6 +62,16 @@ exec env -u LD_PRELOAD bwrap "${{args[@]}}" -- \
 
 #[test]
 fn an_offline_job_in_a_container_runs_under_xcuda_and_mps() {
+    // The Slurm 24.11 dev cluster runs slurmd chrooted in a Debian root,
+    // where bubblewrap cannot make its mounts ("Failed to make / slave": the
+    // chroot's / is no mount point). The hook does not depend on Slurm's
+    // release; this runs on the 22.05 cluster of the same CI run.
+    if std::env::var_os("MUXFLOW_SLURM_ROOT").is_some() {
+        eprintln!(
+            "skipped on a chrooted Slurm root (bubblewrap cannot nest there); runs on Slurm 22.05"
+        );
+        return;
+    }
     let c = Cluster::get();
     c.cancel_named("mfc-");
     let _cancel = CancelNamed(&c, "mfc-");
