@@ -89,8 +89,28 @@ fn history_of_shared_runs_gives_two_jobs_different_predictions_and_the_pairing_i
             }
         }
     }
-    for id in ids {
-        c.sacct_until(id, "AdminComment", |l| l.contains("claim.launches"));
+    for id in &ids {
+        c.sacct_until(*id, "AdminComment", |l| l.contains("claim.launches"));
+    }
+    // The matcher keys history by sacct --json's user; for a moment after a
+    // job ends it can be null there (seen when the whole suite ran first):
+    // wait until every record names its owner, as a daemon's next round would.
+    let list: Vec<String> = ids.iter().map(u32::to_string).collect();
+    let start = std::time::Instant::now();
+    loop {
+        let mut cmd = c.cmd("sacct");
+        cmd.args(["--json", "-X", "-j", &list.join(",")]);
+        let (_, out, _) = c.run(cmd);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+        let users: Vec<&serde_json::Value> = v["jobs"]
+            .as_array()
+            .map(|a| a.iter().map(|j| &j["user"]).collect())
+            .unwrap_or_default();
+        if users.len() >= ids.len() && users.iter().all(|u| u.as_str() == Some("root")) {
+            break;
+        }
+        assert!(start.elapsed() < WAIT, "sacct never named the owner: {out}");
+        std::thread::sleep(Duration::from_millis(300));
     }
 
     let a = c.offline_parked("mfp-a");
