@@ -746,3 +746,26 @@ pub fn kv(line: &str, key: &str) -> Option<String> {
         .find_map(|w| w.strip_prefix(&format!("{key}=")))
         .map(str::to_string)
 }
+
+/// Rewrites the file at `path` through `f`.
+pub fn edit(path: &Path, f: impl Fn(String) -> String) {
+    let text = std::fs::read_to_string(path).unwrap();
+    std::fs::write(path, f(text)).unwrap();
+}
+
+/// Replaces every `key = …` line of a muxflow.toml.
+pub fn set_key(toml: &Path, key: &str, value: &str) {
+    edit(toml, |t| {
+        t.lines()
+            .map(|l| {
+                if l.starts_with(&format!("{key} =")) {
+                    format!("{key} = \"{value}\"")
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+            + "\n"
+    });
+}

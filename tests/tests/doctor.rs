@@ -8,7 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use muxflow_tests::{target, Cluster};
+use muxflow_tests::{edit, set_key, target, Cluster};
 
 /// The cluster's slurm.conf, plugstack.conf, gres.conf and muxflow.toml,
 /// copied into `dir` (slurm.conf pointing at the copies).
@@ -25,28 +25,6 @@ fn copy_node_config(c: &Cluster, dir: &Path) -> PathBuf {
         );
     std::fs::write(dir.join("slurm.conf"), conf).unwrap();
     dir.join("slurm.conf")
-}
-
-fn edit(path: &Path, f: impl Fn(String) -> String) {
-    let text = std::fs::read_to_string(path).unwrap();
-    std::fs::write(path, f(text)).unwrap();
-}
-
-/// Replaces the `key = …` line of muxflow.toml.
-fn set_key(toml: &Path, key: &str, value: &str) {
-    edit(toml, |t| {
-        t.lines()
-            .map(|l| {
-                if l.starts_with(&format!("{key} =")) {
-                    format!("{key} = \"{value}\"")
-                } else {
-                    l.to_string()
-                }
-            })
-            .collect::<Vec<_>>()
-            .join("\n")
-            + "\n"
-    });
 }
 
 /// (exit code, output) of the doctor for node1 with this slurm.conf;

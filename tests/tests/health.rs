@@ -17,7 +17,7 @@ use muxflow::health::HealthState;
 use muxflow::mps::MpsDaemon;
 use muxflow::node_state::{JobRecord, NodeState};
 use muxflow::{Config, Mode};
-use muxflow_tests::Cluster;
+use muxflow_tests::{set_key, Cluster};
 
 fn node_config(config: &Path, node: &str) -> Config {
     Config::load(config).unwrap().for_node(node).unwrap()
@@ -169,6 +169,10 @@ fn scripted_load_walks_the_states_with_hysteresis_and_slurm_agrees() {
 fn concurrent_steps_never_corrupt_or_lose_a_record() {
     let c = Cluster::get();
     let cfg = c.health_config("concurrent", DWELL);
+    // Its own state directory: slurmd's HealthCheckProgram also steps node3
+    // every 30 s, and its sample would count as one this test did not make.
+    let own = cfg.parent().unwrap().join("state-{node}");
+    set_key(&cfg, "state_dir", own.to_str().unwrap());
     let node = "node3";
     let _node = hold_node(node);
     let ns = NodeState::new(node_config(&cfg, node).paths.state_dir.as_path());
