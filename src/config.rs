@@ -286,7 +286,14 @@ pub struct Policy {
     pub sm_default: Percent,
     /// GPU memory kept free for the online job's growth, MiB.
     pub memory_reserve_mib: u64,
+    /// Offline jobs one GPU may hold at once ([`OFFLINE_PER_GPU`]); they
+    /// split the GPU's offline SM budget and memory room. gres.conf must
+    /// give each GPU as many `mfslot` records (etc/gres.conf).
+    pub offline_per_gpu: u8,
 }
+
+/// Allowed values of `[policy] offline_per_gpu`.
+pub const OFFLINE_PER_GPU: std::ops::RangeInclusive<u8> = 1..=4;
 
 impl Default for Policy {
     fn default() -> Self {
@@ -296,6 +303,7 @@ impl Default for Policy {
             sm_headroom: Percent(10),
             sm_default: Percent(30),
             memory_reserve_mib: 2048,
+            offline_per_gpu: 1,
         }
     }
 }
@@ -568,6 +576,18 @@ impl Config {
                 "policy",
                 "sm_floor",
                 "must be at least 1: an MPS client with 0% of the SMs cannot run".into(),
+            );
+        }
+        if !OFFLINE_PER_GPU.contains(&p.offline_per_gpu) {
+            return err(
+                "policy",
+                "offline_per_gpu",
+                format!(
+                    "{} offline jobs per GPU: use {} to {} (1 = one offline job beside each online job)",
+                    p.offline_per_gpu,
+                    OFFLINE_PER_GPU.start(),
+                    OFFLINE_PER_GPU.end()
+                ),
             );
         }
         let h = &self.health;
@@ -1007,6 +1027,12 @@ mod tests {
 
         let (_, key, _) = invalid_parts("[policy]\nsm_floor = 0\nsm_default = 0\n");
         assert_eq!(key, "policy.sm_floor");
+
+        for bad in [0, 5] {
+            let (line, key, msg) = invalid_parts(&format!("[policy]\noffline_per_gpu = {bad}\n"));
+            assert_eq!((line, key.as_str()), (2, "policy.offline_per_gpu"));
+            assert!(msg.contains("use 1 to 4"), "{msg}");
+        }
 
         let (_, key, _) = invalid_parts("[paths]\ngpu_device = \"/dev/nvidia0\"\n");
         assert_eq!(key, "paths.gpu_device");
