@@ -963,8 +963,9 @@ fn ctx_then_sigterm(r: &Resolver, symbol: &str) {
 ///   resethand  SA_RESETHAND handler; it runs once, the disposition is then
 ///              the default, and a second SIGTERM kills the process
 ///   sigint-ignored   SIGINT to SIG_IGN, then SIGINT: nothing is released
-///   blocked    SIGTERM blocked in the application's thread: released all
-///              the same, and the signal stays pending for the application
+///   blocked    SIGTERM blocked in every application thread (before cuInit):
+///              released all the same, and the signal stays pending for the
+///              application
 fn signals(r: &Resolver, mode: &str) {
     use std::io::Write;
     use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::SeqCst};
@@ -990,6 +991,21 @@ fn signals(r: &Resolver, mode: &str) {
     }
     extern "C" fn count(_: c_int, _: *mut libc::siginfo_t, _: *mut c_void) {
         HANDLED.fetch_add(1, SeqCst);
+    }
+    let block_sigterm = || {
+        // SAFETY: a sigset filled by the C library, our own thread's mask.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGTERM);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        }
+    };
+    if mode == "blocked" {
+        // Before cuInit, so the driver's threads inherit the mask: blocked in
+        // every application thread, as a program that takes SIGTERM with
+        // sigwait does it (otherwise a driver thread may take the signal).
+        block_sigterm();
     }
     let (cu, _ctx, f) = setup(r, c"sim_kernel_1us");
     ALLOC.store(cu.alloc as usize, SeqCst);
@@ -1103,10 +1119,6 @@ fn signals(r: &Resolver, mode: &str) {
                 std::process::exit(0);
             }
             "blocked" => {
-                let mut set: libc::sigset_t = std::mem::zeroed();
-                libc::sigemptyset(&mut set);
-                libc::sigaddset(&mut set, libc::SIGTERM);
-                libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
                 libc::kill(me, libc::SIGTERM);
                 let rc = launch_until_refused();
                 let mut pending: libc::sigset_t = std::mem::zeroed();
