@@ -11,7 +11,9 @@ job_desc.spank_job_env. Then:
   offline  The job takes an offline slot (GRES `mfslot`, one typed slot per
            GPU, bound to the GPU's device file; see gres.conf) instead of any
            GPU. It is parked — held (priority 0, Reason=JobHeldUser) and with
-           no slot yet — until muxflow-matcher places it:
+           no slot yet — until muxflow-matcher places it (the matcher's
+           rounds turn the hold into its own, Reason=JobHeldAdmin, with why
+           it waits in AdminComment: `waiting=free_gpu ...`):
              scontrol update JobId=N ReqNodeList=<node> Gres=mfslot:g<i>:1 \
                  AdminComment="muxflow:v1 mode=offline placed=<node>:g<i>"
              scontrol release N

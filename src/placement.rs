@@ -7,6 +7,8 @@
 //! muxflow:v1 mode=offline gpus=2 placed=node3:g0,g1   a 2-GPU job's gang of slots (issue 15)
 //! muxflow:v1 mode=offline placed=any             job_submit.lua without a matcher (any slot)
 //! muxflow:v1 mode=offline refused=gpu_faulty     written by the Prolog when it refuses the job
+//! muxflow:v1 mode=offline waiting=free_gpu since=2026-11-23T12:14:05 rounds_every=60s
+//!                                                 a parked job: why it waits (the matcher)
 //! ```
 //!
 //! The gang form (several `g<i>`, one node) extends the single form, which
@@ -31,6 +33,84 @@ pub const PLACED_KEY: &str = "placed";
 pub const REFUSED_KEY: &str = "refused";
 /// Key of an offline job's GPU count (one node), when more than 1.
 pub const GPUS_KEY: &str = "gpus";
+/// Key of a parked job's reason to wait ([`Waiting`]).
+pub const WAITING_KEY: &str = "waiting";
+
+/// Why a parked offline job waits, as the matcher writes it into the job's
+/// AdminComment (`waiting=<code>`), so that `scontrol show job` says it.
+/// The codes are words a user can read; [`Waiting::words`] says more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waiting {
+    /// No Healthy GPU (idle or beside an online job) has a free offline
+    /// slot and room for the job's memory.
+    FreeGpu,
+    /// A k-GPU job: no node has k such GPUs at once.
+    FreeNode,
+    /// GPUs it could use went to jobs predicted to run faster there.
+    FasterJobsFirst,
+    /// Older held jobs fill this round's window.
+    OlderJobsFirst,
+}
+
+impl Waiting {
+    pub const ALL: [Waiting; 4] = [
+        Waiting::FreeGpu,
+        Waiting::FreeNode,
+        Waiting::FasterJobsFirst,
+        Waiting::OlderJobsFirst,
+    ];
+
+    pub fn code(self) -> &'static str {
+        match self {
+            Waiting::FreeGpu => "free_gpu",
+            Waiting::FreeNode => "free_node",
+            Waiting::FasterJobsFirst => "faster_jobs_first",
+            Waiting::OlderJobsFirst => "older_jobs_first",
+        }
+    }
+
+    /// The sentence behind the code (README's table, `muxflow-report`).
+    pub fn words(self) -> &'static str {
+        match self {
+            Waiting::FreeGpu => {
+                "waiting for a Healthy GPU with a free offline slot and room for its memory"
+            }
+            Waiting::FreeNode => "waiting for a node with as many such GPUs free as it asked for",
+            Waiting::FasterJobsFirst => {
+                "the GPUs it could use went to jobs predicted to run faster there"
+            }
+            Waiting::OlderJobsFirst => "waiting behind older offline jobs",
+        }
+    }
+
+    pub fn from_code(code: &str) -> Option<Waiting> {
+        Waiting::ALL.into_iter().find(|w| w.code() == code)
+    }
+
+    /// The AdminComment of a parked job of `gpus` GPUs that waits for this
+    /// reason since `since` (local time, `YYYY-MM-DDTHH:MM:SS`), checked by
+    /// a matcher round every `every_s` seconds.
+    pub fn admin_comment(self, gpus: u32, since: &str, every_s: u64) -> String {
+        let mut w = kv::Writer::new().tag(TAG);
+        w.push("mode", crate::Mode::Offline);
+        if gpus > 1 {
+            w.push(GPUS_KEY, gpus);
+        }
+        w.push(WAITING_KEY, self.code())
+            .push("since", since)
+            .push("rounds_every", format!("{every_s}s"));
+        w.finish()
+    }
+
+    /// The reason recorded in an offline job's AdminComment, if any.
+    pub fn from_admin_comment(text: &str) -> Option<Waiting> {
+        let map = kv::parse(text.trim().strip_prefix(TAG)?).ok()?;
+        if map.get("mode").map(String::as_str) != Some(crate::Mode::Offline.as_str()) {
+            return None;
+        }
+        Waiting::from_code(map.get(WAITING_KEY)?)
+    }
+}
 
 /// What muxflow wrote about where an offline job may run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -250,6 +330,31 @@ mod tests {
             refused_admin_comment("gpu_faulty"),
             "muxflow:v1 mode=offline refused=gpu_faulty"
         );
+    }
+
+    #[test]
+    fn a_parked_jobs_reason_round_trips_keeps_its_gpu_count_and_is_no_placement() {
+        for w in Waiting::ALL {
+            let one = w.admin_comment(1, "2026-11-23T12:14:05", 60);
+            assert_eq!(Waiting::from_admin_comment(&one), Some(w), "{one}");
+            assert_eq!(Placement::from_admin_comment(&one), None, "{one}");
+            assert!(!w.words().is_empty());
+        }
+        let gang = Waiting::FreeNode.admin_comment(4, "2026-11-23T12:14:05", 60);
+        assert_eq!(
+            gang,
+            "muxflow:v1 mode=offline gpus=4 waiting=free_node since=2026-11-23T12:14:05 rounds_every=60s"
+        );
+        let report = crate::report::JobReport::decode(&gang).unwrap();
+        assert_eq!(report.mode, Some(crate::Mode::Offline));
+        for not in [
+            "muxflow:v1 mode=offline",
+            "muxflow:v1 mode=online waiting=free_gpu",
+            "muxflow:v1 mode=offline waiting=soon",
+            "waiting=free_gpu",
+        ] {
+            assert_eq!(Waiting::from_admin_comment(not), None, "{not}");
+        }
     }
 
     #[test]

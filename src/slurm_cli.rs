@@ -267,6 +267,32 @@ impl SlurmClient {
     }
 }
 
+/// `t` as Slurm prints times (`SubmitTime=2026-11-23T12:14:05`): local
+/// time, no zone.
+pub fn slurm_time(t: std::time::SystemTime) -> String {
+    let secs = t
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs()) as libc::time_t;
+    // SAFETY: localtime_r fills the zeroed tm we own from a valid time_t;
+    // it returns null only for times out of range, checked.
+    let tm = unsafe {
+        let mut tm: libc::tm = std::mem::zeroed();
+        if libc::localtime_r(&secs, &mut tm).is_null() {
+            return "unknown".to_string();
+        }
+        tm
+    };
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}",
+        tm.tm_year + 1900,
+        tm.tm_mon + 1,
+        tm.tm_mday,
+        tm.tm_hour,
+        tm.tm_min,
+        tm.tm_sec
+    )
+}
+
 /// What the node side reads of an offline job from slurmctld.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OfflineJob {
@@ -349,6 +375,21 @@ fn split_gres(list: &str) -> Vec<&str> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn slurm_time_has_slurms_shape() {
+        let t = super::slurm_time(
+            std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_800_000_000),
+        );
+        let b = t.as_bytes();
+        assert_eq!(t.len(), 19, "{t}");
+        assert!(t.starts_with("2027-01-1"), "{t}");
+        assert_eq!(
+            (b[4], b[7], b[10], b[13], b[16]),
+            (b'-', b'-', b'T', b':', b':'),
+            "{t}"
+        );
+    }
+
     use super::*;
 
     const SHOW: &str = "JobId=10 JobName=wrap\n   JobState=RUNNING Reason=None\n   JOB_GRES=gpu:1,mfslot:g1:1\n     Nodes=node3 CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:0),mfslot:g1:1(IDX:1)\n   Features=(null)\n";

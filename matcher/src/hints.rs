@@ -2,7 +2,12 @@
 //! Slurm has and what the round wants.
 //!
 //! * **Parked**: held (job_submit.lua submits offline jobs with priority 0,
-//!   Reason=JobHeldUser).
+//!   Reason=JobHeldUser). The daemon then writes why it waits into its
+//!   AdminComment (`waiting=free_gpu since=… rounds_every=60s`,
+//!   [`Waiting`]) with an operator's hold (`Priority=0` from root:
+//!   Reason=JobHeldAdmin), so `squeue` does not show the user's own hold,
+//!   `scontrol show job` says why, and its owner cannot release it
+//!   ([`note_args`]). It is rewritten only when the reason changes.
 //! * **Placed** on (node K, GPU I): `ReqNodeList=K`, `Gres=<slot>:gI:1`, the
 //!   placement in its AdminComment (`placed=K:gI`, see
 //!   [`muxflow::placement`]: only root and SlurmUser can write it, and the
@@ -23,7 +28,7 @@
 //! Parking by a constraint no node has is not possible: Slurm 22.05 rejects
 //! such a job at submit ("Invalid feature specification").
 
-use muxflow::placement::Placement;
+use muxflow::placement::{Placement, Waiting};
 
 use crate::reader::{Names, PendingJob};
 
@@ -83,6 +88,31 @@ pub fn update_args(job: &PendingJob, target: &Target, names: &Names) -> Option<V
     }
 }
 
+/// The scontrol call that records why parked `job` waits (`waiting`, since
+/// `since`, local time as Slurm prints it; rounds every `every_s`) and
+/// holds it as an operator, or `None` when Slurm already shows that reason.
+pub fn note_args(
+    job: &PendingJob,
+    waiting: Waiting,
+    since: &str,
+    every_s: u64,
+) -> Option<Vec<String>> {
+    if !job.held || job.waiting == Some(waiting) {
+        return None;
+    }
+    Some(vec![
+        "update".to_string(),
+        format!("JobId={}", job.id),
+        // On a held job, root's Priority=0 turns the user's hold into an
+        // operator's (Reason=JobHeldAdmin), which its owner cannot release.
+        "Priority=0".to_string(),
+        format!(
+            "AdminComment={}",
+            waiting.admin_comment(job.gpus, since, every_s)
+        ),
+    ])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -102,6 +132,7 @@ mod tests {
             slot_gpus: slot.into_iter().collect(),
             gpus: 1,
             held: false,
+            waiting: None,
         }
     }
 
@@ -177,6 +208,43 @@ mod tests {
         };
         assert_eq!(current(&placed), t);
         assert_eq!(update_args(&placed, &t, &n), None);
+    }
+
+    #[test]
+    fn a_parked_jobs_reason_is_written_once_per_change_and_only_while_held() {
+        let fresh = held("", None);
+        let call = note_args(&fresh, Waiting::FreeGpu, "2026-11-23T12:14:05", 60).unwrap();
+        assert_eq!(
+            call,
+            [
+                "update",
+                "JobId=7",
+                "Priority=0",
+                "AdminComment=muxflow:v1 mode=offline waiting=free_gpu since=2026-11-23T12:14:05 rounds_every=60s"
+            ]
+        );
+        let noted = PendingJob {
+            waiting: Some(Waiting::FreeGpu),
+            ..held("", None)
+        };
+        assert_eq!(note_args(&noted, Waiting::FreeGpu, "later", 60), None);
+        let changed = note_args(&noted, Waiting::OlderJobsFirst, "later", 60).unwrap();
+        assert!(
+            changed[3].contains("waiting=older_jobs_first since=later"),
+            "{changed:?}"
+        );
+        // Not held (placed, or being parked by `hold` this round): nothing.
+        assert_eq!(
+            note_args(&job("node1", Some(0)), Waiting::FreeGpu, "t", 60),
+            None
+        );
+        // A gang keeps its GPU count.
+        let gang = PendingJob {
+            gpus: 3,
+            ..held("", None)
+        };
+        let call = note_args(&gang, Waiting::FreeNode, "t", 60).unwrap();
+        assert!(call[3].contains(" gpus=3 waiting=free_node "), "{call:?}");
     }
 
     #[test]

@@ -21,10 +21,11 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use muxflow_matcher::bench::{self, BenchArgs, DenseMode};
+use muxflow_matcher::hints;
 use muxflow_matcher::history::HistoryCache;
 use muxflow_matcher::metrics::MatcherMetrics;
 use muxflow_matcher::predict::{self, runs_from_sacct, Model};
-use muxflow_matcher::reader::{parse_sacct, Names};
+use muxflow_matcher::reader::{parse_sacct, ClusterState, Names};
 use muxflow_matcher::round::{plan, Plan};
 use muxflow_matcher::slurm::SlurmCli;
 use muxflow_matcher::synth::WeightMode;
@@ -301,8 +302,40 @@ fn round(
                 }
             }
         }
+        write_waiting_notes(config, slurm, &state, &plan);
     }
     Ok(plan)
+}
+
+/// Writes why each parked job waits into its AdminComment where that
+/// changed ([`hints::note_args`]), within what the round's hint updates
+/// left of `max_updates_per_round`: after a burst of submissions the rest
+/// follow in the next rounds, and placements never wait for a note.
+fn write_waiting_notes(
+    config: &muxflow::Config,
+    slurm: &SlurmCli,
+    state: &ClusterState,
+    plan: &Plan,
+) {
+    let since = muxflow::slurm_cli::slurm_time(std::time::SystemTime::now());
+    let budget = config
+        .matcher
+        .max_updates_per_round
+        .saturating_sub(plan.summary.updates);
+    let notes = plan.decisions.iter().filter_map(|d| {
+        let job = state
+            .pending
+            .binary_search_by_key(&d.job, |p| p.id)
+            .ok()
+            .map(|k| &state.pending[k])?;
+        hints::note_args(job, d.waiting?, &since, config.matcher.interval_s)
+    });
+    for call in notes.take(budget) {
+        if let Err(e) = slurm.scontrol(&call) {
+            // Only words: the next round tries again.
+            tracing::warn!("{}: waiting reason not written: {e}", call[1]);
+        }
+    }
 }
 
 /// The config `--config` names, else the one found beside the slurm.conf

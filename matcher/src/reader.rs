@@ -35,6 +35,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use muxflow::health::HealthState;
+use muxflow::placement::Waiting;
 use muxflow::published::{self, GpuPublished};
 use muxflow::report::JobReport;
 use muxflow::Mode;
@@ -397,6 +398,10 @@ pub struct GpuState {
     pub slot_used: bool,
 }
 
+/// The reason Slurm shows for a job an operator (root, SlurmUser: the
+/// matcher) holds; its owner cannot release it.
+pub const ADMIN_HOLD: &str = "JobHeldAdmin";
+
 /// A pending offline job and its current hint.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PendingJob {
@@ -413,6 +418,10 @@ pub struct PendingJob {
     pub gpus: u32,
     /// Held (priority 0): how job_submit.lua parks offline jobs.
     pub held: bool,
+    /// Why it waits, as the matcher last wrote it into the AdminComment,
+    /// while it stays held by the matcher (Reason=JobHeldAdmin); `None`
+    /// otherwise, e.g. fresh from job_submit.lua (JobHeldUser).
+    pub waiting: Option<Waiting>,
 }
 
 /// Everything one round needs, read from Slurm.
@@ -492,6 +501,9 @@ impl ClusterState {
                         slot_gpus,
                         gpus,
                         held: j.state_reason.starts_with("JobHeld"),
+                        waiting: (j.state_reason == ADMIN_HOLD)
+                            .then(|| Waiting::from_admin_comment(&j.admin_comment))
+                            .flatten(),
                     });
                 }
                 _ => {}

@@ -39,8 +39,10 @@
 //! a bounded exploration bonus); SPEED and `predicted_total` are means.
 //! `--json` prints the same as `{"summary": {...}, "decisions": [{"job",
 //! "name", "user", "action", "node", "gpu", "gpus", "predicted",
-//! "confidence", "reason"}]}`; `node`, `gpu`, `predicted`, `confidence` are
-//! null and `gpus` empty when not placed. A k-GPU job (`gpus=k` in its
+//! "confidence", "reason", "waiting"}]}`; `node`, `gpu`, `predicted`,
+//! `confidence` are null and `gpus` empty when not placed; `waiting` is a
+//! parked job's reason code ([`Waiting`], written into its AdminComment by
+//! the daemon) and null when placed. A k-GPU job (`gpus=k` in its
 //! record) is placed as a gang on k GPUs of one node ([`crate::gang`]):
 //! GPU shows them all (`0,1`), SPEED its slowest GPU's, and the summary's
 //! `predicted_total` counts it k times. Both formats are stable (fields
@@ -49,6 +51,7 @@
 use std::fmt::Write as _;
 
 use muxflow::config::{Matcher, Policy};
+use muxflow::placement::Waiting;
 use muxflow::policy::{offline_mem_cap_mib, GpuFacts};
 use serde::Serialize;
 
@@ -96,6 +99,10 @@ pub struct Decision {
     /// The prediction's standard deviation.
     pub confidence: Option<f64>,
     pub reason: String,
+    /// A parked job's reason to wait, as written into its AdminComment
+    /// (`waiting=`, [`Waiting`]) by the daemon; `None` when placed.
+    #[serde(serialize_with = "waiting_code")]
+    pub waiting: Option<Waiting>,
     /// The scontrol calls (full argument lists) that change the hint.
     #[serde(skip)]
     pub update: Option<Vec<Vec<String>>>,
@@ -125,6 +132,10 @@ pub struct Plan {
     pub decisions: Vec<Decision>,
     #[serde(skip)]
     pub notes: Vec<String>,
+}
+
+fn waiting_code<S: serde::Serializer>(w: &Option<Waiting>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_some(&w.map(Waiting::code))
 }
 
 /// What a round needs of a predictor: terms looked up once per job and
@@ -362,7 +373,7 @@ pub fn plan<P: Predictor>(
 
     let mut decisions = Vec::with_capacity(jobs.len());
     for (j, &job) in jobs.iter().enumerate() {
-        let (target, predicted, reason) = match (gang_of[j], assigned[j]) {
+        let (target, predicted, reason, waiting) = match (gang_of[j], assigned[j]) {
             (Some(c), _) => {
                 let first = &state.gpus[open[c.gpus[0] as usize]];
                 // Its speed is its slowest GPU's (synchronous training).
@@ -388,6 +399,7 @@ pub fn plan<P: Predictor>(
                         "gang of {} GPUs on one node at its slowest GPU's speed (greedy, before the exact matching)",
                         job.gpus
                     ),
+                    None,
                 )
             }
             (None, _) if is_gang[j] => (
@@ -397,6 +409,7 @@ pub fn plan<P: Predictor>(
                     "no candidate: no node with {} Healthy GPUs free for it (idle or with an online job, with room)",
                     job.gpus
                 ),
+                Some(Waiting::FreeNode),
             ),
             (None, Some(_)) | (None, None) => match assigned[j] {
             Some((g, w)) => {
@@ -421,13 +434,20 @@ pub fn plan<P: Predictor>(
                     },
                     Some(shown),
                     reason,
+                    None,
                 )
             }
-            None if !has_edge[j] => (Target::Parked, None, NO_CANDIDATE.to_string()),
+            None if !has_edge[j] => (
+                Target::Parked,
+                None,
+                NO_CANDIDATE.to_string(),
+                Some(Waiting::FreeGpu),
+            ),
             None => (
                 Target::Parked,
                 None,
                 "its candidate GPUs went to jobs with a higher total".to_string(),
+                Some(Waiting::FasterJobsFirst),
             ),
             },
         };
@@ -453,6 +473,7 @@ pub fn plan<P: Predictor>(
             predicted: predicted.map(|p| p.0),
             confidence: predicted.map(|p| p.1),
             reason,
+            waiting,
             update,
         });
     }
@@ -482,6 +503,11 @@ pub fn plan<P: Predictor>(
                     "waiting: older held jobs fill this round ({HELD_JOBS_PER_OPEN_GPU} per open GPU are scored)"
                 )
             },
+            waiting: Some(if no_open_gpu {
+                Waiting::FreeGpu
+            } else {
+                Waiting::OlderJobsFirst
+            }),
             update: None,
         });
     }
@@ -632,6 +658,7 @@ mod tests {
             slot_gpus: slot.into_iter().collect(),
             gpus: 1,
             held,
+            waiting: None,
         }
     }
 

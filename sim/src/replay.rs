@@ -676,6 +676,7 @@ impl<'a> Sim<'a> {
                 // The trace's multi-GPU tasks are split into 1-GPU workers.
                 gpus: 1,
                 held: true,
+                waiting: None,
             });
             self.in_state[j as usize] = true;
         }

@@ -250,13 +250,27 @@ fn matcher_places_best_total_avoids_unhealthy_gpus_and_converges_after_kill_9() 
         (n.as_str(), gres),
         ("node2", format!("mfslot:g{g2}:1(IDX:{g2})"))
     );
+    // The parked job says why it waits: held by the operator (the matcher),
+    // not by its user, and the reason in words in its AdminComment.
     assert_eq!(c.job_field(extra, "JobState"), "PENDING");
-    assert_eq!(c.job_field(extra, "Reason"), "JobHeldUser");
+    assert_eq!(d_extra["waiting"], "free_gpu", "{round}");
+    assert_eq!(c.job_field(extra, "Reason"), "JobHeldAdmin");
+    let noted = c.admin_comment(extra);
+    assert!(
+        noted.starts_with("muxflow:v1 mode=offline waiting=free_gpu since=20")
+            && noted.ends_with(" rounds_every=60s"),
+        "{noted}"
+    );
+    let mut cmd = c.cmd("squeue");
+    cmd.args(["-h", "-j", &extra.to_string(), "-o", "%r"]);
+    assert_eq!(c.run(cmd).1.trim(), "JobHeldAdmin");
 
-    // A second round changes nothing: hints are only rewritten on change.
+    // A second round changes nothing: hints are only rewritten on change,
+    // and so is the reason (its `since` stays).
     let again = once_json(&c);
     assert_eq!(again["summary"]["updates"], 0, "{again}");
     assert_eq!(decision(&again, extra)["action"], "none");
+    assert_eq!(c.admin_comment(extra), noted);
 
     // Kill -9 mid-loop. Free the slots, add an online job on node4, keep
     // node3 faulty (a new Xid), add jobs.
