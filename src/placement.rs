@@ -91,11 +91,8 @@ impl Waiting {
     /// reason since `since` (local time, `YYYY-MM-DDTHH:MM:SS`), checked by
     /// a matcher round every `every_s` seconds.
     pub fn admin_comment(self, gpus: u32, since: &str, every_s: u64) -> String {
-        let mut w = kv::Writer::new().tag(TAG);
-        w.push("mode", crate::Mode::Offline);
-        if gpus > 1 {
-            w.push(GPUS_KEY, gpus);
-        }
+        let gpus = gpus as usize;
+        let mut w = offline_record(gpus);
         w.push(WAITING_KEY, self.code())
             .push("since", since)
             .push("rounds_every", format!("{every_s}s"));
@@ -104,12 +101,25 @@ impl Waiting {
 
     /// The reason recorded in an offline job's AdminComment, if any.
     pub fn from_admin_comment(text: &str) -> Option<Waiting> {
-        let map = kv::parse(text.trim().strip_prefix(TAG)?).ok()?;
-        if map.get("mode").map(String::as_str) != Some(crate::Mode::Offline.as_str()) {
-            return None;
-        }
-        Waiting::from_code(map.get(WAITING_KEY)?)
+        Waiting::from_code(offline_record_keys(text)?.get(WAITING_KEY)?)
     }
+}
+
+/// An offline job's AdminComment up to its own keys: the tag, the mode and
+/// the GPU count when more than 1.
+fn offline_record(gpus: usize) -> kv::Writer {
+    let mut w = kv::Writer::new().tag(TAG);
+    w.push("mode", crate::Mode::Offline);
+    if gpus > 1 {
+        w.push(GPUS_KEY, gpus);
+    }
+    w
+}
+
+/// The keys of an offline job's AdminComment; None when it is not one.
+fn offline_record_keys(text: &str) -> Option<std::collections::BTreeMap<String, String>> {
+    let map = kv::parse(text.trim().strip_prefix(TAG)?).ok()?;
+    (map.get("mode").map(String::as_str) == Some(crate::Mode::Offline.as_str())).then_some(map)
 }
 
 /// What muxflow wrote about where an offline job may run.
@@ -179,11 +189,11 @@ impl Placement {
 
     /// The AdminComment the matcher writes with the slot.
     pub fn admin_comment(&self) -> String {
-        let mut w = kv::Writer::new().tag(TAG);
-        w.push("mode", crate::Mode::Offline);
-        if let Placement::Gang { gpus, .. } = self {
-            w.push(GPUS_KEY, gpus.len());
-        }
+        let gpus = match self {
+            Placement::Gang { gpus, .. } => gpus.len(),
+            _ => 1,
+        };
+        let mut w = offline_record(gpus);
         w.push(PLACED_KEY, self);
         w.finish()
     }
@@ -191,11 +201,7 @@ impl Placement {
     /// The placement recorded in an AdminComment; None when there is none
     /// (not muxflow's text, not an offline job, or no `placed=`).
     pub fn from_admin_comment(text: &str) -> Option<Placement> {
-        let map = kv::parse(text.trim().strip_prefix(TAG)?).ok()?;
-        if map.get("mode").map(String::as_str) != Some(crate::Mode::Offline.as_str()) {
-            return None;
-        }
-        Placement::parse(map.get(PLACED_KEY)?)
+        Placement::parse(offline_record_keys(text)?.get(PLACED_KEY)?)
     }
 
     /// Does an allocation of offline slots `slots` on `node` match?
@@ -215,8 +221,8 @@ impl Placement {
 /// The AdminComment the Prolog writes for an offline job it refused: `code`
 /// is one word (`[a-z0-9_]`), the full reason goes to the job's stderr.
 pub fn refused_admin_comment(code: &str) -> String {
-    let mut w = kv::Writer::new().tag(TAG);
-    w.push("mode", crate::Mode::Offline).push(REFUSED_KEY, code);
+    let mut w = offline_record(1);
+    w.push(REFUSED_KEY, code);
     w.finish()
 }
 
