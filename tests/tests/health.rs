@@ -251,6 +251,7 @@ impl Pair {
                     job_id: id,
                     mode,
                     uid: 0,
+                    slot: 0,
                 };
                 ns.add_job(&lock, gpu, &job).unwrap();
             }
