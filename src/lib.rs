@@ -12,6 +12,7 @@ pub mod limits;
 pub mod metrics;
 pub mod mode;
 pub mod mps;
+pub mod offline_procs;
 pub mod node_state;
 pub mod placement;
 pub mod policy;

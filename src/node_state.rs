@@ -5,6 +5,8 @@
 //! <state_dir>/gpu<i>/state         health state word (healthy, busy, …)
 //! <state_dir>/gpu<i>/jobs/<jobid>  one file per muxflow job on the GPU (key=value)
 //! <state_dir>/gpu<i>/facts         what the SM and memory policies need (key=value)
+//! <state_dir>/gpu<i>/offline_procs the GPU's offline processes, for xCUDA's brake
+//!                                  (crate::offline_procs)
 //! <state_dir>/xcuda/<jobid>/       xCUDA counters of an offline job (owned by its user)
 //! <state_dir>/limits/<jobid>        an offline job's limits (root, 0644; crate::limits)
 //! <state_dir>/limits/<jobid>.policed  why the node terminated one of its processes
@@ -297,6 +299,11 @@ impl NodeState {
                 .map_err(|e| corrupt(e.to_string()))?,
             mem_total_mib: f.get("mem_total_mib").map_err(|e| corrupt(e.to_string()))?,
         })
+    }
+
+    /// The GPU's offline processes as root last saw them ([`crate::offline_procs`]).
+    pub fn offline_procs_file(&self, gpu: u32) -> PathBuf {
+        self.gpu_dir(gpu).join(crate::offline_procs::FILE_NAME)
     }
 
     /// Where the xCUDA counters of offline job `job_id` go.
