@@ -538,7 +538,12 @@ mod tests {
             },
         ];
         for r in rows {
-            assert_eq!(free_offline_slot(&r.jobs, 7, r.per_gpu), r.want, "{}", r.name);
+            assert_eq!(
+                free_offline_slot(&r.jobs, 7, r.per_gpu),
+                r.want,
+                "{}",
+                r.name
+            );
         }
     }
 

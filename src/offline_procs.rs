@@ -140,7 +140,8 @@ mod tests {
 
     #[test]
     fn start_time_is_field_22_whatever_the_command_name() {
-        let stat = "4242 (a) b) c) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
+        let stat =
+            "4242 (a) b) c) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
         assert_eq!(start_ticks(stat), Some(987654));
         assert_eq!(start_ticks("1 (x) S 0"), None);
         let me = ProcId::of(&Procfs::default(), std::process::id()).unwrap();
@@ -189,6 +190,9 @@ mod tests {
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
         std::fs::rename(&file, dir.join("real")).unwrap();
         std::os::unix::fs::symlink(dir.join("real"), &file).unwrap();
-        assert!(read_trusted(&file, me).is_err(), "a symlink is not followed");
+        assert!(
+            read_trusted(&file, me).is_err(),
+            "a symlink is not followed"
+        );
     }
 }

@@ -438,7 +438,10 @@ fn publish_offline_procs(ns: &NodeState, procfs: &Procfs, gpu: u32, processes: &
     }
     match muxflow::node_state::write_atomic(&path, text.as_bytes()) {
         Ok(()) => tracing::debug!(gpu, "offline processes for the brake: {}", text.trim()),
-        Err(e) => tracing::error!(gpu, "cannot publish the offline processes for xCUDA's brake: {e}"),
+        Err(e) => tracing::error!(
+            gpu,
+            "cannot publish the offline processes for xCUDA's brake: {e}"
+        ),
     }
 }
 
