@@ -932,7 +932,8 @@ fn a_forked_child_counts_from_zero_and_the_sums_are_what_happened() {
 /// muxflow-police writes beside the health word), so they do not brake for
 /// each other; an online process on the GPU brakes both, and both resume
 /// when it leaves. A list a user could have written (not root's) counts
-/// for nothing: they brake for each other again.
+/// for nothing: they brake for each other again. The health pause holds
+/// both.
 #[test]
 fn two_offline_jobs_brake_together_for_the_online_job_and_never_for_each_other() {
     use muxflow::offline_procs::{self, ProcId};
@@ -1022,6 +1023,19 @@ fn two_offline_jobs_brake_together_for_the_online_job_and_never_for_each_other()
     );
     for (&p, b) in pids.iter().zip(before) {
         assert!(launches(p) > b, "{p} stopped launching");
+    }
+
+    // 5. The health pause holds every offline client of the GPU, and
+    // Healthy releases them all.
+    std::fs::write(sim.health(), "overloaded\n").unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let held: Vec<u64> = pids.iter().map(|&p| launches(p)).collect();
+    std::thread::sleep(Duration::from_millis(2500));
+    let still: Vec<u64> = pids.iter().map(|&p| launches(p)).collect();
+    assert_eq!(held, still, "an offline client launched while overloaded");
+    std::fs::write(sim.health(), "healthy\n").unwrap();
+    for (&p, h) in pids.iter().zip(held) {
+        wait_for("launches after the pause", || launches(p) > h + 20);
     }
     for mut c in offline {
         // SAFETY: signalling our own child.
