@@ -117,8 +117,8 @@ pub struct JobRecord {
     pub job_id: u32,
     pub mode: Mode,
     pub uid: u32,
-    /// An offline job's slot on the GPU (0 to `[policy] offline_per_gpu`
-    /// - 1), which fixes its part of the GPU ([`crate::policy::offline_slot_share`]);
+    /// An offline job's slot on the GPU (below `[policy] offline_per_gpu`),
+    /// which fixes its part of the GPU ([`crate::policy::offline_slot_share`]);
     /// 0 for online jobs and for records written before slots existed.
     pub slot: u8,
 }
