@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod mode;
 pub mod mps;
 pub mod node_state;
+pub mod offline_procs;
 pub mod placement;
 pub mod policy;
 pub mod process;

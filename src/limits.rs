@@ -137,44 +137,59 @@ impl JobLimits {
         owner: u32,
     ) -> Result<(JobLimits, Vec<XcudaEnvError>), LimitsError> {
         let file_path = path(dir, job_id);
-        let untrusted = |why: String| LimitsError::Untrusted {
-            path: file_path.clone(),
-            why,
-        };
-        let dir_meta = std::fs::symlink_metadata(dir).map_err(|source| LimitsError::Io {
-            path: dir.to_path_buf(),
-            source,
-        })?;
-        check_owner_mode(&dir_meta, owner, true)
-            .map_err(|w| untrusted(format!("its directory {w}")))?;
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-            .open(&file_path)
-            .map_err(|source| LimitsError::Io {
-                path: file_path.clone(),
-                source,
-            })?;
-        let meta = file.metadata().map_err(|source| LimitsError::Io {
-            path: file_path.clone(),
-            source,
-        })?;
-        check_owner_mode(&meta, owner, false).map_err(untrusted)?;
-        if meta.len() > MAX_BYTES {
-            return Err(untrusted(format!("larger than {MAX_BYTES} bytes")));
-        }
-        let mut text = String::new();
-        file.take(MAX_BYTES)
-            .read_to_string(&mut text)
-            .map_err(|source| LimitsError::Io {
-                path: file_path.clone(),
-                source,
-            })?;
+        let text = read_trusted_text(&file_path, owner, MAX_BYTES)?;
         JobLimits::decode(&text, job_id).map_err(|why| LimitsError::Corrupt {
             path: file_path.clone(),
             why,
         })
     }
+}
+
+/// The text of `file_path` if only `owner` (root in production) can have
+/// written it: a regular file (no symlink followed, no FIFO waited on) of
+/// `owner` not writable by group or others, in a directory of `owner` not
+/// writable by group or others, at most `max_bytes`. What a user process
+/// reads to learn what root decided ([`crate::offline_procs`] too).
+pub fn read_trusted_text(
+    file_path: &Path,
+    owner: u32,
+    max_bytes: u64,
+) -> Result<String, LimitsError> {
+    let untrusted = |why: String| LimitsError::Untrusted {
+        path: file_path.to_path_buf(),
+        why,
+    };
+    let dir = file_path.parent().unwrap_or(Path::new("/"));
+    let dir_meta = std::fs::symlink_metadata(dir).map_err(|source| LimitsError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    check_owner_mode(&dir_meta, owner, true)
+        .map_err(|w| untrusted(format!("its directory {w}")))?;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(file_path)
+        .map_err(|source| LimitsError::Io {
+            path: file_path.to_path_buf(),
+            source,
+        })?;
+    let meta = file.metadata().map_err(|source| LimitsError::Io {
+        path: file_path.to_path_buf(),
+        source,
+    })?;
+    check_owner_mode(&meta, owner, false).map_err(untrusted)?;
+    if meta.len() > max_bytes {
+        return Err(untrusted(format!("larger than {max_bytes} bytes")));
+    }
+    let mut text = String::new();
+    file.take(max_bytes)
+        .read_to_string(&mut text)
+        .map_err(|source| LimitsError::Io {
+            path: file_path.to_path_buf(),
+            source,
+        })?;
+    Ok(text)
 }
 
 fn check_owner_mode(meta: &std::fs::Metadata, owner: u32, dir: bool) -> Result<(), String> {

@@ -5,6 +5,8 @@
 //! <state_dir>/gpu<i>/state         health state word (healthy, busy, …)
 //! <state_dir>/gpu<i>/jobs/<jobid>  one file per muxflow job on the GPU (key=value)
 //! <state_dir>/gpu<i>/facts         what the SM and memory policies need (key=value)
+//! <state_dir>/gpu<i>/offline_procs the GPU's offline processes, for xCUDA's brake
+//!                                  (crate::offline_procs)
 //! <state_dir>/xcuda/<jobid>/       xCUDA counters of an offline job (owned by its user)
 //! <state_dir>/limits/<jobid>        an offline job's limits (root, 0644; crate::limits)
 //! <state_dir>/limits/<jobid>.policed  why the node terminated one of its processes
@@ -115,6 +117,20 @@ pub struct JobRecord {
     pub job_id: u32,
     pub mode: Mode,
     pub uid: u32,
+    /// An offline job's slot on the GPU (below `[policy] offline_per_gpu`),
+    /// which fixes its part of the GPU ([`crate::policy::offline_slot_share`]);
+    /// 0 for online jobs and for records written before slots existed.
+    pub slot: u8,
+}
+
+/// The lowest of a GPU's `per_gpu` offline slots that no offline job in
+/// `jobs` (other than `job_id`) holds; None when all are held.
+pub fn free_offline_slot(jobs: &[JobRecord], job_id: u32, per_gpu: u8) -> Option<u8> {
+    (0..per_gpu).find(|s| {
+        !jobs
+            .iter()
+            .any(|j| j.mode == Mode::Offline && j.job_id != job_id && j.slot == *s)
+    })
 }
 
 impl NodeState {
@@ -186,7 +202,9 @@ impl NodeState {
     /// Records a muxflow job on GPU `gpu` (caller holds the GPU lock).
     pub fn add_job(&self, _lock: &GpuLock, gpu: u32, job: &JobRecord) -> Result<(), StateError> {
         let mut w = kv::Writer::new();
-        w.push("mode", job.mode).push("uid", job.uid);
+        w.push("mode", job.mode)
+            .push("uid", job.uid)
+            .push("slot", job.slot);
         write_atomic(
             &self.job_path(gpu, job.job_id),
             (w.finish() + "\n").as_bytes(),
@@ -235,6 +253,10 @@ impl NodeState {
                 job_id,
                 mode: f.require("mode").map_err(|e| corrupt(e.to_string()))?,
                 uid: f.require("uid").map_err(|e| corrupt(e.to_string()))?,
+                slot: f
+                    .get("slot")
+                    .map_err(|e| corrupt(e.to_string()))?
+                    .unwrap_or(0),
             });
         }
         jobs.sort_by_key(|j| j.job_id);
@@ -277,6 +299,11 @@ impl NodeState {
                 .map_err(|e| corrupt(e.to_string()))?,
             mem_total_mib: f.get("mem_total_mib").map_err(|e| corrupt(e.to_string()))?,
         })
+    }
+
+    /// The GPU's offline processes as root last saw them ([`crate::offline_procs`]).
+    pub fn offline_procs_file(&self, gpu: u32) -> PathBuf {
+        self.gpu_dir(gpu).join(crate::offline_procs::FILE_NAME)
     }
 
     /// Where the xCUDA counters of offline job `job_id` go.
@@ -410,6 +437,7 @@ mod tests {
             job_id: 42,
             mode: Mode::Offline,
             uid: 1000,
+            slot: 0,
         };
         ns.add_job(&lock, 1, &job).unwrap();
         ns.add_job(
@@ -419,6 +447,7 @@ mod tests {
                 job_id: 7,
                 mode: Mode::Online,
                 uid: 0,
+                slot: 0,
             },
         )
         .unwrap();
@@ -446,6 +475,76 @@ mod tests {
         };
         ns.set_facts(&lock, 1, &facts).unwrap();
         assert_eq!(ns.facts(1).unwrap(), facts);
+    }
+
+    #[test]
+    fn offline_slots_are_recorded_and_the_lowest_free_one_is_picked() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ns = NodeState::new(tmp.path());
+        let lock = ns.lock_gpu(0).unwrap();
+        let rec = |job_id, mode, slot| JobRecord {
+            job_id,
+            mode,
+            uid: 1000,
+            slot,
+        };
+        ns.add_job(&lock, 0, &rec(5, Mode::Offline, 1)).unwrap();
+        assert_eq!(ns.jobs(0).unwrap(), [rec(5, Mode::Offline, 1)]);
+        // A record written before slots existed reads as slot 0.
+        fs::write(ns.gpu_dir(0).join("jobs/3"), "mode=offline uid=1000\n").unwrap();
+        assert_eq!(ns.jobs(0).unwrap()[0], rec(3, Mode::Offline, 0));
+        struct Row {
+            name: &'static str,
+            jobs: Vec<JobRecord>,
+            per_gpu: u8,
+            want: Option<u8>,
+        }
+        let rows = [
+            Row {
+                name: "empty GPU: slot 0",
+                jobs: vec![],
+                per_gpu: 2,
+                want: Some(0),
+            },
+            Row {
+                name: "an online job holds no offline slot",
+                jobs: vec![rec(9, Mode::Online, 0)],
+                per_gpu: 1,
+                want: Some(0),
+            },
+            Row {
+                name: "slot 0 held: slot 1",
+                jobs: vec![rec(9, Mode::Online, 0), rec(4, Mode::Offline, 0)],
+                per_gpu: 2,
+                want: Some(1),
+            },
+            Row {
+                name: "the first left, slot 1 still held: slot 0 again",
+                jobs: vec![rec(6, Mode::Offline, 1)],
+                per_gpu: 2,
+                want: Some(0),
+            },
+            Row {
+                name: "all held",
+                jobs: vec![rec(4, Mode::Offline, 0), rec(6, Mode::Offline, 1)],
+                per_gpu: 2,
+                want: None,
+            },
+            Row {
+                name: "the job's own record (a second Prolog) does not count",
+                jobs: vec![rec(7, Mode::Offline, 0)],
+                per_gpu: 1,
+                want: Some(0),
+            },
+        ];
+        for r in rows {
+            assert_eq!(
+                free_offline_slot(&r.jobs, 7, r.per_gpu),
+                r.want,
+                "{}",
+                r.name
+            );
+        }
     }
 
     #[test]
@@ -492,6 +591,7 @@ mod tests {
                             job_id: t * 1000 + i,
                             mode: Mode::Offline,
                             uid: t,
+                            slot: 0,
                         };
                         ns.add_job(&lock, 0, &job).unwrap();
                         ns.set_health(&lock, 0, HealthState::ALL[(i % 5) as usize])

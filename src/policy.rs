@@ -60,6 +60,45 @@ pub fn offline_mem_cap_mib(policy: &Policy, facts: &GpuFacts) -> Option<u64> {
     )
 }
 
+/// What one offline job on a GPU gets: its MPS SM share and memory cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotShare {
+    /// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE.
+    pub sm_pct: u8,
+    /// CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, MiB; None when the GPU's memory is
+    /// unknown ([`offline_mem_cap_mib`]).
+    pub mem_cap_mib: Option<u64>,
+}
+
+/// The share of offline slot `slot` (0-based, below `policy.offline_per_gpu`
+/// = N) of a GPU: the GPU's offline SM budget ([`offline_sm_percent`]: what
+/// the online job leaves, less headroom, within floor and ceiling) and its
+/// memory room ([`offline_mem_cap_mib`]) split into N parts, the remainder
+/// going one unit each to the lowest slots. N = 1 gives the whole budget.
+///
+/// Why N parts of the configured N, not parts of the jobs there now: MPS
+/// fixes a client's SM share and memory limit when it starts, so a job that
+/// started alone cannot give half back when a second one arrives. With a
+/// fixed part per slot, and each running job holding a different slot (the
+/// Prolog picks the lowest free one under the GPU's lock), the shares of
+/// whatever jobs run at once never add up to more than the budget, and a
+/// late arrival never waits for anyone to shrink. The cost: a job alone on
+/// a GPU with N > 1 runs on its part only. A share is at least 1 % (MPS
+/// takes no 0): only a budget below N percent can then be exceeded, by at
+/// most N - 1 points.
+pub fn offline_slot_share(policy: &Policy, facts: &GpuFacts, slot: u8) -> SlotShare {
+    let n = policy.offline_per_gpu.max(1);
+    let slot = slot.min(n - 1);
+    let budget = offline_sm_percent(policy, facts.online_solo_sm_pct);
+    let sm_pct = (budget / n + u8::from(slot < budget % n)).max(1);
+    let mem_cap_mib = offline_mem_cap_mib(policy, facts)
+        .map(|room| room / u64::from(n) + u64::from(u64::from(slot) < room % u64::from(n)));
+    SlotShare {
+        sm_pct,
+        mem_cap_mib,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,6 +171,129 @@ mod tests {
         for (facts, want, why) in cases {
             assert_eq!(offline_mem_cap_mib(&p, facts), *want, "{why}");
         }
+    }
+
+    #[test]
+    fn slot_share_table() {
+        struct Row {
+            name: &'static str,
+            per_gpu: u8,
+            solo_sm_pct: Option<u8>,
+            mem_total_mib: Option<u64>,
+            online_mem_mib: Option<u64>,
+            /// (SM %, memory cap MiB) of slots 0, 1, … N-1.
+            want: &'static [(u8, Option<u64>)],
+        }
+        let rows = [
+            Row {
+                name: "N=1: the whole budget (100-30-10) and room (40000-10000-2048)",
+                per_gpu: 1,
+                solo_sm_pct: Some(30),
+                mem_total_mib: Some(40_000),
+                online_mem_mib: Some(10_000),
+                want: &[(60, Some(27_952))],
+            },
+            Row {
+                name: "N=2: halves",
+                per_gpu: 2,
+                solo_sm_pct: Some(30),
+                mem_total_mib: Some(40_000),
+                online_mem_mib: Some(10_000),
+                want: &[(30, Some(13_976)), (30, Some(13_976))],
+            },
+            Row {
+                name: "N=3: remainders to the lowest slots, sums exact",
+                per_gpu: 3,
+                solo_sm_pct: Some(30),
+                mem_total_mib: Some(40_000),
+                online_mem_mib: Some(10_000),
+                want: &[(20, Some(9_318)), (20, Some(9_317)), (20, Some(9_317))],
+            },
+            Row {
+                name: "N=4, budget 70 (solo 20): 18+18+17+17; room 67511: 16878 x3 + 16877",
+                per_gpu: 4,
+                solo_sm_pct: Some(20),
+                mem_total_mib: Some(81_559),
+                online_mem_mib: Some(12_000),
+                want: &[
+                    (18, Some(16_878)),
+                    (18, Some(16_878)),
+                    (17, Some(16_878)),
+                    (17, Some(16_877)),
+                ],
+            },
+            Row {
+                name: "N=2, idle GPU: the ceiling (80) split, no online memory",
+                per_gpu: 2,
+                solo_sm_pct: Some(0),
+                mem_total_mib: Some(81_559),
+                online_mem_mib: None,
+                want: &[(40, Some(39_756)), (40, Some(39_755))],
+            },
+            Row {
+                name: "N=4, saturated online: the floor (10) split, 3+3+2+2",
+                per_gpu: 4,
+                solo_sm_pct: Some(100),
+                mem_total_mib: Some(16_384),
+                online_mem_mib: Some(15_000),
+                want: &[(3, Some(0)), (3, Some(0)), (2, Some(0)), (2, Some(0))],
+            },
+            Row {
+                name: "N=2, nothing recorded: the default (30) split, no cap",
+                per_gpu: 2,
+                solo_sm_pct: None,
+                mem_total_mib: None,
+                online_mem_mib: None,
+                want: &[(15, None), (15, None)],
+            },
+        ];
+        for r in rows {
+            let mut p = policy();
+            p.offline_per_gpu = r.per_gpu;
+            let facts = GpuFacts {
+                online_solo_sm_pct: r.solo_sm_pct,
+                online_mem_mib: r.online_mem_mib,
+                mem_total_mib: r.mem_total_mib,
+            };
+            let got: Vec<(u8, Option<u64>)> = (0..r.per_gpu)
+                .map(|slot| {
+                    let s = offline_slot_share(&p, &facts, slot);
+                    (s.sm_pct, s.mem_cap_mib)
+                })
+                .collect();
+            assert_eq!(got, r.want, "{}", r.name);
+            // The parts never add up to more than the whole.
+            let sm: u32 = got.iter().map(|g| u32::from(g.0)).sum();
+            assert!(
+                sm <= u32::from(offline_sm_percent(&p, r.solo_sm_pct)),
+                "{}",
+                r.name
+            );
+            if let Some(room) = offline_mem_cap_mib(&p, &facts) {
+                let mem: u64 = got.iter().map(|g| g.1.unwrap()).sum();
+                assert_eq!(mem, room, "{}", r.name);
+            }
+        }
+    }
+
+    #[test]
+    fn a_share_is_never_zero_and_a_slot_past_n_gets_the_last_part() {
+        let mut p = policy();
+        p.sm_floor = Percent::new(1).unwrap();
+        p.offline_per_gpu = 4;
+        let facts = GpuFacts {
+            online_solo_sm_pct: Some(100),
+            ..GpuFacts::default()
+        };
+        // Budget 1 %: MPS takes no 0 %, so every slot gets 1 %.
+        for slot in 0..4 {
+            assert_eq!(offline_slot_share(&p, &facts, slot).sm_pct, 1);
+        }
+        p.sm_floor = Percent::new(10).unwrap();
+        assert_eq!(
+            offline_slot_share(&p, &facts, 9),
+            offline_slot_share(&p, &facts, 3)
+        );
     }
 
     #[test]

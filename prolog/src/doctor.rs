@@ -222,9 +222,10 @@ fn expand_files(spec: &str) -> Vec<String> {
     out
 }
 
-/// gres.conf: every GPU file of `node` has exactly one `offline_gres` slot
-/// typed `g<i>` bound to the same file.
-pub fn check_gres(text: &str, node: &str, offline_gres: &str) -> Check {
+/// gres.conf: every GPU file of `node` has exactly `per_gpu` `offline_gres`
+/// slots (`[policy] offline_per_gpu`: the typed line repeated) typed `g<i>`
+/// bound to the same file.
+pub fn check_gres(text: &str, node: &str, offline_gres: &str, per_gpu: u8) -> Check {
     const NAME: &str = "gres.conf";
     let mut gpus: Vec<String> = Vec::new();
     let mut slots: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -262,12 +263,12 @@ pub fn check_gres(text: &str, node: &str, offline_gres: &str) -> Check {
     for (i, file) in gpus.iter().enumerate() {
         let want = format!("g{i}");
         match slots.get(file).map(Vec::as_slice) {
-            Some([ty]) if *ty == want => {}
+            Some(types) if types.len() == usize::from(per_gpu) && types.iter().all(|t| *t == want) => {}
             Some(types) if !types.is_empty() => {
                 return Check::fail(
                     NAME,
-                    format!("{file}: {offline_gres} slots typed {types:?}, expected one typed {want}"),
-                    format!("keep one line `Name={offline_gres} Type={want} File={file}`"),
+                    format!("{file}: {offline_gres} slots typed {types:?}, expected {per_gpu} typed {want} ([policy] offline_per_gpu = {per_gpu})"),
+                    format!("keep {per_gpu} identical line(s) `Name={offline_gres} Type={want} File={file}` (etc/gres-muxflow --per-gpu {per_gpu} prints them)"),
                 )
             }
             _ => {
@@ -281,7 +282,7 @@ pub fn check_gres(text: &str, node: &str, offline_gres: &str) -> Check {
     }
     Check::ok(
         NAME,
-        format!("{} GPUs, one {offline_gres} slot each", gpus.len()),
+        format!("{} GPUs, {per_gpu} {offline_gres} slot(s) each", gpus.len()),
     )
 }
 
@@ -461,7 +462,12 @@ pub fn run(config: &Config, node: &str, slurm_conf: &Path, slurmd_v: &str) -> Ve
 
     let gres = conf_dir.join("gres.conf");
     checks.push(match std::fs::read_to_string(&gres) {
-        Ok(text) => check_gres(&text, node, &config.slurm.offline_gres),
+        Ok(text) => check_gres(
+            &text,
+            node,
+            &config.slurm.offline_gres,
+            config.policy.offline_per_gpu,
+        ),
         Err(e) => Check::fail(
             "gres.conf",
             format!("{}: {e}", gres.display()),
@@ -514,27 +520,49 @@ mod tests {
 
     #[test]
     fn gres_conf_one_slot_per_gpu_on_its_device() {
+        let two = "Name=gpu File=/dev/nvidia[0-1]\nName=mfslot Type=g0 File=/dev/nvidia0\nName=mfslot Type=g0 File=/dev/nvidia0\nName=mfslot Type=g1 File=/dev/nvidia1\nName=mfslot Type=g1 File=/dev/nvidia1\n";
         let rows = [
-            ("the pattern", GOOD_GRES, None),
+            ("the pattern", GOOD_GRES, 1, None),
+            ("two slots per GPU: the line twice", two, 2, None),
+            (
+                "one line where two are configured",
+                GOOD_GRES,
+                2,
+                Some("expected 2 typed g0 ([policy] offline_per_gpu = 2)"),
+            ),
+            (
+                "two lines where one is configured",
+                two,
+                1,
+                Some("expected 1 typed g0"),
+            ),
             (
                 "a slot missing",
                 "Name=gpu File=/dev/nvidia[0-1]\nName=mfslot Type=g0 File=/dev/nvidia0\n",
+                1,
                 Some("GPU 1 (/dev/nvidia1) has no mfslot slot"),
             ),
             (
                 "slots crossed",
                 "Name=gpu File=/dev/nvidia[0-1]\nName=mfslot Type=g1 File=/dev/nvidia0\nName=mfslot Type=g0 File=/dev/nvidia1\n",
-                Some("expected one typed g0"),
+                1,
+                Some("expected 1 typed g0"),
             ),
-            ("no GPUs", "Name=mfslot Type=g0 File=/dev/nvidia0\n", Some("no Name=gpu line")),
+            (
+                "no GPUs",
+                "Name=mfslot Type=g0 File=/dev/nvidia0\n",
+                1,
+                Some("no Name=gpu line"),
+            ),
             (
                 "another node's lines are not this node's",
                 "NodeName=other Name=gpu File=/dev/nvidia0\nNodeName=n[1-2] Name=gpu File=/dev/nvidia0\nNodeName=n[1-2] Name=mfslot Type=g0 File=/dev/nvidia0\n",
+                1,
                 None,
             ),
         ];
-        for (name, text, want) in rows {
-            let c = check_gres(text, "n1", "mfslot");
+        for (name, text, per_gpu, want) in rows {
+            let c = check_gres(text, "n1", "mfslot", per_gpu);
             match want {
                 None => assert!(c.fix.is_none(), "{name}: {}", c.line()),
                 Some(w) => assert!(
@@ -550,14 +578,14 @@ mod tests {
     #[test]
     fn the_gres_generator_satisfies_the_check() {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../etc/gres-muxflow");
-        for count in ["1", "3", "16"] {
+        for (count, per_gpu) in [("1", 1), ("3", 1), ("16", 1), ("2", 2), ("3", 4)] {
             let out = std::process::Command::new(&script)
-                .args(["--node", "n1", count])
+                .args(["--node", "n1", "--per-gpu", &per_gpu.to_string(), count])
                 .output()
                 .unwrap();
             assert!(out.status.success(), "{count}");
             let text = String::from_utf8(out.stdout).unwrap();
-            let c = check_gres(&text, "n1", "mfslot");
+            let c = check_gres(&text, "n1", "mfslot", per_gpu);
             assert!(c.fix.is_none(), "{count}: {}\n{text}", c.line());
             assert!(
                 c.detail.starts_with(&format!("{count} GPUs")),

@@ -18,7 +18,7 @@
 use anyhow::{Context, Result};
 use muxflow::health::HealthState;
 use muxflow::mps::MpsDaemon;
-use muxflow::node_state::{JobRecord, NodeState};
+use muxflow::node_state::{free_offline_slot, JobRecord, NodeState};
 use muxflow::placement::{refused_admin_comment, Placement};
 use muxflow::slurm_cli::{OfflineJob, Scontrol};
 use muxflow::{Config, Mode};
@@ -195,8 +195,42 @@ pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
         }
         return Ok(());
     }
+    let mut recorded = Vec::new();
     for &gpu in &gpus {
         let lock = state.lock_gpu(gpu)?;
+        // An offline job takes the lowest free of the GPU's slots, under
+        // the lock: two Prologs never pick the same one, so the parts of
+        // the jobs there never add up to more than the GPU's budget
+        // (muxflow::policy::offline_slot_share). Its own record (a Prolog
+        // run again) keeps its slot.
+        let on_gpu = state.jobs(gpu).unwrap_or_default();
+        let slot = match job.mode {
+            Mode::Online => Some(0),
+            Mode::Offline => on_gpu
+                .iter()
+                .find(|r| r.job_id == job.id)
+                .map(|r| r.slot)
+                .or_else(|| free_offline_slot(&on_gpu, job.id, config.policy.offline_per_gpu)),
+        };
+        let Some(slot) = slot else {
+            drop(lock);
+            let r = Refusal {
+                code: "no_slot".into(),
+                why: format!(
+                    "offline job {} refused on {}: GPU {gpu} already runs {} offline jobs, all its slots ([policy] offline_per_gpu = {}); gres.conf gives it more mfslot records than muxflow.toml allows (muxflow-doctor checks them).",
+                    job.id,
+                    job.node,
+                    on_gpu.iter().filter(|r| r.mode == Mode::Offline).count(),
+                    config.policy.offline_per_gpu
+                ),
+            };
+            refuse(config, &state, &job, &r);
+            for &g in &recorded {
+                let lock = state.lock_gpu(g)?;
+                state.remove_job(&lock, g, job.id)?;
+            }
+            return Ok(());
+        };
         let daemon = MpsDaemon::for_gpu(config, gpu);
         match daemon.ensure_running() {
             Ok(true) => {
@@ -214,6 +248,7 @@ pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
             job_id: job.id,
             mode: job.mode,
             uid: job.uid,
+            slot,
         };
         if let Err(e) = state.add_job(&lock, gpu, &record) {
             // The plugin finds no record and tells the user why (it checks
@@ -221,7 +256,8 @@ pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
             let why = state.space_problem().unwrap_or_else(|| e.to_string());
             anyhow::bail!("cannot record job {} on GPU {gpu}: {why} ({e})", job.id);
         }
-        tracing::info!(job = job.id, gpu, mode = %job.mode, "recorded muxflow job");
+        tracing::info!(job = job.id, gpu, mode = %job.mode, slot, "recorded muxflow job");
+        recorded.push(gpu);
     }
     if job.mode == Mode::Online {
         make_room(config, &state, &job, &gpus);
@@ -424,6 +460,7 @@ mod tests {
             job_id,
             mode,
             uid: 1000,
+            slot: 0,
         };
         struct Case {
             name: &'static str,

@@ -234,6 +234,7 @@ mod tests {
                 job_id,
                 mode,
                 uid: 0,
+                slot: 0,
             };
             ns.add_job(&lock, 1, &rec).unwrap();
         }

@@ -410,6 +410,41 @@ fn partner_sm_pct(
     )
 }
 
+/// Writes the GPU's offline processes (of the NVML processes, those of an
+/// offline job recorded on the GPU, by [`Procfs::job_of`]) where xCUDA's
+/// brake reads them ([`muxflow::offline_procs`]); rewritten only when the
+/// list changes. The caller holds the GPU's lock. A failure is logged: the
+/// brakes then count every other process, as with one offline job.
+fn publish_offline_procs(ns: &NodeState, procfs: &Procfs, gpu: u32, processes: &[Process]) {
+    use muxflow::offline_procs::{self, ProcId};
+    let offline_jobs: BTreeSet<u32> = ns
+        .jobs(gpu)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|j| j.mode == muxflow::Mode::Offline)
+        .map(|j| j.job_id)
+        .collect();
+    let pids = offline_procs::offline_of(processes.iter().map(|p| p.pid), &offline_jobs, |pid| {
+        procfs.job_of(pid)
+    });
+    let procs: BTreeSet<ProcId> = pids
+        .into_iter()
+        .filter_map(|pid| ProcId::of(procfs, pid))
+        .collect();
+    let text = offline_procs::encode(&procs);
+    let path = ns.offline_procs_file(gpu);
+    if std::fs::read_to_string(&path).is_ok_and(|old| old == text) {
+        return;
+    }
+    match muxflow::node_state::write_atomic(&path, text.as_bytes()) {
+        Ok(()) => tracing::debug!(gpu, "offline processes for the brake: {}", text.trim()),
+        Err(e) => tracing::error!(
+            gpu,
+            "cannot publish the offline processes for xCUDA's brake: {e}"
+        ),
+    }
+}
+
 /// How long `muxflow-police` waits for the job's slurmstepd to appear
 /// before it concludes the job never started here.
 const NO_STEPD_GIVE_UP: Duration = Duration::from_secs(300);
@@ -476,6 +511,9 @@ pub fn watch(config: &Config, job: u32) -> anyhow::Result<()> {
             let lock = ns.lock_gpu(gpu)?;
             if let Some(sm) = partner_sm {
                 record_partner_load(&ns, job, sm);
+            }
+            if device.is_some() {
+                publish_offline_procs(&ns, &procfs, gpu, &processes);
             }
             let mps = MpsDaemon::for_gpu(config, gpu);
             for (pid, of_job, verdict) in police_gpu(config, &ns, &mps, gpu, &processes) {

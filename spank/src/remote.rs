@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use muxflow::limits::JobLimits;
 use muxflow::node_state::{write_atomic, NodeState};
-use muxflow::policy::{offline_mem_cap_mib, offline_sm_percent};
+use muxflow::policy::offline_slot_share;
 use muxflow::report::JobReport;
 use muxflow::slurm_cli::Scontrol;
 use muxflow::slurm_version::{SLURM_BATCH_SCRIPT, SLURM_EXTERN_CONT, SLURM_INTERACTIVE_STEP};
@@ -240,10 +240,15 @@ impl RemoteState {
                         // departed one's.
                         facts = facts.without_online();
                     }
-                    (
-                        offline_sm_percent(&config.policy, facts.online_solo_sm_pct),
-                        offline_mem_cap_mib(&config.policy, &facts),
-                    )
+                    // Its part of the GPU: the slot the Prolog recorded
+                    // ([policy] offline_per_gpu > 1 splits the GPU).
+                    let slot = state
+                        .jobs(gpu)?
+                        .iter()
+                        .find(|r| r.job_id == ctx.job_id)
+                        .map_or(0, |r| r.slot);
+                    let share = offline_slot_share(&config.policy, &facts, slot);
+                    (share.sm_pct, share.mem_cap_mib)
                 }
             };
             if n == 0 {

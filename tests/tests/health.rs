@@ -209,25 +209,26 @@ fn concurrent_steps_never_corrupt_or_lose_a_record() {
     assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
 }
 
-/// An MPS daemon on `node`/`gpu` with an offline workload attached and,
-/// unless started `offline_only`, an online one (registered as jobs `base`
-/// and `base + 1`).
+/// An MPS daemon on `node`/`gpu` with `offline` offline workloads attached
+/// (each its own job, as with `[policy] offline_per_gpu` > 1) and, unless
+/// started `offline_only`, an online one (registered as jobs `base`,
+/// `base + 1`, …).
 struct Pair {
     online: Option<Child>,
-    offline: Child,
+    offline: Vec<Child>,
     mps: MpsDaemon,
     ns: NodeState,
     gpu: u32,
-    jobs: [u32; 2],
+    jobs: Vec<u32>,
 }
 
 impl Pair {
     fn start(c: &Cluster, config: &Path, node: &str, gpu: u32, base: u32) -> Pair {
-        Pair::start_with(c, config, node, gpu, base, true)
+        Pair::start_with(c, config, node, gpu, base, true, 1)
     }
 
     fn offline_only(c: &Cluster, config: &Path, node: &str, gpu: u32, base: u32) -> Pair {
-        Pair::start_with(c, config, node, gpu, base, false)
+        Pair::start_with(c, config, node, gpu, base, false, 1)
     }
 
     fn start_with(
@@ -237,20 +238,21 @@ impl Pair {
         gpu: u32,
         base: u32,
         with_online: bool,
+        offline: u32,
     ) -> Pair {
         let cfg = node_config(config, node);
         let mps = MpsDaemon::for_gpu(&cfg, gpu);
         mps.ensure_running().unwrap();
         let ns = NodeState::new(cfg.paths.state_dir.as_path());
-        let jobs = [base, base + 1];
+        let jobs: Vec<u32> = (base..=base + offline).collect();
         {
             let lock = ns.lock_gpu(gpu).unwrap();
-            let modes = [(jobs[0], Mode::Online), (jobs[1], Mode::Offline)];
-            for &(id, mode) in &modes[usize::from(!with_online)..] {
+            for (i, &id) in jobs.iter().enumerate().skip(usize::from(!with_online)) {
                 let job = JobRecord {
                     job_id: id,
-                    mode,
+                    mode: if i == 0 { Mode::Online } else { Mode::Offline },
                     uid: 0,
+                    slot: i.saturating_sub(1) as u8,
                 };
                 ns.add_job(&lock, gpu, &job).unwrap();
             }
@@ -268,7 +270,10 @@ impl Pair {
             cmd.spawn().unwrap()
         };
         let online = with_online.then(|| spawn(&["online", "--duration", "120"], jobs[0]));
-        let offline = spawn(&["offline", "--duration", "120"], jobs[1]);
+        let offline = jobs[1..]
+            .iter()
+            .map(|&j| spawn(&["offline", "--duration", "120"], j))
+            .collect();
         let pair = Pair {
             online,
             offline,
@@ -277,7 +282,7 @@ impl Pair {
             gpu,
             jobs,
         };
-        pair.wait_clients(1 + usize::from(with_online));
+        pair.wait_clients(pair.offline.len() + usize::from(with_online));
         pair
     }
 
@@ -301,25 +306,28 @@ impl Pair {
         }
     }
 
-    /// The offline workload was evicted (exited on its own: terminated by
-    /// MPS) while the online one still runs.
+    /// Every offline workload was evicted (exited on its own: terminated
+    /// by MPS) while the online one still runs.
     fn assert_offline_evicted_online_alive(&mut self) {
-        let start = Instant::now();
-        let status = loop {
-            if let Some(s) = self.offline.try_wait().unwrap() {
-                break s;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "offline client still running"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        };
-        let mut out = String::new();
-        std::io::Read::read_to_string(self.offline.stdout.as_mut().unwrap(), &mut out).unwrap();
-        std::io::Read::read_to_string(self.offline.stderr.as_mut().unwrap(), &mut out).unwrap();
-        assert!(!status.success(), "offline: {out}");
-        assert!(out.contains("CUDA_ERROR_MPS_CLIENT_TERMINATED"), "{out}");
+        for offline in &mut self.offline {
+            let start = Instant::now();
+            let status = loop {
+                if let Some(s) = offline.try_wait().unwrap() {
+                    break s;
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(30),
+                    "offline client {} still running",
+                    offline.id()
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            };
+            let mut out = String::new();
+            std::io::Read::read_to_string(offline.stdout.as_mut().unwrap(), &mut out).unwrap();
+            std::io::Read::read_to_string(offline.stderr.as_mut().unwrap(), &mut out).unwrap();
+            assert!(!status.success(), "offline: {out}");
+            assert!(out.contains("CUDA_ERROR_MPS_CLIENT_TERMINATED"), "{out}");
+        }
         let online = self.online.as_mut().expect("an online workload");
         assert!(online.try_wait().unwrap().is_none(), "the online job died");
         let pid = online.id();
@@ -333,12 +341,16 @@ impl Pair {
                 .args(["-TERM", &online.id().to_string()])
                 .status();
         }
-        let _ = self.offline.kill();
+        for offline in &mut self.offline {
+            let _ = offline.kill();
+        }
         let online = self.online.take().map(|o| o.wait_with_output().unwrap());
-        let _ = self.offline.wait();
+        for offline in &mut self.offline {
+            let _ = offline.wait();
+        }
         let _ = self.mps.quit();
         let lock = self.ns.lock_gpu(self.gpu).unwrap();
-        for j in self.jobs {
+        for &j in &self.jobs {
             self.ns.remove_job(&lock, self.gpu, j).unwrap();
         }
         let Some(online) = online else {
@@ -363,12 +375,15 @@ fn mps_fault_line_evicts_the_offline_client_and_keeps_the_online_job() {
     let cfg = c.health_config("mpsfault", DWELL);
     let (node, gpu) = ("node2", 0);
     let _node = hold_node(node);
-    let mut pair = Pair::start(&c, &cfg, node, gpu, 990_001);
+    // Two offline clients ([policy] offline_per_gpu = 2): a fault of one
+    // forces every client of the GPU to exit; both are evicted, the online
+    // job keeps running.
+    let mut pair = Pair::start_with(&c, &cfg, node, gpu, 990_001, true, 2);
     // Before the fault: whatever the load makes it, not Faulty.
     c.health_step(&cfg, node);
     assert_ne!(pair.ns.health(gpu).unwrap(), Some(HealthState::Faulty));
     let before = record(&pair.ns, gpu);
-    let offline = pair.offline.id();
+    let offline = pair.offline[0].id();
     // The server's report of a client fault, as the MPS server logs it.
     let log = pair.mps.log_dir().join("server.log");
     let mut text = std::fs::read_to_string(&log).unwrap_or_default();
@@ -500,7 +515,8 @@ fn fatal_xid_restarts_the_mps_daemon_only_without_an_online_client() {
     let cfg = c.health_config("restart", DWELL);
     let (node, gpu) = ("node4", 0);
     let _node = hold_node(node);
-    let mut pair = Pair::offline_only(&c, &cfg, node, gpu, 990_031);
+    // Two offline clients, no online one: the restart waits for no one.
+    let mut pair = Pair::start_with(&c, &cfg, node, gpu, 990_031, false, 2);
     c.health_step(&cfg, node);
     let before = record(&pair.ns, gpu);
     let servers = pair.mps.server_pids().unwrap();
@@ -523,13 +539,16 @@ fn fatal_xid_restarts_the_mps_daemon_only_without_an_online_client() {
         !now.contains(&servers[0]),
         "old server {servers:?} still up"
     );
-    let start = Instant::now();
-    while pair.offline.try_wait().unwrap().is_none() {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "offline client alive"
-        );
-        std::thread::sleep(Duration::from_millis(100));
+    for offline in &mut pair.offline {
+        let start = Instant::now();
+        while offline.try_wait().unwrap().is_none() {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "offline client {} alive",
+                offline.id()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
     c.sim_fault(node, gpu, &["clear"]);
     pair.stop();
@@ -634,7 +653,7 @@ fn a_users_mps_commands_neither_fault_the_gpu_nor_keep_their_settings() {
     c.health_step(&cfg, node);
     assert_ne!(pair.ns.health(gpu).unwrap(), Some(HealthState::Faulty));
     let before = record(&pair.ns, gpu);
-    let offline = pair.offline.id();
+    let offline = pair.offline[0].id();
     let server_log = pair.mps.log_dir().join("server.log");
     let server_before = std::fs::read_to_string(&server_log).unwrap_or_default();
 
@@ -712,7 +731,7 @@ fn a_users_mps_commands_neither_fault_the_gpu_nor_keep_their_settings() {
     );
     // Nobody lost anything.
     assert!(
-        pair.offline.try_wait().unwrap().is_none(),
+        pair.offline[0].try_wait().unwrap().is_none(),
         "offline client killed"
     );
     let clients = pair.clients();
@@ -781,7 +800,7 @@ fn a_users_terminate_client_is_noticed_and_muxflows_own_is_not() {
     let before = record(&pair.ns, gpu);
     let server = pair.mps.server_pids().unwrap()[0];
     let online = pair.online.as_ref().unwrap().id();
-    let offline = pair.offline.id();
+    let offline = pair.offline[0].id();
     // NVIDIA's daemon takes this from any user who can reach it (see
     // simgpu/README.md): it cannot be refused, only noticed.
     mps_command_as_nobody(

@@ -917,3 +917,120 @@ fn a_forked_child_counts_from_zero_and_the_sums_are_what_happened() {
     assert_eq!(p["oom"] + k["oom"], 2, "{p:?} {k:?}");
     assert_eq!((p["peak_bytes"], k["peak_bytes"]), (48 * MIB, 48 * MIB));
 }
+
+/// Two offline jobs on one GPU ([policy] offline_per_gpu = 2) under one
+/// brake: root lists both as the GPU's offline processes (the file
+/// muxflow-police writes beside the health word), so they do not brake for
+/// each other; an online process on the GPU brakes both, and both resume
+/// when it leaves. A list a user could have written (not root's) counts
+/// for nothing: they brake for each other again. The health pause holds
+/// both.
+#[test]
+fn two_offline_jobs_brake_together_for_the_online_job_and_never_for_each_other() {
+    use muxflow::offline_procs::{self, ProcId};
+    let sim = Sim::new();
+    std::fs::write(sim.health(), "healthy\n").unwrap();
+    let listed = offline_procs::beside(&sim.health());
+    let offline: Vec<Child> = (0..2)
+        .map(|_| {
+            let mut c = sim.workload(
+                &[
+                    "offline",
+                    "--duration",
+                    "60",
+                    "--kernels-per-step",
+                    "20",
+                    "--kernel-us",
+                    "500",
+                ],
+                true,
+            );
+            c.env(muxflow::xcuda_env::HEALTH_FILE, sim.health());
+            c.spawn().unwrap()
+        })
+        .collect();
+    let pids: Vec<u32> = offline.iter().map(Child::id).collect();
+    let procfs = muxflow::jobproc::Procfs::default();
+    let list: std::collections::BTreeSet<ProcId> = pids
+        .iter()
+        .map(|&p| ProcId::of(&procfs, p).unwrap())
+        .collect();
+    muxflow::node_state::write_atomic(&listed, offline_procs::encode(&list).as_bytes()).unwrap();
+    for &pid in &pids {
+        wait_for("offline launches", || {
+            sim.stats_of(pid).is_some_and(|s| s["launches"] > 50)
+        });
+    }
+    // Delayed launches of both over a window of `secs` (stats files are
+    // rewritten every second), after `settle` seconds for the brake to move.
+    let delayed_in = |settle: u64, secs: u64| -> Vec<u64> {
+        std::thread::sleep(Duration::from_secs(settle));
+        let before: Vec<u64> = pids
+            .iter()
+            .map(|&p| sim.stats_of(p).unwrap()["delayed"])
+            .collect();
+        std::thread::sleep(Duration::from_secs(secs));
+        pids.iter()
+            .zip(before)
+            .map(|(&p, b)| sim.stats_of(p).unwrap()["delayed"] - b)
+            .collect()
+    };
+    let launches = |p: u32| sim.stats_of(p).unwrap()["launches"];
+
+    // 1. Both listed, no online job: the saturated GPU is theirs, no brake.
+    assert_eq!(delayed_in(2, 2), [0, 0], "braked for each other");
+
+    // 2. The list owned by a user (as if a user wrote it): not trusted, so
+    // each counts the other as contention on the saturated GPU.
+    std::os::unix::fs::chown(&listed, Some(65534), Some(65534)).unwrap();
+    let d = delayed_in(1, 2);
+    assert!(
+        d.iter().all(|&n| n > 0),
+        "a user's list released the brake: {d:?}"
+    );
+    std::os::unix::fs::chown(&listed, Some(0), Some(0)).unwrap();
+    assert_eq!(delayed_in(3, 2), [0, 0], "root's list again: no brake");
+
+    // 3. An online service joins: both brake.
+    let mut online = sim
+        .workload(&["online", "--rate", "300", "--duration", "60"], false)
+        .spawn()
+        .unwrap();
+    let d = delayed_in(1, 2);
+    assert!(
+        d.iter().all(|&n| n > 0),
+        "not both braked for the online job: {d:?}"
+    );
+
+    // 4. It leaves: both resume (no delayed launch, launches go on).
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(online.id() as i32, libc::SIGTERM) };
+    wait_exit(&mut online, Duration::from_secs(10));
+    let before: Vec<u64> = pids.iter().map(|&p| launches(p)).collect();
+    assert_eq!(
+        delayed_in(3, 2),
+        [0, 0],
+        "still braked after the online job left"
+    );
+    for (&p, b) in pids.iter().zip(before) {
+        assert!(launches(p) > b, "{p} stopped launching");
+    }
+
+    // 5. The health pause holds every offline client of the GPU, and
+    // Healthy releases them all.
+    std::fs::write(sim.health(), "overloaded\n").unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let held: Vec<u64> = pids.iter().map(|&p| launches(p)).collect();
+    std::thread::sleep(Duration::from_millis(2500));
+    let still: Vec<u64> = pids.iter().map(|&p| launches(p)).collect();
+    assert_eq!(held, still, "an offline client launched while overloaded");
+    std::fs::write(sim.health(), "healthy\n").unwrap();
+    for (&p, h) in pids.iter().zip(held) {
+        wait_for("launches after the pause", || launches(p) > h + 20);
+    }
+    for mut c in offline {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        wait_exit(&mut c, Duration::from_secs(10));
+    }
+}

@@ -1,16 +1,21 @@
 //! The watcher thread (started at cuInit): every sample interval it reads
 //! the GPU's health state and samples the GPU through NVML, feeds the
-//! [`Controller`] and sets the gate; every second it rewrites the stats file
+//! [`Controller`] and sets the gate (another process on the GPU is
+//! contention unless root lists it as one of the GPU's offline processes:
+//! [`muxflow::offline_procs`]); every second it rewrites the stats file
 //! and re-asserts the signal handlers. It does all that holding [`BUSY`],
 //! which a fork takes first: a forked child never inherits NVML (or the
 //! fake's locks behind it) in the middle of one of the watcher's calls.
 
+use std::collections::BTreeSet;
 use std::ffi::OsStr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use muxflow::health::HealthState;
+use muxflow::jobproc::Procfs;
+use muxflow::offline_procs::ProcId;
 use nvml_wrapper::enum_wrappers::device::Clock;
 use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::{Device, Nvml};
@@ -97,6 +102,32 @@ struct Sampler<'n> {
     max_clock: u32,
     gpm: Option<nvml_wrapper::gpm::GpmSample<'n>>,
     me: u32,
+    /// The GPU's offline processes as root lists them (beside the health
+    /// file), which are no contention; None: every other process is.
+    offline_file: Option<PathBuf>,
+    offline_logged: bool,
+}
+
+/// The offline processes of the GPU that root listed in `path`: the other
+/// offline jobs of the GPU, which must not brake this one ([policy]
+/// offline_per_gpu > 1). Only a file root owns, in a directory root owns,
+/// neither writable by others, counts; anything else (missing, another
+/// owner, corrupt) lists nothing, so every other process is contention:
+/// a user cannot release the brake for others. Logged once.
+fn listed_offline(path: &Path, logged: &mut bool) -> BTreeSet<ProcId> {
+    match muxflow::offline_procs::read_trusted(path, 0) {
+        Ok(set) => set,
+        Err(e) => {
+            let absent = matches!(&e, muxflow::limits::LimitsError::Io { source, .. }
+                if source.kind() == std::io::ErrorKind::NotFound);
+            if !absent && !std::mem::replace(logged, true) {
+                crate::log(format_args!(
+                    "{e}; every other process on the GPU counts as contention"
+                ));
+            }
+            BTreeSet::new()
+        }
+    }
 }
 
 impl<'n> Sampler<'n> {
@@ -121,16 +152,29 @@ impl<'n> Sampler<'n> {
             max_clock,
             gpm,
             me: std::process::id(),
+            offline_file: None,
+            offline_logged: false,
         })
     }
 
     fn sample(&mut self) -> Option<Sample> {
         let clock = self.dev.clock_info(Clock::SM).ok()?;
         let util = self.dev.utilization_rates().ok()?.gpu;
+        let offline = match &self.offline_file {
+            Some(path) => listed_offline(path, &mut self.offline_logged),
+            None => BTreeSet::new(),
+        };
+        let procfs = Procfs::default();
+        let is_listed = |pid: u32| {
+            !offline.is_empty() && ProcId::of(&procfs, pid).is_some_and(|p| offline.contains(&p))
+        };
         let others = self
             .dev
             .running_compute_processes()
-            .map(|ps| ps.iter().any(|p| p.pid != self.me && !is_mps_server(p.pid)))
+            .map(|ps| {
+                ps.iter()
+                    .any(|p| p.pid != self.me && !is_mps_server(p.pid) && !is_listed(p.pid))
+            })
             .unwrap_or(false);
         let mut sm_activity = None;
         if let Some(prev) = self.gpm.take() {
@@ -168,6 +212,13 @@ fn run(s: &'static Settings) {
     let b = busy();
     let nvml = open_nvml(s);
     let mut sampler = nvml.as_ref().and_then(|n| Sampler::new(n, s.env.gpu_index));
+    if let Some(sampler) = sampler.as_mut() {
+        sampler.offline_file = s
+            .env
+            .health_file
+            .as_deref()
+            .map(muxflow::offline_procs::beside);
+    }
     drop(b);
     let mut controller = Controller::new(Params::from_env(&s.env));
     let mut health_logged = false;

@@ -2,7 +2,9 @@
 //!
 //! Law (AIMD with a dead band), evaluated once per sample:
 //!
-//! * **contended** = another process holds a context on the GPU **and**
+//! * **contended** = another process holds a context on the GPU (not one of
+//!   the GPU's offline processes root lists: [`muxflow::offline_procs`])
+//!   **and**
 //!   (SM clock < `clock_brake_fraction` x max SM clock, **or** utilization >=
 //!   `utilization_brake`, **or** SM activity >= `utilization_brake` where the
 //!   GPU reports it). Then `delay += delay_step` (additive increase), capped
@@ -16,7 +18,10 @@
 //!
 //! Why "another process": the offline job alone saturating the GPU drops the
 //! clock too (power capping), but braking then only costs throughput with no
-//! one to protect. The MPS server process does not count as another process.
+//! one to protect. The MPS server process does not count as another process,
+//! nor do the GPU's other offline jobs ([policy] offline_per_gpu > 1): all
+//! offline processes of a GPU read the same GPU-wide figures and brake
+//! together, for the online job alone.
 //!
 //! Reaction: the first contended sample already delays launches; the delay
 //! grows by one step per sample, so the full brake takes
@@ -41,7 +46,8 @@ pub struct Sample {
     pub utilization_pct: u32,
     /// Percent of SMs busy, where the GPU reports it (GPM, Hopper+).
     pub sm_activity_pct: Option<f64>,
-    /// Does another process (not the MPS server) hold a context on this GPU?
+    /// Does another process (not the MPS server, not a listed offline
+    /// process of this GPU) hold a context on this GPU?
     pub others_active: bool,
 }
 

@@ -1,0 +1,224 @@
+//! Several offline jobs per GPU (issue 15, `[policy] offline_per_gpu`) on
+//! the dev cluster. On a cluster brought up with `scripts/devcluster up
+//! --offline-per-gpu 2` (gres.conf repeats each GPU's mfslot line, the node
+//! has `mfslot:g<i>:2`; scripts/test runs this file there too): two offline
+//! jobs placed on one GPU beside an online job both start, each in its own
+//! slot with its half of the GPU's offline SM budget and memory room; both
+//! throttle while the online job is on the GPU and resume, without braking
+//! for each other, once it has left (root lists both as the GPU's offline
+//! processes); the first one's Epilog leaves the MPS daemon to the second,
+//! the second's stops it. On the default cluster (one slot per GPU) Slurm
+//! starts only one of the two.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use muxflow::mps::MpsDaemon;
+use muxflow::policy::{offline_slot_share, offline_sm_percent};
+use muxflow::Mode;
+use muxflow_tests::{kv, CancelNamed, Cluster};
+
+const PREFIX: &str = "mfs-";
+const WAIT: Duration = Duration::from_secs(60);
+const NODE: &str = "node1";
+
+/// Sum of xCUDA counter `key` over job `job`'s processes (stats files are
+/// rewritten every second); None before the first write.
+fn counter(c: &Cluster, config: &Path, job: u32, key: &str) -> Option<u64> {
+    let dir = c.node_state(config, NODE).xcuda_stats_dir(job);
+    let mut total = None;
+    for e in std::fs::read_dir(&dir).ok()?.flatten() {
+        if !e.file_name().to_string_lossy().starts_with("xcuda.") {
+            continue;
+        }
+        let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+        if let Some(n) = kv(&text, key).and_then(|v| v.parse::<u64>().ok()) {
+            *total.get_or_insert(0) += n;
+        }
+    }
+    total
+}
+
+/// How much counter `key` of each job grows over `secs`, after `settle`.
+fn growth(c: &Cluster, config: &Path, jobs: &[u32], key: &str, settle: u64, secs: u64) -> Vec<u64> {
+    std::thread::sleep(Duration::from_secs(settle));
+    let before: Vec<u64> = jobs
+        .iter()
+        .map(|&j| counter(c, config, j, key).unwrap_or(0))
+        .collect();
+    std::thread::sleep(Duration::from_secs(secs));
+    jobs.iter()
+        .zip(before)
+        .map(|(&j, b)| counter(c, config, j, key).unwrap_or(0) - b)
+        .collect()
+}
+
+fn scancel(c: &Cluster, id: u32) {
+    let mut cmd = c.cmd("scancel");
+    cmd.arg(id.to_string());
+    c.run(cmd);
+}
+
+#[test]
+fn two_offline_jobs_share_one_gpu_beside_an_online_job_under_one_brake() {
+    let c = Cluster::get();
+    c.cancel_named(PREFIX);
+    let _cancel = CancelNamed(&c, PREFIX);
+    let cluster_config = c.dir.join("etc/muxflow.toml");
+    let policy = muxflow::Config::load(&cluster_config).unwrap().policy;
+    let quick = c.health_config("slots-health", "min_dwell_s = 1\nrecovery_quiet_s = 1");
+
+    let (online, gpu) = c.online_workload(&format!("{PREFIX}online"), NODE, 0.30, 1000);
+    c.settle_healthy(&quick, NODE, gpu, 1000);
+
+    // Each prints what it got, then trains (saturating the GPU) until signalled.
+    let script = format!(
+        "#!/bin/sh\necho pct=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE mem=$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT\n{}\n",
+        c.workload("offline --duration 300 --kernels-per-step 20 --kernel-us 500")
+    );
+    let offline: Vec<u32> = (0..2)
+        .map(|i| {
+            c.sbatch(
+                &[
+                    "--muxflow=offline",
+                    "--job-name",
+                    &format!("{PREFIX}offline-{i}"),
+                ],
+                &script,
+            )
+            .unwrap()
+        })
+        .collect();
+    for &id in &offline {
+        c.place(id, NODE, gpu);
+    }
+
+    if policy.offline_per_gpu < 2 {
+        // One slot per GPU: Slurm starts one of them; the other waits for
+        // the slot (Resources) and never runs beside it.
+        c.wait_running(offline[0], WAIT);
+        std::thread::sleep(Duration::from_secs(3));
+        assert_eq!(c.job_field(offline[1], "JobState"), "PENDING");
+        assert_eq!(c.job_field(offline[1], "Reason"), "Resources");
+        for id in offline.into_iter().chain([online]) {
+            scancel(&c, id);
+        }
+        return;
+    }
+
+    for &id in &offline {
+        assert_eq!(c.wait_running(id, WAIT), NODE);
+    }
+    // Both hold a slot of the same GPU (Slurm numbers the records, not GPUs).
+    for &id in &offline {
+        let gres = c.gres_detail(id);
+        assert!(gres.starts_with(&format!("mfslot:g{gpu}:1(IDX:")), "{gres}");
+    }
+
+    // Each its own slot, each that slot's part: half the budget and room.
+    // (RUNNING comes before the Prolog has recorded the job; its output
+    // after.)
+    let outputs: Vec<String> = offline
+        .iter()
+        .map(|&id| c.wait_output(id, "pct=", WAIT))
+        .collect();
+    let ns = c.node_state(&quick, NODE);
+    let records = ns.jobs(gpu).unwrap();
+    let slot_of = |id: u32| {
+        records
+            .iter()
+            .find(|r| r.job_id == id && r.mode == Mode::Offline)
+            .unwrap_or_else(|| panic!("job {id} not recorded: {records:?}"))
+            .slot
+    };
+    let slots: BTreeSet<u8> = offline.iter().map(|&id| slot_of(id)).collect();
+    assert_eq!(slots, [0, 1].into(), "{records:?}");
+    // The GPU's facts are frozen while offline jobs run (no solo samples).
+    let facts = ns.facts(gpu).unwrap();
+    let budget = offline_sm_percent(&policy, facts.online_solo_sm_pct);
+    let mut sum = 0;
+    for (&id, out) in offline.iter().zip(&outputs) {
+        let want = offline_slot_share(&policy, &facts, slot_of(id));
+        let pct: u8 = kv(out, "pct").unwrap().parse().unwrap();
+        assert_eq!(pct, want.sm_pct, "job {id}: {out} (facts {facts:?})");
+        let cap = want.mem_cap_mib.expect("GPU memory recorded");
+        assert_eq!(kv(out, "mem").unwrap(), format!("0={cap}M"), "job {id}");
+        sum += u32::from(pct);
+    }
+    assert!(
+        sum <= u32::from(budget) && sum + 1 >= u32::from(budget),
+        "shares {sum} vs budget {budget}"
+    );
+
+    // Both train; root lists both as the GPU's offline processes.
+    let pids: BTreeSet<u32> = offline
+        .iter()
+        .map(|&id| {
+            let out = c.wait_output(id, "pid=", WAIT);
+            kv(&out.replace('\n', " "), "pid").unwrap().parse().unwrap()
+        })
+        .collect();
+    let start = Instant::now();
+    loop {
+        let listed: BTreeSet<u32> =
+            muxflow::offline_procs::read_trusted(&ns.offline_procs_file(gpu), 0)
+                .map(|s| s.iter().map(|p| p.pid).collect())
+                .unwrap_or_default();
+        if listed == pids {
+            break;
+        }
+        assert!(
+            start.elapsed() < WAIT,
+            "offline processes listed {listed:?}, running {pids:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // The online job on the GPU, the GPU saturated: both throttle.
+    let braked = growth(&c, &quick, &offline, "delayed", 1, 3);
+    assert!(
+        braked.iter().all(|&n| n > 0),
+        "not both braked beside the online job: {braked:?}"
+    );
+
+    // The online job leaves: both resume, and do not brake for each other
+    // though together they saturate the GPU.
+    scancel(&c, online);
+    c.wait(online, WAIT);
+    let launched = growth(&c, &quick, &offline, "launches", 2, 3);
+    let delayed = growth(&c, &quick, &offline, "delayed", 0, 3);
+    assert_eq!(delayed, [0, 0], "braked for each other");
+    assert!(launched.iter().all(|&n| n > 0), "{launched:?}");
+
+    // The first one's Epilog leaves the GPU's MPS daemon to the second
+    // (its client keeps running); the second one's stops it.
+    let cfg = muxflow::Config::load(&quick)
+        .unwrap()
+        .for_node(NODE)
+        .unwrap();
+    let mps = MpsDaemon::for_gpu(&cfg, gpu);
+    scancel(&c, offline[0]);
+    c.wait(offline[0], WAIT);
+    let start = Instant::now();
+    while ns.jobs(gpu).unwrap().iter().any(|r| r.job_id == offline[0]) {
+        assert!(start.elapsed() < WAIT, "job {} still recorded", offline[0]);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(mps.is_running(), "the first Epilog stopped the daemon");
+    assert_eq!(c.job_field(offline[1], "JobState"), "RUNNING");
+    let still = growth(&c, &quick, &offline[1..], "launches", 1, 2);
+    assert!(still[0] > 0, "the second offline job stopped launching");
+    scancel(&c, offline[1]);
+    c.wait(offline[1], WAIT);
+    let start = Instant::now();
+    while mps.is_running() {
+        assert!(
+            start.elapsed() < WAIT,
+            "the last Epilog left the daemon running"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    c.sim_load(NODE, gpu, 0.0);
+    c.assert_no_drain();
+}
