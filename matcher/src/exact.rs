@@ -56,6 +56,13 @@ pub trait Scores: Sync {
     fn group_bound(&self, _job: u32, _group: u32) -> Option<i64> {
         Some(i64::MAX)
     }
+    /// An upper bound on `weight(job, gpu)` cheaper than the weight itself
+    /// (`None`: not feasible); pricing asks it before scoring a pair that
+    /// its group's bound did not rule out. The default knows nothing.
+    #[inline]
+    fn pair_bound(&self, _job: u32, _gpu: u32) -> Option<i64> {
+        Some(i64::MAX)
+    }
 }
 
 /// A score function as [`Scores`] (no groups: pricing scores every pair).
@@ -225,7 +232,16 @@ fn price_row<S: Scores>(
                         ru = ru.max(b.saturating_sub(r));
                         break;
                     }
-                    offer(g, r, &mut ru, &mut hits);
+                    // The pair's own bound rules most of the rest out
+                    // without scoring it.
+                    match s.pair_bound(j, g) {
+                        None => continue,
+                        Some(pb) if pb.saturating_sub(r) <= u => {
+                            ru = ru.max(pb.saturating_sub(r));
+                            continue;
+                        }
+                        Some(_) => offer(g, r, &mut ru, &mut hits),
+                    }
                 }
             }
         }
@@ -426,6 +442,17 @@ fn price<S: Scores>(
                         ru_new = ru_new.max(base + d);
                         break;
                     }
+                    // The pair's bound first: it rules most pairs out
+                    // (an edge of the graph among them only raises the
+                    // reference, which stays an upper bound).
+                    match s.pair_bound(j, g) {
+                        None => continue,
+                        Some(pb) if pb.saturating_sub(p[g as usize]) <= uj => {
+                            ru_new = ru_new.max(pb.saturating_sub(p[g as usize]));
+                            continue;
+                        }
+                        Some(_) => {}
+                    }
                     if row_edges.binary_search_by_key(&g, |e| e.gpu).is_ok() {
                         continue;
                     }
@@ -521,6 +548,7 @@ fn converge<S: Scores>(
         }
         edges = merge(edges, &add);
         let (job_gpu, prices) = start_of(&sol, s.jobs());
+        let t = std::time::Instant::now();
         sol = solve_warm_sorted(
             s.jobs(),
             s.gpus(),
@@ -529,6 +557,14 @@ fn converge<S: Scores>(
                 job_gpu: &job_gpu,
                 price: &prices,
             },
+        );
+        tracing::debug!(
+            edges = edges.len(),
+            ms = t.elapsed().as_secs_f64() * 1e3,
+            searches = sol.stats.searches,
+            settled = sol.stats.settled_columns,
+            arr = sol.stats.row_reduction_steps,
+            "warm solve"
         );
     }
 }

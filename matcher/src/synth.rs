@@ -183,7 +183,7 @@ pub struct Cluster {
 
 /// Bands of the GPU factor per class for pricing groups: narrower bands
 /// give tighter bounds, more groups cost more checks per job.
-const FACTOR_BANDS: usize = 8;
+const FACTOR_BANDS: usize = 64;
 
 /// Draws an index with probability proportional to `shares`.
 fn pick(rng: &mut ChaCha8Rng, shares: &[f64]) -> u8 {
@@ -431,6 +431,27 @@ impl Scores for Cluster {
     fn groups(&self) -> Option<(&[u32], usize)> {
         Some((&self.group_of, self.group_factor.len()))
     }
+    /// The pair's weight at the largest noise, multiplied in the order
+    /// [`Cluster::throughput`] does (rounding is monotone), plus one unit.
+    #[inline]
+    fn pair_bound(&self, job: u32, gpu: u32) -> Option<i64> {
+        let class = self.eligible_class[gpu as usize];
+        if class == u8::MAX {
+            return None;
+        }
+        match self.mode {
+            WeightMode::Uniform => quantize(1.0),
+            WeightMode::Structured => {
+                let job = self.jobs[job as usize];
+                let b = self.base[job.kind as usize][class as usize];
+                if b == 0.0 {
+                    return None;
+                }
+                let w = b * job.factor * self.gpus[gpu as usize].factor * (1.0 + NOISE);
+                quantize(w.min(1.0)).map(|w| w + 1)
+            }
+        }
+    }
     /// The group's largest GPU factor and the largest noise, multiplied in
     /// the order [`Cluster::throughput`] does (rounding is monotone, so the
     /// bound is never below a member's weight), plus one unit of margin.
@@ -465,6 +486,29 @@ mod tests {
             assert_ne!(a, c);
             assert!(!a.is_empty());
             assert!(a.iter().all(|e| e.weight > 0 && e.weight <= 1_000_000));
+        }
+    }
+
+    /// Pricing skips pairs on these bounds, so a bound below a weight
+    /// would lose the optimum without a trace.
+    #[test]
+    fn pair_and_group_bounds_are_upper_bounds() {
+        for mode in [WeightMode::Structured, WeightMode::Uniform] {
+            let c = Cluster::generate(300, 120, 11, mode);
+            let (group_of, _) = c.groups().unwrap();
+            for j in 0..120u32 {
+                for g in 0..300u32 {
+                    let pair = Scores::pair_bound(&c, j, g);
+                    match c.weight(j, g) {
+                        None => continue,
+                        Some(w) => {
+                            assert!(pair.is_some_and(|b| b >= w), "({j},{g}): {pair:?} < {w}")
+                        }
+                    }
+                    let group = c.group_bound(j, group_of[g as usize]);
+                    assert!(group >= pair, "({j},{g}): group {group:?} < pair {pair:?}");
+                }
+            }
         }
     }
 
