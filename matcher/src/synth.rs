@@ -24,7 +24,9 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::exact::Scores;
-use crate::prune::{prune_scored, spread_scored};
+#[cfg(test)]
+use crate::prune::spread_scored;
+use crate::prune::{prune_scored, spread_grouped};
 use crate::solver::Edge;
 use crate::weights::quantize;
 
@@ -183,7 +185,7 @@ pub struct Cluster {
 
 /// Bands of the GPU factor per class for pricing groups: narrower bands
 /// give tighter bounds, more groups cost more checks per job.
-const FACTOR_BANDS: usize = 64;
+const FACTOR_BANDS: usize = 16;
 
 /// Draws an index with probability proportional to `shares`.
 fn pick(rng: &mut ChaCha8Rng, shares: &[f64]) -> u8 {
@@ -320,11 +322,10 @@ impl Cluster {
         self.throughput(j, g).and_then(quantize)
     }
 
-    /// The production candidate graph ([`spread_scored`]).
+    /// The production candidate graph ([`spread_scored`], found through
+    /// the pricing groups: [`spread_grouped`]).
     pub fn candidates(&self, k: usize, threads: usize) -> Vec<Edge> {
-        spread_scored(self.jobs.len(), self.gpus.len(), k, threads, |j, g| {
-            self.weight(j, g)
-        })
+        spread_grouped(self, k, threads)
     }
 
     /// The old rule, each job's best `k` only (for comparison).
@@ -507,6 +508,25 @@ mod tests {
                     }
                     let group = c.group_bound(j, group_of[g as usize]);
                     assert!(group >= pair, "({j},{g}): group {group:?} < pair {pair:?}");
+                }
+            }
+        }
+    }
+
+    /// The grouped search skips pairs on bounds; the graph must be the
+    /// one a full scan builds, ties and capacity split included.
+    #[test]
+    fn grouped_candidates_equal_the_full_scan() {
+        for mode in [WeightMode::Structured, WeightMode::Uniform] {
+            for (gpus, jobs, seed, k) in [(300, 200, 1, 4), (500, 700, 2, 16), (90, 40, 3, 8)] {
+                let c = Cluster::generate(gpus, jobs, seed, mode);
+                for threads in [1, 2, 3] {
+                    let full = spread_scored(jobs, gpus, k, threads, |j, g| c.weight(j, g));
+                    assert_eq!(
+                        c.candidates(k, threads),
+                        full,
+                        "{mode:?} {gpus}x{jobs} k={k} threads={threads}"
+                    );
                 }
             }
         }
