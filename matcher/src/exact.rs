@@ -735,6 +735,21 @@ mod tests {
     /// Every job ranks the same 4 GPUs first; its best partner in the
     /// optimum is a private GPU outside its top 4 (and outside the top 4 of
     /// every other job).
+    /// A larger instance than the table above, the bench's shape (more
+    /// GPUs than jobs, every job placeable), bounded pricing from the
+    /// production graph; dense Kuhn–Munkres checks it.
+    #[test]
+    fn pricing_matches_dense_kuhn_munkres_on_a_larger_structured_cluster() {
+        let (gpus, jobs) = (900, 600);
+        let c = Cluster::generate(gpus, jobs, 21, WeightMode::Structured);
+        let all = c.all_edges();
+        let exact = check_exact(&c, &all, &c.candidates(8, 2), &ExactOptions::default());
+        assert!(
+            exact.pricing.added > 0,
+            "the candidate graph alone was optimal"
+        );
+    }
+
     #[test]
     fn planted_optimum_outside_every_top_k_is_found() {
         let (jobs, k) = (40usize, 4usize);
