@@ -17,6 +17,11 @@
 //!   below the old rule's. The bench prints an upper bound on what pruning
 //!   costs against the unpruned graph.
 //!
+//! [`spread_grouped`] builds the same graph from a [`Scores`] with groups
+//! and bounds, visiting each job's groups by decreasing bound and scoring
+//! only the GPUs whose bound can still enter a list (about 4x faster on the
+//! bench's 18,000 × 10,000).
+//!
 //! Order: higher weight first, on equal weight the lower GPU index, so the
 //! kept set is a function of the scores alone (and of `threads` for the
 //! spread list, which splits the capacity between workers).
