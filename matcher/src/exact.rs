@@ -854,16 +854,18 @@ mod tests {
     }
 
     proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
         /// After any sequence of job replacements and GPU health flips, the
         /// incremental round has the cold round's optimum and a certificate
-        /// on the full graph.
+        /// on the full graph, whatever the pass size and thread count.
         #[test]
         fn incremental_round_equals_cold_round(
-            gpus in 10usize..70,
-            jobs in 5usize..60,
+            gpus in 10usize..160,
+            jobs in 5usize..120,
             seed in 0u64..1000,
             uniform in proptest::bool::ANY,
+            per_job in proptest::sample::select(vec![1usize, 2, 8]),
+            threads in 1usize..=2,
             steps in proptest::collection::vec(
                 (proptest::collection::vec(0usize..1000, 0..6),
                  proptest::collection::vec(0usize..1000, 0..6)),
@@ -872,8 +874,9 @@ mod tests {
             use rand::SeedableRng;
             let mode = if uniform { WeightMode::Uniform } else { WeightMode::Structured };
             let mut c = Cluster::generate(gpus, jobs, seed, mode);
-            let opts = ExactOptions { per_job: 2, threads: 1 };
-            let mut inc = Incremental::cold(&c, &c.candidates(4, 1), &opts).unwrap();
+            // Pricing runs rows on worker threads from 64 rows on.
+            let opts = ExactOptions { per_job, threads };
+            let mut inc = Incremental::cold(&c, &c.candidates(4, threads), &opts).unwrap();
             let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
             for (js, gs) in steps {
                 let js: Vec<u32> = js.iter().map(|&j| (j % jobs) as u32).collect();
