@@ -200,6 +200,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<BenchReport> {
     let mut rng = ChaCha8Rng::seed_from_u64(args.seed ^ 0x1c4e);
     let mut inc_ms = Vec::new();
     let mut inc_detail = Vec::new();
+    let mut inc_moved = Vec::new();
     let n_jobs = ((args.jobs as f64 * INCREMENTAL_CHANGE) as usize).max(1);
     let n_gpus = ((args.gpus as f64 * INCREMENTAL_CHANGE) as usize).max(1);
     let mut inc_ok = Ok(());
@@ -219,6 +220,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<BenchReport> {
             cluster.toggle_health(g as usize);
         }
         cluster.regroup();
+        let before = inc.exact().solution.job_gpu(args.jobs);
         let t = Instant::now();
         let r = inc.update(&cluster, &jobs, &gpus, &exact_opts);
         inc_ms.push(t.elapsed().as_secs_f64() * 1e3);
@@ -229,6 +231,16 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<BenchReport> {
             r.solution.stats.searches,
             r.solution.stats.reverse_searches,
         ));
+        // How far the optimum itself moved: jobs that did not change but
+        // sit on another GPU (or none) now. An exact round has to make
+        // each of these moves, whatever it starts from.
+        let after = r.solution.job_gpu(args.jobs);
+        let changed: std::collections::HashSet<u32> = jobs.iter().copied().collect();
+        inc_moved.push(
+            (0..args.jobs)
+                .filter(|&j| !changed.contains(&(j as u32)) && before[j] != after[j])
+                .count(),
+        );
         let r = r.clone();
         let (b, _) = cluster.full_graph_bound(&r.solution.duals, args.threads);
         if b != r.solution.matching.objective as i128 && inc_ok.is_ok() {
@@ -406,6 +418,15 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<BenchReport> {
         n_gpus,
         inc_ms.iter().map(|m| format!("{m:.1}")).collect::<Vec<_>>().join(" "),
         inc_detail.iter().map(|d| format!("{}/{}/{}/{}/{}", d.0, d.1, d.2, d.3, d.4)).collect::<Vec<_>>().join(" ")
+    )?;
+    writeln!(
+        text,
+        "the new optimum moves unchanged jobs to another GPU after each change: {}",
+        inc_moved
+            .iter()
+            .map(|m| m.to_string())
+            .collect::<Vec<_>>()
+            .join(" ")
     )?;
     writeln!(
         text,

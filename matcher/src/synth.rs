@@ -24,7 +24,9 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::exact::Scores;
-use crate::prune::{prune_scored, spread_scored};
+#[cfg(test)]
+use crate::prune::spread_scored;
+use crate::prune::{prune_scored, spread_grouped};
 use crate::solver::Edge;
 use crate::weights::quantize;
 
@@ -183,7 +185,7 @@ pub struct Cluster {
 
 /// Bands of the GPU factor per class for pricing groups: narrower bands
 /// give tighter bounds, more groups cost more checks per job.
-const FACTOR_BANDS: usize = 8;
+const FACTOR_BANDS: usize = 16;
 
 /// Draws an index with probability proportional to `shares`.
 fn pick(rng: &mut ChaCha8Rng, shares: &[f64]) -> u8 {
@@ -320,11 +322,10 @@ impl Cluster {
         self.throughput(j, g).and_then(quantize)
     }
 
-    /// The production candidate graph ([`spread_scored`]).
+    /// The production candidate graph ([`spread_scored`], found through
+    /// the pricing groups: [`spread_grouped`]).
     pub fn candidates(&self, k: usize, threads: usize) -> Vec<Edge> {
-        spread_scored(self.jobs.len(), self.gpus.len(), k, threads, |j, g| {
-            self.weight(j, g)
-        })
+        spread_grouped(self, k, threads)
     }
 
     /// The old rule, each job's best `k` only (for comparison).
@@ -431,6 +432,27 @@ impl Scores for Cluster {
     fn groups(&self) -> Option<(&[u32], usize)> {
         Some((&self.group_of, self.group_factor.len()))
     }
+    /// The pair's weight at the largest noise, multiplied in the order
+    /// [`Cluster::throughput`] does (rounding is monotone), plus one unit.
+    #[inline]
+    fn pair_bound(&self, job: u32, gpu: u32) -> Option<i64> {
+        let class = self.eligible_class[gpu as usize];
+        if class == u8::MAX {
+            return None;
+        }
+        match self.mode {
+            WeightMode::Uniform => quantize(1.0),
+            WeightMode::Structured => {
+                let job = self.jobs[job as usize];
+                let b = self.base[job.kind as usize][class as usize];
+                if b == 0.0 {
+                    return None;
+                }
+                let w = b * job.factor * self.gpus[gpu as usize].factor * (1.0 + NOISE);
+                quantize(w.min(1.0)).map(|w| w + 1)
+            }
+        }
+    }
     /// The group's largest GPU factor and the largest noise, multiplied in
     /// the order [`Cluster::throughput`] does (rounding is monotone, so the
     /// bound is never below a member's weight), plus one unit of margin.
@@ -465,6 +487,48 @@ mod tests {
             assert_ne!(a, c);
             assert!(!a.is_empty());
             assert!(a.iter().all(|e| e.weight > 0 && e.weight <= 1_000_000));
+        }
+    }
+
+    /// Pricing skips pairs on these bounds, so a bound below a weight
+    /// would lose the optimum without a trace.
+    #[test]
+    fn pair_and_group_bounds_are_upper_bounds() {
+        for mode in [WeightMode::Structured, WeightMode::Uniform] {
+            let c = Cluster::generate(300, 120, 11, mode);
+            let (group_of, _) = c.groups().unwrap();
+            for j in 0..120u32 {
+                for g in 0..300u32 {
+                    let pair = Scores::pair_bound(&c, j, g);
+                    match c.weight(j, g) {
+                        None => continue,
+                        Some(w) => {
+                            assert!(pair.is_some_and(|b| b >= w), "({j},{g}): {pair:?} < {w}")
+                        }
+                    }
+                    let group = c.group_bound(j, group_of[g as usize]);
+                    assert!(group >= pair, "({j},{g}): group {group:?} < pair {pair:?}");
+                }
+            }
+        }
+    }
+
+    /// The grouped search skips pairs on bounds; the graph must be the
+    /// one a full scan builds, ties and capacity split included.
+    #[test]
+    fn grouped_candidates_equal_the_full_scan() {
+        for mode in [WeightMode::Structured, WeightMode::Uniform] {
+            for (gpus, jobs, seed, k) in [(300, 200, 1, 4), (500, 700, 2, 16), (90, 40, 3, 8)] {
+                let c = Cluster::generate(gpus, jobs, seed, mode);
+                for threads in [1, 2, 3] {
+                    let full = spread_scored(jobs, gpus, k, threads, |j, g| c.weight(j, g));
+                    assert_eq!(
+                        c.candidates(k, threads),
+                        full,
+                        "{mode:?} {gpus}x{jobs} k={k} threads={threads}"
+                    );
+                }
+            }
         }
     }
 
