@@ -60,6 +60,23 @@ pub fn offline_mem_cap_mib(policy: &Policy, facts: &GpuFacts) -> Option<u64> {
     )
 }
 
+/// What each of `jobs` offline jobs on one GPU gets of the GPU's offline
+/// `budget` (`[policy] offline_per_gpu` > 1, issue 15): an equal split,
+/// rounded down, so the jobs together never exceed the budget. The one
+/// split of both budgets — the SM percentage ([`offline_sm_percent`]) and
+/// the memory cap, MiB ([`offline_mem_cap_mib`]) — used by the node (the
+/// limits it gives each job) and by the matcher and the replay (what they
+/// predict for it). A non-zero budget gives each job at least 1 (MPS takes
+/// no 0% share); `jobs` 0 is read as 1.
+pub fn offline_share(budget: u64, jobs: u32) -> u64 {
+    let each = budget / u64::from(jobs.max(1));
+    if budget > 0 {
+        each.max(1)
+    } else {
+        0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,5 +172,74 @@ mod tests {
             None,
             "memory still unknown"
         );
+    }
+
+    #[test]
+    fn offline_share_table() {
+        struct Case {
+            why: &'static str,
+            budget: u64,
+            jobs: u32,
+            want: u64,
+        }
+        let cases = [
+            Case {
+                why: "one job: the whole budget",
+                budget: 70,
+                jobs: 1,
+                want: 70,
+            },
+            Case {
+                why: "two jobs: half each",
+                budget: 70,
+                jobs: 2,
+                want: 35,
+            },
+            Case {
+                why: "three jobs: rounded down (69 of 70 used)",
+                budget: 70,
+                jobs: 3,
+                want: 23,
+            },
+            Case {
+                why: "four jobs at the SM floor: 10/4 rounded down",
+                budget: 10,
+                jobs: 4,
+                want: 2,
+            },
+            Case {
+                why: "a budget smaller than the jobs: 1 each (MPS takes no 0%)",
+                budget: 3,
+                jobs: 4,
+                want: 1,
+            },
+            Case {
+                why: "no budget: 0",
+                budget: 0,
+                jobs: 2,
+                want: 0,
+            },
+            Case {
+                why: "0 jobs read as 1",
+                budget: 70,
+                jobs: 0,
+                want: 70,
+            },
+            Case {
+                why: "memory, MiB: 79511 between 2",
+                budget: 79_511,
+                jobs: 2,
+                want: 39_755,
+            },
+        ];
+        for c in cases {
+            assert_eq!(offline_share(c.budget, c.jobs), c.want, "{}", c.why);
+            assert!(
+                c.budget == 0
+                    || c.want * u64::from(c.jobs.max(1)) <= c.budget.max(u64::from(c.jobs)),
+                "{}: over the budget",
+                c.why
+            );
+        }
     }
 }

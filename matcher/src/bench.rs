@@ -506,7 +506,12 @@ pub fn gang_run(args: &BenchArgs, gang_share: f64) -> anyhow::Result<String> {
         .map(|(j, &k)| (j as u32, k))
         .collect();
     let mut taken = vec![false; args.gpus];
-    let chosen = crate::gang::place_gangs(&gangs, &node_of, &priced.duals.gpu, &mut taken, &score);
+    let gpu_of: Vec<u32> = (0..args.gpus as u32).collect();
+    let cols = crate::gang::Columns {
+        node_of: &node_of,
+        gpu_of: &gpu_of,
+    };
+    let chosen = crate::gang::place_gangs(&gangs, &cols, &priced.duals.gpu, &mut taken, &score);
     let gang_s = t.elapsed().as_secs_f64();
     let t = Instant::now();
     let left = |j: u32, g: u32| (!taken[g as usize]).then(|| alone(j, g)).flatten();

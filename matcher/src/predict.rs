@@ -69,7 +69,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use muxflow::config::Policy;
-use muxflow::policy::{offline_mem_cap_mib, offline_sm_percent, GpuFacts};
+use muxflow::policy::{offline_mem_cap_mib, offline_share, offline_sm_percent, GpuFacts};
 use muxflow::report::JobReport;
 use muxflow::Mode;
 use nalgebra::{SMatrix, SVector};
@@ -724,9 +724,13 @@ impl Model {
         self.profiles.get(key).and_then(|p| p.peak_mib)
     }
 
-    /// Normalized throughput of job `key` next to GPU `gpu`'s online job.
+    /// Normalized throughput of job `key` next to GPU `gpu`'s online job
+    /// and the offline jobs already there.
     pub fn predict(&self, key: &JobKey, gpu: &GpuState, policy: &Policy) -> Option<Estimate> {
-        self.predict_terms(&self.job_terms(key), &self.gpu_terms(gpu, policy))
+        self.predict_terms(
+            &self.job_terms(key),
+            &self.gpu_terms(gpu, policy, gpu.slots_used + 1),
+        )
     }
 
     /// The estimate for a pair named by keys, with its features (for
@@ -757,11 +761,14 @@ impl Model {
         }
     }
 
-    /// What the model needs of a GPU, looked up once per round.
-    pub fn gpu_terms(&self, gpu: &GpuState, policy: &Policy) -> GpuTerms {
+    /// What the model needs of a GPU, looked up once per round, for a job
+    /// that would be one of `offline_jobs` offline jobs there (issue 15):
+    /// it gets its part of the GPU's SM budget and memory room
+    /// ([`muxflow::policy::offline_share`]), as the node gives it.
+    pub fn gpu_terms(&self, gpu: &GpuState, policy: &Policy, offline_jobs: u32) -> GpuTerms {
         GpuTerms {
-            share: sm_share(gpu.published.solo_sm_pct, policy),
-            room_mib: memory_room_mib(gpu, policy),
+            share: sm_share_of(gpu.published.solo_sm_pct, policy, offline_jobs),
+            room_mib: offline_share(memory_room_mib(gpu, policy), offline_jobs),
             partner: gpu
                 .online_jobs
                 .iter()
@@ -965,7 +972,14 @@ pub fn sm_share(solo_sm_pct: Option<u8>, p: &Policy) -> f64 {
     f64::from(offline_sm_percent(p, solo_sm_pct)) / 100.0
 }
 
-/// GPU memory an offline job may use there: [`offline_mem_cap_mib`].
+/// The SM share each of `offline_jobs` offline jobs gets there: its part
+/// ([`offline_share`]) of [`offline_sm_percent`].
+pub fn sm_share_of(solo_sm_pct: Option<u8>, p: &Policy, offline_jobs: u32) -> f64 {
+    let budget = u64::from(offline_sm_percent(p, solo_sm_pct));
+    offline_share(budget, offline_jobs) as f64 / 100.0
+}
+
+/// GPU memory the offline jobs may use there together: [`offline_mem_cap_mib`].
 pub fn memory_room_mib(gpu: &GpuState, p: &Policy) -> u64 {
     let g = &gpu.published;
     offline_mem_cap_mib(
@@ -1574,7 +1588,7 @@ mod tests {
                 offline: 0,
             },
             online_jobs: online,
-            slot_used: false,
+            slots_used: 0,
         }
     }
 

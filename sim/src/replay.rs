@@ -30,7 +30,7 @@ use muxflow_matcher::predict::{runs_from_sacct, Model, Run};
 use muxflow_matcher::reader::{
     ClusterState, GpuState, Names, PendingJob, SacctComment, SacctJob, SacctTime,
 };
-use muxflow_matcher::round::{plan, Action, Predictor};
+use muxflow_matcher::round::{plan, Action, IdleSlot, Predictor};
 
 use crate::engine::EventQueue;
 use crate::model::{self, gpu_rates, GpuRates, OfflineSide, OnlineSide, OFFLINE_SM};
@@ -430,7 +430,7 @@ impl<'a> Sim<'a> {
                     },
                     // Empty: an idle GPU, the round's solo candidate.
                     online_jobs: svc.map(|s| s.job_id).into_iter().collect(),
-                    slot_used: false,
+                    slots_used: 0,
                 });
             }
         }
@@ -712,7 +712,7 @@ impl<'a> Sim<'a> {
             .get(g as usize)
             .filter(|&&k| k != usize::MAX)
         {
-            self.state.gpus[k].slot_used = true;
+            self.state.gpus[k].slots_used = 1;
             self.state.gpus[k].published.offline = 1;
         }
         // Force a new finish event even if the rates look unchanged.
@@ -741,7 +741,7 @@ impl<'a> Sim<'a> {
             .get(g as usize)
             .filter(|&&k| k != usize::MAX)
         {
-            self.state.gpus[k].slot_used = false;
+            self.state.gpus[k].slots_used = 0;
             self.state.gpus[k].published.offline = 0;
         }
         if online {
@@ -955,7 +955,7 @@ impl<'a> Sim<'a> {
             }
             keep
         });
-        if self.state.pending.is_empty() || self.state.open_gpus().next().is_none() {
+        if self.state.pending.is_empty() || self.state.open_gpus(1).next().is_none() {
             return;
         }
         // The daemon retrains every round on its whole history; here the
@@ -1200,7 +1200,7 @@ impl<'s, 'a> Predictor for Truth<'s, 'a> {
             models: j.models.as_deref(),
         }
     }
-    fn gpu_terms(&self, gpu: &GpuState, _policy: &Policy) -> TruthGpu {
+    fn gpu_terms(&self, gpu: &GpuState, _policy: &Policy, _offline_jobs: u32) -> TruthGpu {
         let sim = self.sim;
         let g = sim
             .gpu_of(&gpu.node, gpu.index)
@@ -1231,7 +1231,8 @@ impl<'s, 'a> Predictor for Truth<'s, 'a> {
         Some(model::muxflow(x_off, x_on, gpu.share, job.demand).0)
     }
     /// The same rules as [`Truth::speed`] on an idle GPU.
-    fn solo(&self, job: &TruthJob, gpu: &GpuState, room_mib: u64) -> Option<(f64, f64)> {
+    fn solo(&self, job: &TruthJob, gpu: &GpuState, slot: &IdleSlot) -> Option<(f64, f64)> {
+        let room_mib = slot.room_mib;
         let sim = self.sim;
         let g = sim
             .gpu_of(&gpu.node, gpu.index)
