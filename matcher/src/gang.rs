@@ -47,8 +47,9 @@
 use std::collections::BTreeMap;
 
 /// The round's columns: offline slots (issue 15: a GPU with c free slots
-/// is c columns). A gang takes k columns of one node on k distinct GPUs
-/// (one process per GPU).
+/// is c columns, contiguous and ordered by worth,
+/// [`crate::slots::SlotColumns`]). A gang takes k columns of one node on k
+/// distinct GPUs (one process per GPU), each GPU's first free one.
 #[derive(Debug, Clone, Copy)]
 pub struct Columns<'a> {
     /// Each column's node.
@@ -92,12 +93,18 @@ where
     let mut cheap: Vec<(i64, u32)> = Vec::new();
     let mut chosen: Vec<u32> = Vec::new();
     for gpus in by_node.iter().filter(|g| g.len() >= k) {
+        // Per GPU its first free column only (copies are ordered by worth,
+        // and the gang takes one column per GPU): the scan costs what it
+        // does with one slot per GPU.
         scored.clear();
-        scored.extend(
-            gpus.iter()
-                .filter(|&&g| free[g as usize])
-                .filter_map(|&g| Some((score(job, g)?, g))),
-        );
+        let mut last_gpu = None;
+        for &g in gpus.iter().filter(|&&g| free[g as usize]) {
+            if last_gpu == Some(gpu_of[g as usize]) {
+                continue;
+            }
+            last_gpu = Some(gpu_of[g as usize]);
+            scored.extend(score(job, g).map(|w| (w, g)));
+        }
         if scored.len() < k {
             continue;
         }

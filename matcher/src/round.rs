@@ -11,8 +11,9 @@
 //! job's solo speed, [`Predictor::solo`]: issue 15), that leave room for
 //! the job's memory (its history's peak, or nothing known), and — for a
 //! job whose slot type Slurm already fixed — have that GPU index. The
-//! graph is pruned with [`crate::prune::spread_scored`]
-//! (`matcher.candidates_per_job`) and solved exactly.
+//! graph is pruned with [`crate::prune::spread_scored`] on GPUs, each GPU's
+//! free copies then all candidates ([`crate::slots::slot_candidates`];
+//! `matcher.candidates_per_job`), and solved exactly.
 //!
 //! An idle GPU's offline job gets the SM ceiling and the GPU's memory less
 //! the reserve ([`muxflow::policy::GpuFacts::without_online`]); an online
@@ -58,8 +59,8 @@ use serde::Serialize;
 use crate::gang::{place_gangs, Columns, GangChoice};
 use crate::hints::{update_args, Target};
 use crate::predict::{default_prediction, GpuTerms, JobTerms, Model, DEFAULT_SD};
-use crate::prune::spread_scored;
 use crate::reader::{ClusterState, GpuState, Names, PendingJob};
+use crate::slots::{slot_candidates, SlotColumns};
 use crate::solver::{solve_warm_sorted, solve_with, SolveOptions, Start};
 use crate::weights::{quantize, to_throughput};
 
@@ -281,14 +282,15 @@ pub fn plan<P: Predictor>(
     // memory room): the copies fill in order, and a GPU's first free copy
     // is worth the most. What a new job costs the jobs already there (their
     // part shrinks when their node restarts them) is not in the weights.
-    let (col_gpu, col_jobs): (Vec<usize>, Vec<u32>) = open
-        .iter()
-        .enumerate()
-        .flat_map(|(o, &i)| {
-            let g = &state.gpus[i];
-            (0..g.free_slots(per_gpu)).map(move |s| (o, g.slots_used + s + 1))
+    let slot_cols = SlotColumns::new(open.iter().map(|&i| state.gpus[i].free_slots(per_gpu)));
+    let slot_gpu = slot_cols.gpu_of();
+    let col_gpu: Vec<usize> = slot_gpu.iter().map(|&o| o as usize).collect();
+    let col_jobs: Vec<u32> = (0..slot_gpu.len())
+        .map(|c| {
+            let o = slot_gpu[c] as usize;
+            state.gpus[open[o]].slots_used + (c as u32 - slot_cols.start[o]) + 1
         })
-        .unzip();
+        .collect();
     let cols = col_gpu.len();
     let considered = considered_jobs(&state.pending, cols);
     let waiting = state.pending.len() - considered.len();
@@ -341,7 +343,6 @@ pub fn plan<P: Predictor>(
             })
             .collect()
     };
-    let slot_gpu: Vec<u32> = col_gpu.iter().map(|&o| o as u32).collect();
     let gangs: Vec<(u32, u32)> = jobs
         .iter()
         .enumerate()
@@ -351,7 +352,13 @@ pub fn plan<P: Predictor>(
     let is_gang: Vec<bool> = jobs.iter().map(|j| j.gpus > 1).collect();
     let threads = SolveOptions::default().threads;
     let alone = |j: u32, c: u32| (!is_gang[j as usize]).then(|| score(j, c)).flatten();
-    let edges = spread_scored(jobs.len(), cols, matcher.candidates_per_job, threads, alone);
+    let edges = slot_candidates(
+        jobs.len(),
+        &slot_cols,
+        matcher.candidates_per_job,
+        threads,
+        alone,
+    );
     let cold = |edges: &[crate::solver::Edge]| {
         solve_with(jobs.len(), cols, edges, &SolveOptions::default())
             .expect("candidate edges are in range, positive and unique")
@@ -379,7 +386,13 @@ pub fn plan<P: Predictor>(
         // what the gangs took is searched again (exact on that graph all
         // the same, with its certificate).
         let left = |j: u32, c: u32| (!taken[c as usize]).then(|| alone(j, c)).flatten();
-        let edges = spread_scored(jobs.len(), cols, matcher.candidates_per_job, threads, left);
+        let edges = slot_candidates(
+            jobs.len(),
+            &slot_cols,
+            matcher.candidates_per_job,
+            threads,
+            left,
+        );
         let sol = solve_warm_sorted(
             jobs.len(),
             cols,
@@ -397,7 +410,7 @@ pub fn plan<P: Predictor>(
     }
     let mut assigned: Vec<Option<(u32, i64)>> = vec![None; jobs.len()];
     for &(j, g) in &sol.matching.pairs {
-        // spread_scored returns edges sorted by (job, GPU).
+        // slot_candidates returns edges sorted by (job, column).
         let w = edges
             .binary_search_by_key(&(j, g), |e| (e.job, e.gpu))
             .map_or(0, |k| edges[k].weight);
