@@ -180,13 +180,20 @@ impl Predictor for Model {
     fn solo(&self, job: &JobTerms, _gpu: &GpuState, slot: &IdleSlot) -> Option<(f64, f64)> {
         // The node-measured peak decides, as next to an online job.
         let fits = job.peak_mib.is_none_or(|p| p <= slot.room_mib);
-        // Alone: 1. Beside other offline jobs (no history of such runs
-        // yet): the default's rule on its part of the SMs.
+        // Alone with the whole ceiling: 1. In one of several slots: the
+        // default's rule on its slot's part of the SMs, times what each
+        // other offline job there leaves it (Model::beside_offline).
         fits.then(|| {
-            if slot.offline_jobs <= 1 {
+            if slot.offline_jobs <= 1 && slot.share >= slot.budget {
                 (1.0, 0.0)
             } else {
-                (default_prediction(slot.share), DEFAULT_SD)
+                let others = self
+                    .beside_offline(job, slot.budget)
+                    .powi(slot.offline_jobs as i32 - 1);
+                (
+                    (default_prediction(slot.share) * others).clamp(0.01, 1.0),
+                    DEFAULT_SD,
+                )
             }
         })
     }
@@ -207,23 +214,28 @@ pub fn idle_room_mib(gpu: &GpuState, policy: &Policy) -> u64 {
     offline_mem_cap_mib(policy, &facts.without_online()).unwrap_or(0)
 }
 
-/// What a job gets in a slot of an idle GPU as one of `offline_jobs`
-/// offline jobs there: its part ([`offline_share`]) of the SM ceiling and
-/// of [`idle_room_mib`].
+/// What a job gets in a slot of an idle GPU: its slot's part
+/// ([`offline_share`], one of `[policy] offline_per_gpu`) of the SM
+/// ceiling and of [`idle_room_mib`], as one of `offline_jobs` offline
+/// jobs there.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct IdleSlot {
     pub room_mib: u64,
     /// SM share, a fraction.
     pub share: f64,
+    /// The GPU's whole offline SM share (the ceiling), a fraction.
+    pub budget: f64,
     pub offline_jobs: u32,
 }
 
 impl IdleSlot {
     pub fn new(gpu: &GpuState, policy: &Policy, offline_jobs: u32) -> IdleSlot {
+        let slots = u32::from(policy.offline_per_gpu);
         let ceiling = u64::from(offline_sm_percent(policy, Some(0)));
         IdleSlot {
-            room_mib: offline_share(idle_room_mib(gpu, policy), offline_jobs),
-            share: offline_share(ceiling, offline_jobs) as f64 / 100.0,
+            room_mib: offline_share(idle_room_mib(gpu, policy), slots),
+            share: offline_share(ceiling, slots) as f64 / 100.0,
+            budget: ceiling as f64 / 100.0,
             offline_jobs,
         }
     }
@@ -277,11 +289,13 @@ pub fn plan<P: Predictor>(
     let open: Vec<usize> = state.open_gpus(per_gpu).map(|(i, _)| i).collect();
     // Slot copies (issue 15): a GPU with c free slots is c columns of the
     // matching, so the capacitated assignment stays an assignment, solved
-    // exactly and certified. Copy s of a GPU running u offline jobs scores
-    // the job as one of u + s + 1 there (its part of the SM budget and
-    // memory room): the copies fill in order, and a GPU's first free copy
-    // is worth the most. What a new job costs the jobs already there (their
-    // part shrinks when their node restarts them) is not in the weights.
+    // exactly and certified. Every slot has its fixed part of the GPU's SM
+    // budget and memory room (1/offline_per_gpu: MPS fixes a client's
+    // share when it starts, so a split among the jobs present would exceed
+    // the budget when one more joins). Copy s of a GPU running u offline
+    // jobs scores the job beside u + s others: the copies fill in order,
+    // a GPU's first free copy is worth the most. What a new job costs the
+    // jobs already there is not in the weights.
     let slot_cols = SlotColumns::new(open.iter().map(|&i| state.gpus[i].free_slots(per_gpu)));
     let slot_gpu = slot_cols.gpu_of();
     let col_gpu: Vec<usize> = slot_gpu.iter().map(|&o| o as usize).collect();
@@ -462,7 +476,7 @@ pub fn plan<P: Predictor>(
             Some((g, w)) => {
                 let gpu = gpu_of(g as usize);
                 let shown = estimate(j, g as usize).unwrap_or((to_throughput(w), 0.0));
-                let mut reason = if gpu.online_jobs.is_empty() && col_jobs[g as usize] == 1 {
+                let mut reason = if gpu.online_jobs.is_empty() && col_jobs[g as usize] == 1 && per_gpu == 1 {
                     IDLE_REASON.to_string()
                 } else if gpu.online_jobs.is_empty() {
                     "idle GPU: no online job (best total predicted throughput)".to_string()
