@@ -60,14 +60,17 @@ pub fn offline_mem_cap_mib(policy: &Policy, facts: &GpuFacts) -> Option<u64> {
     )
 }
 
-/// What each of `jobs` offline jobs on one GPU gets of the GPU's offline
-/// `budget` (`[policy] offline_per_gpu` > 1, issue 15): an equal split,
-/// rounded down, so the jobs together never exceed the budget. The one
-/// split of both budgets — the SM percentage ([`offline_sm_percent`]) and
-/// the memory cap, MiB ([`offline_mem_cap_mib`]) — used by the node (the
-/// limits it gives each job) and by the matcher and the replay (what they
-/// predict for it). A non-zero budget gives each job at least 1 (MPS takes
-/// no 0% share); `jobs` 0 is read as 1.
+/// What each of `jobs` equal parts of a GPU's offline `budget` is
+/// (`[policy] offline_per_gpu` > 1, issue 15): rounded down, so the parts
+/// together never exceed the budget. The one split of both budgets — the
+/// SM percentage ([`offline_sm_percent`]) and the memory cap, MiB
+/// ([`offline_mem_cap_mib`]) — used by the node (the limits it gives each
+/// job) and by the matcher and the replay (what they predict for it), all
+/// with `jobs` = `offline_per_gpu`: every slot has its fixed part, a lone
+/// job too, because MPS fixes a client's share when it starts (a split
+/// among the jobs present would exceed the budget when one more joins). A
+/// non-zero budget gives each part at least 1 (MPS takes no 0% share);
+/// `jobs` 0 is read as 1.
 pub fn offline_share(budget: u64, jobs: u32) -> u64 {
     let each = budget / u64::from(jobs.max(1));
     if budget > 0 {
