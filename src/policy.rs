@@ -70,32 +70,46 @@ pub struct SlotShare {
     pub mem_cap_mib: Option<u64>,
 }
 
-/// The share of offline slot `slot` (0-based, below `policy.offline_per_gpu`
-/// = N) of a GPU: the GPU's offline SM budget ([`offline_sm_percent`]: what
+/// The share of any one offline slot of a GPU (`policy.offline_per_gpu` =
+/// N of them): the GPU's offline SM budget ([`offline_sm_percent`]: what
 /// the online job leaves, less headroom, within floor and ceiling) and its
-/// memory room ([`offline_mem_cap_mib`]) split into N parts, the remainder
-/// going one unit each to the lowest slots. N = 1 gives the whole budget.
+/// memory room ([`offline_mem_cap_mib`]), each split by [`offline_share`].
+/// N = 1 gives the whole budget.
 ///
-/// Why N parts of the configured N, not parts of the jobs there now: MPS
-/// fixes a client's SM share and memory limit when it starts, so a job that
+/// Why parts of the configured N, not of the jobs there now: MPS fixes a
+/// client's SM share and memory limit when it starts, so a job that
 /// started alone cannot give half back when a second one arrives. With a
 /// fixed part per slot, and each running job holding a different slot (the
 /// Prolog picks the lowest free one under the GPU's lock), the shares of
 /// whatever jobs run at once never add up to more than the budget, and a
 /// late arrival never waits for anyone to shrink. The cost: a job alone on
-/// a GPU with N > 1 runs on its part only. A share is at least 1 % (MPS
-/// takes no 0): only a budget below N percent can then be exceeded, by at
-/// most N - 1 points.
-pub fn offline_slot_share(policy: &Policy, facts: &GpuFacts, slot: u8) -> SlotShare {
-    let n = policy.offline_per_gpu.max(1);
-    let slot = slot.min(n - 1);
+/// a GPU with N > 1 runs on its part only.
+pub fn offline_slot_share(policy: &Policy, facts: &GpuFacts) -> SlotShare {
+    let n = u32::from(policy.offline_per_gpu.max(1));
     let budget = offline_sm_percent(policy, facts.online_solo_sm_pct);
-    let sm_pct = (budget / n + u8::from(slot < budget % n)).max(1);
-    let mem_cap_mib = offline_mem_cap_mib(policy, facts)
-        .map(|room| room / u64::from(n) + u64::from(u64::from(slot) < room % u64::from(n)));
     SlotShare {
-        sm_pct,
-        mem_cap_mib,
+        sm_pct: offline_share(u64::from(budget), n) as u8,
+        mem_cap_mib: offline_mem_cap_mib(policy, facts).map(|room| offline_share(room, n)),
+    }
+}
+
+/// What each of `jobs` equal parts of a GPU's offline `budget` is
+/// (`[policy] offline_per_gpu` > 1, issue 15): rounded down, so the parts
+/// together never exceed the budget. The one split of both budgets — the
+/// SM percentage ([`offline_sm_percent`]) and the memory cap, MiB
+/// ([`offline_mem_cap_mib`]) — used by the node (the limits it gives each
+/// job) and by the matcher and the replay (what they predict for it), all
+/// with `jobs` = `offline_per_gpu`: every slot has its fixed part, a lone
+/// job too, because MPS fixes a client's share when it starts (a split
+/// among the jobs present would exceed the budget when one more joins). A
+/// non-zero budget gives each part at least 1 (MPS takes no 0% share);
+/// `jobs` 0 is read as 1.
+pub fn offline_share(budget: u64, jobs: u32) -> u64 {
+    let each = budget / u64::from(jobs.max(1));
+    if budget > 0 {
+        each.max(1)
+    } else {
+        0
     }
 }
 
@@ -181,8 +195,8 @@ mod tests {
             solo_sm_pct: Option<u8>,
             mem_total_mib: Option<u64>,
             online_mem_mib: Option<u64>,
-            /// (SM %, memory cap MiB) of slots 0, 1, … N-1.
-            want: &'static [(u8, Option<u64>)],
+            /// (SM %, memory cap MiB) of each slot.
+            want: (u8, Option<u64>),
         }
         let rows = [
             Row {
@@ -191,7 +205,7 @@ mod tests {
                 solo_sm_pct: Some(30),
                 mem_total_mib: Some(40_000),
                 online_mem_mib: Some(10_000),
-                want: &[(60, Some(27_952))],
+                want: (60, Some(27_952)),
             },
             Row {
                 name: "N=2: halves",
@@ -199,28 +213,23 @@ mod tests {
                 solo_sm_pct: Some(30),
                 mem_total_mib: Some(40_000),
                 online_mem_mib: Some(10_000),
-                want: &[(30, Some(13_976)), (30, Some(13_976))],
+                want: (30, Some(13_976)),
             },
             Row {
-                name: "N=3: remainders to the lowest slots, sums exact",
+                name: "N=3: rounded down, the sum within the budget",
                 per_gpu: 3,
                 solo_sm_pct: Some(30),
                 mem_total_mib: Some(40_000),
                 online_mem_mib: Some(10_000),
-                want: &[(20, Some(9_318)), (20, Some(9_317)), (20, Some(9_317))],
+                want: (20, Some(9_317)),
             },
             Row {
-                name: "N=4, budget 70 (solo 20): 18+18+17+17; room 67511: 16878 x3 + 16877",
+                name: "N=4, budget 70 (solo 20): 17 each; room 67511: 16877 each",
                 per_gpu: 4,
                 solo_sm_pct: Some(20),
                 mem_total_mib: Some(81_559),
                 online_mem_mib: Some(12_000),
-                want: &[
-                    (18, Some(16_878)),
-                    (18, Some(16_878)),
-                    (17, Some(16_878)),
-                    (17, Some(16_877)),
-                ],
+                want: (17, Some(16_877)),
             },
             Row {
                 name: "N=2, idle GPU: the ceiling (80) split, no online memory",
@@ -228,15 +237,15 @@ mod tests {
                 solo_sm_pct: Some(0),
                 mem_total_mib: Some(81_559),
                 online_mem_mib: None,
-                want: &[(40, Some(39_756)), (40, Some(39_755))],
+                want: (40, Some(39_755)),
             },
             Row {
-                name: "N=4, saturated online: the floor (10) split, 3+3+2+2",
+                name: "N=4, saturated online: the floor (10) split, 2 each; no room",
                 per_gpu: 4,
                 solo_sm_pct: Some(100),
                 mem_total_mib: Some(16_384),
                 online_mem_mib: Some(15_000),
-                want: &[(3, Some(0)), (3, Some(0)), (2, Some(0)), (2, Some(0))],
+                want: (2, Some(0)),
             },
             Row {
                 name: "N=2, nothing recorded: the default (30) split, no cap",
@@ -244,7 +253,7 @@ mod tests {
                 solo_sm_pct: None,
                 mem_total_mib: None,
                 online_mem_mib: None,
-                want: &[(15, None), (15, None)],
+                want: (15, None),
             },
         ];
         for r in rows {
@@ -255,29 +264,23 @@ mod tests {
                 online_mem_mib: r.online_mem_mib,
                 mem_total_mib: r.mem_total_mib,
             };
-            let got: Vec<(u8, Option<u64>)> = (0..r.per_gpu)
-                .map(|slot| {
-                    let s = offline_slot_share(&p, &facts, slot);
-                    (s.sm_pct, s.mem_cap_mib)
-                })
-                .collect();
-            assert_eq!(got, r.want, "{}", r.name);
-            // The parts never add up to more than the whole.
-            let sm: u32 = got.iter().map(|g| u32::from(g.0)).sum();
+            let s = offline_slot_share(&p, &facts);
+            assert_eq!((s.sm_pct, s.mem_cap_mib), r.want, "{}", r.name);
+            // N parts never add up to more than the whole.
+            let n = u64::from(r.per_gpu);
             assert!(
-                sm <= u32::from(offline_sm_percent(&p, r.solo_sm_pct)),
+                u64::from(s.sm_pct) * n <= u64::from(offline_sm_percent(&p, r.solo_sm_pct)),
                 "{}",
                 r.name
             );
             if let Some(room) = offline_mem_cap_mib(&p, &facts) {
-                let mem: u64 = got.iter().map(|g| g.1.unwrap()).sum();
-                assert_eq!(mem, room, "{}", r.name);
+                assert!(s.mem_cap_mib.unwrap() * n <= room, "{}", r.name);
             }
         }
     }
 
     #[test]
-    fn a_share_is_never_zero_and_a_slot_past_n_gets_the_last_part() {
+    fn a_share_is_never_zero() {
         let mut p = policy();
         p.sm_floor = Percent::new(1).unwrap();
         p.offline_per_gpu = 4;
@@ -286,14 +289,7 @@ mod tests {
             ..GpuFacts::default()
         };
         // Budget 1 %: MPS takes no 0 %, so every slot gets 1 %.
-        for slot in 0..4 {
-            assert_eq!(offline_slot_share(&p, &facts, slot).sm_pct, 1);
-        }
-        p.sm_floor = Percent::new(10).unwrap();
-        assert_eq!(
-            offline_slot_share(&p, &facts, 9),
-            offline_slot_share(&p, &facts, 3)
-        );
+        assert_eq!(offline_slot_share(&p, &facts).sm_pct, 1);
     }
 
     #[test]
@@ -317,5 +313,74 @@ mod tests {
             None,
             "memory still unknown"
         );
+    }
+
+    #[test]
+    fn offline_share_table() {
+        struct Case {
+            why: &'static str,
+            budget: u64,
+            jobs: u32,
+            want: u64,
+        }
+        let cases = [
+            Case {
+                why: "one job: the whole budget",
+                budget: 70,
+                jobs: 1,
+                want: 70,
+            },
+            Case {
+                why: "two jobs: half each",
+                budget: 70,
+                jobs: 2,
+                want: 35,
+            },
+            Case {
+                why: "three jobs: rounded down (69 of 70 used)",
+                budget: 70,
+                jobs: 3,
+                want: 23,
+            },
+            Case {
+                why: "four jobs at the SM floor: 10/4 rounded down",
+                budget: 10,
+                jobs: 4,
+                want: 2,
+            },
+            Case {
+                why: "a budget smaller than the jobs: 1 each (MPS takes no 0%)",
+                budget: 3,
+                jobs: 4,
+                want: 1,
+            },
+            Case {
+                why: "no budget: 0",
+                budget: 0,
+                jobs: 2,
+                want: 0,
+            },
+            Case {
+                why: "0 jobs read as 1",
+                budget: 70,
+                jobs: 0,
+                want: 70,
+            },
+            Case {
+                why: "memory, MiB: 79511 between 2",
+                budget: 79_511,
+                jobs: 2,
+                want: 39_755,
+            },
+        ];
+        for c in cases {
+            assert_eq!(offline_share(c.budget, c.jobs), c.want, "{}", c.why);
+            assert!(
+                c.budget == 0
+                    || c.want * u64::from(c.jobs.max(1)) <= c.budget.max(u64::from(c.jobs)),
+                "{}: over the budget",
+                c.why
+            );
+        }
     }
 }

@@ -423,6 +423,10 @@ mod tests {
         let show = "     Nodes=n1 CPU_IDs=0 Mem=0 GRES=mfslot:g1:0(IDX:),mfslot:g0:1(IDX:0),gpu:2(IDX:0,1)\n";
         assert_eq!(parse_offline_slots(show, "n1", "mfslot"), [0]);
         assert!(parse_offline_slots("JobId=1\n", "n1", "mfslot").is_empty());
+        // offline_per_gpu = 2: the second job on GPU 0 holds the second
+        // g0 record (IDX:1 numbers records, not GPUs): still GPU 0.
+        let second = "     Nodes=n1 CPU_IDs=1 Mem=0 GRES=mfslot:g0:1(IDX:1)\n";
+        assert_eq!(parse_offline_slots(second, "n1", "mfslot"), [0]);
     }
 }
 

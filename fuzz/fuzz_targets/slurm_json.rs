@@ -13,11 +13,11 @@ fuzz_target!(|data: &[u8]| {
     let names = Names::from_config(&muxflow::config::Slurm::default());
     if let Ok(jobs) = reader::parse_squeue(text) {
         let state = ClusterState::build(&jobs, &[], &names);
-        let _ = state.open_gpus().count();
+        let _ = state.open_gpus(1).count();
     }
     if let Ok(nodes) = reader::parse_sinfo(text) {
         let state = ClusterState::build(&[], &nodes, &names);
-        let _ = state.open_gpus().count();
+        let _ = state.open_gpus(1).count();
     }
     if let Ok(jobs) = reader::parse_sacct(text) {
         let _ = runs_from_sacct(&jobs);

@@ -471,16 +471,27 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<BenchReport> {
 /// GPUs per node in the gang bench (a common GPU server).
 pub const GANG_BENCH_GPUS_PER_NODE: usize = 8;
 
-/// `muxflow-matcher bench --gang-share F` (issue 15): one production round
-/// with k-GPU jobs ([`crate::gang`]: the 1-GPU jobs' matching for prices,
-/// the gangs, the 1-GPU jobs' matching on the GPUs left) on the synthetic
-/// cluster cut into nodes of [`GANG_BENCH_GPUS_PER_NODE`] GPUs, a share
-/// `F` of its jobs asking for 2, 4 or 8 GPUs; timed against the reference
-/// measured in the same run, the same jobs all as 1-GPU jobs (one pruned
-/// matching). Instance generation is excluded. Ends in one key=value line.
-pub fn gang_run(args: &BenchArgs, gang_share: f64) -> anyhow::Result<String> {
+/// `muxflow-matcher bench --gang-share F [--slots-per-gpu N]` (issue 15):
+/// one production round with k-GPU jobs ([`crate::gang`]: the 1-GPU jobs'
+/// matching for prices, the gangs, the 1-GPU jobs' matching on the slots
+/// left) on the synthetic cluster cut into nodes of
+/// [`GANG_BENCH_GPUS_PER_NODE`] GPUs, each GPU offering `slots` offline
+/// slots (as the round does: a GPU with N free slots is N columns; copy s
+/// worth `1 / (s + 1)` of the job's throughput there — one of s + 1
+/// offline jobs on the GPU's offline SMs, speed in proportion to its
+/// part), a share `F` of its jobs asking for 2, 4 or 8 GPUs; timed
+/// against the reference measured in the same run, the same jobs all as
+/// 1-GPU jobs on one slot per GPU (one pruned matching). Instance
+/// generation is excluded. Then, untimed: the exact optimum of the 1-GPU
+/// jobs on the slots the gangs left, over every feasible pair
+/// ([`crate::exact::solve_exact`]), and the round's gap to it. Ends in one
+/// key=value line.
+pub fn gang_run(args: &BenchArgs, slots: u32, gang_share: f64) -> anyhow::Result<String> {
     if !(0.0..=1.0).contains(&gang_share) {
         bail!("--gang-share {gang_share}: a share of the jobs, from 0 to 1");
+    }
+    if !(1..=4).contains(&slots) {
+        bail!("--slots-per-gpu {slots}: from 1 to 4, as [policy] offline_per_gpu");
     }
     let mut text = String::new();
     let cluster = Cluster::generate(args.gpus, args.jobs, args.seed, args.weights);
@@ -498,10 +509,23 @@ pub fn gang_run(args: &BenchArgs, gang_share: f64) -> anyhow::Result<String> {
             }
         })
         .collect();
-    let node_of: Vec<u32> = (0..args.gpus)
-        .map(|g| (g / GANG_BENCH_GPUS_PER_NODE) as u32)
+    let per = slots as usize;
+    let slot_cols = crate::slots::SlotColumns::new(std::iter::repeat_n(slots, args.gpus));
+    let cols = slot_cols.columns();
+    let gpu_of = slot_cols.gpu_of();
+    let node_of: Vec<u32> = gpu_of
+        .iter()
+        .map(|&g| (g as usize / GANG_BENCH_GPUS_PER_NODE) as u32)
         .collect();
-    let score = |j: u32, g: u32| cluster.weight(j, g);
+    let score = |j: u32, c: u32| {
+        let (g, s) = ((c as usize / per) as u32, c % slots);
+        if s == 0 {
+            return cluster.weight(j, g);
+        }
+        cluster
+            .throughput(j, g)
+            .and_then(|x| crate::weights::quantize(x / f64::from(s + 1)))
+    };
 
     let t = Instant::now();
     let edges = cluster.candidates(args.candidates_per_job, args.threads);
@@ -509,15 +533,15 @@ pub fn gang_run(args: &BenchArgs, gang_share: f64) -> anyhow::Result<String> {
     let reference_s = t.elapsed().as_secs_f64();
 
     let t = Instant::now();
-    let alone = |j: u32, g: u32| (ks[j as usize] == 1).then(|| score(j, g)).flatten();
-    let edges = crate::spread_scored(
+    let alone = |j: u32, c: u32| (ks[j as usize] == 1).then(|| score(j, c)).flatten();
+    let edges = crate::slots::slot_candidates(
         args.jobs,
-        args.gpus,
+        &slot_cols,
         args.candidates_per_job,
         args.threads,
         alone,
     );
-    let priced = solve_with(args.jobs, args.gpus, &edges, &opts).context("solving")?;
+    let priced = solve_with(args.jobs, cols, &edges, &opts).context("solving")?;
     let price_s = t.elapsed().as_secs_f64();
     let t = Instant::now();
     let gangs: Vec<(u32, u32)> = ks
@@ -526,14 +550,18 @@ pub fn gang_run(args: &BenchArgs, gang_share: f64) -> anyhow::Result<String> {
         .filter(|(_, &k)| k > 1)
         .map(|(j, &k)| (j as u32, k))
         .collect();
-    let mut taken = vec![false; args.gpus];
-    let chosen = crate::gang::place_gangs(&gangs, &node_of, &priced.duals.gpu, &mut taken, &score);
+    let mut taken = vec![false; cols];
+    let columns = crate::gang::Columns {
+        node_of: &node_of,
+        gpu_of: &gpu_of,
+    };
+    let chosen = crate::gang::place_gangs(&gangs, &columns, &priced.duals.gpu, &mut taken, &score);
     let gang_s = t.elapsed().as_secs_f64();
     let t = Instant::now();
-    let left = |j: u32, g: u32| (!taken[g as usize]).then(|| alone(j, g)).flatten();
-    let edges = crate::spread_scored(
+    let left = |j: u32, c: u32| (!taken[c as usize]).then(|| alone(j, c)).flatten();
+    let edges = crate::slots::slot_candidates(
         args.jobs,
-        args.gpus,
+        &slot_cols,
         args.candidates_per_job,
         args.threads,
         left,
@@ -542,7 +570,7 @@ pub fn gang_run(args: &BenchArgs, gang_share: f64) -> anyhow::Result<String> {
     let start = priced.job_gpu(args.jobs);
     let singles = crate::solve_warm_sorted(
         args.jobs,
-        args.gpus,
+        cols,
         &edges,
         &crate::Start {
             job_gpu: &start,
@@ -560,10 +588,32 @@ pub fn gang_run(args: &BenchArgs, gang_share: f64) -> anyhow::Result<String> {
         .filter_map(|(&(_, k), c)| Some(c.as_ref()?.min_weight * i64::from(k)))
         .sum();
     let objective = gang_value + singles.matching.objective;
+    // The 1-GPU part's exact optimum on every feasible (job, slot) pair the
+    // gangs left: pricing from the round's graph (untimed).
+    let t = Instant::now();
+    let full = crate::exact::FnScores {
+        jobs: args.jobs,
+        gpus: cols,
+        score: left,
+    };
+    let exact = crate::exact::solve_exact(
+        &full,
+        &edges,
+        &ExactOptions {
+            threads: args.threads,
+            ..ExactOptions::default()
+        },
+    )
+    .context("pricing the 1-GPU part")?;
+    let exact_s = t.elapsed().as_secs_f64();
+    let singles_gap = gap(
+        exact.solution.matching.objective as i128,
+        singles.matching.objective as i128,
+    );
 
     writeln!(
         text,
-        "muxflow-matcher bench --gang-share {gang_share}: {} GPUs in nodes of {GANG_BENCH_GPUS_PER_NODE} x {} jobs ({} of them 2, 4 or 8-GPU gangs), seed {}, k={}, {} threads",
+        "muxflow-matcher bench --gang-share {gang_share} --slots-per-gpu {slots}: {} GPUs in nodes of {GANG_BENCH_GPUS_PER_NODE} ({cols} slots) x {} jobs ({} of them 2, 4 or 8-GPU gangs), seed {}, k={}, {} threads",
         args.gpus,
         args.jobs,
         gangs.len(),
@@ -609,7 +659,7 @@ pub fn gang_run(args: &BenchArgs, gang_share: f64) -> anyhow::Result<String> {
     )?;
     row(
         &mut text,
-        "3. 1-GPU jobs on the GPUs left (warm)",
+        "3. 1-GPU jobs on the slots left (warm)",
         final_s,
         Some(singles.matching.objective),
         Some(singles.matching.pairs.len()),
@@ -621,16 +671,25 @@ pub fn gang_run(args: &BenchArgs, gang_share: f64) -> anyhow::Result<String> {
         Some(objective),
         None,
     )?;
-    writeln!(
-        text,
-        "gangs placed {placed} of {} on {gang_gpus} GPUs; peak {peak_mb:.1} MB",
-        gangs.len()
+    row(
+        &mut text,
+        "exact optimum of step 3's jobs and slots (untimed)",
+        exact_s,
+        Some(exact.solution.matching.objective),
+        Some(exact.solution.matching.pairs.len()),
     )?;
     writeln!(
         text,
-        "gang_round_s={round_s:.3} reference_s={reference_s:.3} ratio={:.2} gangs={} gangs_placed={placed} peak_mb={peak_mb:.1}",
+        "gangs placed {placed} of {} on {gang_gpus} GPUs; peak {peak_mb:.1} MB (after the round); 1-GPU part's gap to its exact optimum {}",
+        gangs.len(),
+        fmt_gap(singles_gap)
+    )?;
+    writeln!(
+        text,
+        "gang_round_s={round_s:.3} reference_s={reference_s:.3} ratio={:.2} slots_per_gpu={slots} gangs={} gangs_placed={placed} peak_mb={peak_mb:.1} singles_gap={}",
         if reference_s > 0.0 { round_s / reference_s } else { f64::NAN },
-        gangs.len()
+        gangs.len(),
+        fmt_gap(singles_gap)
     )?;
     Ok(text)
 }
@@ -688,19 +747,30 @@ mod tests {
             threads: 2,
             export: None,
         };
-        let text = gang_run(&args, 0.1).expect("gang bench runs");
-        let last = text.lines().last().unwrap();
-        let value = |key: &str| -> f64 {
-            last.split(' ')
-                .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
-                .unwrap_or_else(|| panic!("{key} missing: {last}"))
-                .parse()
-                .unwrap()
-        };
-        assert!(value("gangs") > 0.0, "{text}");
-        assert!(value("gangs_placed") > 0.0, "{text}");
-        assert!(value("gangs_placed") <= value("gangs"));
-        assert!(gang_run(&args, 1.5).is_err(), "a share above 1");
+        for slots in [1, 2] {
+            let text = gang_run(&args, slots, 0.1).expect("gang bench runs");
+            let last = text.lines().last().unwrap();
+            let value = |key: &str| -> f64 {
+                last.split(' ')
+                    .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
+                    .unwrap_or_else(|| panic!("{key} missing: {last}"))
+                    .parse()
+                    .unwrap()
+            };
+            assert!(value("gangs") > 0.0, "{text}");
+            assert!(value("gangs_placed") > 0.0, "{text}");
+            assert!(value("gangs_placed") <= value("gangs"));
+            assert_eq!(value("slots_per_gpu"), f64::from(slots));
+            let gap = value("singles_gap");
+            // Exact on its candidate graph; over every pair a small gap
+            // (measured and shown, not hidden).
+            assert!((0.0..0.05).contains(&gap), "{text}");
+        }
+        assert!(gang_run(&args, 1, 1.5).is_err(), "a share above 1");
+        assert!(
+            gang_run(&args, 5, 0.1).is_err(),
+            "more slots than offline_per_gpu allows"
+        );
     }
 
     #[test]

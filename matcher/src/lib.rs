@@ -53,6 +53,7 @@ pub mod reader;
 pub mod reference;
 pub mod round;
 pub mod service;
+pub mod slots;
 pub mod slurm;
 pub mod solver;
 pub mod synth;

@@ -104,6 +104,10 @@ enum Command {
         /// jobs as 1-GPU jobs (issue 15).
         #[arg(long, value_name = "SHARE")]
         gang_share: Option<f64>,
+        /// With --gang-share: offline slots per GPU, 1 to 4 (as
+        /// `[policy] offline_per_gpu`; issue 15).
+        #[arg(long, value_name = "N", default_value_t = 1)]
+        slots_per_gpu: u32,
     },
 }
 
@@ -132,6 +136,7 @@ fn main() -> anyhow::Result<()> {
         threads,
         export,
         gang_share,
+        slots_per_gpu,
     }) = cli.command
     {
         let args = BenchArgs {
@@ -152,8 +157,11 @@ fn main() -> anyhow::Result<()> {
             threads: threads.max(1),
             export,
         };
-        if let Some(share) = gang_share {
-            print!("{}", bench::gang_run(&args, share)?);
+        if gang_share.is_some() || slots_per_gpu != 1 {
+            print!(
+                "{}",
+                bench::gang_run(&args, slots_per_gpu, gang_share.unwrap_or(0.0))?
+            );
             return Ok(());
         }
         let report = bench::run(&args)?;

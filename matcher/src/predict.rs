@@ -69,7 +69,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use muxflow::config::Policy;
-use muxflow::policy::{offline_mem_cap_mib, offline_sm_percent, GpuFacts};
+use muxflow::policy::{offline_mem_cap_mib, offline_share, offline_sm_percent, GpuFacts};
 use muxflow::report::JobReport;
 use muxflow::Mode;
 use nalgebra::{SMatrix, SVector};
@@ -724,9 +724,13 @@ impl Model {
         self.profiles.get(key).and_then(|p| p.peak_mib)
     }
 
-    /// Normalized throughput of job `key` next to GPU `gpu`'s online job.
+    /// Normalized throughput of job `key` next to GPU `gpu`'s online job
+    /// and the offline jobs already there.
     pub fn predict(&self, key: &JobKey, gpu: &GpuState, policy: &Policy) -> Option<Estimate> {
-        self.predict_terms(&self.job_terms(key), &self.gpu_terms(gpu, policy))
+        self.predict_terms(
+            &self.job_terms(key),
+            &self.gpu_terms(gpu, policy, gpu.slots_used + 1),
+        )
     }
 
     /// The estimate for a pair named by keys, with its features (for
@@ -742,6 +746,8 @@ impl Model {
             share,
             room_mib: u64::MAX,
             partner: self.partner_index.get(partner).copied(),
+            others: 0,
+            budget: share,
         };
         let mut j = self.job_terms(job);
         j.peak_mib = None;
@@ -757,11 +763,19 @@ impl Model {
         }
     }
 
-    /// What the model needs of a GPU, looked up once per round.
-    pub fn gpu_terms(&self, gpu: &GpuState, policy: &Policy) -> GpuTerms {
+    /// What the model needs of a GPU, looked up once per round, for a job
+    /// that would be one of `offline_jobs` offline jobs there (issue 15):
+    /// it gets its slot's part of the GPU's SM budget and memory room,
+    /// one of `[policy] offline_per_gpu` ([`sm_share_of`]), as the node
+    /// gives it, and the other offline jobs there slow it
+    /// ([`Model::beside_offline`]).
+    pub fn gpu_terms(&self, gpu: &GpuState, policy: &Policy, offline_jobs: u32) -> GpuTerms {
+        let slots = u32::from(policy.offline_per_gpu);
         GpuTerms {
-            share: sm_share(gpu.published.solo_sm_pct, policy),
-            room_mib: memory_room_mib(gpu, policy),
+            share: sm_share_of(gpu.published.solo_sm_pct, policy, slots),
+            room_mib: offline_share(memory_room_mib(gpu, policy), slots),
+            others: offline_jobs.saturating_sub(1),
+            budget: sm_share_of(gpu.published.solo_sm_pct, policy, 1),
             partner: gpu
                 .online_jobs
                 .iter()
@@ -780,7 +794,33 @@ impl Model {
             Some(p) if gpu.room_mib > 0 => (p as f64 / gpu.room_mib as f64).min(1.0),
             _ => DEFAULT_MEM,
         };
-        self.predict_with_mem(job, gpu, mem)
+        let e = self.predict_with_mem(job, gpu, mem)?;
+        if gpu.others == 0 {
+            return Some(e);
+        }
+        Some(Estimate {
+            mean: (e.mean * self.beside_offline(job, gpu.budget).powi(gpu.others as i32))
+                .clamp(0.01, 1.0),
+            ..e
+        })
+    }
+
+    /// What one other offline job on the GPU leaves the job (issue 15):
+    /// records name the online partner only, so no offline × offline pair
+    /// is ever learned; each other offline job counts as a partner the
+    /// model does not know, at the GPU's whole offline budget `budget` —
+    /// the completion without a partner (the default's rule without
+    /// history, 1 at a share above half).
+    pub fn beside_offline(&self, job: &JobTerms, budget: f64) -> f64 {
+        let unknown = GpuTerms {
+            share: budget,
+            room_mib: u64::MAX,
+            partner: None,
+            others: 0,
+            budget,
+        };
+        self.predict_with_mem(job, &unknown, DEFAULT_MEM)
+            .map_or(1.0, |e| e.mean)
     }
 
     fn predict_with_mem(&self, job: &JobTerms, gpu: &GpuTerms, mem: f64) -> Option<Estimate> {
@@ -954,9 +994,14 @@ pub struct JobTerms {
 /// Per-GPU inputs of [`Model::predict_terms`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GpuTerms {
+    /// The job's SM share there (its part of the budget).
     pub share: f64,
     pub room_mib: u64,
     partner: Option<u32>,
+    /// Offline jobs already there (it would be one of `others + 1`).
+    pub others: u32,
+    /// The GPU's whole offline SM share.
+    pub budget: f64,
 }
 
 /// The SM share muxflow's policy gives an offline job next to an online job
@@ -965,7 +1010,14 @@ pub fn sm_share(solo_sm_pct: Option<u8>, p: &Policy) -> f64 {
     f64::from(offline_sm_percent(p, solo_sm_pct)) / 100.0
 }
 
-/// GPU memory an offline job may use there: [`offline_mem_cap_mib`].
+/// The SM share of one of `slots` equal slots there: its part
+/// ([`offline_share`]) of [`offline_sm_percent`].
+pub fn sm_share_of(solo_sm_pct: Option<u8>, p: &Policy, slots: u32) -> f64 {
+    let budget = u64::from(offline_sm_percent(p, solo_sm_pct));
+    offline_share(budget, slots) as f64 / 100.0
+}
+
+/// GPU memory the offline jobs may use there together: [`offline_mem_cap_mib`].
 pub fn memory_room_mib(gpu: &GpuState, p: &Policy) -> u64 {
     let g = &gpu.published;
     offline_mem_cap_mib(
@@ -1574,7 +1626,7 @@ mod tests {
                 offline: 0,
             },
             online_jobs: online,
-            slot_used: false,
+            slots_used: 0,
         }
     }
 
@@ -1664,6 +1716,8 @@ mod tests {
             share: 0.5,
             room_mib: u64::MAX,
             partner: None,
+            others: 0,
+            budget: 0.5,
         };
         let cold = |rate: f64| {
             let job = JobTerms {
@@ -1723,6 +1777,8 @@ mod tests {
             share: 0.5,
             room_mib: 10_000,
             partner: None,
+            others: 0,
+            budget: 0.5,
         };
         let big = JobTerms {
             index: None,
@@ -1761,6 +1817,8 @@ mod tests {
             share: 0.5,
             room_mib: u64::MAX,
             partner: m.partner_by_id.get(&76).copied(),
+            others: 0,
+            budget: 0.5,
         };
         assert!(gpu.partner.is_some());
         let e = m

@@ -28,7 +28,7 @@
 //! | offline / online job | `admin_comment` starting `muxflow:v1 mode=offline` / `mode=online` (set by job_submit.lua) |
 //! | pending offline job's hint | held (`state_reason`), `required_nodes`, the typed slot in `tres_per_node` |
 //! | online job's GPU | `gres_detail` of a running job, `gpu:1(IDX:0)` |
-//! | offline slot in use | node `gres_used`, `mfslot:g1:1(IDX:1)` |
+//! | offline slots in use | node `gres_used`, `mfslot:g1:2(IDX:0-1)` (the count per type; IDX numbers gres.conf records, not GPUs), and the running offline jobs' `gres_detail`: the larger |
 //! | GPU health, online solo SM and memory | node `extra`, [`muxflow::published`] text |
 //! | offline history | `sacct --json` `comment.administrator`, [`muxflow::report::JobReport`] |
 
@@ -394,8 +394,9 @@ pub struct GpuState {
     /// Empty: an idle GPU (issue 15: it takes offline work at the job's
     /// solo speed).
     pub online_jobs: Vec<u32>,
-    /// The offline slot is held by a running job.
-    pub slot_used: bool,
+    /// Offline jobs running on it (slots held: `[policy] offline_per_gpu`
+    /// of them may, issue 15).
+    pub slots_used: u32,
 }
 
 /// The reason Slurm shows for a job an operator (root, SlurmUser: the
@@ -510,12 +511,24 @@ impl ClusterState {
             }
         }
         st.pending.sort_by_key(|p| p.id);
+        // Offline jobs per (node, GPU) from squeue: one entry per job and GPU.
+        let mut offline_on: BTreeMap<(String, u32), u32> = BTreeMap::new();
+        for (_, node, i) in &st.running_offline {
+            *offline_on.entry((node.clone(), *i)).or_default() += 1;
+        }
         for n in nodes {
-            let used: BTreeSet<u32> = parse_gres(&n.gres_used)
+            // Slots held per GPU: the node counts each type's slots in use
+            // (N records of one type with `offline_per_gpu` = N).
+            let mut used: BTreeMap<u32, u32> = BTreeMap::new();
+            for g in parse_gres(&n.gres_used)
                 .into_iter()
                 .filter(|g| g.name == names.offline_gres && g.count > 0)
-                .filter_map(|g| g.kind.as_deref().and_then(slot_index))
-                .collect();
+            {
+                if let Some(i) = g.kind.as_deref().and_then(slot_index) {
+                    let c = used.entry(i).or_default();
+                    *c = c.saturating_add(u32::try_from(g.count).unwrap_or(u32::MAX));
+                }
+            }
             // A GPU no running job holds as gres/gpu (muxflow's or not) is
             // idle. squeue's gres_detail names the indices; the node's
             // gres_used only counts them (22.05 prints `gpu:1`, no IDX):
@@ -565,7 +578,12 @@ impl ClusterState {
                 st.gpus.push(GpuState {
                     node: n.name.clone(),
                     index: p.index,
-                    slot_used: used.contains(&p.index),
+                    slots_used: used.get(&p.index).copied().unwrap_or(0).max(
+                        offline_on
+                            .get(&(n.name.clone(), p.index))
+                            .copied()
+                            .unwrap_or(0),
+                    ),
                     online_jobs,
                     published: p,
                 });
@@ -576,12 +594,19 @@ impl ClusterState {
         st
     }
 
-    /// GPUs that may take a new offline job: Healthy, slot free.
-    pub fn open_gpus(&self) -> impl Iterator<Item = (usize, &GpuState)> {
-        self.gpus
-            .iter()
-            .enumerate()
-            .filter(|(_, g)| g.published.state == HealthState::Healthy && !g.slot_used)
+    /// GPUs that may take a new offline job: Healthy, with fewer than
+    /// `slots_per_gpu` (`[policy] offline_per_gpu`) offline jobs.
+    pub fn open_gpus(&self, slots_per_gpu: u32) -> impl Iterator<Item = (usize, &GpuState)> {
+        self.gpus.iter().enumerate().filter(move |(_, g)| {
+            g.published.state == HealthState::Healthy && g.free_slots(slots_per_gpu) > 0
+        })
+    }
+}
+
+impl GpuState {
+    /// Offline slots still free with `slots_per_gpu` per GPU.
+    pub fn free_slots(&self, slots_per_gpu: u32) -> u32 {
+        slots_per_gpu.saturating_sub(self.slots_used)
     }
 }
 
@@ -813,7 +838,7 @@ mod tests {
         ];
         let names = Names::from_config(&muxflow::config::Slurm::default());
         let st = ClusterState::build(&jobs, &nodes, &names);
-        let got: Vec<(&str, u32, bool, bool)> = st
+        let got: Vec<(&str, u32, bool, u32)> = st
             .gpus
             .iter()
             .map(|g| {
@@ -821,25 +846,62 @@ mod tests {
                     g.node.as_str(),
                     g.index,
                     g.online_jobs.is_empty(),
-                    g.slot_used,
+                    g.slots_used,
                 )
             })
             .collect();
         assert_eq!(
             got,
             [
-                ("a", 0, false, false),
-                ("a", 1, true, false),
-                ("b", 0, true, false),
-                ("d", 0, true, false),
-                ("d", 1, true, true),
+                ("a", 0, false, 0),
+                ("a", 1, true, 0),
+                ("b", 0, true, 0),
+                ("d", 0, true, 0),
+                ("d", 1, true, 1),
             ]
         );
         let open: Vec<_> = st
-            .open_gpus()
+            .open_gpus(1)
             .map(|(_, g)| (g.node.as_str(), g.index))
             .collect();
         assert_eq!(open, [("a", 0), ("a", 1), ("b", 0), ("d", 0)]);
+    }
+
+    #[test]
+    fn two_offline_jobs_on_one_gpu_count_as_two_slots() {
+        // offline_per_gpu = 2 on the dev cluster's pattern (etc/gres.conf:
+        // the g0 line twice): the jobs hold records IDX 0 and 1 of type g0.
+        let squeue = r#"{"jobs": [
+            {"job_id": 1, "job_state": "RUNNING", "nodes": "n1", "admin_comment": "muxflow:v1 mode=online", "gres_detail": ["gpu:1(IDX:0)"]},
+            {"job_id": 2, "job_state": "RUNNING", "nodes": "n1", "admin_comment": "muxflow:v1 mode=offline placed=n1:g0", "gres_detail": ["mfslot:g0:1(IDX:0)"]},
+            {"job_id": 3, "job_state": "RUNNING", "nodes": "n1", "admin_comment": "muxflow:v1 mode=offline placed=n1:g0", "gres_detail": ["mfslot:g0:1(IDX:1)"]},
+            {"job_id": 4, "job_state": "RUNNING", "nodes": "n1", "admin_comment": "muxflow:v1 mode=offline placed=n1:g1", "gres_detail": ["mfslot:g1:1(IDX:2)"]}
+        ]}"#;
+        let sinfo = r#"{"nodes": [{"name": "n1", "state": "mixed",
+            "extra": "muxflow:v1 gpu0.state=healthy gpu0.mem_mib=81559 gpu1.state=healthy gpu1.mem_mib=81559",
+            "gres_used": "gpu:1(IDX:0),mfslot:g0:2(IDX:0-1),mfslot:g1:1(IDX:2)"}]}"#;
+        let names = Names::from_config(&muxflow::config::Slurm::default());
+        let jobs = parse_squeue(squeue).unwrap();
+        let st = ClusterState::build(&jobs, &parse_sinfo(sinfo).unwrap(), &names);
+        let used: Vec<(u32, u32)> = st.gpus.iter().map(|g| (g.index, g.slots_used)).collect();
+        assert_eq!(used, [(0, 2), (1, 1)]);
+        assert_eq!(
+            st.running_offline,
+            [
+                (2, "n1".into(), 0),
+                (3, "n1".into(), 0),
+                (4, "n1".into(), 1)
+            ]
+        );
+        let open = |n| st.open_gpus(n).map(|(_, g)| g.index).collect::<Vec<_>>();
+        assert_eq!(open(1), Vec::<u32>::new(), "one slot per GPU: both full");
+        assert_eq!(open(2), [1], "two: GPU 1 has one free");
+        assert_eq!(open(3), [0, 1]);
+        // A node listing that counts fewer (an older gres_used) does not
+        // hide the jobs squeue names on the GPU.
+        let sinfo_short = sinfo.replace("mfslot:g0:2(IDX:0-1)", "mfslot:g0:1(IDX:0)");
+        let st = ClusterState::build(&jobs, &parse_sinfo(&sinfo_short).unwrap(), &names);
+        assert_eq!(st.gpus[0].slots_used, 2);
     }
 
     #[test]

@@ -2,14 +2,18 @@
 //! exact matching, and the hint updates to send. Pure: Slurm I/O lives in
 //! [`crate::slurm`].
 //!
-//! Candidates of a pending offline job: Healthy GPUs with their offline
-//! slot free that either run an online job (scored by the predictor next
+//! Candidates of a pending offline job: Healthy GPUs with a free offline
+//! slot (`[policy] offline_per_gpu` per GPU, issue 15: a GPU with c free
+//! slots is c columns of the matching, each scoring the job beside the
+//! online job and the offline jobs there, on its part of the GPU's offline
+//! SMs and memory, [`muxflow::policy::offline_share`]) that either run an online job (scored by the predictor next
 //! to it) or are idle — no job holds them as gres/gpu — (scored at the
 //! job's solo speed, [`Predictor::solo`]: issue 15), that leave room for
 //! the job's memory (its history's peak, or nothing known), and — for a
 //! job whose slot type Slurm already fixed — have that GPU index. The
-//! graph is pruned with [`crate::prune::spread_scored`]
-//! (`matcher.candidates_per_job`) and solved exactly.
+//! graph is pruned with [`crate::prune::spread_scored`] on GPUs, each GPU's
+//! free copies then all candidates ([`crate::slots::slot_candidates`];
+//! `matcher.candidates_per_job`), and solved exactly.
 //!
 //! An idle GPU's offline job gets the SM ceiling and the GPU's memory less
 //! the reserve ([`muxflow::policy::GpuFacts::without_online`]); an online
@@ -52,14 +56,14 @@ use std::fmt::Write as _;
 
 use muxflow::config::{Matcher, Policy};
 use muxflow::placement::Waiting;
-use muxflow::policy::{offline_mem_cap_mib, GpuFacts};
+use muxflow::policy::{offline_mem_cap_mib, offline_share, offline_sm_percent, GpuFacts};
 use serde::Serialize;
 
-use crate::gang::{place_gangs, GangChoice};
+use crate::gang::{place_gangs, Columns, GangChoice};
 use crate::hints::{update_args, Target};
-use crate::predict::{GpuTerms, JobTerms, Model};
-use crate::prune::spread_scored;
+use crate::predict::{default_prediction, GpuTerms, JobTerms, Model, DEFAULT_SD};
 use crate::reader::{ClusterState, GpuState, Names, PendingJob};
+use crate::slots::{slot_candidates, SlotColumns};
 use crate::solver::{solve_warm_sorted, solve_with, SolveOptions, Start};
 use crate::weights::{quantize, to_throughput};
 
@@ -115,6 +119,9 @@ pub struct Summary {
     /// GPUs no job holds as gres/gpu, of any health (issue 15).
     pub idle_gpus: usize,
     pub open_gpus: usize,
+    /// Free offline slots on the open GPUs (`[policy] offline_per_gpu` per
+    /// GPU, less the offline jobs running there; issue 15).
+    pub open_slots: usize,
     pub candidate_edges: usize,
     pub placed: usize,
     pub predicted_total: f64,
@@ -146,7 +153,9 @@ pub trait Predictor: Sync {
     type Job: Sync;
     type Gpu: Sync;
     fn job_terms(&self, job: &PendingJob) -> Self::Job;
-    fn gpu_terms(&self, gpu: &GpuState, policy: &Policy) -> Self::Gpu;
+    /// The GPU's terms for a job that would be one of `offline_jobs`
+    /// offline jobs there (those running and it; issue 15).
+    fn gpu_terms(&self, gpu: &GpuState, policy: &Policy, offline_jobs: u32) -> Self::Gpu;
     /// What the matching maximizes for the job there; `None`: not a
     /// candidate.
     fn predict(&self, job: &Self::Job, gpu: &Self::Gpu) -> Option<f64>;
@@ -155,11 +164,12 @@ pub trait Predictor: Sync {
     fn estimate(&self, job: &Self::Job, gpu: &Self::Gpu) -> Option<(f64, f64)> {
         self.predict(job, gpu).map(|p| (p, 0.0))
     }
-    /// The job alone on idle GPU `gpu`, which leaves it `room_mib` of
-    /// memory: its normalized throughput (1 by definition: its speed there
-    /// ÷ its speed alone) and standard deviation; `None`: not a candidate
-    /// (its memory does not fit, or the GPU is not one it may use).
-    fn solo(&self, job: &Self::Job, gpu: &GpuState, room_mib: u64) -> Option<(f64, f64)>;
+    /// The job on idle GPU `gpu` as one of `slot.offline_jobs` offline
+    /// jobs there: its normalized throughput (alone: 1 by definition, its
+    /// speed there ÷ its speed alone) and standard deviation; `None`: not
+    /// a candidate (its memory does not fit `slot.room_mib`, or the GPU is
+    /// not one it may use).
+    fn solo(&self, job: &Self::Job, gpu: &GpuState, slot: &IdleSlot) -> Option<(f64, f64)>;
 }
 
 impl Predictor for Model {
@@ -168,8 +178,8 @@ impl Predictor for Model {
     fn job_terms(&self, job: &PendingJob) -> JobTerms {
         Model::job_terms(self, &(job.user.clone(), job.name.clone()))
     }
-    fn gpu_terms(&self, gpu: &GpuState, policy: &Policy) -> GpuTerms {
-        Model::gpu_terms(self, gpu, policy)
+    fn gpu_terms(&self, gpu: &GpuState, policy: &Policy, offline_jobs: u32) -> GpuTerms {
+        Model::gpu_terms(self, gpu, policy, offline_jobs)
     }
     #[inline]
     fn predict(&self, job: &JobTerms, gpu: &GpuTerms) -> Option<f64> {
@@ -178,11 +188,25 @@ impl Predictor for Model {
     fn estimate(&self, job: &JobTerms, gpu: &GpuTerms) -> Option<(f64, f64)> {
         self.predict_terms(job, gpu).map(|e| (e.mean, e.sd))
     }
-    fn solo(&self, job: &JobTerms, _gpu: &GpuState, room_mib: u64) -> Option<(f64, f64)> {
+    fn solo(&self, job: &JobTerms, _gpu: &GpuState, slot: &IdleSlot) -> Option<(f64, f64)> {
         // The node-measured peak decides, as next to an online job.
-        job.peak_mib
-            .is_none_or(|p| p <= room_mib)
-            .then_some((1.0, 0.0))
+        let fits = job.peak_mib.is_none_or(|p| p <= slot.room_mib);
+        // Alone with the whole ceiling: 1. In one of several slots: the
+        // default's rule on its slot's part of the SMs, times what each
+        // other offline job there leaves it (Model::beside_offline).
+        fits.then(|| {
+            if slot.offline_jobs <= 1 && slot.share >= slot.budget {
+                (1.0, 0.0)
+            } else {
+                let others = self
+                    .beside_offline(job, slot.budget)
+                    .powi(slot.offline_jobs as i32 - 1);
+                (
+                    (default_prediction(slot.share) * others).clamp(0.01, 1.0),
+                    DEFAULT_SD,
+                )
+            }
+        })
     }
 }
 
@@ -190,8 +214,8 @@ impl Predictor for Model {
 /// as fast wins the tie: one unit of the solver's integer weights.
 pub const IDLE_TIE_BREAK: f64 = 1.0 / crate::weights::SCALE;
 
-/// Memory an offline job may use on an idle GPU: the GPU's less the
-/// reserve ([`GpuFacts::without_online`]); 0 when the GPU's is unknown.
+/// Memory the offline jobs may use on an idle GPU together: the GPU's less
+/// the reserve ([`GpuFacts::without_online`]); 0 when the GPU's is unknown.
 pub fn idle_room_mib(gpu: &GpuState, policy: &Policy) -> u64 {
     let facts = GpuFacts {
         online_solo_sm_pct: None,
@@ -201,10 +225,37 @@ pub fn idle_room_mib(gpu: &GpuState, policy: &Policy) -> u64 {
     offline_mem_cap_mib(policy, &facts.without_online()).unwrap_or(0)
 }
 
-/// A candidate GPU's terms: next to an online job, or idle.
+/// What a job gets in a slot of an idle GPU: its slot's part
+/// ([`offline_share`], one of `[policy] offline_per_gpu`) of the SM
+/// ceiling and of [`idle_room_mib`], as one of `offline_jobs` offline
+/// jobs there.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct IdleSlot {
+    pub room_mib: u64,
+    /// SM share, a fraction.
+    pub share: f64,
+    /// The GPU's whole offline SM share (the ceiling), a fraction.
+    pub budget: f64,
+    pub offline_jobs: u32,
+}
+
+impl IdleSlot {
+    pub fn new(gpu: &GpuState, policy: &Policy, offline_jobs: u32) -> IdleSlot {
+        let slots = u32::from(policy.offline_per_gpu);
+        let ceiling = u64::from(offline_sm_percent(policy, Some(0)));
+        IdleSlot {
+            room_mib: offline_share(idle_room_mib(gpu, policy), slots),
+            share: offline_share(ceiling, slots) as f64 / 100.0,
+            budget: ceiling as f64 / 100.0,
+            offline_jobs,
+        }
+    }
+}
+
+/// A candidate slot's terms: next to an online job, or on an idle GPU.
 enum Side<G> {
     Shared(G),
-    Idle { room_mib: u64 },
+    Idle(IdleSlot),
 }
 
 const NO_CANDIDATE: &str =
@@ -214,16 +265,16 @@ const NO_CANDIDATE: &str =
 pub const IDLE_REASON: &str =
     "idle GPU: runs alone at its solo speed (best total predicted throughput)";
 
-/// Held jobs a round scores per open GPU, oldest first (lowest job id). A
-/// round places at most one job per open GPU, so a longer queue only costs
-/// scoring time (jobs × GPUs); the others wait for a later round.
+/// Held jobs a round scores per open slot, oldest first (lowest job id). A
+/// round places at most one job per open slot, so a longer queue only costs
+/// scoring time (jobs × slots); the others wait for a later round.
 pub const HELD_JOBS_PER_OPEN_GPU: usize = 4;
 
 /// The pending jobs a round considers: every job that holds a hint (it may
 /// need parking), and the oldest held jobs up to
-/// [`HELD_JOBS_PER_OPEN_GPU`] × open GPUs. Indices into `pending`.
-pub fn considered_jobs(pending: &[PendingJob], open_gpus: usize) -> Vec<usize> {
-    let mut window = open_gpus.saturating_mul(HELD_JOBS_PER_OPEN_GPU);
+/// [`HELD_JOBS_PER_OPEN_GPU`] × open slots. Indices into `pending`.
+pub fn considered_jobs(pending: &[PendingJob], open_slots: usize) -> Vec<usize> {
+    let mut window = open_slots.saturating_mul(HELD_JOBS_PER_OPEN_GPU);
     let mut out = Vec::with_capacity(pending.len().min(window + 64));
     for (i, j) in pending.iter().enumerate() {
         if !j.held {
@@ -245,57 +296,75 @@ pub fn plan<P: Predictor>(
     matcher: &Matcher,
     names: &Names,
 ) -> Plan {
-    let open: Vec<usize> = state.open_gpus().map(|(i, _)| i).collect();
-    let considered = considered_jobs(&state.pending, open.len());
+    let per_gpu = u32::from(policy.offline_per_gpu);
+    let open: Vec<usize> = state.open_gpus(per_gpu).map(|(i, _)| i).collect();
+    // Slot copies (issue 15): a GPU with c free slots is c columns of the
+    // matching, so the capacitated assignment stays an assignment, solved
+    // exactly and certified. Every slot has its fixed part of the GPU's SM
+    // budget and memory room (1/offline_per_gpu: MPS fixes a client's
+    // share when it starts, so a split among the jobs present would exceed
+    // the budget when one more joins). Copy s of a GPU running u offline
+    // jobs scores the job beside u + s others: the copies fill in order,
+    // a GPU's first free copy is worth the most. What a new job costs the
+    // jobs already there is not in the weights.
+    let slot_cols = SlotColumns::new(open.iter().map(|&i| state.gpus[i].free_slots(per_gpu)));
+    let slot_gpu = slot_cols.gpu_of();
+    let col_gpu: Vec<usize> = slot_gpu.iter().map(|&o| o as usize).collect();
+    let col_jobs: Vec<u32> = (0..slot_gpu.len())
+        .map(|c| {
+            let o = slot_gpu[c] as usize;
+            state.gpus[open[o]].slots_used + (c as u32 - slot_cols.start[o]) + 1
+        })
+        .collect();
+    let cols = col_gpu.len();
+    let considered = considered_jobs(&state.pending, cols);
     let waiting = state.pending.len() - considered.len();
     let jobs: Vec<&PendingJob> = considered.iter().map(|&i| &state.pending[i]).collect();
-    // Lookups once per job and per GPU; the per-pair score is arithmetic.
+    // Lookups once per job and per slot; the per-pair score is arithmetic.
     let job_terms: Vec<(P::Job, &[u32])> = jobs
         .iter()
         .map(|j| (model.job_terms(j), &j.slot_gpus[..]))
         .collect();
-    let gpu_terms: Vec<(Side<P::Gpu>, u32)> = open
-        .iter()
-        .map(|&i| {
-            let gpu = &state.gpus[i];
+    let gpu_of = |c: usize| &state.gpus[open[col_gpu[c]]];
+    let gpu_terms: Vec<(Side<P::Gpu>, u32)> = (0..cols)
+        .map(|c| {
+            let gpu = gpu_of(c);
             let side = if gpu.online_jobs.is_empty() {
-                Side::Idle {
-                    room_mib: idle_room_mib(gpu, policy),
-                }
+                Side::Idle(IdleSlot::new(gpu, policy, col_jobs[c]))
             } else {
-                Side::Shared(model.gpu_terms(gpu, policy))
+                Side::Shared(model.gpu_terms(gpu, policy, col_jobs[c]))
             };
             (side, gpu.index)
         })
         .collect();
-    let estimate = |j: usize, g: usize| -> Option<(f64, f64)> {
-        match &gpu_terms[g].0 {
+    let estimate = |j: usize, c: usize| -> Option<(f64, f64)> {
+        match &gpu_terms[c].0 {
             Side::Shared(gpu) => model.estimate(&job_terms[j].0, gpu),
-            Side::Idle { room_mib } => model.solo(&job_terms[j].0, &state.gpus[open[g]], *room_mib),
+            Side::Idle(slot) => model.solo(&job_terms[j].0, gpu_of(c), slot),
         }
     };
-    let score = |j: u32, g: u32| -> Option<i64> {
+    let score = |j: u32, c: u32| -> Option<i64> {
         let (job, slot_gpus) = &job_terms[j as usize];
-        let (side, index) = &gpu_terms[g as usize];
+        let (side, index) = &gpu_terms[c as usize];
         // Slurm 22.05 cannot move a job's typed slots to other GPU indices.
         if !slot_gpus.is_empty() && !slot_gpus.contains(index) {
             return None;
         }
         match side {
             Side::Shared(gpu) => model.predict(job, gpu).and_then(quantize),
-            Side::Idle { room_mib } => model
-                .solo(job, &state.gpus[open[g as usize]], *room_mib)
+            Side::Idle(slot) => model
+                .solo(job, gpu_of(c as usize), slot)
                 .and_then(|(mean, _)| quantize(mean - IDLE_TIE_BREAK)),
         }
     };
     // k-GPU jobs first, by the documented greedy (crate::gang), then the
-    // exact matching of the 1-GPU jobs on the GPUs they left.
+    // exact matching of the 1-GPU jobs on the slots they left.
     let node_of: Vec<u32> = {
         let mut ids: std::collections::HashMap<&str, u32> = Default::default();
-        open.iter()
-            .map(|&i| {
+        (0..cols)
+            .map(|c| {
                 let n = ids.len() as u32;
-                *ids.entry(state.gpus[i].node.as_str()).or_insert(n)
+                *ids.entry(gpu_of(c).node.as_str()).or_insert(n)
             })
             .collect()
     };
@@ -307,42 +376,51 @@ pub fn plan<P: Predictor>(
         .collect();
     let is_gang: Vec<bool> = jobs.iter().map(|j| j.gpus > 1).collect();
     let threads = SolveOptions::default().threads;
-    let alone = |j: u32, g: u32| (!is_gang[j as usize]).then(|| score(j, g)).flatten();
-    let edges = spread_scored(
+    let alone = |j: u32, c: u32| (!is_gang[j as usize]).then(|| score(j, c)).flatten();
+    let edges = slot_candidates(
         jobs.len(),
-        open.len(),
+        &slot_cols,
         matcher.candidates_per_job,
         threads,
         alone,
     );
     let cold = |edges: &[crate::solver::Edge]| {
-        solve_with(jobs.len(), open.len(), edges, &SolveOptions::default())
+        solve_with(jobs.len(), cols, edges, &SolveOptions::default())
             .expect("candidate edges are in range, positive and unique")
     };
-    let mut taken = vec![false; open.len()];
+    let mut taken = vec![false; cols];
     let (gang_choice, edges, sol) = if gangs.is_empty() {
         let sol = cold(&edges);
         (Vec::new(), edges, sol)
     } else {
-        // Each GPU's price: its dual in the 1-GPU jobs' own optimum.
+        // Each slot's price: its dual in the 1-GPU jobs' own optimum.
         let priced = cold(&edges);
-        let chosen = place_gangs(&gangs, &node_of, &priced.duals.gpu, &mut taken, &score);
-        // A fresh candidate graph on the GPUs left (the first one's lists
-        // lean on the GPUs the gangs took: filtering it lost 12% of the
+        let chosen = place_gangs(
+            &gangs,
+            &Columns {
+                node_of: &node_of,
+                gpu_of: &slot_gpu,
+            },
+            &priced.duals.gpu,
+            &mut taken,
+            &score,
+        );
+        // A fresh candidate graph on the slots left (the first one's lists
+        // lean on the slots the gangs took: filtering it lost 12% of the
         // 1-GPU total on the bench), solved from the prices' matching: only
         // what the gangs took is searched again (exact on that graph all
         // the same, with its certificate).
-        let left = |j: u32, g: u32| (!taken[g as usize]).then(|| alone(j, g)).flatten();
-        let edges = spread_scored(
+        let left = |j: u32, c: u32| (!taken[c as usize]).then(|| alone(j, c)).flatten();
+        let edges = slot_candidates(
             jobs.len(),
-            open.len(),
+            &slot_cols,
             matcher.candidates_per_job,
             threads,
             left,
         );
         let sol = solve_warm_sorted(
             jobs.len(),
-            open.len(),
+            cols,
             &edges,
             &Start {
                 job_gpu: &priced.job_gpu(jobs.len()),
@@ -357,7 +435,7 @@ pub fn plan<P: Predictor>(
     }
     let mut assigned: Vec<Option<(u32, i64)>> = vec![None; jobs.len()];
     for &(j, g) in &sol.matching.pairs {
-        // spread_scored returns edges sorted by (job, GPU).
+        // slot_candidates returns edges sorted by (job, column).
         let w = edges
             .binary_search_by_key(&(j, g), |e| (e.job, e.gpu))
             .map_or(0, |k| edges[k].weight);
@@ -375,7 +453,7 @@ pub fn plan<P: Predictor>(
     for (j, &job) in jobs.iter().enumerate() {
         let (target, predicted, reason, waiting) = match (gang_of[j], assigned[j]) {
             (Some(c), _) => {
-                let first = &state.gpus[open[c.gpus[0] as usize]];
+                let first = gpu_of(c.gpus[0] as usize);
                 // Its speed is its slowest GPU's (synchronous training).
                 let shown = c
                     .gpus
@@ -383,11 +461,7 @@ pub fn plan<P: Predictor>(
                     .filter_map(|&g| estimate(j, g as usize))
                     .min_by(|a, b| a.0.total_cmp(&b.0))
                     .unwrap_or((to_throughput(c.min_weight), 0.0));
-                let mut gpus: Vec<u32> = c
-                    .gpus
-                    .iter()
-                    .map(|&g| state.gpus[open[g as usize]].index)
-                    .collect();
+                let mut gpus: Vec<u32> = c.gpus.iter().map(|&g| gpu_of(g as usize).index).collect();
                 gpus.sort_unstable();
                 (
                     Target::Gpus {
@@ -413,10 +487,12 @@ pub fn plan<P: Predictor>(
             ),
             (None, Some(_)) | (None, None) => match assigned[j] {
             Some((g, w)) => {
-                let gpu = &state.gpus[open[g as usize]];
+                let gpu = gpu_of(g as usize);
                 let shown = estimate(j, g as usize).unwrap_or((to_throughput(w), 0.0));
-                let reason = if gpu.online_jobs.is_empty() {
+                let mut reason = if gpu.online_jobs.is_empty() && col_jobs[g as usize] == 1 && per_gpu == 1 {
                     IDLE_REASON.to_string()
+                } else if gpu.online_jobs.is_empty() {
+                    "idle GPU: no online job (best total predicted throughput)".to_string()
                 } else {
                     format!(
                         "best total predicted throughput (online job {})",
@@ -427,6 +503,13 @@ pub fn plan<P: Predictor>(
                             .join(",")
                     )
                 };
+                if col_jobs[g as usize] > 1 {
+                    let _ = write!(
+                        reason,
+                        "; one of {} offline jobs there, each on its part of the GPU's offline SMs and memory",
+                        col_jobs[g as usize]
+                    );
+                }
                 (
                     Target::Gpus {
                         node: gpu.node.clone(),
@@ -554,6 +637,7 @@ pub fn plan<P: Predictor>(
             .filter(|g| g.online_jobs.is_empty())
             .count(),
         open_gpus: open.len(),
+        open_slots: cols,
         candidate_edges: edges.len(),
         placed: placed.len(),
         // A gang counts k times its (slowest GPU's) speed.
@@ -645,7 +729,7 @@ mod tests {
                 offline: 0,
             },
             online_jobs: vec![1],
-            slot_used: used,
+            slots_used: u32::from(used),
         }
     }
 
@@ -755,7 +839,7 @@ mod tests {
                     idle("a", HealthState::Healthy),
                     idle("b", HealthState::Faulty),
                     GpuState {
-                        slot_used: true,
+                        slots_used: 1,
                         ..idle("c", HealthState::Healthy)
                     },
                     idle("d", HealthState::Healthy),
@@ -968,5 +1052,126 @@ mod tests {
             Some("a"),
             "the oldest gets the GPU"
         );
+    }
+
+    /// A predictor from a table: job j next to GPU g (node `n<g>`) at
+    /// `w[j][g]`, divided by the offline jobs it would share the GPU with.
+    struct Table(Vec<Vec<Option<f64>>>);
+
+    impl Predictor for Table {
+        type Job = usize;
+        type Gpu = (usize, u32);
+        fn job_terms(&self, job: &PendingJob) -> usize {
+            job.id as usize - 1
+        }
+        fn gpu_terms(&self, gpu: &GpuState, _: &Policy, offline_jobs: u32) -> (usize, u32) {
+            (gpu.node[1..].parse().unwrap(), offline_jobs)
+        }
+        fn predict(&self, j: &usize, &(g, n): &(usize, u32)) -> Option<f64> {
+            self.0[*j][g].map(|x| x / f64::from(n))
+        }
+        fn solo(&self, _: &usize, _: &GpuState, _: &IdleSlot) -> Option<(f64, f64)> {
+            unreachable!("every GPU of the test runs an online job")
+        }
+    }
+
+    #[test]
+    fn capacitated_rounds_are_exact_against_brute_force() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(15);
+        for case in 0..300 {
+            let per_gpu = rng.gen_range(1..=3u32);
+            let gpus = rng.gen_range(1..=4usize);
+            let jobs = rng.gen_range(1..=4usize);
+            let used: Vec<u32> = (0..gpus).map(|_| rng.gen_range(0..=per_gpu)).collect();
+            let table = Table(
+                (0..jobs)
+                    .map(|_| {
+                        (0..gpus)
+                            .map(|_| (!rng.gen_bool(0.15)).then(|| rng.gen_range(0.05..1.0)))
+                            .collect()
+                    })
+                    .collect(),
+            );
+            let state = ClusterState {
+                gpus: (0..gpus)
+                    .map(|g| GpuState {
+                        node: format!("n{g}"),
+                        slots_used: used[g],
+                        ..gpu("x", HealthState::Healthy, 10, 4_000, false)
+                    })
+                    .collect(),
+                pending: (1..=jobs as u32)
+                    .map(|id| job(id, "x", true, "", None))
+                    .collect(),
+                ..ClusterState::default()
+            };
+            let mut cfg = muxflow::Config::default();
+            cfg.policy.offline_per_gpu = per_gpu as u8;
+            // What a set of jobs on GPU g is worth: the best order of them
+            // on its free slots (job in slot s shares with used + s + 1).
+            let worth = |g: usize, set: &[usize]| -> Option<i64> {
+                let free = per_gpu.saturating_sub(used[g]) as usize;
+                if set.len() > free {
+                    return None;
+                }
+                let mut best = None;
+                let mut perm: Vec<usize> = set.to_vec();
+                permutations(&mut perm, 0, &mut |p: &[usize]| {
+                    let total: Option<i64> = p
+                        .iter()
+                        .enumerate()
+                        .map(|(s, &j)| {
+                            table
+                                .predict(&j, &(g, used[g] + s as u32 + 1))
+                                .and_then(quantize)
+                        })
+                        .sum();
+                    if let Some(t) = total {
+                        best = Some(best.map_or(t, |b: i64| b.max(t)));
+                    }
+                });
+                best
+            };
+            // Brute force: every job on one GPU or none.
+            let mut opt = 0;
+            let mut choice = vec![0usize; jobs];
+            loop {
+                let mut total = Some(0);
+                for g in 0..gpus {
+                    let set: Vec<usize> = (0..jobs).filter(|&j| choice[j] == g + 1).collect();
+                    total = total.and_then(|t| Some(t + worth(g, &set)?));
+                }
+                opt = opt.max(total.unwrap_or(0));
+                let Some(k) = (0..jobs).find(|&k| choice[k] < gpus) else {
+                    break;
+                };
+                choice[k] += 1;
+                choice[..k].iter_mut().for_each(|c| *c = 0);
+            }
+            let p = plan(&state, &table, &cfg.policy, &cfg.matcher, &names());
+            let mut got = 0;
+            for g in 0..gpus {
+                let set: Vec<usize> = p
+                    .decisions
+                    .iter()
+                    .filter(|d| d.node.as_deref() == Some(state.gpus[g].node.as_str()))
+                    .map(|d| d.job as usize - 1)
+                    .collect();
+                got += worth(g, &set).expect("within its free slots, each pair feasible");
+            }
+            assert_eq!(got, opt, "case {case}: {:?}", p.decisions);
+        }
+    }
+
+    fn permutations(v: &mut Vec<usize>, k: usize, f: &mut impl FnMut(&[usize])) {
+        if k == v.len() {
+            return f(v);
+        }
+        for i in k..v.len() {
+            v.swap(k, i);
+            permutations(v, k + 1, f);
+            v.swap(k, i);
+        }
     }
 }

@@ -65,7 +65,7 @@ fn squeue_and_sinfo_give_online_gpus_slots_and_pending_jobs() {
     assert_eq!(j1.job_state, ["RUNNING"]);
 
     let st = state();
-    let gpus: Vec<(&str, u32, HealthState, bool, Vec<u32>)> = st
+    let gpus: Vec<(&str, u32, HealthState, u32, Vec<u32>)> = st
         .gpus
         .iter()
         .map(|g| {
@@ -73,7 +73,7 @@ fn squeue_and_sinfo_give_online_gpus_slots_and_pending_jobs() {
                 g.node.as_str(),
                 g.index,
                 g.published.state,
-                g.slot_used,
+                g.slots_used,
                 g.online_jobs.clone(),
             )
         })
@@ -81,17 +81,17 @@ fn squeue_and_sinfo_give_online_gpus_slots_and_pending_jobs() {
     assert_eq!(
         gpus,
         [
-            ("node1", 0, HealthState::Healthy, false, vec![1]),
+            ("node1", 0, HealthState::Healthy, 0, vec![1]),
             // Idle (issue 15): no online job, no job holds it as gres/gpu.
-            ("node1", 1, HealthState::Healthy, false, vec![]),
-            ("node2", 0, HealthState::Busy, false, vec![2]),
-            ("node2", 1, HealthState::Healthy, true, vec![2]),
+            ("node1", 1, HealthState::Healthy, 0, vec![]),
+            ("node2", 0, HealthState::Busy, 0, vec![2]),
+            ("node2", 1, HealthState::Healthy, 1, vec![2]),
         ]
     );
     assert_eq!(st.gpus[0].published.solo_sm_pct, Some(35));
     assert_eq!(st.gpus[0].published.online_mem_mib, Some(12000));
     let open: Vec<_> = st
-        .open_gpus()
+        .open_gpus(1)
         .map(|(_, g)| (g.node.clone(), g.index))
         .collect();
     assert_eq!(open, [("node1".to_string(), 0), ("node1".to_string(), 1)]);
@@ -195,7 +195,7 @@ fn slurm_24_11_squeue_and_nodes_give_online_gpus_slots_and_pending_jobs() {
     assert_eq!(j4.tres_per_node, "gres/mfslot:g1:1");
 
     let st = state_24_11();
-    let gpus: Vec<(&str, u32, HealthState, bool, Vec<u32>)> = st
+    let gpus: Vec<(&str, u32, HealthState, u32, Vec<u32>)> = st
         .gpus
         .iter()
         .map(|g| {
@@ -203,7 +203,7 @@ fn slurm_24_11_squeue_and_nodes_give_online_gpus_slots_and_pending_jobs() {
                 g.node.as_str(),
                 g.index,
                 g.published.state,
-                g.slot_used,
+                g.slots_used,
                 g.online_jobs.clone(),
             )
         })
@@ -213,14 +213,14 @@ fn slurm_24_11_squeue_and_nodes_give_online_gpus_slots_and_pending_jobs() {
         // Every GPU of a usable node: those no job holds are idle ones,
         // candidates too since issue 15.
         [
-            ("node1", 0, HealthState::Healthy, false, vec![1]),
-            ("node1", 1, HealthState::Healthy, false, vec![]),
-            ("node2", 0, HealthState::Healthy, false, vec![2]),
-            ("node2", 1, HealthState::Healthy, true, vec![2]),
-            ("node3", 0, HealthState::Healthy, false, vec![]),
-            ("node3", 1, HealthState::Healthy, false, vec![]),
-            ("node4", 0, HealthState::Healthy, false, vec![]),
-            ("node4", 1, HealthState::Healthy, false, vec![]),
+            ("node1", 0, HealthState::Healthy, 0, vec![1]),
+            ("node1", 1, HealthState::Healthy, 0, vec![]),
+            ("node2", 0, HealthState::Healthy, 0, vec![2]),
+            ("node2", 1, HealthState::Healthy, 1, vec![2]),
+            ("node3", 0, HealthState::Healthy, 0, vec![]),
+            ("node3", 1, HealthState::Healthy, 0, vec![]),
+            ("node4", 0, HealthState::Healthy, 0, vec![]),
+            ("node4", 1, HealthState::Healthy, 0, vec![]),
         ]
     );
     assert_eq!(st.running_offline, [(4, "node2".to_string(), 1)]);

@@ -59,7 +59,8 @@ pub fn diurnal_load(hour_of_day: u32) -> f64 {
 /// What one GPU does between two events.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct GpuRates {
-    /// The offline job's normalized speed (1 = alone on a whole GPU).
+    /// The offline jobs' normalized speeds, summed (1 = one job alone on a
+    /// whole GPU).
     pub offline_speed: f64,
     /// Online latency factor (1 = alone); 0 when no online service.
     pub latency: f64,
@@ -88,11 +89,12 @@ pub struct OfflineSide {
     pub speed: f64,
 }
 
-/// The counters and factors of a GPU with these sides; `online_slowdown`
-/// is the online latency factor the policy leaves (1 alone).
+/// The counters and factors of a GPU with these sides (its offline jobs:
+/// none, one, or several under `muxflow-nK`); `online_slowdown` is the
+/// online latency factor the policy leaves (1 alone).
 pub fn gpu_rates(
     online: Option<OnlineSide>,
-    offline: Option<OfflineSide>,
+    offline: &[OfflineSide],
     online_slowdown: f64,
 ) -> GpuRates {
     let (mut util, mut sm, mut mem) = (0.0, 0.0, 0.0);
@@ -101,13 +103,13 @@ pub fn gpu_rates(
         sm += on.share * on.load * ONLINE_PEAK_SM;
         mem += on.mem;
     }
-    if let Some(off) = offline {
+    for off in offline {
         util += OFFLINE_UTIL * off.speed;
         sm += OFFLINE_SM * off.share * off.speed;
         mem += off.mem;
     }
     GpuRates {
-        offline_speed: offline.map_or(0.0, |o| o.speed),
+        offline_speed: offline.iter().map(|o| o.speed).sum(),
         latency: if online.is_some() {
             online_slowdown
         } else {
@@ -147,6 +149,102 @@ pub fn muxflow(x_off: f64, x_on: f64, sm_share: f64, demand: f64) -> (f64, f64) 
     )
 }
 
+/// One of the offline jobs on a GPU under `muxflow` and `muxflow-nK`
+/// (issue 15).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SlotJob {
+    /// The measured pair (x_off, x_on) with the GPU's online service;
+    /// `None`: the GPU has none.
+    pub with_online: Option<(f64, f64)>,
+    /// The SM share it was given at its start, and the GPU's whole offline
+    /// budget then (fractions): with K jobs its share is its part of the
+    /// budget (`muxflow::policy::offline_share`).
+    pub share: f64,
+    pub budget: f64,
+    /// Its SM demand (0.5 × its task's share).
+    pub demand: f64,
+}
+
+/// Speeds of the offline jobs on one GPU and the online latency factor
+/// under muxflow with `offline_per_gpu` ≥ 1 (sim/README.md, "The model").
+/// One job with the whole budget: exactly [`muxflow`] (alone on an idle
+/// GPU: 1). A job's share is its slot's fixed part of the budget
+/// (`budget / K`). Several jobs, or one on a slot's part:
+/// * each job runs at its pair speed with the online service (× xCUDA's
+///   cost), limited by its part of the SM budget (`min(1, share /
+///   demand)`, as for one job), and × `between(i, k)` — the measured pair
+///   throughput of job i next to job k — for every other offline job k on
+///   the GPU (the table was measured with both jobs busy on a whole GPU,
+///   so this also charges them for SMs the split already divides: a
+///   pessimistic choice, not fitted);
+/// * the online latency excess is the pair curve's, summed over the
+///   offline jobs, each weighted by its SM use relative to what it would
+///   use alone with the whole budget: `u = min(share, demand) /
+///   min(budget, demand)` (1 for a single job, so 1:1 is unchanged; K jobs
+///   that each fill their part add up to about one job's load; K light jobs
+///   that fit their parts add up to K jobs' load), × xCUDA's factor.
+///
+/// `paused` (the health state pauses offline work): every job at 0, the
+/// online service alone.
+pub fn muxflow_slots(
+    jobs: &[SlotJob],
+    between: impl Fn(usize, usize) -> f64,
+    paused: bool,
+) -> (Vec<f64>, f64) {
+    if paused {
+        return (vec![0.0; jobs.len()], 1.0);
+    }
+    if let [one] = jobs {
+        if one.share >= one.budget {
+            return match one.with_online {
+                None => (vec![1.0], 1.0),
+                Some((x_off, x_on)) => {
+                    let (speed, latency) = muxflow(x_off, x_on, one.share, one.demand);
+                    (vec![speed], latency)
+                }
+            };
+        }
+    }
+    let mut excess = 0.0;
+    let speeds = jobs
+        .iter()
+        .enumerate()
+        .map(|(i, job)| {
+            if let Some((_, x_on)) = job.with_online {
+                let used = job.share.min(job.demand);
+                let alone = job.budget.min(job.demand);
+                let u = if alone > 0.0 {
+                    (used / alone).min(1.0)
+                } else {
+                    0.0
+                };
+                excess += u * (1.0 / x_on - 1.0);
+            }
+            slot_speed(
+                job,
+                (0..jobs.len()).filter(|&k| k != i).map(|k| between(i, k)),
+            )
+        })
+        .collect();
+    (speeds, 1.0 + excess * XCUDA_LATENCY_EXCESS_LEFT)
+}
+
+/// One job's speed in [`muxflow_slots`] (several jobs, or one on its
+/// slot's part): its pair with the online service × xCUDA's cost, its
+/// part's limit, and `partners` (its pair throughput next to each other
+/// offline job there).
+pub fn slot_speed(job: &SlotJob, partners: impl Iterator<Item = f64>) -> f64 {
+    let beside = job
+        .with_online
+        .map_or(1.0, |(x_off, _)| x_off * XCUDA_OFFLINE_SPEED);
+    let limit = if job.demand > 0.0 {
+        (job.share / job.demand).min(1.0)
+    } else {
+        1.0
+    };
+    beside * limit * partners.product::<f64>()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,5 +272,51 @@ mod tests {
         assert!(mf.1 < pr.1 && pr.1 < ts.1);
         // A share below the job's demand slows it in proportion.
         assert!((muxflow(x_off, x_on, 0.25, 0.5).0 - 0.6 * 0.825 * 0.5).abs() < 1e-12);
+    }
+
+    #[test]
+    fn several_offline_jobs_split_the_budget_and_add_their_load() {
+        let job = |share: f64, demand: f64| SlotJob {
+            with_online: Some((0.6, 0.5)),
+            share,
+            budget: 0.6,
+            demand,
+        };
+        let between = |_: usize, _: usize| 0.7;
+        // One job: the pair model itself.
+        let (s1, l1) = muxflow_slots(&[job(0.6, 0.5)], between, false);
+        assert_eq!((s1[0], l1), muxflow(0.6, 0.5, 0.6, 0.5));
+        // Two heavy jobs (demand 0.5 each) on 0.3 each: each at its part
+        // (0.3/0.5) × its partner (0.7); together they load the service
+        // as 0.3/0.5 each = 1.2 single jobs.
+        let (s2, l2) = muxflow_slots(&[job(0.3, 0.5), job(0.3, 0.5)], between, false);
+        assert!((s2[0] - 0.6 * 0.825 * 0.6 * 0.7).abs() < 1e-12);
+        let excess_one = l1 - 1.0;
+        assert!((l2 - 1.0 - 1.2 * excess_one).abs() < 1e-12, "{l2}");
+        // Two light jobs (demand 0.2) that fit their parts: two loads.
+        let (_, l3) = muxflow_slots(&[job(0.3, 0.2), job(0.3, 0.2)], between, false);
+        assert!((l3 - 1.0 - 2.0 * excess_one).abs() < 1e-12, "{l3}");
+        // An idle GPU: no online factor, the parts and the partners only.
+        let idle = SlotJob {
+            with_online: None,
+            ..job(0.4, 0.5)
+        };
+        let (s4, l4) = muxflow_slots(&[idle, idle], between, false);
+        assert!((s4[1] - 0.8 * 0.7).abs() < 1e-12 && l4 == 1.0);
+        // Alone with the whole budget: 1, as with one slot; alone on a
+        // slot's part: that part's limit.
+        let whole = SlotJob { share: 0.6, ..idle };
+        assert_eq!(muxflow_slots(&[whole], between, false).0, [1.0]);
+        assert_eq!(muxflow_slots(&[idle], between, false).0, [0.8]);
+        // One job on its slot's part (K = 2: 0.3 of 0.6), no partner: its
+        // part limits it, the service's excess scaled by its SM use.
+        let (s5, l5) = muxflow_slots(&[job(0.3, 0.5)], between, false);
+        assert!((s5[0] - 0.6 * 0.825 * 0.6).abs() < 1e-12);
+        assert!((l5 - 1.0 - 0.6 * excess_one).abs() < 1e-12, "{l5}");
+        // Paused: nothing runs, the service is alone.
+        assert_eq!(
+            muxflow_slots(&[job(0.3, 0.5)], between, true),
+            (vec![0.0], 1.0)
+        );
     }
 }

@@ -306,8 +306,11 @@ pub fn plot_svg(outcomes: &[Outcome]) -> Result<String, String> {
             RGBColor(214, 96, 77),
             RGBColor(244, 165, 66),
             RGBColor(33, 102, 172),
+            RGBColor(27, 158, 119),
+            RGBColor(117, 112, 179),
+            RGBColor(231, 41, 138),
         ];
-        let color = |o: &Outcome| colors[o.policy as usize % colors.len()];
+        let color = |o: &Outcome| colors[o.policy.ordinal() % colors.len()];
         let hours = outcomes
             .iter()
             .map(|o| o.timeline.len())

@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use muxflow::config::Policy;
 use muxflow::health::{Fsm, HealthState, Input, Metrics, Solo};
-use muxflow::policy::{offline_mem_cap_mib, offline_sm_percent, GpuFacts};
+use muxflow::policy::{offline_mem_cap_mib, offline_share, offline_sm_percent, GpuFacts};
 use muxflow::published::GpuPublished;
 use muxflow::report::JobReport;
 use muxflow::Mode;
@@ -30,10 +30,10 @@ use muxflow_matcher::predict::{runs_from_sacct, Model, Run};
 use muxflow_matcher::reader::{
     ClusterState, GpuState, Names, PendingJob, SacctComment, SacctJob, SacctTime,
 };
-use muxflow_matcher::round::{plan, Action, Predictor};
+use muxflow_matcher::round::{plan, Action, IdleSlot, Predictor};
 
 use crate::engine::EventQueue;
-use crate::model::{self, gpu_rates, GpuRates, OfflineSide, OnlineSide, OFFLINE_SM};
+use crate::model::{self, gpu_rates, GpuRates, OfflineSide, OnlineSide, SlotJob, OFFLINE_SM};
 use crate::scenario::Scenario;
 
 /// A sharing policy.
@@ -47,6 +47,9 @@ pub enum PolicyKind {
     Priority,
     /// The matcher, the SM policy, the health FSM and xCUDA.
     Muxflow,
+    /// `muxflow` with K offline jobs per GPU (`[policy] offline_per_gpu` =
+    /// K, 2 to 4; issue 15): `muxflow-n2` … `muxflow-n4`.
+    MuxflowN(u8),
 }
 
 impl PolicyKind {
@@ -63,6 +66,9 @@ impl PolicyKind {
             PolicyKind::TimeSharing => "time-sharing",
             PolicyKind::Priority => "priority",
             PolicyKind::Muxflow => "muxflow",
+            PolicyKind::MuxflowN(2) => "muxflow-n2",
+            PolicyKind::MuxflowN(3) => "muxflow-n3",
+            PolicyKind::MuxflowN(_) => "muxflow-n4",
         }
     }
 
@@ -70,14 +76,43 @@ impl PolicyKind {
         if let Some(p) = PolicyKind::ALL.into_iter().find(|p| p.name() == s.trim()) {
             return Ok(p);
         }
-        if s.trim().starts_with("muxflow-n") {
-            return Err(format!(
-                "policy '{s}': several offline jobs per GPU (muxflow-nK) needs the slot model, not built yet; use muxflow"
-            ));
+        if let Some(k) = s.trim().strip_prefix("muxflow-n") {
+            return match k.parse::<u8>() {
+                Ok(1) => Ok(PolicyKind::Muxflow),
+                Ok(k @ 2..=4) => Ok(PolicyKind::MuxflowN(k)),
+                _ => Err(format!(
+                    "policy '{s}': muxflow-nK runs K offline jobs per GPU, K from 2 to 4 (as [policy] offline_per_gpu; muxflow is K = 1)"
+                )),
+            };
         }
         Err(format!(
-            "unknown policy '{s}' (expected exclusive, time-sharing, priority or muxflow)"
+            "unknown policy '{s}' (expected exclusive, time-sharing, priority, muxflow or muxflow-n2 to muxflow-n4)"
         ))
+    }
+
+    /// Its place among the policies (exclusive 0 … muxflow 3, muxflow-nK
+    /// 2 + K): colors in the plot.
+    pub fn ordinal(self) -> usize {
+        match self {
+            PolicyKind::Exclusive => 0,
+            PolicyKind::TimeSharing => 1,
+            PolicyKind::Priority => 2,
+            PolicyKind::Muxflow => 3,
+            PolicyKind::MuxflowN(k) => 2 + usize::from(k),
+        }
+    }
+
+    /// `muxflow` or `muxflow-nK`: the production decision code.
+    pub fn is_muxflow(self) -> bool {
+        matches!(self, PolicyKind::Muxflow | PolicyKind::MuxflowN(_))
+    }
+
+    /// Offline jobs per GPU: K under `muxflow-nK`, else 1.
+    pub fn offline_per_gpu(self) -> u8 {
+        match self {
+            PolicyKind::MuxflowN(k) => k,
+            _ => 1,
+        }
     }
 
     fn shares(self) -> bool {
@@ -162,17 +197,14 @@ enum Ev {
 
 #[derive(Debug, Clone, Default)]
 struct GpuRt {
-    offline: Option<u32>,
+    /// Its offline jobs, in start order (one, or up to K under
+    /// `muxflow-nK`).
+    offline: Vec<u32>,
     rates: GpuRates,
     latency_since: f64,
     fsm: Option<Fsm>,
     /// The online service's figures while alone, as the node keeps them.
     solo: Option<Solo>,
-    /// The offline job's SM share and memory cap, fixed at its start.
-    sm_pct: u8,
-    mem_cap_mib: Option<u64>,
-    /// Pair throughputs of the current offline job (x_off, x_on).
-    pair: Option<(f64, f64)>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -187,6 +219,13 @@ struct JobRt {
     run_remaining_s: f64,
     slot_gpu: Option<u32>,
     finished: bool,
+    /// Its SM share and memory cap, fixed at its start, and the GPU's
+    /// whole offline SM budget then (percent).
+    sm_pct: u8,
+    budget_pct: u8,
+    mem_cap_mib: Option<u64>,
+    /// Pair throughputs with the GPU's online service (x_off, x_on).
+    pair: Option<(f64, f64)>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -285,9 +324,17 @@ pub fn run(
     opts: &RunOptions,
     progress: &AtomicU64,
 ) -> Outcome {
+    // muxflow-nK: the production settings with offline_per_gpu = K.
+    let cfg = &muxflow::Config {
+        policy: Policy {
+            offline_per_gpu: kind.offline_per_gpu(),
+            ..cfg.policy.clone()
+        },
+        ..cfg.clone()
+    };
     let mut sim = Sim::new(sc, kind, cfg, settings, opts, progress);
     sim.q.push(0.0, Ev::Hour(0));
-    if kind == PolicyKind::Muxflow {
+    if kind.is_muxflow() {
         sim.q.push(0.0, Ev::Health);
         sim.q.push(settings.round_interval_s, Ev::Round);
     }
@@ -363,7 +410,7 @@ impl<'a> Sim<'a> {
             idle_free: (0..n as u32)
                 .filter(|&g| sc.online[g as usize].is_none())
                 .collect(),
-            slot_free: if kind.shares() && kind != PolicyKind::Muxflow {
+            slot_free: if kind.shares() && !kind.is_muxflow() {
                 online_ids.iter().copied().collect()
             } else {
                 BTreeSet::new()
@@ -409,7 +456,7 @@ impl<'a> Sim<'a> {
             learn: !opts.default_predictor,
             progress,
         };
-        if kind == PolicyKind::Muxflow {
+        if kind.is_muxflow() {
             for g in 0..n as u32 {
                 let gpu = &sc.gpus[g as usize];
                 let svc = sc.online[g as usize].as_ref();
@@ -430,7 +477,7 @@ impl<'a> Sim<'a> {
                     },
                     // Empty: an idle GPU, the round's solo candidate.
                     online_jobs: svc.map(|s| s.job_id).into_iter().collect(),
-                    slot_used: false,
+                    slots_used: 0,
                 });
             }
         }
@@ -467,51 +514,77 @@ impl<'a> Sim<'a> {
         })
     }
 
-    fn compute_rates(&self, g: u32) -> GpuRates {
+    /// GPU `g`'s rates now and the speed of each of its offline jobs.
+    fn compute_rates(&self, g: u32) -> (GpuRates, Vec<f64>) {
         let rt = &self.gpus[g as usize];
         let online = self.online_side(g);
         let gpu = &self.sc.gpus[g as usize];
-        let mut latency = 1.0;
-        let offline = rt.offline.map(|j| {
-            let job = &self.sc.jobs[j as usize];
-            let speed = match (online.is_some(), rt.pair) {
-                (false, _) | (true, None) => 1.0,
-                (true, Some((x_off, x_on))) => {
-                    let (speed, lat) = match self.kind {
-                        PolicyKind::Exclusive | PolicyKind::TimeSharing => {
-                            model::time_sharing(x_off, x_on)
-                        }
-                        PolicyKind::Priority => model::priority(x_off, x_on),
-                        PolicyKind::Muxflow => {
-                            if rt.fsm.is_some_and(|f| f.state.pauses_offline()) {
-                                (0.0, 1.0)
-                            } else {
-                                model::muxflow(
-                                    x_off,
-                                    x_on,
-                                    f64::from(rt.sm_pct) / 100.0,
-                                    OFFLINE_SM * job.share,
-                                )
-                            }
-                        }
-                    };
-                    latency = lat;
-                    speed
-                }
+        let (speeds, latency) = if self.kind.is_muxflow() {
+            let paused = rt.fsm.is_some_and(|f| f.state.pauses_offline());
+            let members: Vec<SlotJob> = rt
+                .offline
+                .iter()
+                .map(|&j| {
+                    let job = &self.sc.jobs[j as usize];
+                    let jr = &self.jobs[j as usize];
+                    SlotJob {
+                        with_online: online.and(jr.pair),
+                        share: f64::from(jr.sm_pct) / 100.0,
+                        budget: f64::from(jr.budget_pct) / 100.0,
+                        demand: OFFLINE_SM * job.share,
+                    }
+                })
+                .collect();
+            let types: Vec<u16> = rt
+                .offline
+                .iter()
+                .map(|&j| self.sc.jobs[j as usize].job_type)
+                .collect();
+            let between = |i: usize, k: usize| {
+                // A start checks that every pair of them can co-locate.
+                self.sc.pairs.speed(types[i], types[k]).unwrap_or(0.0)
             };
-            OfflineSide {
-                share: job.share,
-                mem: job.mem_mib as f64 / gpu.mem_mib as f64,
-                speed,
-            }
-        });
-        gpu_rates(online, offline, latency)
+            model::muxflow_slots(&members, between, paused)
+        } else {
+            // One offline job at most.
+            let mut latency = 1.0;
+            let speeds = rt
+                .offline
+                .iter()
+                .map(|&j| match (online.is_some(), self.jobs[j as usize].pair) {
+                    (false, _) | (true, None) => 1.0,
+                    (true, Some((x_off, x_on))) => {
+                        let (speed, lat) = match self.kind {
+                            PolicyKind::Priority => model::priority(x_off, x_on),
+                            _ => model::time_sharing(x_off, x_on),
+                        };
+                        latency = lat;
+                        speed
+                    }
+                })
+                .collect();
+            (speeds, latency)
+        };
+        let sides: Vec<OfflineSide> = rt
+            .offline
+            .iter()
+            .zip(&speeds)
+            .map(|(&j, &speed)| {
+                let job = &self.sc.jobs[j as usize];
+                OfflineSide {
+                    share: job.share,
+                    mem: job.mem_mib as f64 / gpu.mem_mib as f64,
+                    speed,
+                }
+            })
+            .collect();
+        (gpu_rates(online, &sides, latency), speeds)
     }
 
     /// Recomputes GPU `g`'s rates after a change and carries them into the
     /// sums, the latency histogram and its offline job's finish time.
     fn refresh(&mut self, g: u32) {
-        let new = self.compute_rates(g);
+        let (new, speeds) = self.compute_rates(g);
         let online = self.sc.online[g as usize].is_some();
         let rt = &mut self.gpus[g as usize];
         let old = rt.rates;
@@ -533,8 +606,9 @@ impl<'a> Sim<'a> {
             }
         }
         rt.rates = new;
-        if let Some(j) = rt.offline {
-            self.set_speed(j, new.offline_speed);
+        let jobs = rt.offline.clone();
+        for (j, speed) in jobs.into_iter().zip(speeds) {
+            self.set_speed(j, speed);
         }
     }
 
@@ -639,7 +713,7 @@ impl<'a> Sim<'a> {
         // An idle GPU first (whole), then, when sharing, a free slot beside
         // an online service (first fit by GPU order). Under muxflow the
         // matcher's round places it, on an idle GPU or beside a service.
-        if self.kind == PolicyKind::Muxflow {
+        if self.kind.is_muxflow() {
             self.enqueue(j);
             return;
         }
@@ -662,7 +736,7 @@ impl<'a> Sim<'a> {
 
     fn enqueue(&mut self, j: u32) {
         self.queue.insert(j);
-        if self.kind == PolicyKind::Muxflow && !self.in_state[j as usize] {
+        if self.kind.is_muxflow() && !self.in_state[j as usize] {
             let job = &self.sc.jobs[j as usize];
             if self.state.pending.last().is_some_and(|p| p.id > job.id) {
                 self.pending_unsorted = true;
@@ -698,14 +772,17 @@ impl<'a> Sim<'a> {
         job.run_start_s = self.now;
         job.run_remaining_s = job.remaining_s;
         job.speed = 0.0;
+        job.pair = pair;
         let rt = &mut self.gpus[g as usize];
-        rt.offline = Some(j);
-        rt.pair = pair;
+        rt.offline.push(j);
+        let on_gpu = rt.offline.len() as u32;
         self.sums.running += 1;
         if rt.fsm.is_some_and(|f| !f.state.accepts_offline()) {
             self.health_violations += 1;
         }
-        if online {
+        // Lent: GPUs owned by online work holding offline work (one
+        // however many jobs it holds).
+        if online && on_gpu == 1 {
             self.sums.lent += 1;
         }
         if let Some(&k) = self
@@ -713,8 +790,8 @@ impl<'a> Sim<'a> {
             .get(g as usize)
             .filter(|&&k| k != usize::MAX)
         {
-            self.state.gpus[k].slot_used = true;
-            self.state.gpus[k].published.offline = 1;
+            self.state.gpus[k].slots_used = on_gpu;
+            self.state.gpus[k].published.offline = on_gpu;
         }
         // Force a new finish event even if the rates look unchanged.
         self.gpus[g as usize].rates = GpuRates {
@@ -731,26 +808,35 @@ impl<'a> Sim<'a> {
         let job = &mut self.jobs[j as usize];
         job.gpu = None;
         job.version += 1;
+        job.pair = None;
         let online = self.sc.online[g as usize].is_some();
         let rt = &mut self.gpus[g as usize];
-        rt.offline = None;
-        rt.pair = None;
+        rt.offline.retain(|&k| k != j);
+        let on_gpu = rt.offline.len() as u32;
+        let now_free = rt.offline.is_empty();
         self.sums.running -= 1;
+        // Force new speeds for the jobs left (their partners changed).
+        rt.rates = GpuRates {
+            offline_speed: -1.0,
+            ..rt.rates
+        };
         self.refresh(g);
         if let Some(&k) = self
             .state_index
             .get(g as usize)
             .filter(|&&k| k != usize::MAX)
         {
-            self.state.gpus[k].slot_used = false;
-            self.state.gpus[k].published.offline = 0;
+            self.state.gpus[k].slots_used = on_gpu;
+            self.state.gpus[k].published.offline = on_gpu;
         }
         if online {
-            self.sums.lent -= 1;
-            if self.kind.shares() && self.kind != PolicyKind::Muxflow {
+            if now_free {
+                self.sums.lent -= 1;
+            }
+            if self.kind.shares() && !self.kind.is_muxflow() {
                 self.slot_free.insert(g);
             }
-        } else {
+        } else if now_free {
             self.idle_free.insert(g);
         }
         g
@@ -762,7 +848,7 @@ impl<'a> Sim<'a> {
             return;
         }
         let g = job.gpu.expect("checked");
-        if self.kind == PolicyKind::Muxflow {
+        if self.kind.is_muxflow() {
             self.report(j, g, false);
         }
         self.stop(j);
@@ -776,13 +862,13 @@ impl<'a> Sim<'a> {
     /// Gives a freed GPU to the oldest waiting job that can use it.
     fn fill(&mut self, g: u32) {
         let online = self.sc.online[g as usize].is_some();
-        if self.kind == PolicyKind::Muxflow {
+        if self.kind.is_muxflow() {
             // The next round places a job there.
         } else if !online {
             if let Some(j) = self.queue.iter().copied().find(|&j| self.allowed(j, g)) {
                 self.start(j, g, None);
             }
-        } else if self.kind.shares() && self.kind != PolicyKind::Muxflow {
+        } else if self.kind.shares() && !self.kind.is_muxflow() {
             let found =
                 self.queue.iter().copied().find_map(|j| {
                     Some((j, self.fits_beside(j, g).filter(|_| self.allowed(j, g))?))
@@ -799,14 +885,13 @@ impl<'a> Sim<'a> {
         let job = &self.sc.jobs[j as usize];
         let rt = &self.jobs[j as usize];
         let gpu = &self.sc.gpus[g as usize];
-        let gr = &self.gpus[g as usize];
         let svc = self.sc.online[g as usize].as_ref();
         let solo = self.sc.pairs.solo[job.job_type as usize];
         let wall = self.now - rt.run_start_s;
         let remaining = (rt.remaining_s - rt.speed * (self.now - rt.last_s)).max(0.0);
         let done = rt.run_remaining_s - remaining;
         let steps_per_s = (!oom && wall > 0.0).then(|| solo * done / wall);
-        let peak_mib = match (svc, gr.mem_cap_mib) {
+        let peak_mib = match (svc, rt.mem_cap_mib) {
             (Some(_), Some(cap)) => job.mem_mib.min(cap),
             _ => job.mem_mib,
         };
@@ -817,8 +902,8 @@ impl<'a> Sim<'a> {
             mode: Some(Mode::Offline),
             node: Some(self.sc.nodes[gpu.node as usize].clone()),
             gpu: Some(gpu.index),
-            sm_pct: svc.map(|_| gr.sm_pct),
-            mem_cap_mib: svc.and(gr.mem_cap_mib),
+            sm_pct: svc.map(|_| rt.sm_pct),
+            mem_cap_mib: svc.and(rt.mem_cap_mib),
             partner: svc.map(|s| s.job_id),
             oom: Some(u64::from(oom)),
             // The node's NVML reading (what the predictor trusts) and
@@ -870,7 +955,7 @@ impl<'a> Sim<'a> {
             // SM activity (running mean) and memory (largest) while no
             // offline job is on the GPU.
             let svc = self.sc.online[g as usize].as_ref().expect("online GPU");
-            if rt.offline.is_none() {
+            if rt.offline.is_empty() {
                 rt.solo = Some(Solo::next(
                     rt.solo.take(),
                     vec![svc.job_id],
@@ -904,7 +989,8 @@ impl<'a> Sim<'a> {
             if after.state.pauses_offline()
                 && rt
                     .offline
-                    .is_some_and(|j| self.jobs[j as usize].speed > 0.0)
+                    .iter()
+                    .any(|&j| self.jobs[j as usize].speed > 0.0)
             {
                 self.health_violations += 1;
             }
@@ -917,9 +1003,45 @@ impl<'a> Sim<'a> {
         (self.sc.gpus.get(g as usize)?.node == n).then_some(g)
     }
 
-    /// The share and cap an offline job gets on online GPU `g` now, by the
-    /// production policy, from what the node published.
-    fn policy_for(&self, g: u32) -> (u8, Option<u64>) {
+    /// Whether job `j` can join the offline jobs on GPU `g` (`muxflow-nK`):
+    /// each pair of it and one of them was measured together, and all of
+    /// them, the online service's memory included, fit the GPU's memory.
+    /// True when the GPU has none.
+    fn fits_offline(&self, j: u32, g: u32) -> bool {
+        let on = &self.gpus[g as usize].offline;
+        if on.is_empty() {
+            return true;
+        }
+        let job = &self.sc.jobs[j as usize];
+        let svc_mib = self.sc.online[g as usize].as_ref().map_or(0, |s| s.mem_mib);
+        let mut mem = job.mem_mib + svc_mib;
+        for &k in on {
+            let other = &self.sc.jobs[k as usize];
+            if self.sc.pairs.pair(job.job_type, other.job_type).is_none() {
+                return false;
+            }
+            mem += other.mem_mib;
+        }
+        mem <= self.sc.gpus[g as usize].mem_mib
+    }
+
+    /// What a new offline job gets on GPU `g` now, by the production
+    /// policy, from what the node published: the GPU's offline SM budget
+    /// (percent), and its slot's part of it and of the memory cap, one of
+    /// K ([`offline_share`]).
+    fn policy_for(&self, g: u32) -> (u8, u8, Option<u64>) {
+        let (budget, cap) = self.budget_for(g);
+        let n = u32::from(self.kind.offline_per_gpu());
+        (
+            budget,
+            offline_share(u64::from(budget), n) as u8,
+            cap.map(|c| offline_share(c, n)),
+        )
+    }
+
+    /// The GPU's offline SM budget and memory cap (all its offline jobs
+    /// together).
+    fn budget_for(&self, g: u32) -> (u8, Option<u64>) {
         let p = &self.state.gpus[self.state_index[g as usize]].published;
         let mut facts = GpuFacts {
             online_solo_sm_pct: p.solo_sm_pct,
@@ -956,7 +1078,13 @@ impl<'a> Sim<'a> {
             }
             keep
         });
-        if self.state.pending.is_empty() || self.state.open_gpus().next().is_none() {
+        if self.state.pending.is_empty()
+            || self
+                .state
+                .open_gpus(u32::from(self.kind.offline_per_gpu()))
+                .next()
+                .is_none()
+        {
             return;
         }
         // The daemon retrains every round on its whole history; here the
@@ -1028,15 +1156,16 @@ impl<'a> Sim<'a> {
                 self.refused += 1;
                 continue;
             }
-            let (sm_pct, cap) = self.policy_for(g);
+            let (budget_pct, sm_pct, cap) = self.policy_for(g);
             {
-                let rt = &mut self.gpus[g as usize];
+                let rt = &mut self.jobs[j as usize];
                 rt.sm_pct = sm_pct;
+                rt.budget_pct = budget_pct;
                 rt.mem_cap_mib = cap;
             }
             let job = &self.sc.jobs[j as usize];
             let pair = self.fits_beside(j, g);
-            let over_cap = cap.is_some_and(|c| job.mem_mib > c);
+            let over_cap = cap.is_some_and(|c| job.mem_mib > c) || !self.fits_offline(j, g);
             // Slurm 22.05 keeps the typed slot: later placements only on
             // this GPU index.
             self.jobs[j as usize].slot_gpu = Some(i);
@@ -1076,7 +1205,7 @@ impl<'a> Sim<'a> {
         let t = end.max(1e-9);
         let a = self.acc;
         self.jct.sort_by(f64::total_cmp);
-        let mux = self.kind == PolicyKind::Muxflow;
+        let mux = self.kind.is_muxflow();
         Outcome {
             policy: self.kind,
             gpu_util: a.util / t / n,
@@ -1149,23 +1278,48 @@ struct Truth<'s, 'a> {
 impl Truth<'_, '_> {
     fn speed(&self, j: u32, g: u32) -> Option<f64> {
         let sim = self.sim;
-        if !sim.allowed(j, g) {
+        if !sim.allowed(j, g) || !sim.fits_offline(j, g) {
             return None;
         }
-        let (sm_pct, cap) = sim.policy_for(g);
+        let (budget_pct, sm_pct, cap) = sim.policy_for(g);
         let job = &sim.sc.jobs[j as usize];
-        if sim.sc.online[g as usize].is_none() {
-            // Alone (what the exclusive replay gives a job on an idle GPU).
+        let pair = if sim.sc.online[g as usize].is_none() {
             let fits = job.mem_mib <= sim.sc.gpus[g as usize].mem_mib
                 && cap.is_none_or(|c| job.mem_mib <= c);
-            return fits.then_some(1.0);
+            if !fits {
+                return None;
+            }
+            None
+        } else {
+            let pair = sim.fits_beside(j, g)?;
+            if cap.is_some_and(|c| job.mem_mib > c) {
+                return None;
+            }
+            Some(pair)
+        };
+        let new = SlotJob {
+            with_online: pair,
+            share: f64::from(sm_pct) / 100.0,
+            budget: f64::from(budget_pct) / 100.0,
+            demand: OFFLINE_SM * job.share,
+        };
+        Some(sim.speed_beside(g, new, job.job_type))
+    }
+}
+
+impl Sim<'_> {
+    /// The model's speed of a new job (`new`, of type `job_type`) joining
+    /// GPU `g`'s offline jobs ([`model::muxflow_slots`]).
+    fn speed_beside(&self, g: u32, new: SlotJob, job_type: u16) -> f64 {
+        let on = &self.gpus[g as usize].offline;
+        if on.is_empty() && new.share >= new.budget {
+            return model::muxflow_slots(&[new], |_, _| 1.0, false).0[0];
         }
-        let (x_off, x_on) = sim.fits_beside(j, g)?;
-        if cap.is_some_and(|c| job.mem_mib > c) {
-            return None;
-        }
-        let share = f64::from(sm_pct) / 100.0;
-        Some(model::muxflow(x_off, x_on, share, OFFLINE_SM * job.share).0)
+        let partners = on.iter().map(|&k| {
+            let t = self.sc.jobs[k as usize].job_type;
+            self.sc.pairs.speed(job_type, t).unwrap_or(0.0)
+        });
+        model::slot_speed(&new, partners)
     }
 }
 
@@ -1178,12 +1332,15 @@ struct TruthJob<'a> {
     models: Option<&'a [u16]>,
 }
 
-/// Per-GPU terms of the oracle: what the policy gives there, and its side.
+/// Per-slot terms of the oracle: what the policy gives there, its side,
+/// and the offline jobs already there (`muxflow-nK`).
 #[derive(Clone, Copy)]
 struct TruthGpu {
+    g: u32,
     online_type: u16,
     room_mib: u64,
     share: f64,
+    budget: f64,
     cap_mib: Option<u64>,
     model: u16,
 }
@@ -1201,21 +1358,31 @@ impl<'s, 'a> Predictor for Truth<'s, 'a> {
             models: j.models.as_deref(),
         }
     }
-    fn gpu_terms(&self, gpu: &GpuState, _policy: &Policy) -> TruthGpu {
+    fn gpu_terms(&self, gpu: &GpuState, _policy: &Policy, _offline_jobs: u32) -> TruthGpu {
         let sim = self.sim;
+        // Each slot's fixed part; the jobs there are read from the replay.
+        let slots = u32::from(sim.kind.offline_per_gpu());
         let g = sim
             .gpu_of(&gpu.node, gpu.index)
             .expect("a GPU of the scenario");
         let svc = sim.sc.online[g as usize]
             .as_ref()
             .expect("an online GPU: the round asks solo() of idle ones");
-        let (sm_pct, cap_mib) = sim.policy_for(g);
+        let (budget_pct, cap_mib) = sim.budget_for(g);
+        let others_mib: u64 = sim.gpus[g as usize]
+            .offline
+            .iter()
+            .map(|&k| sim.sc.jobs[k as usize].mem_mib)
+            .sum();
         TruthGpu {
+            g,
             online_type: svc.job_type,
-            room_mib: sim.sc.gpus[g as usize].mem_mib
-                - svc.mem_mib.min(sim.sc.gpus[g as usize].mem_mib),
-            share: f64::from(sm_pct) / 100.0,
-            cap_mib,
+            room_mib: sim.sc.gpus[g as usize]
+                .mem_mib
+                .saturating_sub(svc.mem_mib + others_mib),
+            share: offline_share(u64::from(budget_pct), slots) as f64 / 100.0,
+            budget: f64::from(budget_pct) / 100.0,
+            cap_mib: cap_mib.map(|c| offline_share(c, slots)),
             model: sim.sc.gpus[g as usize].model,
         }
     }
@@ -1228,19 +1395,54 @@ impl<'s, 'a> Predictor for Truth<'s, 'a> {
         {
             return None;
         }
-        let (x_off, x_on) = self.sim.sc.pairs.pair(job.job_type, gpu.online_type)?;
-        Some(model::muxflow(x_off, x_on, gpu.share, job.demand).0)
+        let pair = self.sim.sc.pairs.pair(job.job_type, gpu.online_type)?;
+        if self.sim.gpus[gpu.g as usize].offline.is_empty() && gpu.share >= gpu.budget {
+            return Some(model::muxflow(pair.0, pair.1, gpu.share, job.demand).0);
+        }
+        let on = &self.sim.gpus[gpu.g as usize].offline;
+        if on.iter().any(|&k| {
+            let t = self.sim.sc.jobs[k as usize].job_type;
+            self.sim.sc.pairs.pair(job.job_type, t).is_none()
+        }) {
+            return None;
+        }
+        let new = SlotJob {
+            with_online: Some(pair),
+            share: gpu.share,
+            budget: gpu.budget,
+            demand: job.demand,
+        };
+        Some(self.sim.speed_beside(gpu.g, new, job.job_type))
     }
     /// The same rules as [`Truth::speed`] on an idle GPU.
-    fn solo(&self, job: &TruthJob, gpu: &GpuState, room_mib: u64) -> Option<(f64, f64)> {
+    fn solo(&self, job: &TruthJob, gpu: &GpuState, slot: &IdleSlot) -> Option<(f64, f64)> {
         let sim = self.sim;
         let g = sim
             .gpu_of(&gpu.node, gpu.index)
             .expect("a GPU of the scenario");
         let model = sim.sc.gpus[g as usize].model;
+        let on = &sim.gpus[g as usize].offline;
+        let others_mib: u64 = on.iter().map(|&k| sim.sc.jobs[k as usize].mem_mib).sum();
         let fits = job.models.is_none_or(|m| m.contains(&model))
-            && job.mem_mib <= room_mib
-            && job.mem_mib <= sim.sc.gpus[g as usize].mem_mib;
-        fits.then_some((1.0, 0.0))
+            && job.mem_mib <= slot.room_mib
+            && job.mem_mib + others_mib <= sim.sc.gpus[g as usize].mem_mib
+            && on.iter().all(|&k| {
+                let t = sim.sc.jobs[k as usize].job_type;
+                sim.sc.pairs.pair(job.job_type, t).is_some()
+            });
+        if !fits {
+            return None;
+        }
+        let (budget_pct, _) = sim.budget_for(g);
+        if on.is_empty() && slot.share >= slot.budget {
+            return Some((1.0, 0.0));
+        }
+        let new = SlotJob {
+            with_online: None,
+            share: slot.share,
+            budget: f64::from(budget_pct) / 100.0,
+            demand: job.demand,
+        };
+        Some((sim.speed_beside(g, new, job.job_type), 0.0))
     }
 }

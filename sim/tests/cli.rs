@@ -214,11 +214,11 @@ fn bad_input_says_where_and_what_never_panics() {
             want: "unknown policy 'fifo'",
         },
         Case {
-            what: "a policy not built yet",
+            what: "more offline jobs per GPU than offline_per_gpu allows",
             file: "nodes.csv",
             text: NODES,
-            extra: &["--policies", "muxflow-n2"],
-            want: "needs the slot model",
+            extra: &["--policies", "muxflow-n5"],
+            want: "K from 2 to 4",
         },
         Case {
             what: "missing file",

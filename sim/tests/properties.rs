@@ -102,11 +102,16 @@ proptest! {
         let cfg = muxflow::Config::default();
         let gpus = sc.gpus.len() as f64;
         let hours = sc.end_s / 3600.0;
-        for kind in PolicyKind::ALL {
+        let kinds = PolicyKind::ALL
+            .into_iter()
+            .chain([PolicyKind::MuxflowN(2), PolicyKind::MuxflowN(4)]);
+        for kind in kinds {
             let o = replay(&sc, kind, &cfg, &t.settings);
             let eps = 1e-6;
+            // K offline jobs per GPU: each at most its speed alone.
+            let per_gpu = f64::from(kind.offline_per_gpu());
             prop_assert!(o.busy_gpu_hours <= gpus * hours + eps, "{kind:?}: busy {} > capacity", o.busy_gpu_hours);
-            prop_assert!(o.offline_gpu_hours <= gpus * hours + eps, "{kind:?}: work over capacity");
+            prop_assert!(o.offline_gpu_hours <= per_gpu * gpus * hours + eps, "{kind:?}: work over capacity");
             prop_assert!(o.lent_gpu_hours <= sc.online_gpus as f64 * hours + eps);
             for v in [o.gpu_util, o.sm_activity, o.mem_util, o.online_gpu_util, o.online_gpu_sm_activity] {
                 prop_assert!((0.0..=1.0 + eps).contains(&v), "{kind:?}: a fraction out of range: {v}");
@@ -117,7 +122,7 @@ proptest! {
                 o.offline_finished + o.offline_running_end + o.offline_waiting_end,
                 "{:?}: every job finished, running or waiting", kind
             );
-            prop_assert!(o.offline_running_end as f64 <= gpus);
+            prop_assert!(o.offline_running_end as f64 <= per_gpu * gpus);
             prop_assert_eq!(o.jct_s.len() as u64, o.offline_finished);
             prop_assert_eq!(o.health_violations, 0, "{:?}", kind);
             if kind == PolicyKind::Exclusive {

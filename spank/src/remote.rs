@@ -240,14 +240,9 @@ impl RemoteState {
                         // departed one's.
                         facts = facts.without_online();
                     }
-                    // Its part of the GPU: the slot the Prolog recorded
-                    // ([policy] offline_per_gpu > 1 splits the GPU).
-                    let slot = state
-                        .jobs(gpu)?
-                        .iter()
-                        .find(|r| r.job_id == ctx.job_id)
-                        .map_or(0, |r| r.slot);
-                    let share = offline_slot_share(&config.policy, &facts, slot);
+                    // Its slot's part of the GPU ([policy] offline_per_gpu
+                    // > 1 splits it; every slot's part is the same).
+                    let share = offline_slot_share(&config.policy, &facts);
                     (share.sm_pct, share.mem_cap_mib)
                 }
             };
