@@ -1144,29 +1144,25 @@ fn fork_quota(r: &Resolver) {
     let launch: Launch = r.get("cuLaunchKernel", "cuLaunchKernel");
     let sync: fnty::cuStreamSynchronize = r.get("cuStreamSynchronize", "cuStreamSynchronize");
     let null: H = std::ptr::null_mut();
-    let work = |launches: usize| {
-        let mut rcs = Vec::new();
+    // One 1-block launch; then the stream synchronized after `n` of them.
+    let launch_sync = |n: usize| {
+        let pp = std::ptr::null_mut();
         // SAFETY: resolved entry points with valid arguments.
         unsafe {
-            for _ in 0..launches {
+            for _ in 0..n {
                 check(
-                    launch(
-                        f,
-                        1,
-                        1,
-                        1,
-                        32,
-                        1,
-                        1,
-                        0,
-                        null,
-                        std::ptr::null_mut(),
-                        std::ptr::null_mut(),
-                    ),
+                    launch(f, 1, 1, 1, 32, 1, 1, 0, null, pp, pp),
                     "cuLaunchKernel",
                 );
             }
             check(sync(null), "cuStreamSynchronize");
+        }
+    };
+    let work = |launches: usize| {
+        let mut rcs = Vec::new();
+        launch_sync(launches);
+        // SAFETY: a resolved entry point with a valid out-pointer.
+        unsafe {
             for _ in 0..2 {
                 let mut p = 0u64;
                 rcs.push((cu.alloc)(&mut p, 48 * MIB));
@@ -1189,25 +1185,7 @@ fn fork_quota(r: &Resolver) {
             child => {
                 let mut status = 0;
                 libc::waitpid(child, &mut status, 0);
-                for _ in 0..2 {
-                    check(
-                        launch(
-                            f,
-                            1,
-                            1,
-                            1,
-                            32,
-                            1,
-                            1,
-                            0,
-                            null,
-                            std::ptr::null_mut(),
-                            std::ptr::null_mut(),
-                        ),
-                        "cuLaunchKernel",
-                    );
-                }
-                check(sync(null), "cuStreamSynchronize");
+                launch_sync(2);
                 println!("child={child} child_status={status} parent_allocs={parent}");
             }
         }
