@@ -56,17 +56,9 @@ fn state() -> ClusterState {
     )
 }
 
-#[test]
-fn squeue_and_sinfo_give_online_gpus_slots_and_pending_jobs() {
-    let jobs = parse_squeue(SQUEUE).unwrap();
-    assert_eq!(jobs.len(), 15);
-    let j1 = jobs.iter().find(|j| j.job_id == 1).unwrap();
-    assert_eq!(j1.gres_detail, ["gpu:1(IDX:0)"]);
-    assert_eq!(j1.job_state, ["RUNNING"]);
-
-    let st = state();
-    let gpus: Vec<(&str, u32, HealthState, u32, Vec<u32>)> = st
-        .gpus
+/// Each GPU as (node, index, health, offline slots used, online jobs).
+fn gpu_rows(st: &ClusterState) -> Vec<(&str, u32, HealthState, u32, Vec<u32>)> {
+    st.gpus
         .iter()
         .map(|g| {
             (
@@ -77,7 +69,19 @@ fn squeue_and_sinfo_give_online_gpus_slots_and_pending_jobs() {
                 g.online_jobs.clone(),
             )
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn squeue_and_sinfo_give_online_gpus_slots_and_pending_jobs() {
+    let jobs = parse_squeue(SQUEUE).unwrap();
+    assert_eq!(jobs.len(), 15);
+    let j1 = jobs.iter().find(|j| j.job_id == 1).unwrap();
+    assert_eq!(j1.gres_detail, ["gpu:1(IDX:0)"]);
+    assert_eq!(j1.job_state, ["RUNNING"]);
+
+    let st = state();
+    let gpus = gpu_rows(&st);
     assert_eq!(
         gpus,
         [
@@ -195,19 +199,7 @@ fn slurm_24_11_squeue_and_nodes_give_online_gpus_slots_and_pending_jobs() {
     assert_eq!(j4.tres_per_node, "gres/mfslot:g1:1");
 
     let st = state_24_11();
-    let gpus: Vec<(&str, u32, HealthState, u32, Vec<u32>)> = st
-        .gpus
-        .iter()
-        .map(|g| {
-            (
-                g.node.as_str(),
-                g.index,
-                g.published.state,
-                g.slots_used,
-                g.online_jobs.clone(),
-            )
-        })
-        .collect();
+    let gpus = gpu_rows(&st);
     assert_eq!(
         gpus,
         // Every GPU of a usable node: those no job holds are idle ones,
