@@ -577,6 +577,31 @@ impl Cluster {
         err
     }
 
+    /// `node`'s (state, drain reason) as sinfo shows them.
+    pub fn node_reason(&self, node: &str) -> (String, String) {
+        let mut cmd = self.cmd("sinfo");
+        cmd.args(["-h", "-N", "-n", node, "-O", "StateLong:30,Reason:200"]);
+        let (_, out, _) = self.run(cmd);
+        let out = out.trim().to_string();
+        let (state, reason) = out.split_once(char::is_whitespace).unwrap_or((&out, ""));
+        (state.to_string(), reason.trim().to_string())
+    }
+
+    /// An offline training workload (120 s of 4 × 200 µs kernels per step)
+    /// named `name`, placed on `node`/`gpu` as the matcher would, running.
+    pub fn offline_running(&self, name: &str, node: &str, gpu: u32, wait: Duration) -> u32 {
+        let script = format!(
+            "#!/bin/sh\n{}\n",
+            self.workload("offline --duration 120 --kernels-per-step 4 --kernel-us 200")
+        );
+        let offline = self
+            .sbatch(&["--muxflow=offline", "--job-name", name], &script)
+            .unwrap();
+        self.place(offline, node, gpu);
+        self.wait_running(offline, wait);
+        offline
+    }
+
     /// The node's GPU states as published in Slurm (node Extra).
     pub fn published(&self, node: &str) -> Vec<muxflow::published::GpuPublished> {
         let mut c = self.cmd("sinfo");

@@ -553,22 +553,13 @@ fn fatal_xid_restarts_the_mps_daemon_only_without_an_online_client() {
     c.sim_fault(node, gpu, &["clear"]);
     pair.stop();
     // (node4's gpu1 is drained on purpose by the lost-GPU test.)
-    let (_, reason) = node_reason(&c, node);
+    let (_, reason) = c.node_reason(node);
     assert!(!reason.contains("gpu0"), "{reason}");
 }
 
 fn assert_not_drained(c: &Cluster, node: &str) {
-    let (state, reason) = node_reason(c, node);
+    let (state, reason) = c.node_reason(node);
     assert!(!state.contains("drain"), "{node}: {state} {reason}");
-}
-
-fn node_reason(c: &Cluster, node: &str) -> (String, String) {
-    let mut cmd = c.cmd("sinfo");
-    cmd.args(["-h", "-N", "-n", node, "-O", "StateLong:30,Reason:200"]);
-    let (_, out, _) = c.run(cmd);
-    let out = out.trim().to_string();
-    let (state, reason) = out.split_once(char::is_whitespace).unwrap_or((&out, ""));
-    (state.to_string(), reason.trim().to_string())
 }
 
 #[test]
@@ -578,11 +569,11 @@ fn only_a_lost_gpu_drains_and_only_muxflows_drain_is_undone() {
     let (node, gpu) = ("node4", 1);
     let _node = hold_node(node);
     c.health_step(&cfg, node);
-    assert!(!node_reason(&c, node).0.contains("drain"));
+    assert!(!c.node_reason(node).0.contains("drain"));
 
     c.sim_fault(node, gpu, &["lost"]);
     c.health_step(&cfg, node);
-    let (state, reason) = node_reason(&c, node);
+    let (state, reason) = c.node_reason(node);
     assert!(state.contains("drain"), "{state} {reason}");
     assert!(reason.starts_with("muxflow:"), "{reason}");
     assert!(reason.contains("gpu1"), "{reason}");
@@ -598,7 +589,7 @@ fn only_a_lost_gpu_drains_and_only_muxflows_drain_is_undone() {
 
     c.sim_fault(node, gpu, &["clear"]);
     c.health_step(&cfg, node);
-    let (state, reason) = node_reason(&c, node);
+    let (state, reason) = c.node_reason(node);
     assert!(!state.contains("drain"), "still {state}: {reason}");
 
     // An administrator's drain is never undone by muxflow.
@@ -614,7 +605,7 @@ fn only_a_lost_gpu_drains_and_only_muxflows_drain_is_undone() {
     c.health_step(&cfg, node);
     c.sim_fault(node, gpu, &["clear"]);
     c.health_step(&cfg, node);
-    let (state, reason) = node_reason(&c, node);
+    let (state, reason) = c.node_reason(node);
     let mut cmd = c.cmd("scontrol");
     cmd.args(["update", &format!("NodeName={node}"), "State=RESUME"]);
     assert!(c.run(cmd).0);

@@ -62,15 +62,7 @@ fn the_node_textfile_and_job_mapping_follow_the_jobs_on_a_shared_gpu() {
     let node = "node2";
     let (online, gpu) = c.online_workload("mfx-online", node, 0.05, 1000);
     c.settle_healthy(&cfg, node, gpu, 1000);
-    let script = format!(
-        "#!/bin/sh\n{}\n",
-        c.workload("offline --duration 120 --kernels-per-step 4 --kernel-us 200")
-    );
-    let offline = c
-        .sbatch(&["--muxflow=offline", "--job-name", "mfx-offline"], &script)
-        .unwrap();
-    c.place(offline, node, gpu);
-    c.wait_running(offline, WAIT);
+    let offline = c.offline_running("mfx-offline", node, gpu, WAIT);
     let (g, o) = (gpu.to_string(), offline.to_string());
     let job_labels = [("node", node), ("gpu", g.as_str()), ("job", o.as_str())];
 

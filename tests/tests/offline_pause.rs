@@ -63,15 +63,7 @@ fn offline_job_pauses_while_its_gpu_is_not_healthy_and_resumes_after() {
     let (online, gpu) = c.online_workload("mfp-online", node, 0.05, 1000);
     c.settle_healthy(&cfg, node, gpu, 1000);
 
-    let script = format!(
-        "#!/bin/sh\n{}\n",
-        c.workload("offline --duration 120 --kernels-per-step 4 --kernel-us 200")
-    );
-    let offline = c
-        .sbatch(&["--muxflow=offline", "--job-name", "mfp-offline"], &script)
-        .unwrap();
-    c.place(offline, node, gpu);
-    c.wait_running(offline, WAIT);
+    let offline = c.offline_running("mfp-offline", node, gpu, WAIT);
     let running = wait_launches_above(&c, &cfg, node, offline, 0);
 
     // The online job's GPU saturates: Overloaded pauses offline work.

@@ -50,15 +50,6 @@ fn a_site_prolog_and_epilog_run_beside_muxflows() {
     c.assert_no_drain();
 }
 
-fn node_reason(c: &Cluster, node: &str) -> (String, String) {
-    let mut cmd = c.cmd("sinfo");
-    cmd.args(["-h", "-N", "-n", node, "-O", "StateLong:30,Reason:200"]);
-    let (_, out, _) = c.run(cmd);
-    let out = out.trim().to_string();
-    let (state, reason) = out.split_once(char::is_whitespace).unwrap_or((&out, ""));
-    (state.to_string(), reason.trim().to_string())
-}
-
 /// One NHC run of the shipped check on `node`: (check's exit, output).
 fn nhc_check(c: &Cluster, cfg: &std::path::Path, node: &str) -> (bool, String) {
     let nhc = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../etc/nhc/muxflow.nhc");
@@ -101,15 +92,15 @@ fn an_nhc_check_reports_a_lost_gpu_and_nhc_drains_with_its_own_reason() {
         ok && !out.contains("died"),
         "healthy node failed the check: {out}"
     );
-    assert!(!node_reason(&c, node).0.contains("drain"));
+    assert!(!c.node_reason(node).0.contains("drain"));
 
     c.sim_fault(node, gpu, &["lost"]);
     let (ok, out) = nhc_check(&c, &cfg, node);
-    let (state, reason) = node_reason(&c, node);
+    let (state, reason) = c.node_reason(node);
     // muxflow's own health check on the drained node, GPU still lost: it
     // neither replaces NHC's reason nor drains a second time.
     c.health_step(&cfg, node);
-    let after_muxflow = node_reason(&c, node);
+    let after_muxflow = c.node_reason(node);
     // Undo before asserting, so a failure leaves the cluster usable.
     c.sim_fault(node, gpu, &["clear"]);
     c.health_step(&cfg, node);
