@@ -113,7 +113,10 @@ fn an_nhc_check_reports_a_lost_gpu_and_nhc_drains_with_its_own_reason() {
     assert!(state.contains("drain"), "{state} {reason}");
     // NHC's reason, not muxflow's own drain.
     assert_eq!(reason, "NHC: check_muxflow: gpu1 lost (NVML: GPU is lost)");
-    assert_eq!(after_muxflow, (state, reason));
+    // Its reason unchanged and the node still drained: the state itself may
+    // move from "draining" to "drained" meanwhile, as a job there ends.
+    assert_eq!(after_muxflow.1, reason);
+    assert!(after_muxflow.0.contains("drain"), "{after_muxflow:?}");
     assert!(resumed);
     c.assert_no_drain();
 }
