@@ -70,44 +70,52 @@ pub struct SlotShare {
     pub mem_cap_mib: Option<u64>,
 }
 
-/// The share of any one offline slot of a GPU (`policy.offline_per_gpu` =
-/// N of them): the GPU's offline SM budget ([`offline_sm_percent`]: what
-/// the online job leaves, less headroom, within floor and ceiling) and its
-/// memory room ([`offline_mem_cap_mib`]), each split by [`offline_share`].
-/// N = 1 gives the whole budget.
+/// What an offline job holding `slots` of its GPU's offline slots
+/// (`policy.offline_per_gpu` = N of them) gets: that many parts of the
+/// GPU's offline SM budget ([`offline_sm_percent`]: what the online job
+/// leaves, less headroom, within floor and ceiling) and of its memory room
+/// ([`offline_mem_cap_mib`]), by [`offline_part`]. N slots (or N = 1) give
+/// the whole budget.
 ///
 /// Why parts of the configured N, not of the jobs there now: MPS fixes a
 /// client's SM share and memory limit when it starts, so a job that
-/// started alone cannot give half back when a second one arrives. With a
-/// fixed part per slot, and each running job holding a different slot (the
-/// Prolog picks the lowest free one under the GPU's lock), the shares of
-/// whatever jobs run at once never add up to more than the budget, and a
-/// late arrival never waits for anyone to shrink. The cost: a job alone on
-/// a GPU with N > 1 runs on its part only.
-pub fn offline_slot_share(policy: &Policy, facts: &GpuFacts) -> SlotShare {
+/// started alone cannot give half back when a second one arrives. Slurm
+/// holds each job's slots (its `mfslot:g<i>:<s>` request against the GPU's
+/// N records) and the Prolog records which ones under the GPU's lock, so
+/// the parts of whatever jobs run at once never add up to more than the
+/// budget, and a late arrival never waits for anyone to shrink. The
+/// matcher chooses how many slots a job takes (all N on a GPU it holds
+/// alone, fewer when it puts jobs side by side).
+pub fn offline_slot_share(policy: &Policy, facts: &GpuFacts, slots: u32) -> SlotShare {
     let n = u32::from(policy.offline_per_gpu.max(1));
     let budget = offline_sm_percent(policy, facts.online_solo_sm_pct);
     SlotShare {
-        sm_pct: offline_share(u64::from(budget), n) as u8,
-        mem_cap_mib: offline_mem_cap_mib(policy, facts).map(|room| offline_share(room, n)),
+        sm_pct: offline_part(u64::from(budget), slots, n) as u8,
+        mem_cap_mib: offline_mem_cap_mib(policy, facts).map(|room| offline_part(room, slots, n)),
     }
 }
 
-/// What each of `jobs` equal parts of a GPU's offline `budget` is
-/// (`[policy] offline_per_gpu` > 1, issue 15): rounded down, so the parts
-/// together never exceed the budget. The one split of both budgets — the
-/// SM percentage ([`offline_sm_percent`]) and the memory cap, MiB
-/// ([`offline_mem_cap_mib`]) — used by the node (the limits it gives each
-/// job) and by the matcher and the replay (what they predict for it), all
-/// with `jobs` = `offline_per_gpu`: every slot has its fixed part, a lone
-/// job too, because MPS fixes a client's share when it starts (a split
-/// among the jobs present would exceed the budget when one more joins). A
-/// non-zero budget gives each part at least 1 (MPS takes no 0% share);
-/// `jobs` 0 is read as 1.
+/// One of `jobs` equal parts of a GPU's offline `budget`:
+/// [`offline_part`]`(budget, 1, jobs)`.
 pub fn offline_share(budget: u64, jobs: u32) -> u64 {
-    let each = budget / u64::from(jobs.max(1));
+    offline_part(budget, 1, jobs)
+}
+
+/// `slots` of `per_gpu` equal parts of a GPU's offline `budget` (`[policy]
+/// offline_per_gpu` > 1, issue 15): `budget × slots / per_gpu`, rounded
+/// down, so jobs holding different slots never exceed the budget together.
+/// The one split of both budgets — the SM percentage
+/// ([`offline_sm_percent`]) and the memory cap, MiB
+/// ([`offline_mem_cap_mib`]) — used by the node (the limits it gives each
+/// job) and by the matcher and the replay (what they predict for it). A
+/// non-zero budget gives at least 1 (MPS takes no 0% share); `per_gpu` 0
+/// is read as 1, `slots` is taken within 1..=per_gpu.
+pub fn offline_part(budget: u64, slots: u32, per_gpu: u32) -> u64 {
+    let n = u64::from(per_gpu.max(1));
+    let s = u64::from(slots.clamp(1, per_gpu.max(1)));
+    let part = budget * s / n;
     if budget > 0 {
-        each.max(1)
+        part.max(1)
     } else {
         0
     }
@@ -264,7 +272,7 @@ mod tests {
                 online_mem_mib: r.online_mem_mib,
                 mem_total_mib: r.mem_total_mib,
             };
-            let s = offline_slot_share(&p, &facts);
+            let s = offline_slot_share(&p, &facts, 1);
             assert_eq!((s.sm_pct, s.mem_cap_mib), r.want, "{}", r.name);
             // N parts never add up to more than the whole.
             let n = u64::from(r.per_gpu);
@@ -289,7 +297,7 @@ mod tests {
             ..GpuFacts::default()
         };
         // Budget 1 %: MPS takes no 0 %, so every slot gets 1 %.
-        assert_eq!(offline_slot_share(&p, &facts).sm_pct, 1);
+        assert_eq!(offline_slot_share(&p, &facts, 1).sm_pct, 1);
     }
 
     #[test]
@@ -381,6 +389,40 @@ mod tests {
                 "{}: over the budget",
                 c.why
             );
+        }
+    }
+
+    #[test]
+    fn parts_of_several_slots_table() {
+        // (budget, slots, per_gpu, want, why)
+        let cases: &[(u64, u32, u32, u64, &str)] = &[
+            (70, 2, 2, 70, "both slots of N = 2: the whole budget"),
+            (70, 1, 2, 35, "one of two: half"),
+            (70, 4, 4, 70, "all four of N = 4: the whole budget"),
+            (70, 2, 4, 35, "two of four: half"),
+            (70, 3, 4, 52, "three of four: 210/4 rounded down"),
+            (70, 2, 3, 46, "two of three: 140/3 rounded down"),
+            (3, 1, 4, 1, "a budget below the parts: 1 (MPS takes no 0%)"),
+            (0, 2, 2, 0, "no budget: 0"),
+            (70, 5, 4, 70, "more slots than the GPU has: read as all"),
+            (70, 0, 4, 17, "0 slots read as 1"),
+            (79_511, 1, 2, 39_755, "memory, MiB: one of two"),
+        ];
+        for &(budget, slots, per_gpu, want, why) in cases {
+            assert_eq!(offline_part(budget, slots, per_gpu), want, "{why}");
+        }
+        // Jobs that hold different slots never exceed the budget together.
+        for n in 1..=4u32 {
+            for budget in [10u64, 37, 70, 80, 79_511] {
+                for split in [vec![n], vec![1; n as usize], vec![n - n / 2, n / 2]] {
+                    let total: u64 = split
+                        .iter()
+                        .filter(|&&s| s > 0)
+                        .map(|&s| offline_part(budget, s, n))
+                        .sum();
+                    assert!(total <= budget, "{split:?} of {n} slots, budget {budget}");
+                }
+            }
         }
     }
 }

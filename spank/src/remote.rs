@@ -242,7 +242,7 @@ impl RemoteState {
                     }
                     // Its slot's part of the GPU ([policy] offline_per_gpu
                     // > 1 splits it; every slot's part is the same).
-                    let share = offline_slot_share(&config.policy, &facts);
+                    let share = offline_slot_share(&config.policy, &facts, 1);
                     (share.sm_pct, share.mem_cap_mib)
                 }
             };

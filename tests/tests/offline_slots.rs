@@ -139,7 +139,7 @@ fn two_offline_jobs_share_one_gpu_beside_an_online_job_under_one_brake() {
     let budget = offline_sm_percent(&policy, facts.online_solo_sm_pct);
     let mut sum = 0;
     for (&id, out) in offline.iter().zip(&outputs) {
-        let want = offline_slot_share(&policy, &facts);
+        let want = offline_slot_share(&policy, &facts, 1);
         let pct: u8 = kv(out, "pct").unwrap().parse().unwrap();
         assert_eq!(pct, want.sm_pct, "job {id}: {out} (facts {facts:?})");
         let cap = want.mem_cap_mib.expect("GPU memory recorded");
