@@ -32,12 +32,16 @@ use muxflow::placement::{Placement, Waiting};
 
 use crate::reader::{Names, PendingJob};
 
-/// Where the round wants a job: parked, or on the slots of these GPUs
-/// (ascending; one, or a k-GPU job's gang) of one node.
+/// Where the round wants a job: parked, or on `slots` offline slots of
+/// each of these GPUs (ascending; one, or a k-GPU job's gang) of one node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {
     Parked,
-    Gpus { node: String, gpus: Vec<u32> },
+    Gpus {
+        node: String,
+        gpus: Vec<u32>,
+        slots: u32,
+    },
 }
 
 /// Where Slurm's hints currently put the job.
@@ -51,6 +55,7 @@ pub fn current(job: &PendingJob) -> Target {
             Target::Gpus {
                 node: job.required_nodes.clone(),
                 gpus: job.slot_gpus.clone(),
+                slots: job.slots,
             }
         }
         // Not held but not fully placed either (e.g. released by hand):
@@ -66,12 +71,13 @@ pub fn update_args(job: &PendingJob, target: &Target, names: &Names) -> Option<V
         Target::Parked if job.held => None,
         Target::Parked => Some(vec![vec!["hold".to_string(), job.id.to_string()]]),
         t if *t == current(job) => None,
-        Target::Gpus { node, gpus } => {
+        Target::Gpus { node, gpus, slots } => {
             // Slurm 22.05 takes several typed slots of one GRES in one
-            // request (checked on the dev cluster: `mfslot:g0:1,mfslot:g1:1`).
+            // request (checked on the dev cluster: `mfslot:g0:1,mfslot:g1:1`);
+            // a count above 1 takes that many of the GPU's N records.
             let gres: Vec<String> = gpus
                 .iter()
-                .map(|g| format!("{}:g{g}:1", names.offline_gres))
+                .map(|g| format!("{}:g{g}:{slots}", names.offline_gres))
                 .collect();
             let mut calls = vec![vec![
                 "update".to_string(),
@@ -131,6 +137,7 @@ mod tests {
             required_nodes: req.into(),
             slot_gpus: slot.into_iter().collect(),
             gpus: 1,
+            slots: 1,
             held: false,
             waiting: None,
         }
@@ -149,6 +156,7 @@ mod tests {
         let t = Target::Gpus {
             node: "node3".into(),
             gpus: vec![1],
+            slots: 1,
         };
         // As job_submit.lua leaves it: held, no slot.
         let fresh = held("", None);
@@ -173,11 +181,33 @@ mod tests {
         let moved = Target::Gpus {
             node: "node4".into(),
             gpus: vec![1],
+            slots: 1,
         };
         assert_eq!(
             update_args(&placed, &moved, &n).unwrap()[0][2],
             "ReqNodeList=node4"
         );
+        // Alone on the GPU: both of its N = 2 slots, written as the count;
+        // a job placed with one slot is rewritten when it should hold two.
+        let whole = Target::Gpus {
+            node: "node3".into(),
+            gpus: vec![1],
+            slots: 2,
+        };
+        assert_eq!(
+            update_args(&fresh, &whole, &n).unwrap()[0][3],
+            "Gres=mfslot:g1:2"
+        );
+        assert_eq!(
+            update_args(&placed, &whole, &n).unwrap()[0][3],
+            "Gres=mfslot:g1:2"
+        );
+        let placed_whole = PendingJob {
+            slots: 2,
+            ..job("node3", Some(1))
+        };
+        assert_eq!(current(&placed_whole), whole);
+        assert_eq!(update_args(&placed_whole, &whole, &n), None);
     }
 
     #[test]
@@ -190,6 +220,7 @@ mod tests {
         let t = Target::Gpus {
             node: "node2".into(),
             gpus: vec![0, 1],
+            slots: 1,
         };
         assert_eq!(
             update_args(&gang, &t, &n).unwrap()[0],
@@ -262,6 +293,7 @@ mod tests {
         let t = Target::Gpus {
             node: "node3".into(),
             gpus: vec![1],
+            slots: 1,
         };
         let calls = update_args(&half, &t, &n).unwrap();
         assert_eq!(calls.last().unwrap(), &vec!["release", "7"]);

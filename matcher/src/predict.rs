@@ -69,7 +69,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use muxflow::config::Policy;
-use muxflow::policy::{offline_mem_cap_mib, offline_share, offline_sm_percent, GpuFacts};
+use muxflow::policy::{offline_mem_cap_mib, offline_part, offline_sm_percent, GpuFacts};
 use muxflow::report::JobReport;
 use muxflow::Mode;
 use nalgebra::{SMatrix, SVector};
@@ -77,6 +77,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::reader::{GpuState, SacctJob};
+use crate::round::Seat;
 
 /// SM demand assumed when nothing is known.
 pub const DEFAULT_DEMAND: f64 = 0.5;
@@ -729,7 +730,14 @@ impl Model {
     pub fn predict(&self, key: &JobKey, gpu: &GpuState, policy: &Policy) -> Option<Estimate> {
         self.predict_terms(
             &self.job_terms(key),
-            &self.gpu_terms(gpu, policy, gpu.slots_used + 1),
+            &self.gpu_terms(
+                gpu,
+                policy,
+                Seat {
+                    slots: gpu.free_slots(u32::from(policy.offline_per_gpu)).max(1),
+                    offline_jobs: gpu.offline_jobs + 1,
+                },
+            ),
         )
     }
 
@@ -764,18 +772,16 @@ impl Model {
     }
 
     /// What the model needs of a GPU, looked up once per round, for a job
-    /// that would be one of `offline_jobs` offline jobs there (issue 15):
-    /// it gets its slot's part of the GPU's SM budget and memory room,
-    /// one of `[policy] offline_per_gpu` ([`sm_share_of`]), as the node
-    /// gives it, and the other offline jobs there slow it
-    /// ([`Model::beside_offline`]).
-    pub fn gpu_terms(&self, gpu: &GpuState, policy: &Policy, offline_jobs: u32) -> GpuTerms {
-        let slots = u32::from(policy.offline_per_gpu);
+    /// in `seat` there (issue 15): it gets its slots' part of the GPU's SM
+    /// budget and memory room ([`sm_share_of`]), as the node gives it, and
+    /// the other offline jobs there slow it ([`Model::beside_offline`]).
+    pub fn gpu_terms(&self, gpu: &GpuState, policy: &Policy, seat: Seat) -> GpuTerms {
+        let n = u32::from(policy.offline_per_gpu);
         GpuTerms {
-            share: sm_share_of(gpu.published.solo_sm_pct, policy, slots),
-            room_mib: offline_share(memory_room_mib(gpu, policy), slots),
-            others: offline_jobs.saturating_sub(1),
-            budget: sm_share_of(gpu.published.solo_sm_pct, policy, 1),
+            share: sm_share_of(gpu.published.solo_sm_pct, policy, seat.slots),
+            room_mib: offline_part(memory_room_mib(gpu, policy), seat.slots, n),
+            others: seat.offline_jobs.saturating_sub(1),
+            budget: sm_share(gpu.published.solo_sm_pct, policy),
             partner: gpu
                 .online_jobs
                 .iter()
@@ -1010,11 +1016,12 @@ pub fn sm_share(solo_sm_pct: Option<u8>, p: &Policy) -> f64 {
     f64::from(offline_sm_percent(p, solo_sm_pct)) / 100.0
 }
 
-/// The SM share of one of `slots` equal slots there: its part
-/// ([`offline_share`]) of [`offline_sm_percent`].
+/// The SM share of a job holding `slots` of the GPU's offline slots: its part
+/// ([`offline_part`]) of [`offline_sm_percent`], `slots` of `[policy]
+/// offline_per_gpu`.
 pub fn sm_share_of(solo_sm_pct: Option<u8>, p: &Policy, slots: u32) -> f64 {
     let budget = u64::from(offline_sm_percent(p, solo_sm_pct));
-    offline_share(budget, slots) as f64 / 100.0
+    offline_part(budget, slots, u32::from(p.offline_per_gpu)) as f64 / 100.0
 }
 
 /// GPU memory the offline jobs may use there together: [`offline_mem_cap_mib`].
@@ -1626,6 +1633,7 @@ mod tests {
                 offline: 0,
             },
             online_jobs: online,
+            offline_jobs: 0,
             slots_used: 0,
         }
     }

@@ -394,9 +394,12 @@ pub struct GpuState {
     /// Empty: an idle GPU (issue 15: it takes offline work at the job's
     /// solo speed).
     pub online_jobs: Vec<u32>,
-    /// Offline jobs running on it (slots held: `[policy] offline_per_gpu`
-    /// of them may, issue 15).
+    /// Offline slots its running offline jobs hold (`[policy]
+    /// offline_per_gpu` of them there are, issue 15; a job holds one or
+    /// more, its `mfslot:g<i>:<s>`).
     pub slots_used: u32,
+    /// Offline jobs running on it.
+    pub offline_jobs: u32,
 }
 
 /// The reason Slurm shows for a job an operator (root, SlurmUser: the
@@ -417,6 +420,9 @@ pub struct PendingJob {
     pub slot_gpus: Vec<u32>,
     /// GPUs it asked for, on one node (issue 15: more than 1 is a gang).
     pub gpus: u32,
+    /// Slots of each GPU its placement asks for (`mfslot:g<i>:<s>`; 1
+    /// while it has none).
+    pub slots: u32,
     /// Held (priority 0): how job_submit.lua parks offline jobs.
     pub held: bool,
     /// Why it waits, as the matcher last wrote it into the AdminComment,
@@ -482,11 +488,17 @@ impl ClusterState {
                     }
                 }
                 (Some(Mode::Offline), false) if has_state(&j.job_state, "PENDING") => {
-                    let mut slot_gpus: Vec<u32> = parse_gres(&j.tres_per_node)
+                    let typed: Vec<(u32, u64)> = parse_gres(&j.tres_per_node)
                         .into_iter()
                         .filter(|g| g.name == names.offline_gres && g.count > 0)
-                        .filter_map(|g| g.kind.as_deref().and_then(slot_index))
+                        .filter_map(|g| Some((g.kind.as_deref().and_then(slot_index)?, g.count)))
                         .collect();
+                    let slots = typed
+                        .iter()
+                        .map(|&(_, c)| u32::try_from(c).unwrap_or(u32::MAX))
+                        .max()
+                        .unwrap_or(1);
+                    let mut slot_gpus: Vec<u32> = typed.iter().map(|&(i, _)| i).collect();
                     slot_gpus.sort_unstable();
                     slot_gpus.dedup();
                     // The count job_submit.lua (or the matcher's placement)
@@ -501,6 +513,7 @@ impl ClusterState {
                         required_nodes: j.required_nodes.clone(),
                         slot_gpus,
                         gpus,
+                        slots,
                         held: j.state_reason.starts_with("JobHeld"),
                         waiting: (j.state_reason == ADMIN_HOLD)
                             .then(|| Waiting::from_admin_comment(&j.admin_comment))
@@ -567,6 +580,10 @@ impl ClusterState {
                 continue;
             }
             for p in published {
+                let jobs_there = offline_on
+                    .get(&(n.name.clone(), p.index))
+                    .copied()
+                    .unwrap_or(0);
                 let online_jobs = match online.get(&(n.name.clone(), p.index)) {
                     Some(jobs) => jobs.clone(),
                     // Held by a job muxflow does not manage: not ours to share.
@@ -578,12 +595,8 @@ impl ClusterState {
                 st.gpus.push(GpuState {
                     node: n.name.clone(),
                     index: p.index,
-                    slots_used: used.get(&p.index).copied().unwrap_or(0).max(
-                        offline_on
-                            .get(&(n.name.clone(), p.index))
-                            .copied()
-                            .unwrap_or(0),
-                    ),
+                    slots_used: used.get(&p.index).copied().unwrap_or(0).max(jobs_there),
+                    offline_jobs: jobs_there,
                     online_jobs,
                     published: p,
                 });

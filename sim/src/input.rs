@@ -292,6 +292,20 @@ impl Pairs {
         self.speed[a as usize * self.types.len() + b as usize]
     }
 
+    /// What a job of type `a` keeps next to a partner it does not know yet:
+    /// its mean throughput over the types it can share with (1 if none).
+    pub fn mean_speed(&self, a: u16) -> f64 {
+        let n = self.types.len();
+        let (sum, count) = (0..n as u16)
+            .filter_map(|b| self.speed(a, b))
+            .fold((0.0, 0u32), |(s, c), v| (s + v, c + 1));
+        if count == 0 {
+            1.0
+        } else {
+            sum / f64::from(count)
+        }
+    }
+
     /// Both sides: (a next to b, b next to a); `None` if they cannot share.
     pub fn pair(&self, a: u16, b: u16) -> Option<(f64, f64)> {
         Some((self.speed(a, b)?, self.speed(b, a)?))

@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use muxflow::config::Policy;
 use muxflow::health::{Fsm, HealthState, Input, Metrics, Solo};
-use muxflow::policy::{offline_mem_cap_mib, offline_share, offline_sm_percent, GpuFacts};
+use muxflow::policy::{offline_mem_cap_mib, offline_part, offline_sm_percent, GpuFacts};
 use muxflow::published::GpuPublished;
 use muxflow::report::JobReport;
 use muxflow::Mode;
@@ -30,7 +30,7 @@ use muxflow_matcher::predict::{runs_from_sacct, Model, Run};
 use muxflow_matcher::reader::{
     ClusterState, GpuState, Names, PendingJob, SacctComment, SacctJob, SacctTime,
 };
-use muxflow_matcher::round::{plan, Action, IdleSlot, Predictor};
+use muxflow_matcher::round::{plan, Action, IdleSlot, Predictor, Seat};
 
 use crate::engine::EventQueue;
 use crate::model::{self, gpu_rates, GpuRates, OfflineSide, OnlineSide, SlotJob, OFFLINE_SM};
@@ -224,6 +224,8 @@ struct JobRt {
     sm_pct: u8,
     budget_pct: u8,
     mem_cap_mib: Option<u64>,
+    /// The GPU's offline slots it holds (`muxflow-nK`: 1..=K).
+    slots: u32,
     /// Pair throughputs with the GPU's online service (x_off, x_on).
     pair: Option<(f64, f64)>,
 }
@@ -478,6 +480,7 @@ impl<'a> Sim<'a> {
                     // Empty: an idle GPU, the round's solo candidate.
                     online_jobs: svc.map(|s| s.job_id).into_iter().collect(),
                     slots_used: 0,
+                    offline_jobs: 0,
                 });
             }
         }
@@ -749,6 +752,7 @@ impl<'a> Sim<'a> {
                 slot_gpus: self.jobs[j as usize].slot_gpu.into_iter().collect(),
                 // The trace's multi-GPU tasks are split into 1-GPU workers.
                 gpus: 1,
+                slots: 1,
                 held: true,
                 waiting: None,
             });
@@ -776,6 +780,8 @@ impl<'a> Sim<'a> {
         let rt = &mut self.gpus[g as usize];
         rt.offline.push(j);
         let on_gpu = rt.offline.len() as u32;
+        let slots = self.slots_held(g);
+        let rt = &mut self.gpus[g as usize];
         self.sums.running += 1;
         if rt.fsm.is_some_and(|f| !f.state.accepts_offline()) {
             self.health_violations += 1;
@@ -790,7 +796,8 @@ impl<'a> Sim<'a> {
             .get(g as usize)
             .filter(|&&k| k != usize::MAX)
         {
-            self.state.gpus[k].slots_used = on_gpu;
+            self.state.gpus[k].slots_used = slots;
+            self.state.gpus[k].offline_jobs = on_gpu;
             self.state.gpus[k].published.offline = on_gpu;
         }
         // Force a new finish event even if the rates look unchanged.
@@ -799,6 +806,15 @@ impl<'a> Sim<'a> {
             ..self.gpus[g as usize].rates
         };
         self.refresh(g);
+    }
+
+    /// The offline slots GPU `g`'s running jobs hold.
+    fn slots_held(&self, g: u32) -> u32 {
+        self.gpus[g as usize]
+            .offline
+            .iter()
+            .map(|&k| self.jobs[k as usize].slots.max(1))
+            .sum()
     }
 
     /// Takes job `j` off its GPU (finished or not); returns the GPU.
@@ -814,6 +830,8 @@ impl<'a> Sim<'a> {
         rt.offline.retain(|&k| k != j);
         let on_gpu = rt.offline.len() as u32;
         let now_free = rt.offline.is_empty();
+        let slots = self.slots_held(g);
+        let rt = &mut self.gpus[g as usize];
         self.sums.running -= 1;
         // Force new speeds for the jobs left (their partners changed).
         rt.rates = GpuRates {
@@ -826,7 +844,8 @@ impl<'a> Sim<'a> {
             .get(g as usize)
             .filter(|&&k| k != usize::MAX)
         {
-            self.state.gpus[k].slots_used = on_gpu;
+            self.state.gpus[k].slots_used = slots;
+            self.state.gpus[k].offline_jobs = on_gpu;
             self.state.gpus[k].published.offline = on_gpu;
         }
         if online {
@@ -1027,15 +1046,15 @@ impl<'a> Sim<'a> {
 
     /// What a new offline job gets on GPU `g` now, by the production
     /// policy, from what the node published: the GPU's offline SM budget
-    /// (percent), and its slot's part of it and of the memory cap, one of
-    /// K ([`offline_share`]).
-    fn policy_for(&self, g: u32) -> (u8, u8, Option<u64>) {
+    /// (percent), and the part of it and of the memory cap that `slots` of
+    /// its K slots give ([`offline_part`]).
+    fn policy_for(&self, g: u32, slots: u32) -> (u8, u8, Option<u64>) {
         let (budget, cap) = self.budget_for(g);
         let n = u32::from(self.kind.offline_per_gpu());
         (
             budget,
-            offline_share(u64::from(budget), n) as u8,
-            cap.map(|c| offline_share(c, n)),
+            offline_part(u64::from(budget), slots, n) as u8,
+            cap.map(|c| offline_part(c, slots, n)),
         )
     }
 
@@ -1060,8 +1079,8 @@ impl<'a> Sim<'a> {
 
     /// The normalized speed job `j` would really get on GPU `g` (0 when it
     /// cannot run there).
-    fn true_speed(&self, j: u32, g: u32) -> f64 {
-        Truth { sim: self }.speed(j, g).unwrap_or(0.0)
+    fn true_speed(&self, j: u32, g: u32, slots: u32) -> f64 {
+        Truth { sim: self }.speed(j, g, slots).unwrap_or(0.0)
     }
 
     fn round(&mut self) {
@@ -1127,7 +1146,7 @@ impl<'a> Sim<'a> {
                 // Every placement, idle GPUs' too: the two rounds may put
                 // different numbers of jobs beside online jobs, and a
                 // ratio over the shared ones alone could pass 1.
-                self.pair_oracle += self.true_speed(d.job - 1, g);
+                self.pair_oracle += self.true_speed(d.job - 1, g, d.slots);
             }
         }
         for d in chosen
@@ -1141,7 +1160,7 @@ impl<'a> Sim<'a> {
             let g = self.gpu_of(node, i).expect("a GPU of the scenario");
             let j = d.job - 1;
             let idle = self.sc.online[g as usize].is_none();
-            let truth = self.true_speed(j, g);
+            let truth = self.true_speed(j, g, d.slots);
             self.pair_true += truth;
             // The predictor's error counts the pairs only: on an idle GPU
             // the round predicts the solo speed, 1 by definition.
@@ -1156,12 +1175,13 @@ impl<'a> Sim<'a> {
                 self.refused += 1;
                 continue;
             }
-            let (budget_pct, sm_pct, cap) = self.policy_for(g);
+            let (budget_pct, sm_pct, cap) = self.policy_for(g, d.slots);
             {
                 let rt = &mut self.jobs[j as usize];
                 rt.sm_pct = sm_pct;
                 rt.budget_pct = budget_pct;
                 rt.mem_cap_mib = cap;
+                rt.slots = d.slots;
             }
             let job = &self.sc.jobs[j as usize];
             let pair = self.fits_beside(j, g);
@@ -1276,12 +1296,12 @@ struct Truth<'s, 'a> {
 }
 
 impl Truth<'_, '_> {
-    fn speed(&self, j: u32, g: u32) -> Option<f64> {
+    fn speed(&self, j: u32, g: u32, slots: u32) -> Option<f64> {
         let sim = self.sim;
         if !sim.allowed(j, g) || !sim.fits_offline(j, g) {
             return None;
         }
-        let (budget_pct, sm_pct, cap) = sim.policy_for(g);
+        let (budget_pct, sm_pct, cap) = sim.policy_for(g, slots);
         let job = &sim.sc.jobs[j as usize];
         let pair = if sim.sc.online[g as usize].is_none() {
             let fits = job.mem_mib <= sim.sc.gpus[g as usize].mem_mib
@@ -1343,6 +1363,9 @@ struct TruthGpu {
     budget: f64,
     cap_mib: Option<u64>,
     model: u16,
+    /// Offline jobs of this round beside it that are not running yet
+    /// (a split GPU): each leaves it its type's mean pair throughput.
+    unknown: i32,
 }
 
 impl<'s, 'a> Predictor for Truth<'s, 'a> {
@@ -1358,10 +1381,10 @@ impl<'s, 'a> Predictor for Truth<'s, 'a> {
             models: j.models.as_deref(),
         }
     }
-    fn gpu_terms(&self, gpu: &GpuState, _policy: &Policy, _offline_jobs: u32) -> TruthGpu {
+    fn gpu_terms(&self, gpu: &GpuState, _policy: &Policy, seat: Seat) -> TruthGpu {
         let sim = self.sim;
-        // Each slot's fixed part; the jobs there are read from the replay.
-        let slots = u32::from(sim.kind.offline_per_gpu());
+        // The seat's part; the running jobs there are read from the replay.
+        let n = u32::from(sim.kind.offline_per_gpu());
         let g = sim
             .gpu_of(&gpu.node, gpu.index)
             .expect("a GPU of the scenario");
@@ -1380,10 +1403,11 @@ impl<'s, 'a> Predictor for Truth<'s, 'a> {
             room_mib: sim.sc.gpus[g as usize]
                 .mem_mib
                 .saturating_sub(svc.mem_mib + others_mib),
-            share: offline_share(u64::from(budget_pct), slots) as f64 / 100.0,
+            share: offline_part(u64::from(budget_pct), seat.slots, n) as f64 / 100.0,
             budget: f64::from(budget_pct) / 100.0,
-            cap_mib: cap_mib.map(|c| offline_share(c, slots)),
+            cap_mib: cap_mib.map(|c| offline_part(c, seat.slots, n)),
             model: sim.sc.gpus[g as usize].model,
+            unknown: unknown_partners(seat.offline_jobs, sim.gpus[g as usize].offline.len()),
         }
     }
     /// The same rules as [`Truth::speed`], from precomputed terms.
@@ -1396,8 +1420,9 @@ impl<'s, 'a> Predictor for Truth<'s, 'a> {
             return None;
         }
         let pair = self.sim.sc.pairs.pair(job.job_type, gpu.online_type)?;
+        let unknown = self.sim.sc.pairs.mean_speed(job.job_type).powi(gpu.unknown);
         if self.sim.gpus[gpu.g as usize].offline.is_empty() && gpu.share >= gpu.budget {
-            return Some(model::muxflow(pair.0, pair.1, gpu.share, job.demand).0);
+            return Some(model::muxflow(pair.0, pair.1, gpu.share, job.demand).0 * unknown);
         }
         let on = &self.sim.gpus[gpu.g as usize].offline;
         if on.iter().any(|&k| {
@@ -1412,7 +1437,7 @@ impl<'s, 'a> Predictor for Truth<'s, 'a> {
             budget: gpu.budget,
             demand: job.demand,
         };
-        Some(self.sim.speed_beside(gpu.g, new, job.job_type))
+        Some(self.sim.speed_beside(gpu.g, new, job.job_type) * unknown)
     }
     /// The same rules as [`Truth::speed`] on an idle GPU.
     fn solo(&self, job: &TruthJob, gpu: &GpuState, slot: &IdleSlot) -> Option<(f64, f64)> {
@@ -1434,8 +1459,13 @@ impl<'s, 'a> Predictor for Truth<'s, 'a> {
             return None;
         }
         let (budget_pct, _) = sim.budget_for(g);
+        let unknown = sim
+            .sc
+            .pairs
+            .mean_speed(job.job_type)
+            .powi(unknown_partners(slot.offline_jobs, on.len()));
         if on.is_empty() && slot.share >= slot.budget {
-            return Some((1.0, 0.0));
+            return Some((unknown, 0.0));
         }
         let new = SlotJob {
             with_online: None,
@@ -1443,6 +1473,11 @@ impl<'s, 'a> Predictor for Truth<'s, 'a> {
             budget: f64::from(budget_pct) / 100.0,
             demand: job.demand,
         };
-        Some((sim.speed_beside(g, new, job.job_type), 0.0))
+        Some((sim.speed_beside(g, new, job.job_type) * unknown, 0.0))
     }
+}
+
+/// Of `offline_jobs` in a seat (it included), those not running yet.
+fn unknown_partners(offline_jobs: u32, running: usize) -> i32 {
+    (offline_jobs.saturating_sub(1) as i32 - running as i32).max(0)
 }
