@@ -286,10 +286,10 @@ pub struct Policy {
     pub sm_default: Percent,
     /// GPU memory kept free for the online job's growth, MiB.
     pub memory_reserve_mib: u64,
-    /// Offline jobs one GPU may hold at once ([`OFFLINE_PER_GPU`]); each
-    /// slot gets a fixed 1/N of the GPU's offline SM budget and memory room
-    /// ([`crate::policy::offline_share`]). gres.conf must give each GPU as
-    /// many `mfslot` records (etc/gres.conf).
+    /// Offline slots of one GPU, N ([`OFFLINE_PER_GPU`]); an offline job
+    /// holding s of them gets a fixed s/N of the GPU's offline SM budget
+    /// and memory room ([`crate::policy::offline_slot_share`]). gres.conf
+    /// must give each GPU as many `mfslot` records (etc/gres.conf).
     pub offline_per_gpu: u8,
 }
 

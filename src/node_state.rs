@@ -117,20 +117,69 @@ pub struct JobRecord {
     pub job_id: u32,
     pub mode: Mode,
     pub uid: u32,
-    /// An offline job's slot on the GPU (below `[policy] offline_per_gpu`),
-    /// which fixes its part of the GPU ([`crate::policy::offline_slot_share`]);
-    /// 0 for online jobs and for records written before slots existed.
-    pub slot: u8,
+    /// An offline job's slots on the GPU (each below `[policy]
+    /// offline_per_gpu`, ascending): as many as Slurm gave it of the GPU's
+    /// typed offline slots (`mfslot:g<i>:<s>`), which fixes its part of the
+    /// GPU ([`JobRecord::slot_count`]). Empty for online jobs. Written as
+    /// `slots=0,1`; a record written before sized slots (`slot=<i>`, or none
+    /// at all) reads as that one slot (slot 0).
+    pub slots: Vec<u8>,
 }
 
-/// The lowest of a GPU's `per_gpu` offline slots that no offline job in
-/// `jobs` (other than `job_id`) holds; None when all are held.
-pub fn free_offline_slot(jobs: &[JobRecord], job_id: u32, per_gpu: u8) -> Option<u8> {
-    (0..per_gpu).find(|s| {
-        !jobs
-            .iter()
-            .any(|j| j.mode == Mode::Offline && j.job_id != job_id && j.slot == *s)
-    })
+impl JobRecord {
+    /// How many of the GPU's offline slots the job holds: the `slots` of
+    /// [`crate::policy::offline_slot_share`] (at least 1).
+    pub fn slot_count(&self) -> u32 {
+        self.slots.len().max(1) as u32
+    }
+}
+
+/// `0,1` (a record's `slots=`).
+fn format_slots(slots: &[u8]) -> String {
+    let v: Vec<String> = slots.iter().map(u8::to_string).collect();
+    v.join(",")
+}
+
+/// Parses `0,1`: distinct slot indices, returned ascending.
+fn parse_slots(text: &str) -> Result<Vec<u8>, String> {
+    let mut slots = text
+        .split(',')
+        .map(|s| s.parse::<u8>().map_err(|e| format!("slots '{text}': {e}")))
+        .collect::<Result<Vec<u8>, String>>()?;
+    slots.sort_unstable();
+    let n = slots.len();
+    slots.dedup();
+    if slots.len() != n {
+        return Err(format!("slots '{text}': a slot twice"));
+    }
+    Ok(slots)
+}
+
+/// The slots job `job_id` takes of a GPU's `per_gpu` offline slots when it
+/// holds `want` of them: those of its own record when it has as many (a
+/// Prolog run again), else the lowest `want` that no other offline job in
+/// `jobs` holds, ascending; None when fewer are free.
+pub fn free_offline_slots(
+    jobs: &[JobRecord],
+    job_id: u32,
+    per_gpu: u8,
+    want: u32,
+) -> Option<Vec<u8>> {
+    let own = jobs
+        .iter()
+        .find(|j| j.mode == Mode::Offline && j.job_id == job_id && j.slots.len() == want as usize);
+    if let Some(own) = own {
+        return Some(own.slots.clone());
+    }
+    let held = |s: u8| {
+        jobs.iter()
+            .any(|j| j.mode == Mode::Offline && j.job_id != job_id && j.slots.contains(&s))
+    };
+    let free: Vec<u8> = (0..per_gpu)
+        .filter(|&s| !held(s))
+        .take(want as usize)
+        .collect();
+    (want > 0 && free.len() == want as usize).then_some(free)
 }
 
 impl NodeState {
@@ -202,9 +251,10 @@ impl NodeState {
     /// Records a muxflow job on GPU `gpu` (caller holds the GPU lock).
     pub fn add_job(&self, _lock: &GpuLock, gpu: u32, job: &JobRecord) -> Result<(), StateError> {
         let mut w = kv::Writer::new();
-        w.push("mode", job.mode)
-            .push("uid", job.uid)
-            .push("slot", job.slot);
+        w.push("mode", job.mode).push("uid", job.uid);
+        if !job.slots.is_empty() {
+            w.push("slots", format_slots(&job.slots));
+        }
         write_atomic(
             &self.job_path(gpu, job.job_id),
             (w.finish() + "\n").as_bytes(),
@@ -249,14 +299,19 @@ impl NodeState {
             };
             let map = kv::parse(&text).map_err(|e| corrupt(e.to_string()))?;
             let f = kv::Fields(&map);
+            let mode = f.require("mode").map_err(|e| corrupt(e.to_string()))?;
+            let slots = match (map.get("slots"), f.get::<u8>("slot")) {
+                (_, Err(e)) => return Err(corrupt(e.to_string())),
+                (Some(list), _) => parse_slots(list).map_err(corrupt)?,
+                _ if mode == Mode::Online => Vec::new(),
+                // Written before sized slots: one slot (0 when none).
+                (None, Ok(slot)) => vec![slot.unwrap_or(0)],
+            };
             jobs.push(JobRecord {
                 job_id,
-                mode: f.require("mode").map_err(|e| corrupt(e.to_string()))?,
+                mode,
                 uid: f.require("uid").map_err(|e| corrupt(e.to_string()))?,
-                slot: f
-                    .get("slot")
-                    .map_err(|e| corrupt(e.to_string()))?
-                    .unwrap_or(0),
+                slots,
             });
         }
         jobs.sort_by_key(|j| j.job_id);
@@ -437,7 +492,7 @@ mod tests {
             job_id: 42,
             mode: Mode::Offline,
             uid: 1000,
-            slot: 0,
+            slots: vec![0],
         };
         ns.add_job(&lock, 1, &job).unwrap();
         ns.add_job(
@@ -447,7 +502,7 @@ mod tests {
                 job_id: 7,
                 mode: Mode::Online,
                 uid: 0,
-                slot: 0,
+                slots: vec![],
             },
         )
         .unwrap();
@@ -478,69 +533,175 @@ mod tests {
     }
 
     #[test]
-    fn offline_slots_are_recorded_and_the_lowest_free_one_is_picked() {
+    fn offline_slots_are_recorded_and_old_records_read_as_one_slot() {
         let tmp = tempfile::tempdir().unwrap();
         let ns = NodeState::new(tmp.path());
         let lock = ns.lock_gpu(0).unwrap();
-        let rec = |job_id, mode, slot| JobRecord {
+        let rec = |job_id, mode, slots: &[u8]| JobRecord {
             job_id,
             mode,
             uid: 1000,
-            slot,
+            slots: slots.to_vec(),
         };
-        ns.add_job(&lock, 0, &rec(5, Mode::Offline, 1)).unwrap();
-        assert_eq!(ns.jobs(0).unwrap(), [rec(5, Mode::Offline, 1)]);
-        // A record written before slots existed reads as slot 0.
-        fs::write(ns.gpu_dir(0).join("jobs/3"), "mode=offline uid=1000\n").unwrap();
-        assert_eq!(ns.jobs(0).unwrap()[0], rec(3, Mode::Offline, 0));
+        ns.add_job(&lock, 0, &rec(5, Mode::Offline, &[1, 2]))
+            .unwrap();
+        ns.add_job(&lock, 0, &rec(6, Mode::Online, &[])).unwrap();
+        assert_eq!(
+            fs::read_to_string(ns.gpu_dir(0).join("jobs/5")).unwrap(),
+            "mode=offline uid=1000 slots=1,2\n"
+        );
+        assert_eq!(
+            ns.jobs(0).unwrap(),
+            [rec(5, Mode::Offline, &[1, 2]), rec(6, Mode::Online, &[])]
+        );
+        assert_eq!(ns.jobs(0).unwrap()[0].slot_count(), 2);
+        // Records written before sized slots: `slot=<i>` is that one slot,
+        // no slot at all (before slots existed) is slot 0; an online job
+        // holds none whatever its old record says.
+        let old = [
+            (
+                "mode=offline uid=1000 slot=1\n",
+                rec(3, Mode::Offline, &[1]),
+            ),
+            ("mode=offline uid=1000\n", rec(3, Mode::Offline, &[0])),
+            ("mode=online uid=1000 slot=0\n", rec(3, Mode::Online, &[])),
+        ];
+        for (text, want) in old {
+            fs::write(ns.gpu_dir(0).join("jobs/3"), text).unwrap();
+            let got = ns.jobs(0).unwrap()[0].clone();
+            assert_eq!(got.slot_count(), 1, "{text}");
+            assert_eq!(got, want, "{text}");
+        }
+        for bad in ["slots=0,0", "slots=a", "slots=0,", "slot=x"] {
+            fs::write(
+                ns.gpu_dir(0).join("jobs/3"),
+                format!("mode=offline uid=1000 {bad}\n"),
+            )
+            .unwrap();
+            let e = ns.jobs(0).unwrap_err().to_string();
+            assert!(e.contains("jobs/3"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_lowest_free_offline_slots_are_picked() {
+        let rec = |job_id, mode, slots: &[u8]| JobRecord {
+            job_id,
+            mode,
+            uid: 1000,
+            slots: slots.to_vec(),
+        };
         struct Row {
             name: &'static str,
             jobs: Vec<JobRecord>,
             per_gpu: u8,
-            want: Option<u8>,
+            want: u32,
+            got: Option<&'static [u8]>,
         }
         let rows = [
             Row {
-                name: "empty GPU: slot 0",
+                name: "empty GPU, one slot: slot 0",
                 jobs: vec![],
                 per_gpu: 2,
-                want: Some(0),
+                want: 1,
+                got: Some(&[0]),
+            },
+            Row {
+                name: "empty GPU, all its slots",
+                jobs: vec![],
+                per_gpu: 4,
+                want: 4,
+                got: Some(&[0, 1, 2, 3]),
             },
             Row {
                 name: "an online job holds no offline slot",
-                jobs: vec![rec(9, Mode::Online, 0)],
+                jobs: vec![rec(9, Mode::Online, &[])],
                 per_gpu: 1,
-                want: Some(0),
+                want: 1,
+                got: Some(&[0]),
             },
             Row {
                 name: "slot 0 held: slot 1",
-                jobs: vec![rec(9, Mode::Online, 0), rec(4, Mode::Offline, 0)],
+                jobs: vec![rec(9, Mode::Online, &[]), rec(4, Mode::Offline, &[0])],
                 per_gpu: 2,
-                want: Some(1),
+                want: 1,
+                got: Some(&[1]),
             },
             Row {
                 name: "the first left, slot 1 still held: slot 0 again",
-                jobs: vec![rec(6, Mode::Offline, 1)],
+                jobs: vec![rec(6, Mode::Offline, &[1])],
                 per_gpu: 2,
-                want: Some(0),
+                want: 1,
+                got: Some(&[0]),
             },
             Row {
-                name: "all held",
-                jobs: vec![rec(4, Mode::Offline, 0), rec(6, Mode::Offline, 1)],
+                name: "two of four, the free ones apart",
+                jobs: vec![rec(4, Mode::Offline, &[1]), rec(6, Mode::Offline, &[3])],
+                per_gpu: 4,
+                want: 2,
+                got: Some(&[0, 2]),
+            },
+            Row {
+                name: "two wanted, one free",
+                jobs: vec![rec(4, Mode::Offline, &[0, 2]), rec(6, Mode::Offline, &[3])],
+                per_gpu: 4,
+                want: 2,
+                got: None,
+            },
+            Row {
+                name: "a job holding both slots leaves none",
+                jobs: vec![rec(4, Mode::Offline, &[0, 1])],
                 per_gpu: 2,
-                want: None,
+                want: 1,
+                got: None,
+            },
+            Row {
+                name: "an old record without slots holds slot 0",
+                jobs: vec![rec(4, Mode::Offline, &[0])],
+                per_gpu: 2,
+                want: 2,
+                got: None,
+            },
+            Row {
+                name: "more than the GPU has",
+                jobs: vec![],
+                per_gpu: 2,
+                want: 3,
+                got: None,
+            },
+            Row {
+                name: "none wanted",
+                jobs: vec![],
+                per_gpu: 2,
+                want: 0,
+                got: None,
             },
             Row {
                 name: "the job's own record (a second Prolog) does not count",
-                jobs: vec![rec(7, Mode::Offline, 0)],
-                per_gpu: 1,
-                want: Some(0),
+                jobs: vec![rec(7, Mode::Offline, &[0, 1])],
+                per_gpu: 2,
+                want: 2,
+                got: Some(&[0, 1]),
+            },
+            Row {
+                name: "the job's own record keeps its slots",
+                jobs: vec![rec(7, Mode::Offline, &[1])],
+                per_gpu: 2,
+                want: 1,
+                got: Some(&[1]),
+            },
+            Row {
+                name: "the job's own record of another size is picked again",
+                jobs: vec![rec(7, Mode::Offline, &[1]), rec(4, Mode::Offline, &[2])],
+                per_gpu: 4,
+                want: 2,
+                got: Some(&[0, 1]),
             },
         ];
         for r in rows {
             assert_eq!(
-                free_offline_slot(&r.jobs, 7, r.per_gpu),
-                r.want,
+                free_offline_slots(&r.jobs, 7, r.per_gpu, r.want).as_deref(),
+                r.got,
                 "{}",
                 r.name
             );
@@ -591,7 +752,7 @@ mod tests {
                             job_id: t * 1000 + i,
                             mode: Mode::Offline,
                             uid: t,
-                            slot: 0,
+                            slots: vec![0],
                         };
                         ns.add_job(&lock, 0, &job).unwrap();
                         ns.set_health(&lock, 0, HealthState::ALL[(i % 5) as usize])

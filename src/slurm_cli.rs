@@ -293,11 +293,21 @@ pub fn slurm_time(t: std::time::SystemTime) -> String {
     )
 }
 
+/// How many of one GPU's offline slots (its typed `mfslot` records, `g<i>`)
+/// a job holds on this node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeldSlots {
+    pub gpu: u32,
+    /// The number of `g<gpu>` records slurmctld allocated the job (the
+    /// matcher's `mfslot:g<i>:<count>`), at least 1.
+    pub count: u32,
+}
+
 /// What the node side reads of an offline job from slurmctld.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OfflineJob {
-    /// GPU indices of the offline slots it holds on this node.
-    pub slots: Vec<u32>,
+    /// The offline slots it holds on this node, by GPU (ascending).
+    pub slots: Vec<HeldSlots>,
     /// Its AdminComment ("" when none); None when it cannot be told apart
     /// from text the user put in another field (see [`parse_admin_comment`]).
     pub admin_comment: Option<String>,
@@ -319,11 +329,20 @@ pub fn parse_admin_comment(show_job: &str) -> Option<String> {
     Some(value.filter(|v| *v != "(null)").unwrap_or("").to_string())
 }
 
+impl OfflineJob {
+    /// The GPUs it holds offline slots of on this node, ascending.
+    pub fn gpus(&self) -> Vec<u32> {
+        self.slots.iter().map(|h| h.gpu).collect()
+    }
+}
+
 /// Parses the per-node detail lines of `scontrol show job -d`, e.g.
-/// `     Nodes=node3 CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:0),mfslot:g1:1(IDX:1)`:
-/// GPU indices from the types `g<i>` of `gres` with a non-zero count.
-pub fn parse_offline_slots(show_job: &str, node: &str, gres: &str) -> Vec<u32> {
-    let mut gpus = Vec::new();
+/// `     Nodes=node3 CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:0),mfslot:g1:2(IDX:2-3)`:
+/// for each GPU `i` whose type `g<i>` of `gres` has a non-zero count, how
+/// many of its records the job holds (the count; `IDX` numbers records, not
+/// GPUs, and is not read).
+pub fn parse_offline_slots(show_job: &str, node: &str, gres: &str) -> Vec<HeldSlots> {
+    let mut held: Vec<HeldSlots> = Vec::new();
     for line in show_job.lines() {
         let words: Vec<&str> = line.split_whitespace().collect();
         let on_node = words.iter().any(|w| w.strip_prefix("Nodes=") == Some(node));
@@ -343,15 +362,18 @@ pub fn parse_offline_slots(show_job: &str, node: &str, gres: &str) -> Vec<u32> {
             };
             let count: u32 = count.parse().unwrap_or(0);
             if name == gres && count > 0 {
-                if let Some(i) = ty.strip_prefix('g').and_then(|i| i.parse().ok()) {
-                    gpus.push(i);
+                if let Some(gpu) = ty.strip_prefix('g').and_then(|i| i.parse().ok()) {
+                    // The same type twice (listed per record) adds up.
+                    match held.iter_mut().find(|h| h.gpu == gpu) {
+                        Some(h) => h.count = h.count.saturating_add(count),
+                        None => held.push(HeldSlots { gpu, count }),
+                    }
                 }
             }
         }
     }
-    gpus.sort_unstable();
-    gpus.dedup();
-    gpus
+    held.sort_unstable_by_key(|h| h.gpu);
+    held
 }
 
 /// Splits a GRES list on commas outside parentheses (`IDX:0,2` has commas).
@@ -394,9 +416,19 @@ mod tests {
 
     const SHOW: &str = "JobId=10 JobName=wrap\n   JobState=RUNNING Reason=None\n   JOB_GRES=gpu:1,mfslot:g1:1\n     Nodes=node3 CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:0),mfslot:g1:1(IDX:1)\n   Features=(null)\n";
 
+    fn held(pairs: &[(u32, u32)]) -> Vec<HeldSlots> {
+        pairs
+            .iter()
+            .map(|&(gpu, count)| HeldSlots { gpu, count })
+            .collect()
+    }
+
     #[test]
     fn finds_the_slot_on_this_node() {
-        assert_eq!(parse_offline_slots(SHOW, "node3", "mfslot"), [1]);
+        assert_eq!(
+            parse_offline_slots(SHOW, "node3", "mfslot"),
+            held(&[(1, 1)])
+        );
         assert!(parse_offline_slots(SHOW, "node1", "mfslot").is_empty());
         assert!(parse_offline_slots(SHOW, "node3", "other").is_empty());
     }
@@ -421,12 +453,57 @@ mod tests {
     #[test]
     fn ignores_zero_counts_and_handles_index_lists() {
         let show = "     Nodes=n1 CPU_IDs=0 Mem=0 GRES=mfslot:g1:0(IDX:),mfslot:g0:1(IDX:0),gpu:2(IDX:0,1)\n";
-        assert_eq!(parse_offline_slots(show, "n1", "mfslot"), [0]);
+        assert_eq!(parse_offline_slots(show, "n1", "mfslot"), held(&[(0, 1)]));
         assert!(parse_offline_slots("JobId=1\n", "n1", "mfslot").is_empty());
         // offline_per_gpu = 2: the second job on GPU 0 holds the second
         // g0 record (IDX:1 numbers records, not GPUs): still GPU 0.
         let second = "     Nodes=n1 CPU_IDs=1 Mem=0 GRES=mfslot:g0:1(IDX:1)\n";
-        assert_eq!(parse_offline_slots(second, "n1", "mfslot"), [0]);
+        assert_eq!(parse_offline_slots(second, "n1", "mfslot"), held(&[(0, 1)]));
+    }
+
+    #[test]
+    fn counts_the_slots_held_of_each_gpu() {
+        struct Row {
+            name: &'static str,
+            line: &'static str,
+            want: &'static [(u32, u32)],
+        }
+        let rows = [
+            Row {
+                name: "both slots of GPU 0 (offline_per_gpu = 2, alone on it)",
+                line: "GRES=mfslot:g0:2(IDX:0-1)",
+                want: &[(0, 2)],
+            },
+            Row {
+                name: "records listed apart add up",
+                line: "GRES=mfslot:g1:1(IDX:2),mfslot:g1:1(IDX:3)",
+                want: &[(1, 2)],
+            },
+            Row {
+                name: "a 2-GPU gang, one slot each",
+                line: "GRES=mfslot:g1:1(IDX:1),mfslot:g0:1(IDX:0)",
+                want: &[(0, 1), (1, 1)],
+            },
+            Row {
+                name: "more than a GPU has (gres.conf wrong): read as it is",
+                line: "GRES=mfslot:g0:5(IDX:0-4)",
+                want: &[(0, 5)],
+            },
+            Row {
+                name: "slots of two GPUs",
+                line: "GRES=mfslot:g0:2(IDX:0-1),mfslot:g1:1(IDX:2)",
+                want: &[(0, 2), (1, 1)],
+            },
+        ];
+        for r in rows {
+            let show = format!("     Nodes=n1 CPU_IDs=0 Mem=0 {}\n", r.line);
+            assert_eq!(
+                parse_offline_slots(&show, "n1", "mfslot"),
+                held(r.want),
+                "{}",
+                r.name
+            );
+        }
     }
 }
 

@@ -307,8 +307,15 @@ impl Cluster {
     /// dwell times until it is: an earlier test may have left it Faulty),
     /// then the hint and its AdminComment, then the release.
     pub fn place(&self, id: u32, node: &str, gpu: u32) {
+        self.place_slots(id, node, gpu, 1);
+    }
+
+    /// [`place`](Self::place) with `slots` of the GPU's offline slots
+    /// (`mfslot:g<gpu>:<slots>`, as the matcher writes for a job it puts
+    /// alone on a GPU: all `[policy] offline_per_gpu` of them).
+    pub fn place_slots(&self, id: u32, node: &str, gpu: u32, slots: u32) {
         self.wait_gpu_healthy(node, gpu);
-        self.write_placement(id, node, gpu);
+        self.write_placement_slots(id, node, gpu, slots);
     }
 
     /// Steps `node` (test dwell times) until GPU `gpu` is Healthy.
@@ -326,12 +333,18 @@ impl Cluster {
     /// The matcher's placement of job `id`, written whatever the GPU's
     /// health (as when the GPU turns unhealthy between placement and start).
     pub fn write_placement(&self, id: u32, node: &str, gpu: u32) {
+        self.write_placement_slots(id, node, gpu, 1);
+    }
+
+    /// [`write_placement`](Self::write_placement) with `slots` of the GPU's
+    /// offline slots.
+    pub fn write_placement_slots(&self, id: u32, node: &str, gpu: u32, slots: u32) {
         let mut c = self.cmd("scontrol");
         c.args([
             "update",
             &format!("JobId={id}"),
             &format!("ReqNodeList={node}"),
-            &format!("Gres=mfslot:g{gpu}:1"),
+            &format!("Gres=mfslot:g{gpu}:{slots}"),
             &format!(
                 "AdminComment={}",
                 muxflow::placement::Placement::Gpu {

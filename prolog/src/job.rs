@@ -3,8 +3,11 @@
 //! end, forget it and stop the daemon once no muxflow job is left on the GPU.
 //!
 //! The job's GPUs come from Slurm, never from the user: `SLURM_JOB_GPUS`
-//! (set by slurmd for gres/gpu) for online jobs, the typed offline slot
-//! (`mfslot:g<i>`) read from slurmctld for offline jobs.
+//! (set by slurmd for gres/gpu) for online jobs, the typed offline slots
+//! (`mfslot:g<i>:<s>`: s of GPU i's `[policy] offline_per_gpu` slots) read
+//! from slurmctld for offline jobs. The job's part of the GPU is s of its
+//! N parts (`muxflow::policy::offline_slot_share`); the Prolog records
+//! which s slot indices it holds.
 //!
 //! An offline job runs only where muxflow placed it: its slot must be the
 //! one the matcher wrote into its AdminComment ([`muxflow::placement`]), and
@@ -18,9 +21,9 @@
 use anyhow::{Context, Result};
 use muxflow::health::HealthState;
 use muxflow::mps::MpsDaemon;
-use muxflow::node_state::{free_offline_slot, JobRecord, NodeState};
+use muxflow::node_state::{free_offline_slots, JobRecord, NodeState};
 use muxflow::placement::{refused_admin_comment, Placement};
-use muxflow::slurm_cli::{OfflineJob, Scontrol};
+use muxflow::slurm_cli::{HeldSlots, OfflineJob, Scontrol};
 use muxflow::{Config, Mode};
 
 use crate::JobEnv;
@@ -65,12 +68,14 @@ pub struct Refusal {
 }
 
 /// The checks on an offline job's placement: `slurm` is what slurmctld
-/// says of the job, `health` the recorded health of a GPU (None: never
+/// says of the job, `per_gpu` the slots a GPU has (`[policy]
+/// offline_per_gpu`), `health` the recorded health of a GPU (None: never
 /// stepped yet). Pure, so every case is a table row in the tests.
 pub fn check_offline(
     job_id: u32,
     node: &str,
     slurm: &OfflineJob,
+    per_gpu: u8,
     health: impl Fn(u32) -> Option<HealthState>,
 ) -> Result<(), Refusal> {
     let refuse = |code: &str, why: String| {
@@ -79,11 +84,17 @@ pub fn check_offline(
             why: format!("offline job {job_id} refused on {node}: {why}"),
         })
     };
-    let slots = |s: &[u32]| {
+    let slots = |s: &[HeldSlots]| {
         if s.is_empty() {
             "no GPU (no offline slot)".to_string()
         } else {
-            let v: Vec<String> = s.iter().map(|g| format!("g{g}")).collect();
+            let v: Vec<String> = s
+                .iter()
+                .map(|h| match h.count {
+                    1 => format!("g{}", h.gpu),
+                    n => format!("g{} ({n} slots)", h.gpu),
+                })
+                .collect();
             format!("offline slot {}", v.join(","))
         }
     };
@@ -103,7 +114,7 @@ pub fn check_offline(
             ),
         );
     };
-    if !placement.allows(node, &slurm.slots) {
+    if !placement.allows(node, &slurm.gpus()) {
         return refuse(
             "wrong_slot",
             format!(
@@ -112,7 +123,19 @@ pub fn check_offline(
             ),
         );
     }
-    for &gpu in &slurm.slots {
+    // Slurm keeps the slots of a GPU's jobs within its gres.conf records;
+    // more than muxflow.toml's N would give the job more than the GPU's
+    // budget.
+    if let Some(h) = slurm.slots.iter().find(|h| h.count > u32::from(per_gpu)) {
+        return refuse(
+            "too_many_slots",
+            format!(
+                "it holds {} offline slots of GPU {}, more than the {per_gpu} a GPU has ([policy] offline_per_gpu); gres.conf gives the GPU more offline slot records than muxflow.toml allows (muxflow-doctor checks them).",
+                h.count, h.gpu
+            ),
+        );
+    }
+    for gpu in slurm.gpus() {
         match health(gpu) {
             None | Some(HealthState::Healthy) => {}
             Some(state) => {
@@ -142,25 +165,28 @@ fn refuse(config: &Config, state: &NodeState, job: &Job, r: &Refusal) {
     }
 }
 
-/// The GPUs Slurm gave the job on this node; an offline job's only after
-/// its placement checks (empty when refused).
-fn job_gpus(config: &Config, state: &NodeState, job: &Job) -> Result<Vec<u32>> {
+/// The GPUs Slurm gave the job on this node, each with the number of its
+/// offline slots the job holds (0 for an online job); an offline job's
+/// only after its placement checks (empty when refused).
+fn job_gpus(config: &Config, state: &NodeState, job: &Job) -> Result<Vec<HeldSlots>> {
     match job.mode {
         Mode::Online => {
             let list = std::env::var("SLURM_JOB_GPUS").unwrap_or_default();
             list.split(',')
                 .filter(|s| !s.is_empty())
                 .map(|s| {
-                    s.trim()
+                    let gpu = s
+                        .trim()
                         .parse()
-                        .with_context(|| format!("SLURM_JOB_GPUS has '{s}'"))
+                        .with_context(|| format!("SLURM_JOB_GPUS has '{s}'"))?;
+                    Ok(HeldSlots { gpu, count: 0 })
                 })
                 .collect()
         }
         Mode::Offline => {
             let slurm = Scontrol::new(config)
                 .offline_job(job.id, &job.node, &config.slurm.offline_gres)
-                .context("reading the job's offline slot from slurmctld")?;
+                .context("reading the job's offline slots from slurmctld")?;
             let health = |gpu| match state.health(gpu) {
                 Ok(h) => h,
                 Err(e) => {
@@ -169,7 +195,8 @@ fn job_gpus(config: &Config, state: &NodeState, job: &Job) -> Result<Vec<u32>> {
                     None
                 }
             };
-            match check_offline(job.id, &job.node, &slurm, health) {
+            let per_gpu = config.policy.offline_per_gpu;
+            match check_offline(job.id, &job.node, &slurm, per_gpu, health) {
                 Ok(()) => Ok(slurm.slots),
                 Err(r) => {
                     refuse(config, state, job, &r);
@@ -184,7 +211,8 @@ fn job_gpus(config: &Config, state: &NodeState, job: &Job) -> Result<Vec<u32>> {
 pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
     let Some(job) = job(env)? else { return Ok(()) };
     let state = NodeState::new(config.paths.state_dir.as_path());
-    let gpus = job_gpus(config, &state, &job)?;
+    let held = job_gpus(config, &state, &job)?;
+    let gpus: Vec<u32> = held.iter().map(|h| h.gpu).collect();
     if gpus.is_empty() {
         if job.mode == Mode::Online {
             tracing::warn!(
@@ -196,32 +224,32 @@ pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
         return Ok(());
     }
     let mut recorded = Vec::new();
-    for &gpu in &gpus {
+    for &HeldSlots { gpu, count } in &held {
         let lock = state.lock_gpu(gpu)?;
-        // An offline job takes the lowest free of the GPU's slots, under
-        // the lock: two Prologs never pick the same one, so the parts of
-        // the jobs there never add up to more than the GPU's budget
-        // (muxflow::policy::offline_slot_share). Its own record (a Prolog
-        // run again) keeps its slot.
+        // An offline job takes `count` free slots of the GPU (as many as
+        // Slurm gave it), under the lock: two Prologs never pick the same
+        // one, so the parts of the jobs there never add up to more than the
+        // GPU's budget (muxflow::policy::offline_slot_share).
         let on_gpu = state.jobs(gpu).unwrap_or_default();
-        let slot = match job.mode {
-            Mode::Online => Some(0),
-            Mode::Offline => on_gpu
-                .iter()
-                .find(|r| r.job_id == job.id)
-                .map(|r| r.slot)
-                .or_else(|| free_offline_slot(&on_gpu, job.id, config.policy.offline_per_gpu)),
+        let per_gpu = config.policy.offline_per_gpu;
+        let slots = match job.mode {
+            Mode::Online => Some(Vec::new()),
+            Mode::Offline => free_offline_slots(&on_gpu, job.id, per_gpu, count),
         };
-        let Some(slot) = slot else {
+        let Some(slots) = slots else {
             drop(lock);
+            let others: Vec<&JobRecord> = on_gpu
+                .iter()
+                .filter(|r| r.mode == Mode::Offline && r.job_id != job.id)
+                .collect();
+            let taken: usize = others.iter().map(|r| r.slots.len().max(1)).sum();
             let r = Refusal {
                 code: "no_slot".into(),
                 why: format!(
-                    "offline job {} refused on {}: GPU {gpu} already runs {} offline jobs, all its slots ([policy] offline_per_gpu = {}); gres.conf gives it more mfslot records than muxflow.toml allows (muxflow-doctor checks them).",
+                    "offline job {} refused on {}: it holds {count} of GPU {gpu}'s offline slots, but {} offline jobs there already hold {taken} of its {per_gpu} ([policy] offline_per_gpu); gres.conf gives it more mfslot records than muxflow.toml allows (muxflow-doctor checks them).",
                     job.id,
                     job.node,
-                    on_gpu.iter().filter(|r| r.mode == Mode::Offline).count(),
-                    config.policy.offline_per_gpu
+                    others.len(),
                 ),
             };
             refuse(config, &state, &job, &r);
@@ -248,7 +276,7 @@ pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
             job_id: job.id,
             mode: job.mode,
             uid: job.uid,
-            slot,
+            slots,
         };
         if let Err(e) = state.add_job(&lock, gpu, &record) {
             // The plugin finds no record and tells the user why (it checks
@@ -256,7 +284,7 @@ pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
             let why = state.space_problem().unwrap_or_else(|| e.to_string());
             anyhow::bail!("cannot record job {} on GPU {gpu}: {why} ({e})", job.id);
         }
-        tracing::info!(job = job.id, gpu, mode = %job.mode, slot, "recorded muxflow job");
+        tracing::info!(job = job.id, gpu, mode = %job.mode, slots = ?record.slots, "recorded muxflow job");
         recorded.push(gpu);
     }
     if job.mode == Mode::Online {
@@ -460,7 +488,7 @@ mod tests {
             job_id,
             mode,
             uid: 1000,
-            slot: 0,
+            slots: vec![0],
         };
         struct Case {
             name: &'static str,
@@ -502,51 +530,53 @@ mod tests {
         struct Case {
             name: &'static str,
             comment: Option<&'static str>,
-            slots: &'static [u32],
+            /// (GPU, slots held of it), as read from slurmctld.
+            slots: &'static [(u32, u32)],
             health: Option<HealthState>,
             refused: Option<&'static str>,
         }
         let placed = Some("muxflow:v1 mode=offline placed=node1:g0");
+        let gang = Some("muxflow:v1 mode=offline gpus=2 placed=node1:g0,g1");
         let cases = [
             Case {
                 name: "placed by the matcher, healthy",
                 comment: placed,
-                slots: &[0],
+                slots: &[(0, 1)],
                 health: Some(HealthState::Healthy),
                 refused: None,
             },
             Case {
                 name: "placed, GPU never stepped yet",
                 comment: placed,
-                slots: &[0],
+                slots: &[(0, 1)],
                 health: None,
                 refused: None,
             },
             Case {
                 name: "placed on a GPU that turned faulty",
                 comment: placed,
-                slots: &[0],
+                slots: &[(0, 1)],
                 health: Some(HealthState::Faulty),
                 refused: Some("gpu_faulty"),
             },
             Case {
                 name: "placed on a busy GPU",
                 comment: placed,
-                slots: &[0],
+                slots: &[(0, 1)],
                 health: Some(HealthState::Busy),
                 refused: Some("gpu_busy"),
             },
             Case {
                 name: "user moved it to another GPU",
                 comment: placed,
-                slots: &[1],
+                slots: &[(1, 1)],
                 health: Some(HealthState::Healthy),
                 refused: Some("wrong_slot"),
             },
             Case {
                 name: "user added a slot",
                 comment: placed,
-                slots: &[0, 1],
+                slots: &[(0, 1), (1, 1)],
                 health: Some(HealthState::Healthy),
                 refused: Some("wrong_slot"),
             },
@@ -560,38 +590,91 @@ mod tests {
             Case {
                 name: "slot without placement",
                 comment: Some("muxflow:v1 mode=offline"),
-                slots: &[0],
+                slots: &[(0, 1)],
                 health: Some(HealthState::Healthy),
                 refused: Some("not_placed"),
             },
             Case {
                 name: "forged AdminComment line",
                 comment: None,
-                slots: &[0],
+                slots: &[(0, 1)],
                 health: Some(HealthState::Healthy),
                 refused: Some("unreadable"),
             },
             Case {
                 name: "no matcher: any slot",
                 comment: Some("muxflow:v1 mode=offline placed=any"),
-                slots: &[1],
+                slots: &[(1, 1)],
                 health: Some(HealthState::Healthy),
                 refused: None,
             },
             Case {
                 name: "no matcher: faulty slot",
                 comment: Some("muxflow:v1 mode=offline placed=any"),
-                slots: &[1],
+                slots: &[(1, 1)],
                 health: Some(HealthState::Faulty),
                 refused: Some("gpu_faulty"),
+            },
+            Case {
+                name: "placed alone on its GPU: all its slots (N = 2)",
+                comment: placed,
+                slots: &[(0, 2)],
+                health: Some(HealthState::Healthy),
+                refused: None,
+            },
+            Case {
+                name: "more slots than a GPU has (gres.conf has more records than N)",
+                comment: placed,
+                slots: &[(0, 3)],
+                health: Some(HealthState::Healthy),
+                refused: Some("too_many_slots"),
+            },
+            Case {
+                name: "a 1-GPU job holding slots of two GPUs",
+                comment: placed,
+                slots: &[(0, 2), (1, 1)],
+                health: Some(HealthState::Healthy),
+                refused: Some("wrong_slot"),
+            },
+            Case {
+                name: "a 2-GPU gang, one slot of each",
+                comment: gang,
+                slots: &[(0, 1), (1, 1)],
+                health: Some(HealthState::Healthy),
+                refused: None,
+            },
+            Case {
+                name: "a 2-GPU gang, both slots of one of its GPUs",
+                comment: gang,
+                slots: &[(0, 1), (1, 2)],
+                health: Some(HealthState::Healthy),
+                refused: None,
+            },
+            Case {
+                name: "a 2-GPU gang holding more than a GPU has",
+                comment: gang,
+                slots: &[(0, 1), (1, 3)],
+                health: Some(HealthState::Healthy),
+                refused: Some("too_many_slots"),
+            },
+            Case {
+                name: "a 2-GPU gang short of a GPU",
+                comment: gang,
+                slots: &[(0, 2)],
+                health: Some(HealthState::Healthy),
+                refused: Some("wrong_slot"),
             },
         ];
         for c in cases {
             let slurm = OfflineJob {
-                slots: c.slots.to_vec(),
+                slots: c
+                    .slots
+                    .iter()
+                    .map(|&(gpu, count)| HeldSlots { gpu, count })
+                    .collect(),
                 admin_comment: c.comment.map(str::to_string),
             };
-            let got = check_offline(7, "node1", &slurm, |_| c.health);
+            let got = check_offline(7, "node1", &slurm, 2, |_| c.health);
             assert_eq!(
                 got.as_ref().err().map(|r| r.code.as_str()),
                 c.refused,

@@ -234,7 +234,7 @@ mod tests {
                 job_id,
                 mode,
                 uid: 0,
-                slot: 0,
+                slots: Vec::new(),
             };
             ns.add_job(&lock, 1, &rec).unwrap();
         }

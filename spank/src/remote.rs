@@ -240,9 +240,15 @@ impl RemoteState {
                         // departed one's.
                         facts = facts.without_online();
                     }
-                    // Its slot's part of the GPU ([policy] offline_per_gpu
-                    // > 1 splits it; every slot's part is the same).
-                    let share = offline_slot_share(&config.policy, &facts, 1);
+                    // Its slots' part of the GPU ([policy] offline_per_gpu
+                    // > 1 splits it into N parts; the Prolog recorded how
+                    // many of them Slurm gave the job there).
+                    let slots = state
+                        .jobs(gpu)?
+                        .iter()
+                        .find(|r| r.job_id == ctx.job_id)
+                        .map_or(1, |r| r.slot_count());
+                    let share = offline_slot_share(&config.policy, &facts, slots);
                     (share.sm_pct, share.mem_cap_mib)
                 }
             };

@@ -252,7 +252,11 @@ impl Pair {
                     job_id: id,
                     mode: if i == 0 { Mode::Online } else { Mode::Offline },
                     uid: 0,
-                    slot: i.saturating_sub(1) as u8,
+                    slots: if i == 0 {
+                        Vec::new()
+                    } else {
+                        vec![(i - 1) as u8]
+                    },
                 };
                 ns.add_job(&lock, gpu, &job).unwrap();
             }

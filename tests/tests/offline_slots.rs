@@ -1,17 +1,25 @@
-//! Several offline jobs per GPU (issue 15, `[policy] offline_per_gpu`) on
-//! the dev cluster. On a cluster brought up with `scripts/devcluster up
+//! Several offline jobs per GPU (issue 15, `[policy] offline_per_gpu` = N)
+//! on the dev cluster. On a cluster brought up with `scripts/devcluster up
 //! --offline-per-gpu 2` (gres.conf repeats each GPU's mfslot line, the node
-//! has `mfslot:g<i>:2`; scripts/test runs this file there too): two offline
-//! jobs placed on one GPU beside an online job both start, each in its own
-//! slot with its half of the GPU's offline SM budget and memory room; both
-//! throttle while the online job is on the GPU and resume, without braking
-//! for each other, once it has left (root lists both as the GPU's offline
-//! processes); the first one's Epilog leaves the MPS daemon to the second,
-//! the second's stops it. On the default cluster (one slot per GPU) Slurm
-//! starts only one of the two.
+//! has `mfslot:g<i>:2`; scripts/test runs this file there too):
+//! - two offline jobs placed on one GPU beside an online job with one slot
+//!   each (`mfslot:g<i>:1`) both start, each in its own slot with its half
+//!   of the GPU's offline SM budget and memory room; both throttle while
+//!   the online job is on the GPU and resume, without braking for each
+//!   other, once it has left (root lists both as the GPU's offline
+//!   processes); the first one's Epilog leaves the MPS daemon to the
+//!   second, the second's stops it. On the default cluster (one slot per
+//!   GPU) Slurm starts only one of the two.
+//! - an offline job placed alone with all N slots of its GPU
+//!   (`mfslot:g<i>:N`, sized slots) gets the whole budget and room, what
+//!   N = 1 gives, and holds every slot: a second offline job placed on that
+//!   GPU waits for Resources while it runs (on either cluster).
+//!
+//! Both use the one node's GPUs, so they run one at a time.
 
 use std::collections::BTreeSet;
 use std::path::Path;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use muxflow::mps::MpsDaemon;
@@ -20,8 +28,16 @@ use muxflow::Mode;
 use muxflow_tests::{kv, CancelNamed, Cluster};
 
 const PREFIX: &str = "mfs-";
+const WHOLE: &str = "mfswhole-";
 const WAIT: Duration = Duration::from_secs(60);
 const NODE: &str = "node1";
+/// Held by each test for its whole run: both use node1's GPUs.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    // A test that failed poisons it; the next one still runs.
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Sum of xCUDA counter `key` over job `job`'s processes (stats files are
 /// rewritten every second); None before the first write.
@@ -62,6 +78,7 @@ fn scancel(c: &Cluster, id: u32) {
 
 #[test]
 fn two_offline_jobs_share_one_gpu_beside_an_online_job_under_one_brake() {
+    let _one = one_at_a_time();
     let c = Cluster::get();
     c.cancel_named(PREFIX);
     let _cancel = CancelNamed(&c, PREFIX);
@@ -125,14 +142,20 @@ fn two_offline_jobs_share_one_gpu_beside_an_online_job_under_one_brake() {
         .collect();
     let ns = c.node_state(&quick, NODE);
     let records = ns.jobs(gpu).unwrap();
-    let slot_of = |id: u32| {
+    let slots_of = |id: u32| {
         records
             .iter()
             .find(|r| r.job_id == id && r.mode == Mode::Offline)
             .unwrap_or_else(|| panic!("job {id} not recorded: {records:?}"))
-            .slot
+            .slots
+            .clone()
     };
-    let slots: BTreeSet<u8> = offline.iter().map(|&id| slot_of(id)).collect();
+    let slots: Vec<Vec<u8>> = offline.iter().map(|&id| slots_of(id)).collect();
+    assert!(
+        slots.iter().all(|s| s.len() == 1),
+        "one slot each: {records:?}"
+    );
+    let slots: BTreeSet<u8> = slots.concat().into_iter().collect();
     assert_eq!(slots, [0, 1].into(), "{records:?}");
     // The GPU's facts are frozen while offline jobs run (no solo samples).
     let facts = ns.facts(gpu).unwrap();
@@ -219,6 +242,89 @@ fn two_offline_jobs_share_one_gpu_beside_an_online_job_under_one_brake() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    c.sim_load(NODE, gpu, 0.0);
+    c.assert_no_drain();
+}
+
+#[test]
+fn an_offline_job_holding_all_slots_of_its_gpu_gets_the_whole_budget() {
+    let _one = one_at_a_time();
+    let c = Cluster::get();
+    c.cancel_named(WHOLE);
+    let _cancel = CancelNamed(&c, WHOLE);
+    let cluster_config = c.dir.join("etc/muxflow.toml");
+    let policy = muxflow::Config::load(&cluster_config).unwrap().policy;
+    let n = policy.offline_per_gpu;
+    let quick = c.health_config("slots-health", "min_dwell_s = 1\nrecovery_quiet_s = 1");
+
+    let (online, gpu) = c.online_workload(&format!("{WHOLE}online"), NODE, 0.30, 1000);
+    c.settle_healthy(&quick, NODE, gpu, 1000);
+    let script = "#!/bin/sh\necho pct=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE mem=$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT\nsleep 300\n";
+    let submit = |name: &str| {
+        c.sbatch(
+            &["--muxflow=offline", "--job-name", &format!("{WHOLE}{name}")],
+            script,
+        )
+        .unwrap()
+    };
+
+    // Placed alone on the GPU: all N of its slots.
+    let whole = submit("whole");
+    c.place_slots(whole, NODE, gpu, u32::from(n));
+    assert_eq!(c.wait_running(whole, WAIT), NODE);
+    let gres = c.gres_detail(whole);
+    assert!(
+        gres.starts_with(&format!("mfslot:g{gpu}:{n}(IDX:")),
+        "{gres}"
+    );
+    let out = c.wait_output(whole, "pct=", WAIT);
+    let ns = c.node_state(&quick, NODE);
+    let records = ns.jobs(gpu).unwrap();
+    let record = records
+        .iter()
+        .find(|r| r.job_id == whole)
+        .unwrap_or_else(|| panic!("job {whole} not recorded: {records:?}"));
+    assert_eq!(record.mode, Mode::Offline);
+    assert_eq!(record.slots, (0..n).collect::<Vec<u8>>(), "{records:?}");
+
+    // The whole budget and room: what one slot per GPU gives.
+    let facts = ns.facts(gpu).unwrap();
+    let one_per_gpu = muxflow::config::Policy {
+        offline_per_gpu: 1,
+        ..policy.clone()
+    };
+    let want = offline_slot_share(&one_per_gpu, &facts, 1);
+    let pct: u8 = kv(&out, "pct").unwrap().parse().unwrap();
+    assert_eq!(pct, want.sm_pct, "{out} (facts {facts:?})");
+    assert_eq!(
+        pct,
+        offline_sm_percent(&policy, facts.online_solo_sm_pct),
+        "{out}"
+    );
+    let cap = want.mem_cap_mib.expect("GPU memory recorded");
+    assert_eq!(kv(&out, "mem").unwrap(), format!("0={cap}M"), "{out}");
+
+    // It holds every slot of the GPU: a second offline job placed there
+    // waits (Slurm has no record of the GPU left to give it).
+    let second = submit("second");
+    c.place(second, NODE, gpu);
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(c.job_field(second, "JobState"), "PENDING");
+    assert_eq!(c.job_field(second, "Reason"), "Resources");
+    assert_eq!(c.job_field(whole, "JobState"), "RUNNING");
+    assert_eq!(
+        ns.jobs(gpu)
+            .unwrap()
+            .iter()
+            .filter(|r| r.mode == Mode::Offline)
+            .count(),
+        1
+    );
+
+    for id in [second, whole, online] {
+        scancel(&c, id);
+    }
+    c.wait(whole, WAIT);
     c.sim_load(NODE, gpu, 0.0);
     c.assert_no_drain();
 }

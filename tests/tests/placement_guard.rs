@@ -46,6 +46,10 @@ fn a_user_cannot_ask_for_the_offline_slot() {
             name: "an untyped slot",
             args: &["--gres=mfslot:1"],
         },
+        Case {
+            name: "all slots of a GPU (sized slots are the matcher's too)",
+            args: &["--gres=mfslot:g0:2"],
+        },
     ];
     for case in cases {
         let got = c.sbatch_as(USER, case.args, "#!/bin/sh\necho raw-ran\n");
@@ -91,10 +95,11 @@ fn a_user_cannot_move_or_release_a_parked_offline_job() {
         )
         .unwrap();
     let job = format!("JobId={id}");
-    let attacks: [&[&str]; 6] = [
+    let attacks: [&[&str]; 7] = [
         // The attack: place it yourself, then release it.
         &["update", &job, "ReqNodeList=node1", "Gres=mfslot:g0:1"],
         &["update", &job, "Gres=mfslot:g1:1"],
+        &["update", &job, "Gres=mfslot:g1:2"],
         &["update", &job, "ReqNodeList=node1"],
         &["update", &job, "ExcNodeList=node3"],
         &["update", &job, "Features=gpu"],
