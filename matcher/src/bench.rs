@@ -471,19 +471,62 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<BenchReport> {
 /// GPUs per node in the gang bench (a common GPU server).
 pub const GANG_BENCH_GPUS_PER_NODE: usize = 8;
 
+/// The bench cluster's scores with jobs and GPUs left out (`None`), its
+/// pricing groups and bounds kept, so the gang bench prunes as the
+/// reference does ([`crate::prune::spread_grouped`]).
+#[derive(Clone, Copy)]
+struct Masked<'a> {
+    inner: &'a Cluster,
+    job_ok: &'a [bool],
+    gpu_ok: &'a [bool],
+}
+
+impl crate::exact::Scores for Masked<'_> {
+    fn jobs(&self) -> usize {
+        self.inner.jobs()
+    }
+    fn gpus(&self) -> usize {
+        self.inner.gpus()
+    }
+    fn weight(&self, job: u32, gpu: u32) -> Option<i64> {
+        (self.job_ok[job as usize] && self.gpu_ok[gpu as usize])
+            .then(|| self.inner.weight(job, gpu))
+            .flatten()
+    }
+    fn groups(&self) -> Option<(&[u32], usize)> {
+        self.inner.groups()
+    }
+    fn group_bound(&self, job: u32, group: u32) -> Option<i64> {
+        self.job_ok[job as usize]
+            .then(|| self.inner.group_bound(job, group))
+            .flatten()
+    }
+    fn pair_bound(&self, job: u32, gpu: u32) -> Option<i64> {
+        (self.job_ok[job as usize] && self.gpu_ok[gpu as usize])
+            .then(|| self.inner.pair_bound(job, gpu))
+            .flatten()
+    }
+}
+
+/// What each other offline job on a GPU leaves a job in the gang bench's
+/// split steps: the mean measured pair throughput of the replay's table
+/// (sim/data/gavel_v100_pairs.csv, 636 pairs that co-locate: 0.657).
+pub const BENCH_BESIDE_OFFLINE: f64 = 0.657;
+
 /// `muxflow-matcher bench --gang-share F [--slots-per-gpu N]` (issue 15):
-/// one production round with k-GPU jobs ([`crate::gang`]: the 1-GPU jobs'
-/// matching for prices, the gangs, the 1-GPU jobs' matching on the slots
-/// left) on the synthetic cluster cut into nodes of
-/// [`GANG_BENCH_GPUS_PER_NODE`] GPUs, each GPU offering `slots` offline
-/// slots (as the round does: a GPU with N free slots is N columns; copy s
-/// worth `1 / (s + 1)` of the job's throughput there — one of s + 1
-/// offline jobs on the GPU's offline SMs, speed in proportion to its
-/// part), a share `F` of its jobs asking for 2, 4 or 8 GPUs; timed
-/// against the reference measured in the same run, the same jobs all as
-/// 1-GPU jobs on one slot per GPU (one pruned matching). Instance
-/// generation is excluded. Then, untimed: the exact optimum of the 1-GPU
-/// jobs on the slots the gangs left, over every feasible pair
+/// one production round with k-GPU jobs and sized slots
+/// ([`crate::round`] module docs) on the synthetic cluster cut into nodes
+/// of [`GANG_BENCH_GPUS_PER_NODE`] GPUs, each with N free offline slots, a
+/// share `F` of its jobs asking for 2, 4 or 8 GPUs: (1) the 1-GPU jobs'
+/// matching, one column per GPU, each job on all N slots, for prices; (2)
+/// the gangs, one slot of each of their GPUs ([`crate::gang`]); (3) the
+/// 1-GPU jobs' matching on the GPUs left, warm; (4) the split steps
+/// ([`crate::slots::split_rounds`]): a job on s of N slots runs at
+/// [`Cluster::throughput_part`], × [`BENCH_BESIDE_OFFLINE`] for each other
+/// offline job there. Timed against the reference measured in the same
+/// run, the same jobs all as 1-GPU jobs on one GPU each (one pruned
+/// matching). Instance generation is excluded. Then, untimed: the exact
+/// optimum of step 3 over every feasible pair
 /// ([`crate::exact::solve_exact`]), and the round's gap to it. Ends in one
 /// key=value line.
 pub fn gang_run(args: &BenchArgs, slots: u32, gang_share: f64) -> anyhow::Result<String> {
@@ -509,38 +552,34 @@ pub fn gang_run(args: &BenchArgs, slots: u32, gang_share: f64) -> anyhow::Result
             }
         })
         .collect();
-    let per = slots as usize;
-    let slot_cols = crate::slots::SlotColumns::new(std::iter::repeat_n(slots, args.gpus));
-    let cols = slot_cols.columns();
-    let gpu_of = slot_cols.gpu_of();
-    let node_of: Vec<u32> = gpu_of
-        .iter()
-        .map(|&g| (g as usize / GANG_BENCH_GPUS_PER_NODE) as u32)
+    let cols = args.gpus;
+    let gpu_of: Vec<u32> = (0..cols as u32).collect();
+    let node_of: Vec<u32> = (0..cols)
+        .map(|g| (g / GANG_BENCH_GPUS_PER_NODE) as u32)
         .collect();
-    let score = |j: u32, c: u32| {
-        let (g, s) = ((c as usize / per) as u32, c % slots);
-        if s == 0 {
-            return cluster.weight(j, g);
-        }
+    // Job j holding `held` of the N slots, one of `jobs` offline jobs there.
+    let value = |j: u32, g: usize, &(held, jobs): &(u32, u32)| -> Option<f64> {
         cluster
-            .throughput(j, g)
-            .and_then(|x| crate::weights::quantize(x / f64::from(s + 1)))
+            .throughput_part(j, g as u32, f64::from(held) / f64::from(slots))
+            .map(|x| x * BENCH_BESIDE_OFFLINE.powi(jobs as i32 - 1))
     };
+    let whole = |j: u32, g: u32| cluster.weight(j, g);
+    let gang_score =
+        |j: u32, g: u32| value(j, g as usize, &(1, 1)).and_then(crate::weights::quantize);
 
     let t = Instant::now();
     let edges = cluster.candidates(args.candidates_per_job, args.threads);
-    let reference = solve_with(args.jobs, args.gpus, &edges, &opts).context("solving")?;
+    let reference = solve_with(args.jobs, cols, &edges, &opts).context("solving")?;
     let reference_s = t.elapsed().as_secs_f64();
 
     let t = Instant::now();
-    let alone = |j: u32, c: u32| (ks[j as usize] == 1).then(|| score(j, c)).flatten();
-    let edges = crate::slots::slot_candidates(
-        args.jobs,
-        &slot_cols,
-        args.candidates_per_job,
-        args.threads,
-        alone,
-    );
+    let alone = |j: u32, g: u32| (ks[j as usize] == 1).then(|| whole(j, g)).flatten();
+    let singles_only = Masked {
+        inner: &cluster,
+        job_ok: &ks.iter().map(|&k| k == 1).collect::<Vec<_>>(),
+        gpu_ok: &vec![true; cols],
+    };
+    let edges = crate::prune::spread_grouped(&singles_only, args.candidates_per_job, args.threads);
     let priced = solve_with(args.jobs, cols, &edges, &opts).context("solving")?;
     let price_s = t.elapsed().as_secs_f64();
     let t = Instant::now();
@@ -555,16 +594,19 @@ pub fn gang_run(args: &BenchArgs, slots: u32, gang_share: f64) -> anyhow::Result
         node_of: &node_of,
         gpu_of: &gpu_of,
     };
-    let chosen = crate::gang::place_gangs(&gangs, &columns, &priced.duals.gpu, &mut taken, &score);
+    let chosen =
+        crate::gang::place_gangs(&gangs, &columns, &priced.duals.gpu, &mut taken, &gang_score);
     let gang_s = t.elapsed().as_secs_f64();
     let t = Instant::now();
-    let left = |j: u32, c: u32| (!taken[c as usize]).then(|| alone(j, c)).flatten();
-    let edges = crate::slots::slot_candidates(
-        args.jobs,
-        &slot_cols,
+    let left = |j: u32, g: u32| (!taken[g as usize]).then(|| alone(j, g)).flatten();
+    let gpus_left: Vec<bool> = taken.iter().map(|&t| !t).collect();
+    let edges = crate::prune::spread_grouped(
+        &Masked {
+            gpu_ok: &gpus_left,
+            ..singles_only
+        },
         args.candidates_per_job,
         args.threads,
-        left,
     );
     // From the prices' matching: only what the gangs took is searched again.
     let start = priced.job_gpu(args.jobs);
@@ -578,7 +620,27 @@ pub fn gang_run(args: &BenchArgs, slots: u32, gang_share: f64) -> anyhow::Result
         },
     );
     let final_s = t.elapsed().as_secs_f64();
-    let round_s = price_s + gang_s + final_s;
+    let t = Instant::now();
+    let mut members: Vec<Vec<u32>> = vec![Vec::new(); cols];
+    let mut waiting: Vec<bool> = ks.iter().map(|&k| k == 1).collect();
+    for &(j, g) in &singles.matching.pairs {
+        members[g as usize].push(j);
+        waiting[j as usize] = false;
+    }
+    let free = vec![slots; cols];
+    let split_edges = crate::slots::split_rounds(
+        &free,
+        slots,
+        &taken,
+        &mut members,
+        &mut waiting,
+        args.candidates_per_job,
+        args.threads,
+        |_, i, n| (crate::round::split_slots(slots, n, i), n),
+        value,
+    );
+    let split_s = t.elapsed().as_secs_f64();
+    let round_s = price_s + gang_s + final_s + split_s;
     let peak_mb = peak_rss_mb().unwrap_or(f64::NAN);
     let placed = chosen.iter().flatten().count();
     let gang_gpus: usize = chosen.iter().flatten().map(|c| c.gpus.len()).sum();
@@ -587,9 +649,21 @@ pub fn gang_run(args: &BenchArgs, slots: u32, gang_share: f64) -> anyhow::Result
         .zip(&chosen)
         .filter_map(|(&(_, k), c)| Some(c.as_ref()?.min_weight * i64::from(k)))
         .sum();
-    let objective = gang_value + singles.matching.objective;
-    // The 1-GPU part's exact optimum on every feasible (job, slot) pair the
-    // gangs left: pricing from the round's graph (untimed).
+    // Every 1-GPU job at its final seat.
+    let (mut sized_value, mut split_jobs) = (0i64, 0usize);
+    for (g, list) in members.iter().enumerate() {
+        let n = list.len() as u32;
+        split_jobs += list.len().saturating_sub(1);
+        for (i, &j) in list.iter().enumerate() {
+            let seat = (crate::round::split_slots(slots, n, i), n);
+            sized_value += value(j, g, &seat)
+                .and_then(crate::weights::quantize)
+                .unwrap_or(0);
+        }
+    }
+    let objective = gang_value + sized_value;
+    // Step 3's exact optimum on every feasible (job, GPU) pair the gangs
+    // left: pricing from the round's graph (untimed).
     let t = Instant::now();
     let full = crate::exact::FnScores {
         jobs: args.jobs,
@@ -613,7 +687,7 @@ pub fn gang_run(args: &BenchArgs, slots: u32, gang_share: f64) -> anyhow::Result
 
     writeln!(
         text,
-        "muxflow-matcher bench --gang-share {gang_share} --slots-per-gpu {slots}: {} GPUs in nodes of {GANG_BENCH_GPUS_PER_NODE} ({cols} slots) x {} jobs ({} of them 2, 4 or 8-GPU gangs), seed {}, k={}, {} threads",
+        "muxflow-matcher bench --gang-share {gang_share} --slots-per-gpu {slots}: {} GPUs in nodes of {GANG_BENCH_GPUS_PER_NODE} ({slots} slots each) x {} jobs ({} of them 2, 4 or 8-GPU gangs), seed {}, k={}, {} threads",
         args.gpus,
         args.jobs,
         gangs.len(),
@@ -623,13 +697,13 @@ pub fn gang_run(args: &BenchArgs, slots: u32, gang_share: f64) -> anyhow::Result
     )?;
     writeln!(
         text,
-        "{:<44} {:>9} {:>14} {:>8}",
+        "{:<48} {:>9} {:>14} {:>8}",
         "step", "time_s", "objective", "placed"
     )?;
     let row = |text: &mut String, name: &str, s: f64, obj: Option<i64>, placed: Option<usize>| {
         writeln!(
             text,
-            "{:<44} {:>9.3} {:>14} {:>8}",
+            "{:<48} {:>9.3} {:>14} {:>8}",
             name,
             s,
             obj.map_or("-".into(), |o| o.to_string()),
@@ -659,34 +733,41 @@ pub fn gang_run(args: &BenchArgs, slots: u32, gang_share: f64) -> anyhow::Result
     )?;
     row(
         &mut text,
-        "3. 1-GPU jobs on the slots left (warm)",
+        "3. 1-GPU jobs on the GPUs left (warm)",
         final_s,
         Some(singles.matching.objective),
         Some(singles.matching.pairs.len()),
     )?;
     row(
         &mut text,
-        "round with gangs (1+2+3)",
+        "4. split steps (jobs added beside them)",
+        split_s,
+        Some(sized_value - singles.matching.objective),
+        Some(split_jobs),
+    )?;
+    row(
+        &mut text,
+        "round with gangs and sized slots (1+2+3+4)",
         round_s,
         Some(objective),
         None,
     )?;
     row(
         &mut text,
-        "exact optimum of step 3's jobs and slots (untimed)",
+        "exact optimum of step 3's jobs and GPUs (untimed)",
         exact_s,
         Some(exact.solution.matching.objective),
         Some(exact.solution.matching.pairs.len()),
     )?;
     writeln!(
         text,
-        "gangs placed {placed} of {} on {gang_gpus} GPUs; peak {peak_mb:.1} MB (after the round); 1-GPU part's gap to its exact optimum {}",
+        "gangs placed {placed} of {} on {gang_gpus} GPUs; {split_jobs} jobs added by splits ({split_edges} edges scored); peak {peak_mb:.1} MB (after the round); step 3's gap to its exact optimum {}",
         gangs.len(),
         fmt_gap(singles_gap)
     )?;
     writeln!(
         text,
-        "gang_round_s={round_s:.3} reference_s={reference_s:.3} ratio={:.2} slots_per_gpu={slots} gangs={} gangs_placed={placed} peak_mb={peak_mb:.1} singles_gap={}",
+        "gang_round_s={round_s:.3} reference_s={reference_s:.3} ratio={:.2} slots_per_gpu={slots} gangs={} gangs_placed={placed} split_jobs={split_jobs} peak_mb={peak_mb:.1} singles_gap={}",
         if reference_s > 0.0 { round_s / reference_s } else { f64::NAN },
         gangs.len(),
         fmt_gap(singles_gap)
@@ -766,6 +847,24 @@ mod tests {
             // (measured and shown, not hidden).
             assert!((0.0..0.05).contains(&gap), "{text}");
         }
+        // More jobs than GPUs: the split steps put light jobs side by side
+        // on N = 2, never on N = 1.
+        let crowded = BenchArgs {
+            gpus: 40,
+            jobs: 120,
+            ..args.clone()
+        };
+        let splits = |slots: u32| -> f64 {
+            let text = gang_run(&crowded, slots, 0.0).expect("gang bench runs");
+            let last = text.lines().last().unwrap().to_string();
+            last.split(' ')
+                .find_map(|kv| kv.strip_prefix("split_jobs="))
+                .unwrap()
+                .parse()
+                .unwrap()
+        };
+        assert_eq!(splits(1), 0.0);
+        assert!(splits(2) > 0.0);
         assert!(gang_run(&args, 1, 1.5).is_err(), "a share above 1");
         assert!(
             gang_run(&args, 5, 0.1).is_err(),

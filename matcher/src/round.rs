@@ -73,7 +73,7 @@ use crate::gang::{place_gangs, Columns, GangChoice};
 use crate::hints::{update_args, Target};
 use crate::predict::{default_prediction, GpuTerms, JobTerms, Model, DEFAULT_SD};
 use crate::reader::{ClusterState, GpuState, Names, PendingJob};
-use crate::slots::{slot_candidates, SlotColumns};
+use crate::slots::{slot_candidates, split_rounds, SlotColumns};
 use crate::solver::{solve_warm_sorted, solve_with, SolveOptions, Start};
 use crate::weights::{quantize, to_throughput};
 
@@ -510,55 +510,23 @@ pub fn plan<P: Predictor>(
     for &(j, c) in &sol.matching.pairs {
         members[c as usize].push(j);
     }
-    let mut split_edges = 0;
-    for n in 2..=per_gpu {
-        let grow: Vec<usize> = (0..cols)
-            .filter(|&c| !taken[c] && members[c].len() as u32 == n - 1 && free[c] >= n)
-            .collect();
-        let pool: Vec<u32> = (0..jobs.len() as u32)
-            .filter(|&j| assigned[j as usize].is_none() && !is_gang[j as usize])
-            .collect();
-        if grow.is_empty() || pool.is_empty() {
-            break;
-        }
-        // What the jobs there lose by sharing the GPU's free slots with one
-        // more (None: one of them would not fit its smaller part).
-        let loss: Vec<Option<f64>> = grow
-            .iter()
-            .map(|&c| {
-                members[c].iter().enumerate().try_fold(0.0, |sum, (i, &a)| {
-                    let before = value(a as usize, c, &side(c, seat_of(c, i, n - 1)))?;
-                    let after = value(a as usize, c, &side(c, seat_of(c, i, n)))?;
-                    Some(sum + before - after)
-                })
-            })
-            .collect();
-        let joining: Vec<Side<P::Gpu>> = grow
-            .iter()
-            .map(|&c| side(c, seat_of(c, n as usize - 1, n)))
-            .collect();
-        let gain = |p: u32, k: u32| -> Option<i64> {
-            let (j, c) = (pool[p as usize] as usize, grow[k as usize]);
-            let w = value(j, c, &joining[k as usize])? - loss[k as usize]?;
-            quantize(w)
-        };
-        let edges = slot_candidates(
-            pool.len(),
-            &SlotColumns::new(std::iter::repeat_n(1, grow.len())),
-            matcher.candidates_per_job,
-            threads,
-            gain,
-        );
-        if edges.is_empty() {
-            break;
-        }
-        split_edges += edges.len();
-        let sol = solve_with(pool.len(), grow.len(), &edges, &SolveOptions::default())
-            .expect("split edges are in range, positive and unique");
-        for &(p, k) in &sol.matching.pairs {
-            let (j, c) = (pool[p as usize], grow[k as usize]);
-            assigned[j as usize] = Some((c as u32, 0));
-            members[c].push(j);
+    let mut waiting_job: Vec<bool> = (0..jobs.len())
+        .map(|j| assigned[j].is_none() && !is_gang[j])
+        .collect();
+    let split_edges = split_rounds(
+        &free,
+        per_gpu,
+        &taken,
+        &mut members,
+        &mut waiting_job,
+        matcher.candidates_per_job,
+        threads,
+        |c, i, n| side(c, seat_of(c, i, n)),
+        |j, c, terms| value(j as usize, c, terms),
+    );
+    for (c, list) in members.iter().enumerate() {
+        for &j in list {
+            assigned[j as usize].get_or_insert((c as u32, 0));
         }
     }
     // Each placed 1-GPU job's seat: its place among its GPU's jobs of this

@@ -11,7 +11,8 @@
 //! edges: scoring cost as with one slot, plus the candidates' copies.
 
 use crate::prune::spread_scored;
-use crate::solver::Edge;
+use crate::solver::{solve_with, Edge, SolveOptions};
+use crate::weights::quantize;
 
 /// Columns of GPUs with several slots: GPU g's copies are the columns
 /// `start[g]..start[g + 1]`, ordered by worth (copy s: the job as one of
@@ -77,6 +78,84 @@ where
         }
     }
     out
+}
+
+/// The split steps of a round with sized slots (module docs of
+/// [`crate::round`]): for n = 2 ..= `per_gpu`, every column not `taken`
+/// whose free slots (`free`) went to n − 1 jobs of this round (`members`,
+/// in order) and that has at least n free slots may take one more of the
+/// `waiting` jobs. Each step is an exact assignment of the waiting jobs to
+/// those columns, weighted by the new job's value as the n-th of n jobs
+/// there less what the n − 1 there lose (their value as i-th of n − 1
+/// less as i-th of n); only positive weights are edges, so a split never
+/// lowers the total. `terms(c, i, n)`: column c's terms for the i-th of n
+/// new jobs there; `value(j, c, terms)`: job j's weight with them (`None`:
+/// not a candidate; a job already there that would not fit its smaller
+/// part makes the column's loss unknown, so it takes no one). Updates
+/// `members` and `waiting`; returns the number of edges scored.
+#[allow(clippy::too_many_arguments)]
+pub fn split_rounds<T, Tf, Vf>(
+    free: &[u32],
+    per_gpu: u32,
+    taken: &[bool],
+    members: &mut [Vec<u32>],
+    waiting: &mut [bool],
+    k: usize,
+    threads: usize,
+    terms: Tf,
+    value: Vf,
+) -> usize
+where
+    T: Sync,
+    Tf: Fn(usize, usize, u32) -> T,
+    Vf: Fn(u32, usize, &T) -> Option<f64> + Sync,
+{
+    let mut scored = 0;
+    for n in 2..=per_gpu {
+        let grow: Vec<usize> = (0..members.len())
+            .filter(|&c| !taken[c] && members[c].len() as u32 == n - 1 && free[c] >= n)
+            .collect();
+        let pool: Vec<u32> = (0..waiting.len() as u32)
+            .filter(|&j| waiting[j as usize])
+            .collect();
+        if grow.is_empty() || pool.is_empty() {
+            break;
+        }
+        let loss: Vec<Option<f64>> = grow
+            .iter()
+            .map(|&c| {
+                members[c].iter().enumerate().try_fold(0.0, |sum, (i, &a)| {
+                    let before = value(a, c, &terms(c, i, n - 1))?;
+                    let after = value(a, c, &terms(c, i, n))?;
+                    Some(sum + before - after)
+                })
+            })
+            .collect();
+        let joining: Vec<T> = grow.iter().map(|&c| terms(c, n as usize - 1, n)).collect();
+        let gain = |p: u32, k: u32| -> Option<i64> {
+            let (j, c) = (pool[p as usize], grow[k as usize]);
+            quantize(value(j, c, &joining[k as usize])? - loss[k as usize]?)
+        };
+        let edges = slot_candidates(
+            pool.len(),
+            &SlotColumns::new(std::iter::repeat_n(1, grow.len())),
+            k,
+            threads,
+            gain,
+        );
+        if edges.is_empty() {
+            break;
+        }
+        scored += edges.len();
+        let sol = solve_with(pool.len(), grow.len(), &edges, &SolveOptions::default())
+            .expect("split edges are in range, positive and unique");
+        for &(p, k) in &sol.matching.pairs {
+            let (j, c) = (pool[p as usize], grow[k as usize]);
+            waiting[j as usize] = false;
+            members[c].push(j);
+        }
+    }
+    scored
 }
 
 #[cfg(test)]

@@ -316,6 +316,32 @@ impl Cluster {
         }
     }
 
+    /// Job `j`'s throughput on GPU `g` holding `part` (0..=1) of its
+    /// offline SMs and memory room (sized slots, issue 15): the SM limit
+    /// `min(1, part · (1 − sm(online)) / demand)` in place of the whole
+    /// GPU's; `None` when its memory does not fit its part of the room.
+    pub fn throughput_part(&self, j: u32, g: u32, part: f64) -> Option<f64> {
+        let whole = self.throughput(j, g)?;
+        if part >= 1.0 {
+            return Some(whole);
+        }
+        match self.mode {
+            WeightMode::Uniform => Some(whole * part),
+            WeightMode::Structured => {
+                let kind = &OFFLINE_KINDS[self.jobs[j as usize].kind as usize];
+                let gpu = self.gpus[g as usize];
+                let model = &GPU_MODELS[gpu.model as usize];
+                let online = &ONLINE_KINDS[gpu.online as usize];
+                if kind.mem_gb > part * (model.mem_gb - online.mem_gb - MEM_HEADROOM_GB) {
+                    return None;
+                }
+                let free = 1.0 - online.sm_activity;
+                let limit = |p: f64| (p * free / kind.sm_demand).min(1.0);
+                Some(whole * limit(part) / limit(1.0))
+            }
+        }
+    }
+
     /// Integer weight of a pair (see [`crate::weights`]).
     #[inline]
     pub fn weight(&self, j: u32, g: u32) -> Option<i64> {
