@@ -14,8 +14,11 @@
 //!   (`mfslot:g<i>:N`, sized slots) gets the whole budget and room, what
 //!   N = 1 gives, and holds every slot: a second offline job placed on that
 //!   GPU waits for Resources while it runs (on either cluster).
+//! - muxflow-matcher sizes the slots (N = 2 cluster only): a lone job on an
+//!   idle GPU gets both, and with more jobs waiting than GPUs it puts two on
+//!   each GPU, one slot each, all running.
 //!
-//! Both use the one node's GPUs, so they run one at a time.
+//! They all use the one node's GPUs, so they run one at a time.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -326,5 +329,110 @@ fn an_offline_job_holding_all_slots_of_its_gpu_gets_the_whole_budget() {
     }
     c.wait(whole, WAIT);
     c.sim_load(NODE, gpu, 0.0);
+    c.assert_no_drain();
+}
+
+const MATCHED: &str = "mfsmatch-";
+
+fn matcher_once(c: &Cluster) -> serde_json::Value {
+    let mut cmd = c.cmd(
+        muxflow_tests::target()
+            .join("muxflow-matcher")
+            .to_str()
+            .unwrap(),
+    );
+    cmd.arg("--config")
+        .arg(c.dir.join("etc/muxflow.toml"))
+        .args(["--once", "--json"]);
+    let (ok, out, err) = c.run(cmd);
+    assert!(ok, "muxflow-matcher --once: {out}{err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+/// The matcher sizes the slots (N = 2 cluster only; on one slot per GPU
+/// every job holds its GPU's one slot, which the other tests show): a job
+/// alone on an idle GPU gets both slots (`mfslot:g<i>:2`); with more jobs
+/// waiting than GPUs it puts two on each GPU, one slot each, and Slurm
+/// starts all of them.
+#[test]
+fn the_matcher_gives_a_lone_job_every_slot_and_splits_gpus_when_jobs_wait() {
+    let _one = one_at_a_time();
+    let c = Cluster::get();
+    let policy = muxflow::Config::load(&c.dir.join("etc/muxflow.toml"))
+        .unwrap()
+        .policy;
+    if policy.offline_per_gpu != 2 {
+        eprintln!("skipped: needs the offline_per_gpu = 2 cluster (scripts/test runs it there)");
+        return;
+    }
+    c.cancel_named(MATCHED);
+    let _cancel = CancelNamed(&c, MATCHED);
+    for g in 0..2 {
+        c.wait_gpu_healthy(NODE, g);
+    }
+    let submit = |i: u32| {
+        c.sbatch(
+            &["--muxflow=offline", "--job-name", &format!("{MATCHED}{i}")],
+            "#!/bin/sh\necho pct=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE\nexec sleep 300\n",
+        )
+        .unwrap()
+    };
+
+    // One job, two idle GPUs: alone on one of them, with both slots.
+    let lone = submit(0);
+    let round = matcher_once(&c);
+    let d = round["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["job"] == lone)
+        .cloned()
+        .unwrap_or_else(|| panic!("no decision for {lone}: {round}"));
+    assert_eq!(d["action"], "place", "{d}");
+    assert_eq!(d["slots"], 2, "{d}");
+    assert_eq!(c.wait_running(lone, WAIT), NODE);
+    let gpu = d["gpu"].as_u64().unwrap();
+    let gres = c.gres_detail(lone);
+    assert!(gres.starts_with(&format!("mfslot:g{gpu}:2(IDX:")), "{gres}");
+    // An idle GPU's whole offline budget: the ceiling.
+    let out = c.wait_output(lone, "pct=", WAIT);
+    let ceiling = offline_sm_percent(&policy, Some(0));
+    assert_eq!(kv(&out, "pct"), Some(ceiling.to_string()), "{out}");
+    scancel(&c, lone);
+    c.wait(lone, WAIT);
+
+    // Four jobs, two GPUs: each GPU takes one job first, then one more
+    // beside it; all four hold one slot each and run.
+    let jobs: Vec<u32> = (1..=4).map(submit).collect();
+    let round = matcher_once(&c);
+    let mut per_gpu = [0; 2];
+    for &id in &jobs {
+        let d = round["decisions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["job"] == id)
+            .cloned()
+            .unwrap_or_else(|| panic!("no decision for {id}: {round}"));
+        assert_eq!(d["action"], "place", "{round}");
+        assert_eq!(d["slots"], 1, "{d}");
+        per_gpu[d["gpu"].as_u64().unwrap() as usize] += 1;
+    }
+    assert_eq!(per_gpu, [2, 2], "{round}");
+    for &id in &jobs {
+        assert_eq!(c.wait_running(id, WAIT), NODE);
+        let out = c.wait_output(id, "pct=", WAIT);
+        assert_eq!(
+            kv(&out, "pct"),
+            Some((ceiling / 2).to_string()),
+            "job {id}: {out}"
+        );
+    }
+    for &id in &jobs {
+        scancel(&c, id);
+    }
+    for &id in &jobs {
+        c.wait(id, WAIT);
+    }
     c.assert_no_drain();
 }
