@@ -302,6 +302,35 @@ impl Cluster {
 }
 
 impl Cluster {
+    /// muxflow-matcher with this cluster's config.
+    pub fn matcher(&self) -> Command {
+        let mut cmd = self.cmd(target().join("muxflow-matcher").to_str().unwrap());
+        cmd.arg("--config").arg(self.dir.join("etc/muxflow.toml"));
+        cmd
+    }
+
+    /// One matcher round (`--once --json`): its summary and decisions.
+    pub fn matcher_once(&self) -> serde_json::Value {
+        let mut cmd = self.matcher();
+        cmd.args(["--once", "--json"]);
+        let (ok, out, err) = self.run(cmd);
+        assert!(ok, "muxflow-matcher --once: {out}{err}");
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+    }
+}
+
+/// Job `job`'s line of a matcher round ([`Cluster::matcher_once`]).
+pub fn decision(round: &serde_json::Value, job: u32) -> serde_json::Value {
+    round["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["job"] == job)
+        .cloned()
+        .unwrap_or_else(|| panic!("no decision for job {job}: {round}"))
+}
+
+impl Cluster {
     /// Places held offline job `id` on `node`'s GPU `gpu` the way
     /// muxflow-matcher does: only on a Healthy GPU (health steps with short
     /// dwell times until it is: an earlier test may have left it Faulty),

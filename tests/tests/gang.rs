@@ -12,21 +12,11 @@
 
 use std::time::Duration;
 
-use muxflow_tests::{kv, target, Cluster};
+use muxflow_tests::{decision, kv, Cluster};
 
 const PREFIX: &str = "mfg-";
 const WAIT: Duration = Duration::from_secs(90);
 const NODE: &str = "node2";
-
-fn once_json(c: &Cluster) -> serde_json::Value {
-    let mut cmd = c.cmd(target().join("muxflow-matcher").to_str().unwrap());
-    cmd.arg("--config")
-        .arg(c.dir.join("etc/muxflow.toml"))
-        .args(["--once", "--json"]);
-    let (ok, out, err) = c.run(cmd);
-    assert!(ok, "muxflow-matcher --once: {out}{err}");
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
-}
 
 #[test]
 fn a_two_gpu_offline_job_runs_as_a_gang_each_task_on_its_own_gpu() {
@@ -109,14 +99,8 @@ fn a_two_gpu_offline_job_runs_as_a_gang_each_task_on_its_own_gpu() {
         c.admin_comment(gang)
     );
 
-    let round = once_json(&c);
-    let d = round["decisions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["job"] == gang)
-        .unwrap_or_else(|| panic!("no decision for {gang}: {round}"))
-        .clone();
+    let round = c.matcher_once();
+    let d = decision(&round, gang);
     assert_eq!(d["action"], "place", "{round}");
     assert_eq!(d["node"], NODE, "{round}");
     assert_eq!(d["gpus"], serde_json::json!([0, 1]), "{round}");

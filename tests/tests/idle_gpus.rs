@@ -13,20 +13,10 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use muxflow::health::HealthState;
-use muxflow_tests::{target, Cluster};
+use muxflow_tests::{decision, Cluster};
 
 const PREFIX: &str = "mfi-";
 const WAIT: Duration = Duration::from_secs(90);
-
-fn once_json(c: &Cluster) -> serde_json::Value {
-    let mut cmd = c.cmd(target().join("muxflow-matcher").to_str().unwrap());
-    cmd.arg("--config")
-        .arg(c.dir.join("etc/muxflow.toml"))
-        .args(["--once", "--json"]);
-    let (ok, out, err) = c.run(cmd);
-    assert!(ok, "muxflow-matcher --once: {out}{err}");
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
-}
 
 fn scancel(c: &Cluster, ids: &[u32]) {
     let mut cmd = c.cmd("scancel");
@@ -73,20 +63,14 @@ fn offline_jobs_start_on_idle_gpus_and_leave_when_an_online_job_lands() {
         })
         .collect();
 
-    let round = once_json(&c);
+    let round = c.matcher_once();
     assert!(
         round["summary"]["idle_gpus"].as_u64().unwrap() >= 3,
         "{round}"
     );
     let mut slots = BTreeSet::new();
     for &id in &jobs {
-        let d = round["decisions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|d| d["job"] == id)
-            .unwrap_or_else(|| panic!("no decision for job {id}: {round}"))
-            .clone();
+        let d = decision(&round, id);
         assert_eq!(d["action"], "place", "{round}");
         // muxflow_matcher::round::IDLE_REASON
         assert!(
@@ -181,14 +165,8 @@ fn offline_jobs_start_on_idle_gpus_and_leave_when_an_online_job_lands() {
     );
     // The next round places it again (Slurm 22.05 keeps its typed slot, so
     // on the same GPU index): beside the online job or on another idle GPU.
-    let round = once_json(&c);
-    let d = round["decisions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["job"] == victim)
-        .unwrap_or_else(|| panic!("no decision for job {victim}: {round}"))
-        .clone();
+    let round = c.matcher_once();
+    let d = decision(&round, victim);
     assert_eq!(d["action"], "place", "{round}");
     assert_eq!(d["gpu"].as_u64(), Some(u64::from(placed[0].2)), "{round}");
 

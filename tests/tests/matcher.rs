@@ -11,20 +11,14 @@
 //! cluster, so the steps must not run in parallel with each other.
 
 use std::path::PathBuf;
-use std::process::{Child, Command};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use muxflow::health::HealthState;
-use muxflow_tests::{target, Cluster};
+use muxflow_tests::{decision, Cluster};
 
 const PREFIX: &str = "mfm-";
 const WAIT: Duration = Duration::from_secs(60);
-
-fn matcher(c: &Cluster) -> Command {
-    let mut cmd = c.cmd(target().join("muxflow-matcher").to_str().unwrap());
-    cmd.arg("--config").arg(c.dir.join("etc/muxflow.toml"));
-    cmd
-}
 
 fn scontrol(c: &Cluster, args: &[&str]) -> Result<String, String> {
     let mut cmd = c.cmd("scontrol");
@@ -70,24 +64,6 @@ fn history(c: &Cluster, name: &str, report: &str) -> u32 {
     id
 }
 
-fn once_json(c: &Cluster) -> serde_json::Value {
-    let mut cmd = matcher(c);
-    cmd.args(["--once", "--json"]);
-    let (ok, out, err) = c.run(cmd);
-    assert!(ok, "muxflow-matcher --once: {out}{err}");
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
-}
-
-fn decision(round: &serde_json::Value, job: u32) -> serde_json::Value {
-    round["decisions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["job"] == job)
-        .cloned()
-        .unwrap_or_else(|| panic!("no decision for job {job}: {round}"))
-}
-
 /// Waits until the offline job runs; returns (node, slot GRES detail).
 fn wait_placed(c: &Cluster, id: u32, timeout: Duration) -> (String, String) {
     let node = c.wait_running(id, timeout);
@@ -98,7 +74,7 @@ struct Loop(Child);
 
 impl Loop {
     fn start(c: &Cluster) -> Loop {
-        let mut cmd = matcher(c);
+        let mut cmd = c.matcher();
         cmd.args(["--interval", "1"])
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null());
@@ -177,7 +153,7 @@ fn matcher_places_best_total_avoids_unhealthy_gpus_and_converges_after_kill_9() 
     let extra = c.offline_parked("mfm-extra");
 
     // --dry-run: the decision table, and nothing changes in Slurm.
-    let mut cmd = matcher(&c);
+    let mut cmd = c.matcher();
     cmd.args(["--once", "--dry-run"]);
     let (ok, table, err) = c.run(cmd);
     assert!(ok, "{table}{err}");
@@ -201,7 +177,7 @@ fn matcher_places_best_total_avoids_unhealthy_gpus_and_converges_after_kill_9() 
         assert_eq!(c.job_field(id, "ReqNodeList"), "(null)", "dry run: {id}");
     }
 
-    let round = once_json(&c);
+    let round = c.matcher_once();
     let d_big = decision(&round, big);
     let d_small = decision(&round, small);
     let d_extra = decision(&round, extra);
@@ -267,7 +243,7 @@ fn matcher_places_best_total_avoids_unhealthy_gpus_and_converges_after_kill_9() 
 
     // A second round changes nothing: hints are only rewritten on change,
     // and so is the reason (its `since` stays).
-    let again = once_json(&c);
+    let again = c.matcher_once();
     assert_eq!(again["summary"]["updates"], 0, "{again}");
     assert_eq!(decision(&again, extra)["action"], "none");
     assert_eq!(c.admin_comment(extra), noted);
@@ -368,7 +344,7 @@ fn matcher_places_best_total_avoids_unhealthy_gpus_and_converges_after_kill_9() 
 #[test]
 fn help_documents_the_decision_table() {
     let c = Cluster::get();
-    let mut cmd = matcher(&c);
+    let mut cmd = c.matcher();
     cmd.arg("--help");
     let (ok, out, err) = c.run(cmd);
     assert!(ok, "{err}");

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use muxflow::mps::MpsDaemon;
 use muxflow::policy::{offline_slot_share, offline_sm_percent};
 use muxflow::Mode;
-use muxflow_tests::{kv, CancelNamed, Cluster};
+use muxflow_tests::{decision, kv, CancelNamed, Cluster};
 
 const PREFIX: &str = "mfs-";
 const WHOLE: &str = "mfswhole-";
@@ -334,21 +334,6 @@ fn an_offline_job_holding_all_slots_of_its_gpu_gets_the_whole_budget() {
 
 const MATCHED: &str = "mfsmatch-";
 
-fn matcher_once(c: &Cluster) -> serde_json::Value {
-    let mut cmd = c.cmd(
-        muxflow_tests::target()
-            .join("muxflow-matcher")
-            .to_str()
-            .unwrap(),
-    );
-    cmd.arg("--config")
-        .arg(c.dir.join("etc/muxflow.toml"))
-        .args(["--once", "--json"]);
-    let (ok, out, err) = c.run(cmd);
-    assert!(ok, "muxflow-matcher --once: {out}{err}");
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
-}
-
 /// The matcher sizes the slots (N = 2 cluster only; on one slot per GPU
 /// every job holds its GPU's one slot, which the other tests show): a job
 /// alone on an idle GPU gets both slots (`mfslot:g<i>:2`); with more jobs
@@ -380,14 +365,8 @@ fn the_matcher_gives_a_lone_job_every_slot_and_splits_gpus_when_jobs_wait() {
 
     // One job, two idle GPUs: alone on one of them, with both slots.
     let lone = submit(0);
-    let round = matcher_once(&c);
-    let d = round["decisions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["job"] == lone)
-        .cloned()
-        .unwrap_or_else(|| panic!("no decision for {lone}: {round}"));
+    let round = c.matcher_once();
+    let d = decision(&round, lone);
     assert_eq!(d["action"], "place", "{d}");
     assert_eq!(d["slots"], 2, "{d}");
     assert_eq!(c.wait_running(lone, WAIT), NODE);
@@ -404,16 +383,10 @@ fn the_matcher_gives_a_lone_job_every_slot_and_splits_gpus_when_jobs_wait() {
     // Four jobs, two GPUs: each GPU takes one job first, then one more
     // beside it; all four hold one slot each and run.
     let jobs: Vec<u32> = (1..=4).map(submit).collect();
-    let round = matcher_once(&c);
+    let round = c.matcher_once();
     let mut per_gpu = [0; 2];
     for &id in &jobs {
-        let d = round["decisions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|d| d["job"] == id)
-            .cloned()
-            .unwrap_or_else(|| panic!("no decision for {id}: {round}"));
+        let d = decision(&round, id);
         assert_eq!(d["action"], "place", "{round}");
         assert_eq!(d["slots"], 1, "{d}");
         per_gpu[d["gpu"].as_u64().unwrap() as usize] += 1;

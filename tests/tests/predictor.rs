@@ -9,19 +9,12 @@
 //! load `partner_load_pct` that muxflow-police measures: job_path.rs checks
 //! that a real shared run records it).
 
-use std::process::Command;
 use std::time::Duration;
 
-use muxflow_tests::{target, CancelNamed, Cluster};
+use muxflow_tests::{decision, CancelNamed, Cluster};
 
 const PREFIX: &str = "mfp-";
 const WAIT: Duration = Duration::from_secs(60);
-
-fn matcher(c: &Cluster) -> Command {
-    let mut cmd = c.cmd(target().join("muxflow-matcher").to_str().unwrap());
-    cmd.arg("--config").arg(c.dir.join("etc/muxflow.toml"));
-    cmd
-}
 
 fn scontrol(c: &Cluster, args: &[&str]) {
     let mut cmd = c.cmd("scontrol");
@@ -116,20 +109,12 @@ fn history_of_shared_runs_gives_two_jobs_different_predictions_and_the_pairing_i
     let a = c.offline_parked("mfp-a");
     let b = c.offline_parked("mfp-b");
 
-    let mut cmd = matcher(&c);
+    let mut cmd = c.matcher();
     cmd.args(["--once", "--dry-run", "--json"]);
     let (ok, out, err) = c.run(cmd);
     assert!(ok, "muxflow-matcher --once: {out}{err}");
     let round: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let d = |id: u32| {
-        round["decisions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|d| d["job"] == id)
-            .cloned()
-            .unwrap_or_else(|| panic!("no decision for {id}: {round}"))
-    };
+    let d = |id: u32| decision(&round, id);
     let (da, db) = (d(a), d(b));
     assert_eq!(
         (da["node"].as_str(), da["gpu"].as_u64()),
@@ -156,7 +141,7 @@ fn history_of_shared_runs_gives_two_jobs_different_predictions_and_the_pairing_i
     }
 
     // The table shows each prediction with its confidence.
-    let mut cmd = matcher(&c);
+    let mut cmd = c.matcher();
     cmd.args(["--once", "--dry-run"]);
     let (ok, table, err) = c.run(cmd);
     assert!(ok, "{table}{err}");
@@ -173,7 +158,7 @@ fn history_of_shared_runs_gives_two_jobs_different_predictions_and_the_pairing_i
 
     // --evaluate on the cluster's own history prints the same figures as
     // muxflow-sim predictor.
-    let mut cmd = matcher(&c);
+    let mut cmd = c.matcher();
     cmd.arg("--evaluate");
     let (ok, out, err) = c.run(cmd);
     assert!(ok, "{out}{err}");
