@@ -15,6 +15,12 @@
 //! come, first served, as the other policies do. The replay's online
 //! services never move, so the requeue an online arrival causes on a
 //! node never happens here.
+//!
+//! A k-GPU offline task is one job on k GPUs of one node (a gang, issue
+//! 15) under every policy: started on all of them together (the round's
+//! decision under muxflow, the policy's own first fit otherwise), at its
+//! slowest GPU's speed, counted by each GPU as one of its offline jobs,
+//! and stopped, paused or requeued whole.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
