@@ -59,6 +59,10 @@ pub struct PolicyFigures {
     pub offline_waiting_end: u64,
     pub offline_oom_starts: Option<u64>,
     pub offline_refused_placements: Option<u64>,
+    pub offline_short_of_gpus: u64,
+    pub gang_arrived: u64,
+    pub gang_finished: u64,
+    pub gang_gpu_hours: f64,
 }
 
 impl PolicyFigures {
@@ -90,6 +94,10 @@ impl PolicyFigures {
             offline_waiting_end: o.offline_waiting_end,
             offline_oom_starts: o.oom_starts,
             offline_refused_placements: o.refused_placements,
+            offline_short_of_gpus: o.offline_short_of_gpus,
+            gang_arrived: o.gang_arrived,
+            gang_finished: o.gang_finished,
+            gang_gpu_hours: r1(o.gang_gpu_hours),
         }
     }
 }
@@ -250,6 +258,18 @@ pub fn table(policies: &[PolicyFigures], inputs: &InputFigures) -> String {
         (
             "placements failed (memory)",
             Box::new(|p| p.offline_oom_starts.map_or("-".into(), |r| r.to_string())),
+        ),
+        (
+            "gang jobs (k GPUs) arrived/done",
+            Box::new(|p| format!("{}/{}", p.gang_arrived, p.gang_finished)),
+        ),
+        (
+            "gang work done, GPU-h",
+            Box::new(|p| format!("{:.0}", p.gang_gpu_hours)),
+        ),
+        (
+            "jobs on fewer GPUs than asked",
+            Box::new(|p| p.offline_short_of_gpus.to_string()),
         ),
     ];
     let _ = write!(s, "{:<32}", "");

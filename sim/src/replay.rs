@@ -15,6 +15,12 @@
 //! come, first served, as the other policies do. The replay's online
 //! services never move, so the requeue an online arrival causes on a
 //! node never happens here.
+//!
+//! A k-GPU offline task is one job on k GPUs of one node (a gang, issue
+//! 15) under every policy: started on all of them together (the round's
+//! decision under muxflow, the policy's own first fit otherwise), at its
+//! slowest GPU's speed, counted by each GPU as one of its offline jobs,
+//! and stopped, paused or requeued whole.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,7 +30,7 @@ use muxflow::config::Policy;
 use muxflow::health::{Fsm, HealthState, Input, Metrics, Solo};
 use muxflow::policy::{offline_mem_cap_mib, offline_part, offline_sm_percent, GpuFacts};
 use muxflow::published::GpuPublished;
-use muxflow::report::JobReport;
+use muxflow::report::{GangGpu, JobReport};
 use muxflow::Mode;
 use muxflow_matcher::predict::{runs_from_sacct, Model, Run};
 use muxflow_matcher::reader::{
@@ -180,6 +186,14 @@ pub struct Outcome {
     /// accept offline work, and health checks that found offline work
     /// progressing on a GPU whose state pauses it. Both must stay 0.
     pub health_violations: u64,
+    /// Offline jobs that ran on fewer GPUs than they asked for (or on
+    /// several nodes): counted from the GPUs each start gave; must be 0.
+    pub offline_short_of_gpus: u64,
+    /// Jobs asking for more than one GPU (gangs): arrived, finished, and
+    /// their part of `offline_gpu_hours`.
+    pub gang_arrived: u64,
+    pub gang_finished: u64,
+    pub gang_gpu_hours: f64,
     pub timeline: Vec<HourRow>,
     /// Seconds of online GPU-time at each latency factor bin.
     pub latency_hist: Vec<f64>,
@@ -201,33 +215,60 @@ struct GpuRt {
     /// `muxflow-nK`).
     offline: Vec<u32>,
     rates: GpuRates,
+    /// The online latency factor its offline jobs leave (the model's),
+    /// kept for when a gang's speed changes on another GPU.
+    slowdown: f64,
     latency_since: f64,
     fsm: Option<Fsm>,
     /// The online service's figures while alone, as the node keeps them.
     solo: Option<Solo>,
 }
 
+/// A running job's part on one of its GPUs (a k-GPU job has k).
+#[derive(Debug, Clone, Copy, Default)]
+struct JobSeat {
+    g: u32,
+    /// Its SM share and memory cap there, fixed at its start, and the
+    /// GPU's whole offline SM budget then (percent).
+    sm_pct: u8,
+    budget_pct: u8,
+    mem_cap_mib: Option<u64>,
+    /// Pair throughputs with the GPU's online service (x_off, x_on).
+    pair: Option<(f64, f64)>,
+    /// The speed this GPU's model gives it; the job runs at its slowest
+    /// seat's (synchronous training waits for it).
+    speed: f64,
+}
+
+impl JobSeat {
+    fn on(g: u32, pair: Option<(f64, f64)>) -> JobSeat {
+        JobSeat {
+            g,
+            pair,
+            ..JobSeat::default()
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 struct JobRt {
     remaining_s: f64,
     last_s: f64,
+    /// Its speed: its slowest seat's.
     speed: f64,
     version: u32,
-    gpu: Option<u32>,
+    /// Its GPUs while it runs (all of one node); empty otherwise.
+    seats: Vec<JobSeat>,
     started: bool,
     run_start_s: f64,
     run_remaining_s: f64,
-    slot_gpu: Option<u32>,
+    /// GPU indices of its typed slots once placed (Slurm 22.05 keeps them).
+    slot_gpus: Vec<u32>,
     finished: bool,
-    /// Its SM share and memory cap, fixed at its start, and the GPU's
-    /// whole offline SM budget then (percent).
-    sm_pct: u8,
-    budget_pct: u8,
-    mem_cap_mib: Option<u64>,
-    /// The GPU's offline slots it holds (`muxflow-nK`: 1..=K).
+    /// Each GPU's offline slots it holds (`muxflow-nK`: 1..=K).
     slots: u32,
-    /// Pair throughputs with the GPU's online service (x_off, x_on).
-    pair: Option<(f64, f64)>,
+    /// It ran on fewer GPUs than it asked for, or on several nodes.
+    short: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -238,6 +279,8 @@ struct Integrals {
     util_online: f64,
     sm_online: f64,
     work: f64,
+    /// Of `work`, the k-GPU jobs'.
+    gang_work: f64,
     lent: f64,
 }
 
@@ -249,7 +292,9 @@ struct Sums {
     mem: f64,
     util_online: f64,
     sm_online: f64,
+    /// Work rate: each running job's speed × its GPUs.
     speed: f64,
+    gang_speed: f64,
     lent: usize,
     running: usize,
 }
@@ -286,6 +331,7 @@ struct Sim<'a> {
     jct: Vec<f64>,
     queue_s: Vec<f64>,
     finished: u64,
+    gang_finished: u64,
     timeline: Vec<HourRow>,
     hour_acc: Integrals,
     // muxflow
@@ -427,6 +473,7 @@ impl<'a> Sim<'a> {
             jct: Vec::new(),
             queue_s: Vec::new(),
             finished: 0,
+            gang_finished: 0,
             timeline: Vec::new(),
             hour_acc: Integrals::default(),
             state: ClusterState::default(),
@@ -484,9 +531,8 @@ impl<'a> Sim<'a> {
                 });
             }
         }
-        for g in 0..n as u32 {
-            sim.refresh(g);
-        }
+        let all: Vec<u32> = (0..n as u32).collect();
+        sim.refresh(&all);
         sim
     }
 
@@ -502,6 +548,7 @@ impl<'a> Sim<'a> {
             a.util_online += s.util_online * dt;
             a.sm_online += s.sm_online * dt;
             a.work += s.speed * dt;
+            a.gang_work += s.gang_speed * dt;
             a.lent += s.lent as f64 * dt;
             self.last_s = t;
         }
@@ -517,23 +564,32 @@ impl<'a> Sim<'a> {
         })
     }
 
-    /// GPU `g`'s rates now and the speed of each of its offline jobs.
-    fn compute_rates(&self, g: u32) -> (GpuRates, Vec<f64>) {
+    /// Job `j`'s seat on GPU `g` (it runs there).
+    fn seat(&self, j: u32, g: u32) -> &JobSeat {
+        self.jobs[j as usize]
+            .seats
+            .iter()
+            .find(|s| s.g == g)
+            .expect("a job on the GPU has a seat there")
+    }
+
+    /// The speed GPU `g`'s model gives each of its offline jobs (a gang's
+    /// seat there), and the online latency factor they leave.
+    fn local_speeds(&self, g: u32) -> (Vec<f64>, f64) {
         let rt = &self.gpus[g as usize];
         let online = self.online_side(g);
-        let gpu = &self.sc.gpus[g as usize];
-        let (speeds, latency) = if self.kind.is_muxflow() {
+        if self.kind.is_muxflow() {
             let paused = rt.fsm.is_some_and(|f| f.state.pauses_offline());
             let members: Vec<SlotJob> = rt
                 .offline
                 .iter()
                 .map(|&j| {
                     let job = &self.sc.jobs[j as usize];
-                    let jr = &self.jobs[j as usize];
+                    let seat = self.seat(j, g);
                     SlotJob {
-                        with_online: online.and(jr.pair),
-                        share: f64::from(jr.sm_pct) / 100.0,
-                        budget: f64::from(jr.budget_pct) / 100.0,
+                        with_online: online.and(seat.pair),
+                        share: f64::from(seat.sm_pct) / 100.0,
+                        budget: f64::from(seat.budget_pct) / 100.0,
                         demand: OFFLINE_SM * job.share,
                     }
                 })
@@ -554,7 +610,7 @@ impl<'a> Sim<'a> {
             let speeds = rt
                 .offline
                 .iter()
-                .map(|&j| match (online.is_some(), self.jobs[j as usize].pair) {
+                .map(|&j| match (online.is_some(), self.seat(j, g).pair) {
                     (false, _) | (true, None) => 1.0,
                     (true, Some((x_off, x_on))) => {
                         let (speed, lat) = match self.kind {
@@ -567,32 +623,46 @@ impl<'a> Sim<'a> {
                 })
                 .collect();
             (speeds, latency)
-        };
+        }
+    }
+
+    /// Job `j`'s speed from its seats: its slowest GPU's.
+    fn gang_speed(&self, j: u32) -> f64 {
+        self.jobs[j as usize]
+            .seats
+            .iter()
+            .map(|s| s.speed)
+            .fold(f64::INFINITY, f64::min)
+    }
+
+    /// GPU `g`'s rates from its jobs' seats: each job counts at its own
+    /// (slowest-seat) speed, as a gang's faster GPUs wait for its slowest.
+    fn rates_of(&self, g: u32) -> GpuRates {
+        let rt = &self.gpus[g as usize];
+        let gpu = &self.sc.gpus[g as usize];
         let sides: Vec<OfflineSide> = rt
             .offline
             .iter()
-            .zip(&speeds)
-            .map(|(&j, &speed)| {
+            .map(|&j| {
                 let job = &self.sc.jobs[j as usize];
                 OfflineSide {
                     share: job.share,
                     mem: job.mem_mib as f64 / gpu.mem_mib as f64,
-                    speed,
+                    speed: self.gang_speed(j),
                 }
             })
             .collect();
-        (gpu_rates(online, &sides, latency), speeds)
+        gpu_rates(self.online_side(g), &sides, rt.slowdown)
     }
 
-    /// Recomputes GPU `g`'s rates after a change and carries them into the
-    /// sums, the latency histogram and its offline job's finish time.
-    fn refresh(&mut self, g: u32) {
-        let (new, speeds) = self.compute_rates(g);
+    /// Carries GPU `g`'s new rates into the sums and the latency
+    /// histogram; false when they did not change.
+    fn apply_rates(&mut self, g: u32, new: GpuRates) -> bool {
         let online = self.sc.online[g as usize].is_some();
         let rt = &mut self.gpus[g as usize];
         let old = rt.rates;
         if new == old {
-            return;
+            return false;
         }
         let s = &mut self.sums;
         s.util += new.util - old.util;
@@ -609,20 +679,73 @@ impl<'a> Sim<'a> {
             }
         }
         rt.rates = new;
-        let jobs = rt.offline.clone();
-        for (j, speed) in jobs.into_iter().zip(speeds) {
-            self.set_speed(j, speed);
+        true
+    }
+
+    /// Recomputes the GPUs `gs` (ascending) after a change: each GPU's
+    /// model speeds and latency, its jobs' speeds (a gang's is its slowest
+    /// seat's) and finish times, and the rates of every GPU a changed gang
+    /// also runs on.
+    fn refresh(&mut self, gs: &[u32]) {
+        debug_assert!(gs.windows(2).all(|w| w[0] < w[1]));
+        for &g in gs {
+            let (speeds, slowdown) = self.local_speeds(g);
+            self.gpus[g as usize].slowdown = slowdown;
+            let jobs = std::mem::take(&mut self.gpus[g as usize].offline);
+            for (&j, speed) in jobs.iter().zip(speeds) {
+                for s in self.jobs[j as usize].seats.iter_mut().filter(|s| s.g == g) {
+                    s.speed = speed;
+                }
+            }
+            self.gpus[g as usize].offline = jobs;
+        }
+        let mut elsewhere: Vec<u32> = Vec::new();
+        for &g in gs {
+            let changed = self.apply_rates(g, self.rates_of(g));
+            let jobs = self.gpus[g as usize].offline.clone();
+            for j in jobs {
+                let seats = &self.jobs[j as usize].seats;
+                // A gang on several of `gs` is set once, at its first.
+                if seats
+                    .iter()
+                    .any(|s| s.g < g && gs.binary_search(&s.g).is_ok())
+                {
+                    continue;
+                }
+                let speed = self.gang_speed(j);
+                if speed != self.jobs[j as usize].speed {
+                    elsewhere.extend(
+                        seats
+                            .iter()
+                            .map(|s| s.g)
+                            .filter(|h| gs.binary_search(h).is_err()),
+                    );
+                } else if !changed {
+                    continue;
+                }
+                self.set_speed(j, speed);
+            }
+        }
+        elsewhere.sort_unstable();
+        elsewhere.dedup();
+        for h in elsewhere {
+            self.apply_rates(h, self.rates_of(h));
         }
     }
 
     fn set_speed(&mut self, j: u32, speed: f64) {
+        let gpus = f64::from(self.sc.jobs[j as usize].gpus);
         let job = &mut self.jobs[j as usize];
         job.remaining_s = (job.remaining_s - job.speed * (self.now - job.last_s)).max(0.0);
         job.last_s = self.now;
-        if job.speed == speed && job.gpu.is_some() {
+        if job.speed == speed && !job.seats.is_empty() {
             return;
         }
-        self.sums.speed += speed - job.speed;
+        // Work done counts each of its GPUs (GPU-hours, as k workers did).
+        self.sums.speed += (speed - job.speed) * gpus;
+        if gpus > 1.0 {
+            self.sums.gang_speed += (speed - job.speed) * gpus;
+        }
         job.speed = speed;
         job.version += 1;
         if speed > 0.0 {
@@ -661,10 +784,9 @@ impl<'a> Sim<'a> {
             return;
         }
         self.load = model::diurnal_load(h);
-        for i in 0..self.online_ids.len() {
-            let g = self.online_ids[i];
-            self.refresh(g);
-        }
+        let online = std::mem::take(&mut self.online_ids);
+        self.refresh(&online);
+        self.online_ids = online;
         self.resum();
         self.q.push(f64::from(h + 1) * 3600.0, Ev::Hour(h + 1));
     }
@@ -685,8 +807,14 @@ impl<'a> Sim<'a> {
                 s.sm_online += rt.rates.sm;
             }
         }
-        for j in self.jobs.iter().filter(|j| j.gpu.is_some()) {
-            s.speed += j.speed;
+        for (rt, job) in self.jobs.iter().zip(&self.sc.jobs) {
+            if !rt.seats.is_empty() {
+                let work = rt.speed * f64::from(job.gpus);
+                s.speed += work;
+                if job.gpus > 1 {
+                    s.gang_speed += work;
+                }
+            }
         }
         self.sums = s;
     }
@@ -713,28 +841,92 @@ impl<'a> Sim<'a> {
         if let Some(next) = self.sc.jobs.get(self.next_arrival) {
             self.q.push(next.arrival_s, Ev::Arrival);
         }
-        // An idle GPU first (whole), then, when sharing, a free slot beside
-        // an online service (first fit by GPU order). Under muxflow the
-        // matcher's round places it, on an idle GPU or beside a service.
+        // Under muxflow the matcher's round places it, on idle GPUs or
+        // beside online services; the other policies place it at once.
         if self.kind.is_muxflow() {
             self.enqueue(j);
             return;
         }
-        if let Some(g) = self.idle_free.iter().copied().find(|&g| self.allowed(j, g)) {
-            self.start(j, g, None);
-            return;
+        match self.plain_placement(j, None) {
+            Some(seats) => self.start(j, seats),
+            None => self.enqueue(j),
         }
-        if !self.slot_free.is_empty() {
-            let found =
-                self.slot_free.iter().copied().find_map(|g| {
-                    Some((g, self.fits_beside(j, g).filter(|_| self.allowed(j, g))?))
-                });
-            if let Some((g, pair)) = found {
-                self.start(j, g, Some(pair));
-                return;
+    }
+
+    /// GPU ids of node `n`.
+    fn node_gpus(&self, n: u32) -> std::ops::Range<u32> {
+        let end = self
+            .first_gpu
+            .get(n as usize + 1)
+            .copied()
+            .unwrap_or(self.sc.gpus.len() as u32);
+        self.first_gpu[n as usize]..end
+    }
+
+    /// Where `exclusive`, `time-sharing` and `priority` start job `j` now
+    /// (on node `on_node` only, when given): its k GPUs, all of one node,
+    /// or nothing. Idle GPUs first (whole; the first node with k of them
+    /// that the job's gpu_spec allows), then, when sharing, the first node
+    /// whose idle GPUs and free slots beside an online service it fits
+    /// make k (idle ones first, then by GPU order). A 1-GPU job thus takes
+    /// the first idle GPU, else the first free slot it fits (first fit).
+    fn plain_placement(&self, j: u32, on_node: Option<u32>) -> Option<Vec<JobSeat>> {
+        let k = self.sc.jobs[j as usize].gpus as usize;
+        let range = match on_node {
+            Some(n) => self.node_gpus(n),
+            None => 0..self.sc.gpus.len() as u32,
+        };
+        let mut seats: Vec<JobSeat> = Vec::new();
+        let mut node = None;
+        for g in self.idle_free.range(range.clone()) {
+            if !self.allowed(j, *g) {
+                continue;
+            }
+            let n = self.sc.gpus[*g as usize].node;
+            if node != Some(n) {
+                node = Some(n);
+                seats.clear();
+            }
+            seats.push(JobSeat::on(*g, None));
+            if seats.len() == k {
+                return Some(seats);
             }
         }
-        self.enqueue(j);
+        if !self.kind.shares() {
+            return None;
+        }
+        // No idle GPU it may use anywhere: only slots count below.
+        let any_idle = node.is_some();
+        let mut last = None;
+        for g in self.slot_free.range(range) {
+            let n = self.sc.gpus[*g as usize].node;
+            if last == Some(n) {
+                continue; // this node was tried whole
+            }
+            last = Some(n);
+            seats.clear();
+            if any_idle {
+                seats.extend(
+                    self.idle_free
+                        .range(self.node_gpus(n))
+                        .filter(|&&h| self.allowed(j, h))
+                        .map(|&h| JobSeat::on(h, None)),
+                );
+            }
+            for h in self.slot_free.range(self.node_gpus(n)) {
+                if seats.len() == k {
+                    break;
+                }
+                if let Some(pair) = self.fits_beside(j, *h).filter(|_| self.allowed(j, *h)) {
+                    seats.push(JobSeat::on(*h, Some(pair)));
+                }
+            }
+            if seats.len() >= k {
+                seats.truncate(k);
+                return Some(seats);
+            }
+        }
+        None
     }
 
     fn enqueue(&mut self, j: u32) {
@@ -749,9 +941,10 @@ impl<'a> Sim<'a> {
                 user: "sim".into(),
                 name: self.sc.tasks[job.task as usize].name.clone(),
                 required_nodes: String::new(),
-                slot_gpus: self.jobs[j as usize].slot_gpu.into_iter().collect(),
-                // The trace's multi-GPU tasks are split into 1-GPU workers.
-                gpus: 1,
+                slot_gpus: self.jobs[j as usize].slot_gpus.clone(),
+                // A k-GPU task is one job on k GPUs of one node: the round
+                // places it as a gang.
+                gpus: job.gpus,
                 slots: 1,
                 held: true,
                 waiting: None,
@@ -760,52 +953,68 @@ impl<'a> Sim<'a> {
         }
     }
 
-    fn start(&mut self, j: u32, g: u32, pair: Option<(f64, f64)>) {
+    /// Starts job `j` on its seats (all its GPUs together).
+    fn start(&mut self, j: u32, mut seats: Vec<JobSeat>) {
+        seats.sort_by_key(|s| s.g);
         self.queue.remove(&j);
-        self.idle_free.remove(&g);
-        self.slot_free.remove(&g);
-        let online = self.sc.online[g as usize].is_some();
+        let asked = self.sc.jobs[j as usize].gpus as usize;
+        let node = self.sc.gpus[seats[0].g as usize].node;
+        // Counted from what it holds, not from what was meant: the row
+        // that must read 0.
+        let short = seats.len() < asked
+            || seats.windows(2).any(|w| w[0].g == w[1].g)
+            || seats
+                .iter()
+                .any(|s| self.sc.gpus[s.g as usize].node != node);
         let job = &mut self.jobs[j as usize];
         if !job.started {
             job.started = true;
             self.queue_s
                 .push(self.now - self.sc.jobs[j as usize].arrival_s);
         }
-        job.gpu = Some(g);
+        job.short |= short;
         job.last_s = self.now;
         job.run_start_s = self.now;
         job.run_remaining_s = job.remaining_s;
         job.speed = 0.0;
-        job.pair = pair;
-        let rt = &mut self.gpus[g as usize];
-        rt.offline.push(j);
-        let on_gpu = rt.offline.len() as u32;
-        let slots = self.slots_held(g);
-        let rt = &mut self.gpus[g as usize];
+        let gs: Vec<u32> = seats.iter().map(|s| s.g).collect();
+        job.seats = seats;
         self.sums.running += 1;
-        if rt.fsm.is_some_and(|f| !f.state.accepts_offline()) {
-            self.health_violations += 1;
+        for &g in &gs {
+            self.idle_free.remove(&g);
+            self.slot_free.remove(&g);
+            let online = self.sc.online[g as usize].is_some();
+            self.gpus[g as usize].offline.push(j);
+            let rt = &self.gpus[g as usize];
+            let on_gpu = rt.offline.len() as u32;
+            if rt.fsm.is_some_and(|f| !f.state.accepts_offline()) {
+                self.health_violations += 1;
+            }
+            // Lent: GPUs owned by online work holding offline work (one
+            // however many jobs it holds).
+            if online && on_gpu == 1 {
+                self.sums.lent += 1;
+            }
+            self.publish(g);
+            // Force new speeds even if the rates look unchanged.
+            self.gpus[g as usize].rates.offline_speed = -1.0;
         }
-        // Lent: GPUs owned by online work holding offline work (one
-        // however many jobs it holds).
-        if online && on_gpu == 1 {
-            self.sums.lent += 1;
-        }
+        self.refresh(&gs);
+    }
+
+    /// What GPU `g`'s offline jobs hold, in the round's state.
+    fn publish(&mut self, g: u32) {
         if let Some(&k) = self
             .state_index
             .get(g as usize)
             .filter(|&&k| k != usize::MAX)
         {
+            let slots = self.slots_held(g);
+            let on_gpu = self.gpus[g as usize].offline.len() as u32;
             self.state.gpus[k].slots_used = slots;
             self.state.gpus[k].offline_jobs = on_gpu;
             self.state.gpus[k].published.offline = on_gpu;
         }
-        // Force a new finish event even if the rates look unchanged.
-        self.gpus[g as usize].rates = GpuRates {
-            offline_speed: -1.0,
-            ..self.gpus[g as usize].rates
-        };
-        self.refresh(g);
     }
 
     /// The offline slots GPU `g`'s running jobs hold.
@@ -817,92 +1026,89 @@ impl<'a> Sim<'a> {
             .sum()
     }
 
-    /// Takes job `j` off its GPU (finished or not); returns the GPU.
-    fn stop(&mut self, j: u32) -> u32 {
-        let g = self.jobs[j as usize].gpu.expect("running job");
+    /// Takes job `j` off all its GPUs (finished or not); returns them.
+    fn stop(&mut self, j: u32) -> Vec<u32> {
         self.set_speed(j, 0.0);
         let job = &mut self.jobs[j as usize];
-        job.gpu = None;
+        let gs: Vec<u32> = job.seats.iter().map(|s| s.g).collect();
+        job.seats.clear();
         job.version += 1;
-        job.pair = None;
-        let online = self.sc.online[g as usize].is_some();
-        let rt = &mut self.gpus[g as usize];
-        rt.offline.retain(|&k| k != j);
-        let on_gpu = rt.offline.len() as u32;
-        let now_free = rt.offline.is_empty();
-        let slots = self.slots_held(g);
-        let rt = &mut self.gpus[g as usize];
         self.sums.running -= 1;
-        // Force new speeds for the jobs left (their partners changed).
-        rt.rates = GpuRates {
-            offline_speed: -1.0,
-            ..rt.rates
-        };
-        self.refresh(g);
-        if let Some(&k) = self
-            .state_index
-            .get(g as usize)
-            .filter(|&&k| k != usize::MAX)
-        {
-            self.state.gpus[k].slots_used = slots;
-            self.state.gpus[k].offline_jobs = on_gpu;
-            self.state.gpus[k].published.offline = on_gpu;
-        }
-        if online {
-            if now_free {
-                self.sums.lent -= 1;
+        for &g in &gs {
+            let online = self.sc.online[g as usize].is_some();
+            let rt = &mut self.gpus[g as usize];
+            rt.offline.retain(|&k| k != j);
+            let now_free = rt.offline.is_empty();
+            // Force new speeds for the jobs left (their partners changed).
+            rt.rates.offline_speed = -1.0;
+            self.publish(g);
+            if online {
+                if now_free {
+                    self.sums.lent -= 1;
+                }
+                if self.kind.shares() && !self.kind.is_muxflow() {
+                    self.slot_free.insert(g);
+                }
+            } else if now_free {
+                self.idle_free.insert(g);
             }
-            if self.kind.shares() && !self.kind.is_muxflow() {
-                self.slot_free.insert(g);
-            }
-        } else if now_free {
-            self.idle_free.insert(g);
         }
-        g
+        self.refresh(&gs);
+        gs
     }
 
     fn finish(&mut self, j: u32, version: u32) {
         let job = &self.jobs[j as usize];
-        if job.version != version || job.gpu.is_none() || job.finished {
+        if job.version != version || job.seats.is_empty() || job.finished {
             return;
         }
-        let g = job.gpu.expect("checked");
         if self.kind.is_muxflow() {
-            self.report(j, g, false);
+            let seats = job.seats.clone();
+            self.report(j, &seats, false);
         }
-        self.stop(j);
+        let gs = self.stop(j);
         self.jobs[j as usize].finished = true;
         self.jobs[j as usize].remaining_s = 0.0;
         self.finished += 1;
+        if self.sc.jobs[j as usize].gpus > 1 {
+            self.gang_finished += 1;
+        }
         self.jct.push(self.now - self.sc.jobs[j as usize].arrival_s);
-        self.fill(g);
+        self.fill(&gs);
     }
 
-    /// Gives a freed GPU to the oldest waiting job that can use it.
-    fn fill(&mut self, g: u32) {
-        let online = self.sc.online[g as usize].is_some();
+    /// Gives freed GPUs (of one node) to the oldest waiting jobs that can
+    /// use them, while one of them is free.
+    fn fill(&mut self, freed: &[u32]) {
         if self.kind.is_muxflow() {
-            // The next round places a job there.
-        } else if !online {
-            if let Some(j) = self.queue.iter().copied().find(|&j| self.allowed(j, g)) {
-                self.start(j, g, None);
-            }
-        } else if self.kind.shares() && !self.kind.is_muxflow() {
-            let found =
-                self.queue.iter().copied().find_map(|j| {
-                    Some((j, self.fits_beside(j, g).filter(|_| self.allowed(j, g))?))
-                });
-            if let Some((j, pair)) = found {
-                self.start(j, g, Some(pair));
+            return; // the next round places jobs there
+        }
+        let node = self.sc.gpus[freed[0] as usize].node;
+        while freed
+            .iter()
+            .any(|g| self.idle_free.contains(g) || self.slot_free.contains(g))
+        {
+            let found = self
+                .queue
+                .iter()
+                .find_map(|&j| Some((j, self.plain_placement(j, Some(node))?)));
+            match found {
+                Some((j, seats)) => self.start(j, seats),
+                None => break,
             }
         }
     }
 
     /// The AdminComment the plugin writes for this run, read back through
     /// sacct's parser into the predictor's history.
-    fn report(&mut self, j: u32, g: u32, oom: bool) {
+    /// A k-GPU job's record is the plugin's: its first GPU in the main
+    /// fields, the others in `gang`; its progress is the gang's (its
+    /// slowest GPU's).
+    fn report(&mut self, j: u32, seats: &[JobSeat], oom: bool) {
         let job = &self.sc.jobs[j as usize];
         let rt = &self.jobs[j as usize];
+        let first = &seats[0];
+        let g = first.g;
         let gpu = &self.sc.gpus[g as usize];
         let svc = self.sc.online[g as usize].as_ref();
         let solo = self.sc.pairs.solo[job.job_type as usize];
@@ -910,7 +1116,7 @@ impl<'a> Sim<'a> {
         let remaining = (rt.remaining_s - rt.speed * (self.now - rt.last_s)).max(0.0);
         let done = rt.run_remaining_s - remaining;
         let steps_per_s = (!oom && wall > 0.0).then(|| solo * done / wall);
-        let peak_mib = match (svc, rt.mem_cap_mib) {
+        let peak_mib = match (svc, first.mem_cap_mib) {
             (Some(_), Some(cap)) => job.mem_mib.min(cap),
             _ => job.mem_mib,
         };
@@ -921,8 +1127,8 @@ impl<'a> Sim<'a> {
             mode: Some(Mode::Offline),
             node: Some(self.sc.nodes[gpu.node as usize].clone()),
             gpu: Some(gpu.index),
-            sm_pct: svc.map(|_| rt.sm_pct),
-            mem_cap_mib: svc.and(rt.mem_cap_mib),
+            sm_pct: svc.map(|_| first.sm_pct),
+            mem_cap_mib: svc.and(first.mem_cap_mib),
             partner: svc.map(|s| s.job_id),
             oom: Some(u64::from(oom)),
             // The node's NVML reading (what the predictor trusts) and
@@ -931,6 +1137,18 @@ impl<'a> Sim<'a> {
             peak_mib: Some(peak_mib),
             run_s: Some(run_s as u64),
             launches: steps_per_s.map(|s| (s * LAUNCHES_PER_STEP * run_s).round() as u64),
+            gang: seats[1..]
+                .iter()
+                .map(|s| {
+                    let svc = self.sc.online[s.g as usize].as_ref();
+                    GangGpu {
+                        gpu: self.sc.gpus[s.g as usize].index,
+                        sm_pct: svc.map(|_| s.sm_pct),
+                        mem_cap_mib: svc.and(s.mem_cap_mib),
+                        partner: svc.map(|p| p.job_id),
+                    }
+                })
+                .collect(),
             ..JobReport::default()
         };
         let sacct = SacctJob {
@@ -1002,7 +1220,8 @@ impl<'a> Sim<'a> {
                 p.online_mem_mib = Some(solo.mem_mib);
             }
             if before.state.pauses_offline() != after.state.pauses_offline() {
-                self.refresh(g);
+                // A gang with a seat here pauses (or resumes) whole.
+                self.refresh(&[g]);
             }
             let rt = &self.gpus[g as usize];
             if after.state.pauses_offline()
@@ -1083,6 +1302,13 @@ impl<'a> Sim<'a> {
         Truth { sim: self }.speed(j, g, slots).unwrap_or(0.0)
     }
 
+    /// The true speed of job `j` on GPUs `gs` together: its slowest's.
+    fn true_speed_on(&self, j: u32, gs: &[u32], slots: u32) -> f64 {
+        gs.iter()
+            .map(|&g| self.true_speed(j, g, slots))
+            .fold(f64::INFINITY, f64::min)
+    }
+
     fn round(&mut self) {
         if self.pending_unsorted {
             self.state.pending.sort_by_key(|p| p.id);
@@ -1141,12 +1367,11 @@ impl<'a> Sim<'a> {
             .iter()
             .filter(|d| d.action == Action::Place)
         {
-            if let (Some(node), Some(i)) = (&d.node, d.gpu) {
-                let g = self.gpu_of(node, i).expect("a GPU of the scenario");
+            if let Some(gs) = self.gpus_of(d) {
                 // Every placement, idle GPUs' too: the two rounds may put
                 // different numbers of jobs beside online jobs, and a
                 // ratio over the shared ones alone could pass 1.
-                self.pair_oracle += self.true_speed(d.job - 1, g, d.slots);
+                self.pair_oracle += gs.len() as f64 * self.true_speed_on(d.job - 1, &gs, d.slots);
             }
         }
         for d in chosen
@@ -1154,14 +1379,14 @@ impl<'a> Sim<'a> {
             .iter()
             .filter(|d| d.action == Action::Place)
         {
-            let (Some(node), Some(i)) = (&d.node, d.gpu) else {
+            let Some(gs) = self.gpus_of(d) else {
                 continue;
             };
-            let g = self.gpu_of(node, i).expect("a GPU of the scenario");
             let j = d.job - 1;
-            let idle = self.sc.online[g as usize].is_none();
-            let truth = self.true_speed(j, g, d.slots);
-            self.pair_true += truth;
+            let idle = gs.iter().any(|&g| self.sc.online[g as usize].is_none());
+            // A gang is worth k × its slowest GPU's speed, as in the round.
+            let truth = self.true_speed_on(j, &gs, d.slots);
+            self.pair_true += gs.len() as f64 * truth;
             // The predictor's error counts the pairs only: on an idle GPU
             // the round predicts the solo speed, 1 by definition.
             if !idle {
@@ -1171,44 +1396,64 @@ impl<'a> Sim<'a> {
             if d.update.is_none() {
                 continue; // deferred by max_updates_per_round
             }
-            if !self.allowed(j, g) {
+            if !gs.iter().all(|&g| self.allowed(j, g)) {
                 self.refused += 1;
                 continue;
             }
-            let (budget_pct, sm_pct, cap) = self.policy_for(g, d.slots);
-            {
-                let rt = &mut self.jobs[j as usize];
-                rt.sm_pct = sm_pct;
-                rt.budget_pct = budget_pct;
-                rt.mem_cap_mib = cap;
-                rt.slots = d.slots;
-            }
             let job = &self.sc.jobs[j as usize];
-            let pair = self.fits_beside(j, g);
-            let over_cap = cap.is_some_and(|c| job.mem_mib > c) || !self.fits_offline(j, g);
-            // Slurm 22.05 keeps the typed slot: later placements only on
-            // this GPU index.
-            self.jobs[j as usize].slot_gpu = Some(i);
-            if idle && !over_cap && job.mem_mib <= self.sc.gpus[g as usize].mem_mib {
-                self.start(j, g, None);
-            } else if let (Some(pair), false) = (pair, over_cap) {
-                self.start(j, g, Some(pair));
+            let mut seats = Vec::with_capacity(gs.len());
+            let mut fails = false;
+            for &g in &gs {
+                let (budget_pct, sm_pct, cap) = self.policy_for(g, d.slots);
+                let pair = self.fits_beside(j, g);
+                let over_cap = cap.is_some_and(|c| job.mem_mib > c) || !self.fits_offline(j, g);
+                let starts = if self.sc.online[g as usize].is_none() {
+                    !over_cap && job.mem_mib <= self.sc.gpus[g as usize].mem_mib
+                } else {
+                    pair.is_some() && !over_cap
+                };
+                fails |= !starts;
+                seats.push(JobSeat {
+                    sm_pct,
+                    budget_pct,
+                    mem_cap_mib: cap,
+                    ..JobSeat::on(g, pair)
+                });
+            }
+            let rt = &mut self.jobs[j as usize];
+            rt.slots = d.slots;
+            // Slurm 22.05 keeps the typed slots: later placements only on
+            // these GPU indices.
+            rt.slot_gpus = d.gpus.clone();
+            if !fails {
+                self.start(j, seats);
             } else {
-                // Its allocations hit the memory cap at once: it exits, its
-                // report says so, and it waits again.
+                // Its allocations hit the memory cap at once on one of its
+                // GPUs: the whole job exits, its report says so, and it
+                // waits again.
                 self.oom += 1;
-                let rt = &mut self.jobs[j as usize];
                 rt.run_start_s = self.now;
                 rt.run_remaining_s = rt.remaining_s;
-                self.report(j, g, true);
+                self.report(j, &seats, true);
                 let k = self
                     .state
                     .pending
                     .binary_search_by_key(&d.job, |p| p.id)
                     .expect("a pending job");
-                self.state.pending[k].slot_gpus = vec![i];
+                self.state.pending[k].slot_gpus = d.gpus.clone();
             }
         }
+    }
+
+    /// The scenario's GPUs a placing decision names.
+    fn gpus_of(&self, d: &muxflow_matcher::round::Decision) -> Option<Vec<u32>> {
+        let node = d.node.as_ref()?;
+        let gs: Vec<u32> = d
+            .gpus
+            .iter()
+            .map(|&i| self.gpu_of(node, i).expect("a GPU of the scenario"))
+            .collect();
+        (!gs.is_empty()).then_some(gs)
     }
 
     fn outcome(mut self) -> Outcome {
@@ -1253,6 +1498,13 @@ impl<'a> Sim<'a> {
             oom_starts: mux.then_some(self.oom),
             refused_placements: mux.then_some(self.refused),
             health_violations: self.health_violations,
+            offline_short_of_gpus: self.jobs.iter().filter(|j| j.short).count() as u64,
+            gang_arrived: self.sc.jobs[..self.next_arrival]
+                .iter()
+                .filter(|j| j.gpus > 1)
+                .count() as u64,
+            gang_finished: self.gang_finished,
+            gang_gpu_hours: a.gang_work / 3600.0,
             timeline: self.timeline,
             latency_hist: self.latency_hist,
         }

@@ -76,8 +76,12 @@ pub struct Service {
 pub struct OfflineJob {
     pub id: u32,
     pub arrival_s: f64,
-    /// Seconds it runs alone on a whole GPU.
+    /// Seconds it runs alone on whole GPUs (each of its GPUs does this
+    /// much: its work is `gpus × work_s` GPU-seconds).
     pub work_s: f64,
+    /// GPUs it asks for, all on one node (more than 1: a gang, started
+    /// and stopped on all of them together).
+    pub gpus: u32,
     pub task: u32,
     pub job_type: u16,
     pub share: f64,
@@ -233,21 +237,20 @@ pub fn build(
             let work_s = runtime(runtimes[rng.gen_range(0..runtimes.len())]);
             let tk = &tasks[task as usize];
             let share = f64::from(tk.gpu_milli) / 1000.0;
-            // A multi-GPU offline task: that many single-GPU jobs (its
-            // workers), each placed and finished on its own.
-            for _ in 0..tk.num_gpu {
-                id += 1;
-                sc.jobs.push(OfflineJob {
-                    id,
-                    arrival_s: t,
-                    work_s,
-                    task,
-                    job_type: sc.pairs.job_type(&tk.name),
-                    share,
-                    mem_mib: (MEM_PER_SHARE * share * OFFLINE_REFERENCE_GPU_MIB).round() as u64,
-                    models: allowed(&tk.gpu_spec, &sc.models),
-                });
-            }
+            // A multi-GPU offline task is one job on that many GPUs of one
+            // node (a gang: synchronous training needs all of them).
+            id += 1;
+            sc.jobs.push(OfflineJob {
+                id,
+                arrival_s: t,
+                work_s,
+                gpus: tk.num_gpu,
+                task,
+                job_type: sc.pairs.job_type(&tk.name),
+                share,
+                mem_mib: (MEM_PER_SHARE * share * OFFLINE_REFERENCE_GPU_MIB).round() as u64,
+                models: allowed(&tk.gpu_spec, &sc.models),
+            });
         }
     }
     sc.tasks = tasks;
@@ -344,7 +347,7 @@ mod tests {
     }
 
     #[test]
-    fn online_fill_repeats_the_list_respects_gpu_spec_and_splits_offline_workers() {
+    fn online_fill_repeats_the_list_respects_gpu_spec_and_keeps_offline_gangs_whole() {
         let nodes = read_nodes(&src("sn,gpu,model\nn1,4,V100M16\nn2,2,T4\n")).unwrap();
         let tasks = read_tasks(&src("name,num_gpu,gpu_milli,gpu_spec,qos\n\
              svc-a,1,1000,,LS\nsvc-b,2,1000,T4,LS\nsvc-c,1,460,,Burstable\ncpu,0,0,,LS\n\
@@ -398,18 +401,16 @@ mod tests {
         // Memory: 0.4 of the share of the GPU's memory.
         assert_eq!(sc.online[1].as_ref().unwrap().mem_mib, 3015); // 0.4 × 0.46 × 16384
         assert_eq!(sc.online[4].as_ref().unwrap().mem_mib, 6144); // 0.4 × 15360
-                                                                  // Offline: rate = 6 GPUs / (3600 s × 2 GPUs per task); each arrival
-                                                                  // is 2 single-GPU workers arriving together.
+
+        // Offline: rate = 6 GPUs / (3600 s × 2 GPUs per task); each arrival
+        // is one 2-GPU job (a gang), not two workers.
         assert!((sc.offline_rate_per_h - 3.0).abs() < 1e-9);
-        assert!(
-            sc.jobs.len().is_multiple_of(2) && sc.jobs.len() > 40,
-            "{}",
-            sc.jobs.len()
-        );
-        for w in sc.jobs.chunks(2) {
-            assert_eq!(w[0].arrival_s, w[1].arrival_s);
-            assert_eq!((w[0].share, w[0].mem_mib), (0.5, 3277));
+        assert!(sc.jobs.len() > 20, "{}", sc.jobs.len());
+        for (i, j) in sc.jobs.iter().enumerate() {
+            assert_eq!(j.id, i as u32 + 1);
+            assert_eq!((j.gpus, j.share, j.mem_mib), (2, 0.5, 3277));
         }
+        assert!(sc.jobs.windows(2).all(|w| w[0].arrival_s < w[1].arrival_s));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Properties of random small replays: capacity is never exceeded, no
 //! offline work where muxflow's health states forbid it, every job is
-//! accounted for, the same seed gives the same result, and exclusive never
-//! lends a GPU-hour.
+//! accounted for, no job runs on fewer GPUs than it asked for, the same
+//! seed gives the same result, and exclusive never lends a GPU-hour.
 
 mod common;
 
@@ -22,7 +22,7 @@ struct Trace {
 fn trace() -> impl Strategy<Value = Trace> {
     let node = (1u32..=4, prop::bool::ANY);
     let task = (
-        1u32..=2,
+        1u32..=4,
         prop::sample::select(vec![250u32, 500, 1000]),
         0usize..3,
     );
@@ -125,6 +125,8 @@ proptest! {
             prop_assert!(o.offline_running_end as f64 <= per_gpu * gpus);
             prop_assert_eq!(o.jct_s.len() as u64, o.offline_finished);
             prop_assert_eq!(o.health_violations, 0, "{:?}", kind);
+            // Gangs (a 2- to 4-GPU task is one job): all or nothing.
+            prop_assert_eq!(o.offline_short_of_gpus, 0, "{:?}", kind);
             if kind == PolicyKind::Exclusive {
                 prop_assert_eq!(o.lent_gpu_hours, 0.0);
             }

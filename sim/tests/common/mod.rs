@@ -30,6 +30,7 @@ pub fn job(id: u32, arrival_s: f64, work_s: f64, task: u32, job_type: u16) -> Of
         id,
         arrival_s,
         work_s,
+        gpus: 1,
         task,
         job_type,
         share: 1.0,
