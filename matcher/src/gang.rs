@@ -37,12 +37,16 @@
 //! job factor × GPU factor with noise, 10% of GPUs infeasible per job) the
 //! mean loss is 2.8%, the method optimal in 300; the worst instance loses
 //! 42% (the prices of a tight singles matching overstate what moving its
-//! jobs costs). With two slots per GPU (issue 15: a GPU with c free slots
-//! is c columns, copy s worth 1/(s+1) of the first; a gang takes k columns
-//! on k distinct GPUs of one node), 200 instances: mean loss 1.3%, optimal
-//! in 151, worst 23%. (Before the slot columns, on the earlier instance
+//! jobs costs). With sized slots (issue 15) the round gives the gangs one
+//! column per GPU, as with one slot per GPU, and a gang holds one slot of
+//! each of its GPUs. The method also takes several columns per GPU (a gang
+//! takes k columns on k distinct GPUs of one node); on copies worth
+//! 1/(s+1) of the first, 200 instances: mean loss 3.1%, optimal in 123,
+//! worst 23%. (Before the slot columns, on the earlier instance
 //! generator: mean 3.3%, optimal in 297 of 400; plain strongest-first
-//! without prices or the regret order: mean 4.5%, optimal in 262.)
+//! without prices or the regret order: mean 4.5%, optimal in 262.) Each
+//! gang's value on every node is computed once; an order re-scores only
+//! the nodes that earlier gangs took GPUs of.
 
 use std::collections::BTreeMap;
 
@@ -72,89 +76,109 @@ pub struct GangChoice {
     pub min_weight: i64,
 }
 
-/// The best placement of a `k`-GPU job among the free GPUs, and its net
-/// value (module docs, step 2). `by_node` lists each node's GPUs
-/// (ascending).
-fn best<F>(
+/// Scratch space of [`node_best`], reused across nodes.
+#[derive(Default)]
+struct Scratch {
+    scored: Vec<(i64, u32)>,
+    cheap: Vec<(i64, u32)>,
+    chosen: Vec<u32>,
+}
+
+/// The best placement of a `k`-GPU job on one node's free GPUs (`gpus`,
+/// its columns, ascending), and its net value (module docs, step 2).
+#[allow(clippy::too_many_arguments)]
+fn node_best<F>(
     job: u32,
     k: u32,
-    by_node: &[Vec<u32>],
+    gpus: &[u32],
     gpu_of: &[u32],
     free: &[bool],
     price: &[i64],
     score: &F,
+    buf: &mut Scratch,
 ) -> Option<(GangChoice, i64)>
 where
     F: Fn(u32, u32) -> Option<i64>,
 {
     let k = k as usize;
-    let mut best: Option<(GangChoice, i64)> = None;
-    let mut scored: Vec<(i64, u32)> = Vec::new();
-    let mut cheap: Vec<(i64, u32)> = Vec::new();
-    let mut chosen: Vec<u32> = Vec::new();
-    for gpus in by_node.iter().filter(|g| g.len() >= k) {
-        // Per GPU its first free column only (copies are ordered by worth,
-        // and the gang takes one column per GPU): the scan costs what it
-        // does with one slot per GPU.
-        scored.clear();
-        let mut last_gpu = None;
-        for &g in gpus.iter().filter(|&&g| free[g as usize]) {
-            if last_gpu == Some(gpu_of[g as usize]) {
-                continue;
-            }
-            last_gpu = Some(gpu_of[g as usize]);
-            scored.extend(score(job, g).map(|w| (w, g)));
-        }
-        if scored.len() < k {
+    if gpus.len() < k {
+        return None;
+    }
+    let Scratch {
+        scored,
+        cheap,
+        chosen,
+    } = buf;
+    // Per GPU its first free column only (copies are ordered by worth, and
+    // the gang takes one column per GPU): the scan costs what it does with
+    // one column per GPU.
+    scored.clear();
+    let mut last_gpu = None;
+    for &g in gpus.iter().filter(|&&g| free[g as usize]) {
+        if last_gpu == Some(gpu_of[g as usize]) {
             continue;
         }
-        // Highest weight first, then the lower GPU: the threshold t runs
-        // down the weights; the first i+1 GPUs score at least scored[i].0.
-        scored.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-        for i in k - 1..scored.len() {
-            let t = scored[i].0;
-            cheap.clear();
-            cheap.extend(scored[..=i].iter().map(|&(_, g)| (price[g as usize], g)));
-            cheap.sort_unstable();
-            // The k cheapest columns on distinct GPUs: each GPU's cheapest
-            // copy, then the k cheapest of those.
-            chosen.clear();
-            let mut cost = 0;
-            for &(p, g) in cheap.iter() {
-                if chosen.len() == k {
-                    break;
-                }
-                if chosen
-                    .iter()
-                    .all(|&c| gpu_of[c as usize] != gpu_of[g as usize])
-                {
-                    chosen.push(g);
-                    cost += p;
-                }
+        last_gpu = Some(gpu_of[g as usize]);
+        scored.extend(score(job, g).map(|w| (w, g)));
+    }
+    if scored.len() < k {
+        return None;
+    }
+    // Highest weight first, then the lower GPU: the threshold t runs down
+    // the weights; the first i+1 GPUs score at least scored[i].0.
+    scored.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    let mut best: Option<(Vec<u32>, i64, i64)> = None;
+    for i in k - 1..scored.len() {
+        let t = scored[i].0;
+        cheap.clear();
+        cheap.extend(scored[..=i].iter().map(|&(_, g)| (price[g as usize], g)));
+        cheap.sort_unstable();
+        // The k cheapest columns on distinct GPUs: each GPU's cheapest
+        // copy, then the k cheapest of those.
+        chosen.clear();
+        let mut cost = 0;
+        for &(p, g) in cheap.iter() {
+            if chosen.len() == k {
+                break;
             }
-            if chosen.len() < k {
-                continue;
+            if chosen
+                .iter()
+                .all(|&c| gpu_of[c as usize] != gpu_of[g as usize])
+            {
+                chosen.push(g);
+                cost += p;
             }
-            let net = t * k as i64 - cost;
-            if best.as_ref().is_none_or(|(_, b)| net > *b) {
-                let mut chosen = chosen.clone();
-                chosen.sort_unstable();
-                let min_weight = chosen
-                    .iter()
-                    .filter_map(|&g| score(job, g))
-                    .min()
-                    .unwrap_or(t);
-                best = Some((
-                    GangChoice {
-                        gpus: chosen,
-                        min_weight,
-                    },
-                    net,
-                ));
+        }
+        if chosen.len() < k {
+            continue;
+        }
+        let net = t * k as i64 - cost;
+        if best.as_ref().is_none_or(|(_, b, _)| net > *b) {
+            best = Some((chosen.clone(), net, t));
+        }
+    }
+    best.map(|(mut gpus, net, t)| {
+        gpus.sort_unstable();
+        let min_weight = gpus
+            .iter()
+            .filter_map(|&g| score(job, g))
+            .min()
+            .unwrap_or(t);
+        (GangChoice { gpus, min_weight }, net)
+    })
+}
+
+/// Of per-node net values, the first node with the highest one.
+fn top(nets: impl Iterator<Item = Option<i64>>) -> Option<(usize, i64)> {
+    let mut out: Option<(usize, i64)> = None;
+    for (n, v) in nets.enumerate() {
+        if let Some(v) = v {
+            if out.is_none_or(|(_, b)| v > b) {
+                out = Some((n, v));
             }
         }
     }
-    best
+    out
 }
 
 /// Places `gangs` (job, k ≥ 2) on the open slots by the module's method
@@ -162,6 +186,9 @@ where
 /// its dual in the 1-GPU jobs' matching (zeros: none), `taken[c]` marks
 /// columns already used (and is updated). Returns each gang's choice, in
 /// the order of `gangs`.
+///
+/// Each gang's net value on every node is computed once; in each order
+/// only the nodes a gang placed before it took GPUs of are scored again.
 pub fn place_gangs<F>(
     gangs: &[(u32, u32)],
     cols: &Columns,
@@ -178,43 +205,71 @@ where
         nodes.entry(n).or_default().push(g as u32);
     }
     let by_node: Vec<Vec<u32>> = nodes.into_values().collect();
+    let mut node_index = vec![0usize; cols.len()];
+    for (n, gpus) in by_node.iter().enumerate() {
+        for &g in gpus {
+            node_index[g as usize] = n;
+        }
+    }
     let free: Vec<bool> = taken.iter().map(|t| !t).collect();
+    let mut buf = Scratch::default();
+    // Per gang its net value on each node with every open GPU free.
+    let nets: Vec<Vec<Option<i64>>> = gangs
+        .iter()
+        .map(|&(j, k)| {
+            by_node
+                .iter()
+                .map(|gpus| {
+                    node_best(j, k, gpus, gpu_of, &free, price, score, &mut buf).map(|(_, n)| n)
+                })
+                .collect()
+        })
+        .collect();
     // Per gang: its best net value, and its regret (best − best on another
     // node; no other node: the whole value).
     let mut strength = vec![0i64; gangs.len()];
     let mut regret = vec![0i64; gangs.len()];
-    for (i, &(j, k)) in gangs.iter().enumerate() {
-        let Some((c, net)) = best(j, k, &by_node, gpu_of, &free, price, score) else {
+    for (i, row) in nets.iter().enumerate() {
+        let Some((node, net)) = top(row.iter().copied()) else {
             continue;
         };
         strength[i] = net;
-        let node = node_of[c.gpus[0] as usize];
-        let others: Vec<Vec<u32>> = by_node
+        let others = row
             .iter()
-            .filter(|g| node_of[g[0] as usize] != node)
-            .cloned()
-            .collect();
-        let second = best(j, k, &others, gpu_of, &free, price, score).map_or(0, |(_, n)| n.max(0));
-        regret[i] = net - second;
+            .enumerate()
+            .map(|(n, &v)| v.filter(|_| n != node));
+        regret[i] = net - top(others).map_or(0, |(_, v)| v.max(0));
     }
-    let run = |key: &[i64]| {
+    let mut run = |key: &[i64]| {
         let mut order: Vec<usize> = (0..gangs.len()).filter(|&i| strength[i] > 0).collect();
         order.sort_by(|&a, &b| key[b].cmp(&key[a]).then(a.cmp(&b)));
         let mut free = free.clone();
+        let mut touched = vec![false; by_node.len()];
         let mut out = vec![None; gangs.len()];
         let mut total = 0i64;
         for i in order {
             let (j, k) = gangs[i];
-            if let Some((c, net)) = best(j, k, &by_node, gpu_of, &free, price, score) {
-                if net <= 0 {
-                    continue;
+            let now = by_node.iter().enumerate().map(|(n, gpus)| {
+                if touched[n] {
+                    node_best(j, k, gpus, gpu_of, &free, price, score, &mut buf).map(|(_, v)| v)
+                } else {
+                    nets[i][n]
                 }
-                for &g in &c.gpus {
-                    free[g as usize] = false;
-                }
-                total += net;
-                out[i] = Some(c);
+            });
+            let Some((n, net)) = top(now.collect::<Vec<_>>().into_iter()) else {
+                continue;
+            };
+            if net <= 0 {
+                continue;
             }
+            let (c, _) = node_best(j, k, &by_node[n], gpu_of, &free, price, score, &mut buf)
+                .expect("the node it was valued on");
+            for &g in &c.gpus {
+                free[g as usize] = false;
+                touched[node_index[g as usize]] = true;
+            }
+            total += net;
+            out[i] = Some(c);
         }
         (total, out)
     };
