@@ -1358,6 +1358,18 @@ mod tests {
         let per_gpu = 2;
         let mut cfg = muxflow::Config::default();
         cfg.policy.offline_per_gpu = per_gpu;
+        // (job, slots) of each placed job, by job.
+        let placed = |state: &ClusterState, table: &Table| -> Vec<(u32, u32)> {
+            let p = plan(state, table, &cfg.policy, &cfg.matcher, &names());
+            let mut out: Vec<(u32, u32)> = p
+                .decisions
+                .iter()
+                .filter(|d| d.node.is_some())
+                .map(|d| (d.job, d.slots))
+                .collect();
+            out.sort_unstable();
+            out
+        };
         // Two jobs, one GPU. Heavy (needs both slots): alone on both
         // beats two at half speed × 0.8 each.
         let heavy = Table {
@@ -1365,14 +1377,8 @@ mod tests {
             need: vec![2, 2],
         };
         let state = small_state(&[0], &[0], 2);
+        assert_eq!(placed(&state, &heavy), [(1, 2)]);
         let p = plan(&state, &heavy, &cfg.policy, &cfg.matcher, &names());
-        let placed: Vec<(u32, u32)> = p
-            .decisions
-            .iter()
-            .filter(|d| d.node.is_some())
-            .map(|d| (d.job, d.slots))
-            .collect();
-        assert_eq!(placed, [(1, 2)], "{:?}", p.decisions);
         assert_eq!(
             p.decisions[0].update.as_ref().unwrap()[0][3],
             "Gres=mfslot:g0:2"
@@ -1382,26 +1388,10 @@ mod tests {
             need: vec![1, 1],
             ..heavy
         };
-        let p = plan(&state, &light, &cfg.policy, &cfg.matcher, &names());
-        let mut placed: Vec<(u32, u32)> = p
-            .decisions
-            .iter()
-            .filter(|d| d.node.is_some())
-            .map(|d| (d.job, d.slots))
-            .collect();
-        placed.sort_unstable();
-        assert_eq!(placed, [(1, 1), (2, 1)], "{:?}", p.decisions);
+        assert_eq!(placed(&state, &light), [(1, 1), (2, 1)]);
         // A GPU one running job holds one slot of: the new job gets the
         // other one, however light.
-        let state = small_state(&[1], &[1], 2);
-        let p = plan(&state, &light, &cfg.policy, &cfg.matcher, &names());
-        let placed: Vec<(u32, u32)> = p
-            .decisions
-            .iter()
-            .filter(|d| d.node.is_some())
-            .map(|d| (d.job, d.slots))
-            .collect();
-        assert_eq!(placed, [(1, 1)], "{:?}", p.decisions);
+        assert_eq!(placed(&small_state(&[1], &[1], 2), &light), [(1, 1)]);
     }
 
     fn permutations(v: &mut Vec<usize>, k: usize, f: &mut impl FnMut(&[usize])) {
