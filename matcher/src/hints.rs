@@ -32,15 +32,16 @@ use muxflow::placement::{Placement, Waiting};
 
 use crate::reader::{Names, PendingJob};
 
-/// Where the round wants a job: parked, or on `slots` offline slots of
-/// each of these GPUs (ascending; one, or a k-GPU job's gang) of one node.
+/// Where the round wants a job: parked, or on these GPUs (ascending; one,
+/// or a k-GPU job's gang) of one node, holding `slots[i]` offline slots of
+/// `gpus[i]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {
     Parked,
     Gpus {
         node: String,
         gpus: Vec<u32>,
-        slots: u32,
+        slots: Vec<u32>,
     },
 }
 
@@ -55,7 +56,7 @@ pub fn current(job: &PendingJob) -> Target {
             Target::Gpus {
                 node: job.required_nodes.clone(),
                 gpus: job.slot_gpus.clone(),
-                slots: job.slots,
+                slots: job.slots.clone(),
             }
         }
         // Not held but not fully placed either (e.g. released by hand):
@@ -77,7 +78,8 @@ pub fn update_args(job: &PendingJob, target: &Target, names: &Names) -> Option<V
             // a count above 1 takes that many of the GPU's N records.
             let gres: Vec<String> = gpus
                 .iter()
-                .map(|g| format!("{}:g{g}:{slots}", names.offline_gres))
+                .zip(slots)
+                .map(|(g, s)| format!("{}:g{g}:{s}", names.offline_gres))
                 .collect();
             let mut calls = vec![vec![
                 "update".to_string(),
@@ -137,7 +139,7 @@ mod tests {
             required_nodes: req.into(),
             slot_gpus: slot.into_iter().collect(),
             gpus: 1,
-            slots: 1,
+            slots: slot.iter().map(|_| 1).collect(),
             held: false,
             waiting: None,
         }
@@ -156,7 +158,7 @@ mod tests {
         let t = Target::Gpus {
             node: "node3".into(),
             gpus: vec![1],
-            slots: 1,
+            slots: vec![1],
         };
         // As job_submit.lua leaves it: held, no slot.
         let fresh = held("", None);
@@ -181,7 +183,7 @@ mod tests {
         let moved = Target::Gpus {
             node: "node4".into(),
             gpus: vec![1],
-            slots: 1,
+            slots: vec![1],
         };
         assert_eq!(
             update_args(&placed, &moved, &n).unwrap()[0][2],
@@ -192,7 +194,7 @@ mod tests {
         let whole = Target::Gpus {
             node: "node3".into(),
             gpus: vec![1],
-            slots: 2,
+            slots: vec![2],
         };
         assert_eq!(
             update_args(&fresh, &whole, &n).unwrap()[0][3],
@@ -203,7 +205,7 @@ mod tests {
             "Gres=mfslot:g1:2"
         );
         let placed_whole = PendingJob {
-            slots: 2,
+            slots: vec![2],
             ..job("node3", Some(1))
         };
         assert_eq!(current(&placed_whole), whole);
@@ -220,7 +222,7 @@ mod tests {
         let t = Target::Gpus {
             node: "node2".into(),
             gpus: vec![0, 1],
-            slots: 1,
+            slots: vec![1, 1],
         };
         assert_eq!(
             update_args(&gang, &t, &n).unwrap()[0],
@@ -235,6 +237,7 @@ mod tests {
         let placed = PendingJob {
             gpus: 2,
             slot_gpus: vec![0, 1],
+            slots: vec![1, 1],
             ..job("node2", None)
         };
         assert_eq!(current(&placed), t);
@@ -293,7 +296,7 @@ mod tests {
         let t = Target::Gpus {
             node: "node3".into(),
             gpus: vec![1],
-            slots: 1,
+            slots: vec![1],
         };
         let calls = update_args(&half, &t, &n).unwrap();
         assert_eq!(calls.last().unwrap(), &vec!["release", "7"]);

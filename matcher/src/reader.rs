@@ -420,9 +420,9 @@ pub struct PendingJob {
     pub slot_gpus: Vec<u32>,
     /// GPUs it asked for, on one node (issue 15: more than 1 is a gang).
     pub gpus: u32,
-    /// Slots of each GPU its placement asks for (`mfslot:g<i>:<s>`; 1
-    /// while it has none).
-    pub slots: u32,
+    /// Slots of each of `slot_gpus` its placement asks for
+    /// (`mfslot:g<i>:<s>`), in the same order.
+    pub slots: Vec<u32>,
     /// Held (priority 0): how job_submit.lua parks offline jobs.
     pub held: bool,
     /// Why it waits, as the matcher last wrote it into the AdminComment,
@@ -488,19 +488,20 @@ impl ClusterState {
                     }
                 }
                 (Some(Mode::Offline), false) if has_state(&j.job_state, "PENDING") => {
-                    let typed: Vec<(u32, u64)> = parse_gres(&j.tres_per_node)
+                    // Per GPU index the slots asked for (entries of one
+                    // type added up).
+                    let mut typed: BTreeMap<u32, u32> = BTreeMap::new();
+                    for g in parse_gres(&j.tres_per_node)
                         .into_iter()
                         .filter(|g| g.name == names.offline_gres && g.count > 0)
-                        .filter_map(|g| Some((g.kind.as_deref().and_then(slot_index)?, g.count)))
-                        .collect();
-                    let slots = typed
-                        .iter()
-                        .map(|&(_, c)| u32::try_from(c).unwrap_or(u32::MAX))
-                        .max()
-                        .unwrap_or(1);
-                    let mut slot_gpus: Vec<u32> = typed.iter().map(|&(i, _)| i).collect();
-                    slot_gpus.sort_unstable();
-                    slot_gpus.dedup();
+                    {
+                        if let Some(i) = g.kind.as_deref().and_then(slot_index) {
+                            let c = typed.entry(i).or_default();
+                            *c = c.saturating_add(u32::try_from(g.count).unwrap_or(u32::MAX));
+                        }
+                    }
+                    let slot_gpus: Vec<u32> = typed.keys().copied().collect();
+                    let slots: Vec<u32> = typed.values().copied().collect();
                     // The count job_submit.lua (or the matcher's placement)
                     // wrote; a record that lost it (the Prolog's refusal, the
                     // end-of-run report) still has the typed slots Slurm keeps.

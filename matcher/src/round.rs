@@ -23,7 +23,8 @@
 //! speed less what the jobs there lose, edges only where that is positive.
 //! So a split never lowers the predicted total; its loss against the best
 //! sized placement is measured in the tests (0.6% on small instances).
-//! Running jobs keep their slots (MPS fixed their shares).
+//! Running jobs keep their slots (MPS fixed their shares). A gang takes
+//! all free slots of each of its GPUs.
 //!
 //! An idle GPU's offline job gets the SM ceiling and the GPU's memory less
 //! the reserve ([`muxflow::policy::GpuFacts::without_online`]); an online
@@ -52,9 +53,10 @@
 //! predictor's weight ([`Predictor::predict`]: for [`Model`] the mean plus
 //! a bounded exploration bonus); SPEED and `predicted_total` are means.
 //! `--json` prints the same as `{"summary": {...}, "decisions": [{"job",
-//! "name", "user", "action", "node", "gpu", "gpus", "predicted",
+//! "name", "user", "action", "node", "gpu", "gpus", "slots", "predicted",
 //! "confidence", "reason", "waiting"}]}`; `node`, `gpu`, `predicted`,
-//! `confidence` are null and `gpus` empty when not placed; `waiting` is a
+//! `confidence` are null and `gpus`, `slots` (offline slots held on each
+//! of `gpus`) empty when not placed; `waiting` is a
 //! parked job's reason code ([`Waiting`], written into its AdminComment by
 //! the daemon) and null when placed. A k-GPU job (`gpus=k` in its
 //! record) is placed as a gang on k GPUs of one node ([`crate::gang`]):
@@ -109,10 +111,10 @@ pub struct Decision {
     /// Its GPUs on `node` (a k-GPU job's gang: k of them); empty when not
     /// placed.
     pub gpus: Vec<u32>,
-    /// Offline slots it holds on each of them (of `[policy]
+    /// Offline slots it holds on each of `gpus` (of `[policy]
     /// offline_per_gpu`; its part of the GPU's offline SMs and memory,
-    /// [`muxflow::policy::offline_part`]); 0 when not placed.
-    pub slots: u32,
+    /// [`muxflow::policy::offline_part`]); empty when not placed.
+    pub slots: Vec<u32>,
     pub predicted: Option<f64>,
     /// The prediction's standard deviation.
     pub confidence: Option<f64>,
@@ -412,25 +414,9 @@ pub fn plan<P: Predictor>(
         .map(|(i, j)| (i as u32, j.gpus))
         .collect();
     let is_gang: Vec<bool> = jobs.iter().map(|j| j.gpus > 1).collect();
-    // A gang holds one slot of each of its GPUs.
-    let one_slot: Vec<Side<P::Gpu>> = if gangs.is_empty() {
-        Vec::new()
-    } else {
-        (0..cols)
-            .map(|c| {
-                side(
-                    c,
-                    Seat {
-                        slots: 1,
-                        offline_jobs: running[c] + 1,
-                    },
-                )
-            })
-            .collect()
-    };
-    let gang_score = |j: u32, c: u32| -> Option<i64> {
-        value(j as usize, c as usize, &one_slot[c as usize]).and_then(quantize)
-    };
+    // A gang member takes all free slots of its GPU too, as a 1-GPU job
+    // does (its part of each GPU as large as it can be; no split steps).
+    let gang_score = |j: u32, c: u32| -> Option<i64> { score(j, c) };
     let threads = SolveOptions::default().threads;
     let alone = |j: u32, c: u32| (!is_gang[j as usize]).then(|| score(j, c)).flatten();
     let edges = slot_candidates(
@@ -547,16 +533,20 @@ pub fn plan<P: Predictor>(
                 let shown = c
                     .gpus
                     .iter()
-                    .filter_map(|&g| estimate_at(j, g as usize, &one_slot[g as usize]))
+                    .filter_map(|&g| estimate_at(j, g as usize, &whole[g as usize]))
                     .min_by(|a, b| a.0.total_cmp(&b.0))
                     .unwrap_or((to_throughput(c.min_weight), 0.0));
-                let mut gpus: Vec<u32> = c.gpus.iter().map(|&g| gpu_of(g as usize).index).collect();
+                let mut gpus: Vec<(u32, u32)> = c
+                    .gpus
+                    .iter()
+                    .map(|&g| (gpu_of(g as usize).index, free[g as usize]))
+                    .collect();
                 gpus.sort_unstable();
                 (
                     Target::Gpus {
                         node: first.node.clone(),
-                        gpus,
-                        slots: 1,
+                        gpus: gpus.iter().map(|&(i, _)| i).collect(),
+                        slots: gpus.iter().map(|&(_, s)| s).collect(),
                     },
                     Some(shown),
                     format!(
@@ -606,7 +596,7 @@ pub fn plan<P: Predictor>(
                     Target::Gpus {
                         node: gpu.node.clone(),
                         gpus: vec![gpu.index],
-                        slots: at.slots,
+                        slots: vec![at.slots],
                     },
                     Some(shown),
                     reason,
@@ -634,8 +624,8 @@ pub fn plan<P: Predictor>(
             (Target::Parked, false) => Action::None,
         };
         let (node, gpus, slots) = match &target {
-            Target::Gpus { node, gpus, slots } => (Some(node.clone()), gpus.clone(), *slots),
-            Target::Parked => (None, Vec::new(), 0),
+            Target::Gpus { node, gpus, slots } => (Some(node.clone()), gpus.clone(), slots.clone()),
+            Target::Parked => (None, Vec::new(), Vec::new()),
         };
         decisions.push(Decision {
             job: job.id,
@@ -670,7 +660,7 @@ pub fn plan<P: Predictor>(
             node: None,
             gpu: None,
             gpus: Vec::new(),
-            slots: 0,
+            slots: Vec::new(),
             predicted: None,
             confidence: None,
             reason: if no_open_gpu {
@@ -836,7 +826,7 @@ mod tests {
             required_nodes: req.into(),
             slot_gpus: slot.into_iter().collect(),
             gpus: 1,
-            slots: 1,
+            slots: slot.iter().map(|_| 1).collect(),
             held,
             waiting: None,
         }
@@ -1056,6 +1046,23 @@ mod tests {
             p.summary
         );
         assert!(p.table().contains(" 0,1 "), "{}", p.table());
+        // With two slots per GPU the gang takes every free slot of each of
+        // its GPUs (its part of each as large as a 1-GPU job's alone); a
+        // GPU one running job holds a slot of gives it the other one.
+        let mut cfg = muxflow::Config::default();
+        cfg.policy.offline_per_gpu = 2;
+        let mut two = state.clone();
+        two.pending.truncate(1);
+        let p = plan(&two, &model(), &cfg.policy, &cfg.matcher, &names());
+        assert_eq!(p.decisions[0].slots, [2, 2], "{:?}", p.decisions);
+        assert_eq!(
+            p.decisions[0].update.as_ref().unwrap()[0][3],
+            "Gres=mfslot:g0:2,mfslot:g1:2"
+        );
+        two.gpus[1].slots_used = 1;
+        two.gpus[1].offline_jobs = 1;
+        let p = plan(&two, &model(), &cfg.policy, &cfg.matcher, &names());
+        assert_eq!(p.decisions[0].slots, [2, 1], "{:?}", p.decisions);
     }
 
     #[test]
@@ -1290,7 +1297,7 @@ mod tests {
                     .unwrap();
                 let n = p.decisions.iter().filter(|e| e.node == d.node).count() as u32;
                 let seat = Seat {
-                    slots: d.slots,
+                    slots: d.slots[0],
                     offline_jobs: state.gpus[g].offline_jobs + n,
                 };
                 table
@@ -1319,7 +1326,7 @@ mod tests {
                     .iter()
                     .filter(|d| d.node.as_deref() == Some(gpu.node.as_str()))
                     .collect();
-                let held: u32 = mine.iter().map(|d| d.slots).sum();
+                let held: u32 = mine.iter().map(|d| d.slots[0]).sum();
                 assert!(
                     mine.is_empty() || held == per_gpu - used[g],
                     "case {case}: GPU {g} {mine:?}"
@@ -1365,7 +1372,7 @@ mod tests {
                 .decisions
                 .iter()
                 .filter(|d| d.node.is_some())
-                .map(|d| (d.job, d.slots))
+                .map(|d| (d.job, d.slots[0]))
                 .collect();
             out.sort_unstable();
             out

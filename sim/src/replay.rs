@@ -233,6 +233,8 @@ struct JobSeat {
     sm_pct: u8,
     budget_pct: u8,
     mem_cap_mib: Option<u64>,
+    /// The GPU's offline slots it holds (`muxflow-nK`: 1..=K).
+    slots: u32,
     /// Pair throughputs with the GPU's online service (x_off, x_on).
     pair: Option<(f64, f64)>,
     /// The speed this GPU's model gives it; the job runs at its slowest
@@ -265,8 +267,6 @@ struct JobRt {
     /// GPU indices of its typed slots once placed (Slurm 22.05 keeps them).
     slot_gpus: Vec<u32>,
     finished: bool,
-    /// Each GPU's offline slots it holds (`muxflow-nK`: 1..=K).
-    slots: u32,
     /// It ran on fewer GPUs than it asked for, or on several nodes.
     short: bool,
 }
@@ -945,7 +945,7 @@ impl<'a> Sim<'a> {
                 // A k-GPU task is one job on k GPUs of one node: the round
                 // places it as a gang.
                 gpus: job.gpus,
-                slots: 1,
+                slots: self.jobs[j as usize].slot_gpus.iter().map(|_| 1).collect(),
                 held: true,
                 waiting: None,
             });
@@ -1022,7 +1022,8 @@ impl<'a> Sim<'a> {
         self.gpus[g as usize]
             .offline
             .iter()
-            .map(|&k| self.jobs[k as usize].slots.max(1))
+            .flat_map(|&k| self.jobs[k as usize].seats.iter().filter(|s| s.g == g))
+            .map(|s| s.slots.max(1))
             .sum()
     }
 
@@ -1303,9 +1304,10 @@ impl<'a> Sim<'a> {
     }
 
     /// The true speed of job `j` on GPUs `gs` together: its slowest's.
-    fn true_speed_on(&self, j: u32, gs: &[u32], slots: u32) -> f64 {
+    fn true_speed_on(&self, j: u32, gs: &[u32], slots: &[u32]) -> f64 {
         gs.iter()
-            .map(|&g| self.true_speed(j, g, slots))
+            .zip(slots)
+            .map(|(&g, &s)| self.true_speed(j, g, s))
             .fold(f64::INFINITY, f64::min)
     }
 
@@ -1371,7 +1373,7 @@ impl<'a> Sim<'a> {
                 // Every placement, idle GPUs' too: the two rounds may put
                 // different numbers of jobs beside online jobs, and a
                 // ratio over the shared ones alone could pass 1.
-                self.pair_oracle += gs.len() as f64 * self.true_speed_on(d.job - 1, &gs, d.slots);
+                self.pair_oracle += gs.len() as f64 * self.true_speed_on(d.job - 1, &gs, &d.slots);
             }
         }
         for d in chosen
@@ -1385,7 +1387,7 @@ impl<'a> Sim<'a> {
             let j = d.job - 1;
             let idle = gs.iter().any(|&g| self.sc.online[g as usize].is_none());
             // A gang is worth k × its slowest GPU's speed, as in the round.
-            let truth = self.true_speed_on(j, &gs, d.slots);
+            let truth = self.true_speed_on(j, &gs, &d.slots);
             self.pair_true += gs.len() as f64 * truth;
             // The predictor's error counts the pairs only: on an idle GPU
             // the round predicts the solo speed, 1 by definition.
@@ -1403,8 +1405,8 @@ impl<'a> Sim<'a> {
             let job = &self.sc.jobs[j as usize];
             let mut seats = Vec::with_capacity(gs.len());
             let mut fails = false;
-            for &g in &gs {
-                let (budget_pct, sm_pct, cap) = self.policy_for(g, d.slots);
+            for (&g, &slots) in gs.iter().zip(&d.slots) {
+                let (budget_pct, sm_pct, cap) = self.policy_for(g, slots);
                 let pair = self.fits_beside(j, g);
                 let over_cap = cap.is_some_and(|c| job.mem_mib > c) || !self.fits_offline(j, g);
                 let starts = if self.sc.online[g as usize].is_none() {
@@ -1417,11 +1419,11 @@ impl<'a> Sim<'a> {
                     sm_pct,
                     budget_pct,
                     mem_cap_mib: cap,
+                    slots,
                     ..JobSeat::on(g, pair)
                 });
             }
             let rt = &mut self.jobs[j as usize];
-            rt.slots = d.slots;
             // Slurm 22.05 keeps the typed slots: later placements only on
             // these GPU indices.
             rt.slot_gpus = d.gpus.clone();

@@ -248,3 +248,24 @@ fn no_policy_runs_a_job_on_fewer_gpus_than_it_asked_for() {
         );
     }
 }
+
+#[test]
+fn under_several_slots_per_gpu_a_lone_gang_takes_every_slot_of_its_gpus() {
+    // A job whose memory (6,554 MiB) fits the whole cap beside the service
+    // but not a 1/K part of it: as a gang holding one slot of each GPU it
+    // failed every placement under muxflow-n2/n4; holding all the free
+    // slots, it runs as under muxflow (one slot per GPU), at the same time.
+    let heavy = OfflineJob {
+        mem_mib: 6554,
+        ..gang(1, 0.0, 3600.0, 2)
+    };
+    let sc = scenario("n1,2,V100M16\n", PAIRS, vec![heavy]);
+    let cfg = muxflow::Config::default();
+    let one = replay(&sc, PolicyKind::Muxflow, &cfg, &settings());
+    assert_eq!(one.gang_finished, 1);
+    for k in [2, 4] {
+        let o = replay(&sc, PolicyKind::MuxflowN(k), &cfg, &settings());
+        assert_eq!((o.gang_finished, o.oom_starts), (1, Some(0)), "n{k}");
+        close(o.jct_s[0], one.jct_s[0], &format!("n{k}"));
+    }
+}

@@ -368,7 +368,7 @@ fn the_matcher_gives_a_lone_job_every_slot_and_splits_gpus_when_jobs_wait() {
     let round = c.matcher_once();
     let d = decision(&round, lone);
     assert_eq!(d["action"], "place", "{d}");
-    assert_eq!(d["slots"], 2, "{d}");
+    assert_eq!(d["slots"], serde_json::json!([2]), "{d}");
     assert_eq!(c.wait_running(lone, WAIT), NODE);
     let gpu = d["gpu"].as_u64().unwrap();
     let gres = c.gres_detail(lone);
@@ -388,7 +388,7 @@ fn the_matcher_gives_a_lone_job_every_slot_and_splits_gpus_when_jobs_wait() {
     for &id in &jobs {
         let d = decision(&round, id);
         assert_eq!(d["action"], "place", "{round}");
-        assert_eq!(d["slots"], 1, "{d}");
+        assert_eq!(d["slots"], serde_json::json!([1]), "{d}");
         per_gpu[d["gpu"].as_u64().unwrap() as usize] += 1;
     }
     assert_eq!(per_gpu, [2, 2], "{round}");
