@@ -192,6 +192,9 @@ struct Reference {
     rp: Vec<i64>,
 }
 
+/// A row whose dropped GPUs are more than 1/this of all is scanned whole.
+const DROPS_FOR_FULL_SCAN: usize = 16;
+
 /// Scratch of one pricing worker.
 struct Scratch {
     /// GPUs of the row's candidate edges.
@@ -378,14 +381,17 @@ fn price<S: Scores>(
 
     // Rows: a full scan where the dual fell below the reference; where it
     // is above by a margin m, only the GPUs whose price fell by more than m
-    // can hold a violated pair.
+    // can hold a violated pair (a full scan all the same when they are
+    // many: it prices a GPU for less than a pair bound costs).
     let rows: Vec<(u32, bool)> = (0..jobs as u32)
         .filter_map(|j| {
             let (uj, ru) = (u[j as usize], r.ru[j as usize]);
+            let margin = uj.saturating_sub(ru);
             if uj < ru {
                 Some((j, true))
-            } else if uj.saturating_sub(ru) < max_drop {
-                Some((j, false))
+            } else if margin < max_drop {
+                let many = drops.partition_point(|&(d, _)| d > margin) > gpus / DROPS_FOR_FULL_SCAN;
+                Some((j, many))
             } else {
                 None
             }
