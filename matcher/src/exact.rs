@@ -29,10 +29,27 @@
 //! duals are degenerate: nearly every row has near-ties, and each solve moves
 //! most rows' duals, so every pass rescans most rows (bounded) and each
 //! re-solve frees most jobs whose best GPU changed. At 18,000 × 10,000: 13
-//! passes, 173 M pairs scored, the warm solves about half the time. The
-//! optimum itself moves about 2,000 of 9,900 unchanged jobs after a 1%
-//! change (the bench prints it), so an exact incremental round makes that
-//! many moves whatever it starts from.
+//! passes, 173 M pairs scored; of about 9 s on 2 cores the warm re-solves
+//! take about two thirds (the first passes' each search again for nearly
+//! every job, settling 1.4–2.4 M columns), pricing the rest. The optimum
+//! itself moves about 2,000 of 9,900 unchanged jobs after a 1% change (the
+//! bench prints it), so an exact incremental round makes that many moves
+//! whatever it starts from: about 1,200 searches settling 1 M columns.
+//!
+//! Measured and not kept (issue 19), at that size:
+//! * an ε-scaling forward auction over every pair as the start (rows
+//!   priced on demand, each job's list of its best GPUs valid while prices
+//!   only rise): its graph needs 3–4 passes, but on these near-rank-one
+//!   weights a job's list is used up by about one bid (195,000 row scans,
+//!   5.7 s), and turning its ε-optimal prices into exact duals took 5,600
+//!   searches (0.8 s): 7.2 s in all;
+//! * the same auction on the candidate graph only, pricing at its prices
+//!   until nothing is violated, then one exact solve: each auction costs
+//!   15–90 ms, but it takes 21 passes (700 ms of pricing each) and the
+//!   exact solve from its prices 17 s (2,800 reverse searches: a forward
+//!   auction leaves GPUs that lost their job at a high price);
+//! * more pairs per pass (`per_job` 32, near-violated pairs too) or a
+//!   larger candidate graph (k = 32, 64): no fewer passes, more time.
 //!
 //! # Incremental rounds
 //!
