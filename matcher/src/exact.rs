@@ -15,14 +15,13 @@
 //! matching is a maximum-weight matching of it. Every pass adds at least
 //! one edge, so the loop ends.
 //!
-//! Pricing never stores the full graph. Without more knowledge it scores
-//! every pair once per pass, in job blocks on the worker threads. A
-//! [`Scores`] that groups GPUs and bounds a job's weight on a whole group
-//! ([`Scores::groups`], [`Scores::group_bound`]) lets a pass skip a group
-//! when `bound − min price in the group ≤ u`, and within a group stop at the
-//! first GPU (by increasing price) where `bound − price ≤ u`; before scoring
-//! a GPU it passes, its own bound ([`Scores::pair_bound`], a few
-//! multiplications without the pair's noise) rules most of them out.
+//! Pricing never stores the full graph. It prices a row with
+//! [`Scores::scan_row`], in job blocks on the worker threads: by default
+//! each GPU's own bound ([`Scores::pair_bound`], a few multiplications
+//! without the pair's noise) rules most pairs out before one is scored; the
+//! synthetic cluster does the same class by class on contiguous arrays,
+//! which made a pass about 1.5–2× faster than walking pricing groups
+//! sorted by price (the groups' bookkeeping cost more than it saved).
 //!
 //! # Cost, and what shapes it
 //!
@@ -30,10 +29,27 @@
 //! duals are degenerate: nearly every row has near-ties, and each solve moves
 //! most rows' duals, so every pass rescans most rows (bounded) and each
 //! re-solve frees most jobs whose best GPU changed. At 18,000 × 10,000: 13
-//! passes, 173 M pairs scored, the warm solves about half the time. The
-//! optimum itself moves about 2,000 of 9,900 unchanged jobs after a 1%
-//! change (the bench prints it), so an exact incremental round makes that
-//! many moves whatever it starts from.
+//! passes, 173 M pairs scored; of about 9 s on 2 cores the warm re-solves
+//! take about two thirds (the first passes' each search again for nearly
+//! every job, settling 1.4–2.4 M columns), pricing the rest. The optimum
+//! itself moves about 2,000 of 9,900 unchanged jobs after a 1% change (the
+//! bench prints it), so an exact incremental round makes that many moves
+//! whatever it starts from: about 1,200 searches settling 1 M columns.
+//!
+//! Measured and not kept (issue 19), at that size:
+//! * an ε-scaling forward auction over every pair as the start (rows
+//!   priced on demand, each job's list of its best GPUs valid while prices
+//!   only rise): its graph needs 3–4 passes, but on these near-rank-one
+//!   weights a job's list is used up by about one bid (195,000 row scans,
+//!   5.7 s), and turning its ε-optimal prices into exact duals took 5,600
+//!   searches (0.8 s): 7.2 s in all;
+//! * the same auction on the candidate graph only, pricing at its prices
+//!   until nothing is violated, then one exact solve: each auction costs
+//!   15–90 ms, but it takes 21 passes (700 ms of pricing each) and the
+//!   exact solve from its prices 17 s (2,800 reverse searches: a forward
+//!   auction leaves GPUs that lost their job at a high price);
+//! * more pairs per pass (`per_job` 32, near-violated pairs too) or a
+//!   larger candidate graph (k = 32, 64): no fewer passes, more time.
 //!
 //! # Incremental rounds
 //!
@@ -57,9 +73,9 @@ pub trait Scores: Sync {
     fn gpus(&self) -> usize;
     /// Integer weight of the pair; `None`: not feasible.
     fn weight(&self, job: u32, gpu: u32) -> Option<i64>;
-    /// GPU groups for bounded pricing: each GPU's group (`u32::MAX`: no job
-    /// can use it) and the number of groups. `None`: pricing scores every
-    /// pair.
+    /// GPU groups for bounded candidate search ([`crate::prune::spread_grouped`]):
+    /// each GPU's group (`u32::MAX`: no job can use it) and the number of
+    /// groups. `None`: the search scores every pair.
     fn groups(&self) -> Option<(&[u32], usize)> {
         None
     }
@@ -70,12 +86,56 @@ pub trait Scores: Sync {
         Some(i64::MAX)
     }
     /// An upper bound on `weight(job, gpu)` cheaper than the weight itself
-    /// (`None`: not feasible); pricing asks it before scoring a pair that
-    /// its group's bound did not rule out. The default knows nothing.
+    /// (`None`: not feasible); pricing asks it before scoring a pair. The
+    /// default knows nothing.
     #[inline]
     fn pair_bound(&self, _job: u32, _gpu: u32) -> Option<i64> {
         Some(i64::MAX)
     }
+    /// Prices row `job`: calls `visit(g, w)` for every feasible GPU `g`
+    /// with `w − price[g] > floor`, and bounds every other feasible GPU's
+    /// `w − price[g]`. The default asks [`Scores::pair_bound`] before
+    /// scoring each GPU; an implementation that knows its weights' shape
+    /// can do it faster (same result).
+    fn scan_row(
+        &self,
+        job: u32,
+        price: &[i64],
+        floor: i64,
+        visit: &mut dyn FnMut(u32, i64),
+    ) -> RowScan {
+        let mut r = RowScan {
+            bound: i64::MIN,
+            scored: 0,
+        };
+        for g in 0..self.gpus() as u32 {
+            let p = price[g as usize];
+            let Some(b) = self.pair_bound(job, g) else {
+                continue;
+            };
+            if b.saturating_sub(p) <= floor {
+                r.bound = r.bound.max(b.saturating_sub(p));
+                continue;
+            }
+            r.scored += 1;
+            if let Some(w) = self.weight(job, g) {
+                if w - p > floor {
+                    visit(g, w);
+                } else {
+                    r.bound = r.bound.max(w - p);
+                }
+            }
+        }
+        r
+    }
+}
+
+/// What [`Scores::scan_row`] did: the bound on the pairs it did not visit
+/// (`i64::MIN`: none), and how many pairs it scored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowScan {
+    pub bound: i64,
+    pub scored: u64,
 }
 
 /// A score function as [`Scores`] (no groups: pricing scores every pair).
@@ -149,21 +209,8 @@ struct Reference {
     rp: Vec<i64>,
 }
 
-/// Per-group GPUs by increasing reference price.
-fn groups_by_price<S: Scores>(s: &S, rp: &[i64]) -> Option<Vec<Vec<(i64, u32)>>> {
-    s.groups().map(|(group_of, n)| {
-        let mut v: Vec<Vec<(i64, u32)>> = vec![Vec::new(); n];
-        for (g, &c) in group_of.iter().enumerate() {
-            if (c as usize) < n {
-                v[c as usize].push((rp[g], g as u32));
-            }
-        }
-        for l in &mut v {
-            l.sort_unstable();
-        }
-        v
-    })
-}
+/// A row whose dropped GPUs are more than 1/this of all is scanned whole.
+const DROPS_FOR_FULL_SCAN: usize = 16;
 
 /// Scratch of one pricing worker.
 struct Scratch {
@@ -188,14 +235,12 @@ fn keep_best(hits: &mut Vec<(i64, u32)>, cap: usize) -> i64 {
 
 /// Prices row `j` at prices `rp` (the current ones): pairs outside the
 /// graph with `w − rp[g] > u` become candidates (the best `cap`); returns
-/// the row's new reference dual, the largest `w − rp[g]` of every other
-/// pair outside the graph, exact where scored and from the group bound
-/// where skipped.
+/// the row's new reference dual, an upper bound on `w − rp[g]` of every
+/// other pair outside the graph ([`Scores::scan_row`]).
 #[allow(clippy::too_many_arguments)]
 fn price_row<S: Scores>(
     s: &S,
     rp: &[i64],
-    groups: &Option<Vec<Vec<(i64, u32)>>>,
     j: u32,
     u: i64,
     row_edges: &[Edge],
@@ -207,60 +252,15 @@ fn price_row<S: Scores>(
     for e in row_edges {
         sc.mark[e.gpu as usize] = true;
     }
-    let mut ru = i64::MIN;
-    let mut offer = |g: u32, r: i64, ru: &mut i64, hits: &mut Vec<(i64, u32)>| {
-        if sc.mark[g as usize] {
-            return;
-        }
-        *scored += 1;
-        if let Some(w) = s.weight(j, g) {
-            let v = w - r;
-            if v > u {
-                hits.push((v, g));
-            } else {
-                *ru = (*ru).max(v);
-            }
-        }
-    };
     let mut hits = std::mem::take(&mut sc.hits);
-    match groups {
-        None => {
-            for g in 0..s.gpus() as u32 {
-                offer(g, rp[g as usize], &mut ru, &mut hits);
-            }
+    let mark = &sc.mark;
+    let r = s.scan_row(j, rp, u, &mut |g, w| {
+        if !mark[g as usize] {
+            hits.push((w - rp[g as usize], g));
         }
-        Some(groups) => {
-            for (c, list) in groups.iter().enumerate() {
-                let Some(&(min_p, _)) = list.first() else {
-                    continue;
-                };
-                let Some(b) = s.group_bound(j, c as u32) else {
-                    continue;
-                };
-                if b.saturating_sub(min_p) <= u {
-                    ru = ru.max(b.saturating_sub(min_p));
-                    continue;
-                }
-                for &(r, g) in list {
-                    if b.saturating_sub(r) <= u {
-                        ru = ru.max(b.saturating_sub(r));
-                        break;
-                    }
-                    // The pair's own bound rules most of the rest out
-                    // without scoring it.
-                    match s.pair_bound(j, g) {
-                        None => continue,
-                        Some(pb) if pb.saturating_sub(r) <= u => {
-                            ru = ru.max(pb.saturating_sub(r));
-                            continue;
-                        }
-                        Some(_) => offer(g, r, &mut ru, &mut hits),
-                    }
-                }
-            }
-        }
-    }
-    ru = ru.max(keep_best(&mut hits, cap));
+    });
+    *scored += r.scored;
+    let ru = r.bound.max(keep_best(&mut hits, cap));
     for &(v, g) in &hits {
         out.push(Edge {
             job: j,
@@ -398,14 +398,17 @@ fn price<S: Scores>(
 
     // Rows: a full scan where the dual fell below the reference; where it
     // is above by a margin m, only the GPUs whose price fell by more than m
-    // can hold a violated pair.
+    // can hold a violated pair (a full scan all the same when they are
+    // many: it prices a GPU for less than a pair bound costs).
     let rows: Vec<(u32, bool)> = (0..jobs as u32)
         .filter_map(|j| {
             let (uj, ru) = (u[j as usize], r.ru[j as usize]);
+            let margin = uj.saturating_sub(ru);
             if uj < ru {
                 Some((j, true))
-            } else if uj.saturating_sub(ru) < max_drop {
-                Some((j, false))
+            } else if margin < max_drop {
+                let many = drops.partition_point(|&(d, _)| d > margin) > gpus / DROPS_FOR_FULL_SCAN;
+                Some((j, many))
             } else {
                 None
             }
@@ -419,7 +422,6 @@ fn price<S: Scores>(
             *ru = v.saturating_add(max_drop);
         }
     }
-    let groups = groups_by_price(s, &r.rp);
     let (rp, ru_old) = (&r.rp, &r.ru);
     let parts = parallel(&rows, opts.threads, |chunk| {
         let mut sc = Scratch {
@@ -438,7 +440,6 @@ fn price<S: Scores>(
                 price_row(
                     s,
                     rp,
-                    &groups,
                     j,
                     uj,
                     row_edges,

@@ -126,6 +126,13 @@ enum Dense {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    // Before the bench too: RUST_LOG=debug shows its pricing passes.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     if let Some(Command::Bench {
         gpus,
         jobs,
@@ -168,12 +175,6 @@ fn main() -> anyhow::Result<()> {
         print!("{}", report.text);
         return Ok(());
     }
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
 
     if cli.evaluate {
         return evaluate(&cli);

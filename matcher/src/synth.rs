@@ -23,7 +23,7 @@ use rand::distributions::{Distribution, WeightedIndex};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::exact::Scores;
+use crate::exact::{RowScan, Scores};
 #[cfg(test)]
 use crate::prune::spread_scored;
 use crate::prune::{prune_scored, spread_grouped};
@@ -181,6 +181,10 @@ pub struct Cluster {
     /// factor in it.
     group_of: Vec<u32>,
     group_factor: Vec<f64>,
+    /// Per class its eligible GPUs, increasing, and their factors (row
+    /// scans, [`Scores::scan_row`]).
+    class_gpus: Vec<Vec<u32>>,
+    class_factor: Vec<Vec<f64>>,
 }
 
 /// Bands of the GPU factor per class for pricing groups: narrower bands
@@ -256,6 +260,8 @@ impl Cluster {
             base,
             group_of: Vec::new(),
             group_factor: Vec::new(),
+            class_gpus: Vec::new(),
+            class_factor: Vec::new(),
         };
         c.regroup();
         c
@@ -274,6 +280,14 @@ impl Cluster {
                 }
             })
             .collect();
+        self.class_gpus = vec![Vec::new(); CLASSES];
+        self.class_factor = vec![Vec::new(); CLASSES];
+        for (g, &c) in self.eligible_class.iter().enumerate() {
+            if c != u8::MAX {
+                self.class_gpus[c as usize].push(g as u32);
+                self.class_factor[c as usize].push(self.gpus[g].factor);
+            }
+        }
         self.group_factor = vec![0.0; CLASSES * FACTOR_BANDS];
         self.group_of = (0..self.gpus.len())
             .map(|g| {
@@ -479,6 +493,66 @@ impl Scores for Cluster {
             }
         }
     }
+    /// Class by class, a float bound per GPU (the largest noise; the
+    /// rounding error of a different multiplication order is far below
+    /// the unit of margin) rules out most GPUs before any pair is hashed.
+    fn scan_row(
+        &self,
+        job: u32,
+        price: &[i64],
+        floor: i64,
+        visit: &mut dyn FnMut(u32, i64),
+    ) -> RowScan {
+        let mut r = RowScan {
+            bound: i64::MIN,
+            scored: 0,
+        };
+        if self.mode == WeightMode::Uniform {
+            // No shape to use: every eligible pair is scored.
+            for gpus in &self.class_gpus {
+                for &g in gpus {
+                    let p = price[g as usize];
+                    r.scored += 1;
+                    let Some(w) = Cluster::weight(self, job, g) else {
+                        continue;
+                    };
+                    if w - p > floor {
+                        visit(g, w);
+                    } else {
+                        r.bound = r.bound.max(w - p);
+                    }
+                }
+            }
+            return r;
+        }
+        let jb = self.jobs[job as usize];
+        for (c, (gpus, factors)) in self.class_gpus.iter().zip(&self.class_factor).enumerate() {
+            let b = self.base[jb.kind as usize][c];
+            if b == 0.0 {
+                continue;
+            }
+            let coef = b * jb.factor * (1.0 + NOISE) * crate::weights::SCALE;
+            for (&g, &f) in gpus.iter().zip(factors) {
+                let p = price[g as usize];
+                // ≥ the quantized weight: quantize adds ½ and truncates.
+                let ub = ((coef * f).min(crate::weights::SCALE) + 1.0) as i64 - p;
+                if ub <= floor {
+                    r.bound = r.bound.max(ub);
+                    continue;
+                }
+                r.scored += 1;
+                let Some(w) = Cluster::weight(self, job, g) else {
+                    continue;
+                };
+                if w - p > floor {
+                    visit(g, w);
+                } else {
+                    r.bound = r.bound.max(w - p);
+                }
+            }
+        }
+        r
+    }
     /// The group's largest GPU factor and the largest noise, multiplied in
     /// the order [`Cluster::throughput`] does (rounding is monotone, so the
     /// bound is never below a member's weight), plus one unit of margin.
@@ -553,6 +627,50 @@ mod tests {
                         full,
                         "{mode:?} {gpus}x{jobs} k={k} threads={threads}"
                     );
+                }
+            }
+        }
+    }
+
+    /// Pricing trusts the row scan: it must visit exactly the pairs above
+    /// the floor and bound every other one, as the trait's plain scan does.
+    #[test]
+    fn fast_row_scan_equals_the_plain_scan() {
+        use crate::exact::FnScores;
+        use rand::{Rng, SeedableRng};
+        let mut rng = ChaCha8Rng::seed_from_u64(17);
+        for mode in [WeightMode::Structured, WeightMode::Uniform] {
+            let c = Cluster::generate(400, 60, 9, mode);
+            // The trait's default scan_row (no pair bound: scores all).
+            let plain = FnScores {
+                jobs: 60,
+                gpus: 400,
+                score: |j, g| c.weight(j, g),
+            };
+            for round in 0..40 {
+                let price: Vec<i64> = (0..400)
+                    .map(|_| match round % 3 {
+                        0 => 0,
+                        1 => rng.gen_range(0..600_000),
+                        _ => rng.gen_range(0..60_000) * 10,
+                    })
+                    .collect();
+                for j in 0..60u32 {
+                    let floor = rng.gen_range(-100_000..700_000);
+                    let (mut fast, mut want) = (Vec::new(), Vec::new());
+                    let r = c.scan_row(j, &price, floor, &mut |g, w| fast.push((g, w)));
+                    plain.scan_row(j, &price, floor, &mut |g, w| want.push((g, w)));
+                    fast.sort_unstable();
+                    assert_eq!(fast, want, "{mode:?} job {j} floor {floor}");
+                    // Every pair not visited is within the bound, which is
+                    // at most the floor.
+                    let worst = (0..400u32)
+                        .filter(|g| !fast.iter().any(|v| v.0 == *g))
+                        .filter_map(|g| Some(c.weight(j, g)? - price[g as usize]))
+                        .max();
+                    if let Some(worst) = worst {
+                        assert!(worst <= r.bound && r.bound <= floor, "{worst} {r:?}");
+                    }
                 }
             }
         }
