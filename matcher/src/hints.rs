@@ -23,7 +23,9 @@
 //! Slurm 22.05 keeps the first typed GRES a job was given through every
 //! later `Gres=` update (a job moved from `mfslot:g0` to `mfslot:g1` would
 //! hold both), so a job whose slot type is set is only ever re-placed on the
-//! same GPU index, and parking leaves the slot request alone.
+//! same GPU index, and parking leaves the slot request alone. The count of
+//! the same type does change (`mfslot:g0:2` → `:1` → `:2` on a held job,
+//! checked on the dev cluster), so a round may resize a placed job's slots.
 //!
 //! Parking by a constraint no node has is not possible: Slurm 22.05 rejects
 //! such a job at submit ("Invalid feature specification").
