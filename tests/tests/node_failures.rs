@@ -215,9 +215,12 @@ fn an_unreachable_slurmctld_is_named_and_drains_nothing() {
         .env("SPANK_MUXFLOW_MODE", "offline");
     let (ok, _, err) = c.run(prolog);
     assert!(ok, "the Prolog must exit 0: {err}");
+    // slurmctld's own words, or (scontrol still retrying when the command
+    // timeout ends it, as on a loaded machine) the timeout naming it.
     assert!(
-        err.contains("reading the job's offline slot from slurmctld")
-            && err.contains("Unable to contact slurm controller"),
+        err.contains("reading the job's offline slots from slurmctld")
+            && (err.contains("Unable to contact slurm controller")
+                || err.contains("slurmctld did not answer")),
         "{err}"
     );
     assert!(ns.find_job(990061).unwrap().is_none());
