@@ -73,6 +73,25 @@ fn growth(c: &Cluster, config: &Path, jobs: &[u32], key: &str, settle: u64, secs
         .collect()
 }
 
+/// Job `id` stays pending until the scheduler has tried it and says it
+/// waits for Resources (its reason is None until then; 24.11 may take a
+/// few seconds longer than 22.05).
+fn waits_for_resources(c: &Cluster, id: u32) {
+    let start = Instant::now();
+    loop {
+        assert_eq!(c.job_field(id, "JobState"), "PENDING");
+        let reason = c.job_field(id, "Reason");
+        if reason == "Resources" {
+            return;
+        }
+        assert!(
+            start.elapsed() < WAIT,
+            "job {id}: Reason={reason}, not Resources"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
 fn scancel(c: &Cluster, id: u32) {
     let mut cmd = c.cmd("scancel");
     cmd.arg(id.to_string());
@@ -118,9 +137,7 @@ fn two_offline_jobs_share_one_gpu_beside_an_online_job_under_one_brake() {
         // One slot per GPU: Slurm starts one of them; the other waits for
         // the slot (Resources) and never runs beside it.
         c.wait_running(offline[0], WAIT);
-        std::thread::sleep(Duration::from_secs(3));
-        assert_eq!(c.job_field(offline[1], "JobState"), "PENDING");
-        assert_eq!(c.job_field(offline[1], "Reason"), "Resources");
+        waits_for_resources(&c, offline[1]);
         for id in offline.into_iter().chain([online]) {
             scancel(&c, id);
         }
@@ -311,9 +328,7 @@ fn an_offline_job_holding_all_slots_of_its_gpu_gets_the_whole_budget() {
     // waits (Slurm has no record of the GPU left to give it).
     let second = submit("second");
     c.place(second, NODE, gpu);
-    std::thread::sleep(Duration::from_secs(3));
-    assert_eq!(c.job_field(second, "JobState"), "PENDING");
-    assert_eq!(c.job_field(second, "Reason"), "Resources");
+    waits_for_resources(&c, second);
     assert_eq!(c.job_field(whole, "JobState"), "RUNNING");
     assert_eq!(
         ns.jobs(gpu)
