@@ -117,14 +117,7 @@ pub trait Scores: Sync {
                 r.bound = r.bound.max(b.saturating_sub(p));
                 continue;
             }
-            r.scored += 1;
-            if let Some(w) = self.weight(job, g) {
-                if w - p > floor {
-                    visit(g, w);
-                } else {
-                    r.bound = r.bound.max(w - p);
-                }
-            }
+            r.offer(g, self.weight(job, g), p, floor, visit);
         }
         r
     }
@@ -136,6 +129,29 @@ pub trait Scores: Sync {
 pub struct RowScan {
     pub bound: i64,
     pub scored: u64,
+}
+
+impl RowScan {
+    /// A pair scored at `w` (`None`: not feasible) against price `p`:
+    /// visited when `w − p > floor`, else taken into the bound.
+    #[inline]
+    pub fn offer(
+        &mut self,
+        g: u32,
+        w: Option<i64>,
+        p: i64,
+        floor: i64,
+        visit: &mut dyn FnMut(u32, i64),
+    ) {
+        self.scored += 1;
+        if let Some(w) = w {
+            if w - p > floor {
+                visit(g, w);
+            } else {
+                self.bound = self.bound.max(w - p);
+            }
+        }
+    }
 }
 
 /// A score function as [`Scores`] (no groups: pricing scores every pair).

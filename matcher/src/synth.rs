@@ -511,16 +511,8 @@ impl Scores for Cluster {
             // No shape to use: every eligible pair is scored.
             for gpus in &self.class_gpus {
                 for &g in gpus {
-                    let p = price[g as usize];
-                    r.scored += 1;
-                    let Some(w) = Cluster::weight(self, job, g) else {
-                        continue;
-                    };
-                    if w - p > floor {
-                        visit(g, w);
-                    } else {
-                        r.bound = r.bound.max(w - p);
-                    }
+                    let w = Cluster::weight(self, job, g);
+                    r.offer(g, w, price[g as usize], floor, visit);
                 }
             }
             return r;
@@ -540,15 +532,7 @@ impl Scores for Cluster {
                     r.bound = r.bound.max(ub);
                     continue;
                 }
-                r.scored += 1;
-                let Some(w) = Cluster::weight(self, job, g) else {
-                    continue;
-                };
-                if w - p > floor {
-                    visit(g, w);
-                } else {
-                    r.bound = r.bound.max(w - p);
-                }
+                r.offer(g, Cluster::weight(self, job, g), p, floor, visit);
             }
         }
         r
