@@ -86,7 +86,40 @@ impl SlurmCli {
         let text = self
             .client
             .command("sacct", &["--json", "-X", "-a", "-S", &since])?;
-        Ok(runs_from_sacct(&reader::parse_sacct(&text)?))
+        let mut jobs = reader::parse_sacct(&text)?;
+        self.fill_users(&mut jobs)?;
+        Ok(runs_from_sacct(&jobs))
+    }
+
+    /// Names the owner of muxflow records that `sacct --json` left without
+    /// one. Slurm 22.05's JSON leaves `user` null for a user with no
+    /// association (and, seen on the dev cluster, for a moment after a job
+    /// ends); keyed by an empty user, such runs would be nobody's history.
+    /// The text output resolves the uid.
+    fn fill_users(&self, jobs: &mut [reader::SacctJob]) -> Result<(), SlurmError> {
+        let missing: Vec<String> = jobs
+            .iter()
+            .filter(|j| j.user.is_empty() && j.comment.administrator.is_some())
+            .map(|j| j.job_id.to_string())
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let mut users = std::collections::HashMap::new();
+        // Bounded command lines, however many records lack a user.
+        for ids in missing.chunks(500) {
+            let out = self.client.command(
+                "sacct",
+                &["-X", "-nP", "-o", "JobID,User", "-j", &ids.join(",")],
+            )?;
+            users.extend(parse_job_users(&out));
+        }
+        for j in jobs.iter_mut().filter(|j| j.user.is_empty()) {
+            if let Some(u) = users.get(&j.job_id) {
+                j.user.clone_from(u);
+            }
+        }
+        Ok(())
     }
 
     /// Brings `cache` up to date: the whole window the first time, then
@@ -144,6 +177,18 @@ impl SlurmCli {
     }
 }
 
+/// `sacct -X -nP -o JobID,User` lines as job id → user (a reused id keeps
+/// its last line, the newest job; lines without a user are skipped).
+fn parse_job_users(out: &str) -> std::collections::HashMap<u32, String> {
+    out.lines()
+        .filter_map(|l| {
+            let (id, user) = l.trim().split_once('|')?;
+            let (id, user) = (id.trim().parse().ok()?, user.trim());
+            (!user.is_empty()).then(|| (id, user.to_string()))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -154,5 +199,53 @@ mod tests {
         assert_eq!(parse_release("slurm 24.11.5\n"), Some((24, 11)));
         assert_eq!(parse_release("slurm\n"), None);
         assert_eq!(parse_release("scontrol: error: x"), None);
+    }
+
+    /// A history read whose JSON left a record's user null asks the text
+    /// output for it, once, for just those records.
+    #[test]
+    fn history_names_the_owner_sacct_json_left_null() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let calls = dir.path().join("calls");
+        let sacct = format!(
+            r#"#!/bin/sh
+echo "$*" >> {calls}
+case "$*" in
+*--json*) cat <<'J'
+{{"errors": [], "jobs": [
+ {{"job_id": 7, "name": "train", "user": null, "state": {{"current": "COMPLETED"}},
+  "comment": {{"administrator": "muxflow:v1 mode=offline steps_per_s=7"}}, "time": {{"end": 5}}}},
+ {{"job_id": 8, "name": "train", "user": "bob", "state": {{"current": "COMPLETED"}},
+  "comment": {{"administrator": "muxflow:v1 mode=offline steps_per_s=6"}}, "time": {{"end": 6}}}},
+ {{"job_id": 9, "name": "plain", "user": null, "state": {{"current": "COMPLETED"}},
+  "comment": {{"administrator": null}}, "time": {{"end": 6}}}}
+]}}
+J
+;;
+*) echo "7|alice" ;;
+esac
+"#,
+            calls = calls.display()
+        );
+        let program = dir.path().join("sacct");
+        std::fs::write(&program, sacct).unwrap();
+        std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut config = muxflow::Config::default();
+        config.slurm.scontrol = muxflow::config::AbsPath::new(dir.path().join("scontrol")).unwrap();
+        let runs = SlurmCli::new(&config).history(30).unwrap();
+        let keys: Vec<(u32, &str)> = runs.iter().map(|r| (r.job_id, r.key.0.as_str())).collect();
+        assert_eq!(keys, [(7, "alice"), (8, "bob")]);
+        let calls = std::fs::read_to_string(&calls).unwrap();
+        assert_eq!(calls.lines().count(), 2, "{calls}");
+        assert!(calls.lines().nth(1).unwrap().ends_with("-j 7"), "{calls}");
+    }
+
+    #[test]
+    fn job_users_from_sacct_text() {
+        let users = parse_job_users("101|alice\n102|\nbad|bob\n101|carol\n103|dave\n\n");
+        assert_eq!(users.len(), 2);
+        assert_eq!(users[&101], "carol", "a reused id: the newest job's line");
+        assert_eq!(users[&103], "dave");
     }
 }
