@@ -418,6 +418,10 @@ pub struct Matcher {
     pub history_days: u32,
     /// Longest wait for one Slurm command (squeue, sinfo, sacct, scontrol).
     pub command_timeout_s: u64,
+    /// Time a round may spend pricing out the pairs left outside the
+    /// candidate graph, which makes its matching of 1-GPU jobs exact over
+    /// every feasible (job, GPU) pair; 0: exact on the candidates only.
+    pub pricing_budget_ms: u64,
 }
 
 impl Default for Matcher {
@@ -428,6 +432,7 @@ impl Default for Matcher {
             max_updates_per_round: 200,
             history_days: 30,
             command_timeout_s: 30,
+            pricing_budget_ms: 5000,
         }
     }
 }
@@ -794,6 +799,14 @@ impl Config {
                 m.command_timeout_s,
                 1,
                 3600,
+                "",
+            ),
+            r(
+                "matcher",
+                "pricing_budget_ms",
+                m.pricing_budget_ms,
+                0,
+                600_000,
                 "",
             ),
         ]

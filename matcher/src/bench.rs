@@ -58,6 +58,8 @@ pub struct BenchArgs {
     pub threads: usize,
     /// Write the round's final candidate graph here ([`export`]).
     pub export: Option<std::path::PathBuf>,
+    /// The gang bench's round prices out within this (`matcher.pricing_budget_ms`).
+    pub pricing_budget_ms: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -648,6 +650,31 @@ pub fn gang_run(args: &BenchArgs, slots: u32, gang_share: f64) -> anyhow::Result
         },
     );
     let final_s = t.elapsed().as_secs_f64();
+    let warm_objective = singles.matching.objective;
+    let initial = edges.clone();
+    // Pricing out within the round's budget, as `round::plan` does.
+    let t = Instant::now();
+    let budget = args.pricing_budget_ms;
+    let (singles, pricing) = if budget > 0 {
+        let e = Incremental::from_solution(
+            &Masked {
+                gpu_ok: &gpus_left,
+                ..singles_only
+            },
+            edges,
+            singles,
+            &ExactOptions {
+                threads: args.threads,
+                deadline: Some(t + std::time::Duration::from_millis(budget)),
+                ..ExactOptions::default()
+            },
+        )
+        .into_exact();
+        (e.solution, Some((e.complete, e.pricing.passes)))
+    } else {
+        (singles, None)
+    };
+    let pricing_s = t.elapsed().as_secs_f64();
     let t = Instant::now();
     let mut members: Vec<Vec<u32>> = vec![Vec::new(); cols];
     let mut waiting: Vec<bool> = ks.iter().map(|&k| k == 1).collect();
@@ -668,7 +695,7 @@ pub fn gang_run(args: &BenchArgs, slots: u32, gang_share: f64) -> anyhow::Result
         value,
     );
     let split_s = t.elapsed().as_secs_f64();
-    let round_s = price_s + gang_s + final_s + split_s;
+    let round_s = price_s + gang_s + final_s + pricing_s + split_s;
     let peak_mb = peak_rss_mb().unwrap_or(f64::NAN);
     let placed = chosen.iter().flatten().count();
     let gang_gpus: usize = chosen.iter().flatten().map(|c| c.gpus.len()).sum();
@@ -700,7 +727,7 @@ pub fn gang_run(args: &BenchArgs, slots: u32, gang_share: f64) -> anyhow::Result
     };
     let exact = crate::exact::solve_exact(
         &full,
-        &edges,
+        &initial,
         &ExactOptions {
             threads: args.threads,
             ..ExactOptions::default()
@@ -763,6 +790,19 @@ pub fn gang_run(args: &BenchArgs, slots: u32, gang_share: f64) -> anyhow::Result
         &mut text,
         "3. 1-GPU jobs on the GPUs left (warm)",
         final_s,
+        Some(warm_objective),
+        None,
+    )?;
+    row(
+        &mut text,
+        &match pricing {
+            None => "3b. pricing out: off (budget 0)".to_string(),
+            Some((true, passes)) => format!("3b. pricing out: exact, {passes} passes"),
+            Some((false, passes)) => {
+                format!("3b. pricing out: {budget} ms spent, {passes} passes")
+            }
+        },
+        pricing_s,
         Some(singles.matching.objective),
         Some(singles.matching.pairs.len()),
     )?;
@@ -775,7 +815,7 @@ pub fn gang_run(args: &BenchArgs, slots: u32, gang_share: f64) -> anyhow::Result
     )?;
     row(
         &mut text,
-        "round with gangs and sized slots (1+2+3+4)",
+        "round with gangs and sized slots (1+2+3+3b+4)",
         round_s,
         Some(objective),
         None,
@@ -795,7 +835,7 @@ pub fn gang_run(args: &BenchArgs, slots: u32, gang_share: f64) -> anyhow::Result
     )?;
     writeln!(
         text,
-        "gang_round_s={round_s:.3} reference_s={reference_s:.3} ratio={:.2} slots_per_gpu={slots} gangs={} gangs_placed={placed} split_jobs={split_jobs} peak_mb={peak_mb:.1} singles_gap={}",
+        "gang_round_s={round_s:.3} reference_s={reference_s:.3} ratio={:.2} slots_per_gpu={slots} gangs={} gangs_placed={placed} split_jobs={split_jobs} peak_mb={peak_mb:.1} singles_gap={} pricing_budget_ms={budget}",
         if reference_s > 0.0 { round_s / reference_s } else { f64::NAN },
         gangs.len(),
         fmt_gap(singles_gap)
@@ -819,6 +859,7 @@ mod tests {
                 candidates_per_job: 16,
                 threads: 2,
                 export: None,
+                pricing_budget_ms: 5000,
             })
             .expect("bench runs");
             assert_eq!(report.objective_gap, 0.0);
@@ -855,6 +896,7 @@ mod tests {
             candidates_per_job: 16,
             threads: 2,
             export: None,
+            pricing_budget_ms: 5000,
         };
         for slots in [1, 2] {
             let text = gang_run(&args, slots, 0.1).expect("gang bench runs");
@@ -870,11 +912,18 @@ mod tests {
             assert!(value("gangs_placed") > 0.0, "{text}");
             assert!(value("gangs_placed") <= value("gangs"));
             assert_eq!(value("slots_per_gpu"), f64::from(slots));
-            let gap = value("singles_gap");
-            // Exact on its candidate graph; over every pair a small gap
-            // (measured and shown, not hidden).
-            assert!((0.0..0.05).contains(&gap), "{text}");
+            // Priced out within the budget: exact over every pair.
+            assert_eq!(value("singles_gap"), 0.0, "{text}");
+            assert!(text.contains("3b. pricing out: exact"), "{text}");
         }
+        // Without pricing: exact on its candidate graph, a small gap over
+        // every pair (measured and shown, not hidden).
+        let unpriced = BenchArgs {
+            pricing_budget_ms: 0,
+            ..args.clone()
+        };
+        let text = gang_run(&unpriced, 2, 0.1).expect("gang bench runs");
+        assert!(text.contains("3b. pricing out: off"), "{text}");
         // More jobs than GPUs: the split steps put light jobs side by side
         // on N = 2, never on N = 1.
         let crowded = BenchArgs {

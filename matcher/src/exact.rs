@@ -181,6 +181,10 @@ pub struct ExactOptions {
     pub per_job: usize,
     /// Worker threads for the first solve and for pricing.
     pub threads: usize,
+    /// Pricing stops after the pass that ends past this instant (the pairs
+    /// that pass found are added and solved, so the result stays exact on
+    /// its graph); `None`: until nothing is left to add.
+    pub deadline: Option<std::time::Instant>,
 }
 
 impl Default for ExactOptions {
@@ -188,6 +192,7 @@ impl Default for ExactOptions {
         ExactOptions {
             per_job: 8,
             threads: SolveOptions::default().threads,
+            deadline: None,
         }
     }
 }
@@ -213,6 +218,10 @@ pub struct Exact {
     pub solution: Solution,
     pub edges: Vec<Edge>,
     pub pricing: PricingStats,
+    /// Pricing found nothing left to add: the duals are a certificate over
+    /// every feasible pair. `false` only when [`ExactOptions::deadline`]
+    /// stopped it (the solution is then exact on `edges`).
+    pub complete: bool,
 }
 
 /// Reference duals: for every pair `(j, g)` outside the candidate graph,
@@ -559,7 +568,7 @@ fn converge<S: Scores>(
     r: &mut Reference,
     opts: &ExactOptions,
     stats: &mut PricingStats,
-) -> (Vec<Edge>, Solution) {
+) -> (Vec<Edge>, Solution, bool) {
     loop {
         let t = std::time::Instant::now();
         let before = (stats.rows, stats.cols, stats.scored);
@@ -575,7 +584,7 @@ fn converge<S: Scores>(
             "pricing pass"
         );
         if add.is_empty() {
-            return (edges, sol);
+            return (edges, sol, true);
         }
         edges = merge(edges, &add);
         let (job_gpu, prices) = start_of(&sol, s.jobs());
@@ -597,6 +606,12 @@ fn converge<S: Scores>(
             arr = sol.stats.row_reduction_steps,
             "warm solve"
         );
+        if opts
+            .deadline
+            .is_some_and(|d| std::time::Instant::now() >= d)
+        {
+            return (edges, sol, false);
+        }
     }
 }
 
@@ -607,7 +622,7 @@ pub fn solve_exact<S: Scores>(
     initial: &[Edge],
     opts: &ExactOptions,
 ) -> Result<Exact, InputError> {
-    Incremental::cold(s, initial, opts).map(|i| i.exact)
+    Incremental::cold(s, initial, opts).map(Incremental::into_exact)
 }
 
 /// A round cache: the last round's certified state (see the module docs).
@@ -633,22 +648,40 @@ impl Incremental {
         let sol = solve_with(s.jobs(), s.gpus(), initial, &solve_opts)?;
         let mut edges = initial.to_vec();
         edges.sort_unstable_by_key(|e| (e.job, e.gpu));
+        Ok(Incremental::from_solution(s, edges, sol, opts))
+    }
+
+    /// Pricing from `sol`, a solution exact on `edges` (sorted by (job,
+    /// GPU), unique) with its duals: the caller's own solve, cold or warm.
+    pub fn from_solution<S: Scores>(
+        s: &S,
+        edges: Vec<Edge>,
+        sol: Solution,
+        opts: &ExactOptions,
+    ) -> Incremental {
         let mut reference = Reference {
             ru: vec![i64::MAX; s.jobs()],
             rp: sol.duals.gpu.clone(),
         };
         let mut pricing = PricingStats::default();
-        let (edges, solution) = converge(s, edges, sol, &mut reference, opts, &mut pricing);
-        Ok(Incremental {
+        let (edges, solution, complete) =
+            converge(s, edges, sol, &mut reference, opts, &mut pricing);
+        Incremental {
             exact: Exact {
                 solution,
                 edges,
                 pricing,
+                complete,
             },
             reference,
             jobs: s.jobs(),
             gpus: s.gpus(),
-        })
+        }
+    }
+
+    /// The round, kept no longer.
+    pub fn into_exact(self) -> Exact {
+        self.exact
     }
 
     /// The current round.
@@ -705,11 +738,13 @@ impl Incremental {
             },
         );
         let mut pricing = PricingStats::default();
-        let (edges, solution) = converge(s, edges, sol, &mut self.reference, opts, &mut pricing);
+        let (edges, solution, complete) =
+            converge(s, edges, sol, &mut self.reference, opts, &mut pricing);
         self.exact = Exact {
             solution,
             edges,
             pricing,
+            complete,
         };
         &self.exact
     }
@@ -739,6 +774,36 @@ mod tests {
         exact
     }
 
+    /// A deadline stops pricing after its pass: the result is exact on
+    /// its (larger) graph and says it is not yet exact on every pair.
+    #[test]
+    fn a_spent_deadline_keeps_the_result_exact_on_its_graph() {
+        let c = Cluster::generate(300, 200, 5, WeightMode::Structured);
+        let initial = c.top_k_candidates(2, 1);
+        let past = ExactOptions {
+            deadline: Some(std::time::Instant::now()),
+            ..ExactOptions::default()
+        };
+        let cut = solve_exact(&c, &initial, &past).unwrap();
+        assert!(!cut.complete);
+        assert_eq!(cut.pricing.passes, 1);
+        assert!(
+            cut.edges.len() > initial.len(),
+            "the pass's pairs were added"
+        );
+        verify_certificate(
+            200,
+            300,
+            &cut.edges,
+            &cut.solution.matching,
+            &cut.solution.duals,
+        )
+        .expect("exact on its graph");
+        let full = solve_exact(&c, &initial, &ExactOptions::default()).unwrap();
+        assert!(full.complete);
+        assert!(cut.solution.matching.objective < full.solution.matching.objective);
+    }
+
     #[test]
     fn pricing_reaches_the_dense_optimum_of_the_full_graph() {
         for mode in [WeightMode::Structured, WeightMode::Uniform] {
@@ -746,7 +811,11 @@ mod tests {
                 let c = Cluster::generate(gpus, jobs, seed, mode);
                 let all = c.all_edges();
                 for (k, per_job, threads) in [(2, 1, 1), (4, 8, 2), (16, 3, 2)] {
-                    let opts = ExactOptions { per_job, threads };
+                    let opts = ExactOptions {
+                        per_job,
+                        threads,
+                        deadline: None,
+                    };
                     // Bounded pricing (the cluster's groups) and plain scans.
                     check_exact(&c, &all, &c.candidates(k, threads), &opts);
                     let plain = FnScores {
@@ -892,7 +961,11 @@ mod tests {
             let mode = if uniform { WeightMode::Uniform } else { WeightMode::Structured };
             let mut c = Cluster::generate(gpus, jobs, seed, mode);
             // Pricing runs rows on worker threads from 64 rows on.
-            let opts = ExactOptions { per_job, threads };
+            let opts = ExactOptions {
+                        per_job,
+                        threads,
+                        deadline: None,
+                    };
             let mut inc = Incremental::cold(&c, &c.candidates(4, threads), &opts).unwrap();
             let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
             for (js, gs) in steps {

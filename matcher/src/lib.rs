@@ -14,10 +14,11 @@
 //! * [`solver`]: exact sparse maximum-weight matching with an LP-dual
 //!   certificate, cold or from a warm start.
 //! * [`exact`]: pricing out the pairs pruning left out, exact on every
-//!   feasible pair; incremental rounds from a cache. Used by the bench; the
-//!   round ([`round::plan`]) keeps the pruned solve until pricing is fast
-//!   enough for it (issue 19: 9–12 s wall, about 11 CPU s, at 18,000 ×
-//!   10,000 on a shared 2-core machine; the goal is 1 s).
+//!   feasible pair; incremental rounds from a cache. The round
+//!   ([`round::plan`]) prices its 1-GPU matching out within
+//!   `matcher.pricing_budget_ms` and says whether it got there (issue 19:
+//!   9–12 s wall, about 11 CPU s, at 18,000 × 10,000 on a shared 2-core
+//!   machine; the goal is 1 s); the bench times it alone.
 //! * [`gang`]: k-GPU offline jobs on one node (issue 15), placed by a
 //!   documented greedy before the exact matching of the 1-GPU jobs.
 //! * [`reference`]: dense Kuhn–Munkres, brute force and greedy, for checks.

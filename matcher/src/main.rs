@@ -108,6 +108,10 @@ enum Command {
         /// `[policy] offline_per_gpu`; issue 15).
         #[arg(long, value_name = "N", default_value_t = 1)]
         slots_per_gpu: u32,
+        /// With --gang-share: the round's pricing budget (default:
+        /// matcher.pricing_budget_ms's default; 0: no pricing).
+        #[arg(long, value_name = "MS")]
+        pricing_budget_ms: Option<u64>,
     },
 }
 
@@ -144,6 +148,7 @@ fn main() -> anyhow::Result<()> {
         export,
         gang_share,
         slots_per_gpu,
+        pricing_budget_ms,
     }) = cli.command
     {
         let args = BenchArgs {
@@ -163,6 +168,8 @@ fn main() -> anyhow::Result<()> {
                 .unwrap_or(muxflow::config::Matcher::default().candidates_per_job),
             threads: threads.max(1),
             export,
+            pricing_budget_ms: pricing_budget_ms
+                .unwrap_or(muxflow::config::Matcher::default().pricing_budget_ms),
         };
         if gang_share.is_some() || slots_per_gpu != 1 {
             print!(

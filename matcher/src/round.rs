@@ -9,7 +9,12 @@
 //! memory (its history's peak, or nothing known), and — for a job whose
 //! slot type Slurm already fixed — have that GPU index. The graph is pruned
 //! with [`crate::prune::spread_scored`] (`matcher.candidates_per_job`) and
-//! solved exactly.
+//! solved exactly; then the pairs pruning left out are priced against the
+//! solution's LP duals and added until none would improve it
+//! ([`crate::exact`]), within `matcher.pricing_budget_ms`: the 1-GPU
+//! jobs' matching is then exact over every feasible pair, and the summary
+//! says whether it got there ("exact over every pair" or "exact on the
+//! candidates"; `full_graph` in `--json`).
 //!
 //! Sized slots (`[policy] offline_per_gpu` = N > 1, issue 15): a job holds
 //! s of its GPU's N slots, its part s/N of the GPU's offline SMs and memory
@@ -65,12 +70,14 @@
 //! are only added).
 
 use std::fmt::Write as _;
+use std::time::{Duration, Instant};
 
 use muxflow::config::{Matcher, Policy};
 use muxflow::placement::Waiting;
 use muxflow::policy::{offline_mem_cap_mib, offline_part, offline_sm_percent, GpuFacts};
 use serde::Serialize;
 
+use crate::exact::{ExactOptions, FnScores, Incremental};
 use crate::gang::{place_gangs, Columns, GangChoice};
 use crate::hints::{update_args, Target};
 use crate::predict::{default_prediction, GpuTerms, JobTerms, Model, DEFAULT_SD};
@@ -139,6 +146,10 @@ pub struct Summary {
     /// GPU, less the offline jobs running there; issue 15).
     pub open_slots: usize,
     pub candidate_edges: usize,
+    /// The 1-GPU jobs' matching is exact over every feasible (job, GPU)
+    /// pair, not just the candidates (pricing finished within
+    /// `matcher.pricing_budget_ms`).
+    pub full_graph: bool,
     pub placed: usize,
     pub predicted_total: f64,
     pub updates: usize,
@@ -430,10 +441,33 @@ pub fn plan<P: Predictor>(
         solve_with(jobs.len(), cols, edges, &SolveOptions::default())
             .expect("candidate edges are in range, positive and unique")
     };
+    // Pricing (crate::exact) makes the 1-GPU jobs' matching exact over
+    // every pair the score allows, within the round's budget.
+    let pricing = ExactOptions {
+        threads,
+        deadline: (matcher.pricing_budget_ms > 0)
+            .then(|| Instant::now() + Duration::from_millis(matcher.pricing_budget_ms)),
+        ..ExactOptions::default()
+    };
+    let price_out = |edges: Vec<crate::solver::Edge>,
+                     sol: crate::solver::Solution,
+                     score: &(dyn Fn(u32, u32) -> Option<i64> + Sync)| {
+        if pricing.deadline.is_none() {
+            return (edges, sol, false);
+        }
+        let scores = FnScores {
+            jobs: jobs.len(),
+            gpus: cols,
+            score,
+        };
+        let e = Incremental::from_solution(&scores, edges, sol, &pricing).into_exact();
+        (e.edges, e.solution, e.complete)
+    };
     let mut taken = vec![false; cols];
-    let (gang_choice, edges, sol) = if gangs.is_empty() {
+    let (gang_choice, edges, sol, full_graph) = if gangs.is_empty() {
         let sol = cold(&edges);
-        (Vec::new(), edges, sol)
+        let (edges, sol, full) = price_out(edges, sol, &alone);
+        (Vec::new(), edges, sol, full)
     } else {
         // Each slot's price: its dual in the 1-GPU jobs' own optimum.
         let priced = cold(&edges);
@@ -469,7 +503,8 @@ pub fn plan<P: Predictor>(
                 price: &priced.duals.gpu,
             },
         );
-        (chosen, edges, sol)
+        let (edges, sol, full) = price_out(edges, sol, &left);
+        (chosen, edges, sol, full)
     };
     let mut gang_of: Vec<Option<&GangChoice>> = vec![None; jobs.len()];
     for (&(j, _), c) in gangs.iter().zip(&gang_choice) {
@@ -723,6 +758,7 @@ pub fn plan<P: Predictor>(
         open_gpus: open.len(),
         open_slots: free.iter().map(|&f| f as usize).sum(),
         candidate_edges: edges.len() + split_edges,
+        full_graph,
         placed: placed.len(),
         // A gang counts k times its (slowest GPU's) speed.
         predicted_total: placed
@@ -782,8 +818,10 @@ impl Plan {
     pub fn summary_line(&self) -> String {
         let m = &self.summary;
         format!(
-            "round: {} pending offline, {} online GPUs, {} idle GPUs ({} open), {} candidate edges, {} placed, predicted total {:.3}, {} updates, {} deferred, {} waiting",
-            m.pending_offline, m.online_gpus, m.idle_gpus, m.open_gpus, m.candidate_edges, m.placed,
+            "round: {} pending offline, {} online GPUs, {} idle GPUs ({} open), {} candidate edges ({}), {} placed, predicted total {:.3}, {} updates, {} deferred, {} waiting",
+            m.pending_offline, m.online_gpus, m.idle_gpus, m.open_gpus, m.candidate_edges,
+            if m.full_graph { "exact over every pair" } else { "exact on the candidates" },
+            m.placed,
             m.predicted_total, m.updates, m.deferred, m.waiting
         )
     }
@@ -1357,6 +1395,59 @@ mod tests {
         assert!(
             loss < 0.03,
             "loss {loss:.4}, {below} rounds below the optimum"
+        );
+    }
+
+    /// With one candidate per job the candidate graph misses the best
+    /// pairing of some rounds; pricing within the budget finds it (the
+    /// dense optimum over every pair), and the summary says which it was.
+    #[test]
+    fn pricing_makes_the_round_exact_over_every_pair() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(19);
+        let mut missed = 0;
+        for case in 0..60 {
+            let (gpus, jobs) = (rng.gen_range(2..=9usize), rng.gen_range(2..=12usize));
+            // Rank one plus noise: every job ranks the GPUs alike.
+            let gf: Vec<f64> = (0..gpus).map(|_| rng.gen_range(0.5..1.0)).collect();
+            let table = Table {
+                w: (0..jobs)
+                    .map(|_| {
+                        let jf = rng.gen_range(0.5..1.0);
+                        gf.iter()
+                            .map(|f| Some(jf * f * rng.gen_range(0.9..1.0)))
+                            .collect()
+                    })
+                    .collect(),
+                need: vec![1; jobs],
+            };
+            let state = small_state(&vec![0; gpus], &vec![0; gpus], jobs);
+            let edges: Vec<crate::solver::Edge> = (0..jobs)
+                .flat_map(|j| (0..gpus).map(move |g| (j, g)))
+                .filter_map(|(j, g)| {
+                    Some(crate::solver::Edge {
+                        job: j as u32,
+                        gpu: g as u32,
+                        weight: quantize(table.w[j][g]?)?,
+                    })
+                })
+                .collect();
+            let opt = crate::reference::dense_kuhn_munkres(jobs, gpus, &edges).objective;
+            let mut cfg = muxflow::Config::default();
+            cfg.matcher.candidates_per_job = 1;
+            cfg.matcher.pricing_budget_ms = 0;
+            let pruned = plan(&state, &table, &cfg.policy, &cfg.matcher, &names());
+            assert!(!pruned.summary.full_graph);
+            missed += usize::from(planned_total(&pruned, &state, &table) < opt);
+            cfg.matcher.pricing_budget_ms = 60_000;
+            let p = plan(&state, &table, &cfg.policy, &cfg.matcher, &names());
+            assert!(p.summary.full_graph, "case {case}");
+            assert!(p.summary_line().contains("exact over every pair"));
+            assert_eq!(planned_total(&p, &state, &table), opt, "case {case}");
+        }
+        assert!(
+            missed > 0,
+            "no round where the candidates alone miss the optimum"
         );
     }
 
