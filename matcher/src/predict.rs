@@ -19,6 +19,9 @@
 //!   (user, name) from the same sacct listing ([`runs_from_sacct`]).
 //! * The partner's load: `partner_load_pct` when the record has it (a node
 //!   measurement), else taken as 1 (the pair at whatever load it ran).
+//! * A k-GPU job's run counts only when all its GPUs had the same partner
+//!   (or none): beside different online jobs it ran at its slowest GPU's
+//!   pace, and the record cannot say which partner set it.
 //! * Memory: the node-measured `measured_peak_mib` ([`trusted_peak_mib`]);
 //!   a run that failed at once for memory (`claim.oom` > 0 and no progress)
 //!   marks the pair as one that cannot co-locate: it is excluded from the
@@ -176,6 +179,13 @@ pub fn progress(r: &JobReport, signal: Signal) -> Option<f64> {
     (v.is_finite() && v > 0.0).then_some(v)
 }
 
+/// Every GPU of the run had the same partner (or none): a k-GPU job
+/// beside different online jobs runs at its slowest GPU's pace, which no
+/// one of its partners can be credited or blamed for.
+fn one_partner(r: &JobReport) -> bool {
+    r.gang.iter().all(|g| g.partner == r.partner)
+}
+
 fn failed_for_memory(r: &JobReport) -> bool {
     r.oom.unwrap_or(0) > 0
         && progress(r, Signal::StepsPerS).is_none()
@@ -273,7 +283,7 @@ pub fn estimate(runs: &[Run]) -> Estimates {
         };
         for r in &job_runs {
             prof.peak_mib = prof.peak_mib.max(trusted_peak_mib(&r.report));
-            if failed_for_memory(&r.report) {
+            if failed_for_memory(&r.report) && one_partner(&r.report) {
                 if let Some(p) = canonical(r) {
                     out.infeasible.insert((key.clone(), p));
                 }
@@ -289,7 +299,7 @@ pub fn estimate(runs: &[Run]) -> Estimates {
         };
         let mut partners: Vec<JobKey> = Vec::new();
         let mut obs: Vec<Obs> = Vec::new();
-        for r in &job_runs {
+        for r in job_runs.iter().filter(|r| one_partner(&r.report)) {
             let Some(p) = progress(&r.report, signal) else {
                 continue;
             };
@@ -1351,6 +1361,7 @@ mod tests {
     use super::*;
     use muxflow::health::HealthState;
     use muxflow::published::GpuPublished;
+    use muxflow::report::GangGpu;
 
     fn key(u: &str, n: &str) -> JobKey {
         (u.to_string(), n.to_string())
@@ -1403,6 +1414,41 @@ mod tests {
         assert!(e.model_mae < 0.03, "{e}");
         assert!(e.model_mae < e.rowcol_mae * 0.6, "{e}");
         assert!(e.model_pairing > 0.98, "{e}");
+    }
+
+    /// A gang beside two different online jobs says nothing about either
+    /// pair; beside one online job on all its GPUs it is that pair's run.
+    #[test]
+    fn gang_runs_count_only_beside_one_partner() {
+        let (runs, _, _) = synthetic(1, 12, 5);
+        let base = estimate(&runs);
+        // Partner id k + 1 is ("svc", "online-k") in `synthetic`.
+        let pair_x = |e: &Estimates, id: u32| {
+            let want: JobKey = ("svc".into(), format!("online-{}", id - 1));
+            e.pairs
+                .iter()
+                .find(|p| p.partner == want)
+                .map(|p| (p.x, p.runs))
+        };
+        let first = runs[0].report.partner.unwrap();
+        let before = pair_x(&base, first).unwrap();
+        // The same pair, a run far slower than any before, as a gang whose
+        // second GPU was beside another online job, then beside the same.
+        let mut gang = runs[0].clone();
+        gang.job_id = 99_999;
+        gang.report.launches = gang.report.launches.map(|l| l / 10);
+        gang.report.gang = vec![GangGpu {
+            gpu: 1,
+            partner: Some(first % 8 + 1),
+            ..GangGpu::default()
+        }];
+        let mixed: Vec<Run> = runs.iter().cloned().chain([gang.clone()]).collect();
+        assert_eq!(pair_x(&estimate(&mixed), first), Some(before));
+        gang.report.gang[0].partner = gang.report.partner;
+        let same: Vec<Run> = runs.iter().cloned().chain([gang]).collect();
+        let after = pair_x(&estimate(&same), first).unwrap();
+        assert_eq!(after.1, before.1 + 1);
+        assert!(after.0 < before.0, "{after:?} vs {before:?}");
     }
 
     #[test]
