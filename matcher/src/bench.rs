@@ -536,6 +536,27 @@ impl crate::exact::Scores for Masked<'_> {
             .then(|| self.inner.pair_bound(job, gpu))
             .flatten()
     }
+    /// The cluster's own class-by-class scan, left-out GPUs not visited
+    /// (its bound also covers them: looser, still a bound).
+    fn scan_row(
+        &self,
+        job: u32,
+        price: &[i64],
+        floor: i64,
+        visit: &mut dyn FnMut(u32, i64),
+    ) -> crate::exact::RowScan {
+        if !self.job_ok[job as usize] {
+            return crate::exact::RowScan {
+                bound: i64::MIN,
+                scored: 0,
+            };
+        }
+        self.inner.scan_row(job, price, floor, &mut |g, w| {
+            if self.gpu_ok[g as usize] {
+                visit(g, w);
+            }
+        })
+    }
 }
 
 /// What each other offline job on a GPU leaves a job in the gang bench's

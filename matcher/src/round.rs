@@ -623,9 +623,13 @@ pub fn plan<P: Predictor>(
                 if per_gpu > 1 {
                     let _ = write!(
                         reason,
-                        "; {} of the GPU's {per_gpu} offline slots, one of {} offline jobs there",
-                        at.slots, at.offline_jobs
+                        "; {} of the GPU's {per_gpu} offline slots, ",
+                        at.slots
                     );
+                    let _ = match at.offline_jobs {
+                        1 => write!(reason, "the only offline job there"),
+                        n => write!(reason, "one of {n} offline jobs there"),
+                    };
                 }
                 (
                     Target::Gpus {
