@@ -76,6 +76,9 @@ struct Cli {
     /// muxflow's matcher keeps the default predictor (learns nothing from the records), for comparison.
     #[arg(long)]
     default_predictor: bool,
+    /// Every matcher round prices out to the optimum over every (job, GPU) pair, as the daemon does within matcher.pricing_budget_ms (slower; off: exact on the candidates).
+    #[arg(long)]
+    price_out: bool,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -189,6 +192,7 @@ fn main() -> anyhow::Result<()> {
     let opts = RunOptions {
         timing: !cli.no_timing,
         default_predictor: cli.default_predictor,
+        price_out: cli.price_out,
     };
     let outcomes = std::thread::scope(|s| {
         let work = s.spawn(|| {

@@ -308,6 +308,10 @@ pub struct RunOptions {
     /// `muxflow`: the matcher keeps the default predictor (nothing learned
     /// from the records), to compare with the learned one.
     pub default_predictor: bool,
+    /// Every round prices out to the optimum over every (job, GPU) pair,
+    /// with no time budget (deterministic; slower): what exactness beyond
+    /// the candidates buys ([`scaled_matcher`]).
+    pub price_out: bool,
 }
 
 struct Sim<'a> {
@@ -479,7 +483,11 @@ impl<'a> Sim<'a> {
             state: ClusterState::default(),
             state_index: vec![usize::MAX; n],
             names: Names::from_config(&cfg.slurm),
-            matcher: scaled_matcher(&cfg.matcher, settings.round_interval_s),
+            matcher: muxflow::config::Matcher {
+                // Never reached: every round prices out completely.
+                pricing_budget_ms: if opts.price_out { 600_000 } else { 0 },
+                ..scaled_matcher(&cfg.matcher, settings.round_interval_s)
+            },
             in_state: vec![false; sc.jobs.len()],
             pending_unsorted: false,
             node_index: sc
@@ -1520,7 +1528,7 @@ impl<'a> Sim<'a> {
 /// in wall-clock time would make the replay's result depend on the
 /// machine, and pricing every round made the shipped default's first day
 /// 5x slower to replay (5.6 s → 29 s; muxflow's offline work +1.2% that
-/// day, when measured).
+/// day, when measured; `--price-out` replays it).
 pub fn scaled_matcher(m: &muxflow::config::Matcher, interval_s: f64) -> muxflow::config::Matcher {
     let per_s = m.max_updates_per_round as f64 / m.interval_s.max(1) as f64;
     muxflow::config::Matcher {
