@@ -5,8 +5,10 @@
 
 mod common;
 
+use std::sync::atomic::AtomicU64;
+
 use common::*;
-use muxflow_sim::replay::PolicyKind;
+use muxflow_sim::replay::{run, PolicyKind, RunOptions};
 use muxflow_sim::scenario::Settings;
 use proptest::prelude::*;
 
@@ -134,5 +136,18 @@ proptest! {
             let again = muxflow_sim::prepare(&inputs, &t.settings).expect("prepared once");
             prop_assert_eq!(&o, &replay(&again, kind, &cfg, &t.settings), "{:?}: not deterministic", kind);
         }
+        // Rounds priced out over every pair (`--price-out`): the same
+        // invariants, and still the same outcome for the same inputs.
+        let opts = RunOptions { price_out: true, ..RunOptions::default() };
+        let priced = |sc: &muxflow_sim::scenario::Scenario| {
+            run(sc, PolicyKind::Muxflow, &cfg, &t.settings, &opts, &AtomicU64::new(0))
+        };
+        let o = priced(&sc);
+        prop_assert_eq!(o.offline_arrived, o.offline_finished + o.offline_running_end + o.offline_waiting_end);
+        prop_assert_eq!(o.health_violations, 0);
+        prop_assert_eq!(o.offline_short_of_gpus, 0);
+        prop_assert!(o.busy_gpu_hours <= gpus * hours + 1e-6);
+        let again = muxflow_sim::prepare(&inputs, &t.settings).expect("prepared once");
+        prop_assert_eq!(&o, &priced(&again), "priced rounds: not deterministic");
     }
 }
