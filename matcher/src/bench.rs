@@ -546,10 +546,7 @@ impl crate::exact::Scores for Masked<'_> {
         visit: &mut dyn FnMut(u32, i64),
     ) -> crate::exact::RowScan {
         if !self.job_ok[job as usize] {
-            return crate::exact::RowScan {
-                bound: i64::MIN,
-                scored: 0,
-            };
+            return crate::exact::RowScan::NOTHING;
         }
         self.inner.scan_row(job, price, floor, &mut |g, w| {
             if self.gpu_ok[g as usize] {

@@ -118,10 +118,7 @@ pub trait Scores: Sync {
         floor: i64,
         visit: &mut dyn FnMut(u32, i64),
     ) -> RowScan {
-        let mut r = RowScan {
-            bound: i64::MIN,
-            scored: 0,
-        };
+        let mut r = RowScan::NOTHING;
         for g in 0..self.gpus() as u32 {
             let p = price[g as usize];
             let Some(b) = self.pair_bound(job, g) else {
@@ -146,6 +143,12 @@ pub struct RowScan {
 }
 
 impl RowScan {
+    /// Nothing scanned yet: no pair bounded, none scored.
+    pub const NOTHING: RowScan = RowScan {
+        bound: i64::MIN,
+        scored: 0,
+    };
+
     /// A pair scored at `w` (`None`: not feasible) against price `p`:
     /// visited when `w − p > floor`, else taken into the bound.
     #[inline]

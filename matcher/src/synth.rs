@@ -503,10 +503,7 @@ impl Scores for Cluster {
         floor: i64,
         visit: &mut dyn FnMut(u32, i64),
     ) -> RowScan {
-        let mut r = RowScan {
-            bound: i64::MIN,
-            scored: 0,
-        };
+        let mut r = RowScan::NOTHING;
         if self.mode == WeightMode::Uniform {
             // No shape to use: every eligible pair is scored.
             for gpus in &self.class_gpus {
