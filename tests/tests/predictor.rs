@@ -85,24 +85,48 @@ fn history_of_shared_runs_gives_two_jobs_different_predictions_and_the_pairing_i
     for id in &ids {
         c.sacct_until(*id, "AdminComment", |l| l.contains("claim.launches"));
     }
-    // The matcher keys history by sacct --json's user; for a moment after a
-    // job ends it can be null there (seen when the whole suite ran first):
-    // wait until every record names its owner, as a daemon's next round would.
-    let list: Vec<String> = ids.iter().map(u32::to_string).collect();
+    // The matcher keys history by sacct --json's (user, name) and reads it
+    // by time window (`-S`), as below. For a moment after a job ends
+    // slurmdbd can list it without its user, or named "allocation" and
+    // outside the window (seen when the whole suite ran first: the job's
+    // start record arrives after its end): wait until every record reads
+    // as a daemon's next round would see it.
+    let want: std::collections::HashMap<u32, &str> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, &id)| (id, if i < ids.len() / 2 { "mfp-a" } else { "mfp-b" }))
+        .collect();
     let start = std::time::Instant::now();
     loop {
         let mut cmd = c.cmd("sacct");
-        cmd.args(["--json", "-X", "-j", &list.join(",")]);
+        cmd.args(["--json", "-X", "-a", "-S", "now-1days"]);
         let (_, out, _) = c.run(cmd);
         let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
-        let users: Vec<&serde_json::Value> = v["jobs"]
+        let listed = v["jobs"]
             .as_array()
-            .map(|a| a.iter().map(|j| &j["user"]).collect())
-            .unwrap_or_default();
-        if users.len() >= ids.len() && users.iter().all(|u| u.as_str() == Some("root")) {
+            .map(|a| {
+                a.iter()
+                    .filter(|j| {
+                        // A plain number (22.05) or {"number": N} (later releases).
+                        let id = j["job_id"]
+                            .as_u64()
+                            .or_else(|| j["job_id"]["number"].as_u64())
+                            .unwrap_or(0) as u32;
+                        want.get(&id).is_some_and(|&name| {
+                            j["name"].as_str() == Some(name) && j["user"].as_str() == Some("root")
+                        })
+                    })
+                    .count()
+            })
+            .unwrap_or(0);
+        if listed == ids.len() {
             break;
         }
-        assert!(start.elapsed() < WAIT, "sacct never named the owner: {out}");
+        assert!(
+            start.elapsed() < WAIT,
+            "sacct never listed the {} history records by name and owner ({listed} listed): {out}",
+            ids.len()
+        );
         std::thread::sleep(Duration::from_millis(300));
     }
 
