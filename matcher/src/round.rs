@@ -66,8 +66,10 @@
 //! the daemon) and null when placed. A k-GPU job (`gpus=k` in its
 //! record) is placed as a gang on k GPUs of one node ([`crate::gang`]):
 //! GPU shows them all (`0,1`), SPEED its slowest GPU's, and the summary's
-//! `predicted_total` counts it k times. Both formats are stable (fields
-//! are only added).
+//! `predicted_total` counts it k times. The summary's `full_graph` is true
+//! when the 1-GPU jobs' matching is exact over every pair (the summary
+//! line: "exact over every pair"). Both formats are stable (fields are
+//! only added).
 
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
