@@ -101,6 +101,11 @@ impl MatcherMetrics {
                 "Total predicted normalized throughput of the last round's placements.",
             )
             .sample(&[], s.predicted_total);
+            e.gauge(
+                "muxflow_matcher_round_exact_over_every_pair",
+                "1 when the last round's matching of 1-GPU jobs was exact over every (job, GPU) pair, 0 when matcher.pricing_budget_ms ran out first (exact on its candidates only).",
+            )
+            .sample(&[], f64::from(u8::from(s.full_graph)));
         }
         if let Some(ev) = &self.evaluation {
             e.gauge(
@@ -176,6 +181,7 @@ mod tests {
             open_gpus: 3,
             placed: 2,
             predicted_total: 1.5,
+            full_graph: true,
             ..Summary::default()
         };
         m.round_done(&s, 0.25);
@@ -186,6 +192,7 @@ mod tests {
         assert!(text.contains("muxflow_matcher_placements_total 2\n"));
         assert!(text.contains("muxflow_matcher_offline_jobs{state=\"pending\"} 5\n"));
         assert!(text.contains("muxflow_matcher_round_duration_seconds 0.5\n"));
+        assert!(text.contains("muxflow_matcher_round_exact_over_every_pair 1\n"));
 
         // A free port: bound, noted, released.
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -767,10 +767,12 @@ pub fn plan<P: Predictor>(
         full_graph,
         placed: placed.len(),
         // A gang counts k times its (slowest GPU's) speed.
+        // + 0.0: an empty float sum is −0.0, which prints as "-0.000".
         predicted_total: placed
             .iter()
             .filter_map(|d| Some(d.predicted? * d.gpus.len() as f64))
-            .sum(),
+            .sum::<f64>()
+            + 0.0,
         updates: decisions.iter().filter(|d| d.update.is_some()).count(),
         deferred,
         waiting,
@@ -917,6 +919,19 @@ mod tests {
         assert_eq!(at, [Some("b"), Some("a")]);
         assert!((p.summary.predicted_total - 1.6).abs() < 1e-9);
         assert_eq!(p.summary.open_gpus, 2);
+    }
+
+    #[test]
+    fn a_round_with_nothing_pending_reads_zero_and_exact() {
+        let state = ClusterState {
+            gpus: vec![gpu("a", HealthState::Healthy, 10, 4_000, false)],
+            ..ClusterState::default()
+        };
+        let cfg = muxflow::Config::default();
+        let p = plan(&state, &model(), &cfg.policy, &cfg.matcher, &names());
+        let line = p.summary_line();
+        assert!(line.contains("predicted total 0.000,"), "{line}");
+        assert!(line.contains("(exact over every pair)"), "{line}");
     }
 
     fn idle(node: &str, state: HealthState) -> GpuState {

@@ -213,6 +213,11 @@ fn the_matcher_serves_its_round_figures_and_writes_its_textfile() {
         body.contains("muxflow_matcher_gpus{state=\"online\"}"),
         "{body}"
     );
+    // A cluster this size is priced out well within the default budget.
+    assert!(
+        body.contains("muxflow_matcher_round_exact_over_every_pair 1\n"),
+        "{body}"
+    );
     let file = textdir.join("muxflow-matcher.prom");
     promtool_accepts(&file);
     assert!(std::fs::read_to_string(&file)
