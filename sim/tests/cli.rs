@@ -96,6 +96,20 @@ fn json_has_every_documented_field_and_a_seed_gives_byte_identical_output() {
     assert!(policies[3]["round_total_s"].is_null(), "--no-timing");
     assert_eq!(v["inputs"]["gpus"], 6);
     assert_eq!(v["inputs"]["nodes"], "nodes.csv");
+
+    // --price-out: rounds exact over every pair, still byte-identical.
+    let priced = &[
+        "--json",
+        "--no-timing",
+        "--seed",
+        "7",
+        "--policies",
+        "muxflow",
+        "--price-out",
+    ];
+    let d = sim(dir.path(), priced);
+    assert!(d.status.success(), "{}", String::from_utf8_lossy(&d.stderr));
+    assert_eq!(d.stdout, sim(dir.path(), priced).stdout);
 }
 
 #[test]
