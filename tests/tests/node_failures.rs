@@ -283,10 +283,12 @@ fn a_hung_slurmctld_costs_the_prolog_one_timeout_and_loses_no_job() {
         .unwrap();
     c.wait_running(online, WAIT);
     let ns = c.node_state(&cfg, node);
-    // Forget what was published, so this Prolog has something to send.
-    let _ = std::fs::remove_file(ns.dir().join("node.json"));
-
     let stopped = CtldStopped::new(&c);
+    // Forget what was published, so this Prolog has something to send:
+    // only now, as a health check that ran while slurmctld was still up
+    // would have published it again (seen once on 24.11: the Prolog then
+    // had nothing to send).
+    let _ = std::fs::remove_file(ns.dir().join("node.json"));
     // The job's Prolog, as slurmd runs it, while slurmctld hangs.
     let mut prolog = c.cmd(target().join("muxflow-prolog").to_str().unwrap());
     prolog
