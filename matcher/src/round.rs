@@ -445,18 +445,18 @@ pub fn plan<P: Predictor>(
     };
     // Pricing (crate::exact) makes the 1-GPU jobs' matching exact over
     // every pair the score allows, within the round's budget.
-    let pricing = ExactOptions {
-        threads,
-        deadline: (matcher.pricing_budget_ms > 0)
-            .then(|| Instant::now() + Duration::from_millis(matcher.pricing_budget_ms)),
-        ..ExactOptions::default()
-    };
     let price_out = |edges: Vec<crate::solver::Edge>,
                      sol: crate::solver::Solution,
                      score: &(dyn Fn(u32, u32) -> Option<i64> + Sync)| {
-        if pricing.deadline.is_none() {
+        if matcher.pricing_budget_ms == 0 {
             return (edges, sol, false);
         }
+        // The budget counts from here: pricing's own time, not the solve's.
+        let pricing = ExactOptions {
+            threads,
+            deadline: Some(Instant::now() + Duration::from_millis(matcher.pricing_budget_ms)),
+            ..ExactOptions::default()
+        };
         let scores = FnScores {
             jobs: jobs.len(),
             gpus: cols,

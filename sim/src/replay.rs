@@ -483,11 +483,7 @@ impl<'a> Sim<'a> {
             state: ClusterState::default(),
             state_index: vec![usize::MAX; n],
             names: Names::from_config(&cfg.slurm),
-            matcher: muxflow::config::Matcher {
-                // Never reached: every round prices out completely.
-                pricing_budget_ms: if opts.price_out { 600_000 } else { 0 },
-                ..scaled_matcher(&cfg.matcher, settings.round_interval_s)
-            },
+            matcher: scaled_matcher(&cfg.matcher, settings.round_interval_s, opts.price_out),
             in_state: vec![false; sc.jobs.len()],
             pending_unsorted: false,
             node_index: sc
@@ -1528,12 +1524,17 @@ impl<'a> Sim<'a> {
 /// in wall-clock time would make the replay's result depend on the
 /// machine, and pricing every round made the shipped default's first day
 /// 5x slower to replay (5.6 s → 29 s; muxflow's offline work +1.2% that
-/// day, when measured; `--price-out` replays it).
-pub fn scaled_matcher(m: &muxflow::config::Matcher, interval_s: f64) -> muxflow::config::Matcher {
+/// day, when measured). `price_out` (`--price-out`): every round prices
+/// out completely (a budget never reached, so still reproducible).
+pub fn scaled_matcher(
+    m: &muxflow::config::Matcher,
+    interval_s: f64,
+    price_out: bool,
+) -> muxflow::config::Matcher {
     let per_s = m.max_updates_per_round as f64 / m.interval_s.max(1) as f64;
     muxflow::config::Matcher {
         max_updates_per_round: ((per_s * interval_s).round() as usize).max(1),
-        pricing_budget_ms: 0,
+        pricing_budget_ms: if price_out { 600_000 } else { 0 },
         ..m.clone()
     }
 }
