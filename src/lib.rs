@@ -22,6 +22,8 @@ pub mod report;
 pub mod slurm_cli;
 pub mod slurm_conf;
 pub mod slurm_version;
+#[doc(hidden)]
+pub mod test_support;
 pub mod text;
 pub mod xcuda_env;
 

@@ -510,13 +510,11 @@ mod tests {
 #[cfg(test)]
 mod client_tests {
     use super::*;
-    use std::os::unix::fs::PermissionsExt;
 
     /// A fake `scontrol` in a directory of its own: `script` is its body.
     fn fake(dir: &Path, script: &str) -> SlurmClient {
         let program = dir.join("scontrol");
-        std::fs::write(&program, format!("#!/bin/sh\n{script}\n")).unwrap();
-        std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+        crate::test_support::write_executable(&program, &format!("#!/bin/sh\n{script}\n"));
         SlurmClient {
             program,
             slurm_conf: Some(dir.join("slurm.conf")),

@@ -205,7 +205,6 @@ mod tests {
     /// output for it, once, for just those records.
     #[test]
     fn history_names_the_owner_sacct_json_left_null() {
-        use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         let calls = dir.path().join("calls");
         let sacct = format!(
@@ -229,8 +228,7 @@ esac
             calls = calls.display()
         );
         let program = dir.path().join("sacct");
-        std::fs::write(&program, sacct).unwrap();
-        std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+        muxflow::test_support::write_executable(&program, &sacct);
         let mut config = muxflow::Config::default();
         config.slurm.scontrol = muxflow::config::AbsPath::new(dir.path().join("scontrol")).unwrap();
         let runs = SlurmCli::new(&config).history(30).unwrap();

@@ -97,8 +97,10 @@ fn the_doctor_passes_a_correct_node_and_names_each_breakage_with_its_fix() {
                 } else {
                     "24.11.5"
                 };
-                std::fs::write(&fake, format!("#!/bin/sh\necho slurm {other}\n")).unwrap();
-                std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+                muxflow::test_support::write_executable(
+                    &fake,
+                    &format!("#!/bin/sh\necho slurm {other}\n"),
+                );
             },
             fails: "Slurm will not load the plugin",
             fix: "fix: install the muxflow packages built for Slurm ",

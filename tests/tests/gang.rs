@@ -64,20 +64,14 @@ fn a_two_gpu_offline_job_runs_as_a_gang_each_task_on_its_own_gpu() {
 
     // Each task prints what it got, then trains on its GPU until signalled.
     let task_script = c.scratch("gang-task").join("task.sh");
-    std::fs::write(
+    muxflow::test_support::write_executable(
         &task_script,
-        format!(
+        &format!(
             "#!/bin/sh\necho task=$SLURM_LOCALID cvd=$CUDA_VISIBLE_DEVICES pct=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE \
              mem=$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT pipe=$CUDA_MPS_PIPE_DIRECTORY limits=$MUXFLOW_XCUDA_LIMITS_DIR\n{}\n",
             c.workload("offline")
         ),
-    )
-    .unwrap();
-    std::fs::set_permissions(
-        &task_script,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
+    );
     let script = format!("#!/bin/sh\nsrun -n 2 {}\n", task_script.display());
     let gang = c
         .sbatch(

@@ -63,16 +63,14 @@ fn nhc_check(c: &Cluster, cfg: &std::path::Path, node: &str) -> (bool, String) {
     // The program NHC's check runs, with this test's config (as an admin's
     // muxflow.toml would be found beside slurm.conf).
     let health = c.scratch("nhc").join("muxflow-health");
-    std::fs::write(
+    muxflow::test_support::write_executable(
         &health,
-        format!(
+        &format!(
             "#!/bin/sh\nexec {} --config {} \"$@\"\n",
             target().join("muxflow-health").display(),
             cfg.display()
         ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&health, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    );
     cmd.arg("-c")
         .arg(script)
         .env("HOSTNAME", node)
