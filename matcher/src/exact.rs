@@ -64,6 +64,25 @@
 //! * row reduction (the auction-like start, ε = 0) before the warm
 //!   re-solves' searches: it spent its budget on ties and left 8,400 of
 //!   9,400 searches (no faster).
+//! * near-final prices as the start. A probe with the optimum's own GPU
+//!   prices: each job's 16 best pairs by `w − p`, every job free, one warm
+//!   solve from those prices: 5 ms, certified after 2 pricing passes. With
+//!   each price off by up to ±0.1% (uniform per GPU): 0.13 s + 0.27 s of
+//!   pricing (3 passes), 0.4 s in all, within the 1 s goal; ±0.3%: 8 s
+//!   (the graph misses too much, pricing adds 970,000 pairs); ±1%: 46 s.
+//!   From zero prices the same good graph takes 2.6 s (deep searches).
+//!   So the method needs prices within about 0.1% before the exact solve;
+//!   nothing tried produced them cheaply:
+//! * a forward auction on the candidate graph for those prices (one phase,
+//!   ε = 50–1,000 of weights up to 10⁶, then rounds that add each job's
+//!   violated pairs at the auction's prices and bid again): 4–8 rounds of
+//!   about 75,000 pairs for 9,900 jobs each (the noise keeps every job
+//!   near a tie), 1.2–2.6 s, and the exact solve from its prices 4–5 s
+//!   (800–1,000 GPUs left free with a price: reverse searches); ε-scaling
+//!   was worse (the coarse phases' prices stay on GPUs no job holds);
+//! * after a 1% change, the previous round's prices as that start (a
+//!   fresh graph at those prices, every job free): 0.28 s + 0.84 s of
+//!   pricing, no better than the incremental round below (median 1.4 s).
 //!
 //! # Incremental rounds
 //!
