@@ -8,7 +8,7 @@
 //! Two kinds of figures, told apart by their keys:
 //! * what the node decided or measured itself (root, nothing the job can
 //!   write): `mode node gpu sm_pct mem_cap_mib partner measured_peak_mib
-//!   policed run_s partner_load_pct`;
+//!   policed run_s partner_load_pct peers`;
 //! * the job's own claims, `claim.*`: read from files in the job's stats
 //!   directory, which its user can write (xCUDA runs inside the job's
 //!   process; the workload writes `$MUXFLOW_JOB_REPORT`). Each is bounded
@@ -26,6 +26,7 @@
 //! | policed | offline: why the node terminated a process of it (codes of `muxflow-health`'s police, comma-separated) |
 //! | run_s | seconds from the batch step's start to this report, by the node's clock (turns `claim.launches` into launches/s) |
 //! | partner_load_pct | offline: the online partner's mean SM utilization while this run ran, percent of the largest seen in the run (muxflow-police samples NVML's per-process utilization every check; [`Measured`]) |
+//! | peers | offline: the other offline jobs that shared one of its GPUs (`[policy] offline_per_gpu` > 1), job ids, comma-separated, at most [`MAX_PEERS`]: those recorded on the GPU at its start, at muxflow-police's checks and at this report |
 //! | claim.launches, claim.delayed, claim.delay_ms | xCUDA: kernel launches, launches it delayed, total delay |
 //! | claim.oom, claim.peak_mib | xCUDA: allocations refused by the cap, peak GPU memory |
 //! | claim.steps, claim.steps_per_s | the workload's training steps, if it reports them |
@@ -50,6 +51,47 @@ pub const TAG_V2: &str = "muxflow:v2";
 
 /// Most GPUs of one job a record carries figures for.
 pub const MAX_GANG_GPUS: usize = 64;
+
+/// Most offline peers a record names (4 slots per GPU at most; peers come
+/// and go during a run).
+pub const MAX_PEERS: usize = 16;
+
+/// A comma-separated list of ids under `key`, at most `max` of them read.
+fn id_list(key: &str, list: &str, max: usize) -> Result<Vec<u32>, KvError> {
+    list.split(',')
+        .take(max)
+        .map(|id| {
+            id.parse().map_err(|_| KvError::BadValue {
+                key: key.into(),
+                value: list.into(),
+                why: "not a comma-separated list of numbers".into(),
+            })
+        })
+        .collect()
+}
+
+/// A `peers` list as written (sorted, comma-separated).
+pub fn format_peers(peers: &[u32]) -> String {
+    let ids: Vec<String> = peers.iter().map(u32::to_string).collect();
+    ids.join(",")
+}
+
+/// A `peers` list read leniently (root's own files): sorted, at most
+/// [`MAX_PEERS`]; unreadable reads as none.
+pub fn parse_peers(list: &str) -> Vec<u32> {
+    let mut peers = id_list("peers", list, MAX_PEERS).unwrap_or_default();
+    add_peers(&mut peers, None, []);
+    peers
+}
+
+/// Adds `more` to `peers`, leaving out `own` (the job itself): sorted,
+/// without duplicates, at most [`MAX_PEERS`] kept.
+pub fn add_peers(peers: &mut Vec<u32>, own: Option<u32>, more: impl IntoIterator<Item = u32>) {
+    peers.extend(more.into_iter().filter(|&p| Some(p) != own));
+    peers.sort_unstable();
+    peers.dedup();
+    peers.truncate(MAX_PEERS);
+}
 
 /// One further GPU of a k-GPU job (the first is the record's `gpu`,
 /// `sm_pct`, `mem_cap_mib`, `partner`): what the policy gave the job's
@@ -78,6 +120,8 @@ pub struct JobReport {
     pub run_s: Option<u64>,
     /// The online partner's mean load during the run, percent of its peak.
     pub partner_load_pct: Option<u8>,
+    /// Other offline jobs that shared one of its GPUs, sorted.
+    pub peers: Vec<u32>,
     // The job's claims (`claim.*`), bounded.
     pub launches: Option<u64>,
     pub delayed: Option<u64>,
@@ -141,15 +185,17 @@ pub fn last_kv_line(text: &str) -> Option<BTreeMap<String, String>> {
 
 /// What the node's programs measured of an offline job, from the
 /// root-owned `<state_dir>/limits/<job>.measured` line that muxflow-police
-/// and the health steps keep: `peak_mib`, and the online partner's SM
+/// and the health steps keep: `peak_mib`, the online partner's SM
 /// utilization samples (`load_n`, `load_sum`, `load_max`, percent of the
-/// GPU).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// GPU), and the other offline jobs seen on its GPUs (`peers`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Measured {
     pub peak_mib: Option<u64>,
     /// Mean partner utilization over the largest sample, percent; None
     /// without samples, or when the partner never used the GPU.
     pub partner_load_pct: Option<u8>,
+    /// Sorted; an unreadable list reads as none.
+    pub peers: Vec<u32>,
 }
 
 impl Measured {
@@ -168,6 +214,7 @@ impl Measured {
         Measured {
             peak_mib: num("peak_mib"),
             partner_load_pct: load,
+            peers: map.get("peers").map_or_else(Vec::new, |l| parse_peers(l)),
         }
     }
 }
@@ -236,6 +283,10 @@ impl JobReport {
             .push_opt("policed", self.policed.as_deref())
             .push_opt("run_s", self.run_s)
             .push_opt("partner_load_pct", self.partner_load_pct)
+            .push_opt(
+                "peers",
+                (!self.peers.is_empty()).then(|| format_peers(&self.peers)),
+            )
             .push_opt("claim.launches", self.launches)
             .push_opt("claim.delayed", self.delayed)
             .push_opt("claim.delay_ms", self.delay_ms)
@@ -322,21 +373,19 @@ impl JobReport {
             p50_ms: finite("p50_ms")?,
             p99_ms: finite("p99_ms")?,
             claims_refused: f.get("claims_refused")?,
+            peers: match map.get("peers") {
+                Some(list) => {
+                    let mut p = id_list("peers", list, MAX_PEERS)?;
+                    add_peers(&mut p, None, []);
+                    p
+                }
+                None => Vec::new(),
+            },
             gang: Vec::new(),
         };
         let mut r = r;
         if let Some(list) = map.get("gpus") {
-            let gpus: Vec<u32> = list
-                .split(',')
-                .take(MAX_GANG_GPUS + 1)
-                .map(|g| {
-                    g.parse().map_err(|_| KvError::BadValue {
-                        key: "gpus".into(),
-                        value: list.clone(),
-                        why: "not a comma-separated list of GPU indices".into(),
-                    })
-                })
-                .collect::<Result<_, _>>()?;
+            let gpus = id_list("gpus", list, MAX_GANG_GPUS + 1)?;
             let mut seen = std::collections::BTreeSet::new();
             if let Some(dup) = gpus.iter().find(|g| !seen.insert(**g)) {
                 return Err(KvError::BadValue {
@@ -477,6 +526,7 @@ mod tests {
             p50_ms: Some(1.25),
             p99_ms: Some(0.1 + 0.2),
             claims_refused: Some("steps".into()),
+            peers: Vec::new(),
             gang: Vec::new(),
         }
     }
@@ -751,6 +801,39 @@ mod tests {
             None
         );
         assert_eq!(Measured::parse("garbage"), Measured::default());
+    }
+
+    #[test]
+    fn peers_round_trip_sorted_and_bounded_and_old_records_have_none() {
+        let r = JobReport {
+            mode: Some(Mode::Offline),
+            gpu: Some(1),
+            partner: Some(7),
+            peers: vec![12, 40],
+            ..Default::default()
+        };
+        let text = r.encode();
+        assert!(text.contains(" partner=7 peers=12,40"), "{text}");
+        assert_eq!(JobReport::decode(&text).unwrap(), r);
+        // As a record written before peers existed: none.
+        let old = JobReport::decode("muxflow:v1 mode=offline gpu=0 partner=3").unwrap();
+        assert!(old.peers.is_empty());
+        // Unsorted or repeated (a hand-edited comment) reads sorted, once;
+        // a long list is cut, a bad one named.
+        let r = JobReport::decode("muxflow:v1 mode=offline peers=9,3,9").unwrap();
+        assert_eq!(r.peers, [3, 9]);
+        let long: Vec<String> = (0..100).map(|i| i.to_string()).collect();
+        let r = JobReport::decode(&format!("muxflow:v1 mode=offline peers={}", long.join(",")))
+            .unwrap();
+        assert_eq!(r.peers.len(), MAX_PEERS);
+        let e = JobReport::decode("muxflow:v1 mode=offline peers=3,x").unwrap_err();
+        assert!(e.to_string().contains("'peers'"), "{e}");
+
+        let mut peers = vec![5];
+        add_peers(&mut peers, Some(8), [8, 2, 5]);
+        assert_eq!(peers, [2, 5]);
+        assert_eq!(Measured::parse("peers=4,2 peak_mib=1").peers, [2, 4]);
+        assert!(Measured::parse("peers=oops").peers.is_empty());
     }
 
     #[test]

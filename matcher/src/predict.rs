@@ -179,11 +179,14 @@ pub fn progress(r: &JobReport, signal: Signal) -> Option<f64> {
     (v.is_finite() && v > 0.0).then_some(v)
 }
 
-/// Every GPU of the run had the same partner (or none): a k-GPU job
+/// The run's speed is its speed beside its partner (or alone) and nothing
+/// else: every GPU of it had the same partner (or none) — a k-GPU job
 /// beside different online jobs runs at its slowest GPU's pace, which no
-/// one of its partners can be credited or blamed for.
-fn one_partner(r: &JobReport) -> bool {
-    r.gang.iter().all(|g| g.partner == r.partner)
+/// one of its partners can be credited or blamed for — and no other
+/// offline job shared its GPUs (`peers`, issue 15), whose part of the GPU
+/// would be counted against the partner or the job's solo speed.
+fn beside_its_partner_only(r: &JobReport) -> bool {
+    r.gang.iter().all(|g| g.partner == r.partner) && r.peers.is_empty()
 }
 
 fn failed_for_memory(r: &JobReport) -> bool {
@@ -212,6 +215,9 @@ pub struct Profile {
     pub peak_mib: Option<u64>,
     pub runs: usize,
     pub alone_runs: usize,
+    /// Runs beside other offline jobs on a GPU (`peers`): counted in
+    /// `runs`, left out of every estimate ([`estimate`]).
+    pub peer_runs: usize,
     /// Mean kernel launches per second over its runs (xCUDA's count over the
     /// node's run time), whatever its progress signal.
     pub launch_rate: Option<f64>,
@@ -283,7 +289,7 @@ pub fn estimate(runs: &[Run]) -> Estimates {
         };
         for r in &job_runs {
             prof.peak_mib = prof.peak_mib.max(trusted_peak_mib(&r.report));
-            if failed_for_memory(&r.report) && one_partner(&r.report) {
+            if failed_for_memory(&r.report) && beside_its_partner_only(&r.report) {
                 if let Some(p) = canonical(r) {
                     out.infeasible.insert((key.clone(), p));
                 }
@@ -299,7 +305,14 @@ pub fn estimate(runs: &[Run]) -> Estimates {
         };
         let mut partners: Vec<JobKey> = Vec::new();
         let mut obs: Vec<Obs> = Vec::new();
-        for r in job_runs.iter().filter(|r| one_partner(&r.report)) {
+        prof.peer_runs = job_runs
+            .iter()
+            .filter(|r| !r.report.peers.is_empty())
+            .count();
+        for r in job_runs
+            .iter()
+            .filter(|r| beside_its_partner_only(&r.report))
+        {
             let Some(p) = progress(&r.report, signal) else {
                 continue;
             };
@@ -338,8 +351,10 @@ pub fn estimate(runs: &[Run]) -> Estimates {
             continue;
         }
         prof.signal = Some(signal);
+        // Other offline jobs on its GPU slow its launches too.
         let rates: Vec<f64> = job_runs
             .iter()
+            .filter(|r| r.report.peers.is_empty())
             .filter_map(|r| progress(&r.report, Signal::LaunchesPerS))
             .collect();
         prof.launch_rate =
@@ -1449,6 +1464,54 @@ mod tests {
         let after = pair_x(&estimate(&same), first).unwrap();
         assert_eq!(after.1, before.1 + 1);
         assert!(after.0 < before.0, "{after:?} vs {before:?}");
+    }
+
+    /// A run that shared its GPU with other offline jobs is slower for
+    /// their sake: neither its solo speed nor its pair may learn from it.
+    #[test]
+    fn runs_beside_other_offline_jobs_teach_nothing() {
+        let (mut runs, _, _) = synthetic(1, 12, 5);
+        let first = runs[0].report.partner.unwrap();
+        let mut alone = runs[0].clone();
+        alone.report.partner = None;
+        alone.report.partner_load_pct = None;
+        alone.partner_key = None;
+        runs.push(alone);
+        let base = estimate(&runs);
+        let profile = |e: &Estimates| e.profiles[&runs[0].key].clone();
+        let pair = |e: &Estimates| {
+            let want: JobKey = ("svc".into(), format!("online-{}", first - 1));
+            e.pairs.iter().find(|p| p.partner == want).cloned().unwrap()
+        };
+        // The same runs a third as fast, beside another offline job: alone
+        // and beside the first partner.
+        let slow: Vec<Run> = runs[..1]
+            .iter()
+            .chain(runs.last())
+            .map(|r| {
+                let mut r = r.clone();
+                r.job_id += 50_000;
+                r.report.launches = r.report.launches.map(|l| l / 3);
+                r.report.peers = vec![77];
+                r
+            })
+            .collect();
+        let with = estimate(&runs.iter().cloned().chain(slow.clone()).collect::<Vec<_>>());
+        assert_eq!(profile(&with).solo, profile(&base).solo);
+        assert_eq!(pair(&with), pair(&base));
+        assert_eq!(profile(&with).runs, profile(&base).runs + 2);
+        assert_eq!(profile(&with).peer_runs, 2);
+        // Without the peers they are read as the job's own runs (the check
+        // above can fail).
+        let unmarked: Vec<Run> = slow
+            .into_iter()
+            .map(|mut r| {
+                r.report.peers.clear();
+                r
+            })
+            .collect();
+        let read = estimate(&runs.iter().cloned().chain(unmarked).collect::<Vec<_>>());
+        assert!(profile(&read).solo < profile(&base).solo);
     }
 
     #[test]

@@ -46,6 +46,7 @@ use muxflow::jobproc::Procfs;
 use muxflow::limits::JobLimits;
 use muxflow::mps::MpsDaemon;
 use muxflow::node_state::NodeState;
+use muxflow::report::{add_peers, format_peers, parse_peers};
 use muxflow::Config;
 
 use crate::nvml::Process;
@@ -348,6 +349,30 @@ fn record_partner_load(ns: &NodeState, job: u32, sm_pct: u32) {
     });
 }
 
+/// Adds the other offline jobs recorded on `gpu` now to the job's measured
+/// `peers` (issue 15: the matcher must know which runs shared a GPU with
+/// other offline jobs). The caller holds the GPU's lock.
+fn record_peers(ns: &NodeState, job: u32, gpu: u32) {
+    let others: Vec<u32> = ns
+        .jobs(gpu)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|j| j.mode == muxflow::Mode::Offline && j.job_id != job)
+        .map(|j| j.job_id)
+        .collect();
+    if others.is_empty() {
+        return;
+    }
+    update_measured(ns, job, |m| {
+        let old = m.get("peers").map_or_else(Vec::new, |l| parse_peers(l));
+        let mut peers = old.clone();
+        add_peers(&mut peers, Some(job), others);
+        (peers != old).then(|| {
+            m.insert("peers".into(), format_peers(&peers));
+        })
+    });
+}
+
 /// Reads, changes and rewrites (atomically) the job's measured file, a
 /// `key=value` line root writes; `change` returns None to leave it as it is.
 fn update_measured(
@@ -512,6 +537,7 @@ pub fn watch(config: &Config, job: u32) -> anyhow::Result<()> {
             if let Some(sm) = partner_sm {
                 record_partner_load(&ns, job, sm);
             }
+            record_peers(&ns, job, gpu);
             if device.is_some() {
                 publish_offline_procs(&ns, &procfs, gpu, &processes);
             }
@@ -791,6 +817,46 @@ mod tests {
                 c.name
             );
         }
+    }
+
+    #[test]
+    fn peers_seen_at_any_check_stay_in_the_measured_file() {
+        use muxflow::node_state::JobRecord;
+        let dir = tempfile::tempdir().unwrap();
+        let ns = NodeState::new(dir.path());
+        std::fs::create_dir_all(ns.limits_dir()).unwrap();
+        let job = |job_id, mode| JobRecord {
+            job_id,
+            mode,
+            uid: 1000,
+            slots: if mode == muxflow::Mode::Offline {
+                vec![0]
+            } else {
+                Vec::new()
+            },
+        };
+        let lock = ns.lock_gpu(0).unwrap();
+        ns.add_job(&lock, 0, &job(5, muxflow::Mode::Offline))
+            .unwrap();
+        ns.add_job(&lock, 0, &job(3, muxflow::Mode::Online))
+            .unwrap();
+        // Alone with its online partner: nothing to write.
+        record_peers(&ns, 5, 0);
+        assert!(!ns.measured_file(5).exists());
+        ns.add_job(&lock, 0, &job(9, muxflow::Mode::Offline))
+            .unwrap();
+        record_peers(&ns, 5, 0);
+        // The peer leaves, another comes: both stay named.
+        ns.remove_job(&lock, 0, 9).unwrap();
+        ns.add_job(&lock, 0, &job(7, muxflow::Mode::Offline))
+            .unwrap();
+        record_peers(&ns, 5, 0);
+        let text = std::fs::read_to_string(ns.measured_file(5)).unwrap();
+        assert_eq!(
+            muxflow::report::Measured::parse(&text).peers,
+            [7, 9],
+            "{text}"
+        );
     }
 
     #[test]

@@ -30,7 +30,7 @@ use muxflow::config::Policy;
 use muxflow::health::{Fsm, HealthState, Input, Metrics, Solo};
 use muxflow::policy::{offline_mem_cap_mib, offline_part, offline_sm_percent, GpuFacts};
 use muxflow::published::GpuPublished;
-use muxflow::report::{GangGpu, JobReport};
+use muxflow::report::{add_peers, GangGpu, JobReport};
 use muxflow::Mode;
 use muxflow_matcher::predict::{runs_from_sacct, Model, Run};
 use muxflow_matcher::reader::{
@@ -269,6 +269,9 @@ struct JobRt {
     finished: bool,
     /// It ran on fewer GPUs than it asked for, or on several nodes.
     short: bool,
+    /// This run's offline peers: the jobs (ids) that shared one of its
+    /// GPUs at any time, as the node's `peers` (issue 15).
+    peers: Vec<u32>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -981,6 +984,7 @@ impl<'a> Sim<'a> {
         job.run_start_s = self.now;
         job.run_remaining_s = job.remaining_s;
         job.speed = 0.0;
+        job.peers.clear();
         let gs: Vec<u32> = seats.iter().map(|s| s.g).collect();
         job.seats = seats;
         self.sums.running += 1;
@@ -989,6 +993,15 @@ impl<'a> Sim<'a> {
             self.slot_free.remove(&g);
             let online = self.sc.online[g as usize].is_some();
             self.gpus[g as usize].offline.push(j);
+            let id = self.sc.jobs[j as usize].id;
+            for i in 0..self.gpus[g as usize].offline.len() {
+                let k = self.gpus[g as usize].offline[i];
+                if k != j {
+                    let other = self.sc.jobs[k as usize].id;
+                    add_peers(&mut self.jobs[j as usize].peers, Some(id), [other]);
+                    add_peers(&mut self.jobs[k as usize].peers, Some(other), [id]);
+                }
+            }
             let rt = &self.gpus[g as usize];
             let on_gpu = rt.offline.len() as u32;
             if rt.fsm.is_some_and(|f| !f.state.accepts_offline()) {
@@ -1128,6 +1141,14 @@ impl<'a> Sim<'a> {
         // The workload reports no steps: its progress is xCUDA's launch
         // count over the node's run time (`LAUNCHES_PER_STEP` a step).
         let run_s = wall.round().max(1.0);
+        // Those that shared its GPUs during the run, and those there now
+        // (a start refused for memory: the jobs it met).
+        let mut peers = rt.peers.clone();
+        let now = seats
+            .iter()
+            .flat_map(|s| &self.gpus[s.g as usize].offline)
+            .map(|&k| self.sc.jobs[k as usize].id);
+        add_peers(&mut peers, Some(job.id), now);
         let report = JobReport {
             mode: Some(Mode::Offline),
             node: Some(self.sc.nodes[gpu.node as usize].clone()),
@@ -1142,6 +1163,7 @@ impl<'a> Sim<'a> {
             peak_mib: Some(peak_mib),
             run_s: Some(run_s as u64),
             launches: steps_per_s.map(|s| (s * LAUNCHES_PER_STEP * run_s).round() as u64),
+            peers,
             gang: seats[1..]
                 .iter()
                 .map(|s| {
@@ -1440,6 +1462,7 @@ impl<'a> Sim<'a> {
                 self.oom += 1;
                 rt.run_start_s = self.now;
                 rt.run_remaining_s = rt.remaining_s;
+                rt.peers.clear();
                 self.report(j, &seats, true);
                 let k = self
                     .state

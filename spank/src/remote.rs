@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use muxflow::limits::JobLimits;
 use muxflow::node_state::{write_atomic, NodeState};
 use muxflow::policy::offline_slot_share;
-use muxflow::report::JobReport;
+use muxflow::report::{add_peers, JobReport};
 use muxflow::slurm_cli::Scontrol;
 use muxflow::slurm_version::{SLURM_BATCH_SCRIPT, SLURM_EXTERN_CONT, SLURM_INTERACTIVE_STEP};
 use muxflow::xcuda_env::{self, XcudaEnv};
@@ -53,6 +53,9 @@ struct ReportContext {
     sm_pct: Option<u8>,
     mem_cap_mib: Option<u64>,
     partner: Option<u32>,
+    /// Other offline jobs on its GPUs at the start (issue 15: the report
+    /// names them, `peers`).
+    peers: Vec<u32>,
     stats_dir: Option<PathBuf>,
     /// A k-GPU job's further GPUs: (GPU, SM share, memory cap).
     gang: Vec<(u32, u8, Option<u64>)>,
@@ -168,6 +171,7 @@ impl RemoteState {
             sm_pct: None,
             mem_cap_mib: None,
             partner: partner(&state, gpu, job_id, mode),
+            peers: Vec::new(),
             stats_dir: None,
             gang: Vec::new(),
             started: std::time::Instant::now(),
@@ -184,6 +188,8 @@ impl RemoteState {
         ctx.stats_dir = Some(stats);
         if mode == Mode::Offline {
             self.prepare_offline(spank, &config, &state, &mut ctx)?;
+            let peers = offline_peers(&state, &ctx);
+            add_peers(&mut ctx.peers, Some(job_id), peers);
         }
         if step == SLURM_BATCH_SCRIPT {
             self.report = Some(ctx);
@@ -557,6 +563,16 @@ fn build_report(ctx: &ReportContext) -> JobReport {
     if r.partner.is_some() {
         r.partner_load_pct = measured.partner_load_pct;
     }
+    if ctx.mode == Mode::Offline {
+        // At the start, at muxflow-police's checks, and now.
+        r.peers = ctx.peers.clone();
+        let now = offline_peers(&state, ctx);
+        add_peers(
+            &mut r.peers,
+            Some(ctx.job_id),
+            measured.peers.into_iter().chain(now),
+        );
+    }
     let Some(dir) = &ctx.stats_dir else { return r };
     let files = muxflow::report::read_claim_files(dir);
     r.add_claims(files.iter().map(|(n, t)| (n.as_str(), t.as_str())));
@@ -590,6 +606,16 @@ fn read_root_file(path: &Path) -> Option<String> {
 
 /// A job of the other mode on the GPU: an offline job's online partner, or
 /// an offline job an online job hosts.
+/// The other offline jobs recorded on the job's GPUs now.
+fn offline_peers(state: &NodeState, ctx: &ReportContext) -> Vec<u32> {
+    std::iter::once(ctx.gpu)
+        .chain(ctx.gang.iter().map(|g| g.0))
+        .flat_map(|gpu| state.jobs(gpu).unwrap_or_default())
+        .filter(|j| j.mode == Mode::Offline && j.job_id != ctx.job_id)
+        .map(|j| j.job_id)
+        .collect()
+}
+
 fn partner(state: &NodeState, gpu: u32, job_id: u32, mode: Mode) -> Option<u32> {
     let jobs = state.jobs(gpu).unwrap_or_default();
     jobs.into_iter()

@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use muxflow::mps::MpsDaemon;
 use muxflow::policy::{offline_slot_share, offline_sm_percent};
+use muxflow::report::JobReport;
 use muxflow::Mode;
 use muxflow_tests::{decision, kv, CancelNamed, Cluster};
 
@@ -261,6 +262,15 @@ fn two_offline_jobs_share_one_gpu_beside_an_online_job_under_one_brake() {
             "the last Epilog left the daemon running"
         );
         std::thread::sleep(Duration::from_millis(200));
+    }
+    // Each one's AdminComment names the other as its peer on the GPU, so
+    // the matcher does not read their speeds as speeds beside the online
+    // job alone.
+    for (&id, &other) in offline.iter().zip(offline.iter().rev()) {
+        let line = c.sacct_until(id, "AdminComment", |l| l.contains("muxflow:"));
+        let report = JobReport::decode(line.split('|').nth(1).unwrap())
+            .unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert_eq!(report.peers, [other], "job {id}: {line}");
     }
     c.sim_load(NODE, gpu, 0.0);
     c.assert_no_drain();
