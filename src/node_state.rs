@@ -411,7 +411,7 @@ impl NodeState {
         }
     }
 
-    /// "No space left on device: <dir>" when the file system of the state
+    /// "No space left on device: DIR" when the file system of the state
     /// directory has no free block or inode left (what makes every write
     /// there fail); None otherwise or when it cannot be told.
     pub fn space_problem(&self) -> Option<String> {

@@ -2,8 +2,8 @@
 //! contention brake: `<state_dir>/gpu<i>/offline_procs` (root, 0644, in the
 //! root-owned GPU directory), one line `procs=<pid>:<start>,…`.
 //!
-//! Why it exists: with several offline jobs on a GPU ([policy]
-//! offline_per_gpu > 1), xCUDA in each must brake when the *online* job
+//! Why it exists: with several offline jobs on a GPU (`[policy]
+//! offline_per_gpu` > 1), xCUDA in each must brake when the *online* job
 //! needs the GPU, never because of the GPU's other offline jobs. xCUDA runs
 //! as the user and cannot tell another user's process's job (its cgroup and
 //! environment are not for it to trust or read); root can

@@ -4,7 +4,7 @@
 //! One round: [`slurm`] reads the cluster ([`reader`]: typed Slurm 22.05
 //! JSON → [`reader::ClusterState`]) and the offline history; [`predict`]
 //! scores each (job, GPU) candidate; [`round::plan`] prunes, solves and
-//! diffs the hints ([`hints`]); [`slurm::SlurmCli::update`] applies them.
+//! diffs the hints ([`hints`]); [`slurm::SlurmCli::scontrol`] applies them.
 //! The decision table and `--json` formats are documented in [`round`].
 //!
 //! * [`weights`]: predicted throughputs → integer weights (exactness is on
@@ -21,8 +21,8 @@
 //!   machine; the goal is 1 s); the bench times it alone.
 //! * [`gang`]: k-GPU offline jobs on one node (issue 15), placed by a
 //!   documented greedy before the exact matching of the 1-GPU jobs.
-//! * [`reference`]: dense Kuhn–Munkres, brute force and greedy, for checks.
-//! * [`synth`]: deterministic synthetic clusters; [`bench`]: the `bench`
+//! * [`mod@reference`]: dense Kuhn–Munkres, brute force and greedy, for checks.
+//! * [`synth`]: deterministic synthetic clusters; [`mod@bench`]: the `bench`
 //!   subcommand.
 //!
 //! The matching core (weights, prune, solver) knows nothing about Slurm:

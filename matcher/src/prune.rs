@@ -171,7 +171,7 @@ const ORDER_SAMPLE: usize = 2048;
 /// capacity-spread lists (see the module docs). Output sorted by (job, GPU),
 /// no duplicates. One full scan scores every pair once and feeds both lists;
 /// the strength order comes from a strided sample of at most
-/// [`ORDER_SAMPLE`] GPUs first (the order only shapes the spread lists, so a
+/// `ORDER_SAMPLE` GPUs first (the order only shapes the spread lists, so a
 /// sample is enough). Memory O(jobs × k + gpus × threads).
 pub fn spread_scored<F>(jobs: usize, gpus: usize, k: usize, threads: usize, score: F) -> Vec<Edge>
 where

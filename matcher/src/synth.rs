@@ -362,7 +362,7 @@ impl Cluster {
         self.throughput(j, g).and_then(quantize)
     }
 
-    /// The production candidate graph ([`spread_scored`], found through
+    /// The production candidate graph ([`crate::prune::spread_scored`], found through
     /// the pricing groups: [`spread_grouped`]).
     pub fn candidates(&self, k: usize, threads: usize) -> Vec<Edge> {
         spread_grouped(self, k, threads)

@@ -76,6 +76,8 @@ pub struct UserReport {
     /// The job it shared its GPU with (an offline job's online partner, or
     /// an offline job an online job hosted), by ID.
     pub partner: Option<u32>,
+    /// Offline jobs: the other offline jobs that shared its GPUs, by ID.
+    pub offline_peers: Vec<u32>,
     pub run_s: Option<u64>,
     pub sm_pct: Option<u8>,
     pub mem_cap_mib: Option<u64>,
@@ -144,6 +146,7 @@ pub fn report(job_id: u32, listing: &[SacctJob], viewer: &Viewer) -> Result<User
         node: r.node.clone(),
         gpu: r.gpu,
         partner: r.partner,
+        offline_peers: r.peers.clone(),
         run_s: r.run_s,
         sm_pct: r.sm_pct,
         mem_cap_mib: r.mem_cap_mib,
@@ -280,6 +283,15 @@ impl std::fmt::Display for UserReport {
             ("offline", Some(p)) => writeln!(f, "  shared with      online job {p}")?,
             ("offline", None) => writeln!(f, "  shared with      no online job (an idle GPU)")?,
             _ => {}
+        }
+        if !self.offline_peers.is_empty() {
+            let ids: Vec<String> = self.offline_peers.iter().map(u32::to_string).collect();
+            writeln!(
+                f,
+                "  and with         offline job{} {} (each on its part of the offline share)",
+                if ids.len() > 1 { "s" } else { "" },
+                ids.join(", ")
+            )?;
         }
         if self.mode == "offline" {
             writeln!(
@@ -460,9 +472,29 @@ mod tests {
         assert!((s.shared - 600.0).abs() < 1e-9);
         let text = r.to_string();
         assert!(text.contains("online job 1"), "{text}");
+        assert!(!text.contains("offline job"), "no peers: {text}");
         assert!(!text.contains("secret"), "no partner names: {text}");
         let json = serde_json::to_string(&r).unwrap();
         assert!(!json.contains("secret"), "{json}");
+    }
+
+    #[test]
+    fn the_offline_jobs_that_shared_the_gpu_are_named_by_id() {
+        let mut l = listing();
+        l.push(rec(
+            15,
+            "alice",
+            "train",
+            3500,
+            "muxflow:v1 mode=offline node=n1 gpu=0 sm_pct=20 partner=1 peers=12,16 run_s=100",
+        ));
+        let r = report(15, &l, &alice()).unwrap();
+        assert_eq!(r.offline_peers, [12, 16]);
+        let text = r.to_string();
+        assert!(
+            text.contains("and with         offline jobs 12, 16 (each on its part"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -120,7 +120,7 @@ pub fn load_record(ns: &NodeState, gpu: u32) -> anyhow::Result<Option<GpuRecord>
     }
 }
 
-/// " (No space left on device: <dir>)" when the state directory is full,
+/// " (No space left on device: DIR)" when the state directory is full,
 /// so a failure says what it is; "" otherwise.
 pub fn space_note(ns: &NodeState) -> String {
     ns.space_problem()

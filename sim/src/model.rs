@@ -167,7 +167,7 @@ pub struct SlotJob {
 
 /// Speeds of the offline jobs on one GPU and the online latency factor
 /// under muxflow with `offline_per_gpu` ≥ 1 (sim/README.md, "The model").
-/// One job with the whole budget: exactly [`muxflow`] (alone on an idle
+/// One job with the whole budget: exactly [`fn@muxflow`] (alone on an idle
 /// GPU: 1). A job's share is its slot's fixed part of the budget
 /// (`budget / K`). Several jobs, or one on a slot's part:
 /// * each job runs at its pair speed with the online service (× xCUDA's

@@ -2,9 +2,9 @@
 //!
 //! One dispatcher (this file) and one module per Slurm process context, as in
 //! NVIDIA's pyxis:
-//! - [`submit`]: allocator (sbatch/salloc) and local (srun) contexts, run as
+//! - `submit`: allocator (sbatch/salloc) and local (srun) contexts, run as
 //!   the user: validate `--muxflow` and the admin's settings, export the mode.
-//! - [`remote`]: slurmstepd, per step: the job environment. Never fails in
+//! - `remote`: slurmstepd, per step: the job environment. Never fails in
 //!   `init`/`init_post_opt` (a failure there drains the node).
 //!
 //! Other contexts (slurmd, job_script) have nothing to do yet and do nothing.

@@ -1,5 +1,5 @@
 //! The CUDA driver ABI, declared once: every entry point muxflow knows
-//! ([`cuda_entry_points!`]: name, base name, CUDA version, per-thread-stream
+//! (`cuda_entry_points!`: name, base name, CUDA version, per-thread-stream
 //! variant, what xCUDA does with it, C signature), the structures they take
 //! and the result codes. xCUDA's hook table, the simulated driver's exports
 //! and `cuGetProcAddress` table, and the loaders' function types
@@ -261,7 +261,7 @@ pub struct EntryPoint {
 
 macro_rules! entry_point_table {
     ($( {$name:ident, $base:literal, $since:literal, $pt:literal, $action:ident $(( $($aa:tt)* ))?, ( $($arg:ident : $ty:ty),* $(,)? )} )*) => {
-        /// Every entry point of [`cuda_entry_points!`], in its order.
+        /// Every entry point of `cuda_entry_points!`, in its order.
         pub const ENTRY_POINTS: &[EntryPoint] = &[$(EntryPoint {
             symbol: stringify!($name),
             base: $base,

@@ -1,9 +1,9 @@
 //! xCUDA: the LD_PRELOAD shim loaded into every offline process. It protects
 //! the online job on the same GPU at the workload level:
 //!
-//! * **memory cap** ([`state::memcap`]): allocations beyond the job's quota fail with
+//! * **memory cap** ([`mod@state::memcap`]): allocations beyond the job's quota fail with
 //!   `CUDA_ERROR_OUT_OF_MEMORY`; frees give quota back; `cuMemGetInfo` shows the cap;
-//! * **launch gate** ([`state::gate`], [`state::controller`], [`lifecycle::watcher`]): kernel and graph
+//! * **launch gate** ([`mod@state::gate`], [`state::controller`], [`lifecycle::watcher`]): kernel and graph
 //!   launches are delayed while the GPU is contended and blocked while the
 //!   GPU's health state pauses offline work;
 //! * **graceful exit** ([`lifecycle::shutdown`]): on SIGINT/SIGTERM the gate closes,

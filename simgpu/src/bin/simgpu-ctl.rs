@@ -38,7 +38,7 @@ enum Cmd {
     },
     /// Print a telemetry table of every simulated GPU.
     Table { dir: PathBuf },
-    /// Inject a fault: sticky | xid <code> | lost | clear.
+    /// Inject a fault: sticky | xid CODE | lost | clear.
     Fault {
         dir: PathBuf,
         #[arg(long)]

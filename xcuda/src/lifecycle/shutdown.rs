@@ -9,7 +9,7 @@
 //!    synchronizes and releases every context the process holds, refuses
 //!    launches from then on (`CUDA_ERROR_DEINITIALIZED`) and writes the stats;
 //! 3. it hands both signals back to the application's dispositions and
-//!    replays the signal ([`chain`]): the application's own handler runs
+//!    replays the signal (`chain`): the application's own handler runs
 //!    (with the original `siginfo` and the `SA_SIGINFO`, `SA_RESETHAND`,
 //!    mask semantics it asked for), or the default action.
 //!

@@ -19,7 +19,7 @@
 //! Why "another process": the offline job alone saturating the GPU drops the
 //! clock too (power capping), but braking then only costs throughput with no
 //! one to protect. The MPS server process does not count as another process,
-//! nor do the GPU's other offline jobs ([policy] offline_per_gpu > 1): all
+//! nor do the GPU's other offline jobs (`[policy] offline_per_gpu` > 1): all
 //! offline processes of a GPU read the same GPU-wide figures and brake
 //! together, for the online job alone.
 //!

@@ -2,7 +2,7 @@
 //!
 //! xCUDA exports both (its hooks), so any call it makes to them lands on
 //! itself; the real `dlvsym` has to be found another way once, and the real
-//! `dlsym` is then asked of it (see [`crate::driver`]). This walks the
+//! `dlsym` is then asked of it (see [`crate::sys::driver`]). This walks the
 //! objects `dl_iterate_phdr` reports, in load order (the program, preloads,
 //! libraries), and looks the name up in each dynamic
 //! symbol table through its GNU or SysV hash table, taking a defined
