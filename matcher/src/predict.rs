@@ -293,6 +293,11 @@ pub fn estimate(runs: &[Run]) -> Estimates {
                 if let Some(p) = canonical(r) {
                     out.infeasible.insert((key.clone(), p));
                 }
+            } else if failed_for_memory(&r.report) && !r.report.peers.is_empty() {
+                // Beside other offline jobs it had its part of the room: not
+                // the pair's failure, but it needs more than that cap.
+                let needs = r.report.mem_cap_mib.map(|c| c.saturating_add(1));
+                prof.peak_mib = prof.peak_mib.max(needs);
             }
         }
         let signal = if job_runs
@@ -1501,6 +1506,26 @@ mod tests {
         assert_eq!(pair(&with), pair(&base));
         assert_eq!(profile(&with).runs, profile(&base).runs + 2);
         assert_eq!(profile(&with).peer_runs, 2);
+        // Failing for memory beside another offline job: no pair is ruled
+        // out, but the job needs more than the cap it had there.
+        let mut failed = runs[0].clone();
+        failed.job_id = 70_000;
+        failed.report.launches = None;
+        failed.report.oom = Some(1);
+        failed.report.mem_cap_mib = Some(30_000);
+        failed.report.peers = vec![77];
+        let e = estimate(
+            &runs
+                .iter()
+                .cloned()
+                .chain([failed.clone()])
+                .collect::<Vec<_>>(),
+        );
+        assert!(e.infeasible.is_empty());
+        assert_eq!(profile(&e).peak_mib, Some(30_001));
+        failed.report.peers.clear();
+        let e = estimate(&runs.iter().cloned().chain([failed]).collect::<Vec<_>>());
+        assert_eq!(e.infeasible.len(), 1, "alone with its partner: the pair's");
         // Without the peers they are read as the job's own runs (the check
         // above can fail).
         let unmarked: Vec<Run> = slow
