@@ -216,8 +216,14 @@ pub struct Profile {
     pub runs: usize,
     pub alone_runs: usize,
     /// Runs beside other offline jobs on a GPU (`peers`): counted in
-    /// `runs`, left out of every estimate ([`estimate`]).
+    /// `runs`, left out of every estimate above ([`estimate`]).
     pub peer_runs: usize,
+    /// What one other offline job on its GPU leaves it, from its peer runs
+    /// ([`beside_offline_factor`]); `None`: no such run to learn from.
+    pub beside_offline: Option<f64>,
+    /// Of its runs beside other offline jobs, those that failed for memory,
+    /// as a rate shrunk towards 0: failures / (peer runs + 1).
+    pub beside_offline_fail: f64,
     /// Mean kernel launches per second over its runs (xCUDA's count over the
     /// node's run time), whatever its progress signal.
     pub launch_rate: Option<f64>,
@@ -298,8 +304,14 @@ pub fn estimate(runs: &[Run]) -> Estimates {
                 // the pair's failure, but it needs more than that cap.
                 let needs = r.report.mem_cap_mib.map(|c| c.saturating_add(1));
                 prof.peak_mib = prof.peak_mib.max(needs);
+                prof.beside_offline_fail += 1.0;
             }
         }
+        prof.peer_runs = job_runs
+            .iter()
+            .filter(|r| !r.report.peers.is_empty())
+            .count();
+        prof.beside_offline_fail /= (prof.peer_runs + 1) as f64;
         let signal = if job_runs
             .iter()
             .any(|r| progress(&r.report, Signal::StepsPerS).is_some())
@@ -310,10 +322,6 @@ pub fn estimate(runs: &[Run]) -> Estimates {
         };
         let mut partners: Vec<JobKey> = Vec::new();
         let mut obs: Vec<Obs> = Vec::new();
-        prof.peer_runs = job_runs
-            .iter()
-            .filter(|r| !r.report.peers.is_empty())
-            .count();
         for r in job_runs
             .iter()
             .filter(|r| beside_its_partner_only(&r.report))
@@ -373,6 +381,8 @@ pub fn estimate(runs: &[Run]) -> Estimates {
         prof.alone_runs = alone.len();
         let (sigma, d) = fit_solo(&obs, partners.len(), alone);
         prof.solo = Some(sigma);
+        prof.beside_offline =
+            beside_offline_factor(&job_runs, signal, sigma, &partners, &d, &canonical);
         for (k, partner) in partners.into_iter().enumerate() {
             let mine: Vec<&Obs> = obs.iter().filter(|o| o.partner == Some(k)).collect();
             let n = mine.len() as f64;
@@ -398,6 +408,54 @@ pub fn estimate(runs: &[Run]) -> Estimates {
         0.05
     };
     out
+}
+
+/// What one other offline job on its GPU leaves a job, learned from its
+/// runs that had offline peers (issue 15): each such run's speed over what
+/// the job does without them beside the same partner (`σ (1 − load·d_k)`,
+/// or `σ` alone), to the power 1/peers; the geometric mean over the runs,
+/// within [0.05, 1]. It holds both what the peers take and the smaller
+/// part of the GPU the job had beside them, as [`Model::predict_terms`]
+/// applies it. Runs beside a partner the job never ran with alone, or on
+/// GPUs with different partners, say nothing here.
+fn beside_offline_factor(
+    runs: &[&Run],
+    signal: Signal,
+    sigma: f64,
+    partners: &[JobKey],
+    d: &[f64],
+    canonical: &dyn Fn(&Run) -> Option<JobKey>,
+) -> Option<f64> {
+    let logs: Vec<f64> = runs
+        .iter()
+        .filter(|r| {
+            !r.report.peers.is_empty()
+                && r.report.gang.iter().all(|g| g.partner == r.report.partner)
+        })
+        .filter_map(|r| {
+            let p = progress(&r.report, signal)?;
+            let without = match canonical(r) {
+                None => sigma,
+                Some(k) => {
+                    let i = partners.iter().position(|x| *x == k)?;
+                    let load = r
+                        .report
+                        .partner_load_pct
+                        .map_or(1.0, |l| f64::from(l.min(100)) / 100.0);
+                    sigma * (1.0 - load * d[i])
+                }
+            };
+            (without > 0.0).then(|| {
+                let ratio = (p / without).clamp(1e-6, 1.0);
+                ratio.ln() / r.report.peers.len() as f64
+            })
+        })
+        .collect();
+    (!logs.is_empty()).then(|| {
+        (logs.iter().sum::<f64>() / logs.len() as f64)
+            .exp()
+            .clamp(0.05, 1.0)
+    })
 }
 
 /// `progress = σ (1 − load·d_k)` by alternating least squares; `σ` is the
@@ -798,6 +856,11 @@ impl Model {
             index: self.job_index.get(key).copied(),
             peak_mib: self.peak_mib(key),
             rate: rate_feature(self.profiles.get(key).and_then(|p| p.launch_rate)),
+            beside_offline: self.profiles.get(key).and_then(|p| p.beside_offline),
+            beside_offline_fail: self
+                .profiles
+                .get(key)
+                .map_or(0.0, |p| p.beside_offline_fail),
         }
     }
 
@@ -842,21 +905,28 @@ impl Model {
     }
 
     /// What one other offline job on the GPU leaves the job (issue 15):
-    /// records name the online partner only, so no offline × offline pair
-    /// is ever learned; each other offline job counts as a partner the
-    /// model does not know, at the GPU's whole offline budget `budget` —
-    /// the completion without a partner (the default's rule without
-    /// history, 1 at a share above half).
+    /// what its own runs beside other offline jobs showed
+    /// ([`Profile::beside_offline`]); without such runs each other offline
+    /// job counts as a partner the model does not know, at the GPU's whole
+    /// offline budget `budget` — the completion without a partner (the
+    /// default's rule without history, 1 at a share above half). Either
+    /// is scaled by the chance it runs at all there: 1 − the job's rate of
+    /// memory failures beside other offline jobs. No offline × offline
+    /// pair is learned: the factor is the job's, whoever the other jobs
+    /// are.
     pub fn beside_offline(&self, job: &JobTerms, budget: f64) -> f64 {
-        let unknown = GpuTerms {
-            share: budget,
-            room_mib: u64::MAX,
-            partner: None,
-            others: 0,
-            budget,
-        };
-        self.predict_with_mem(job, &unknown, DEFAULT_MEM)
-            .map_or(1.0, |e| e.mean)
+        let runs = job.beside_offline.unwrap_or_else(|| {
+            let unknown = GpuTerms {
+                share: budget,
+                room_mib: u64::MAX,
+                partner: None,
+                others: 0,
+                budget,
+            };
+            self.predict_with_mem(job, &unknown, DEFAULT_MEM)
+                .map_or(1.0, |e| e.mean)
+        });
+        runs * (1.0 - job.beside_offline_fail)
     }
 
     fn predict_with_mem(&self, job: &JobTerms, gpu: &GpuTerms, mem: f64) -> Option<Estimate> {
@@ -1025,6 +1095,9 @@ pub struct JobTerms {
     pub peak_mib: Option<u64>,
     /// [`rate_feature`] of the job's launch rate.
     pub rate: f64,
+    /// [`Profile::beside_offline`], [`Profile::beside_offline_fail`].
+    pub beside_offline: Option<f64>,
+    pub beside_offline_fail: f64,
 }
 
 /// Per-GPU inputs of [`Model::predict_terms`].
@@ -1539,6 +1612,60 @@ mod tests {
         assert!(profile(&read).solo < profile(&base).solo);
     }
 
+    /// What other offline jobs on its GPU cost a job is learned from its
+    /// own runs beside them, per other job.
+    #[test]
+    fn the_cost_of_offline_peers_is_learned_per_job() {
+        let (runs, _, _) = synthetic(2, 12, 9);
+        let key = runs[0].key.clone();
+        let other = runs.iter().find(|r| r.key != key).unwrap().key.clone();
+        // Job 0's runs again: beside one peer at 60% of the speed, beside
+        // two at 36% (0.6 each).
+        let peer_runs: Vec<Run> = runs
+            .iter()
+            .filter(|r| r.key == key)
+            .take(6)
+            .enumerate()
+            .map(|(i, r)| {
+                let mut r = r.clone();
+                r.job_id += 50_000;
+                let (factor, peers) = if i % 2 == 0 {
+                    (0.6, vec![1])
+                } else {
+                    (0.36, vec![1, 2])
+                };
+                r.report.launches = r.report.launches.map(|l| (l as f64 * factor) as u64);
+                r.report.peers = peers;
+                r
+            })
+            .collect();
+        let all: Vec<Run> = runs.iter().cloned().chain(peer_runs).collect();
+        let m = Model::train(&all);
+        let learned = m.job_terms(&key).beside_offline.expect("learned");
+        assert!((learned - 0.6).abs() < 0.03, "{learned}");
+        assert_eq!(m.beside_offline(&m.job_terms(&key), 0.5), learned);
+        // A job with no run beside other offline jobs keeps the default.
+        let terms = m.job_terms(&other);
+        assert_eq!(terms.beside_offline, None);
+        assert!(m.beside_offline(&terms, 0.5) > 0.0);
+        // Without peer runs nothing is learned for job 0 either.
+        assert_eq!(Model::train(&runs).job_terms(&key).beside_offline, None);
+        // Failing for memory beside other offline jobs lowers what the
+        // round expects of it there: 6 runs and 1 failure, 1/8.
+        let mut failed = all.iter().find(|r| r.key == key).unwrap().clone();
+        failed.job_id = 90_000;
+        failed.report.launches = None;
+        failed.report.oom = Some(1);
+        failed.report.peers = vec![3];
+        let m = Model::train(&all.iter().cloned().chain([failed]).collect::<Vec<_>>());
+        let terms = m.job_terms(&key);
+        assert!((terms.beside_offline_fail - 1.0 / 8.0).abs() < 1e-12);
+        assert!(
+            (m.beside_offline(&terms, 0.5) - terms.beside_offline.unwrap() * 7.0 / 8.0).abs()
+                < 1e-12
+        );
+    }
+
     #[test]
     fn solo_speed_is_recovered_from_shared_runs_at_varying_partner_load() {
         let (runs, solo, truth) = synthetic(20, 12, 3);
@@ -1866,6 +1993,8 @@ mod tests {
                 index: None,
                 peak_mib: None,
                 rate,
+                beside_offline: None,
+                beside_offline_fail: 0.0,
             };
             m.predict_terms(&job, &gpu).unwrap().mean
         };
@@ -1926,6 +2055,8 @@ mod tests {
             index: None,
             peak_mib: Some(9_000),
             rate: DEFAULT_RATE,
+            beside_offline: None,
+            beside_offline_fail: 0.0,
         };
         let e = m.predict_terms(&big, &gpu).unwrap();
         // Within what the history saw (0.7 to 1), not the slope's 0.01.
