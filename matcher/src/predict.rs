@@ -179,14 +179,25 @@ pub fn progress(r: &JobReport, signal: Signal) -> Option<f64> {
     (v.is_finite() && v > 0.0).then_some(v)
 }
 
-/// The run's speed is its speed beside its partner (or alone) and nothing
-/// else: every GPU of it had the same partner (or none) — a k-GPU job
+/// Every GPU of the run had the same partner (or none): a k-GPU job
 /// beside different online jobs runs at its slowest GPU's pace, which no
-/// one of its partners can be credited or blamed for — and no other
-/// offline job shared its GPUs (`peers`, issue 15), whose part of the GPU
-/// would be counted against the partner or the job's solo speed.
+/// one of its partners can be credited or blamed for.
+fn one_partner(r: &JobReport) -> bool {
+    r.gang.iter().all(|g| g.partner == r.partner)
+}
+
+/// The run's speed is its speed beside its partner (or alone) and nothing
+/// else: [`one_partner`], and no other offline job shared its GPUs
+/// (`peers`, issue 15), whose part of the GPU would be counted against the
+/// partner or the job's solo speed.
 fn beside_its_partner_only(r: &JobReport) -> bool {
-    r.gang.iter().all(|g| g.partner == r.partner) && r.peers.is_empty()
+    one_partner(r) && r.peers.is_empty()
+}
+
+/// The partner's load during the run, a fraction (1 when not measured).
+fn partner_load(r: &JobReport) -> f64 {
+    r.partner_load_pct
+        .map_or(1.0, |l| f64::from(l.min(100)) / 100.0)
 }
 
 fn failed_for_memory(r: &JobReport) -> bool {
@@ -347,10 +358,7 @@ pub fn estimate(runs: &[Run]) -> Estimates {
             };
             obs.push(Obs {
                 partner,
-                load: r
-                    .report
-                    .partner_load_pct
-                    .map_or(1.0, |l| f64::from(l.min(100)) / 100.0),
+                load: partner_load(&r.report),
                 p,
                 share: r
                     .report
@@ -428,21 +436,14 @@ fn beside_offline_factor(
 ) -> Option<f64> {
     let logs: Vec<f64> = runs
         .iter()
-        .filter(|r| {
-            !r.report.peers.is_empty()
-                && r.report.gang.iter().all(|g| g.partner == r.report.partner)
-        })
+        .filter(|r| !r.report.peers.is_empty() && one_partner(&r.report))
         .filter_map(|r| {
             let p = progress(&r.report, signal)?;
             let without = match canonical(r) {
                 None => sigma,
                 Some(k) => {
                     let i = partners.iter().position(|x| *x == k)?;
-                    let load = r
-                        .report
-                        .partner_load_pct
-                        .map_or(1.0, |l| f64::from(l.min(100)) / 100.0);
-                    sigma * (1.0 - load * d[i])
+                    sigma * (1.0 - partner_load(&r.report) * d[i])
                 }
             };
             (without > 0.0).then(|| {
