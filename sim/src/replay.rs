@@ -179,6 +179,9 @@ pub struct Outcome {
     /// muxflow: placements whose job failed at once (the pair cannot
     /// share the GPU's memory, or the job's memory exceeds its cap).
     pub oom_starts: Option<u64>,
+    /// muxflow: offline runs whose record names other offline jobs that
+    /// shared one of its GPUs (`peers`; only with several slots per GPU).
+    pub peer_runs: Option<u64>,
     /// muxflow: placements Slurm would refuse (the job's gpu_spec excludes
     /// the GPU's model; the matcher does not read job constraints).
     pub refused_placements: Option<u64>,
@@ -362,6 +365,7 @@ struct Sim<'a> {
     pair_true: f64,
     pair_oracle: f64,
     oom: u64,
+    peer_runs: u64,
     refused: u64,
     health_violations: u64,
     timing: bool,
@@ -506,6 +510,7 @@ impl<'a> Sim<'a> {
             pair_true: 0.0,
             pair_oracle: 0.0,
             oom: 0,
+            peer_runs: 0,
             refused: 0,
             health_violations: 0,
             timing: opts.timing,
@@ -1149,6 +1154,7 @@ impl<'a> Sim<'a> {
             .flat_map(|s| &self.gpus[s.g as usize].offline)
             .map(|&k| self.sc.jobs[k as usize].id);
         add_peers(&mut peers, Some(job.id), now);
+        self.peer_runs += u64::from(!peers.is_empty());
         let report = JobReport {
             mode: Some(Mode::Offline),
             node: Some(self.sc.nodes[gpu.node as usize].clone()),
@@ -1525,6 +1531,7 @@ impl<'a> Sim<'a> {
             pairing_vs_oracle: (mux && self.pair_oracle > 0.0)
                 .then(|| self.pair_true / self.pair_oracle),
             oom_starts: mux.then_some(self.oom),
+            peer_runs: mux.then_some(self.peer_runs),
             refused_placements: mux.then_some(self.refused),
             health_violations: self.health_violations,
             offline_short_of_gpus: self.jobs.iter().filter(|j| j.short).count() as u64,

@@ -269,3 +269,19 @@ fn under_several_slots_per_gpu_a_lone_gang_takes_every_slot_of_its_gpus() {
         close(o.jct_s[0], one.jct_s[0], &format!("n{k}"));
     }
 }
+
+#[test]
+fn runs_that_shared_a_gpu_with_offline_jobs_name_them_only_under_several_slots() {
+    // Eight 1-GPU jobs for two GPUs, a pair that shares well (each side at
+    // 0.8): under muxflow-n2 jobs wait, the round splits GPUs, and the
+    // records of those runs name their peers, as the node's do.
+    let pairs = "job_a,job_b,solo_a,solo_b,shared_a,shared_b\nA,A,10,10,8,8\n";
+    let jobs = (1..=8).map(|i| gang(i, 0.0, 3600.0, 1)).collect();
+    let sc = scenario("n1,2,V100M16\n", pairs, jobs);
+    let cfg = muxflow::Config::default();
+    let one = replay(&sc, PolicyKind::Muxflow, &cfg, &settings());
+    assert_eq!(one.peer_runs, Some(0));
+    let two = replay(&sc, PolicyKind::MuxflowN(2), &cfg, &settings());
+    assert!(two.peer_runs.is_some_and(|n| n > 0), "{:?}", two.peer_runs);
+    assert_eq!(two.offline_finished, 8);
+}
