@@ -230,8 +230,9 @@ pub struct Profile {
     /// `runs`, left out of every estimate above ([`estimate`]).
     pub peer_runs: usize,
     /// What one other offline job on its GPU leaves it, from its peer runs
-    /// ([`beside_offline_factor`]); `None`: no such run to learn from.
-    pub beside_offline: Option<f64>,
+    /// ([`beside_offline_factor`]), and how many runs it comes from;
+    /// `None`: no such run to learn from.
+    pub beside_offline: Option<(f64, u32)>,
     /// Of its runs beside other offline jobs, those that failed for memory,
     /// as a rate shrunk towards 0: failures / (peer runs + 1).
     pub beside_offline_fail: f64,
@@ -433,7 +434,7 @@ fn beside_offline_factor(
     partners: &[JobKey],
     d: &[f64],
     canonical: &dyn Fn(&Run) -> Option<JobKey>,
-) -> Option<f64> {
+) -> Option<(f64, u32)> {
     let logs: Vec<f64> = runs
         .iter()
         .filter(|r| !r.report.peers.is_empty() && one_partner(&r.report))
@@ -453,9 +454,10 @@ fn beside_offline_factor(
         })
         .collect();
     (!logs.is_empty()).then(|| {
-        (logs.iter().sum::<f64>() / logs.len() as f64)
+        let f = (logs.iter().sum::<f64>() / logs.len() as f64)
             .exp()
-            .clamp(0.05, 1.0)
+            .clamp(0.05, 1.0);
+        (f, u32::try_from(logs.len()).unwrap_or(u32::MAX))
     })
 }
 
@@ -905,28 +907,36 @@ impl Model {
         })
     }
 
-    /// What one other offline job on the GPU leaves the job (issue 15):
-    /// what its own runs beside other offline jobs showed
-    /// ([`Profile::beside_offline`]); without such runs each other offline
-    /// job counts as a partner the model does not know, at the GPU's whole
-    /// offline budget `budget` — the completion without a partner (the
-    /// default's rule without history, 1 at a share above half). Either
-    /// is scaled by the chance it runs at all there: 1 − the job's rate of
-    /// memory failures beside other offline jobs. No offline × offline
-    /// pair is learned: the factor is the job's, whoever the other jobs
-    /// are.
+    /// What one other offline job on the GPU leaves the job (issue 15).
+    /// The prior: each other offline job counts as a partner the model
+    /// does not know, at the GPU's whole offline budget `budget` — the
+    /// completion without a partner (the default's rule without history,
+    /// 1 at a share above half). What the job's own runs beside other
+    /// offline jobs showed ([`Profile::beside_offline`]) moves it, as n
+    /// runs against one pseudo-run of the prior (a geometric mean), so
+    /// one run does not decide alone. Scaled by the chance it runs at all
+    /// there: 1 − the job's rate of memory failures beside other offline
+    /// jobs. No offline × offline pair is learned: the factor is the
+    /// job's, whoever the other jobs are.
     pub fn beside_offline(&self, job: &JobTerms, budget: f64) -> f64 {
-        let runs = job.beside_offline.unwrap_or_else(|| {
-            let unknown = GpuTerms {
-                share: budget,
-                room_mib: u64::MAX,
-                partner: None,
-                others: 0,
-                budget,
-            };
-            self.predict_with_mem(job, &unknown, DEFAULT_MEM)
-                .map_or(1.0, |e| e.mean)
-        });
+        let unknown = GpuTerms {
+            share: budget,
+            room_mib: u64::MAX,
+            partner: None,
+            others: 0,
+            budget,
+        };
+        let prior = self
+            .predict_with_mem(job, &unknown, DEFAULT_MEM)
+            .map_or(1.0, |e| e.mean)
+            .max(0.01);
+        let runs = match job.beside_offline {
+            Some((f, n)) => {
+                let n = f64::from(n);
+                ((n * f.ln() + prior.ln()) / (n + 1.0)).exp()
+            }
+            None => prior,
+        };
         runs * (1.0 - job.beside_offline_fail)
     }
 
@@ -1097,7 +1107,7 @@ pub struct JobTerms {
     /// [`rate_feature`] of the job's launch rate.
     pub rate: f64,
     /// [`Profile::beside_offline`], [`Profile::beside_offline_fail`].
-    pub beside_offline: Option<f64>,
+    pub beside_offline: Option<(f64, u32)>,
     pub beside_offline_fail: f64,
 }
 
@@ -1642,10 +1652,21 @@ mod tests {
             .collect();
         let all: Vec<Run> = runs.iter().cloned().chain(peer_runs).collect();
         let m = Model::train(&all);
-        let learned = m.job_terms(&key).beside_offline.expect("learned");
+        let (learned, n) = m.job_terms(&key).beside_offline.expect("learned");
         assert!((learned - 0.6).abs() < 0.03, "{learned}");
-        assert_eq!(m.beside_offline(&m.job_terms(&key), 0.5), learned);
-        // A job with no run beside other offline jobs keeps the default.
+        assert_eq!(n, 6);
+        // Used as 6 runs against one of the prior (what a job with no such
+        // run gets).
+        let mut unknown = m.job_terms(&key);
+        unknown.beside_offline = None;
+        let prior = m.beside_offline(&unknown, 0.5);
+        let want = ((6.0 * learned.ln() + prior.ln()) / 7.0).exp();
+        assert!((m.beside_offline(&m.job_terms(&key), 0.5) - want).abs() < 1e-12);
+        assert!(
+            (prior - learned).abs() > 0.05,
+            "the check can tell them apart"
+        );
+        // A job with no run beside other offline jobs keeps the prior.
         let terms = m.job_terms(&other);
         assert_eq!(terms.beside_offline, None);
         assert!(m.beside_offline(&terms, 0.5) > 0.0);
@@ -1661,8 +1682,10 @@ mod tests {
         let m = Model::train(&all.iter().cloned().chain([failed]).collect::<Vec<_>>());
         let terms = m.job_terms(&key);
         assert!((terms.beside_offline_fail - 1.0 / 8.0).abs() < 1e-12);
+        let mut no_failures = terms;
+        no_failures.beside_offline_fail = 0.0;
         assert!(
-            (m.beside_offline(&terms, 0.5) - terms.beside_offline.unwrap() * 7.0 / 8.0).abs()
+            (m.beside_offline(&terms, 0.5) - m.beside_offline(&no_failures, 0.5) * 7.0 / 8.0).abs()
                 < 1e-12
         );
     }
