@@ -425,7 +425,10 @@ pub fn estimate(runs: &[Run]) -> Estimates {
 /// or `σ` alone), to the power 1/peers; the geometric mean over the runs,
 /// within [0.05, 1]. It holds both what the peers take and the smaller
 /// part of the GPU the job had beside them, as [`Model::predict_terms`]
-/// applies it. Runs beside a partner the job never ran with alone, or on
+/// applies it to a pair it has seen; for an unseen pair the regression's
+/// share term lowers the estimate for the smaller part too, so there the
+/// two overlap (an approximation: the factor would need the share it came
+/// from to avoid it). Runs beside a partner the job never ran with alone, or on
 /// GPUs with different partners, say nothing here.
 fn beside_offline_factor(
     runs: &[&Run],
