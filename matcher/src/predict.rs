@@ -227,11 +227,12 @@ pub struct Profile {
     pub runs: usize,
     pub alone_runs: usize,
     /// Runs beside other offline jobs on a GPU (`peers`): counted in
-    /// `runs`, left out of every estimate above ([`estimate`]).
+    /// `runs`, left out of the solo speed, pair and launch-rate estimates
+    /// ([`estimate`]).
     pub peer_runs: usize,
     /// What one other offline job on its GPU leaves it, from its peer runs
-    /// ([`beside_offline_factor`]), and how many runs it comes from;
-    /// `None`: no such run to learn from.
+    /// (learned in [`estimate`], used by [`Model::beside_offline`]), and
+    /// how many runs it comes from; `None`: no such run to learn from.
     pub beside_offline: Option<(f64, u32)>,
     /// Of its runs beside other offline jobs, those that failed for memory,
     /// as a rate shrunk towards 0: failures / (peer runs + 1).
