@@ -83,6 +83,19 @@
 //! * free jobs searched by decreasing best profit (or increasing) rather
 //!   than by index: the candidate graph's cold solve took 1.9 s (0.67 s
 //!   increasing) against 0.69 s, measured side by side;
+//! * prices from a subsample as that start (every 4th or 8th job and GPU,
+//!   solved exactly in 1.9 s or 0.47 s; each GPU priced by interpolating
+//!   its class's sampled prices over its factor, or as the largest
+//!   `w − u` over the sampled jobs' duals): they sit 2–6% below the exact
+//!   prices at the median, the error spread over 6% between the 10th and
+//!   90th percentile (fewer competitors price scarcity differently), so a
+//!   graph of each job's 16 best pairs by `w − p̂` still took a 1.8 s
+//!   solve and 8.3 s of pricing (stride 4) or 3 s and 29 s (stride 8). The
+//!   exact prices smoothed over 15 neighbours of a class by factor (error
+//!   p50 0.02%, p90 0.16%) would do: 0.33 s + 1.08 s. A warm solve on the
+//!   weight-pruned candidate graph forgets any start: 13 passes from
+//!   zero, from subsample prices and from smoothed ones alike (measured
+//!   2026-11-26, on a machine where the cold round took 23 s);
 //! * after a 1% change, the previous round's prices as that start (a
 //!   fresh graph at those prices, every job free): 0.28 s + 0.84 s of
 //!   pricing, no better than the incremental round below (median 1.4 s).
