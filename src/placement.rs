@@ -50,14 +50,19 @@ pub enum Waiting {
     FasterJobsFirst,
     /// Older held jobs fill this round's window.
     OlderJobsFirst,
+    /// The nodes of the GPUs it could use have too few CPUs or too little
+    /// memory free for what it asked for (or jobs placed this round took
+    /// them).
+    NodeRoom,
 }
 
 impl Waiting {
-    pub const ALL: [Waiting; 4] = [
+    pub const ALL: [Waiting; 5] = [
         Waiting::FreeGpu,
         Waiting::FreeNode,
         Waiting::FasterJobsFirst,
         Waiting::OlderJobsFirst,
+        Waiting::NodeRoom,
     ];
 
     pub fn code(self) -> &'static str {
@@ -66,6 +71,7 @@ impl Waiting {
             Waiting::FreeNode => "free_node",
             Waiting::FasterJobsFirst => "faster_jobs_first",
             Waiting::OlderJobsFirst => "older_jobs_first",
+            Waiting::NodeRoom => "node_room",
         }
     }
 
@@ -80,6 +86,9 @@ impl Waiting {
                 "the GPUs it could use went to jobs predicted to run faster there"
             }
             Waiting::OlderJobsFirst => "waiting behind older offline jobs",
+            Waiting::NodeRoom => {
+                "waiting for a node with a free GPU and the CPUs and memory it asked for"
+            }
         }
     }
 

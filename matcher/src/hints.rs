@@ -144,6 +144,7 @@ mod tests {
             slots: slot.iter().map(|_| 1).collect(),
             held: false,
             waiting: None,
+            need: Default::default(),
         }
     }
 

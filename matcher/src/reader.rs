@@ -30,6 +30,8 @@
 //! | online job's GPU | `gres_detail` of a running job, `gpu:1(IDX:0)` |
 //! | offline slots in use | node `gres_used`, `mfslot:g1:2(IDX:0-1)` (the count per type; IDX numbers gres.conf records, not GPUs), and the running offline jobs' `gres_detail`: the larger |
 //! | GPU health, online solo SM and memory | node `extra`, [`muxflow::published`] text |
+//! | a node's free CPUs and memory | node `cpus` (24.11: `effective_cpus`) − `alloc_cpus`, `real_memory` − `specialized_memory` − `alloc_memory` (MiB) |
+//! | a pending job's CPUs and memory | `tres_req_str` (`cpu=2,mem=4000M,…`; `memory_per_node` is unset or 0 when the default applies) |
 //! | offline history | `sacct --json` `comment.administrator`, [`muxflow::report::JobReport`] |
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -145,6 +147,10 @@ pub struct SqueueJob {
     pub required_nodes: String,
     #[serde(deserialize_with = "nullable")]
     pub state_reason: String,
+    /// What it asks for in all, `cpu=2,mem=4000M,node=1,…` (both releases;
+    /// `memory_per_node` stays unset or 0 when the default applies).
+    #[serde(deserialize_with = "nullable")]
+    pub tres_req_str: String,
 }
 
 /// One node of `sinfo --json`.
@@ -165,6 +171,98 @@ pub struct SinfoNode {
     pub gres: String,
     #[serde(deserialize_with = "nullable")]
     pub gres_used: String,
+    /// CPUs (24.11: `effective_cpus` less the specialized ones, when set).
+    #[serde(deserialize_with = "number")]
+    pub cpus: u32,
+    #[serde(deserialize_with = "number")]
+    pub effective_cpus: u32,
+    #[serde(deserialize_with = "number")]
+    pub alloc_cpus: u32,
+    /// MiB; `alloc_memory` stays 0 where memory is not a consumable
+    /// resource (`SelectTypeParameters` without `_Memory`).
+    #[serde(deserialize_with = "number")]
+    pub real_memory: u64,
+    #[serde(deserialize_with = "number")]
+    pub specialized_memory: u64,
+    #[serde(deserialize_with = "number")]
+    pub alloc_memory: u64,
+}
+
+impl SinfoNode {
+    /// CPUs and memory no job holds; `None` when the listing has no CPU
+    /// count (nothing known: no limit).
+    pub fn free_room(&self) -> Option<NodeRoom> {
+        let cpus = if self.effective_cpus > 0 {
+            self.effective_cpus
+        } else {
+            self.cpus
+        };
+        (cpus > 0).then(|| NodeRoom {
+            cpus: cpus.saturating_sub(self.alloc_cpus),
+            mem_mib: self
+                .real_memory
+                .saturating_sub(self.specialized_memory)
+                .saturating_sub(self.alloc_memory),
+        })
+    }
+}
+
+/// CPUs and memory (MiB) on one node: what a pending job asks for there,
+/// or what a node has free.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NodeRoom {
+    pub cpus: u32,
+    pub mem_mib: u64,
+}
+
+impl NodeRoom {
+    /// Whether `need` fits in this room (memory only where `memory` says
+    /// Slurm counts it).
+    pub fn holds(&self, need: &NodeRoom, memory: bool) -> bool {
+        need.cpus <= self.cpus && (!memory || need.mem_mib <= self.mem_mib)
+    }
+
+    /// This room less `need` (memory only where `memory`).
+    pub fn take(&mut self, need: &NodeRoom, memory: bool) {
+        self.cpus = self.cpus.saturating_sub(need.cpus);
+        if memory {
+            self.mem_mib = self.mem_mib.saturating_sub(need.mem_mib);
+        }
+    }
+}
+
+/// A job's CPUs and memory from its `tres_req_str` (`cpu=2,mem=16G,…`;
+/// Slurm's units K, M, G, T, MiB when none): zero for what it does not name.
+pub fn tres_need(tres: &str) -> NodeRoom {
+    let mut need = NodeRoom::default();
+    for (key, value) in tres.split(',').filter_map(|kv| kv.split_once('=')) {
+        match key.trim() {
+            "cpu" => need.cpus = value.trim().parse().unwrap_or(0),
+            "mem" => need.mem_mib = mem_mib(value.trim()).unwrap_or(0),
+            _ => {}
+        }
+    }
+    need
+}
+
+/// `4000M`, `16G`, `1T`, `512K` (rounded up), `4000` → MiB.
+fn mem_mib(v: &str) -> Option<u64> {
+    let (digits, unit) = match v
+        .char_indices()
+        .find(|(_, c)| !c.is_ascii_digit() && *c != '.')
+    {
+        Some((i, _)) => v.split_at(i),
+        None => (v, "M"),
+    };
+    let n: f64 = digits.parse().ok()?;
+    let mib = match unit.to_ascii_uppercase().as_str() {
+        "K" => n / 1024.0,
+        "M" => n,
+        "G" => n * 1024.0,
+        "T" => n * 1024.0 * 1024.0,
+        _ => return None,
+    };
+    Some(mib.ceil() as u64)
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -429,6 +527,9 @@ pub struct PendingJob {
     /// while it stays held by the matcher (Reason=JobHeldAdmin); `None`
     /// otherwise, e.g. fresh from job_submit.lua (JobHeldUser).
     pub waiting: Option<Waiting>,
+    /// The CPUs and memory it asks for on its node (zero: not known, no
+    /// limit).
+    pub need: NodeRoom,
 }
 
 /// Everything one round needs, read from Slurm.
@@ -441,6 +542,13 @@ pub struct ClusterState {
     pub running_offline: Vec<(u32, String, u32)>,
     /// Things the round should log once (node without muxflow Extra, ...).
     pub notes: Vec<String>,
+    /// Each node's CPUs and memory no job holds (a node not listed: not
+    /// known, no limit). Pending jobs, hinted or not, hold nothing yet.
+    pub node_room: BTreeMap<String, NodeRoom>,
+    /// Slurm counts memory as a consumable resource (`SelectTypeParameters`
+    /// with `_Memory`): jobs placed on one node in one round must fit its
+    /// free memory together, not just each alone.
+    pub memory_consumable: bool,
 }
 
 impl ClusterState {
@@ -519,6 +627,7 @@ impl ClusterState {
                         waiting: (j.state_reason == ADMIN_HOLD)
                             .then(|| Waiting::from_admin_comment(&j.admin_comment))
                             .flatten(),
+                        need: tres_need(&j.tres_req_str),
                     });
                 }
                 _ => {}
@@ -558,6 +667,9 @@ impl ClusterState {
                 .count();
             let idle_known = used_gpus <= named as u64;
             let has_online = online.keys().any(|(node, _)| node == &n.name);
+            if let Some(room) = n.free_room() {
+                st.node_room.insert(n.name.clone(), room);
+            }
             let published = match published::decode(&n.extra) {
                 Ok(p) => p,
                 Err(e) => {
@@ -689,6 +801,22 @@ pub fn expand_hostlist(s: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn job_requests_from_tres_req_str_in_slurms_units() {
+        let need = |t: &str| {
+            let n = tres_need(t);
+            (n.cpus, n.mem_mib)
+        };
+        assert_eq!(need("cpu=1,mem=4000M,node=1,billing=1"), (1, 4000));
+        assert_eq!(need("cpu=8,mem=16G,node=1,gres/gpu=2"), (8, 16_384));
+        assert_eq!(need("cpu=2,mem=1T"), (2, 1_048_576));
+        assert_eq!(need("cpu=2,mem=1025K"), (2, 2), "K rounds up");
+        assert_eq!(need("cpu=2,mem=1.5G"), (2, 1536));
+        assert_eq!(need("mem=300"), (0, 300), "no unit: MiB");
+        assert_eq!(need(""), (0, 0), "nothing named: no limit");
+        assert_eq!(need("cpu=x,mem=4Q"), (0, 0), "unreadable: no limit");
+    }
 
     #[test]
     fn nothing_found_is_an_empty_listing_other_errors_fail() {

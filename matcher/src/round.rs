@@ -38,6 +38,14 @@
 //! shared GPU the shared one wins ([`IDLE_TIE_BREAK`]): the same predicted
 //! throughput without the risk of that requeue.
 //!
+//! A GPU is a candidate for a job only where its node has the CPUs and
+//! memory the job asked for free (`tres_req_str` against the node's
+//! CPUs/RealMemory less what jobs hold): Slurm would leave a job sent
+//! elsewhere pending (Resources) while other GPUs sit free. Jobs placed on
+//! one node in one round must fit that room together ([`fit_node_room`]:
+//! memory only where Slurm counts it); those that do not wait a round
+//! (`node_room`).
+//!
 //! A round scores every job that holds a hint and the oldest held jobs up
 //! to [`HELD_JOBS_PER_OPEN_GPU`] per open GPU ([`considered_jobs`]): a long
 //! queue costs no scoring time beyond what can be placed. The rest wait,
@@ -83,7 +91,7 @@ use crate::exact::{ExactOptions, FnScores, Incremental};
 use crate::gang::{place_gangs, Columns, GangChoice};
 use crate::hints::{update_args, Target};
 use crate::predict::{default_prediction, GpuTerms, JobTerms, Model, DEFAULT_SD};
-use crate::reader::{ClusterState, GpuState, Names, PendingJob};
+use crate::reader::{ClusterState, GpuState, Names, NodeRoom, PendingJob};
 use crate::slots::{slot_candidates, split_rounds, SlotColumns};
 use crate::solver::{solve_warm_sorted, solve_with, SolveOptions, Start};
 use crate::weights::{quantize, to_throughput};
@@ -333,6 +341,72 @@ pub fn considered_jobs(pending: &[PendingJob], open_slots: usize) -> Vec<usize> 
     out
 }
 
+/// A job's target, its predicted speed (mean, sd), the reason and, when
+/// parked, why it waits.
+type Outcome = (Target, Option<(f64, f64)>, String, Option<Waiting>);
+
+/// `2 CPUs and 4000 MiB of memory` (what it names).
+fn need_words(need: &NodeRoom) -> String {
+    let cpus = |c: u32| format!("{c} CPU{}", if c == 1 { "" } else { "s" });
+    match (need.cpus, need.mem_mib) {
+        (0, 0) => "resources".to_string(),
+        (c, 0) => cpus(c),
+        (0, m) => format!("{m} MiB of memory"),
+        (c, m) => format!("{} and {m} MiB of memory", cpus(c)),
+    }
+}
+
+/// Jobs placed on one node in one round must fit its free CPUs (and
+/// memory, where Slurm counts it) together: each GPU was checked against
+/// the node alone, and two jobs can each fit a room only one of them gets.
+/// Jobs already hinted to that node keep their place first, then the
+/// fastest (a gang counts once per GPU); the rest wait for the next round,
+/// which reads what Slurm started meanwhile.
+fn fit_node_room(
+    jobs: &[&PendingJob],
+    outcomes: &mut [Outcome],
+    room: &std::collections::BTreeMap<String, NodeRoom>,
+    memory: bool,
+) {
+    let node_of = |o: &Outcome| match &o.0 {
+        Target::Gpus { node, .. } => Some(node.clone()),
+        Target::Parked => None,
+    };
+    let mut order: Vec<(bool, i64, u32, usize, String)> = (0..jobs.len())
+        .filter_map(|j| {
+            let node = node_of(&outcomes[j])?;
+            let gpus = match &outcomes[j].0 {
+                Target::Gpus { gpus, .. } => gpus.len() as f64,
+                Target::Parked => 0.0,
+            };
+            let value = outcomes[j].1.map_or(0.0, |p| p.0) * gpus;
+            let moved = jobs[j].required_nodes != node;
+            Some((moved, -(value * 1e6) as i64, jobs[j].id, j, node))
+        })
+        .collect();
+    order.sort();
+    let mut left = room.clone();
+    for (_, _, _, j, node) in order {
+        let Some(free) = left.get_mut(&node) else {
+            continue;
+        };
+        let need = &jobs[j].need;
+        if free.holds(need, true) {
+            free.take(need, memory);
+            continue;
+        }
+        outcomes[j] = (
+            Target::Parked,
+            None,
+            format!(
+                "waiting: jobs placed on {node} this round take the free CPUs and memory it needs ({}); next round",
+                need_words(need)
+            ),
+            Some(Waiting::NodeRoom),
+        );
+    }
+}
+
 /// Plans a round. `max_updates` bounds the `scontrol update` calls: parks
 /// first (they free slots), then placements by predicted speed.
 pub fn plan<P: Predictor>(
@@ -371,6 +445,12 @@ pub fn plan<P: Predictor>(
         .map(|j| (model.job_terms(j), &j.slot_gpus[..]))
         .collect();
     let gpu_of = |c: usize| &state.gpus[open[c]];
+    // Slurm starts a job only where its node has the CPUs and memory it
+    // asked for free: a GPU on a node without them is no candidate.
+    let col_room: Vec<Option<NodeRoom>> = (0..cols)
+        .map(|c| state.node_room.get(&gpu_of(c).node).copied())
+        .collect();
+    let room_for = |j: usize, c: usize| col_room[c].is_none_or(|r| r.holds(&jobs[j].need, true));
     // Column c's terms for a job in `seat` there.
     let side = |c: usize, seat: Seat| -> Side<P::Gpu> {
         let gpu = gpu_of(c);
@@ -397,6 +477,9 @@ pub fn plan<P: Predictor>(
         let (job, slot_gpus) = &job_terms[j];
         // Slurm 22.05 cannot move a job's typed slots to other GPU indices.
         if !slot_gpus.is_empty() && !slot_gpus.contains(&gpu_of(c).index) {
+            return None;
+        }
+        if !room_for(j, c) {
             return None;
         }
         match terms {
@@ -561,9 +644,9 @@ pub fn plan<P: Predictor>(
         }
     }
 
-    let mut decisions = Vec::with_capacity(jobs.len());
+    let mut outcomes: Vec<Outcome> = Vec::with_capacity(jobs.len());
     for (j, &job) in jobs.iter().enumerate() {
-        let (target, predicted, reason, waiting) = match (gang_of[j], assigned[j]) {
+        let outcome = match (gang_of[j], assigned[j]) {
             (Some(c), _) => {
                 let first = gpu_of(c.gpus[0] as usize);
                 // Its speed is its slowest GPU's (synchronous training).
@@ -644,11 +727,29 @@ pub fn plan<P: Predictor>(
                     None,
                 )
             }
+            // A node with an open GPU and room for it: its GPUs did not
+            // fit otherwise (memory, health, its fixed slot index).
+            (None, None)
+                if !has_edge[j]
+                    && col_room
+                        .iter()
+                        .any(|r| r.is_none_or(|r| r.holds(&job.need, true))) =>
+            {
+                (
+                    Target::Parked,
+                    None,
+                    NO_CANDIDATE.to_string(),
+                    Some(Waiting::FreeGpu),
+                )
+            }
             (None, None) if !has_edge[j] => (
                 Target::Parked,
                 None,
-                NO_CANDIDATE.to_string(),
-                Some(Waiting::FreeGpu),
+                format!(
+                    "no candidate: no node with a free GPU has the {} it asked for free",
+                    need_words(&job.need)
+                ),
+                Some(Waiting::NodeRoom),
             ),
             (None, None) => (
                 Target::Parked,
@@ -657,6 +758,17 @@ pub fn plan<P: Predictor>(
                 Some(Waiting::FasterJobsFirst),
             ),
         };
+        outcomes.push(outcome);
+    }
+    fit_node_room(
+        &jobs,
+        &mut outcomes,
+        &state.node_room,
+        state.memory_consumable,
+    );
+
+    let mut decisions = Vec::with_capacity(jobs.len());
+    for (&job, (target, predicted, reason, waiting)) in jobs.iter().zip(outcomes) {
         let update = update_args(job, &target, names);
         let action = match (&target, update.is_some()) {
             (Target::Gpus { .. }, true) => Action::Place,
@@ -875,6 +987,7 @@ mod tests {
             slots: slot.iter().map(|_| 1).collect(),
             held,
             waiting: None,
+            need: Default::default(),
         }
     }
 
@@ -919,6 +1032,137 @@ mod tests {
         assert_eq!(at, [Some("b"), Some("a")]);
         assert!((p.summary.predicted_total - 1.6).abs() < 1e-9);
         assert_eq!(p.summary.open_gpus, 2);
+    }
+
+    fn needing(id: u32, cpus: u32, mem_mib: u64) -> PendingJob {
+        PendingJob {
+            need: NodeRoom { cpus, mem_mib },
+            ..job(id, "small", true, "", None)
+        }
+    }
+
+    fn rooms(list: &[(&str, u32, u64)]) -> std::collections::BTreeMap<String, NodeRoom> {
+        list.iter()
+            .map(|&(n, cpus, mem_mib)| (n.to_string(), NodeRoom { cpus, mem_mib }))
+            .collect()
+    }
+
+    fn targets(p: &Plan) -> Vec<(u32, Option<&str>, Option<&'static str>)> {
+        p.decisions
+            .iter()
+            .map(|d| (d.job, d.node.as_deref(), d.waiting.map(Waiting::code)))
+            .collect()
+    }
+
+    #[test]
+    fn gpus_on_nodes_without_the_cpus_or_memory_asked_for_get_no_job() {
+        let state = ClusterState {
+            // a's online job leaves more SMs: every job is faster there.
+            gpus: vec![
+                gpu("a", HealthState::Healthy, 10, 4_000, false),
+                gpu("b", HealthState::Healthy, 60, 4_000, false),
+            ],
+            pending: vec![
+                needing(1, 2, 1_000),
+                needing(2, 1, 9_000),
+                needing(3, 16, 0),
+            ],
+            node_room: rooms(&[("a", 1, 64_000), ("b", 8, 8_000)]),
+            ..ClusterState::default()
+        };
+        let cfg = muxflow::Config::default();
+        let p = plan(&state, &model(), &cfg.policy, &cfg.matcher, &names());
+        // 1 needs 2 CPUs (a has 1 free), 2 needs 9,000 MiB (b has 8,000),
+        // 3 needs 16 CPUs: no node has them.
+        assert_eq!(
+            targets(&p),
+            [
+                (1, Some("b"), None),
+                (2, Some("a"), None),
+                (3, None, Some("node_room"))
+            ]
+        );
+        let reason = &p.decisions[2].reason;
+        assert!(reason.contains("the 16 CPUs it asked for"), "{reason}");
+        // A node not listed is not known: no limit.
+        let state = ClusterState {
+            pending: vec![needing(3, 16, 0)],
+            node_room: rooms(&[("b", 8, 8_000)]),
+            ..state
+        };
+        let p = plan(&state, &model(), &cfg.policy, &cfg.matcher, &names());
+        assert_eq!(targets(&p), [(3, Some("a"), None)]);
+    }
+
+    #[test]
+    fn jobs_placed_on_one_node_in_one_round_fit_its_room_together() {
+        let on = |node: &str, index: u32, solo: u8| GpuState {
+            index,
+            published: GpuPublished {
+                index,
+                ..gpu(node, HealthState::Healthy, solo, 4_000, false).published
+            },
+            ..gpu(node, HealthState::Healthy, solo, 4_000, false)
+        };
+        let gpus = vec![on("a", 0, 10), on("a", 1, 10), on("b", 0, 60)];
+        let cfg = muxflow::Config::default();
+        let round = |pending: Vec<PendingJob>, room: &[(&str, u32, u64)], memory: bool| {
+            let state = ClusterState {
+                gpus: gpus.clone(),
+                pending,
+                node_room: rooms(room),
+                memory_consumable: memory,
+                ..ClusterState::default()
+            };
+            let p = plan(&state, &model(), &cfg.policy, &cfg.matcher, &names());
+            let mut t: Vec<_> = targets(&p)
+                .into_iter()
+                .map(|(j, n, w)| (j, n.map(str::to_string), w))
+                .collect();
+            t.sort();
+            (t, p)
+        };
+        // Two jobs of 2 CPUs on a's two GPUs; a has 3 CPUs free: one waits.
+        let (t, p) = round(
+            vec![needing(1, 2, 0), needing(2, 2, 0)],
+            &[("a", 3, 64_000)],
+            false,
+        );
+        assert_eq!(
+            t,
+            [(1, Some("a".into()), None), (2, None, Some("node_room"))],
+            "{}",
+            p.table()
+        );
+        assert!(
+            p.decisions[1]
+                .reason
+                .contains("jobs placed on a this round"),
+            "{}",
+            p.table()
+        );
+        // A job already hinted to a keeps its place before a new one.
+        let kept = PendingJob {
+            required_nodes: "a".into(),
+            ..needing(2, 2, 0)
+        };
+        let (t, _) = round(vec![needing(1, 2, 0), kept], &[("a", 3, 64_000)], false);
+        assert_eq!(
+            t,
+            [(1, None, Some("node_room")), (2, Some("a".into()), None)]
+        );
+        // Memory counts together only where Slurm counts it.
+        let big = || vec![needing(1, 1, 40_000), needing(2, 1, 40_000)];
+        let (t, _) = round(big(), &[("a", 8, 64_000)], false);
+        assert_eq!(
+            t,
+            [(1, Some("a".into()), None), (2, Some("a".into()), None)]
+        );
+        let (t, _) = round(big(), &[("a", 8, 64_000)], true);
+        assert_eq!(
+            t,
+            [(1, Some("a".into()), None), (2, None, Some("node_room"))]
+        );
     }
 
     #[test]

@@ -5,7 +5,9 @@
 //! slurm.conf discovery), so a hung slurmctld cannot hang the daemon.
 //! Nodes are read with `sinfo --json` from Slurm 22.05 and with `scontrol
 //! show nodes --json` from 23.02 on (its `sinfo --json` groups nodes; see
-//! the reader), chosen by the release `scontrol --version` names.
+//! the reader), chosen by the release `scontrol --version` names. Whether
+//! memory is a consumable resource comes from `scontrol show config`
+//! (`SelectTypeParameters`), asked once like the release.
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -31,6 +33,18 @@ pub struct SlurmCli {
     client: SlurmClient,
     /// (major, minor) of the Slurm the commands belong to, asked once.
     release: OnceLock<(u32, u32)>,
+    /// `SelectTypeParameters` names memory (`CR_Core_Memory`, …), asked once.
+    memory_consumable: OnceLock<bool>,
+}
+
+/// Whether `scontrol show config` text makes memory consumable: its
+/// `SelectTypeParameters` names `MEMORY` (`CR_CPU_Memory`, `CR_Memory`…).
+fn memory_consumable(config: &str) -> bool {
+    config.lines().any(|line| {
+        line.split_once('=').is_some_and(|(k, v)| {
+            k.trim() == "SelectTypeParameters" && v.to_ascii_uppercase().contains("MEMORY")
+        })
+    })
 }
 
 /// (major, minor) from `scontrol --version`: `slurm 24.11.5`,
@@ -49,6 +63,7 @@ impl SlurmCli {
                 Duration::from_secs(config.matcher.command_timeout_s),
             ),
             release: OnceLock::new(),
+            memory_consumable: OnceLock::new(),
         }
     }
 
@@ -72,7 +87,20 @@ impl SlurmCli {
             self.client.command("sinfo", &["--json"])?
         };
         let nodes = reader::parse_sinfo(&nodes)?;
-        Ok(ClusterState::build(&jobs, &nodes, names))
+        let mut state = ClusterState::build(&jobs, &nodes, names);
+        state.memory_consumable = self.memory_consumable()?;
+        Ok(state)
+    }
+
+    /// Slurm counts memory as a consumable resource (asked once).
+    fn memory_consumable(&self) -> Result<bool, SlurmError> {
+        if let Some(m) = self.memory_consumable.get() {
+            return Ok(*m);
+        }
+        let config = self.client.scontrol(&["show", "config"])?;
+        Ok(*self
+            .memory_consumable
+            .get_or_init(|| memory_consumable(&config)))
     }
 
     /// Offline runs of the last `days` days from sacct.
@@ -237,6 +265,22 @@ esac
         let calls = std::fs::read_to_string(&calls).unwrap();
         assert_eq!(calls.lines().count(), 2, "{calls}");
         assert!(calls.lines().nth(1).unwrap().ends_with("-j 7"), "{calls}");
+    }
+
+    #[test]
+    fn memory_is_consumable_where_select_type_parameters_name_it() {
+        let config = |v: &str| {
+            format!("SLUID = x\nSelectType              = select/cons_tres\nSelectTypeParameters    = {v}\nSlurmUser = slurm(64030)\n")
+        };
+        assert!(!memory_consumable(&config("CR_CORE")));
+        assert!(!memory_consumable(&config("CR_CPU,CR_ONE_TASK_PER_CORE")));
+        assert!(memory_consumable(&config("CR_CORE_MEMORY")));
+        assert!(memory_consumable(&config("CR_Socket_Memory,CR_LLN")));
+        assert!(memory_consumable(&config("CR_MEMORY")));
+        assert!(
+            !memory_consumable("SelectType = select/linear\n"),
+            "not named: not counted"
+        );
     }
 
     #[test]

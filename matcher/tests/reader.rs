@@ -32,7 +32,7 @@ use muxflow::Mode;
 use muxflow_matcher::hints::{current, Target};
 use muxflow_matcher::predict::{estimate, runs_from_sacct, Model};
 use muxflow_matcher::reader::{
-    parse_sacct, parse_sinfo, parse_squeue, ClusterState, Names, ReadError,
+    parse_sacct, parse_sinfo, parse_squeue, ClusterState, Names, NodeRoom, ReadError,
 };
 use muxflow_matcher::round::{plan, Action};
 
@@ -270,4 +270,34 @@ fn slurm_24_11_a_round_places_the_parked_job_on_the_open_gpu() {
         "{:?}",
         (d.node.as_deref(), d.gpu)
     );
+}
+
+/// Each node's free CPUs and memory, and each pending job's request, read
+/// from both releases' recordings (memory: not consumable there, CR_Core).
+#[test]
+fn both_releases_give_node_room_and_job_requests() {
+    for (st, pending) in [(state(), 17), (state_24_11(), 3)] {
+        let room: Vec<(&str, u32, u64)> = st
+            .node_room
+            .iter()
+            .map(|(n, r)| (n.as_str(), r.cpus, r.mem_mib))
+            .collect();
+        assert_eq!(
+            room,
+            [
+                ("node1", 3, 4000),
+                ("node2", 2, 4000),
+                ("node3", 4, 4000),
+                ("node4", 4, 4000)
+            ]
+        );
+        let job = st.pending.iter().find(|p| p.id == pending).unwrap();
+        assert_eq!(
+            job.need,
+            NodeRoom {
+                cpus: 1,
+                mem_mib: 4000
+            }
+        );
+    }
 }

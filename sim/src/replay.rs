@@ -960,6 +960,8 @@ impl<'a> Sim<'a> {
                 slots: self.jobs[j as usize].slot_gpus.iter().map(|_| 1).collect(),
                 held: true,
                 waiting: None,
+                // The traces name no CPU or memory request: GPUs only.
+                need: Default::default(),
             });
             self.in_state[j as usize] = true;
         }
