@@ -473,6 +473,13 @@ impl Cluster {
         }
     }
 
+    /// Cancels jobs `ids` (`scancel`; one already gone is no error).
+    pub fn scancel(&self, ids: &[u32]) {
+        let mut cmd = self.cmd("scancel");
+        cmd.args(ids.iter().map(u32::to_string));
+        self.run(cmd);
+    }
+
     /// Lets a requeued job start now: Slurm 22.05 gives a requeued batch
     /// job a later BeginTime (about two minutes), which tests do not wait for.
     /// That delay lets slurmd finish the previous start first; seen here, a

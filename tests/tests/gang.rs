@@ -123,9 +123,7 @@ fn a_two_gpu_offline_job_runs_as_a_gang_each_task_on_its_own_gpu() {
         std::thread::sleep(Duration::from_millis(200));
     }
     std::thread::sleep(Duration::from_secs(2));
-    let mut cmd = c.cmd("scancel");
-    cmd.arg(gang.to_string());
-    c.run(cmd);
+    c.scancel(&[gang]);
     let end = c.wait(gang, WAIT);
     let out = c.output(gang);
     assert_eq!(end.state, "CANCELLED", "{end:?}\n{out}");

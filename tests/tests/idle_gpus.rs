@@ -17,13 +17,6 @@ use muxflow_tests::{decision, Cluster};
 
 const PREFIX: &str = "mfi-";
 const WAIT: Duration = Duration::from_secs(90);
-
-fn scancel(c: &Cluster, ids: &[u32]) {
-    let mut cmd = c.cmd("scancel");
-    cmd.args(ids.iter().map(u32::to_string));
-    c.run(cmd);
-}
-
 #[test]
 fn offline_jobs_start_on_idle_gpus_and_leave_when_an_online_job_lands() {
     let c = Cluster::get();
@@ -125,7 +118,7 @@ fn offline_jobs_start_on_idle_gpus_and_leave_when_an_online_job_lands() {
     // offline jobs end first, so only the first is on that node.
     let (victim, node, _) = placed[0].clone();
     let others: Vec<u32> = placed[1..].iter().map(|p| p.0).collect();
-    scancel(&c, &others);
+    c.scancel(&others);
     for &id in &others {
         c.wait(id, WAIT);
     }

@@ -261,8 +261,6 @@ fn offline_job_released_unplaced_is_refused_with_a_message() {
         "{out}"
     );
     assert!(!out.lines().any(|l| l == "ran"), "{out}");
-    let mut cmd = c.cmd("scancel");
-    cmd.arg(offline.to_string());
-    c.run(cmd);
+    c.scancel(&[offline]);
     c.assert_no_drain();
 }

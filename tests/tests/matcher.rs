@@ -250,18 +250,12 @@ fn matcher_places_best_total_avoids_unhealthy_gpus_and_converges_after_kill_9() 
 
     // Kill -9 mid-loop. Free the slots, add an online job on node4, keep
     // node3 faulty (a new Xid), add jobs.
-    for id in [big, small, extra] {
-        let mut cmd = c.cmd("scancel");
-        cmd.arg(id.to_string());
-        c.run(cmd);
-    }
+    c.scancel(&[big, small, extra]);
     for id in [big, small] {
         c.wait(id, WAIT);
     }
     // One of node4's GPUs for its online job.
-    let mut cmd = c.cmd("scancel");
-    cmd.arg(node4_fill.to_string());
-    c.run(cmd);
+    c.scancel(&[node4_fill]);
     c.wait(node4_fill, WAIT);
     let (on4, g4) = c.online_workload("mfm-online-4", "node4", 0.2, 1000);
     c.settle_healthy(&quick, "node4", g4, 1000);

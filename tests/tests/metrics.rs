@@ -123,11 +123,7 @@ fn the_node_textfile_and_job_mapping_follow_the_jobs_on_a_shared_gpu() {
     promtool_accepts(&path);
 
     // Both jobs end: the mapping file goes, the job's series too.
-    for id in [offline, online] {
-        let mut cmd = c.cmd("scancel");
-        cmd.arg(id.to_string());
-        c.run(cmd);
-    }
+    c.scancel(&[offline, online]);
     for id in [offline, online] {
         c.wait(id, WAIT);
     }

@@ -34,7 +34,7 @@ fn offline_jobs_go_only_where_the_node_has_the_cpus_they_asked_for() {
         .filter(|&id| c.job_field(id, "NodeList") == "node1")
         .collect();
     assert!(!on_node1.is_empty(), "no GPU of node1 was free");
-    scancel(&c, &on_node1);
+    c.scancel(&on_node1);
     let cpus = |n: &str| {
         c.sbatch(
             &[
@@ -94,7 +94,7 @@ fn offline_jobs_go_only_where_the_node_has_the_cpus_they_asked_for() {
     );
 
     // node1 has 2 CPUs free: room for one of two jobs of 2 CPUs, not both.
-    scancel(&c, &[all]);
+    c.scancel(&[all]);
     let half = cpus("2");
     c.wait_running(half, WAIT);
     let second = offline(2);
@@ -117,10 +117,4 @@ fn offline_jobs_go_only_where_the_node_has_the_cpus_they_asked_for() {
 
     c.cancel_named(PREFIX);
     c.assert_no_drain();
-}
-
-fn scancel(c: &Cluster, ids: &[u32]) {
-    let mut cmd = c.cmd("scancel");
-    cmd.args(ids.iter().map(u32::to_string));
-    c.run(cmd);
 }

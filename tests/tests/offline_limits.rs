@@ -40,9 +40,7 @@ fn admin_comment(c: &Cluster, id: u32, done: &str) -> JobReport {
 }
 
 fn cancel(c: &Cluster, id: u32) {
-    let mut cmd = c.cmd("scancel");
-    cmd.arg(id.to_string());
-    c.run(cmd);
+    c.scancel(&[id]);
     c.wait(id, WAIT);
 }
 

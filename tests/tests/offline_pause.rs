@@ -91,11 +91,7 @@ fn offline_job_pauses_while_its_gpu_is_not_healthy_and_resumes_after() {
     step_until(&c, &cfg, node, gpu, HealthState::Healthy);
     wait_launches_above(&c, &cfg, node, offline, later);
 
-    for id in [offline, online] {
-        let mut cmd = c.cmd("scancel");
-        cmd.arg(id.to_string());
-        c.run(cmd);
-    }
+    c.scancel(&[offline, online]);
     for id in [offline, online] {
         c.wait(id, WAIT);
     }

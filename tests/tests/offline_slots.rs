@@ -92,13 +92,6 @@ fn waits_for_resources(c: &Cluster, id: u32) {
         std::thread::sleep(Duration::from_millis(500));
     }
 }
-
-fn scancel(c: &Cluster, id: u32) {
-    let mut cmd = c.cmd("scancel");
-    cmd.arg(id.to_string());
-    c.run(cmd);
-}
-
 #[test]
 fn two_offline_jobs_share_one_gpu_beside_an_online_job_under_one_brake() {
     let _one = one_at_a_time();
@@ -140,7 +133,7 @@ fn two_offline_jobs_share_one_gpu_beside_an_online_job_under_one_brake() {
         c.wait_running(offline[0], WAIT);
         waits_for_resources(&c, offline[1]);
         for id in offline.into_iter().chain([online]) {
-            scancel(&c, id);
+            c.scancel(&[id]);
         }
         return;
     }
@@ -228,7 +221,7 @@ fn two_offline_jobs_share_one_gpu_beside_an_online_job_under_one_brake() {
 
     // The online job leaves: both resume, and do not brake for each other
     // though together they saturate the GPU.
-    scancel(&c, online);
+    c.scancel(&[online]);
     c.wait(online, WAIT);
     let launched = growth(&c, &quick, &offline, "launches", 2, 3);
     let delayed = growth(&c, &quick, &offline, "delayed", 0, 3);
@@ -242,7 +235,7 @@ fn two_offline_jobs_share_one_gpu_beside_an_online_job_under_one_brake() {
         .for_node(NODE)
         .unwrap();
     let mps = MpsDaemon::for_gpu(&cfg, gpu);
-    scancel(&c, offline[0]);
+    c.scancel(&[offline[0]]);
     c.wait(offline[0], WAIT);
     let start = Instant::now();
     while ns.jobs(gpu).unwrap().iter().any(|r| r.job_id == offline[0]) {
@@ -253,7 +246,7 @@ fn two_offline_jobs_share_one_gpu_beside_an_online_job_under_one_brake() {
     assert_eq!(c.job_field(offline[1], "JobState"), "RUNNING");
     let still = growth(&c, &quick, &offline[1..], "launches", 1, 2);
     assert!(still[0] > 0, "the second offline job stopped launching");
-    scancel(&c, offline[1]);
+    c.scancel(&[offline[1]]);
     c.wait(offline[1], WAIT);
     let start = Instant::now();
     while mps.is_running() {
@@ -350,7 +343,7 @@ fn an_offline_job_holding_all_slots_of_its_gpu_gets_the_whole_budget() {
     );
 
     for id in [second, whole, online] {
-        scancel(&c, id);
+        c.scancel(&[id]);
     }
     c.wait(whole, WAIT);
     c.sim_load(NODE, gpu, 0.0);
@@ -402,7 +395,7 @@ fn the_matcher_gives_a_lone_job_every_slot_and_splits_gpus_when_jobs_wait() {
     let out = c.wait_output(lone, "pct=", WAIT);
     let ceiling = offline_sm_percent(&policy, Some(0));
     assert_eq!(kv(&out, "pct"), Some(ceiling.to_string()), "{out}");
-    scancel(&c, lone);
+    c.scancel(&[lone]);
     c.wait(lone, WAIT);
 
     // Four jobs, two GPUs: each GPU takes one job first, then one more
@@ -427,7 +420,7 @@ fn the_matcher_gives_a_lone_job_every_slot_and_splits_gpus_when_jobs_wait() {
         );
     }
     for &id in &jobs {
-        scancel(&c, id);
+        c.scancel(&[id]);
     }
     for &id in &jobs {
         c.wait(id, WAIT);

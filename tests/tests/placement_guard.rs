@@ -15,13 +15,6 @@ use muxflow_tests::Cluster;
 const WAIT: Duration = Duration::from_secs(90);
 const USER: &str = "nobody";
 const DENIED: &str = "Access/permission denied";
-
-fn scancel(c: &Cluster, id: u32) {
-    let mut cmd = c.cmd("scancel");
-    cmd.arg(id.to_string());
-    c.run(cmd);
-}
-
 #[test]
 fn a_user_cannot_ask_for_the_offline_slot() {
     let c = Cluster::get();
@@ -80,7 +73,7 @@ fn a_user_cannot_ask_for_the_offline_slot() {
     let mut cmd = c.cmd("scontrol");
     cmd.args(["update", &format!("JobId={id}"), "Comment=checked"]);
     assert!(c.run(cmd).0);
-    scancel(&c, plain);
+    c.scancel(&[plain]);
     c.assert_no_drain();
 }
 
