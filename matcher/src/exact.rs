@@ -96,6 +96,14 @@
 //!   weight-pruned candidate graph forgets any start: 13 passes from
 //!   zero, from subsample prices and from smoothed ones alike (measured
 //!   2026-11-26, on a machine where the cold round took 23 s);
+//! * where the passes' time goes: the GPU prices of each pass's solve
+//!   against the final ones (median) run −30%, −28%, +8%, +26%, +26%,
+//!   +20%, +12%, +1%, then within 0.01% from the 8th solve on: the graph
+//!   the early passes build (each job's most violated pairs at prices far
+//!   too low, then too high) has optima far from the full graph's, and
+//!   each of those solves searches again for nearly every job (2.5 s
+//!   each); passes 9–12 take 1.3 s together. Solving each pass's graph
+//!   cold instead of warm follows the same prices and took 6 minutes.
 //! * after a 1% change, the previous round's prices as that start (a
 //!   fresh graph at those prices, every job free): 0.28 s + 0.84 s of
 //!   pricing, no better than the incremental round below (median 1.4 s).
