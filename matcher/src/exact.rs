@@ -104,6 +104,11 @@
 //!   each of those solves searches again for nearly every job (2.5 s
 //!   each); passes 9–12 take 1.3 s together. Solving each pass's graph
 //!   cold instead of warm follows the same prices and took 6 minutes.
+//!   Capping the pairs a pass adds per GPU (its 2, 4 or 8 most violated,
+//!   so that jobs do not all pile onto the same under-priced GPUs): 23.4,
+//!   19.7 and 20.6 s against 23 s (16, 15, 14 passes; a sixth of the
+//!   pairs added at cap 2): nearly every job still gets a better pair each
+//!   pass and is searched again.
 //! * after a 1% change, the previous round's prices as that start (a
 //!   fresh graph at those prices, every job free): 0.28 s + 0.84 s of
 //!   pricing, no better than the incremental round below (median 1.4 s).
