@@ -861,6 +861,213 @@ pub fn gang_run(args: &BenchArgs, slots: u32, gang_share: f64) -> anyhow::Result
     Ok(text)
 }
 
+/// Online services on this share of the daemon bench's GPUs; the rest idle.
+const DAEMON_ONLINE_SHARE: f64 = 0.8;
+/// Job kinds (user, name) of the daemon bench, and their users.
+const DAEMON_KINDS: usize = 200;
+const DAEMON_USERS: usize = 40;
+
+/// A synthetic cluster as the daemon reads it, deterministic by seed: nodes
+/// of 8 GPUs of 81,559 MiB, [`DAEMON_ONLINE_SHARE`] of them running an
+/// online job (solo SM 5–89%, 2–40 GB), all Healthy with a free slot; jobs
+/// pending, held, of [`DAEMON_KINDS`] kinds whose history gave a solo speed
+/// (0.3–1.0) and a memory peak (1–60 GB) but no pair. A load shape for
+/// timing the round, not a model of any cluster.
+pub fn daemon_state(
+    gpus: usize,
+    jobs: usize,
+    seed: u64,
+) -> (crate::reader::ClusterState, crate::predict::Model) {
+    use crate::reader::{ClusterState, GpuState, PendingJob};
+    use muxflow::health::HealthState;
+    use muxflow::published::GpuPublished;
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let gpus: Vec<GpuState> = (0..gpus as u32)
+        .map(|g| {
+            let (node, index) = (
+                g / GANG_BENCH_GPUS_PER_NODE as u32,
+                g % GANG_BENCH_GPUS_PER_NODE as u32,
+            );
+            let online = rng.gen_bool(DAEMON_ONLINE_SHARE);
+            GpuState {
+                node: format!("n{node:05}"),
+                index,
+                published: GpuPublished {
+                    index,
+                    state: HealthState::Healthy,
+                    solo_sm_pct: online.then(|| rng.gen_range(5..90)),
+                    online_mem_mib: online.then(|| rng.gen_range(2_000..40_000)),
+                    mem_mib: 81_559,
+                    offline: 0,
+                },
+                online_jobs: if online { vec![1_000_000 + g] } else { vec![] },
+                slots_used: 0,
+                offline_jobs: 0,
+            }
+        })
+        .collect();
+    let kind = |k: usize| (format!("user{}", k % DAEMON_USERS), format!("train-{k}"));
+    let mut model = crate::predict::Model::default();
+    for k in 0..DAEMON_KINDS {
+        model.profiles.insert(
+            kind(k),
+            crate::predict::Profile {
+                solo: Some(rng.gen_range(0.3..1.0)),
+                peak_mib: Some(rng.gen_range(1_000..60_000)),
+                runs: 5,
+                alone_runs: 2,
+                ..Default::default()
+            },
+        );
+    }
+    let pending = (0..jobs as u32)
+        .map(|id| {
+            let (user, name) = kind(rng.gen_range(0..DAEMON_KINDS));
+            PendingJob {
+                id,
+                user,
+                name,
+                required_nodes: String::new(),
+                slot_gpus: Vec::new(),
+                gpus: 1,
+                slots: Vec::new(),
+                held: true,
+                waiting: None,
+                need: Default::default(),
+            }
+        })
+        .collect();
+    let state = ClusterState {
+        gpus,
+        pending,
+        ..ClusterState::default()
+    };
+    (state, model)
+}
+
+/// `bench --daemon-round`: the daemon's own round ([`crate::round::plan`]
+/// with the predictor, [`daemon_state`]) without pricing and with the
+/// default pricing budget; reference: scoring every (job, GPU) pair once
+/// through the same predictor terms, the least any round that looks at
+/// every pair does, timed in the same run.
+pub fn daemon_run(args: &BenchArgs) -> anyhow::Result<String> {
+    use crate::round::{plan, IdleSlot, Predictor, Seat};
+    use crate::weights::quantize;
+    let (state, model) = daemon_state(args.gpus, args.jobs, args.seed);
+    let config = muxflow::Config::default();
+    let names = crate::reader::Names::from_config(&config.slurm);
+    let mut text = String::new();
+    writeln!(
+        text,
+        "muxflow-matcher bench --daemon-round: {} GPUs ({:.0}% with an online job) x {} pending jobs of {DAEMON_KINDS} kinds, seed {}, default config",
+        args.gpus,
+        DAEMON_ONLINE_SHARE * 100.0,
+        args.jobs,
+        args.seed
+    )?;
+
+    // Reference: every pair scored once, on the same threads.
+    let t = Instant::now();
+    let jobs: Vec<_> = state
+        .pending
+        .iter()
+        .map(|j| Predictor::job_terms(&model, j))
+        .collect();
+    let seat = Seat {
+        slots: 1,
+        offline_jobs: 1,
+    };
+    let (shared, idle): (Vec<_>, Vec<_>) =
+        state.gpus.iter().partition(|g| !g.online_jobs.is_empty());
+    let cols: Vec<_> = shared
+        .iter()
+        .map(|g| Predictor::gpu_terms(&model, g, &config.policy, seat))
+        .collect();
+    let slots: Vec<_> = idle
+        .iter()
+        .map(|&g| (g, IdleSlot::new(g, &config.policy, seat)))
+        .collect();
+    let chunk = jobs.len().div_ceil(args.threads.max(1)).max(1);
+    // Each weight quantized and summed (kept from the optimizer), as the
+    // round uses them.
+    let (scored, _total): (usize, i64) = std::thread::scope(|sc| {
+        let handles: Vec<_> = jobs
+            .chunks(chunk)
+            .map(|part| {
+                let (cols, slots, model) = (&cols, &slots, &model);
+                sc.spawn(move || {
+                    let (mut n, mut sum) = (0usize, 0i64);
+                    for j in part {
+                        let shared = cols.iter().map(|g| Predictor::predict(model, j, g));
+                        let idle = slots
+                            .iter()
+                            .map(|(g, slot)| Predictor::solo(model, j, g, slot).map(|e| e.0));
+                        for w in shared.chain(idle).filter_map(|v| v.and_then(quantize)) {
+                            n += 1;
+                            sum = sum.wrapping_add(w);
+                        }
+                    }
+                    std::hint::black_box((n, sum))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("scoring thread"))
+            .fold((0usize, 0i64), |a, b| (a.0 + b.0, a.1.wrapping_add(b.1)))
+    });
+    let reference_s = t.elapsed().as_secs_f64();
+
+    let mut runs = Vec::new();
+    for budget in [0, config.matcher.pricing_budget_ms] {
+        let matcher = muxflow::config::Matcher {
+            pricing_budget_ms: budget,
+            ..config.matcher.clone()
+        };
+        let t = Instant::now();
+        let p = plan(&state, &model, &config.policy, &matcher, &names);
+        runs.push((budget, t.elapsed().as_secs_f64(), p));
+    }
+    let peak_mb = peak_rss_mb().unwrap_or(f64::NAN);
+    writeln!(
+        text,
+        "{:<52} {:>9} {:>10} {:>8} {:>16}",
+        "step", "time_s", "x reference", "placed", "exact"
+    )?;
+    writeln!(
+        text,
+        "{:<52} {:>9.3} {:>10.2} {:>8} {:>16}",
+        format!("reference: score every pair once ({scored} feasible)"),
+        reference_s,
+        1.0,
+        "-",
+        "-"
+    )?;
+    for (budget, s, p) in &runs {
+        writeln!(
+            text,
+            "{:<52} {:>9.3} {:>10.2} {:>8} {:>16}",
+            format!("round::plan, pricing_budget_ms = {budget}"),
+            s,
+            s / reference_s.max(1e-9),
+            p.summary.placed,
+            if p.summary.full_graph {
+                "every pair"
+            } else {
+                "candidates"
+            }
+        )?;
+    }
+    let (_, plain_s, _) = &runs[0];
+    let (_, priced_s, priced) = &runs[1];
+    writeln!(
+        text,
+        "daemon_round_s={plain_s:.3} priced_round_s={priced_s:.3} reference_s={reference_s:.3} peak_mb={peak_mb:.1} full_graph={}",
+        priced.summary.full_graph
+    )?;
+    Ok(text)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

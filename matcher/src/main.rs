@@ -112,6 +112,11 @@ enum Command {
         /// matcher.pricing_budget_ms's default; 0: no pricing).
         #[arg(long, value_name = "MS")]
         pricing_budget_ms: Option<u64>,
+        /// Instead: the daemon's own round (round::plan, the predictor, a
+        /// synthetic cluster as Slurm lists it) without and with pricing,
+        /// against scoring every pair once.
+        #[arg(long)]
+        daemon_round: bool,
     },
 }
 
@@ -149,6 +154,7 @@ fn main() -> anyhow::Result<()> {
         gang_share,
         slots_per_gpu,
         pricing_budget_ms,
+        daemon_round,
     }) = cli.command
     {
         let args = BenchArgs {
@@ -171,6 +177,10 @@ fn main() -> anyhow::Result<()> {
             pricing_budget_ms: pricing_budget_ms
                 .unwrap_or(muxflow::config::Matcher::default().pricing_budget_ms),
         };
+        if daemon_round {
+            print!("{}", bench::daemon_run(&args)?);
+            return Ok(());
+        }
         if gang_share.is_some() || slots_per_gpu != 1 {
             print!(
                 "{}",
