@@ -745,7 +745,7 @@ impl<'a> Lap<'a> {
             let top = loop {
                 match ws.heap.peek() {
                     None => break None,
-                    Some(&Reverse((d, g))) => {
+                    Some(&Reverse((d, _, g))) => {
                         if ws.done[g as usize] || d > ws.dist[g as usize] {
                             ws.heap.pop();
                         } else {
@@ -831,12 +831,12 @@ impl<'a> Lap<'a> {
         let mut best = (self.price[g0 as usize], End::Drop(g0));
         ws.dist[g0 as usize] = 0;
         ws.touched.push(g0);
-        ws.heap.push(Reverse((0, g0)));
+        ws.heap.push(Reverse((0, false, g0)));
         loop {
             let top = loop {
                 match ws.heap.peek() {
                     None => break None,
-                    Some(&Reverse((d, g))) => {
+                    Some(&Reverse((d, _, g))) => {
                         if ws.done[g as usize] || d > ws.dist[g as usize] {
                             ws.heap.pop();
                         } else {
@@ -881,7 +881,7 @@ impl<'a> Lap<'a> {
                     }
                     ws.dist[cu] = nd;
                     ws.pred[cu] = g;
-                    ws.heap.push(Reverse((nd, rc)));
+                    ws.heap.push(Reverse((nd, false, rc)));
                 }
             }
         }
@@ -931,7 +931,7 @@ impl<'a> Lap<'a> {
                 }
                 ws.dist[gu] = nd;
                 ws.pred[gu] = r;
-                ws.heap.push(Reverse((nd, g)));
+                ws.heap.push(Reverse((nd, self.col_row[gu] != FREE, g)));
                 if self.col_row[gu] == FREE {
                     *bound = (*bound).min(nd);
                 }
@@ -954,7 +954,10 @@ struct Workspace {
     done: Vec<bool>,
     touched: Vec<u32>,
     settled: Vec<u32>,
-    heap: BinaryHeap<Reverse<(i64, u32)>>,
+    /// (distance, column matched, column): among equal distances a free
+    /// column pops first, so a search on tied weights ends at the first
+    /// free one it reaches instead of settling the matched ones beside it.
+    heap: BinaryHeap<Reverse<(i64, bool, u32)>>,
 }
 
 impl Workspace {

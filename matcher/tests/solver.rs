@@ -172,6 +172,32 @@ fn all_equal_weights_give_a_maximum_cardinality_matching() {
     }
 }
 
+/// A search on tied weights ends at the first free column it reaches: on
+/// a complete graph of equal weights no job settles a matched column (the
+/// heap pops free columns first among equal distances). Counted work, not
+/// time; the daemon's round on tied predictions is where it shows
+/// (`bench --daemon-round`).
+#[test]
+fn tied_weights_end_each_search_at_a_free_column() {
+    let (jobs, gpus) = (300, 500);
+    let edges: Vec<Edge> = (0..jobs as u32)
+        .flat_map(|j| (0..gpus as u32).map(move |g| e(j, g, 1_000)))
+        .collect();
+    let sol = solve_with(
+        jobs,
+        gpus,
+        &edges,
+        &SolveOptions {
+            threads: 1,
+            arr_steps_per_job: 0,
+        },
+    )
+    .unwrap();
+    assert_eq!(sol.matching.pairs.len(), jobs);
+    assert!(sol.stats.searches > 0, "{:?}", sol.stats);
+    assert_eq!(sol.stats.settled_columns, 0, "{:?}", sol.stats);
+}
+
 #[test]
 fn result_does_not_depend_on_edge_order_or_threads() {
     let mut rng = ChaCha8Rng::seed_from_u64(5);
