@@ -868,9 +868,9 @@ const DAEMON_KINDS: usize = 200;
 const DAEMON_USERS: usize = 40;
 
 /// A synthetic cluster as the daemon reads it, deterministic by seed: nodes
-/// of 8 GPUs of 81,559 MiB, [`DAEMON_ONLINE_SHARE`] of them running an
+/// of 8 GPUs of 81,559 MiB, `DAEMON_ONLINE_SHARE` (80%) of them running an
 /// online job (solo SM 5–89%, 2–40 GB), all Healthy with a free slot; jobs
-/// pending, held, of [`DAEMON_KINDS`] kinds whose history gave a solo speed
+/// pending, held, of `DAEMON_KINDS` (200) kinds whose history gave a solo speed
 /// (0.3–1.0) and a memory peak (1–60 GB) but no pair. A load shape for
 /// timing the round, not a model of any cluster.
 pub fn daemon_state(

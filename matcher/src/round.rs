@@ -42,7 +42,7 @@
 //! memory the job asked for free (`tres_req_str` against the node's
 //! CPUs/RealMemory less what jobs hold): Slurm would leave a job sent
 //! elsewhere pending (Resources) while other GPUs sit free. Jobs placed on
-//! one node in one round must fit that room together ([`fit_node_room`]:
+//! one node in one round must fit that room together (`fit_node_room`:
 //! memory only where Slurm counts it); those that do not wait a round
 //! (`node_room`).
 //!
