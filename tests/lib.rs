@@ -359,6 +359,17 @@ impl Cluster {
         });
     }
 
+    /// [`wait_gpu_healthy`](Self::wait_gpu_healthy) for every GPU of the
+    /// 4-node dev cluster (2 simulated GPUs each): an earlier test may have
+    /// left one Faulty.
+    pub fn wait_all_gpus_healthy(&self) {
+        for node in ["node1", "node2", "node3", "node4"] {
+            for g in 0..2 {
+                self.wait_gpu_healthy(node, g);
+            }
+        }
+    }
+
     /// The matcher's placement of job `id`, written whatever the GPU's
     /// health (as when the GPU turns unhealthy between placement and start).
     pub fn write_placement(&self, id: u32, node: &str, gpu: u32) {

@@ -21,11 +21,7 @@ const WAIT: Duration = Duration::from_secs(90);
 fn offline_jobs_start_on_idle_gpus_and_leave_when_an_online_job_lands() {
     let c = Cluster::get();
     c.cancel_named(PREFIX);
-    for node in ["node1", "node2", "node3", "node4"] {
-        for g in 0..2 {
-            c.wait_gpu_healthy(node, g);
-        }
-    }
+    c.wait_all_gpus_healthy();
 
     // An idle cluster: three parked offline jobs, no online job anywhere.
     let pid_dir = c.scratch("idle-pids");

@@ -20,11 +20,7 @@ const SLEEP: &str = "#!/bin/sh\nexec sleep 600\n";
 fn offline_jobs_go_only_where_the_node_has_the_cpus_they_asked_for() {
     let c = Cluster::get();
     c.cancel_named(PREFIX);
-    for node in ["node1", "node2", "node3", "node4"] {
-        for g in 0..2 {
-            c.wait_gpu_healthy(node, g);
-        }
-    }
+    c.wait_all_gpus_healthy();
     // Every GPU held by a plain job, then node1's given back: its two idle
     // GPUs are the only open ones.
     let holders = c.hold_free_gpus(&format!("{PREFIX}hold"));
