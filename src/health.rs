@@ -76,6 +76,15 @@ impl fmt::Display for HealthState {
     }
 }
 
+/// The least time between the two GPM samples (`nvmlGpmSampleGet`) that
+/// give one SM activity reading. NVML computes GPM metrics from the GPU's
+/// own samples, refreshed about every 100 ms: two calls closer than that
+/// mostly read the same one and give 0 %. Measured on an H100 (driver
+/// 580.159) beside a training job at 45–48 % SM activity: 26 of 27 reads 0
+/// at 2 ms apart, 19 of 20 at 50 ms, none at 100 ms or more
+/// (`real-gpu/README.md`).
+pub const GPM_MIN_GAP: std::time::Duration = std::time::Duration::from_millis(120);
+
 /// One reading of a GPU, as the state machine sees it. Metrics a GPU cannot
 /// report (no GPM, no clock) are None and take no part in the decision.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]

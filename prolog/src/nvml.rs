@@ -62,9 +62,22 @@ pub struct Telemetry {
 
 const MIB: u64 = 1 << 20;
 
+/// The time between the two GPM samples of one read
+/// ([`muxflow::health::GPM_MIN_GAP`]).
+pub const GPM_GAP: Duration = muxflow::health::GPM_MIN_GAP;
+
 /// Reads every GPU once. `xid_watch` is how long to wait for Xid events
 /// after registering for them (0: only those already pending).
 pub fn read(lib: Option<&std::path::Path>, xid_watch: Duration) -> Result<Telemetry, ReadError> {
+    read_with_gpm_gap(lib, xid_watch, GPM_GAP)
+}
+
+/// [`read`] with the time between the two GPM samples given.
+pub fn read_with_gpm_gap(
+    lib: Option<&std::path::Path>,
+    xid_watch: Duration,
+    gpm_gap: Duration,
+) -> Result<Telemetry, ReadError> {
     let nvml = match lib {
         Some(p) => Nvml::builder().lib_path(p.as_os_str()).init(),
         None => Nvml::init(),
@@ -121,10 +134,7 @@ pub fn read(lib: Option<&std::path::Path>, xid_watch: Duration) -> Result<Teleme
         };
         gpus.push((i, read));
     }
-    // The simulated GPU averages over the interval; a few ms is enough there
-    // and for real GPM, which needs distinct samples.
-    let min_gap = Duration::from_millis(2);
-    if let Some(rest) = min_gap.checked_sub(start.elapsed()) {
+    if let Some(rest) = gpm_gap.checked_sub(start.elapsed()) {
         std::thread::sleep(rest);
     }
     for ((i, read), (d, s1)) in gpus.iter_mut().zip(devices.iter().zip(first)) {

@@ -468,6 +468,9 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
 
 // ---- GPM (SM activity) ---------------------------------------------------
 
+/// How often the GPU refreshes the counters behind GPM metrics.
+const GPM_REFRESH_NS: u64 = 100_000_000;
+
 struct GpmSample {
     dev: usize,
     t_ns: u64,
@@ -560,7 +563,14 @@ pub unsafe extern "C" fn nvmlGpmMetricsGet(m: *mut nvmlGpmMetricsGet_t) -> Ret {
         }
         let (_, g) = gpu(a.dev as nvmlDevice_t)?;
         let (t0, t1) = (a.t_ns.min(b.t_ns), a.t_ns.max(b.t_ns));
-        let act = telemetry::sm_activity_between(&g.cfg, &g.shared, t0, t1) * 100.0;
+        // A real GPU refreshes the counters GPM reads about every 100 ms:
+        // samples closer than that read the same counters, so 0 % (measured
+        // on an H100, driver 580; `real-gpu/README.md`).
+        let act = if t1 - t0 < GPM_REFRESH_NS {
+            0.0
+        } else {
+            telemetry::sm_activity_between(&g.cfg, &g.shared, t0, t1) * 100.0
+        };
         for metric in m.metrics.iter_mut().take(m.numMetrics as usize) {
             let (val, short, long): (f64, &'static CStr, &'static CStr) = match metric.metricId {
                 x if x == nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_UTIL => {

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use muxflow::health::HealthState;
+use muxflow::health::{HealthState, GPM_MIN_GAP};
 use muxflow::jobproc::Procfs;
 use muxflow::offline_procs::ProcId;
 use nvml_wrapper::enum_wrappers::device::Clock;
@@ -100,7 +100,11 @@ struct Sampler<'n> {
     nvml: &'n Nvml,
     dev: Device<'n>,
     max_clock: u32,
-    gpm: Option<nvml_wrapper::gpm::GpmSample<'n>>,
+    /// The GPM sample the next SM activity reading starts from, and when
+    /// it was taken: a reading needs samples [`GPM_MIN_GAP`] apart, longer
+    /// than the watcher's interval, so the last one is held in between.
+    gpm: Option<(nvml_wrapper::gpm::GpmSample<'n>, Instant)>,
+    sm_activity: Option<f64>,
     me: u32,
     /// The GPU's offline processes as root lists them (beside the health
     /// file), which are no contention; None: every other process is.
@@ -142,7 +146,7 @@ impl<'n> Sampler<'n> {
             .ok()?;
         let max_clock = dev.max_clock_info(Clock::SM).unwrap_or(0);
         let gpm = if dev.gpm_support().unwrap_or(false) {
-            dev.gpm_sample().ok()
+            dev.gpm_sample().ok().map(|g| (g, Instant::now()))
         } else {
             None
         };
@@ -151,6 +155,7 @@ impl<'n> Sampler<'n> {
             dev,
             max_clock,
             gpm,
+            sm_activity: None,
             me: std::process::id(),
             offline_file: None,
             offline_logged: false,
@@ -176,27 +181,30 @@ impl<'n> Sampler<'n> {
                     .any(|p| p.pid != self.me && !is_mps_server(p.pid) && !is_listed(p.pid))
             })
             .unwrap_or(false);
-        let mut sm_activity = None;
-        if let Some(prev) = self.gpm.take() {
-            if let Ok(cur) = self.dev.gpm_sample() {
-                sm_activity = nvml_wrapper::gpm::gpm_metrics_get(
-                    self.nvml,
-                    &prev,
-                    &cur,
-                    &[GpmMetricId::SmUtil],
-                )
-                .ok()
-                .and_then(|v| v.into_iter().next())
-                .and_then(|m| m.ok())
-                .map(|m| m.value);
-                self.gpm = Some(cur);
+        if let Some((prev, at)) = self.gpm.take_if(|(_, at)| at.elapsed() >= GPM_MIN_GAP) {
+            match self.dev.gpm_sample() {
+                Ok(cur) => {
+                    self.sm_activity = nvml_wrapper::gpm::gpm_metrics_get(
+                        self.nvml,
+                        &prev,
+                        &cur,
+                        &[GpmMetricId::SmUtil],
+                    )
+                    .ok()
+                    .and_then(|v| v.into_iter().next())
+                    .and_then(|m| m.ok())
+                    .map(|m| m.value);
+                    self.gpm = Some((cur, Instant::now()));
+                }
+                // Keep the old start: the next interval tries again.
+                Err(_) => self.gpm = Some((prev, at)),
             }
         }
         Some(Sample {
             sm_clock_mhz: clock,
             max_sm_clock_mhz: self.max_clock,
             utilization_pct: util,
-            sm_activity_pct: sm_activity,
+            sm_activity_pct: self.sm_activity,
             others_active: others,
         })
     }
