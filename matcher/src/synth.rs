@@ -435,6 +435,39 @@ impl Cluster {
             .fold((gpu_sum, 0), |(s, c), &(rs, rc)| (s + rs, c + rc))
     }
 
+    /// The certificate's own cost: every row priced once at `duals` the way
+    /// pricing does ([`Scores::scan_row`]: a bound first, the weight only
+    /// where the bound beats the job's dual). Returns the pairs it found
+    /// violated and the pairs it scored. No exact round can check its
+    /// duals over every pair for less with these bounds.
+    pub fn certificate_pass(&self, duals: &crate::solver::Duals, threads: usize) -> (u64, u64) {
+        let jobs = self.jobs.len();
+        let threads = threads.clamp(1, jobs.max(1));
+        let block = jobs.div_ceil(threads).max(1);
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..threads)
+                .map(|t| {
+                    let (lo, hi) = ((t * block).min(jobs), ((t + 1) * block).min(jobs));
+                    s.spawn(move || {
+                        let (mut violated, mut scored) = (0u64, 0u64);
+                        for j in lo..hi {
+                            let r =
+                                self.scan_row(j as u32, &duals.gpu, duals.job[j], &mut |_, _| {
+                                    violated += 1
+                                });
+                            scored += r.scored;
+                        }
+                        (violated, scored)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("certificate worker panicked"))
+                .fold((0, 0), |(v, n), (a, b)| (v + a, n + b))
+        })
+    }
+
     /// A new offline job in slot `j` (the old one ended), drawn from `rng`.
     pub fn replace_job(&mut self, j: usize, rng: &mut ChaCha8Rng) {
         let kind_shares: Vec<f64> = OFFLINE_KINDS.iter().map(|k| k.share).collect();
@@ -448,6 +481,22 @@ impl Cluster {
     /// after a batch of changes.
     pub fn toggle_health(&mut self, g: usize) {
         self.gpus[g].healthy = !self.gpus[g].healthy;
+    }
+
+    /// How many (job, GPU) pairs are feasible (counted by class, no pair
+    /// scored).
+    pub fn feasible_pairs(&self) -> u64 {
+        let eligible = self.eligible_gpus() as u64;
+        self.jobs
+            .iter()
+            .map(|j| match self.mode {
+                WeightMode::Uniform => eligible,
+                WeightMode::Structured => (0..CLASSES)
+                    .filter(|&c| self.base[j.kind as usize][c] != 0.0)
+                    .map(|c| self.class_gpus[c].len() as u64)
+                    .sum(),
+            })
+            .sum()
     }
 
     pub fn eligible_gpus(&self) -> usize {
@@ -653,6 +702,36 @@ mod tests {
                         assert!(worst <= r.bound && r.bound <= floor, "{worst} {r:?}");
                     }
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn certificate_pass_finds_what_a_full_scan_finds() {
+        for mode in [WeightMode::Structured, WeightMode::Uniform] {
+            let c = Cluster::generate(300, 120, 5, mode);
+            let feasible = (0..120u32)
+                .flat_map(|j| (0..300u32).map(move |g| (j, g)))
+                .filter(|&(j, g)| c.weight(j, g).is_some())
+                .count() as u64;
+            assert_eq!(c.feasible_pairs(), feasible);
+            // The candidate graph's duals leave pairs outside it violated;
+            // the bounded pass finds as many as scoring every pair does.
+            let edges = c.candidates(4, 2);
+            let sol = crate::solver::solve_with(120, 300, &edges, &Default::default()).unwrap();
+            let d = &sol.duals;
+            let violated = (0..120u32)
+                .flat_map(|j| (0..300u32).map(move |g| (j, g)))
+                .filter(|&(j, g)| {
+                    c.weight(j, g)
+                        .is_some_and(|w| w - d.gpu[g as usize] > d.job[j as usize])
+                })
+                .count() as u64;
+            let (found, scored) = c.certificate_pass(d, 2);
+            assert_eq!(found, violated, "{mode:?}");
+            assert!(scored <= feasible, "{mode:?}: {scored} of {feasible}");
+            if mode == WeightMode::Structured {
+                assert!(violated > 0, "the candidate graph misses nothing here");
             }
         }
     }
