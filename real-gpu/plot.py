@@ -33,25 +33,43 @@ def num(v):
         return None
 
 
+def grouped(rows, key):
+    """Per case, in first-seen order: (median, low, high) of `key` over its runs."""
+    out = {}
+    for r in rows:
+        v = num(r.get(key))
+        if v is not None:
+            out.setdefault(r["case"], []).append(v)
+    stats = []
+    for case, vs in out.items():
+        vs.sort()
+        stats.append((case, vs[len(vs) // 2], vs[0], vs[-1], len(vs)))
+    return stats
+
+
+def bars(ax, stats, offset, width, label=None, color=None):
+    x = [i + offset for i in range(len(stats))]
+    med = [s[1] for s in stats]
+    err = [[s[1] - s[2] for s in stats], [s[3] - s[1] for s in stats]]
+    ax.bar(x, med, width, yerr=err, capsize=3, label=label, color=color)
+
+
 def main():
     rows = read(sys.argv[1])
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    on = [r for r in rows if num(r.get("online_p99_ms")) is not None]
-    names = [r["case"] for r in on]
-    x = range(len(on))
-    a1.bar([i - 0.2 for i in x], [num(r["online_p50_ms"]) for r in on], 0.4, label="p50")
-    a1.bar([i + 0.2 for i in x], [num(r["online_p99_ms"]) for r in on], 0.4, label="p99")
-    a1.set_xticks(list(x), names, rotation=25, ha="right", fontsize=8)
+    p50, p99 = grouped(rows, "online_p50_ms"), grouped(rows, "online_p99_ms")
+    bars(a1, p50, -0.2, 0.4, "p50")
+    bars(a1, p99, 0.2, 0.4, "p99")
+    a1.set_xticks(range(len(p99)), [f"{s[0]} (n={s[4]})" for s in p99], rotation=25, ha="right", fontsize=8)
     a1.set_ylabel("online request latency, ms (open loop)")
     a1.set_title("online: ResNet-50 inference, Poisson arrivals")
     a1.legend()
-    off = [r for r in rows if num(r.get("offline_steps_per_s")) is not None]
-    x2 = range(len(off))
-    a2.bar(list(x2), [num(r["offline_steps_per_s"]) for r in off], 0.5, color="tab:green")
-    a2.set_xticks(list(x2), [r["case"] for r in off], rotation=25, ha="right", fontsize=8)
+    steps = grouped(rows, "offline_steps_per_s")
+    bars(a2, steps, 0.0, 0.5, color="tab:green")
+    a2.set_xticks(range(len(steps)), [f"{s[0]} (n={s[4]})" for s in steps], rotation=25, ha="right", fontsize=8)
     a2.set_ylabel("offline training steps/s")
     a2.set_title("offline: ResNet-50 training")
-    fig.suptitle("muxflow on one real GPU (real-gpu/run)", fontsize=10)
+    fig.suptitle("muxflow on one real GPU (real-gpu/run; bars: median, whiskers: min-max over runs)", fontsize=10)
     fig.tight_layout()
     fig.savefig(sys.argv[2])
 
