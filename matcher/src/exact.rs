@@ -375,7 +375,7 @@ fn price_row<S: Scores>(
 
 /// Runs `work` over `items` on up to `threads` workers (interleaved blocks)
 /// and returns the workers' results.
-fn parallel<T: Send, I: Sync>(
+pub(crate) fn parallel<T: Send, I: Sync>(
     items: &[I],
     threads: usize,
     work: impl Fn(&[I]) -> T + Sync,

@@ -399,35 +399,22 @@ impl Cluster {
     /// bound and how many jobs needed raising (they have a better GPU
     /// outside their candidates at the current prices).
     pub fn full_graph_bound(&self, duals: &crate::solver::Duals, threads: usize) -> (i128, usize) {
-        let jobs = self.jobs.len();
-        let threads = threads.clamp(1, jobs.max(1));
-        let block = jobs.div_ceil(threads).max(1);
-        let raised: Vec<(i128, usize)> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..threads)
-                .map(|t| {
-                    let (lo, hi) = ((t * block).min(jobs), ((t + 1) * block).min(jobs));
-                    s.spawn(move || {
-                        let (mut sum, mut count) = (0i128, 0usize);
-                        for j in lo..hi {
-                            let mut best = duals.job[j];
-                            for g in 0..self.gpus.len() {
-                                if let Some(w) = self.weight(j as u32, g as u32) {
-                                    best = best.max(w - duals.gpu[g]);
-                                }
-                            }
-                            if best > duals.job[j] {
-                                count += 1;
-                            }
-                            sum += best as i128;
-                        }
-                        (sum, count)
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().expect("bound worker panicked"))
-                .collect()
+        let rows: Vec<u32> = (0..self.jobs.len() as u32).collect();
+        let raised = crate::exact::parallel(&rows, threads, |chunk| {
+            let (mut sum, mut count) = (0i128, 0usize);
+            for &j in chunk {
+                let mut best = duals.job[j as usize];
+                for g in 0..self.gpus.len() {
+                    if let Some(w) = self.weight(j, g as u32) {
+                        best = best.max(w - duals.gpu[g]);
+                    }
+                }
+                if best > duals.job[j as usize] {
+                    count += 1;
+                }
+                sum += best as i128;
+            }
+            (sum, count)
         });
         let gpu_sum: i128 = duals.gpu.iter().map(|&p| p as i128).sum();
         raised
@@ -441,31 +428,19 @@ impl Cluster {
     /// violated and the pairs it scored. No exact round can check its
     /// duals over every pair for less with these bounds.
     pub fn certificate_pass(&self, duals: &crate::solver::Duals, threads: usize) -> (u64, u64) {
-        let jobs = self.jobs.len();
-        let threads = threads.clamp(1, jobs.max(1));
-        let block = jobs.div_ceil(threads).max(1);
-        std::thread::scope(|s| {
-            let handles: Vec<_> = (0..threads)
-                .map(|t| {
-                    let (lo, hi) = ((t * block).min(jobs), ((t + 1) * block).min(jobs));
-                    s.spawn(move || {
-                        let (mut violated, mut scored) = (0u64, 0u64);
-                        for j in lo..hi {
-                            let r =
-                                self.scan_row(j as u32, &duals.gpu, duals.job[j], &mut |_, _| {
-                                    violated += 1
-                                });
-                            scored += r.scored;
-                        }
-                        (violated, scored)
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().expect("certificate worker panicked"))
-                .fold((0, 0), |(v, n), (a, b)| (v + a, n + b))
+        let rows: Vec<u32> = (0..self.jobs.len() as u32).collect();
+        crate::exact::parallel(&rows, threads, |chunk| {
+            let (mut violated, mut scored) = (0u64, 0u64);
+            for &j in chunk {
+                let floor = duals.job[j as usize];
+                scored += self
+                    .scan_row(j, &duals.gpu, floor, &mut |_, _| violated += 1)
+                    .scored;
+            }
+            (violated, scored)
         })
+        .into_iter()
+        .fold((0, 0), |(v, n), (a, b)| (v + a, n + b))
     }
 
     /// A new offline job in slot `j` (the old one ended), drawn from `rng`.
