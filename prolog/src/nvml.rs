@@ -62,14 +62,10 @@ pub struct Telemetry {
 
 const MIB: u64 = 1 << 20;
 
-/// The time between the two GPM samples of one read
-/// ([`muxflow::health::GPM_MIN_GAP`]).
-pub const GPM_GAP: Duration = muxflow::health::GPM_MIN_GAP;
-
 /// Reads every GPU once. `xid_watch` is how long to wait for Xid events
 /// after registering for them (0: only those already pending).
 pub fn read(lib: Option<&std::path::Path>, xid_watch: Duration) -> Result<Telemetry, ReadError> {
-    read_with_gpm_gap(lib, xid_watch, GPM_GAP)
+    read_with_gpm_gap(lib, xid_watch, muxflow::health::GPM_MIN_GAP)
 }
 
 /// [`read`] with the time between the two GPM samples given.

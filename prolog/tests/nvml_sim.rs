@@ -1,6 +1,6 @@
 //! The health check's NVML read (`nvml::read`) on the simulated GPU while
 //! a trainer runs: SM activity comes from two GPM samples far enough apart
-//! for the GPU to have refreshed its counters (`GPM_GAP`); closer samples
+//! for the GPU to have refreshed its counters (`GPM_MIN_GAP`); closer samples
 //! read 0, as on a real H100 (real-gpu/README.md).
 
 use std::time::{Duration, Instant};
@@ -39,7 +39,7 @@ fn sm_activity_is_read_over_the_gpus_refresh_period() {
         std::thread::sleep(Duration::from_millis(50));
     }
 
-    let r = read(&lib, nvml::GPM_GAP);
+    let r = read(&lib, muxflow::health::GPM_MIN_GAP);
     let sm = r.metrics.sm_activity_pct.expect("GPM SM activity");
     assert!(sm > 50.0, "SM activity {sm} beside a trainer on every SM");
     let short = read(&lib, Duration::from_millis(2));

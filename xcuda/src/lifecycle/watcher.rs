@@ -196,8 +196,12 @@ impl<'n> Sampler<'n> {
                     .map(|m| m.value);
                     self.gpm = Some((cur, Instant::now()));
                 }
-                // Keep the old start: the next interval tries again.
-                Err(_) => self.gpm = Some((prev, at)),
+                // No reading rather than a stale one; the next interval
+                // tries again from the old start.
+                Err(_) => {
+                    self.sm_activity = None;
+                    self.gpm = Some((prev, at));
+                }
             }
         }
         Some(Sample {
