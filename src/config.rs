@@ -189,10 +189,15 @@ pub struct Metrics {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Mps {
-    /// Flag of `nvidia-cuda-mps-control -d` for multi-user server mode
-    /// (Volta and newer): clients of every user share one server. Without it
-    /// MPS runs one user per server and time-slices different users.
-    pub multiuser_flag: String,
+    /// Start each daemon in NVIDIA's multi-user server mode
+    /// (`-multiuser-server`, Volta and newer, not Tegra): clients of every
+    /// user share one server. Without it MPS serves one user at a time and
+    /// a second user's client waits for the first's to leave, so muxflow
+    /// then pairs only jobs of one user on a GPU (see `crate::mps`).
+    pub multiuser: bool,
+    /// Removed: muxflow passes NVIDIA's documented flag itself. Kept only
+    /// to name the fix when an old config still sets it.
+    multiuser_flag: Option<toml::Value>,
     /// Longest wait for one MPS control command.
     pub command_timeout_ms: u64,
 }
@@ -200,7 +205,8 @@ pub struct Mps {
 impl Default for Mps {
     fn default() -> Self {
         Mps {
-            multiuser_flag: "-M".to_string(),
+            multiuser: true,
+            multiuser_flag: None,
             command_timeout_ms: 5000,
         }
     }
@@ -639,11 +645,14 @@ impl Config {
                 "must be at least overloaded_enter_clock_fraction: the clock must recover above where it entered (hysteresis)".into(),
             );
         }
-        if self.mps.multiuser_flag.contains(char::is_whitespace) {
+        if self.mps.multiuser_flag.is_some() {
             return err(
                 "mps",
                 "multiuser_flag",
-                "must be one word, e.g. -M (or empty to run one user per server)".into(),
+                format!(
+                    "was removed: muxflow starts each daemon with NVIDIA's documented {} itself; delete the line, and write `multiuser = false` instead if the daemons must serve one user at a time",
+                    crate::mps::MULTIUSER_FLAG
+                ),
             );
         }
         if !self.paths.gpu_device.starts_with('/') || !self.paths.gpu_device.contains("{index}") {

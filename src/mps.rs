@@ -1,11 +1,19 @@
 //! One MPS control daemon per GPU: start, query, evict, stop.
 //!
 //! Each GPU's daemon has its own pipe and log directory
-//! (`<mps_pipe_root>/<gpu>`, `<mps_log_root>/<gpu>`), runs in multi-user
-//! server mode so online and offline jobs of different users share one
-//! server, and sees only its GPU (CUDA_VISIBLE_DEVICES). Commands go to the
-//! daemon through `nvidia-cuda-mps-control` on stdin, with a timeout so a hung
-//! daemon cannot hang a Prolog.
+//! (`<mps_pipe_root>/<gpu>`, `<mps_log_root>/<gpu>`) and sees only its GPU
+//! (CUDA_VISIBLE_DEVICES). Commands go to the daemon through
+//! `nvidia-cuda-mps-control` on stdin, with a timeout so a hung daemon cannot
+//! hang a Prolog.
+//!
+//! The fact that shapes this module: an MPS daemon serves one Linux user at
+//! a time unless it runs as root with NVIDIA's `-multiuser-server` (MPS docs,
+//! "Provisioning sequence": Volta and newer, not Tegra). Without that mode a
+//! second user's client waits inside `cuInit` until every client of the first
+//! user has gone. So the daemon is started in that mode where the config
+//! asks for it and the GPU supports it ([`ServerMode::plan`]); where it
+//! cannot be, the node says so ([`MpsDaemon::serves_all_users`], published
+//! to the matcher), and the matcher pairs only jobs of one user there.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -59,8 +67,124 @@ pub struct MpsDaemon {
     control: PathBuf,
     pipe_dir: PathBuf,
     log_dir: PathBuf,
-    multiuser_flag: String,
+    multiuser: bool,
     timeout: Duration,
+}
+
+/// NVIDIA's documented flag of `nvidia-cuda-mps-control -d` for multi-user
+/// server mode (MPS docs, Architecture › Provisioning sequence › Server).
+pub const MULTIUSER_FLAG: &str = "-multiuser-server";
+
+/// The lowest compute capability NVIDIA documents multi-user mode for (Volta).
+pub const MULTIUSER_MIN_CC: ComputeCapability = ComputeCapability { major: 7, minor: 0 };
+
+/// Compute capabilities of NVIDIA's integrated (Tegra/Jetson) GPUs, where
+/// multi-user mode is not supported: TX1 5.3, TX2 6.2, Xavier 7.2, Orin 8.7,
+/// Thor 10.1 (11.0 from CUDA 13). From CUDA's published capability table;
+/// a GPU NVML cannot describe is not taken for one.
+pub const TEGRA_CCS: [ComputeCapability; 6] = [
+    ComputeCapability { major: 5, minor: 3 },
+    ComputeCapability { major: 6, minor: 2 },
+    ComputeCapability { major: 7, minor: 2 },
+    ComputeCapability { major: 8, minor: 7 },
+    ComputeCapability {
+        major: 10,
+        minor: 1,
+    },
+    ComputeCapability {
+        major: 11,
+        minor: 0,
+    },
+];
+
+/// A GPU's CUDA compute capability, as NVML reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ComputeCapability {
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl std::fmt::Display for ComputeCapability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+/// Why a GPU's daemon serves one user at a time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SingleUser {
+    /// `[mps] multiuser = false`.
+    Config,
+    /// Older than Volta.
+    GpuTooOld(ComputeCapability),
+    /// An integrated (Tegra) GPU.
+    Tegra(ComputeCapability),
+    /// The daemon did not start with the flag; what it said.
+    Refused(String),
+    /// A daemon already running was started without the flag (by an older
+    /// muxflow, or by hand).
+    RunningWithout,
+}
+
+impl std::fmt::Display for SingleUser {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SingleUser::Config => write!(f, "[mps] multiuser = false in muxflow.toml"),
+            SingleUser::GpuTooOld(cc) => write!(
+                f,
+                "compute capability {cc} is below {MULTIUSER_MIN_CC} (Volta), the oldest NVIDIA supports {MULTIUSER_FLAG} on"
+            ),
+            SingleUser::Tegra(cc) => write!(
+                f,
+                "compute capability {cc} is an integrated (Tegra) GPU, where NVIDIA does not support {MULTIUSER_FLAG}"
+            ),
+            SingleUser::Refused(said) => write!(
+                f,
+                "nvidia-cuda-mps-control -d {MULTIUSER_FLAG} failed ({said}); started without it"
+            ),
+            SingleUser::RunningWithout => write!(
+                f,
+                "the running control daemon was started without {MULTIUSER_FLAG} (stop it with `echo quit | nvidia-cuda-mps-control` while the GPU has no job; the next job's Prolog starts it in multi-user mode)"
+            ),
+        }
+    }
+}
+
+/// How a GPU's daemon serves users.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServerMode {
+    /// One server for every user's clients.
+    MultiUser,
+    /// One user at a time; why.
+    SingleUser(SingleUser),
+}
+
+impl ServerMode {
+    /// The mode to start a daemon in: multi-user where the config asks for
+    /// it and the GPU is not known to lack it. `cc` None (NVML could not
+    /// say): the flag is passed and the daemon's exit status decides.
+    pub fn plan(config_multiuser: bool, cc: Option<ComputeCapability>) -> ServerMode {
+        match cc {
+            _ if !config_multiuser => ServerMode::SingleUser(SingleUser::Config),
+            Some(cc) if TEGRA_CCS.contains(&cc) => ServerMode::SingleUser(SingleUser::Tegra(cc)),
+            Some(cc) if cc < MULTIUSER_MIN_CC => ServerMode::SingleUser(SingleUser::GpuTooOld(cc)),
+            _ => ServerMode::MultiUser,
+        }
+    }
+
+    pub fn is_multiuser(&self) -> bool {
+        *self == ServerMode::MultiUser
+    }
+}
+
+/// What [`MpsDaemon::ensure_running`] found or did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Running {
+    /// It started the daemon (false: one already answered).
+    pub started: bool,
+    /// How the daemon serves users (for a daemon found running: as far as
+    /// its command line tells, see [`MpsDaemon::serves_all_users`]).
+    pub mode: ServerMode,
 }
 
 impl MpsDaemon {
@@ -70,7 +194,7 @@ impl MpsDaemon {
             control: config.paths.mps_control.as_path().to_path_buf(),
             pipe_dir: pipe_dir(config, gpu),
             log_dir: config.paths.mps_log_root.as_path().join(gpu.to_string()),
-            multiuser_flag: config.mps.multiuser_flag.clone(),
+            multiuser: config.mps.multiuser,
             timeout: Duration::from_millis(config.mps.command_timeout_ms),
         }
     }
@@ -97,28 +221,50 @@ impl MpsDaemon {
         c
     }
 
-    /// Starts the daemon unless it already runs; returns whether it started it.
+    /// Starts the daemon unless it already runs, in multi-user mode where
+    /// [`ServerMode::plan`] allows (`cc`: asked only when a daemon is to be
+    /// started, the GPU's compute capability when NVML gives it). A daemon that refuses the multi-user flag is started
+    /// again without it, so jobs of one user still get MPS; the mode it
+    /// runs in is returned and remembered for [`Self::serves_all_users`].
     /// Callers serialise this per GPU (the GPU lock of `node_state`).
-    pub fn ensure_running(&self) -> Result<bool, MpsError> {
+    pub fn ensure_running(
+        &self,
+        cc: impl FnOnce() -> Option<ComputeCapability>,
+    ) -> Result<Running, MpsError> {
         if self.is_running() {
-            return Ok(false);
+            let mode = match self.serves_all_users() {
+                Some(true) => ServerMode::MultiUser,
+                _ => ServerMode::SingleUser(SingleUser::RunningWithout),
+            };
+            return Ok(Running {
+                started: false,
+                mode,
+            });
         }
         for dir in [&self.pipe_dir, &self.log_dir] {
             create_private_dir(dir)?;
         }
-        let mut c = self.command();
-        c.arg("-d");
-        if !self.multiuser_flag.is_empty() {
-            c.arg(&self.multiuser_flag);
+        let mut mode = ServerMode::plan(self.multiuser, cc());
+        if mode.is_multiuser() {
+            if let Err(said) = self.start(true)? {
+                tracing::error!(
+                    gpu = self.gpu,
+                    "the MPS control daemon refused {MULTIUSER_FLAG} ({said}); starting it without: jobs of different users will not share GPU {} (check the driver supports multi-user MPS on this GPU, or set [mps] multiuser = false)",
+                    self.gpu
+                );
+                mode = ServerMode::SingleUser(SingleUser::Refused(said));
+            }
         }
-        let out = process::run(c, None, self.timeout, true)?;
-        if !out.success {
-            return Err(MpsError::Failed {
-                gpu: self.gpu,
-                command: "-d".into(),
-                output: format!("non-zero exit (log: {})", self.log_dir.display()),
-            });
+        if !mode.is_multiuser() {
+            if let Err(said) = self.start(false)? {
+                return Err(MpsError::Failed {
+                    gpu: self.gpu,
+                    command: "-d".into(),
+                    output: said,
+                });
+            }
         }
+        self.remember_mode(&mode);
         let start = Instant::now();
         while !self.is_running() {
             if start.elapsed() > self.timeout {
@@ -130,7 +276,90 @@ impl MpsDaemon {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        Ok(true)
+        Ok(Running {
+            started: true,
+            mode,
+        })
+    }
+
+    /// `nvidia-cuda-mps-control -d [-multiuser-server]`: Ok(Err(what it
+    /// said)) when it exits non-zero.
+    fn start(&self, multiuser: bool) -> Result<Result<(), String>, MpsError> {
+        let mut c = self.command();
+        c.arg("-d");
+        if multiuser {
+            c.arg(MULTIUSER_FLAG);
+        }
+        let out = process::run(c, None, self.timeout, true)?;
+        if out.success {
+            return Ok(Ok(()));
+        }
+        // The daemon says why in its control log, not on a terminal.
+        let log = std::fs::read_to_string(self.log_dir.join("control.log")).unwrap_or_default();
+        let last = log
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("");
+        Ok(Err(format!(
+            "exit status non-zero; last line of {}: '{}'",
+            self.log_dir.join("control.log").display(),
+            crate::text::shorten(last.trim())
+        )))
+    }
+
+    /// Where muxflow notes the mode it started the daemon in (root-owned
+    /// log directory): "multiuser", or "single_user: <why>".
+    fn mode_file(&self) -> PathBuf {
+        self.log_dir.join("muxflow-mode")
+    }
+
+    fn remember_mode(&self, mode: &ServerMode) {
+        let text = match mode {
+            ServerMode::MultiUser => "multiuser\n".to_string(),
+            ServerMode::SingleUser(why) => format!("single_user: {why}\n"),
+        };
+        if let Err(e) = std::fs::write(self.mode_file(), text) {
+            tracing::warn!(gpu = self.gpu, "cannot note the MPS daemon's mode: {e}");
+        }
+    }
+
+    /// How muxflow last started this GPU's daemon, as noted ("multiuser",
+    /// or "single_user: <why>"); None when it never did.
+    pub fn mode_note(&self) -> Option<String> {
+        std::fs::read_to_string(self.mode_file()).ok()
+    }
+
+    /// Does this GPU's daemon serve clients of every user (None: no daemon
+    /// was ever started here by muxflow, and none runs)? A running daemon
+    /// answers by its command line (`/proc/<pid>/cmdline` of the pid in its
+    /// pipe directory: the truth, whoever started it); a stopped one by the
+    /// mode muxflow last started it in. No command is sent: the health step
+    /// publishes this every time and must stay quick.
+    pub fn serves_all_users(&self) -> Option<bool> {
+        let pid = std::fs::read_to_string(self.pipe_dir.join("nvidia-cuda-mps-control.pid"))
+            .ok()
+            .and_then(|p| p.trim().parse::<u32>().ok());
+        if let Some(cmdline) = pid.and_then(|p| std::fs::read(format!("/proc/{p}/cmdline")).ok()) {
+            if !cmdline.is_empty() {
+                return Some(
+                    cmdline
+                        .split(|&b| b == 0)
+                        .any(|arg| arg == MULTIUSER_FLAG.as_bytes()),
+                );
+            }
+        }
+        std::fs::read_to_string(self.mode_file())
+            .ok()
+            .map(|t| t.trim() == "multiuser")
+    }
+
+    /// The mode a daemon of this GPU runs in or would start in, as
+    /// published: a daemon's own answer first ([`Self::serves_all_users`]),
+    /// else the plan from the config and `cc`.
+    pub fn published_mode(&self, cc: Option<ComputeCapability>) -> bool {
+        self.serves_all_users()
+            .unwrap_or_else(|| ServerMode::plan(self.multiuser, cc).is_multiuser())
     }
 
     /// Does a daemon answer in this GPU's pipe directory?
@@ -274,4 +503,135 @@ fn create_private_dir(dir: &Path) -> Result<(), MpsError> {
 fn euid() -> u32 {
     // SAFETY: geteuid cannot fail and touches no memory.
     unsafe { libc::geteuid() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const fn cc(major: u32, minor: u32) -> ComputeCapability {
+        ComputeCapability { major, minor }
+    }
+
+    #[test]
+    fn the_daemon_runs_multi_user_only_where_asked_and_supported() {
+        let cases = [
+            ("H100 asked", true, Some(cc(9, 0)), ServerMode::MultiUser),
+            ("V100 asked", true, Some(cc(7, 0)), ServerMode::MultiUser),
+            (
+                "NVML silent: the daemon's exit decides",
+                true,
+                None,
+                ServerMode::MultiUser,
+            ),
+            (
+                "P100 is pre-Volta",
+                true,
+                Some(cc(6, 0)),
+                ServerMode::SingleUser(SingleUser::GpuTooOld(cc(6, 0))),
+            ),
+            (
+                "Orin is Tegra",
+                true,
+                Some(cc(8, 7)),
+                ServerMode::SingleUser(SingleUser::Tegra(cc(8, 7))),
+            ),
+            (
+                "the admin said no",
+                false,
+                Some(cc(9, 0)),
+                ServerMode::SingleUser(SingleUser::Config),
+            ),
+        ];
+        for (name, asked, gpu, want) in cases {
+            assert_eq!(ServerMode::plan(asked, gpu), want, "{name}");
+        }
+    }
+
+    /// A control program that answers like NVIDIA's (`get_server_list`
+    /// from stdin) and, started with `-d`, "runs" (its socket appears) —
+    /// except with the multi-user flag when `refuse` is set, where it
+    /// writes a control-log line and exits 1.
+    fn fake_control(dir: &Path, refuse: bool) -> Config {
+        let control = dir.join("nvidia-cuda-mps-control");
+        let script = format!(
+            r#"#!/bin/sh
+if [ "$1" = -d ]; then
+  if [ "$2" = {MULTIUSER_FLAG} ] && [ {refuse} = true ]; then
+    echo "[fake] multi-user server mode not supported on this device" >> "$CUDA_MPS_LOG_DIRECTORY/control.log"
+    exit 1
+  fi
+  echo "$*" >> "$CUDA_MPS_LOG_DIRECTORY/started-with"
+  : > "$CUDA_MPS_PIPE_DIRECTORY/control"
+  exit 0
+fi
+read line
+exit 0
+"#
+        );
+        crate::test_support::write_executable(&control, &script);
+        let mut config = Config::default();
+        config.paths.mps_control = crate::config::AbsPath::new(&control).unwrap();
+        config.paths.mps_pipe_root = crate::config::AbsPath::new(dir.join("pipe")).unwrap();
+        config.paths.mps_log_root = crate::config::AbsPath::new(dir.join("log")).unwrap();
+        config
+    }
+
+    #[test]
+    fn a_daemon_that_refuses_the_flag_runs_without_it_and_says_so() {
+        for (refuse, want_args, want_multi) in
+            [(false, "-d -multiuser-server", true), (true, "-d", false)]
+        {
+            let dir = tempfile::tempdir().unwrap();
+            let config = fake_control(dir.path(), refuse);
+            let mps = MpsDaemon::for_gpu(&config, 0);
+            assert_eq!(mps.serves_all_users(), None, "nothing started yet");
+            let r = mps.ensure_running(|| Some(cc(9, 0))).unwrap();
+            assert!(r.started);
+            assert_eq!(r.mode.is_multiuser(), want_multi, "refuse={refuse}");
+            if let ServerMode::SingleUser(SingleUser::Refused(said)) = &r.mode {
+                assert!(said.contains("not supported on this device"), "{said}");
+            }
+            let started = std::fs::read_to_string(mps.log_dir().join("started-with")).unwrap();
+            assert_eq!(started.trim(), want_args);
+            // Remembered for what the node publishes.
+            assert_eq!(mps.serves_all_users(), Some(want_multi));
+            assert_eq!(mps.published_mode(None), want_multi);
+            // Found running next time: nothing started again.
+            assert!(!mps.ensure_running(|| None).unwrap().started);
+        }
+    }
+
+    #[test]
+    fn a_gpu_too_old_is_never_offered_the_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = fake_control(dir.path(), false);
+        let mps = MpsDaemon::for_gpu(&config, 0);
+        // Nothing started: published from the plan (the config alone).
+        assert!(mps.published_mode(None));
+        assert!(!mps.published_mode(Some(cc(6, 1))));
+        let r = mps.ensure_running(|| Some(cc(6, 1))).unwrap();
+        assert_eq!(
+            r.mode,
+            ServerMode::SingleUser(SingleUser::GpuTooOld(cc(6, 1)))
+        );
+        let started = std::fs::read_to_string(mps.log_dir().join("started-with")).unwrap();
+        assert_eq!(started.trim(), "-d");
+        assert_eq!(mps.serves_all_users(), Some(false));
+    }
+
+    #[test]
+    fn an_old_flag_in_the_config_names_the_fix() {
+        let e = Config::parse(
+            "[mps]\nmultiuser_flag = \"-M\"\n",
+            Path::new("/etc/muxflow.toml"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("mps.multiuser_flag"), "{e}");
+        assert!(
+            e.contains("-multiuser-server") && e.contains("multiuser = false"),
+            "{e}"
+        );
+    }
 }

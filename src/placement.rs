@@ -54,15 +54,20 @@ pub enum Waiting {
     /// memory free for what it asked for (or jobs placed this round took
     /// them).
     NodeRoom,
+    /// The GPUs it could use run another user's jobs under an MPS daemon
+    /// that serves one user at a time (not in multi-user mode): NVIDIA's
+    /// MPS would make it wait inside `cuInit` for the other user's clients.
+    SameUserOnly,
 }
 
 impl Waiting {
-    pub const ALL: [Waiting; 5] = [
+    pub const ALL: [Waiting; 6] = [
         Waiting::FreeGpu,
         Waiting::FreeNode,
         Waiting::FasterJobsFirst,
         Waiting::OlderJobsFirst,
         Waiting::NodeRoom,
+        Waiting::SameUserOnly,
     ];
 
     pub fn code(self) -> &'static str {
@@ -72,6 +77,7 @@ impl Waiting {
             Waiting::FasterJobsFirst => "faster_jobs_first",
             Waiting::OlderJobsFirst => "older_jobs_first",
             Waiting::NodeRoom => "node_room",
+            Waiting::SameUserOnly => "same_user_only",
         }
     }
 
@@ -88,6 +94,9 @@ impl Waiting {
             Waiting::OlderJobsFirst => "waiting behind older offline jobs",
             Waiting::NodeRoom => {
                 "waiting for a node with a free GPU and the CPUs and memory it asked for"
+            }
+            Waiting::SameUserOnly => {
+                "waiting for a GPU it may share: the free ones run another user's jobs under an MPS daemon that serves one user at a time"
             }
         }
     }

@@ -7,6 +7,9 @@
 //!
 //! `solo_sm` is the online job's SM activity (percent) measured while no
 //! offline client ran on that GPU; absent when never measured.
+//! `multiuser=1`: the GPU's MPS daemon serves every user's clients in one
+//! server (`crate::mps`); `0`, or absent (a node of an older muxflow): one
+//! user at a time, so only one user's jobs may share the GPU.
 
 use crate::health::HealthState;
 use crate::kv::{self, Fields, KvError};
@@ -23,6 +26,8 @@ pub struct GpuPublished {
     pub mem_mib: u64,
     /// Offline jobs running on it.
     pub offline: u32,
+    /// Its MPS daemon serves clients of every user (multi-user mode).
+    pub multiuser: bool,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -41,7 +46,8 @@ pub fn encode(gpus: &[GpuPublished]) -> String {
             .push_opt(&k("solo_sm"), g.solo_sm_pct)
             .push_opt(&k("online_mem_mib"), g.online_mem_mib)
             .push(&k("mem_mib"), g.mem_mib)
-            .push(&k("offline"), g.offline);
+            .push(&k("offline"), g.offline)
+            .push(&k("multiuser"), u8::from(g.multiuser));
     }
     w.finish()
 }
@@ -71,6 +77,7 @@ pub fn decode(extra: &str) -> Result<Vec<GpuPublished>, PublishedError> {
                 online_mem_mib: f.get(&k("online_mem_mib"))?,
                 mem_mib: f.require(&k("mem_mib"))?,
                 offline: f.get(&k("offline"))?.unwrap_or(0),
+                multiuser: f.get::<u8>(&k("multiuser"))?.unwrap_or(0) == 1,
             })
         })
         .collect()
@@ -88,6 +95,7 @@ mod tests {
             online_mem_mib: None,
             mem_mib: 81559,
             offline: 1,
+            multiuser: index % 2 == 0,
         }
     }
 
@@ -118,5 +126,14 @@ mod tests {
             .to_string()
             .contains("gpu0.mem_mib"));
         assert_eq!(decode("muxflow:v1").unwrap(), vec![]);
+    }
+
+    #[test]
+    fn a_node_that_does_not_say_multiuser_serves_one_user() {
+        let old = decode("muxflow:v1 gpu0.state=healthy gpu0.mem_mib=1").unwrap();
+        assert!(!old[0].multiuser);
+        let new = decode("muxflow:v1 gpu0.state=healthy gpu0.mem_mib=1 gpu0.multiuser=1").unwrap();
+        assert!(new[0].multiuser);
+        assert!(decode("muxflow:v1 gpu0.state=healthy gpu0.mem_mib=1 gpu0.multiuser=yes").is_err());
     }
 }

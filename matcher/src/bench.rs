@@ -912,10 +912,12 @@ pub fn daemon_state(
                     online_mem_mib: online.then(|| rng.gen_range(2_000..40_000)),
                     mem_mib: 81_559,
                     offline: 0,
+                    multiuser: true,
                 },
                 online_jobs: if online { vec![1_000_000 + g] } else { vec![] },
                 slots_used: 0,
                 offline_jobs: 0,
+                users: Vec::new(),
             }
         })
         .collect();

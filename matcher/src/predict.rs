@@ -1920,9 +1920,11 @@ mod tests {
                 online_mem_mib: Some(10_000),
                 mem_mib: 80_000,
                 offline: 0,
+                multiuser: true,
             },
             online_jobs: online,
             offline_jobs: 0,
+            users: Vec::new(),
             slots_used: 0,
         }
     }

@@ -498,6 +498,10 @@ pub struct GpuState {
     pub slots_used: u32,
     /// Offline jobs running on it.
     pub offline_jobs: u32,
+    /// The users whose jobs (online and offline) run on it, sorted, for a
+    /// GPU whose MPS daemon serves one user at a time
+    /// (`published.multiuser` false): only their jobs may join.
+    pub users: Vec<String>,
 }
 
 /// The reason Slurm shows for a job an operator (root, SlurmUser: the
@@ -558,6 +562,8 @@ impl ClusterState {
         let mut online: BTreeMap<(String, u32), Vec<u32>> = BTreeMap::new();
         // (node, gpu) held as gres/gpu by any running job.
         let mut gpu_held: BTreeSet<(String, u32)> = BTreeSet::new();
+        // (node, gpu) -> users of the muxflow jobs running there.
+        let mut users_on: BTreeMap<(String, u32), BTreeSet<String>> = BTreeMap::new();
         for j in jobs {
             let mode = job_mode(&j.admin_comment);
             let running = has_state(&j.job_state, "RUNNING");
@@ -578,6 +584,10 @@ impl ClusterState {
                         for g in parse_gres(detail).into_iter().filter(|g| g.name == "gpu") {
                             for i in g.indices {
                                 online.entry((node.clone(), i)).or_default().push(j.job_id);
+                                users_on
+                                    .entry((node.clone(), i))
+                                    .or_default()
+                                    .insert(j.user_name.clone());
                             }
                         }
                     }
@@ -591,6 +601,10 @@ impl ClusterState {
                         {
                             if let Some(i) = g.kind.as_deref().and_then(slot_index) {
                                 st.running_offline.push((j.job_id, node.clone(), i));
+                                users_on
+                                    .entry((node.clone(), i))
+                                    .or_default()
+                                    .insert(j.user_name.clone());
                             }
                         }
                     }
@@ -705,9 +719,14 @@ impl ClusterState {
                     }
                     None => Vec::new(),
                 };
+                let users = users_on
+                    .get(&(n.name.clone(), p.index))
+                    .map(|u| u.iter().cloned().collect())
+                    .unwrap_or_default();
                 st.gpus.push(GpuState {
                     node: n.name.clone(),
                     index: p.index,
+                    users,
                     slots_used: used.get(&p.index).copied().unwrap_or(0).max(jobs_there),
                     offline_jobs: jobs_there,
                     online_jobs,
@@ -730,6 +749,13 @@ impl ClusterState {
 }
 
 impl GpuState {
+    /// May a job of `user` run on this GPU now without MPS serializing it
+    /// behind another user's clients? Always under a multi-user daemon;
+    /// otherwise only when every job there is `user`'s (or none runs).
+    pub fn admits_user(&self, user: &str) -> bool {
+        self.published.multiuser || self.users.iter().all(|u| u == user)
+    }
+
     /// Offline slots still free with `slots_per_gpu` per GPU.
     pub fn free_slots(&self, slots_per_gpu: u32) -> u32 {
         slots_per_gpu.saturating_sub(self.slots_used)

@@ -482,6 +482,11 @@ pub fn plan<P: Predictor>(
         if !room_for(j, c) {
             return None;
         }
+        // A daemon serving one user at a time would queue this job's
+        // clients behind another user's (crate::reader::GpuState::admits_user).
+        if !gpu_of(c).admits_user(&jobs[j].user) {
+            return None;
+        }
         match terms {
             Side::Shared(gpu) => model.predict(job, gpu),
             Side::Idle(slot) => model
@@ -491,6 +496,15 @@ pub fn plan<P: Predictor>(
     };
     let score = |j: u32, c: u32| -> Option<i64> {
         value(j as usize, c as usize, &whole[c as usize]).and_then(quantize)
+    };
+    // Would job j have a candidate but for the one-user rule?
+    let barred_by_user = |j: usize| {
+        (0..cols).any(|c| {
+            let gpu = gpu_of(c);
+            !gpu.admits_user(&jobs[j].user)
+                && (job_terms[j].1.is_empty() || job_terms[j].1.contains(&gpu.index))
+                && room_for(j, c)
+        })
     };
     // k-GPU jobs first, by the documented greedy (crate::gang), then the
     // exact matching of the 1-GPU jobs on the GPUs they left.
@@ -628,7 +642,16 @@ pub fn plan<P: Predictor>(
         matcher.candidates_per_job,
         threads,
         |c, i, n| side(c, seat_of(c, i, n)),
-        |j, c, terms| value(j as usize, c, terms),
+        // No second job of this round on a GPU that serves one user at a
+        // time: the two may be different users (the next round sees the
+        // first one's user there and decides).
+        |j, c, terms| {
+            if gpu_of(c).published.multiuser {
+                value(j as usize, c, terms)
+            } else {
+                None
+            }
+        },
     );
     for (c, list) in members.iter().enumerate() {
         for &j in list {
@@ -727,6 +750,14 @@ pub fn plan<P: Predictor>(
                     None,
                 )
             }
+            // Open GPUs it fits but may not share: another user's jobs
+            // under a daemon that serves one user at a time.
+            (None, None) if !has_edge[j] && barred_by_user(j) => (
+                Target::Parked,
+                None,
+                "no candidate: the GPUs with room for it run another user's jobs under an MPS daemon that serves one user at a time (not in multi-user mode)".to_string(),
+                Some(Waiting::SameUserOnly),
+            ),
             // A node with an open GPU and room for it: its GPUs did not
             // fit otherwise (memory, health, its fixed slot index).
             (None, None)
@@ -969,10 +1000,12 @@ mod tests {
                 online_mem_mib: Some(online_mem),
                 mem_mib: 81_559,
                 offline: 0,
+                multiuser: true,
             },
             online_jobs: vec![1],
             slots_used: u32::from(used),
             offline_jobs: u32::from(used),
+            users: Vec::new(),
         }
     }
 
@@ -1032,6 +1065,81 @@ mod tests {
         assert_eq!(at, [Some("b"), Some("a")]);
         assert!((p.summary.predicted_total - 1.6).abs() < 1e-9);
         assert_eq!(p.summary.open_gpus, 2);
+    }
+
+    #[test]
+    fn a_gpu_whose_daemon_serves_one_user_takes_only_that_users_jobs() {
+        // GPU at `node` with an online job of `online_user` (None: idle),
+        // its daemon multi-user or not.
+        let at = |node: &str, online_user: Option<&str>, multiuser: bool| {
+            let mut g = gpu(node, HealthState::Healthy, 10, 4_000, false);
+            g.published.multiuser = multiuser;
+            if let Some(u) = online_user {
+                g.users = vec![u.to_string()];
+            } else {
+                g.online_jobs.clear();
+            }
+            g
+        };
+        let of = |id: u32, user: &str| PendingJob {
+            user: user.into(),
+            ..job(id, "small", true, "", None)
+        };
+        struct Case {
+            name: &'static str,
+            gpus: Vec<GpuState>,
+            jobs: Vec<PendingJob>,
+            /// (node, waiting) per job, in job order.
+            want: Vec<(Option<&'static str>, Option<&'static str>)>,
+        }
+        let cases = [
+            Case {
+                name: "another user's job waits, naming why",
+                gpus: vec![at("a", Some("alice"), false)],
+                jobs: vec![of(1, "bob")],
+                want: vec![(None, Some("same_user_only"))],
+            },
+            Case {
+                name: "the online user's own job shares it",
+                gpus: vec![at("a", Some("alice"), false)],
+                jobs: vec![of(1, "alice")],
+                want: vec![(Some("a"), None)],
+            },
+            Case {
+                name: "a multi-user daemon takes any user",
+                gpus: vec![at("a", Some("alice"), true)],
+                jobs: vec![of(1, "bob")],
+                want: vec![(Some("a"), None)],
+            },
+            Case {
+                name: "the other user goes to the GPU it may share, the owner's job to its own",
+                gpus: vec![at("a", Some("alice"), false), at("b", Some("carol"), true)],
+                jobs: vec![of(1, "bob"), of(2, "alice")],
+                want: vec![(Some("b"), None), (Some("a"), None)],
+            },
+            Case {
+                name: "an idle one-user GPU takes one job of a round, not two users' at once",
+                gpus: vec![at("a", None, false)],
+                jobs: vec![of(1, "bob"), of(2, "alice")],
+                want: vec![(Some("a"), None), (None, Some("faster_jobs_first"))],
+            },
+        ];
+        let mut cfg = muxflow::Config::default();
+        cfg.policy.offline_per_gpu = 2;
+        for case in cases {
+            let state = ClusterState {
+                gpus: case.gpus,
+                pending: case.jobs,
+                ..ClusterState::default()
+            };
+            let p = plan(&state, &model(), &cfg.policy, &cfg.matcher, &names());
+            let got: Vec<_> = p
+                .decisions
+                .iter()
+                .map(|d| (d.node.as_deref(), d.waiting.map(Waiting::code)))
+                .collect();
+            assert_eq!(got, case.want, "{}", case.name);
+        }
     }
 
     fn needing(id: u32, cpus: u32, mem_mib: u64) -> PendingJob {

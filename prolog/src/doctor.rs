@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use muxflow::mps::{ComputeCapability, MpsDaemon, ServerMode, MULTIUSER_FLAG};
 use muxflow::Config;
 
 /// One check's outcome.
@@ -481,16 +482,31 @@ pub fn run(config: &Config, node: &str, slurm_conf: &Path, slurmd_v: &str) -> Ve
         "paths.mps_control",
     ));
     let nvml_lib = config.paths.nvml_library.as_ref().map(|p| p.as_path());
-    checks.push(
-        match crate::nvml::read(nvml_lib, std::time::Duration::ZERO) {
-            Ok(t) => Check::ok("nvml", format!("{} GPUs", t.gpus.len())),
-            Err(e) => Check::fail(
+    let gpus: Vec<u32> = match crate::nvml::read(nvml_lib, std::time::Duration::ZERO) {
+        Ok(t) => {
+            checks.push(Check::ok("nvml", format!("{} GPUs", t.gpus.len())));
+            t.gpus.iter().map(|(i, _)| *i).collect()
+        }
+        Err(e) => {
+            checks.push(Check::fail(
                 "nvml",
                 e.to_string(),
                 "install the NVIDIA driver (libnvidia-ml.so.1), or correct paths.nvml_library",
-            ),
-        },
-    );
+            ));
+            Vec::new()
+        }
+    };
+    for gpu in gpus {
+        let mps = MpsDaemon::for_gpu(config, gpu);
+        let cc = crate::gpu_caps::compute_capability(config, gpu);
+        checks.push(check_multiuser(
+            gpu,
+            config.mps.multiuser,
+            cc,
+            mps.serves_all_users(),
+            mps.mode_note().as_deref(),
+        ));
+    }
     let xcuda = config.paths.xcuda_library.as_path();
     checks.push(check_root_owned("xcuda", xcuda, &chain(xcuda)));
     for (name, dir) in [
@@ -512,9 +528,121 @@ pub fn run(config: &Config, node: &str, slurm_conf: &Path, slurmd_v: &str) -> Ve
     checks
 }
 
+/// GPU `gpu`'s MPS multi-user mode: whether jobs of different users can
+/// share it. `running`: what the daemon's command line (or muxflow's note
+/// of how it started it) says, None when none was ever started; `note`:
+/// that note. Deliberate or hardware-bound single-user mode passes with
+/// what it means; a daemon that refused the flag, or runs without it
+/// against the config, fails with the fix.
+pub fn check_multiuser(
+    gpu: u32,
+    asked: bool,
+    cc: Option<ComputeCapability>,
+    running: Option<bool>,
+    note: Option<&str>,
+) -> Check {
+    let cc_words = cc.map_or("compute capability unknown".to_string(), |c| {
+        format!("compute capability {c}")
+    });
+    let plan = ServerMode::plan(asked, cc);
+    match (&plan, running) {
+        (ServerMode::MultiUser, Some(true)) => Check::ok(
+            "mps multiuser",
+            format!("GPU {gpu}: the daemon runs with {MULTIUSER_FLAG} ({cc_words}): jobs of different users share it"),
+        ),
+        (ServerMode::MultiUser, None) => Check::ok(
+            "mps multiuser",
+            format!("GPU {gpu}: the first Prolog starts the daemon with {MULTIUSER_FLAG} ({cc_words})"),
+        ),
+        (ServerMode::MultiUser, Some(false)) => Check::fail(
+            "mps multiuser",
+            format!(
+                "GPU {gpu}: the daemon serves one user at a time ({}): jobs of different users never share this GPU",
+                note.map_or("started without the flag".to_string(), |n| n.trim().to_string())
+            ),
+            format!(
+                "check that the driver supports multi-user MPS on this GPU (nvidia-cuda-mps-control -d {MULTIUSER_FLAG} as root; see the MPS log), then stop the daemon while the GPU has no job (echo quit | nvidia-cuda-mps-control with its CUDA_MPS_PIPE_DIRECTORY); or set [mps] multiuser = false to accept it"
+            ),
+        ),
+        (ServerMode::SingleUser(why), _) => Check::ok(
+            "mps multiuser",
+            format!("GPU {gpu}: one user at a time ({why}): the matcher pairs only jobs of one user here"),
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn multiuser_lines_pass_what_works_or_was_chosen_and_fail_what_is_broken() {
+        let h100 = Some(ComputeCapability { major: 9, minor: 0 });
+        let p100 = Some(ComputeCapability { major: 6, minor: 0 });
+        let refused = "single_user: nvidia-cuda-mps-control -d -multiuser-server failed (exit 1)";
+        // (name, asked, cc, running, note, passes, detail or fix contains)
+        let cases = [
+            (
+                "running multi-user",
+                true,
+                h100,
+                Some(true),
+                None,
+                true,
+                "jobs of different users share it",
+            ),
+            (
+                "not started yet",
+                true,
+                h100,
+                None,
+                None,
+                true,
+                "the first Prolog starts",
+            ),
+            (
+                "refused the flag",
+                true,
+                h100,
+                Some(false),
+                Some(refused),
+                false,
+                "failed (exit 1)",
+            ),
+            (
+                "started by hand without it",
+                true,
+                h100,
+                Some(false),
+                None,
+                false,
+                "set [mps] multiuser = false",
+            ),
+            (
+                "pre-Volta",
+                true,
+                p100,
+                Some(false),
+                None,
+                true,
+                "below 7.0",
+            ),
+            (
+                "the admin's choice",
+                false,
+                h100,
+                Some(false),
+                None,
+                true,
+                "multiuser = false in muxflow.toml",
+            ),
+        ];
+        for (name, asked, cc, running, note, passes, says) in cases {
+            let c = check_multiuser(0, asked, cc, running, note);
+            assert_eq!(c.fix.is_none(), passes, "{name}: {}", c.line());
+            assert!(c.line().contains(says), "{name}: {}", c.line());
+        }
+    }
 
     const GOOD_GRES: &str = "Name=gpu File=/dev/nvidia[0-1]\nName=mfslot Type=g0 File=/dev/nvidia0\nName=mfslot Type=g1 File=/dev/nvidia1\n";
 

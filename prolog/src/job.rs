@@ -260,11 +260,11 @@ pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
             return Ok(());
         };
         let daemon = MpsDaemon::for_gpu(config, gpu);
-        match daemon.ensure_running() {
-            Ok(true) => {
-                tracing::info!(gpu, pipe = %daemon.pipe_dir().display(), "started the MPS control daemon")
+        match daemon.ensure_running(|| crate::gpu_caps::compute_capability(config, gpu)) {
+            Ok(r) if r.started => {
+                tracing::info!(gpu, pipe = %daemon.pipe_dir().display(), mode = ?r.mode, "started the MPS control daemon")
             }
-            Ok(false) => {}
+            Ok(_) => {}
             // The job still runs (without MPS its CUDA calls go to the GPU directly).
             Err(e) => tracing::error!(
                 job = job.id,

@@ -132,6 +132,7 @@ fn init_logging(config: Option<&Config>) {
 
 pub mod detector;
 pub mod doctor;
+pub mod gpu_caps;
 pub mod job;
 pub mod kmsg;
 pub mod metrics;

@@ -18,6 +18,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anyhow::Context;
+use muxflow::mps::MpsDaemon;
 use muxflow::node_state::{write_atomic, NodeState};
 use muxflow::published::{encode, GpuPublished};
 use muxflow::slurm_cli::SlurmClient;
@@ -216,7 +217,9 @@ pub fn publish(
             if r.lost {
                 lost.push(gpu);
             }
-            gpus.push(r.published(gpu));
+            // Read from the daemon's command line, not sent to it: quick.
+            let multiuser = MpsDaemon::for_gpu(config, gpu).published_mode(None);
+            gpus.push(r.published(gpu, multiuser));
         }
     }
     let text = encode(&gpus);

@@ -87,7 +87,9 @@ impl GpuRecord {
         }
     }
 
-    pub fn published(&self, index: u32) -> GpuPublished {
+    /// What is published of GPU `index`; `multiuser`: how its MPS daemon
+    /// serves users (`MpsDaemon::published_mode`), not kept in the record.
+    pub fn published(&self, index: u32, multiuser: bool) -> GpuPublished {
         let solo = self.solo.as_ref();
         GpuPublished {
             index,
@@ -96,6 +98,7 @@ impl GpuRecord {
             online_mem_mib: solo.map(|s| s.mem_mib),
             mem_mib: self.mem_total_mib,
             offline: self.offline,
+            multiuser,
         }
     }
 

@@ -35,7 +35,8 @@ fn save_record(ns: &NodeState, lock: &GpuLock, gpu: u32, r: &GpuRecord) -> anyho
     let bytes = serde_json::to_vec(r)?;
     write_atomic(&record_path(ns, gpu), &bytes)?;
     // What the plugin's SM and memory policies read when an offline job starts.
-    let p = r.published(gpu);
+    // (The MPS mode is not among the facts: false is never read here.)
+    let p = r.published(gpu, false);
     let facts = GpuFacts {
         online_solo_sm_pct: p.solo_sm_pct,
         online_mem_mib: p.online_mem_mib,
@@ -203,7 +204,7 @@ fn step_gpu(
     };
     let mps = MpsDaemon::for_gpu(config, gpu);
     let jobs = ns.jobs(gpu)?;
-    police_daemon(&mps, gpu, &jobs, &mut rec);
+    police_daemon(config, &mps, gpu, &jobs, &mut rec);
 
     let mut obs: Vec<Observation> = xids.map(Observation::Xid).collect();
     match read {
@@ -252,7 +253,7 @@ fn step_gpu(
         let done = match action {
             Action::MarkFaulty => Ok(true),
             Action::EvictOffline => evict_offline(&mps, ns, gpu, &jobs).map(|n| n > 0),
-            Action::RestartMpsIfNoOnline => restart_mps(&mps, ns, gpu, &jobs),
+            Action::RestartMpsIfNoOnline => restart_mps(config, &mps, ns, gpu, &jobs),
             // Carried out node-wide by publish, from the persisted `lost`.
             Action::DrainNode => Ok(true),
         };
@@ -299,7 +300,13 @@ const DAEMON_DEFAULT_THREAD_PCT: f64 = 100.0;
 /// commands from every user who can reach its socket (and every job user
 /// must, to be a client), so what a command can change for later clients
 /// is put back: the default active thread percentage.
-fn police_daemon(mps: &MpsDaemon, gpu: u32, jobs: &[JobRecord], rec: &mut GpuRecord) {
+fn police_daemon(
+    config: &Config,
+    mps: &MpsDaemon,
+    gpu: u32,
+    jobs: &[JobRecord],
+    rec: &mut GpuRecord,
+) {
     if jobs.is_empty() {
         return;
     }
@@ -310,7 +317,7 @@ fn police_daemon(mps: &MpsDaemon, gpu: u32, jobs: &[JobRecord], rec: &mut GpuRec
                 jobs = jobs.len(),
                 "the MPS control daemon is gone ({e}); starting it again for the muxflow jobs on the GPU"
             );
-            match mps.ensure_running() {
+            match mps.ensure_running(|| crate::gpu_caps::compute_capability(config, gpu)) {
                 Ok(_) => {
                     tracing::warn!(gpu, "MPS control daemon restarted");
                     rec.count("action.restart_mps_daemon");
@@ -464,6 +471,7 @@ fn evict_offline(
 /// Restarts the GPU's MPS daemon when no client that may be online is
 /// attached (a restart would take an online job down with it).
 fn restart_mps(
+    config: &Config,
     mps: &MpsDaemon,
     ns: &NodeState,
     gpu: u32,
@@ -488,7 +496,7 @@ fn restart_mps(
     // Started again only for the jobs still recorded on the GPU; otherwise
     // the next Prolog starts it.
     if !ns.jobs(gpu)?.is_empty() {
-        mps.ensure_running()?;
+        mps.ensure_running(|| crate::gpu_caps::compute_capability(config, gpu))?;
     }
     Ok(true)
 }

@@ -535,11 +535,13 @@ impl<'a> Sim<'a> {
                         online_mem_mib: None,
                         mem_mib: gpu.mem_mib,
                         offline: 0,
+                        multiuser: true,
                     },
                     // Empty: an idle GPU, the round's solo candidate.
                     online_jobs: svc.map(|s| s.job_id).into_iter().collect(),
                     slots_used: 0,
                     offline_jobs: 0,
+                    users: Vec::new(),
                 });
             }
         }

@@ -28,6 +28,10 @@ pub struct GpuConfig {
     /// SMs). Power capping is shared in full regardless (see the model).
     #[serde(default = "default_interference")]
     pub low_priority_interference: f64,
+    /// CUDA compute capability NVML reports, "major.minor" (H100: 9.0).
+    /// Below 7.0, or a Tegra value, NVIDIA's multi-user MPS is unavailable.
+    #[serde(default = "default_compute_capability")]
+    pub compute_capability: String,
 }
 
 fn default_window_ms() -> u64 {
@@ -41,6 +45,9 @@ fn default_min_clock_frac() -> f64 {
 }
 fn default_interference() -> f64 {
     0.1
+}
+fn default_compute_capability() -> String {
+    "9.0".into()
 }
 
 impl GpuConfig {
@@ -57,7 +64,15 @@ impl GpuConfig {
             clock_knee: default_clock_knee(),
             min_clock_frac: default_min_clock_frac(),
             low_priority_interference: default_interference(),
+            compute_capability: default_compute_capability(),
         }
+    }
+
+    /// [`compute_capability`](Self::compute_capability) as numbers; None
+    /// when it does not read as "major.minor".
+    pub fn compute_capability(&self) -> Option<(i32, i32)> {
+        let (major, minor) = self.compute_capability.trim().split_once('.')?;
+        Some((major.parse().ok()?, minor.parse().ok()?))
     }
 
     /// PCI (domain, bus, device) the fake NVML reports and the simulated

@@ -26,6 +26,9 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 
+/// NVIDIA's documented flag for multi-user server mode (MPS docs,
+/// "Provisioning sequence"): clients of every user share one root server.
+pub const MULTIUSER_FLAG: &str = "-multiuser-server";
 pub const ENV_PIPE: &str = "CUDA_MPS_PIPE_DIRECTORY";
 pub const ENV_LOG: &str = "CUDA_MPS_LOG_DIRECTORY";
 pub const ENV_PCT: &str = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE";

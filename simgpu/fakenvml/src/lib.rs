@@ -228,6 +228,25 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(d: nvmlDevice_t, uuid: *mut c_char, l
     guard(|| put_str(uuid, len, &gpu(d)?.1.cfg.uuid))
 }
 
+/// The configured compute capability (`compute_capability`, "9.0" by
+/// default); an unreadable value is NVML's "not supported".
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(
+    d: nvmlDevice_t,
+    major: *mut c_int,
+    minor: *mut c_int,
+) -> Ret {
+    guard(|| {
+        let (ma, mi) = gpu(d)?
+            .1
+            .cfg
+            .compute_capability()
+            .ok_or(rc::NOT_SUPPORTED)?;
+        put(major, ma)?;
+        put(minor, mi)
+    })
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetIndex(d: nvmlDevice_t, i: *mut c_uint) -> Ret {
     guard(|| put(i, gpu(d)?.1.cfg.index))

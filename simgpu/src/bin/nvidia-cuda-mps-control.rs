@@ -18,18 +18,14 @@ fn main() {
     let log = dir(mps::ENV_LOG, "/var/log/nvidia-mps");
     let daemon = args.iter().any(|a| a == "-d");
     let foreground = args.iter().any(|a| a == "-f");
-    let multiuser = args.iter().any(|a| {
-        matches!(
-            a.as_str(),
-            "-M" | "-multiuser-server" | "--multiuser-server"
-        )
-    });
-    if let Some(bad) = args.iter().find(|a| {
-        !matches!(
-            a.as_str(),
-            "-d" | "-f" | "-M" | "-multiuser-server" | "--multiuser-server"
-        )
-    }) {
+    // NVIDIA's one documented spelling; `-M` (passed by some tools, in no
+    // NVIDIA document) is refused like any unknown option — a guess at the
+    // real daemon's behaviour, which is not documented either way.
+    let multiuser = args.iter().any(|a| a == mps::MULTIUSER_FLAG);
+    if let Some(bad) = args
+        .iter()
+        .find(|a| !matches!(a.as_str(), "-d" | "-f") && *a != mps::MULTIUSER_FLAG)
+    {
         eprintln!("nvidia-cuda-mps-control: unknown option {bad}");
         std::process::exit(2);
     }
