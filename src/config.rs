@@ -297,6 +297,23 @@ pub struct Policy {
     /// and memory room ([`crate::policy::offline_slot_share`]). gres.conf
     /// must give each GPU as many `mfslot` records (etc/gres.conf).
     pub offline_per_gpu: u8,
+    /// Whose jobs may share a GPU ([`CoLocate`]); MPS's own rule (one user
+    /// per GPU where the daemon is not multi-user) applies on top.
+    pub co_locate: CoLocate,
+}
+
+/// `[policy] co_locate`: a site's rule for whose jobs may share one GPU
+/// (and so one multi-user MPS server, where users are not isolated).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CoLocate {
+    /// Any user's offline job beside any user's online job.
+    #[default]
+    Any,
+    /// Only jobs charged to one Slurm account share a GPU.
+    SameAccount,
+    /// Only one user's jobs share a GPU.
+    SameUser,
 }
 
 /// Allowed values of `[policy] offline_per_gpu`.
@@ -311,6 +328,7 @@ impl Default for Policy {
             sm_default: Percent(30),
             memory_reserve_mib: 2048,
             offline_per_gpu: 1,
+            co_locate: CoLocate::Any,
         }
     }
 }

@@ -58,16 +58,20 @@ pub enum Waiting {
     /// that serves one user at a time (not in multi-user mode): NVIDIA's
     /// MPS would make it wait inside `cuInit` for the other user's clients.
     SameUserOnly,
+    /// The GPUs it could use run jobs the site's `[policy] co_locate`
+    /// keeps it apart from (another account's, another user's).
+    CoLocateRule,
 }
 
 impl Waiting {
-    pub const ALL: [Waiting; 6] = [
+    pub const ALL: [Waiting; 7] = [
         Waiting::FreeGpu,
         Waiting::FreeNode,
         Waiting::FasterJobsFirst,
         Waiting::OlderJobsFirst,
         Waiting::NodeRoom,
         Waiting::SameUserOnly,
+        Waiting::CoLocateRule,
     ];
 
     pub fn code(self) -> &'static str {
@@ -78,6 +82,7 @@ impl Waiting {
             Waiting::OlderJobsFirst => "older_jobs_first",
             Waiting::NodeRoom => "node_room",
             Waiting::SameUserOnly => "same_user_only",
+            Waiting::CoLocateRule => "co_locate",
         }
     }
 
@@ -97,6 +102,9 @@ impl Waiting {
             }
             Waiting::SameUserOnly => {
                 "waiting for a GPU it may share: the free ones run another user's jobs under an MPS daemon that serves one user at a time"
+            }
+            Waiting::CoLocateRule => {
+                "waiting for a GPU it may share: the free ones run jobs the site's co_locate rule keeps it apart from"
             }
         }
     }

@@ -917,7 +917,7 @@ pub fn daemon_state(
                 online_jobs: if online { vec![1_000_000 + g] } else { vec![] },
                 slots_used: 0,
                 offline_jobs: 0,
-                users: Vec::new(),
+                owners: Vec::new(),
             }
         })
         .collect();
@@ -941,6 +941,7 @@ pub fn daemon_state(
             PendingJob {
                 id,
                 user,
+                account: String::new(),
                 name,
                 required_nodes: String::new(),
                 slot_gpus: Vec::new(),

@@ -137,6 +137,7 @@ mod tests {
         PendingJob {
             id: 7,
             user: "u".into(),
+            account: String::new(),
             name: "n".into(),
             required_nodes: req.into(),
             slot_gpus: slot.into_iter().collect(),

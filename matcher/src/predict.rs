@@ -1924,7 +1924,7 @@ mod tests {
             },
             online_jobs: online,
             offline_jobs: 0,
-            users: Vec::new(),
+            owners: Vec::new(),
             slots_used: 0,
         }
     }

@@ -36,6 +36,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use muxflow::config::CoLocate;
 use muxflow::health::HealthState;
 use muxflow::placement::Waiting;
 use muxflow::published::{self, GpuPublished};
@@ -131,6 +132,9 @@ pub struct SqueueJob {
     pub name: String,
     #[serde(deserialize_with = "nullable")]
     pub user_name: String,
+    /// The Slurm account the job is charged to.
+    #[serde(deserialize_with = "nullable")]
+    pub account: String,
     /// `RUNNING`, `PENDING`… (24.11 adds flags such as `COMPLETING`).
     #[serde(deserialize_with = "state_words")]
     pub job_state: Vec<String>,
@@ -151,6 +155,15 @@ pub struct SqueueJob {
     /// `memory_per_node` stays unset or 0 when the default applies).
     #[serde(deserialize_with = "nullable")]
     pub tres_req_str: String,
+}
+
+impl SqueueJob {
+    pub fn owner(&self) -> Owner {
+        Owner {
+            user: self.user_name.clone(),
+            account: self.account.clone(),
+        }
+    }
 }
 
 /// One node of `sinfo --json`.
@@ -498,10 +511,18 @@ pub struct GpuState {
     pub slots_used: u32,
     /// Offline jobs running on it.
     pub offline_jobs: u32,
-    /// The users whose jobs (online and offline) run on it, sorted, for a
-    /// GPU whose MPS daemon serves one user at a time
-    /// (`published.multiuser` false): only their jobs may join.
-    pub users: Vec<String>,
+    /// Who runs jobs (online and offline) on it, (user, account) sorted:
+    /// where its MPS daemon serves one user at a time
+    /// (`published.multiuser` false) or `[policy] co_locate` says so, only
+    /// jobs of the same user (account) may join ([`GpuState::admits`]).
+    pub owners: Vec<Owner>,
+}
+
+/// Who a job belongs to, as far as sharing a GPU goes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Owner {
+    pub user: String,
+    pub account: String,
 }
 
 /// The reason Slurm shows for a job an operator (root, SlurmUser: the
@@ -513,6 +534,8 @@ pub const ADMIN_HOLD: &str = "JobHeldAdmin";
 pub struct PendingJob {
     pub id: u32,
     pub user: String,
+    /// The Slurm account it is charged to.
+    pub account: String,
     pub name: String,
     pub required_nodes: String,
     /// GPU indices of the typed offline slots it requests (ascending; empty:
@@ -562,8 +585,8 @@ impl ClusterState {
         let mut online: BTreeMap<(String, u32), Vec<u32>> = BTreeMap::new();
         // (node, gpu) held as gres/gpu by any running job.
         let mut gpu_held: BTreeSet<(String, u32)> = BTreeSet::new();
-        // (node, gpu) -> users of the muxflow jobs running there.
-        let mut users_on: BTreeMap<(String, u32), BTreeSet<String>> = BTreeMap::new();
+        // (node, gpu) -> owners of the muxflow jobs running there.
+        let mut owners_on: BTreeMap<(String, u32), BTreeSet<Owner>> = BTreeMap::new();
         for j in jobs {
             let mode = job_mode(&j.admin_comment);
             let running = has_state(&j.job_state, "RUNNING");
@@ -584,10 +607,10 @@ impl ClusterState {
                         for g in parse_gres(detail).into_iter().filter(|g| g.name == "gpu") {
                             for i in g.indices {
                                 online.entry((node.clone(), i)).or_default().push(j.job_id);
-                                users_on
+                                owners_on
                                     .entry((node.clone(), i))
                                     .or_default()
-                                    .insert(j.user_name.clone());
+                                    .insert(j.owner());
                             }
                         }
                     }
@@ -601,10 +624,10 @@ impl ClusterState {
                         {
                             if let Some(i) = g.kind.as_deref().and_then(slot_index) {
                                 st.running_offline.push((j.job_id, node.clone(), i));
-                                users_on
+                                owners_on
                                     .entry((node.clone(), i))
                                     .or_default()
-                                    .insert(j.user_name.clone());
+                                    .insert(j.owner());
                             }
                         }
                     }
@@ -632,6 +655,7 @@ impl ClusterState {
                     st.pending.push(PendingJob {
                         id: j.job_id,
                         user: j.user_name.clone(),
+                        account: j.account.clone(),
                         name: j.name.clone(),
                         required_nodes: j.required_nodes.clone(),
                         slot_gpus,
@@ -719,14 +743,14 @@ impl ClusterState {
                     }
                     None => Vec::new(),
                 };
-                let users = users_on
+                let owners = owners_on
                     .get(&(n.name.clone(), p.index))
                     .map(|u| u.iter().cloned().collect())
                     .unwrap_or_default();
                 st.gpus.push(GpuState {
                     node: n.name.clone(),
                     index: p.index,
-                    users,
+                    owners,
                     slots_used: used.get(&p.index).copied().unwrap_or(0).max(jobs_there),
                     offline_jobs: jobs_there,
                     online_jobs,
@@ -748,12 +772,33 @@ impl ClusterState {
     }
 }
 
+impl PendingJob {
+    pub fn owner(&self) -> Owner {
+        Owner {
+            user: self.user.clone(),
+            account: self.account.clone(),
+        }
+    }
+}
+
 impl GpuState {
-    /// May a job of `user` run on this GPU now without MPS serializing it
-    /// behind another user's clients? Always under a multi-user daemon;
-    /// otherwise only when every job there is `user`'s (or none runs).
-    pub fn admits_user(&self, user: &str) -> bool {
-        self.published.multiuser || self.users.iter().all(|u| u == user)
+    /// Does this GPU's daemon serve only one user at a time, and is that
+    /// what keeps `owner` off it? Only then: MPS would queue its clients
+    /// behind the other user's (the rest is the site's `co_locate` rule).
+    pub fn one_user_daemon_bars(&self, owner: &Owner) -> bool {
+        !self.published.multiuser && self.owners.iter().any(|o| o.user != owner.user)
+    }
+
+    /// May a job of `owner` join the jobs on this GPU now: not queued by
+    /// a one-user MPS daemon behind another user's clients, and within the
+    /// site's `co_locate` rule? Always when nothing runs there.
+    pub fn admits(&self, owner: &Owner, rule: CoLocate) -> bool {
+        !self.one_user_daemon_bars(owner)
+            && self.owners.iter().all(|o| match rule {
+                CoLocate::Any => true,
+                CoLocate::SameAccount => o.account == owner.account,
+                CoLocate::SameUser => o.user == owner.user,
+            })
     }
 
     /// Offline slots still free with `slots_per_gpu` per GPU.

@@ -82,7 +82,7 @@
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use muxflow::config::{Matcher, Policy};
+use muxflow::config::{CoLocate, Matcher, Policy};
 use muxflow::placement::Waiting;
 use muxflow::policy::{offline_mem_cap_mib, offline_part, offline_sm_percent, GpuFacts};
 use serde::Serialize;
@@ -91,7 +91,7 @@ use crate::exact::{ExactOptions, FnScores, Incremental};
 use crate::gang::{place_gangs, Columns, GangChoice};
 use crate::hints::{update_args, Target};
 use crate::predict::{default_prediction, GpuTerms, JobTerms, Model, DEFAULT_SD};
-use crate::reader::{ClusterState, GpuState, Names, NodeRoom, PendingJob};
+use crate::reader::{ClusterState, GpuState, Names, NodeRoom, Owner, PendingJob};
 use crate::slots::{slot_candidates, split_rounds, SlotColumns};
 use crate::solver::{solve_warm_sorted, solve_with, SolveOptions, Start};
 use crate::weights::{quantize, to_throughput};
@@ -440,6 +440,7 @@ pub fn plan<P: Predictor>(
     let waiting = state.pending.len() - considered.len();
     let jobs: Vec<&PendingJob> = considered.iter().map(|&i| &state.pending[i]).collect();
     // Lookups once per job and per column; the per-pair score is arithmetic.
+    let owners: Vec<Owner> = jobs.iter().map(|j| j.owner()).collect();
     let job_terms: Vec<(P::Job, &[u32])> = jobs
         .iter()
         .map(|j| (model.job_terms(j), &j.slot_gpus[..]))
@@ -483,8 +484,8 @@ pub fn plan<P: Predictor>(
             return None;
         }
         // A daemon serving one user at a time would queue this job's
-        // clients behind another user's (crate::reader::GpuState::admits_user).
-        if !gpu_of(c).admits_user(&jobs[j].user) {
+        // clients behind another user's; the site may allow fewer pairs.
+        if !gpu_of(c).admits(&owners[j], policy.co_locate) {
             return None;
         }
         match terms {
@@ -497,14 +498,20 @@ pub fn plan<P: Predictor>(
     let score = |j: u32, c: u32| -> Option<i64> {
         value(j as usize, c as usize, &whole[c as usize]).and_then(quantize)
     };
-    // Would job j have a candidate but for the one-user rule?
-    let barred_by_user = |j: usize| {
-        (0..cols).any(|c| {
+    // Why job j has no candidate, when only who runs there keeps it off
+    // GPUs it fits: a one-user MPS daemon, else the site's co_locate rule.
+    let barred = |j: usize| -> Option<Waiting> {
+        let fits = |c: usize| {
             let gpu = gpu_of(c);
-            !gpu.admits_user(&jobs[j].user)
-                && (job_terms[j].1.is_empty() || job_terms[j].1.contains(&gpu.index))
-                && room_for(j, c)
-        })
+            (job_terms[j].1.is_empty() || job_terms[j].1.contains(&gpu.index)) && room_for(j, c)
+        };
+        let by_daemon = (0..cols).any(|c| fits(c) && gpu_of(c).one_user_daemon_bars(&owners[j]));
+        let by_rule = (0..cols).any(|c| fits(c) && !gpu_of(c).admits(&owners[j], policy.co_locate));
+        match (by_daemon, by_rule) {
+            (true, _) => Some(Waiting::SameUserOnly),
+            (false, true) => Some(Waiting::CoLocateRule),
+            _ => None,
+        }
     };
     // k-GPU jobs first, by the documented greedy (crate::gang), then the
     // exact matching of the 1-GPU jobs on the GPUs they left.
@@ -642,11 +649,11 @@ pub fn plan<P: Predictor>(
         matcher.candidates_per_job,
         threads,
         |c, i, n| side(c, seat_of(c, i, n)),
-        // No second job of this round on a GPU that serves one user at a
-        // time: the two may be different users (the next round sees the
-        // first one's user there and decides).
+        // No second job of this round on a GPU where who runs there
+        // matters (a one-user daemon, a co_locate rule): the two may not go
+        // together (the next round sees the first one there and decides).
         |j, c, terms| {
-            if gpu_of(c).published.multiuser {
+            if gpu_of(c).published.multiuser && policy.co_locate == CoLocate::Any {
                 value(j as usize, c, terms)
             } else {
                 None
@@ -752,12 +759,15 @@ pub fn plan<P: Predictor>(
             }
             // Open GPUs it fits but may not share: another user's jobs
             // under a daemon that serves one user at a time.
-            (None, None) if !has_edge[j] && barred_by_user(j) => (
-                Target::Parked,
-                None,
-                "no candidate: the GPUs with room for it run another user's jobs under an MPS daemon that serves one user at a time (not in multi-user mode)".to_string(),
-                Some(Waiting::SameUserOnly),
-            ),
+            (None, None) if !has_edge[j] && barred(j).is_some() => {
+                let why = barred(j);
+                let words = if why == Some(Waiting::SameUserOnly) {
+                    "no candidate: the GPUs with room for it run another user's jobs under an MPS daemon that serves one user at a time (not in multi-user mode)"
+                } else {
+                    "no candidate: the GPUs with room for it run jobs it may not share with under [policy] co_locate"
+                };
+                (Target::Parked, None, words.to_string(), why)
+            }
             // A node with an open GPU and room for it: its GPUs did not
             // fit otherwise (memory, health, its fixed slot index).
             (None, None)
@@ -1005,7 +1015,7 @@ mod tests {
             online_jobs: vec![1],
             slots_used: u32::from(used),
             offline_jobs: u32::from(used),
-            users: Vec::new(),
+            owners: Vec::new(),
         }
     }
 
@@ -1013,6 +1023,7 @@ mod tests {
         PendingJob {
             id,
             user: "u".into(),
+            account: String::new(),
             name: name.into(),
             required_nodes: req.into(),
             slot_gpus: slot.into_iter().collect(),
@@ -1075,7 +1086,10 @@ mod tests {
             let mut g = gpu(node, HealthState::Healthy, 10, 4_000, false);
             g.published.multiuser = multiuser;
             if let Some(u) = online_user {
-                g.users = vec![u.to_string()];
+                g.owners = vec![Owner {
+                    user: u.to_string(),
+                    account: "a".into(),
+                }];
             } else {
                 g.online_jobs.clear();
             }
@@ -1083,12 +1097,18 @@ mod tests {
         };
         let of = |id: u32, user: &str| PendingJob {
             user: user.into(),
+            account: "a".into(),
             ..job(id, "small", true, "", None)
+        };
+        let of_account = |id: u32, user: &str, account: &str| PendingJob {
+            account: account.into(),
+            ..of(id, user)
         };
         struct Case {
             name: &'static str,
             gpus: Vec<GpuState>,
             jobs: Vec<PendingJob>,
+            rule: CoLocate,
             /// (node, waiting) per job, in job order.
             want: Vec<(Option<&'static str>, Option<&'static str>)>,
         }
@@ -1097,36 +1117,63 @@ mod tests {
                 name: "another user's job waits, naming why",
                 gpus: vec![at("a", Some("alice"), false)],
                 jobs: vec![of(1, "bob")],
+                rule: CoLocate::Any,
                 want: vec![(None, Some("same_user_only"))],
             },
             Case {
                 name: "the online user's own job shares it",
                 gpus: vec![at("a", Some("alice"), false)],
                 jobs: vec![of(1, "alice")],
+                rule: CoLocate::Any,
                 want: vec![(Some("a"), None)],
             },
             Case {
                 name: "a multi-user daemon takes any user",
                 gpus: vec![at("a", Some("alice"), true)],
                 jobs: vec![of(1, "bob")],
+                rule: CoLocate::Any,
                 want: vec![(Some("a"), None)],
             },
             Case {
                 name: "the other user goes to the GPU it may share, the owner's job to its own",
                 gpus: vec![at("a", Some("alice"), false), at("b", Some("carol"), true)],
                 jobs: vec![of(1, "bob"), of(2, "alice")],
+                rule: CoLocate::Any,
                 want: vec![(Some("b"), None), (Some("a"), None)],
             },
             Case {
                 name: "an idle one-user GPU takes one job of a round, not two users' at once",
                 gpus: vec![at("a", None, false)],
                 jobs: vec![of(1, "bob"), of(2, "alice")],
+                rule: CoLocate::Any,
                 want: vec![(Some("a"), None), (None, Some("faster_jobs_first"))],
+            },
+            Case {
+                name: "co_locate = same_account: another account's job waits, naming the rule",
+                gpus: vec![at("a", Some("alice"), true)],
+                jobs: vec![of_account(1, "bob", "b")],
+                rule: CoLocate::SameAccount,
+                want: vec![(None, Some("co_locate"))],
+            },
+            Case {
+                name: "co_locate = same_account: the same account's other user shares it",
+                gpus: vec![at("a", Some("alice"), true)],
+                jobs: vec![of(1, "bob")],
+                rule: CoLocate::SameAccount,
+                want: vec![(Some("a"), None)],
+            },
+            Case {
+                name: "co_locate = same_user: the same account's other user waits",
+                gpus: vec![at("a", Some("alice"), true)],
+                jobs: vec![of(1, "bob")],
+                rule: CoLocate::SameUser,
+                want: vec![(None, Some("co_locate"))],
             },
         ];
         let mut cfg = muxflow::Config::default();
         cfg.policy.offline_per_gpu = 2;
         for case in cases {
+            cfg.policy.co_locate = case.rule;
             let state = ClusterState {
                 gpus: case.gpus,
                 pending: case.jobs,

@@ -103,8 +103,29 @@ fn squeue_and_sinfo_give_online_gpus_slots_and_pending_jobs() {
     assert_eq!(st.pending.len(), 1);
     let p = &st.pending[0];
     assert_eq!(
-        (p.id, p.name.as_str(), p.user.as_str()),
-        (17, "train-x", "root")
+        (p.id, p.name.as_str(), p.user.as_str(), p.account.as_str()),
+        (17, "train-x", "root", "root")
+    );
+    // Who runs on each GPU (the online job, and the offline one on node2
+    // gpu1), for the one-user and co_locate rules.
+    let owners: Vec<Vec<(&str, &str)>> = st
+        .gpus
+        .iter()
+        .map(|g| {
+            g.owners
+                .iter()
+                .map(|o| (o.user.as_str(), o.account.as_str()))
+                .collect()
+        })
+        .collect();
+    assert_eq!(
+        owners,
+        [
+            vec![("root", "root")],
+            vec![],
+            vec![("root", "root")],
+            vec![("root", "root")]
+        ]
     );
     assert!(p.slot_gpus.is_empty());
     assert_eq!(p.gpus, 1);

@@ -541,7 +541,7 @@ impl<'a> Sim<'a> {
                     online_jobs: svc.map(|s| s.job_id).into_iter().collect(),
                     slots_used: 0,
                     offline_jobs: 0,
-                    users: Vec::new(),
+                    owners: Vec::new(),
                 });
             }
         }
@@ -953,6 +953,7 @@ impl<'a> Sim<'a> {
             self.state.pending.push(PendingJob {
                 id: job.id,
                 user: "sim".into(),
+                account: String::new(),
                 name: self.sc.tasks[job.task as usize].name.clone(),
                 required_nodes: String::new(),
                 slot_gpus: self.jobs[j as usize].slot_gpus.clone(),
