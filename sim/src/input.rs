@@ -16,10 +16,11 @@ pub struct Source<'a> {
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum InputError {
-    #[error("{file}: missing column '{column}' (the header must name {required})")]
-    MissingColumn {
+    #[error("{file}: missing {} {}; the header must name {required}", if missing.len() == 1 { "column" } else { "columns" }, missing_words(missing))]
+    MissingColumns {
         file: String,
-        column: String,
+        /// Each missing column with what the replay reads from it.
+        missing: Vec<(String, String)>,
         required: String,
     },
     #[error("{file}:{line}: column '{column}': '{value}' is not {expected}")]
@@ -40,6 +41,17 @@ pub enum InputError {
     Content { file: String, why: String },
 }
 
+fn missing_words(missing: &[(String, String)]) -> String {
+    missing
+        .iter()
+        .map(|(c, why)| format!("'{c}' ({why})"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A required column and what the replay reads from it (named when missing).
+type Column<'a> = (&'a str, &'a str);
+
 /// A CSV table: the header's column positions and the rows, with their line
 /// numbers.
 struct Table {
@@ -49,7 +61,9 @@ struct Table {
 }
 
 impl Table {
-    fn read(src: &Source, required: &[&str]) -> Result<Table, InputError> {
+    /// Reads `src`; every required column the header lacks is named in one
+    /// error, with what it is for.
+    fn read(src: &Source, required: &[Column]) -> Result<Table, InputError> {
         let file = src.name.clone();
         let mut rdr = csv::ReaderBuilder::new()
             .trim(csv::Trim::All)
@@ -61,14 +75,21 @@ impl Table {
             .enumerate()
             .map(|(i, h)| (h.trim_start_matches('\u{feff}').to_string(), i))
             .collect();
-        for c in required {
-            if !columns.contains_key(*c) {
-                return Err(InputError::MissingColumn {
-                    file,
-                    column: c.to_string(),
-                    required: required.join(", "),
-                });
-            }
+        let missing: Vec<(String, String)> = required
+            .iter()
+            .filter(|(c, _)| !columns.contains_key(*c))
+            .map(|(c, why)| (c.to_string(), why.to_string()))
+            .collect();
+        if !missing.is_empty() {
+            return Err(InputError::MissingColumns {
+                file,
+                missing,
+                required: required
+                    .iter()
+                    .map(|(c, _)| *c)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
         }
         let mut rows = Vec::new();
         for rec in rdr.records() {
@@ -138,7 +159,14 @@ pub struct Node {
 /// `sn,gpu,model` (the format of `openb_node_list_gpu_node.csv`). Nodes
 /// without GPUs are kept out.
 pub fn read_nodes(src: &Source) -> Result<Vec<Node>, InputError> {
-    let t = Table::read(src, &["sn", "gpu", "model"])?;
+    let t = Table::read(
+        src,
+        &[
+            ("sn", "the node's name"),
+            ("gpu", "its GPU count"),
+            ("model", "its GPU model, matched against a task's gpu_spec"),
+        ],
+    )?;
     let mut out = Vec::with_capacity(t.rows.len());
     for (line, row) in &t.rows {
         let gpus: u32 = t.parse(*line, row, "gpu", "a GPU count (0 to 64)", |n| *n <= 64)?;
@@ -192,7 +220,22 @@ pub struct Task {
 /// `openb_pod_list_*.csv`): qos LS, Guaranteed, Burstable = online; BE =
 /// offline. `gpu_spec` lists models separated by `|` (empty: any).
 pub fn read_tasks(src: &Source) -> Result<Vec<Task>, InputError> {
-    let t = Table::read(src, &["name", "num_gpu", "gpu_milli", "gpu_spec", "qos"])?;
+    let t = Table::read(
+        src,
+        &[
+            ("name", "the task's name"),
+            ("num_gpu", "GPUs per task"),
+            ("gpu_milli", "thousandths of each GPU it uses"),
+            (
+                "gpu_spec",
+                "the GPU models it may run on, '|'-separated; an empty cell: any",
+            ),
+            (
+                "qos",
+                "online or offline: LS, Guaranteed, Burstable are online, BE offline",
+            ),
+        ],
+    )?;
     let mut out = Vec::with_capacity(t.rows.len());
     for (line, row) in &t.rows {
         let num_gpu: u32 = t.parse(*line, row, "num_gpu", "a GPU count (0 to 64)", |n| *n <= 64)?;
@@ -254,7 +297,7 @@ pub fn read_tasks(src: &Source) -> Result<Vec<Task>, InputError> {
 
 /// Offline run times alone on a whole GPU, seconds (`runtime`).
 pub fn read_runtimes(src: &Source) -> Result<Vec<f64>, InputError> {
-    let t = Table::read(src, &["runtime"])?;
+    let t = Table::read(src, &[("runtime", "seconds alone on a whole GPU")])?;
     let mut out = Vec::with_capacity(t.rows.len());
     for (line, row) in &t.rows {
         out.push(t.parse(
@@ -332,7 +375,14 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
 pub fn read_pairs(src: &Source) -> Result<Pairs, InputError> {
     let t = Table::read(
         src,
-        &["job_a", "job_b", "solo_a", "solo_b", "shared_a", "shared_b"],
+        &[
+            ("job_a", "the first job type's name"),
+            ("job_b", "the second job type's name"),
+            ("solo_a", "job_a's throughput alone"),
+            ("solo_b", "job_b's throughput alone"),
+            ("shared_a", "job_a's throughput beside job_b"),
+            ("shared_b", "job_b's throughput beside job_a"),
+        ],
     )?;
     let mut rows = Vec::with_capacity(t.rows.len());
     let mut types = std::collections::BTreeSet::new();
@@ -451,7 +501,13 @@ mod tests {
                 what: "missing column",
                 text: "sn,model\nn1,V100\n",
                 read: nodes,
-                want: "t.csv: missing column 'gpu' (the header must name sn, gpu, model)",
+                want: "t.csv: missing column 'gpu' (its GPU count); the header must name sn, gpu, model",
+            },
+            Case {
+                what: "several missing columns, named at once with their use",
+                text: "name,num_gpu,gpu_milli\na,1,1000\n",
+                read: tasks,
+                want: "t.csv: missing columns 'gpu_spec' (the GPU models it may run on, '|'-separated; an empty cell: any), 'qos' (online or offline: LS, Guaranteed, Burstable are online, BE offline); the header must name name, num_gpu, gpu_milli, gpu_spec, qos",
             },
             Case {
                 what: "short row",
