@@ -32,7 +32,7 @@ use muxflow::policy::{offline_mem_cap_mib, offline_part, offline_sm_percent, Gpu
 use muxflow::published::GpuPublished;
 use muxflow::report::{add_peers, GangGpu, JobReport};
 use muxflow::Mode;
-use muxflow_matcher::predict::{runs_from_sacct, Model, Run};
+use muxflow_matcher::predict::{runs_from_sacct, GpuTerms, JobTerms, Model, Run};
 use muxflow_matcher::reader::{
     ClusterState, GpuState, Names, PendingJob, SacctComment, SacctJob, SacctTime,
 };
@@ -370,6 +370,16 @@ struct Sim<'a> {
     health_violations: u64,
     timing: bool,
     learn: bool,
+    /// (job name, online partner) pairs whose placement failed at start since
+    /// the model was last trained: not proposed again before it learns
+    /// them ([`LearnedNow`]). The daemon retrains every round, so a
+    /// failure is in its next round's model; the replay retrains more
+    /// rarely and must not propose the pair again meanwhile.
+    failed_since_training: BTreeSet<(String, u32)>,
+    /// Per job name, the largest memory cap a start failed under since the
+    /// model was trained: its need is above it (what the model learns
+    /// from such a run, `Profile::peak_mib`).
+    needs_above_since_training: BTreeMap<String, u64>,
     progress: &'a AtomicU64,
 }
 
@@ -515,6 +525,8 @@ impl<'a> Sim<'a> {
             health_violations: 0,
             timing: opts.timing,
             learn: !opts.default_predictor,
+            failed_since_training: BTreeSet::new(),
+            needs_above_since_training: BTreeMap::new(),
             progress,
         };
         if kind.is_muxflow() {
@@ -1381,11 +1393,17 @@ impl<'a> Sim<'a> {
         {
             self.model = Model::train(&self.runs);
             self.trained_on_runs = n;
+            self.failed_since_training.clear();
+            self.needs_above_since_training.clear();
         }
         let started = Instant::now();
         let chosen = plan(
             &self.state,
-            &self.model,
+            &LearnedNow {
+                model: &self.model,
+                failed: &self.failed_since_training,
+                needs_above: &self.needs_above_since_training,
+            },
             &self.cfg.policy,
             &self.matcher,
             &self.names,
@@ -1452,6 +1470,28 @@ impl<'a> Sim<'a> {
                     pair.is_some() && !over_cap
                 };
                 fails |= !starts;
+                // A pair that cannot share the GPU: what the next model
+                // learns from the failed run's record (predict::estimate's
+                // infeasible pairs). Beside other offline jobs the daemon
+                // first reads it as a need above the slot's cap and learns
+                // the pair at the next failure, alone beside the service:
+                // here it is learned at once (at most one failure fewer per
+                // name and service than the daemon's).
+                let name = &self.sc.tasks[job.task as usize].name;
+                if let (false, Some(svc)) = (starts, self.sc.online[g as usize].as_ref()) {
+                    if pair.is_none() {
+                        self.failed_since_training
+                            .insert((name.clone(), svc.job_id));
+                    }
+                }
+                // Over its cap: a need above it.
+                if let (false, true, Some(c)) = (starts, over_cap, cap) {
+                    let need = self
+                        .needs_above_since_training
+                        .entry(name.clone())
+                        .or_default();
+                    *need = (*need).max(c);
+                }
                 seats.push(JobSeat {
                     sm_pct,
                     budget_pct,
@@ -1592,6 +1632,64 @@ fn hist_quantile(hist: &[f64], q: f64) -> f64 {
         }
     }
     1.0 + (hist.len() - 1) as f64 * LATENCY_BIN
+}
+
+/// The production model, less the pairs that failed at start since it was
+/// trained ([`Sim::failed_since_training`]): what the daemon's next round
+/// would know.
+struct LearnedNow<'a> {
+    model: &'a Model,
+    /// (job name, partner): the daemon's model keys a job by (user,
+    /// name), and every replayed job's user is the same.
+    failed: &'a BTreeSet<(String, u32)>,
+    /// Job name -> a cap it failed under.
+    needs_above: &'a BTreeMap<String, u64>,
+}
+
+impl LearnedNow<'_> {
+    fn failed_beside(&self, job: &(JobTerms, Vec<u32>), gpu: &(GpuTerms, Option<u32>)) -> bool {
+        gpu.1.is_some_and(|p| job.1.contains(&p))
+    }
+}
+
+impl Predictor for LearnedNow<'_> {
+    /// The model's terms and the partners the job failed beside.
+    type Job = (JobTerms, Vec<u32>);
+    type Gpu = (GpuTerms, Option<u32>);
+    fn job_terms(&self, job: &PendingJob) -> Self::Job {
+        let failed_beside = self
+            .failed
+            .iter()
+            .filter(|(name, _)| *name == job.name)
+            .map(|&(_, p)| p)
+            .collect();
+        let mut terms = Predictor::job_terms(self.model, job);
+        if let Some(&cap) = self.needs_above.get(&job.name) {
+            terms.peak_mib = Some(terms.peak_mib.unwrap_or(0).max(cap.saturating_add(1)));
+        }
+        (terms, failed_beside)
+    }
+    fn gpu_terms(&self, gpu: &GpuState, policy: &Policy, seat: Seat) -> Self::Gpu {
+        (
+            Predictor::gpu_terms(self.model, gpu, policy, seat),
+            gpu.online_jobs.first().copied(),
+        )
+    }
+    fn predict(&self, job: &Self::Job, gpu: &Self::Gpu) -> Option<f64> {
+        if self.failed_beside(job, gpu) {
+            return None;
+        }
+        Predictor::predict(self.model, &job.0, &gpu.0)
+    }
+    fn estimate(&self, job: &Self::Job, gpu: &Self::Gpu) -> Option<(f64, f64)> {
+        if self.failed_beside(job, gpu) {
+            return None;
+        }
+        Predictor::estimate(self.model, &job.0, &gpu.0)
+    }
+    fn solo(&self, job: &Self::Job, gpu: &GpuState, slot: &IdleSlot) -> Option<(f64, f64)> {
+        Predictor::solo(self.model, &job.0, gpu, slot)
+    }
 }
 
 /// The matcher given the true values: what each pair would really run at.
