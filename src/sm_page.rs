@@ -267,7 +267,9 @@ mod tests {
             (
                 "a field missing",
                 "v=1 t_ms=1800000000000 sm_pct=47.3\n",
-                Err(NoReading::Corrupt("not the four fields of version 1".into())),
+                Err(NoReading::Corrupt(
+                    "not the four fields of version 1".into(),
+                )),
             ),
             (
                 "fields out of order",
