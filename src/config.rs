@@ -404,7 +404,7 @@ impl Default for Health {
             xid_watch_ms: 0,
             publish_refresh_s: 300,
             police_interval_ms: 1000,
-            sampler_linger_s: 60,
+            sampler_linger_s: 30,
         }
     }
 }

@@ -231,6 +231,15 @@ impl<'n> Gpu<'n> {
     }
 }
 
+/// Whether `path` still names the open `file`.
+fn same_file(file: &File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (file.metadata(), std::fs::symlink_metadata(path)) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
+    }
+}
+
 /// Whether any muxflow job is recorded on the node; an unreadable registry
 /// counts as one (the sampler stays rather than leave a job without it).
 fn jobs_on_node(ns: &NodeState) -> bool {
@@ -305,6 +314,12 @@ pub fn run(config: &Config) -> anyhow::Result<()> {
                 .unwrap_or(Duration::ZERO);
             if last_job.elapsed() >= linger && asked_ago >= linger {
                 break;
+            }
+            // A state directory removed or made anew (a cluster torn down
+            // and set up again) has a sampler of its own to come.
+            if !same_file(&lock, &path) {
+                tracing::info!("{} is no longer this sampler's lock", path.display());
+                return Ok(());
             }
         }
         std::thread::sleep(GPM_MIN_GAP.saturating_sub(t0.elapsed()));
