@@ -11,8 +11,9 @@
 //! state directory, held by a flock on `<state_dir>/sampler.lock` (which
 //! also names its pid) — and marks the sampler wanted (the lock file's
 //! mtime). It exits once no muxflow job has been recorded on the node and
-//! nothing has asked for it for `health.sampler_linger_s`; killed, it is
-//! back at the next step or police check. Chosen over a systemd unit: it
+//! nothing has asked for it for `health.sampler_linger_s`; killed (also
+//! with slurmd's cgroup when slurmd restarts), it is back at the next step
+//! or police check, and it leaves when its state directory is torn down. Chosen over a systemd unit: it
 //! runs only while sharing needs it (nothing left running on nodes that
 //! share nothing, nothing an admin must enable on each node), it follows
 //! whatever binary the node programs are (an upgrade takes effect at the

@@ -2,10 +2,10 @@
 //!
 //! Each Prolog, Epilog and health check calls [`step`]: NVML is read once
 //! (no wait: SM activity comes from the node's sampler, [`crate::sampler`],
-//! which the step starts when none runs), the MPS logs are scanned from where the last step stopped, the error
-//! detector's rules are applied and their actions carried out, the state
-//! machine ([`muxflow::health::Fsm`]) is stepped, and the result is persisted
-//! per GPU under the GPU's lock:
+//! which the step starts when none runs), the MPS logs are scanned from
+//! where the last step stopped, the error detector's rules are applied and
+//! their actions carried out, the state machine ([`muxflow::health::Fsm`])
+//! is stepped, and the result is persisted per GPU under the GPU's lock:
 //!
 //! ```text
 //! <state_dir>/gpu<i>/state         health word (xCUDA reads it)

@@ -1,7 +1,7 @@
 //! The watcher thread (started at cuInit): every sample interval it reads
 //! the GPU's health state, samples the GPU through NVML (SM activity: the
-//! node sampler's page beside the health file, [`muxflow::sm_page`]), feeds the
-//! [`Controller`] and sets the gate (another process on the GPU is
+//! node sampler's page beside the health file, [`muxflow::sm_page`]),
+//! feeds the [`Controller`] and sets the gate (another process on the GPU is
 //! contention unless root lists it as one of the GPU's offline processes:
 //! [`muxflow::offline_procs`]); every second it rewrites the stats file
 //! and re-asserts the signal handlers. It does all that holding [`BUSY`],
