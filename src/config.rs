@@ -403,6 +403,10 @@ pub struct Health {
     /// How often `muxflow-police` checks an offline job's processes while
     /// the job runs (the health steps check them too).
     pub police_interval_ms: u64,
+    /// How long `muxflow-sampler` (the node's SM activity sampler, started
+    /// by the health steps) stays once no muxflow job is on the node and no
+    /// step has asked for it.
+    pub sampler_linger_s: u64,
 }
 
 impl Default for Health {
@@ -424,6 +428,7 @@ impl Default for Health {
             xid_watch_ms: 0,
             publish_refresh_s: 300,
             police_interval_ms: 1000,
+            sampler_linger_s: 30,
         }
     }
 }

@@ -22,6 +22,7 @@ pub mod report;
 pub mod slurm_cli;
 pub mod slurm_conf;
 pub mod slurm_version;
+pub mod sm_page;
 #[doc(hidden)]
 pub mod test_support;
 pub mod text;

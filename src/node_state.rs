@@ -7,6 +7,9 @@
 //! <state_dir>/gpu<i>/facts         what the SM and memory policies need (key=value)
 //! <state_dir>/gpu<i>/offline_procs the GPU's offline processes, for xCUDA's brake
 //!                                  (crate::offline_procs)
+//! <state_dir>/gpu<i>/sm_activity   the node sampler's last SM activity reading
+//!                                  (crate::sm_page; no lock: replaced whole)
+//! <state_dir>/sampler.lock         flock and pid of the node's muxflow-sampler
 //! <state_dir>/xcuda/<jobid>/       xCUDA counters of an offline job (owned by its user)
 //! <state_dir>/limits/<jobid>        an offline job's limits (root, 0644; crate::limits)
 //! <state_dir>/limits/<jobid>.policed  why the node terminated one of its processes

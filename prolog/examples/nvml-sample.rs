@@ -1,5 +1,6 @@
-//! Prints what the health check's NVML read (`muxflow_prolog::nvml::read`)
-//! sees, every `--every-ms` for `--seconds`: one `key=value` line per GPU
+//! Prints what an NVML read with its own two GPM samples
+//! (`muxflow_prolog::nvml::read_with_gpm_gap`, the readings `muxflow-sampler`
+//! publishes for the health check) sees, every `--every-ms` for `--seconds`: one `key=value` line per GPU
 //! and sample. For checking the readings on a real GPU beside a known load
 //! (`real-gpu/run`); the dev cluster's tests read the simulated GPU.
 //!
@@ -20,8 +21,8 @@ struct Cli {
     /// Time between samples.
     #[arg(long, default_value_t = 250)]
     every_ms: u64,
-    /// Time between the two GPM samples of a read [default: the health
-    /// check's, `muxflow::health::GPM_MIN_GAP`].
+    /// Time between the two GPM samples of a read [default: the sampler's,
+    /// `muxflow::health::GPM_MIN_GAP`].
     #[arg(long)]
     gpm_gap_ms: Option<u64>,
     /// libnvidia-ml to load [default: libnvidia-ml.so.1 from the loader's path].

@@ -140,4 +140,5 @@ pub mod nvml;
 pub mod police;
 pub mod publish;
 pub mod record;
+pub mod sampler;
 pub mod sysmon;

@@ -1,5 +1,9 @@
-//! One NVML read per step: every GPU's utilization, SM activity (GPM), SM
-//! clock, memory and compute processes, plus pending Xid events.
+//! One NVML read per step: every GPU's utilization, SM clock, memory and
+//! compute processes, plus pending Xid events. SM activity (GPM) needs two
+//! samples [`GPM_MIN_GAP`](muxflow::health::GPM_MIN_GAP) apart, so the
+//! steps take it from the node's sampler ([`crate::sampler`]), which uses
+//! [`gpm_sm_activity`]; [`read_with_gpm_gap`] samples it itself, waiting
+//! (the example `nvml-sample` and the tests).
 
 use std::time::{Duration, Instant};
 
@@ -62,26 +66,56 @@ pub struct Telemetry {
 
 const MIB: u64 = 1 << 20;
 
-/// Reads every GPU once. `xid_watch` is how long to wait for Xid events
+/// Reads every GPU once, without SM activity (no wait: the caller takes it
+/// from the sampler's page). `xid_watch` is how long to wait for Xid events
 /// after registering for them (0: only those already pending).
 pub fn read(lib: Option<&std::path::Path>, xid_watch: Duration) -> Result<Telemetry, ReadError> {
-    read_with_gpm_gap(lib, xid_watch, muxflow::health::GPM_MIN_GAP)
+    read_inner(lib, xid_watch, None)
 }
 
-/// [`read`] with the time between the two GPM samples given.
+/// [`read`] with SM activity from two GPM samples `gpm_gap` apart, taken
+/// here (it waits that long).
 pub fn read_with_gpm_gap(
     lib: Option<&std::path::Path>,
     xid_watch: Duration,
     gpm_gap: Duration,
 ) -> Result<Telemetry, ReadError> {
-    let nvml = match lib {
+    read_inner(lib, xid_watch, Some(gpm_gap))
+}
+
+/// NVML loaded from `lib` (else the loader's libnvidia-ml.so.1).
+pub fn open(lib: Option<&std::path::Path>) -> Result<Nvml, ReadError> {
+    match lib {
         Some(p) => Nvml::builder().lib_path(p.as_os_str()).init(),
         None => Nvml::init(),
     }
     .map_err(|source| ReadError::Init {
         lib: lib.map_or("libnvidia-ml.so.1".into(), |p| p.display().to_string()),
         source,
-    })?;
+    })
+}
+
+/// SM activity, percent, between two GPM samples of one GPU (taken at
+/// least [`GPM_MIN_GAP`](muxflow::health::GPM_MIN_GAP) apart, or it reads
+/// 0); None when the GPU has no such metric.
+pub fn gpm_sm_activity(
+    nvml: &Nvml,
+    first: &nvml_wrapper::gpm::GpmSample,
+    second: &nvml_wrapper::gpm::GpmSample,
+) -> Result<Option<f64>, NvmlError> {
+    let v = nvml_wrapper::gpm::gpm_metrics_get(nvml, first, second, &[GpmMetricId::SmUtil])?;
+    Ok(v.into_iter()
+        .next()
+        .and_then(|m| m.ok())
+        .map(|m| m.value.clamp(0.0, 100.0)))
+}
+
+fn read_inner(
+    lib: Option<&std::path::Path>,
+    xid_watch: Duration,
+    gpm_gap: Option<Duration>,
+) -> Result<Telemetry, ReadError> {
+    let nvml = open(lib)?;
     let count = nvml.device_count().map_err(ReadError::Count)?;
 
     // Register for Xids first, so events raised during the read are caught.
@@ -118,7 +152,10 @@ pub fn read_with_gpm_gap(
     // GPU now, the second after the other queries.
     let first: Vec<_> = devices
         .iter()
-        .map(|d| d.as_ref().ok().and_then(|d| d.gpm_sample().ok()))
+        .map(|d| {
+            gpm_gap?;
+            d.as_ref().ok().and_then(|d| d.gpm_sample().ok())
+        })
         .collect();
     let start = Instant::now();
     let mut gpus = Vec::with_capacity(devices.len());
@@ -130,7 +167,7 @@ pub fn read_with_gpm_gap(
         };
         gpus.push((i, read));
     }
-    if let Some(rest) = gpm_gap.checked_sub(start.elapsed()) {
+    if let Some(rest) = gpm_gap.and_then(|g| g.checked_sub(start.elapsed())) {
         std::thread::sleep(rest);
     }
     for ((i, read), (d, s1)) in gpus.iter_mut().zip(devices.iter().zip(first)) {
@@ -140,17 +177,11 @@ pub fn read_with_gpm_gap(
         let GpuRead::Ok(r) = read else {
             continue;
         };
-        let sm = dev.gpm_sample().and_then(|s2| {
-            nvml_wrapper::gpm::gpm_metrics_get(&nvml, &s1, &s2, &[GpmMetricId::SmUtil])
-        });
-        match sm {
-            Ok(v) => {
-                r.metrics.sm_activity_pct = v
-                    .into_iter()
-                    .next()
-                    .and_then(|m| m.ok())
-                    .map(|m| m.value.clamp(0.0, 100.0))
-            }
+        match dev
+            .gpm_sample()
+            .and_then(|s2| gpm_sm_activity(&nvml, &s1, &s2))
+        {
+            Ok(v) => r.metrics.sm_activity_pct = v,
             Err(NvmlError::GpuLost) => *read = GpuRead::Lost,
             Err(e) => tracing::debug!("GPU {i}: no GPM SM activity: {e}"),
         }

@@ -476,10 +476,12 @@ const NO_STEPD_GIVE_UP: Duration = Duration::from_secs(300);
 
 /// `muxflow-police` for offline job `job`: polices the job's GPU every
 /// `health.police_interval_ms`, so a process out of bounds is caught about
-/// when it attaches rather than at the next health check. Ends when the
+/// when it attaches rather than at the next health check. It also keeps the
+/// node's SM activity sampler running for node `node` ([`crate::sampler`]):
+/// xCUDA's gate reads its pages between health checks. Ends when the
 /// Epilog has forgotten the job, or when the job's slurmstepd has gone (or
 /// never came).
-pub fn watch(config: &Config, job: u32) -> anyhow::Result<()> {
+pub fn watch(config: &Config, job: u32, node: Option<&str>) -> anyhow::Result<()> {
     let ns = NodeState::new(config.paths.state_dir.as_path());
     let interval = Duration::from_millis(config.health.police_interval_ms);
     let nvml = match config.paths.nvml_library.as_ref() {
@@ -501,9 +503,23 @@ pub fn watch(config: &Config, job: u32) -> anyhow::Result<()> {
     let procfs = Procfs::default();
     let started = Instant::now();
     let mut stepd_seen = false;
+    let mut sampler: Option<std::process::Child> = None;
     tracing::info!(job, ?interval, "muxflow-police: watching offline job");
     loop {
         std::thread::sleep(interval);
+        // While the job runs, the node's SM activity sampler is back within
+        // an interval if it was killed (its exit is reaped here).
+        if let Some(node) = node {
+            if sampler
+                .as_mut()
+                .is_some_and(|c| !matches!(c.try_wait(), Ok(None)))
+            {
+                sampler = None;
+            }
+            if let Some(child) = crate::sampler::ensure(config, node) {
+                sampler = Some(child);
+            }
+        }
         // Every GPU the job is on (a k-GPU job: k).
         let gpus = ns.job_gpus(job)?;
         if gpus.is_empty() {

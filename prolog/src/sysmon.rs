@@ -1,10 +1,11 @@
 //! SysMonitor: one step of every GPU's health state machine.
 //!
-//! Each Prolog, Epilog and health check calls [`step`]: NVML is read once,
-//! the MPS logs are scanned from where the last step stopped, the error
-//! detector's rules are applied and their actions carried out, the state
-//! machine ([`muxflow::health::Fsm`]) is stepped, and the result is persisted
-//! per GPU under the GPU's lock:
+//! Each Prolog, Epilog and health check calls [`step`]: NVML is read once
+//! (no wait: SM activity comes from the node's sampler, [`crate::sampler`],
+//! which the step starts when none runs), the MPS logs are scanned from
+//! where the last step stopped, the error detector's rules are applied and
+//! their actions carried out, the state machine ([`muxflow::health::Fsm`])
+//! is stepped, and the result is persisted per GPU under the GPU's lock:
 //!
 //! ```text
 //! <state_dir>/gpu<i>/state         health word (xCUDA reads it)
@@ -83,6 +84,7 @@ pub fn report(config: &Config, env: &JobEnv) -> anyhow::Result<Vec<String>> {
 pub fn step(config: &Config, env: &JobEnv, trigger: Trigger) -> anyhow::Result<()> {
     // `config` comes from run_contained with `{node}` already expanded.
     let node = node_name(env)?;
+    let started = crate::sampler::ensure(config, &node).is_some();
     let watch = match trigger {
         Trigger::HealthCheck | Trigger::HealthReport => {
             Duration::from_millis(config.health.xid_watch_ms)
@@ -94,6 +96,7 @@ pub fn step(config: &Config, env: &JobEnv, trigger: Trigger) -> anyhow::Result<(
         watch,
     );
     if let Ok(t) = &mut telemetry {
+        add_sm_activity(config, t, started);
         add_kernel_log_xids(config, t);
     }
     let stepped = step_with(config, &node, trigger, telemetry, now_s());
@@ -105,6 +108,32 @@ pub fn step(config: &Config, env: &JobEnv, trigger: Trigger) -> anyhow::Result<(
     );
     stepped?;
     Ok(())
+}
+
+/// Adds each GPU's SM activity from the sampler's page. Without a fresh
+/// page (a cold node: the sampler was started just now; a GPU without GPM)
+/// the step decides on utilization, clock and memory, and says why.
+fn add_sm_activity(config: &Config, t: &mut nvml::Telemetry, sampler_started: bool) {
+    let ns = NodeState::new(config.paths.state_dir.as_path());
+    let now = muxflow::sm_page::now_ms();
+    for (gpu, read) in &mut t.gpus {
+        let GpuRead::Ok(r) = read else { continue };
+        match muxflow::sm_page::read(&crate::sampler::page_path(&ns, *gpu), 0, now) {
+            Ok(pct) => r.metrics.sm_activity_pct = Some(pct),
+            Err(muxflow::sm_page::NoReading::Unsupported) => {
+                tracing::debug!(gpu, "the GPU gives no SM activity")
+            }
+            Err(why) => tracing::info!(
+                gpu,
+                "{why}{}; deciding on utilization, clock and memory",
+                if sampler_started {
+                    " (the sampler was started just now)"
+                } else {
+                    ""
+                }
+            ),
+        }
+    }
 }
 
 /// Adds the Xids the driver logged since the previous run (see

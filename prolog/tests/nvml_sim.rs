@@ -1,5 +1,6 @@
-//! The health check's NVML read (`nvml::read`) on the simulated GPU while
-//! a trainer runs: SM activity comes from two GPM samples far enough apart
+//! The two-sample NVML read (`nvml::read_with_gpm_gap`, the GPM reading the
+//! node's sampler publishes) on the simulated GPU while a trainer runs: SM
+//! activity comes from two GPM samples far enough apart
 //! for the GPU to have refreshed its counters (`GPM_MIN_GAP`); closer samples
 //! read 0, as on a real H100 (real-gpu/README.md).
 

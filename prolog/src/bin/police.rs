@@ -10,6 +10,6 @@ fn main() {
             .as_deref()
             .and_then(|j| j.parse().ok())
             .ok_or_else(|| anyhow::anyhow!("SLURM_JOB_ID is not a job id"))?;
-        muxflow_prolog::police::watch(config, job)
+        muxflow_prolog::police::watch(config, job, env.node.as_deref())
     });
 }

@@ -1,6 +1,7 @@
 //! The watcher thread (started at cuInit): every sample interval it reads
-//! the GPU's health state and samples the GPU through NVML, feeds the
-//! [`Controller`] and sets the gate (another process on the GPU is
+//! the GPU's health state, samples the GPU through NVML (SM activity: the
+//! node sampler's page beside the health file, [`muxflow::sm_page`]),
+//! feeds the [`Controller`] and sets the gate (another process on the GPU is
 //! contention unless root lists it as one of the GPU's offline processes:
 //! [`muxflow::offline_procs`]); every second it rewrites the stats file
 //! and re-asserts the signal handlers. It does all that holding [`BUSY`],
@@ -13,11 +14,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use muxflow::health::{HealthState, GPM_MIN_GAP};
+use muxflow::health::HealthState;
 use muxflow::jobproc::Procfs;
 use muxflow::offline_procs::ProcId;
 use nvml_wrapper::enum_wrappers::device::Clock;
-use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::{Device, Nvml};
 
 use crate::state::controller::{Controller, Params, Sample};
@@ -97,14 +97,13 @@ fn is_mps_server(pid: u32) -> bool {
 }
 
 struct Sampler<'n> {
-    nvml: &'n Nvml,
     dev: Device<'n>,
     max_clock: u32,
-    /// The GPM sample the next SM activity reading starts from, and when
-    /// it was taken: a reading needs samples [`GPM_MIN_GAP`] apart, longer
-    /// than the watcher's interval, so the last one is held in between.
-    gpm: Option<(nvml_wrapper::gpm::GpmSample<'n>, Instant)>,
-    sm_activity: Option<f64>,
+    /// The GPU's SM activity page, written by the node's sampler (root):
+    /// GPM needs samples 120 ms apart, longer than the watcher's interval,
+    /// so one sampler per node takes them for every reader. None (no
+    /// health file): no SM activity.
+    sm_page: Option<PathBuf>,
     me: u32,
     /// The GPU's offline processes as root lists them (beside the health
     /// file), which are no contention; None: every other process is.
@@ -145,17 +144,10 @@ impl<'n> Sampler<'n> {
             })
             .ok()?;
         let max_clock = dev.max_clock_info(Clock::SM).unwrap_or(0);
-        let gpm = if dev.gpm_support().unwrap_or(false) {
-            dev.gpm_sample().ok().map(|g| (g, Instant::now()))
-        } else {
-            None
-        };
         Some(Sampler {
-            nvml,
             dev,
             max_clock,
-            gpm,
-            sm_activity: None,
+            sm_page: None,
             me: std::process::id(),
             offline_file: None,
             offline_logged: false,
@@ -181,34 +173,17 @@ impl<'n> Sampler<'n> {
                     .any(|p| p.pid != self.me && !is_mps_server(p.pid) && !is_listed(p.pid))
             })
             .unwrap_or(false);
-        if let Some((prev, at)) = self.gpm.take_if(|(_, at)| at.elapsed() >= GPM_MIN_GAP) {
-            match self.dev.gpm_sample() {
-                Ok(cur) => {
-                    self.sm_activity = nvml_wrapper::gpm::gpm_metrics_get(
-                        self.nvml,
-                        &prev,
-                        &cur,
-                        &[GpmMetricId::SmUtil],
-                    )
-                    .ok()
-                    .and_then(|v| v.into_iter().next())
-                    .and_then(|m| m.ok())
-                    .map(|m| m.value);
-                    self.gpm = Some((cur, Instant::now()));
-                }
-                // No reading rather than a stale one; the next interval
-                // tries again from the old start.
-                Err(_) => {
-                    self.sm_activity = None;
-                    self.gpm = Some((prev, at));
-                }
-            }
-        }
+        // Missing, stale, torn or not root's: no reading, never a wrong one
+        // (the controller then brakes on the clock and utilization).
+        let sm_activity = self
+            .sm_page
+            .as_deref()
+            .and_then(|p| muxflow::sm_page::read(p, 0, muxflow::sm_page::now_ms()).ok());
         Some(Sample {
             sm_clock_mhz: clock,
             max_sm_clock_mhz: self.max_clock,
             utilization_pct: util,
-            sm_activity_pct: self.sm_activity,
+            sm_activity_pct: sm_activity,
             others_active: others,
         })
     }
@@ -225,11 +200,9 @@ fn run(s: &'static Settings) {
     let nvml = open_nvml(s);
     let mut sampler = nvml.as_ref().and_then(|n| Sampler::new(n, s.env.gpu_index));
     if let Some(sampler) = sampler.as_mut() {
-        sampler.offline_file = s
-            .env
-            .health_file
-            .as_deref()
-            .map(muxflow::offline_procs::beside);
+        let health_file = s.env.health_file.as_deref();
+        sampler.offline_file = health_file.map(muxflow::offline_procs::beside);
+        sampler.sm_page = health_file.map(muxflow::sm_page::beside);
     }
     drop(b);
     let mut controller = Controller::new(Params::from_env(&s.env));
