@@ -482,20 +482,35 @@ pub fn run(config: &Config, node: &str, slurm_conf: &Path, slurmd_v: &str) -> Ve
         "paths.mps_control",
     ));
     let nvml_lib = config.paths.nvml_library.as_ref().map(|p| p.as_path());
-    let gpus: Vec<u32> = match crate::nvml::read(nvml_lib, std::time::Duration::ZERO) {
-        Ok(t) => {
-            checks.push(Check::ok("nvml", format!("{} GPUs", t.gpus.len())));
-            t.gpus.iter().map(|(i, _)| *i).collect()
-        }
-        Err(e) => {
-            checks.push(Check::fail(
-                "nvml",
-                e.to_string(),
-                "install the NVIDIA driver (libnvidia-ml.so.1), or correct paths.nvml_library",
-            ));
-            Vec::new()
-        }
-    };
+    let (gpus, pci): (Vec<u32>, Vec<(u32, crate::kmsg::Pci)>) =
+        match crate::nvml::read(nvml_lib, std::time::Duration::ZERO) {
+            Ok(t) => {
+                checks.push(Check::ok("nvml", format!("{} GPUs", t.gpus.len())));
+                (t.gpus.iter().map(|(i, _)| *i).collect(), t.pci)
+            }
+            Err(e) => {
+                checks.push(Check::fail(
+                    "nvml",
+                    e.to_string(),
+                    "install the NVIDIA driver (libnvidia-ml.so.1), or correct paths.nvml_library",
+                ));
+                (Vec::new(), Vec::new())
+            }
+        };
+    let lowest_cc = gpus
+        .iter()
+        .filter_map(|&g| crate::gpu_caps::compute_capability(config, g))
+        .min();
+    let bus_ids: Vec<String> = pci
+        .iter()
+        .map(|(_, (domain, bus, device))| format!("{domain:04x}:{bus:02x}:{device:02x}.0"))
+        .collect();
+    checks.extend(check_mechanisms(
+        crate::gpu_caps::mps_control_version(config),
+        lowest_cc,
+        crate::gpu_caps::dmem_regions(Path::new("/sys/fs/cgroup")).as_deref(),
+        &bus_ids,
+    ));
     for gpu in gpus {
         let mps = MpsDaemon::for_gpu(config, gpu);
         let cc = crate::gpu_caps::compute_capability(config, gpu);
@@ -571,9 +586,85 @@ pub fn check_multiuser(
     }
 }
 
+/// Static SM partitions need control daemon 13010+ (CUDA 13.1) and Ampere.
+pub const SM_PARTITIONS_MIN_VERSION: u32 = 13010;
+/// MPS v3 (`-p 3`: named servers and namespaces) needs CUDA 13.4 (r615).
+pub const MPS_V3_MIN_VERSION: u32 = 13040;
+
+/// What the driver and kernel could enforce themselves on this node, as
+/// found: static SM partitions, MPS v3 namespaces, the cgroup `dmem` memory
+/// limit (`regions`: its `dmem.capacity`, None without the controller;
+/// `bus_ids`: the GPUs' PCI addresses, lowercase). Each line passes: they
+/// say what is there; muxflow's limits are xCUDA's and the police's on
+/// every node today (README, "Limits of an offline job").
+pub fn check_mechanisms(
+    version: Option<u32>,
+    lowest_cc: Option<ComputeCapability>,
+    regions: Option<&[(String, u64)]>,
+    bus_ids: &[String],
+) -> Vec<Check> {
+    let v = version.map_or("a control daemon that prints no version".to_string(), |v| {
+        format!("control daemon {v}")
+    });
+    let ampere = lowest_cc.is_some_and(|c| c.major >= 8);
+    let partitions = if version.is_some_and(|v| v >= SM_PARTITIONS_MIN_VERSION) && ampere {
+        format!("available ({v}, Ampere or newer): not used by muxflow yet; an offline job's SM share is its MPS active-thread percentage")
+    } else {
+        format!("absent ({v}; needs {SM_PARTITIONS_MIN_VERSION}+ and Ampere or newer)")
+    };
+    let v3 = if version.is_some_and(|v| v >= MPS_V3_MIN_VERSION) {
+        format!("available ({v}): not used by muxflow yet; limits stay the client's MPS variables, xCUDA's and the police's")
+    } else {
+        format!("absent ({v}; namespaces whose limits override a client's own need {MPS_V3_MIN_VERSION}+)")
+    };
+    let dmem = match regions {
+        None => "absent: no cgroup v2 dmem controller (kernel 6.14+); GPU memory caps are xCUDA's and the police's".to_string(),
+        Some(regions) => {
+            let named = bus_ids
+                .iter()
+                .filter(|b| regions.iter().any(|(r, _)| r.contains(b.as_str())))
+                .count();
+            format!(
+                "controller present; the driver registers {} of the node's {} GPUs ({} regions): not used by muxflow yet",
+                named,
+                bus_ids.len(),
+                regions.len()
+            )
+        }
+    };
+    vec![
+        Check::ok("sm partitions", partitions),
+        Check::ok("mps v3", v3),
+        Check::ok("dmem", dmem),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn driver_mechanisms_are_named_present_or_absent() {
+        let h100 = Some(ComputeCapability { major: 9, minor: 0 });
+        let t4 = Some(ComputeCapability { major: 7, minor: 5 });
+        let region = [("drm/0000:18:00.0/vram0".to_string(), 1u64 << 36)];
+        let bus = ["0000:18:00.0".to_string(), "0000:28:00.0".to_string()];
+        let line =
+            |c: &[Check], name: &str| c.iter().find(|c| c.name == name).map(Check::line).unwrap();
+        let new = check_mechanisms(Some(13040), h100, Some(&region), &bus);
+        assert!(line(&new, "sm partitions").contains("available"));
+        assert!(line(&new, "mps v3").contains("available"));
+        assert!(line(&new, "dmem").contains("registers 1 of the node's 2 GPUs"));
+        let turing = check_mechanisms(Some(13040), t4, None, &bus);
+        assert!(line(&turing, "sm partitions").contains("absent"), "Turing");
+        assert!(line(&turing, "dmem").contains("absent"));
+        let old = check_mechanisms(None, h100, None, &bus);
+        assert!(line(&old, "mps v3").contains("absent (a control daemon that prints no version"));
+        assert!(
+            new.iter().chain(&old).all(|c| c.fix.is_none()),
+            "informative only"
+        );
+    }
 
     #[test]
     fn multiuser_lines_pass_what_works_or_was_chosen_and_fail_what_is_broken() {

@@ -36,3 +36,91 @@ pub fn compute_capability(config: &Config, gpu: u32) -> Option<ComputeCapability
         }
     }
 }
+
+/// The control daemon's version as `nvidia-cuda-mps-control -v` prints it,
+/// as NVIDIA numbers it (13010 for CUDA 13.1: static SM partitioning needs
+/// 13010+, the Isaac ROS partitioning guide says). None when it prints no
+/// such number (older daemons printed a version on Tegra only).
+pub fn mps_control_version(config: &Config) -> Option<u32> {
+    let mut c = muxflow::process::command(config.paths.mps_control.as_path());
+    c.arg("-v");
+    let out = muxflow::process::run(c, None, std::time::Duration::from_secs(5), false).ok()?;
+    parse_mps_version(&format!("{}{}", out.stdout, out.stderr))
+}
+
+/// The first number in `text` that reads as NVIDIA's CUDA version number
+/// (`13010`), or a dotted `13.1` turned into one.
+pub fn parse_mps_version(text: &str) -> Option<u32> {
+    for word in text.split(|c: char| !(c.is_ascii_digit() || c == '.')) {
+        let parts: Vec<&str> = word.split('.').filter(|p| !p.is_empty()).collect();
+        match parts[..] {
+            [n] if n.len() == 5 => return n.parse().ok(),
+            [major, minor, ..] => {
+                let (major, minor): (u32, u32) = (major.parse().ok()?, minor.parse().ok()?);
+                if (9..100).contains(&major) && minor < 100 {
+                    return Some(major * 1000 + minor * 10);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The cgroup v2 `dmem` controller under `cgroup_root`: None when the
+/// kernel does not offer it there; else the regions `dmem.capacity` lists
+/// (name, bytes), e.g. `drm/0000:03:00.0/vram0 12550144` (kernel docs,
+/// cgroup-v2 "DMEM").
+pub fn dmem_regions(cgroup_root: &std::path::Path) -> Option<Vec<(String, u64)>> {
+    let controllers = std::fs::read_to_string(cgroup_root.join("cgroup.controllers")).ok()?;
+    if !controllers.split_whitespace().any(|c| c == "dmem") {
+        return None;
+    }
+    let capacity = std::fs::read_to_string(cgroup_root.join("dmem.capacity")).unwrap_or_default();
+    Some(
+        capacity
+            .lines()
+            .filter_map(|l| {
+                let (name, bytes) = l.trim().rsplit_once(char::is_whitespace)?;
+                Some((name.trim().to_string(), bytes.parse().ok()?))
+            })
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_daemons_version_reads_as_nvidia_numbers_it() {
+        for (text, want) in [
+            ("13010\n", Some(13010)),
+            ("nvidia-cuda-mps-control version 13.1\n", Some(13010)),
+            ("CUDA MPS 12.8.93", Some(12080)),
+            ("nvidia-cuda-mps-control: unknown option -v", None),
+            ("", None),
+        ] {
+            assert_eq!(parse_mps_version(text), want, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn dmem_is_read_from_the_cgroup_root() {
+        let d = tempfile::tempdir().unwrap();
+        assert_eq!(dmem_regions(d.path()), None, "no cgroup v2 here");
+        std::fs::write(d.path().join("cgroup.controllers"), "cpu memory pids\n").unwrap();
+        assert_eq!(dmem_regions(d.path()), None, "no dmem controller");
+        std::fs::write(d.path().join("cgroup.controllers"), "cpu memory dmem\n").unwrap();
+        assert_eq!(dmem_regions(d.path()), Some(vec![]), "no region registered");
+        std::fs::write(
+            d.path().join("dmem.capacity"),
+            "drm/0000:18:00.0/vram0 85899345920\ndrm/0000:18:00.0/stolen 8650752\n",
+        )
+        .unwrap();
+        assert_eq!(
+            dmem_regions(d.path()).unwrap()[0],
+            ("drm/0000:18:00.0/vram0".to_string(), 85_899_345_920)
+        );
+    }
+}
