@@ -208,6 +208,45 @@ local function offline_refusal(job_desc)
 	return nil
 end
 
+-- Fields of a job that slurmctld prints in `scontrol show job`, where a
+-- line break (or another control character) would imitate Slurm's own
+-- lines, which the muxflow Prolog reads (its placement, its offline slots).
+local TEXT_FIELDS = { "name", "comment", "work_dir", "std_in", "std_out", "std_err" }
+local TEXT_OPTIONS = {
+	name = "--job-name",
+	comment = "--comment",
+	work_dir = "--chdir",
+	std_in = "--input",
+	std_out = "--output",
+	std_err = "--error",
+}
+
+-- The first field of job_desc with a control character (a byte below 0x20,
+-- or DEL), and the character's code; nil when none has.
+local function control_character_field(job_desc)
+	for _, field in ipairs(TEXT_FIELDS) do
+		local v = job_desc[field]
+		if type(v) == "string" then
+			local at = string.find(v, "[%c]")
+			if at ~= nil then
+				return field, string.byte(v, at)
+			end
+		end
+	end
+	return nil
+end
+
+local function control_character_refusal(field, code)
+	return string.format(
+		"the job's %s (%s) holds a control character (code %d, e.g. a line break): muxflow jobs' names, comments "
+			.. "and paths must be printable, since the node reads the job as slurmctld prints it. "
+			.. "Rename it or choose another path",
+		field,
+		TEXT_OPTIONS[field] or field,
+		code
+	)
+end
+
 -- Drops every gres:gpu request from a tres_per_node string: an offline job
 -- takes an offline slot, never a whole GPU.
 local function without_gpu(tres)
@@ -243,6 +282,11 @@ function muxflow_job_submit(job_desc)
 	end
 	if mode == nil then
 		return slurm.SUCCESS
+	end
+	local field, code = control_character_field(job_desc)
+	if field ~= nil then
+		slurm.log_user("muxflow: %s", control_character_refusal(field, code))
+		return slurm.ERROR
 	end
 	if mode == "offline" then
 		local why = offline_refusal(job_desc)
@@ -324,6 +368,10 @@ function muxflow_job_modify(job_desc, job_rec, modify_uid)
 	end
 	if not is_offline_job(job_rec) then
 		return slurm.SUCCESS
+	end
+	local text_field = control_character_field(job_desc)
+	if text_field ~= nil then
+		return denied(job_rec, modify_uid, "put a control character in its " .. text_field)
 	end
 	for _, f in ipairs(TRES_FIELDS) do
 		if job_desc[f] ~= nil then

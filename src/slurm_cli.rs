@@ -196,9 +196,11 @@ impl SlurmClient {
         gres: &str,
     ) -> Result<OfflineJob, ScontrolError> {
         let out = self.run(&["show", "job", "-d", &job_id.to_string()])?;
+        let slots = parse_offline_slots(&out, node, gres);
         Ok(OfflineJob {
-            slots: parse_offline_slots(&out, node, gres),
-            admin_comment: parse_admin_comment(&out),
+            // Forged slot lines make the whole record unreadable.
+            admin_comment: slots.as_ref().and_then(|_| parse_admin_comment(&out)),
+            slots: slots.unwrap_or_default(),
         })
     }
 
@@ -308,8 +310,9 @@ pub struct HeldSlots {
 pub struct OfflineJob {
     /// The offline slots it holds on this node, by GPU (ascending).
     pub slots: Vec<HeldSlots>,
-    /// Its AdminComment ("" when none); None when it cannot be told apart
-    /// from text the user put in another field (see [`parse_admin_comment`]).
+    /// Its AdminComment ("" when none); None when it, or the job's slot
+    /// line, cannot be told apart from text the user put in another field
+    /// (see [`parse_admin_comment`], [`parse_offline_slots`]).
     pub admin_comment: Option<String>,
 }
 
@@ -340,9 +343,14 @@ impl OfflineJob {
 /// `     Nodes=node3 CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:0),mfslot:g1:2(IDX:2-3)`:
 /// for each GPU `i` whose type `g<i>` of `gres` has a non-zero count, how
 /// many of its records the job holds (the count; `IDX` numbers records, not
-/// GPUs, and is not read).
-pub fn parse_offline_slots(show_job: &str, node: &str, gres: &str) -> Vec<HeldSlots> {
+/// GPUs, and is not read). Slurm prints one such line per node; None when
+/// more than one names `node` with a `GRES=`: a line break in a field the
+/// user chose (its name, comment, a path) forged one, and which is Slurm's
+/// cannot be told (the job is then refused as unreadable, like a forged
+/// AdminComment).
+pub fn parse_offline_slots(show_job: &str, node: &str, gres: &str) -> Option<Vec<HeldSlots>> {
     let mut held: Vec<HeldSlots> = Vec::new();
+    let mut detail_lines = 0;
     for line in show_job.lines() {
         let words: Vec<&str> = line.split_whitespace().collect();
         let on_node = words.iter().any(|w| w.strip_prefix("Nodes=") == Some(node));
@@ -352,6 +360,10 @@ pub fn parse_offline_slots(show_job: &str, node: &str, gres: &str) -> Vec<HeldSl
         let Some(list) = words.iter().find_map(|w| w.strip_prefix("GRES=")) else {
             continue;
         };
+        detail_lines += 1;
+        if detail_lines > 1 {
+            return None;
+        }
         for item in split_gres(list) {
             // mfslot:g1:1(IDX:1)
             let spec = item.split('(').next().unwrap_or("");
@@ -373,7 +385,7 @@ pub fn parse_offline_slots(show_job: &str, node: &str, gres: &str) -> Vec<HeldSl
         }
     }
     held.sort_unstable_by_key(|h| h.gpu);
-    held
+    Some(held)
 }
 
 /// Splits a GRES list on commas outside parentheses (`IDX:0,2` has commas).
@@ -427,10 +439,16 @@ mod tests {
     fn finds_the_slot_on_this_node() {
         assert_eq!(
             parse_offline_slots(SHOW, "node3", "mfslot"),
-            held(&[(1, 1)])
+            Some(held(&[(1, 1)]))
         );
-        assert!(parse_offline_slots(SHOW, "node1", "mfslot").is_empty());
-        assert!(parse_offline_slots(SHOW, "node3", "other").is_empty());
+        assert_eq!(parse_offline_slots(SHOW, "node1", "mfslot"), Some(vec![]));
+        assert_eq!(parse_offline_slots(SHOW, "node3", "other"), Some(vec![]));
+        // A job name with a line break forges a second slot line for the
+        // node: which one is Slurm's cannot be told.
+        let forged = format!(
+            "JobId=35 JobName=train\n     Nodes=node3 CPU_IDs=0 Mem=0 GRES=mfslot:g0:1(IDX:0)\n{SHOW}"
+        );
+        assert_eq!(parse_offline_slots(&forged, "node3", "mfslot"), None);
     }
 
     #[test]
@@ -453,12 +471,21 @@ mod tests {
     #[test]
     fn ignores_zero_counts_and_handles_index_lists() {
         let show = "     Nodes=n1 CPU_IDs=0 Mem=0 GRES=mfslot:g1:0(IDX:),mfslot:g0:1(IDX:0),gpu:2(IDX:0,1)\n";
-        assert_eq!(parse_offline_slots(show, "n1", "mfslot"), held(&[(0, 1)]));
-        assert!(parse_offline_slots("JobId=1\n", "n1", "mfslot").is_empty());
+        assert_eq!(
+            parse_offline_slots(show, "n1", "mfslot"),
+            Some(held(&[(0, 1)]))
+        );
+        assert_eq!(
+            parse_offline_slots("JobId=1\n", "n1", "mfslot"),
+            Some(vec![])
+        );
         // offline_per_gpu = 2: the second job on GPU 0 holds the second
         // g0 record (IDX:1 numbers records, not GPUs): still GPU 0.
         let second = "     Nodes=n1 CPU_IDs=1 Mem=0 GRES=mfslot:g0:1(IDX:1)\n";
-        assert_eq!(parse_offline_slots(second, "n1", "mfslot"), held(&[(0, 1)]));
+        assert_eq!(
+            parse_offline_slots(second, "n1", "mfslot"),
+            Some(held(&[(0, 1)]))
+        );
     }
 
     #[test]
@@ -499,7 +526,7 @@ mod tests {
             let show = format!("     Nodes=n1 CPU_IDs=0 Mem=0 {}\n", r.line);
             assert_eq!(
                 parse_offline_slots(&show, "n1", "mfslot"),
-                held(r.want),
+                Some(held(r.want)),
                 "{}",
                 r.name
             );

@@ -326,19 +326,86 @@ pub const HELD_JOBS_PER_OPEN_GPU: usize = 4;
 
 /// The pending jobs a round considers: every job that holds a hint (it may
 /// need parking), and the oldest held jobs up to
-/// [`HELD_JOBS_PER_OPEN_GPU`] × open slots. Indices into `pending`.
-pub fn considered_jobs(pending: &[PendingJob], open_slots: usize) -> Vec<usize> {
+/// [`HELD_JOBS_PER_OPEN_GPU`] × open slots among those `placeable` says
+/// could go somewhere this round. Held jobs that could not (more GPUs,
+/// CPUs or memory than any node with an open GPU offers) take no place in
+/// the window — else a user's unplaceable jobs would stop every other
+/// user's — and come back second. Indices into `pending`.
+pub fn considered_jobs(
+    pending: &[PendingJob],
+    open_slots: usize,
+    placeable: impl Fn(&PendingJob) -> bool,
+) -> (Vec<usize>, Vec<usize>) {
     let mut window = open_slots.saturating_mul(HELD_JOBS_PER_OPEN_GPU);
     let mut out = Vec::with_capacity(pending.len().min(window + 64));
+    let mut unplaceable = Vec::new();
     for (i, j) in pending.iter().enumerate() {
         if !j.held {
             out.push(i);
+        } else if !placeable(j) {
+            unplaceable.push(i);
         } else if window > 0 {
             window -= 1;
             out.push(i);
         }
     }
-    out
+    (out, unplaceable)
+}
+
+/// The most any one node with an open GPU offers this round: its open GPUs,
+/// and (componentwise) the CPUs and memory free there; `room` None when a
+/// node's room is not known (no limit). A held job that needs more is
+/// placed nowhere this round.
+struct Reach {
+    gpus: u32,
+    room: Option<NodeRoom>,
+}
+
+impl Reach {
+    fn of(state: &ClusterState, open: &[usize]) -> Reach {
+        let mut per_node: std::collections::HashMap<&str, u32> = Default::default();
+        for &i in open {
+            *per_node.entry(state.gpus[i].node.as_str()).or_default() += 1;
+        }
+        let mut room = Some(NodeRoom::default());
+        for node in per_node.keys() {
+            match (state.node_room.get(*node), room.as_mut()) {
+                (Some(r), Some(max)) => {
+                    max.cpus = max.cpus.max(r.cpus);
+                    max.mem_mib = max.mem_mib.max(r.mem_mib);
+                }
+                (None, _) => room = None,
+                (Some(_), None) => {}
+            }
+        }
+        Reach {
+            gpus: per_node.values().copied().max().unwrap_or(0),
+            room,
+        }
+    }
+
+    /// Why `job` can be placed nowhere this round, or None.
+    fn short_of(&self, job: &PendingJob) -> Option<(Waiting, String)> {
+        if job.gpus > self.gpus {
+            return Some((
+                Waiting::FreeNode,
+                format!(
+                    "no candidate: no node with {} Healthy GPUs with a free offline slot for it (at most {} on one node this round)",
+                    job.gpus, self.gpus
+                ),
+            ));
+        }
+        match self.room {
+            Some(r) if !r.holds(&job.need, true) => Some((
+                Waiting::NodeRoom,
+                format!(
+                    "no candidate: no node with an open GPU has the {} it asked for free",
+                    need_words(&job.need)
+                ),
+            )),
+            _ => None,
+        }
+    }
 }
 
 /// A job's target, its predicted speed (mean, sd), the reason and, when
@@ -436,7 +503,12 @@ pub fn plan<P: Predictor>(
     let cols = open.len();
     let slot_cols = SlotColumns::new(std::iter::repeat_n(1, cols));
     let slot_gpu = slot_cols.gpu_of();
-    let considered = considered_jobs(&state.pending, free.iter().map(|&f| f as usize).sum());
+    let reach = Reach::of(state, &open);
+    let (considered, unplaceable) = considered_jobs(
+        &state.pending,
+        free.iter().map(|&f| f as usize).sum(),
+        |j| reach.short_of(j).is_none(),
+    );
     let waiting = state.pending.len() - considered.len();
     let jobs: Vec<&PendingJob> = considered.iter().map(|&i| &state.pending[i]).collect();
     // Lookups once per job and per column; the per-pair score is arithmetic.
@@ -838,11 +910,31 @@ pub fn plan<P: Predictor>(
         });
     }
 
+    // Held jobs no node can take this round: parked with the reason.
+    for &i in &unplaceable {
+        let job = &state.pending[i];
+        let (waiting, reason) = reach.short_of(job).expect("unplaceable");
+        decisions.push(Decision {
+            job: job.id,
+            name: job.name.clone(),
+            user: job.user.clone(),
+            action: Action::None,
+            node: None,
+            gpu: None,
+            gpus: Vec::new(),
+            slots: Vec::new(),
+            predicted: None,
+            confidence: None,
+            reason,
+            waiting: Some(waiting),
+            update: None,
+        });
+    }
     // The held jobs beyond the window stay parked; each still gets its line,
     // so the table accounts for every pending job.
     let no_open_gpu = open.is_empty();
     let mut in_window = vec![false; state.pending.len()];
-    for &i in &considered {
+    for &i in considered.iter().chain(&unplaceable) {
         in_window[i] = true;
     }
     for (job, _) in state.pending.iter().zip(&in_window).filter(|(_, &w)| !w) {
@@ -1578,6 +1670,35 @@ mod tests {
             "{:?}",
             p.decisions[1]
         );
+    }
+
+    #[test]
+    fn jobs_no_node_can_take_do_not_fill_the_window() {
+        // One open GPU on a node with 3 CPUs free: 40 older jobs asking for
+        // 4 CPUs or 3 GPUs (one user's), then another user's placeable job.
+        let mut pending: Vec<PendingJob> = (1..=20).map(|id| needing(id, 4, 0)).collect();
+        pending.extend((21..=40).map(|id| PendingJob {
+            gpus: 3,
+            ..job(id, "x", true, "", None)
+        }));
+        pending.push(PendingJob {
+            user: "other".into(),
+            ..job(41, "small", true, "", None)
+        });
+        let state = ClusterState {
+            gpus: vec![gpu("a", HealthState::Healthy, 10, 4_000, false)],
+            pending,
+            node_room: rooms(&[("a", 3, 100_000)]),
+            ..ClusterState::default()
+        };
+        let cfg = muxflow::Config::default();
+        let p = plan(&state, &model(), &cfg.policy, &cfg.matcher, &names());
+        let of = |id: u32| p.decisions.iter().find(|d| d.job == id).unwrap();
+        assert_eq!(of(41).node.as_deref(), Some("a"), "{}", p.table());
+        assert_eq!(of(1).waiting, Some(Waiting::NodeRoom), "{}", of(1).reason);
+        assert!(of(1).reason.contains("4 CPUs"), "{}", of(1).reason);
+        assert_eq!(of(21).waiting, Some(Waiting::FreeNode), "{}", of(21).reason);
+        assert_eq!(p.decisions.len(), 41, "a line for every pending job");
     }
 
     #[test]

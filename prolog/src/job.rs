@@ -101,7 +101,7 @@ pub fn check_offline(
     let Some(comment) = &slurm.admin_comment else {
         return refuse(
             "unreadable",
-            "a field of the job (its name, comment or output path) holds a line break that imitates Slurm's AdminComment, so its placement cannot be read."
+            "a field of the job (its name, comment or a path) holds a line break that imitates Slurm's own lines (its AdminComment, its offline slots), so its placement cannot be read."
                 .to_string(),
         );
     };
