@@ -95,7 +95,7 @@ mod tests {
             online_mem_mib: None,
             mem_mib: 81559,
             offline: 1,
-            multiuser: index % 2 == 0,
+            multiuser: index.is_multiple_of(2),
         }
     }
 

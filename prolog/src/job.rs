@@ -320,6 +320,12 @@ pub const WARNING_GRACE_MAX: std::time::Duration = std::time::Duration::from_sec
 /// handler that checkpointed on the warning has only to exit.
 pub const STOP_PHASE: std::time::Duration = std::time::Duration::from_secs(15);
 
+// The warning, the stop and the exit fit the online job's wait.
+const _: () = assert!(
+    WARNING_GRACE_MAX.as_secs() + STOP_PHASE.as_secs() + RELEASE_RESERVE.as_secs()
+        == OFFLINE_EXIT_WAIT.as_secs()
+);
+
 /// The offline jobs an online job arriving on `gpus` requeues: every one
 /// recorded there. Each was sized for a GPU without this online job (an
 /// idle GPU, or a partner that has since ended), and MPS fixes a client's
