@@ -1068,6 +1068,14 @@ fn with_a_stop_deadline_the_handler_runs_with_the_gpu_and_the_release_comes_at_e
             exit_code: None,
             exit_signal: Some(libc::SIGTERM),
         },
+        // A handler that never returns (on xCUDA's exit thread) does not
+        // hold the release up: the deadline's own thread releases.
+        Case {
+            mode: "stuck-handler",
+            want: "stuck launch_rc=4 handled=1",
+            exit_code: Some(0),
+            exit_signal: None,
+        },
         // SIG_IGN is respected until the deadline (launches pass after the
         // signal), then the GPU is released and launches are refused.
         Case {

@@ -975,6 +975,8 @@ fn ctx_then_sigterm(r: &Resolver, symbol: &str) {
 ///                    raised again (the process dies of it)
 ///   ignore-deadline  SIG_IGN; launches every 10 ms until one is refused;
 ///                    prints how many passed after the signal
+///   stuck-handler    a handler that never returns (it runs on xCUDA's exit
+///                    thread); the main thread launches until refused
 fn signals(r: &Resolver, mode: &str) {
     use std::io::Write;
     use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::SeqCst};
@@ -1128,6 +1130,22 @@ fn signals(r: &Resolver, mode: &str) {
                         libc::kill(me, libc::SIGTERM);
                     }
                 }
+            }
+            "stuck-handler" => {
+                extern "C" fn stuck(_: c_int, _: *mut libc::siginfo_t, _: *mut c_void) {
+                    HANDLED.fetch_add(1, SeqCst);
+                    loop {
+                        // SAFETY: sleep is async-signal-safe.
+                        unsafe { libc::sleep(60) };
+                    }
+                }
+                let a = handler(stuck as *const () as usize, libc::SA_SIGINFO);
+                libc::sigaction(libc::SIGTERM, &a, std::ptr::null_mut());
+                libc::kill(me, libc::SIGTERM);
+                let rc = launch_until_refused();
+                println!("stuck launch_rc={rc} handled={}", HANDLED.load(SeqCst));
+                let _ = std::io::stdout().flush();
+                libc::exit(0);
             }
             "ignore-deadline" => {
                 libc::signal(libc::SIGTERM, libc::SIG_IGN);

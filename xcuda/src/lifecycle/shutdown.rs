@@ -22,9 +22,10 @@
 //!    * a default-action exit: a signal the application leaves at (or has
 //!      reset to) its default action is released first, then replayed to
 //!      end the process as it would have;
-//!    * the deadline: the exit thread sleeps until it (in `poll`, not in a
-//!      handler: the release takes locks) and releases; the application,
-//!      if it still runs, goes on without the GPU.
+//!    * the deadline: a thread of its own sleeps until it and releases
+//!      (not a handler: the release takes locks; not the exit thread: the
+//!      application's handlers run there and may take their time); the
+//!      application, if it still runs, goes on without the GPU.
 //!
 //! With no deadline known (no limits file bound, not a Slurm job) the
 //! deadline is the signal itself: released first, then the handler, as
@@ -574,22 +575,19 @@ fn release_contexts() {
     }
 }
 
-/// The exit thread: waits for stop signals and, once one came, for the
-/// deadline; hands each signal to the application and releases when due.
+/// The exit thread: waits for stop signals, hands each to the application
+/// and, at the first, starts the deadline's watch ([`watch_deadline`]).
 fn exit_thread(pipe: c_int) {
-    // When the release is due (wall clock ms), once a stop signal came.
+    // When the release is due (wall clock ms), kept here only if the
+    // deadline's own thread could not start.
     let mut due: Option<u64> = None;
+    let mut armed = false;
     loop {
         let timeout_ms = match due {
             Some(at) if RELEASE.load(SeqCst) == NOT_RELEASED => {
                 let left = at.saturating_sub(now_unix_ms());
                 if left == 0 {
-                    crate::log(format_args!(
-                        "releasing the GPU at the stop deadline ({} ms after the stop signal): \
-                         launches are refused from now on",
-                        now_unix_ms().saturating_sub(STOP_AT_MS.load(SeqCst))
-                    ));
-                    release();
+                    release_at_deadline();
                     continue;
                 }
                 left.min(i32::MAX as u64) as c_int
@@ -621,18 +619,53 @@ fn exit_thread(pipe: c_int) {
                 // SAFETY: written by the handler before it set PENDING.
                 .then(|| unsafe { (*p.info.get()).assume_init_read() });
             p.state.store(FREE, SeqCst);
-            if due.is_none() {
+            if !armed {
+                armed = true;
                 let at = stop_bounds().release_at_unix_ms(STOP_AT_MS.load(SeqCst));
-                due = Some(at);
                 if at <= now_unix_ms() {
                     // No time to give (or none known): released before the
                     // application hears of it, as before deadlines existed.
                     release();
+                } else if std::thread::Builder::new()
+                    .name("xcuda-deadline".into())
+                    .spawn(move || watch_deadline(at))
+                    .is_err()
+                {
+                    due = Some(at);
                 }
             }
             deliver(sig, info);
         }
     }
+}
+
+/// The deadline's own thread: the application's handler runs on the exit
+/// thread and may take its time (or never return); the release must not
+/// wait for it. Releases at `at` (wall clock ms), or earlier when the
+/// process exits ([`at_process_exit`] asks).
+fn watch_deadline(at: u64) {
+    block_signals_in_this_thread();
+    while RELEASE.load(SeqCst) == NOT_RELEASED {
+        if RELEASE_ASKED.load(SeqCst) {
+            release();
+            return;
+        }
+        let left = at.saturating_sub(now_unix_ms());
+        if left == 0 {
+            release_at_deadline();
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(left.min(20)));
+    }
+}
+
+fn release_at_deadline() {
+    crate::log(format_args!(
+        "releasing the GPU at the stop deadline ({} ms after the stop signal): \
+         launches are refused from now on",
+        now_unix_ms().saturating_sub(STOP_AT_MS.load(SeqCst))
+    ));
+    release();
 }
 
 /// The bounds root set for this process's job, read now (see the module doc).
@@ -706,8 +739,10 @@ fn release() {
 /// the process goes — the application may exit from its handler after its
 /// checkpoint, or on an error from a context being released. The release
 /// takes locks, and `_exit` may be called from a signal handler, so another
-/// thread does not release itself: it asks the exit thread and waits (at
-/// most `EXIT_WAIT`; only atomics, `write` and `nanosleep` here). On the exit
+/// thread does not release itself: it asks the exit thread and the
+/// deadline's (either may be busy: the exit thread runs the application's
+/// handlers) and waits (at most `EXIT_WAIT`; only atomics, `write` and
+/// `nanosleep` here). On the exit
 /// thread itself (a handler replayed there exits) the release runs there,
 /// between the replay's two locked sections, with no lock of xCUDA held.
 pub fn at_process_exit() {
