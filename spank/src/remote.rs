@@ -517,7 +517,11 @@ fn make_user_dir(dir: &Path, uid: u32, gid: u32) -> anyhow::Result<()> {
 /// `KillWait` cannot be read: xCUDA then releases at once, as it must when
 /// it cannot know when the SIGKILL comes.
 fn stop_grace_ms(config: &Config, job: u32) -> Option<u64> {
-    match Scontrol::new(config).kill_wait() {
+    // One try: a slurmctld out of reach must not hold the step's start up
+    // (the fallback only costs the job its grace).
+    let mut scontrol = Scontrol::new(config);
+    scontrol.attempts = 1;
+    match scontrol.kill_wait() {
         Ok(kill_wait) => Some(muxflow::limits::stop_grace(kill_wait).as_millis() as u64),
         Err(e) => {
             tracing::warn!(

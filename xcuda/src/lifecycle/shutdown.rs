@@ -87,7 +87,7 @@ const EXIT_WAIT: Duration = Duration::from_secs(10);
 static PIPE_W: AtomicI32 = AtomicI32::new(-1);
 /// The exit thread's id (0: none).
 static EXIT_TID: AtomicI32 = AtomicI32::new(0);
-/// Another thread asks the exit thread to release now (the process exits).
+/// The process exits: the exit and deadline threads are asked to release now.
 static RELEASE_ASKED: AtomicBool = AtomicBool::new(false);
 /// When the first stop signal came (wall clock, ms since the epoch; 0: none
 /// yet). Wall clock because the latest release it is compared with is
@@ -129,6 +129,8 @@ const PENDING: u8 = 2;
 // FREE -> WRITING) and is read only in state PENDING, by the exit thread,
 // before it sets FREE again.
 unsafe impl Sync for Pending {}
+// An array of statics is built from a const; each use is a fresh value, the
+// sharing the lint warns of does not happen.
 #[allow(clippy::declare_interior_mutable_const)]
 const NO_SIGNAL: Pending = Pending {
     state: AtomicU8::new(FREE),
