@@ -455,6 +455,11 @@ fn warn(scontrol: &Scontrol, online_job: u32, victims: &[u32]) -> std::time::Dur
     for &id in victims {
         let script = match scontrol.batch_script(id) {
             Ok(s) => s,
+            // A slurmctld that does not answer costs one timeout, not one per job.
+            Err(e) if e.is_timeout() => {
+                tracing::warn!(job = id, "no warnings sent: {e}");
+                return grace;
+            }
             Err(e) => {
                 tracing::warn!(
                     job = id,
