@@ -13,7 +13,9 @@ offline trainer, and a check of xCUDA's memory cap. Each prints one
                                 xCUDA preloaded): inside it, beyond it, after a free.
 """
 import argparse
+import os
 import random
+import signal
 import sys
 import time
 
@@ -102,16 +104,28 @@ def offline(a):
         loss.backward()
         opt.step()
 
+    stop = []
+    if a.checkpoint:
+        # Checkpoint on SIGTERM (README, "Checkpoint on requeue"): the handler
+        # only notes it; the save runs between steps, on the GPU xCUDA
+        # keeps usable until its stop deadline.
+        signal.signal(signal.SIGTERM, lambda sig, frame: stop.append(sig))
     for _ in range(5):
         step()
     torch.cuda.synchronize()
     print("mode=offline-ready", flush=True)
     wait_for_start(a)
     steps, t = 0, time.perf_counter()
-    while time.perf_counter() - t < a.duration:
+    while time.perf_counter() - t < a.duration and not stop:
         step()
         torch.cuda.synchronize()
         steps += 1
+    if stop:
+        tmp = a.checkpoint + ".tmp"
+        torch.save({"model": m.state_dict(), "opt": opt.state_dict(), "step": steps}, tmp)
+        os.replace(tmp, a.checkpoint)
+        print(f"mode=offline-checkpoint step={steps}", flush=True)
+        sys.exit(0)  # atexit: xCUDA releases the contexts before the process goes
     el = time.perf_counter() - t
     print(f"mode=offline steps={steps} seconds={el:.3f} steps_per_s={steps / el:.3f}", flush=True)
 
@@ -151,6 +165,7 @@ def main():
     p.add_argument("--batch", type=int)
     p.add_argument("--cap-mib", type=int, default=2048)
     p.add_argument("--start-at", type=float, help="Unix time at which to start measuring")
+    p.add_argument("--checkpoint", help="offline: on SIGTERM save the model and step here, then exit 0")
     a = p.parse_args()
     if a.batch is None:
         a.batch = 16 if a.mode == "online" else 64

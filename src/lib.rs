@@ -16,6 +16,7 @@ pub mod node_state;
 pub mod offline_procs;
 pub mod placement;
 pub mod policy;
+pub mod preempt;
 pub mod process;
 pub mod published;
 pub mod report;

@@ -19,6 +19,8 @@
 //! MUXFLOW_XCUDA_MEM_LIMIT_BYTES=62914560000
 //! MUXFLOW_XCUDA_GPU_INDEX=0
 //! …                                  the other xCUDA settings (crate::xcuda_env)
+//! stop_grace_ms=2500                 [`StopBounds`]: how long after SIGTERM xCUDA
+//! release_by_unix_ms=1790000000000   leaves the job its GPU, and the latest release
 //! ```
 
 use std::collections::BTreeMap;
@@ -30,6 +32,180 @@ use crate::xcuda_env::{XcudaEnv, XcudaEnvError};
 
 /// Largest limits file read.
 pub const MAX_BYTES: u64 = 8192;
+
+/// The limits file's key of [`StopBounds::grace_ms`].
+pub const STOP_GRACE_KEY: &str = "stop_grace_ms";
+/// The limits file's key of [`StopBounds::release_by_unix_ms`].
+pub const RELEASE_BY_KEY: &str = "release_by_unix_ms";
+/// Outside a job only root's environment is read (tests, an admin's tools):
+/// the same two bounds, under these names.
+pub const STOP_GRACE_ENV: &str = "MUXFLOW_XCUDA_STOP_GRACE_MS";
+pub const RELEASE_BY_ENV: &str = "MUXFLOW_XCUDA_RELEASE_BY_UNIX_MS";
+
+/// When xCUDA must have released an offline job's GPU after a stop signal
+/// (SIGTERM/SIGINT): until then the application's own handler runs with its
+/// GPU (checkpointing), and the release comes at the earliest of the process
+/// exiting, a default-action exit and this deadline. The one fact that shapes
+/// it: Slurm sends SIGKILL `KillWait` seconds after SIGTERM whatever the
+/// process does, and a SIGKILL with streams running is what the MPS server
+/// cannot survive, so the deadline must fall safely before that SIGKILL.
+/// Both bounds are root's (the plugin writes the first at step start, an
+/// online job's Prolog the second when it requeues the job); neither
+/// known means release at once, as before the deadline existed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StopBounds {
+    /// Time from the stop signal to the release: Slurm's `KillWait` less a
+    /// margin ([`stop_grace`]).
+    pub grace_ms: Option<u64>,
+    /// Latest release, wall clock (ms since the Unix epoch): set when an
+    /// online job's Prolog requeues this job, so that it is off the GPU
+    /// within the online job's bounded wait.
+    pub release_by_unix_ms: Option<u64>,
+}
+
+/// The margin kept before Slurm's SIGKILL: the release itself (launches
+/// drained, at most 2 s, then every context synchronized), the signal's
+/// delivery and the process's exit must fit in it. 2 s plus a tenth of
+/// `KillWait`: 2.5 s of the dev cluster's 5 s, 5 s of Slurm's default 30 s.
+pub fn stop_grace(kill_wait: std::time::Duration) -> std::time::Duration {
+    let margin = std::time::Duration::from_secs(2) + kill_wait / 10;
+    kill_wait.saturating_sub(margin)
+}
+
+impl StopBounds {
+    /// The lines [`JobLimits::encode`]'s text is followed by.
+    pub fn encode(&self) -> String {
+        let mut s = String::new();
+        if let Some(g) = self.grace_ms {
+            s += &format!("{STOP_GRACE_KEY}={g}\n");
+        }
+        if let Some(t) = self.release_by_unix_ms {
+            s += &format!("{RELEASE_BY_KEY}={t}\n");
+        }
+        s
+    }
+
+    /// The bounds in a limits file's text (or any `key=value` lines); a
+    /// malformed value counts as absent: the release then comes sooner,
+    /// never later.
+    pub fn decode(text: &str) -> StopBounds {
+        Self::from_lookup(|k| {
+            text.split('\n')
+                .filter_map(|l| l.split_once('='))
+                .find(|(key, _)| *key == k)
+                .map(|(_, v)| v.to_string())
+        })
+    }
+
+    /// From root's environment ([`STOP_GRACE_ENV`], [`RELEASE_BY_ENV`]).
+    pub fn from_env(get: impl Fn(&str) -> Option<String>) -> StopBounds {
+        let m = |k: &str| match k {
+            STOP_GRACE_KEY => get(STOP_GRACE_ENV),
+            _ => get(RELEASE_BY_ENV),
+        };
+        Self::from_lookup(m)
+    }
+
+    fn from_lookup(get: impl Fn(&str) -> Option<String>) -> StopBounds {
+        let num = |k: &str| get(k).and_then(|v| v.trim().parse::<u64>().ok());
+        StopBounds {
+            grace_ms: num(STOP_GRACE_KEY),
+            release_by_unix_ms: num(RELEASE_BY_KEY),
+        }
+    }
+
+    /// Job `job_id`'s bounds from its trusted file under `dir` (as
+    /// [`JobLimits::read_trusted`] checks it), read when the stop signal
+    /// comes: an online job's Prolog may have set the latest release since
+    /// the job started.
+    pub fn read_trusted(dir: &Path, job_id: u32, owner: u32) -> Result<StopBounds, LimitsError> {
+        let file_path = path(dir, job_id);
+        let text = read_trusted_text(&file_path, owner, MAX_BYTES)?;
+        JobLimits::decode(&text, job_id).map_err(|why| LimitsError::Corrupt {
+            path: file_path.clone(),
+            why,
+        })?;
+        Ok(StopBounds::decode(&text))
+    }
+
+    /// When the release is due for a stop signal taken at `signal_at`
+    /// (wall clock, ms since the epoch): the end of the grace, or the
+    /// latest release if that is earlier; the signal's own time when no
+    /// grace is known (Slurm's SIGKILL could then come at any time) or the
+    /// latest release has passed.
+    pub fn release_at_unix_ms(&self, signal_at_unix_ms: u64) -> u64 {
+        let by_grace = signal_at_unix_ms.saturating_add(self.grace_ms.unwrap_or(0));
+        self.release_by_unix_ms
+            .map_or(by_grace, |by| by_grace.min(by))
+            .max(signal_at_unix_ms)
+    }
+}
+
+/// Sets the latest release of job `job_id` in every limits file of it under
+/// `dir` (its 1-GPU file and a k-GPU job's `g<i>/` ones), keeping the
+/// earlier one where a file holds one already. Root only (the files are
+/// `owner`'s, root in production); each file is replaced atomically, mode
+/// 0644. Returns how many files it changed.
+pub fn set_release_by(
+    dir: &Path,
+    job_id: u32,
+    unix_ms: u64,
+    owner: u32,
+) -> Result<usize, LimitsError> {
+    use std::io::Write;
+    let mut files = vec![path(dir, job_id)];
+    if let Ok(d) = std::fs::read_dir(dir) {
+        files.extend(
+            d.flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with('g'))
+                .map(|e| path(&e.path(), job_id)),
+        );
+    }
+    let mut changed = 0;
+    for file in files {
+        let text = match read_trusted_text(&file, owner, MAX_BYTES) {
+            Ok(t) => t,
+            Err(LimitsError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                continue
+            }
+            Err(e) => return Err(e),
+        };
+        let mut bounds = StopBounds::decode(&text);
+        let by = bounds
+            .release_by_unix_ms
+            .map_or(unix_ms, |b| b.min(unix_ms));
+        bounds.release_by_unix_ms = Some(by);
+        let kept: String = text
+            .split('\n')
+            .filter(|l| {
+                !l.is_empty()
+                    && !l.starts_with(&format!("{STOP_GRACE_KEY}="))
+                    && !l.starts_with(&format!("{RELEASE_BY_KEY}="))
+            })
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let io = |source| LimitsError::Io {
+            path: file.clone(),
+            source,
+        };
+        let tmp = file.with_extension("release-by.tmp");
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o644)
+            .open(&tmp)
+            .map_err(io)?;
+        f.write_all((kept + &bounds.encode()).as_bytes())
+            .and_then(|()| f.sync_all())
+            .map_err(io)?;
+        std::fs::rename(&tmp, &file).map_err(io)?;
+        changed += 1;
+    }
+    Ok(changed)
+}
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct JobLimits {
@@ -343,6 +519,98 @@ mod tests {
             .to_string();
         assert!(e.contains("regular file"), "{e}");
     }
+    #[test]
+    fn the_stop_deadline_is_the_earliest_bound_and_never_later_than_asked() {
+        use std::time::Duration;
+        // (name, grace, latest release, signal at, release at)
+        let cases = [
+            ("nothing known: at once", None, None, 1000, 1000),
+            ("the grace alone", Some(2500), None, 1000, 3500),
+            (
+                "an earlier latest release wins",
+                Some(2500),
+                Some(2000),
+                1000,
+                2000,
+            ),
+            (
+                "a later latest release does not extend",
+                Some(2500),
+                Some(9000),
+                1000,
+                3500,
+            ),
+            ("no KillWait known: at once", None, Some(5000), 1000, 1000),
+            (
+                "a latest release already past: at once",
+                Some(2500),
+                Some(500),
+                1000,
+                1000,
+            ),
+        ];
+        for (name, grace_ms, release_by_unix_ms, at, want) in cases {
+            let b = StopBounds {
+                grace_ms,
+                release_by_unix_ms,
+            };
+            assert_eq!(b.release_at_unix_ms(at), want, "{name}");
+            assert_eq!(StopBounds::decode(&b.encode()), b, "{name}: round trip");
+        }
+        // KillWait less a margin that grows with it; never negative.
+        assert_eq!(
+            stop_grace(Duration::from_secs(5)),
+            Duration::from_millis(2500)
+        );
+        assert_eq!(stop_grace(Duration::from_secs(30)), Duration::from_secs(25));
+        assert_eq!(stop_grace(Duration::from_secs(1)), Duration::ZERO);
+        // A malformed bound is absent (sooner, never later).
+        assert_eq!(
+            StopBounds::decode("stop_grace_ms=lots\n"),
+            StopBounds::default()
+        );
+    }
+
+    #[test]
+    fn an_online_jobs_prolog_sets_the_latest_release_in_every_file_of_the_job() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("limits");
+        let g1 = gpu_dir(&dir, 1);
+        std::fs::create_dir_all(&g1).unwrap();
+        for d in [&dir, &g1] {
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let text = limits().encode()
+            + &StopBounds {
+                grace_ms: Some(2500),
+                release_by_unix_ms: None,
+            }
+            .encode();
+        for d in [&dir, &g1] {
+            std::fs::write(path(d, 12), &text).unwrap();
+            std::fs::set_permissions(path(d, 12), std::fs::Permissions::from_mode(0o644)).unwrap();
+        }
+        let me = euid();
+        assert_eq!(set_release_by(&dir, 12, 5000, me).unwrap(), 2);
+        // A later call keeps the earlier deadline.
+        assert_eq!(set_release_by(&dir, 12, 9000, me).unwrap(), 2);
+        for d in [&dir, &g1] {
+            let b = StopBounds::read_trusted(d, 12, me).unwrap();
+            assert_eq!(
+                b,
+                StopBounds {
+                    grace_ms: Some(2500),
+                    release_by_unix_ms: Some(5000)
+                }
+            );
+            // The job's limits are untouched.
+            assert_eq!(JobLimits::read_trusted(d, 12, me).unwrap().0, limits());
+        }
+        // No file of that job: nothing to do.
+        assert_eq!(set_release_by(&dir, 13, 5000, me).unwrap(), 0);
+    }
+
     #[test]
     fn codes_are_listed_once_in_order() {
         assert_eq!(

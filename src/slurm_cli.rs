@@ -210,6 +210,45 @@ impl SlurmClient {
         self.run(&["requeuehold", &job_id.to_string()]).map(drop)
     }
 
+    /// Holds pending job `job_id` (root/SlurmUser).
+    pub fn hold(&self, job_id: u32) -> Result<(), ScontrolError> {
+        self.run(&["hold", &job_id.to_string()]).map(drop)
+    }
+
+    /// Slurm's `KillWait`: how long slurmd waits between a job's SIGTERM
+    /// and its SIGKILL (`scontrol show config`).
+    pub fn kill_wait(&self) -> Result<Duration, ScontrolError> {
+        let out = self.run(&["show", "config"])?;
+        parse_kill_wait(&out).ok_or_else(|| ScontrolError::Failed {
+            args: "scontrol show config".into(),
+            output: "no 'KillWait = <n> sec' line".into(),
+        })
+    }
+
+    /// Job `job_id`'s batch script (root/SlurmUser, or its owner).
+    pub fn batch_script(&self, job_id: u32) -> Result<String, ScontrolError> {
+        self.run(&["write", "batch_script", &job_id.to_string(), "-"])
+    }
+
+    /// Sends `signal` (its name without `SIG`) to job `job_id`: its batch
+    /// shell only when `batch_only` (Slurm's `--signal=B:`), else every
+    /// step but the batch shell (as Slurm sends a `--signal` warning).
+    pub fn signal_job(
+        &self,
+        job_id: u32,
+        signal: &str,
+        batch_only: bool,
+    ) -> Result<(), ScontrolError> {
+        let sig = format!("--signal={signal}");
+        let job = job_id.to_string();
+        let mut args = vec![sig.as_str()];
+        if batch_only {
+            args.push("--batch");
+        }
+        args.push(&job);
+        self.command("scancel", &args).map(drop)
+    }
+
     /// Writes job `job_id`'s AdminComment: through slurmctld while the job
     /// runs; once slurmctld has ended it (cancelled, preempted, timed out),
     /// into its accounting record with `sacctmgr`, read back with `sacct`
@@ -316,6 +355,18 @@ pub struct OfflineJob {
     pub admin_comment: Option<String>,
 }
 
+/// `KillWait` from `scontrol show config` (`KillWait                = 30 sec`).
+pub fn parse_kill_wait(show_config: &str) -> Option<Duration> {
+    show_config.lines().find_map(|l| {
+        let (k, v) = l.split_once('=')?;
+        if k.trim() != "KillWait" {
+            return None;
+        }
+        let n = v.trim().strip_suffix("sec")?.trim().parse::<u64>().ok()?;
+        Some(Duration::from_secs(n))
+    })
+}
+
 /// The `AdminComment=` line of `scontrol show job` (the value runs to the
 /// end of the line and may hold spaces); "" when absent or `(null)`.
 /// Fields the user sets (job name, comment, output paths) may hold line
@@ -409,6 +460,14 @@ fn split_gres(list: &str) -> Vec<&str> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn kill_wait_is_read_from_show_config() {
+        let cfg = "KeepAliveTime           = SYSTEM_DEFAULT\nKillOnBadExit           = 0\nKillWait                = 30 sec\nLaunchParameters        = (null)\n";
+        assert_eq!(parse_kill_wait(cfg), Some(Duration::from_secs(30)));
+        assert_eq!(parse_kill_wait("KillOnBadExit = 0\n"), None);
+        assert_eq!(parse_kill_wait("KillWait = soon\n"), None);
+    }
+
     #[test]
     fn slurm_time_has_slurms_shape() {
         let t = super::slurm_time(

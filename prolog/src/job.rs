@@ -301,11 +301,30 @@ pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
     Ok(())
 }
 
-/// How long an online job's Prolog waits for the offline jobs it requeued
-/// to leave its GPUs: xCUDA's graceful exit on SIGTERM takes well under a
-/// second, Slurm's KillWait (30 s by default) bounds a job that ignores it.
-/// Past this the online job starts anyway, with the reason logged.
+/// How long an online job's Prolog waits for the offline jobs it requeues
+/// to leave its GPUs, from its start: the warning's grace, then the
+/// requeue's SIGTERM (each job's xCUDA releases its GPU by
+/// [`RELEASE_RESERVE`] before this ends, whatever the job does). Past this
+/// the online job starts anyway, with the reason logged.
 pub const OFFLINE_EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(45);
+
+/// What an offline job's release leaves of [`OFFLINE_EXIT_WAIT`] for its
+/// process to exit and its Epilog to run.
+pub const RELEASE_RESERVE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The longest warning grace (a job's `--signal=…@<lead>`, capped): what
+/// [`OFFLINE_EXIT_WAIT`] leaves after [`STOP_PHASE`].
+pub const WARNING_GRACE_MAX: std::time::Duration = std::time::Duration::from_secs(25);
+
+/// What the requeue's SIGTERM gets at least before the latest release: a
+/// handler that checkpointed on the warning has only to exit.
+pub const STOP_PHASE: std::time::Duration = std::time::Duration::from_secs(15);
+
+// The warning, the stop and the exit fit the online job's wait.
+const _: () = assert!(
+    WARNING_GRACE_MAX.as_secs() + STOP_PHASE.as_secs() + RELEASE_RESERVE.as_secs()
+        == OFFLINE_EXIT_WAIT.as_secs()
+);
 
 /// The offline jobs an online job arriving on `gpus` requeues: every one
 /// recorded there. Each was sized for a GPU without this online job (an
@@ -328,9 +347,14 @@ pub fn offline_jobs_to_requeue(online_job: u32, on_gpus: &[(u32, Vec<JobRecord>)
 /// take offline work): put those back in the queue, held, for the matcher
 /// to place again under the usual policy, and wait (bounded) until their
 /// Epilog has run, so their memory is free before the online job starts.
+/// Before the requeue each job gets its own warning, if its script asks
+/// for one ([`muxflow::preempt`]), and up to its lead to checkpoint; its
+/// xCUDA is told the latest release (its limits file), so that whatever the
+/// job does with the signals its GPU is free within the online job's wait.
 /// Best effort: the online job starts whatever happens, with each failure
 /// logged.
 fn make_room(config: &Config, state: &NodeState, job: &Job, gpus: &[u32]) {
+    let start = std::time::Instant::now();
     let on_gpus: Vec<(u32, Vec<JobRecord>)> = gpus
         .iter()
         .map(|&g| (g, state.jobs(g).unwrap_or_default()))
@@ -339,10 +363,47 @@ fn make_room(config: &Config, state: &NodeState, job: &Job, gpus: &[u32]) {
     if victims.is_empty() {
         return;
     }
+    let on_its_gpus = |id: u32| {
+        gpus.iter().any(|&g| {
+            state
+                .jobs(g)
+                .unwrap_or_default()
+                .iter()
+                .any(|r| r.job_id == id)
+        })
+    };
     let scontrol = Scontrol::new(config);
+    // Before any signal: xCUDA in each job reads this at its stop signal.
+    let release_by = std::time::SystemTime::now() + OFFLINE_EXIT_WAIT - RELEASE_RESERVE;
+    let release_by_ms = release_by
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    for &id in &victims {
+        if let Err(e) = muxflow::limits::set_release_by(&state.limits_dir(), id, release_by_ms, 0) {
+            tracing::error!(
+                job = id,
+                online_job = job.id,
+                "cannot set the offline job's latest release ({e}); its xCUDA keeps its GPU until Slurm's KillWait"
+            );
+        }
+    }
+    let warn_until = warn(&scontrol, job.id, &victims);
+    while start.elapsed() < warn_until && victims.iter().any(|&id| on_its_gpus(id)) {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
     let mut waiting = Vec::new();
     for &id in &victims {
-        match scontrol.requeue_hold(id) {
+        let requeued = scontrol.requeue_hold(id).or_else(|e| {
+            // Gone from its GPU during the warning: it may have requeued
+            // itself (the Slurm recipes do) and wait in the queue, where
+            // only a hold keeps it for the matcher; or it ended.
+            if on_its_gpus(id) {
+                Err(e)
+            } else {
+                scontrol.hold(id)
+            }
+        });
+        match requeued {
             Ok(()) => {
                 tracing::warn!(
                     job = id,
@@ -359,20 +420,11 @@ fn make_room(config: &Config, state: &NodeState, job: &Job, gpus: &[u32]) {
             ),
         }
     }
-    let start = std::time::Instant::now();
     loop {
         let left: Vec<u32> = waiting
             .iter()
             .copied()
-            .filter(|&id| {
-                gpus.iter().any(|&g| {
-                    state
-                        .jobs(g)
-                        .unwrap_or_default()
-                        .iter()
-                        .any(|r| r.job_id == id)
-                })
-            })
+            .filter(|&id| on_its_gpus(id))
             .collect();
         if left.is_empty() {
             tracing::info!(
@@ -392,6 +444,48 @@ fn make_room(config: &Config, state: &NodeState, job: &Job, gpus: &[u32]) {
         }
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
+}
+
+/// Sends each job of `victims` whose script asks for a warning (`#SBATCH
+/// --signal`) its signal; returns how long (from the online job's start)
+/// to wait for them before the requeue: the longest lead asked, capped at
+/// [`WARNING_GRACE_MAX`]; zero when none asked.
+fn warn(scontrol: &Scontrol, online_job: u32, victims: &[u32]) -> std::time::Duration {
+    let mut grace = std::time::Duration::ZERO;
+    for &id in victims {
+        let script = match scontrol.batch_script(id) {
+            Ok(s) => s,
+            // A slurmctld that does not answer costs one timeout, not one per job.
+            Err(e) if e.is_timeout() => {
+                tracing::warn!(job = id, "no warnings sent: {e}");
+                return grace;
+            }
+            Err(e) => {
+                tracing::warn!(
+                    job = id,
+                    "cannot read the job's batch script for its --signal: {e}"
+                );
+                continue;
+            }
+        };
+        let Some(w) = muxflow::preempt::warning_in_script(&script) else {
+            continue;
+        };
+        let name = muxflow::preempt::signal_name(w.signal).unwrap_or("?");
+        match scontrol.signal_job(id, name, w.batch_only) {
+            Ok(()) => {
+                let g = muxflow::preempt::grace(&w, WARNING_GRACE_MAX);
+                tracing::warn!(
+                    job = id,
+                    online_job,
+                    "offline job warned with SIG{name} (its --signal): requeued in at most {g:?}"
+                );
+                grace = grace.max(g);
+            }
+            Err(e) => tracing::error!(job = id, "cannot send SIG{name} (its --signal): {e}"),
+        }
+    }
+    grace
 }
 
 /// Epilog: forget the job; stop a GPU's daemon when no muxflow job is left.

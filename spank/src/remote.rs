@@ -15,7 +15,7 @@
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use muxflow::limits::JobLimits;
+use muxflow::limits::{JobLimits, StopBounds};
 use muxflow::node_state::{write_atomic, NodeState};
 use muxflow::policy::offline_slot_share;
 use muxflow::report::{add_peers, JobReport};
@@ -226,6 +226,7 @@ impl RemoteState {
             g => g,
         };
         let gang = gpus.len() > 1;
+        let stop_grace_ms = stop_grace_ms(config, ctx.job_id);
         let mut per_gpu: Vec<Vec<(&'static str, Option<String>)>> = Vec::new();
         for (n, &gpu) in gpus.iter().enumerate() {
             let dir = if gang {
@@ -289,11 +290,19 @@ impl RemoteState {
                 mem_cap_mib: cap,
                 xcuda: env,
             };
-            write_limits(&dir, &limits)?;
+            // A latest release an online job's Prolog set stays (a later
+            // step must not take it away).
+            let stop = StopBounds {
+                grace_ms: stop_grace_ms,
+                release_by_unix_ms: StopBounds::read_trusted(&dir, ctx.job_id, 0)
+                    .ok()
+                    .and_then(|b| b.release_by_unix_ms),
+            };
+            write_limits(&dir, &limits, &stop)?;
             if gang && n == 0 {
                 // The first GPU's at the 1-GPU place too (what the health
                 // steps and older readers look up).
-                write_limits(&state.limits_dir(), &limits)?;
+                write_limits(&state.limits_dir(), &limits, &stop)?;
             }
             per_gpu.push(vec![
                 ("CUDA_VISIBLE_DEVICES", Some(gpu.to_string())),
@@ -503,9 +512,31 @@ fn make_user_dir(dir: &Path, uid: u32, gid: u32) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Writes `limits` (root, 0644) in `dir` (root, 0755), which must be a
-/// plain directory of root: what xCUDA and the health check trust.
-fn write_limits(dir: &Path, limits: &JobLimits) -> anyhow::Result<()> {
+/// How long after SIGTERM xCUDA may leave job `job` its GPU: Slurm's
+/// `KillWait` less a margin ([`muxflow::limits::stop_grace`]). None when
+/// `KillWait` cannot be read: xCUDA then releases at once, as it must when
+/// it cannot know when the SIGKILL comes.
+fn stop_grace_ms(config: &Config, job: u32) -> Option<u64> {
+    // One try: a slurmctld out of reach must not hold the step's start up
+    // (the fallback only costs the job its grace).
+    let mut scontrol = Scontrol::new(config);
+    scontrol.attempts = 1;
+    match scontrol.kill_wait() {
+        Ok(kill_wait) => Some(muxflow::limits::stop_grace(kill_wait).as_millis() as u64),
+        Err(e) => {
+            tracing::warn!(
+                job,
+                "cannot read Slurm's KillWait ({e}): xCUDA releases the job's GPU at once on SIGTERM"
+            );
+            None
+        }
+    }
+}
+
+/// Writes `limits` and the stop bounds (root, 0644) in `dir` (root, 0755),
+/// which must be a plain directory of root: what xCUDA and the health check
+/// trust.
+fn write_limits(dir: &Path, limits: &JobLimits, stop: &StopBounds) -> anyhow::Result<()> {
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o755)
@@ -518,7 +549,7 @@ fn write_limits(dir: &Path, limits: &JobLimits) -> anyhow::Result<()> {
         );
     }
     let path = muxflow::limits::path(dir, limits.job_id);
-    write_atomic(&path, limits.encode().as_bytes())?;
+    write_atomic(&path, (limits.encode() + &stop.encode()).as_bytes())?;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))?;
     Ok(())
 }

@@ -6,9 +6,11 @@
 //! * **launch gate** ([`mod@state::gate`], [`state::controller`], [`lifecycle::watcher`]): kernel and graph
 //!   launches are delayed while the GPU is contended and blocked while the
 //!   GPU's health state pauses offline work;
-//! * **graceful exit** ([`lifecycle::shutdown`]): on SIGINT/SIGTERM the gate closes,
-//!   in-flight work is synchronized, the contexts are released, then the
-//!   application's own handler (or the default action) runs;
+//! * **graceful exit** ([`lifecycle::shutdown`]): on SIGINT/SIGTERM the
+//!   application's own handler runs at once, with its GPU (to checkpoint);
+//!   the contexts are synchronized and released at the earliest of the
+//!   process exiting, a default-action exit and a deadline safely before
+//!   Slurm's SIGKILL;
 //! * **stats** ([`state::stats`]): counters in `<stats dir>/xcuda.<pid>`.
 //!
 //! Programs reach the driver three ways and all three land on the same

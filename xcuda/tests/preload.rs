@@ -1034,3 +1034,157 @@ fn two_offline_jobs_brake_together_for_the_online_job_and_never_for_each_other()
         wait_exit(&mut c, Duration::from_secs(10));
     }
 }
+
+#[test]
+fn with_a_stop_deadline_the_handler_runs_with_the_gpu_and_the_release_comes_at_exit() {
+    use std::os::unix::process::ExitStatusExt;
+    let sim = Sim::new();
+    struct Case {
+        mode: &'static str,
+        /// What the application prints (its "checkpoint" used the GPU).
+        want: &'static str,
+        exit_code: Option<i32>,
+        exit_signal: Option<i32>,
+    }
+    let cases = [
+        Case {
+            mode: "checkpoint",
+            want: "checkpoint alloc_rc=0",
+            exit_code: Some(7),
+            exit_signal: None,
+        },
+        // _exit skips atexit: the interposed _exit releases first.
+        Case {
+            mode: "checkpoint-_exit",
+            want: "checkpoint alloc_rc=0",
+            exit_code: Some(7),
+            exit_signal: None,
+        },
+        // The handler resets the default action and raises again: released
+        // before the default action ends the process.
+        Case {
+            mode: "reraise",
+            want: "checkpoint alloc_rc=0",
+            exit_code: None,
+            exit_signal: Some(libc::SIGTERM),
+        },
+        // A handler that never returns (on xCUDA's exit thread) does not
+        // hold the release up: the deadline's own thread releases.
+        Case {
+            mode: "stuck-handler",
+            want: "stuck launch_rc=4 handled=1",
+            exit_code: Some(0),
+            exit_signal: None,
+        },
+        // SIG_IGN is respected until the deadline (launches pass after the
+        // signal), then the GPU is released and launches are refused.
+        Case {
+            mode: "ignore-deadline",
+            want: "ignored launch_rc=4",
+            exit_code: Some(0),
+            exit_signal: None,
+        },
+    ];
+    for c in cases {
+        let mut cmd = sim.probe(&["getproc2", "signals", c.mode], true);
+        cmd.env(muxflow::limits::STOP_GRACE_ENV, "2000");
+        let child = cmd.spawn().unwrap();
+        let pid = child.id();
+        let o = child.wait_with_output().unwrap();
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(out.starts_with(c.want), "{}: {o:?}", c.mode);
+        assert_eq!(o.status.code(), c.exit_code, "{}: {o:?}", c.mode);
+        assert_eq!(o.status.signal(), c.exit_signal, "{}: {o:?}", c.mode);
+        if c.mode == "ignore-deadline" {
+            let r = kv(&out);
+            assert!(
+                r["passed_after_signal"].parse::<u64>().unwrap() >= 3,
+                "launches passed after the ignored SIGTERM: {r:?}"
+            );
+            assert_eq!(r["still_ignored"], "1", "{r:?}");
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(err.contains("at the stop deadline"), "{err}");
+        }
+        let ev = sim.events();
+        assert!(
+            ev.contains(&format!("pid={pid} event=released")),
+            "{}: not released: {ev}",
+            c.mode
+        );
+        assert!(
+            !ev.contains(&format!("pid={pid} event=pruned")),
+            "{}: {ev}",
+            c.mode
+        );
+    }
+}
+
+#[test]
+fn a_trainer_ignoring_sigterm_is_released_before_a_sigkill_exactly_at_killwait() {
+    // Slurm's stop: SIGTERM, then SIGKILL KillWait later whatever the
+    // process does. xCUDA's deadline comes from the same KillWait (the
+    // plugin writes muxflow::limits::stop_grace of it): the trainer,
+    // ignoring SIGTERM, trains on until the deadline, is released, and the
+    // SIGKILL at exactly KillWait finds no context: the server (here, its
+    // other client) is unharmed.
+    let sim = Sim::new();
+    let kill_wait = Duration::from_secs(4);
+    let grace = muxflow::limits::stop_grace(kill_wait);
+    assert!(grace > Duration::ZERO && grace < kill_wait);
+    let online = sim
+        .workload(&["online", "--rate", "100", "--duration", "8"], false)
+        .spawn()
+        .unwrap();
+    let progress = sim.root.join("progress");
+    let mut c = sim.workload(
+        &[
+            "offline",
+            "--kernels-per-step",
+            "50",
+            "--kernel-us",
+            "200",
+            "--ignore-sigterm",
+            "--progress",
+            progress.to_str().unwrap(),
+        ],
+        true,
+    );
+    c.env(
+        muxflow::limits::STOP_GRACE_ENV,
+        grace.as_millis().to_string(),
+    )
+    .stderr(std::process::Stdio::piped());
+    let offline = c.spawn().unwrap();
+    let pid = offline.id();
+    let step = || {
+        std::fs::read_to_string(&progress)
+            .ok()
+            .and_then(|t| t.trim().strip_prefix("step=")?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    wait_for("training steps", || step() > 10);
+    let at_sigterm = step();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    std::thread::sleep(kill_wait);
+    let at_sigkill = step();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    let o = offline.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    // It trained on after the SIGTERM it ignores (the GPU was still its)...
+    assert!(
+        at_sigkill >= at_sigterm + 10,
+        "steps {at_sigterm} at SIGTERM, {at_sigkill} at SIGKILL: {err}"
+    );
+    // ... was released at the deadline, before the SIGKILL ...
+    assert!(err.contains("at the stop deadline"), "{err}");
+    let ev = sim.events();
+    assert!(ev.contains(&format!("pid={pid} event=released")), "{ev}");
+    assert!(!ev.contains(&format!("pid={pid} event=pruned")), "{ev}");
+    // ... and the other client of the GPU never saw an error.
+    let out = online.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let r = kv(&String::from_utf8_lossy(&out.stdout));
+    assert!(!r.contains_key("error"), "{r:?}");
+}

@@ -1,6 +1,14 @@
 //! Workload program: loads libcuda like frameworks do (dlopen, then
 //! cuGetProcAddress for every entry point) and runs an online service or an
 //! offline trainer. Prints one `key=value` report line; exits 0 on SIGTERM/SIGINT.
+//!
+//! The trainer can checkpoint as Slurm training recipes do (`--checkpoint`):
+//! on a signal named by `--checkpoint-on` it copies its weights to the host
+//! (`cuMemcpyDtoH`, which needs its GPU) and only then writes its step
+//! counter; on SIGUSR1 (Slurm's `--signal` warning) it then stops stepping
+//! and waits to be stopped, on SIGTERM/SIGINT it exits. `--progress` records
+//! every completed step, so a test can tell whether a completed step was
+//! lost: after a stop, the checkpoint must hold the last completed step.
 
 use clap::{Parser, Subcommand, ValueEnum};
 use muxflow_simgpu::abi::fnty;
@@ -67,7 +75,28 @@ enum Mode {
         graph: bool,
         #[arg(long, default_value_t = 0)]
         device: c_int,
+        /// Checkpoint file: resumed from at start (`step=N`), written on a
+        /// `--checkpoint-on` signal after the weights' device-to-host copy.
+        #[arg(long)]
+        checkpoint: Option<std::path::PathBuf>,
+        /// Signals that make the trainer checkpoint (repeatable).
+        #[arg(long, value_enum)]
+        checkpoint_on: Vec<CheckpointSignal>,
+        /// Rewritten with `step=N` after every completed step.
+        #[arg(long)]
+        progress: Option<std::path::PathBuf>,
+        /// Ignore SIGTERM (SIG_IGN), as some launchers do.
+        #[arg(long)]
+        ignore_sigterm: bool,
     },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum CheckpointSignal {
+    /// SIGTERM (and SIGINT): checkpoint, then exit.
+    Term,
+    /// SIGUSR1: checkpoint, then stop stepping until stopped.
+    Usr1,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -118,9 +147,34 @@ impl Schedule {
 }
 
 static STOP: AtomicBool = AtomicBool::new(false);
+/// SIGUSR1 came (the warning before a stop).
+static WARNED: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_signal(_: c_int) {
     STOP.store(true, Ordering::SeqCst);
+}
+
+extern "C" fn on_warning(_: c_int) {
+    WARNED.store(true, Ordering::SeqCst);
+}
+
+/// Writes `step=N` to `path` atomically (a temp file renamed over it).
+fn write_step(path: &std::path::Path, step: u64) {
+    let tmp = path.with_extension("tmp");
+    if let Err(e) =
+        std::fs::write(&tmp, format!("step={step}\n")).and_then(|()| std::fs::rename(&tmp, path))
+    {
+        eprintln!("muxflow-workload: cannot write {}: {e}", path.display());
+        std::process::exit(4);
+    }
+}
+
+/// The step a checkpoint file holds (0 without one).
+fn read_step(path: &std::path::Path) -> u64 {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| t.trim().strip_prefix("step=")?.parse().ok())
+        .unwrap_or(0)
 }
 
 struct Api {
@@ -154,6 +208,7 @@ struct Cuda {
     get_function: fnty::cuModuleGetFunction,
     launch: fnty::cuLaunchKernel,
     stream_sync: fnty::cuStreamSynchronize,
+    dtoh: fnty::cuMemcpyDtoH_v2,
     ctx_sync: fnty::cuCtxSynchronize,
     alloc: fnty::cuMemAlloc_v2,
     free: fnty::cuMemFree_v2,
@@ -201,6 +256,7 @@ fn load(flags: u64) -> Cuda {
         get_function: api.sym("cuModuleGetFunction"),
         launch: api.sym("cuLaunchKernel"),
         stream_sync: api.sym("cuStreamSynchronize"),
+        dtoh: api.sym("cuMemcpyDtoH"),
         ctx_sync: api.sym("cuCtxSynchronize"),
         alloc: api.sym("cuMemAlloc"),
         free: api.sym("cuMemFree"),
@@ -222,10 +278,23 @@ fn pct(sorted: &[f64], q: f64) -> f64 {
 
 fn main() {
     let cli = Cli::parse();
-    // SAFETY: installing a handler that only stores to an atomic.
+    // SAFETY: installing handlers that only store to an atomic.
     unsafe {
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        if let Mode::Offline {
+            checkpoint_on,
+            ignore_sigterm,
+            ..
+        } = &cli.mode
+        {
+            if checkpoint_on.contains(&CheckpointSignal::Usr1) {
+                libc::signal(libc::SIGUSR1, on_warning as *const () as libc::sighandler_t);
+            }
+            if *ignore_sigterm {
+                libc::signal(libc::SIGTERM, libc::SIG_IGN);
+            }
+        }
     }
     let (flags, device) = match &cli.mode {
         Mode::Online { device, .. } => (0, *device),
@@ -335,6 +404,9 @@ fn main() {
                     blocks,
                     alloc_mib,
                     graph,
+                    checkpoint,
+                    checkpoint_on,
+                    progress,
                     ..
                 } => {
                     let name = CString::new(format!("sim_kernel_{kernel_us}us")).unwrap();
@@ -385,9 +457,37 @@ fn main() {
                             "cuGraphInstantiateWithFlags",
                         )?;
                     }
-                    let mut steps = 0u64;
+                    let resumed = checkpoint.as_deref().map_or(0, read_step);
+                    let mut steps = resumed;
                     let mut res = Ok(());
+                    // The weights to the host, then the step counter: a
+                    // checkpoint exists only if the copy succeeded.
+                    let save = |steps: u64| -> Result<(), Failed> {
+                        let Some(path) = &checkpoint else {
+                            return Ok(());
+                        };
+                        let mut host = vec![0u8; 4096];
+                        ok(
+                            (cu.dtoh)(host.as_mut_ptr() as *mut c_void, weights, host.len()),
+                            "cuMemcpyDtoH (checkpoint)",
+                        )?;
+                        write_step(path, steps);
+                        Ok(())
+                    };
+                    let mut saved_on_warning = false;
                     while !done(duration) {
+                        if WARNED.load(Ordering::SeqCst) {
+                            if !saved_on_warning {
+                                res = save(steps);
+                                if res.is_err() {
+                                    break;
+                                }
+                                saved_on_warning = true;
+                            }
+                            // Checkpointed: no step from now on is saved, so none is taken.
+                            std::thread::sleep(Duration::from_millis(20));
+                            continue;
+                        }
                         let r = (|| {
                             let mut act = 0u64;
                             ok(
@@ -407,11 +507,20 @@ fn main() {
                             break;
                         }
                         steps += 1;
+                        if let Some(p) = &progress {
+                            write_step(p, steps);
+                        }
+                    }
+                    if res.is_ok()
+                        && STOP.load(Ordering::SeqCst)
+                        && checkpoint_on.contains(&CheckpointSignal::Term)
+                    {
+                        res = save(steps);
                     }
                     let el = start.elapsed().as_secs_f64();
                     report = format!(
-                        "mode=offline steps={steps} steps_per_s={:.2} peak_mib={} elapsed_s={el:.2}",
-                        steps as f64 / el,
+                        "mode=offline steps={steps} resumed={resumed} steps_per_s={:.2} peak_mib={} elapsed_s={el:.2}",
+                        (steps - resumed) as f64 / el,
                         alloc_mib + step_bytes / mib
                     );
                     res

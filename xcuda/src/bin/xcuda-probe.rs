@@ -966,6 +966,17 @@ fn ctx_then_sigterm(r: &Resolver, symbol: &str) {
 ///   blocked    SIGTERM blocked in every application thread (before cuInit):
 ///              released all the same, and the signal stays pending for the
 ///              application
+/// With a stop deadline (MUXFLOW_XCUDA_STOP_GRACE_MS), a trainer's shapes:
+///   checkpoint       a handler that only sets a flag; the main thread then
+///                    uses the GPU (an allocation: its "checkpoint") and
+///                    calls exit(7)
+///   checkpoint-_exit the same, ending with _exit(7)
+///   reraise          the same, then the default action back and SIGTERM
+///                    raised again (the process dies of it)
+///   ignore-deadline  SIG_IGN; launches every 10 ms until one is refused;
+///                    prints how many passed after the signal
+///   stuck-handler    a handler that never returns (it runs on xCUDA's exit
+///                    thread); the main thread launches until refused
 fn signals(r: &Resolver, mode: &str) {
     use std::io::Write;
     use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::SeqCst};
@@ -1097,6 +1108,62 @@ fn signals(r: &Resolver, mode: &str) {
                 println!("handled={} reset={reset}", HANDLED.load(SeqCst));
                 let _ = std::io::stdout().flush();
                 libc::kill(me, libc::SIGTERM);
+            }
+            "checkpoint" | "checkpoint-_exit" | "reraise" => {
+                let a = handler(count as *const () as usize, libc::SA_SIGINFO);
+                libc::sigaction(libc::SIGTERM, &a, std::ptr::null_mut());
+                libc::kill(me, libc::SIGTERM);
+                while HANDLED.load(SeqCst) == 0 {
+                    pause(1);
+                }
+                let alloc: unsafe extern "C" fn(*mut u64, usize) -> Res =
+                    std::mem::transmute(ALLOC.load(SeqCst));
+                let mut p = 0u64;
+                let rc = alloc(&mut p, MIB);
+                println!("checkpoint alloc_rc={rc}");
+                let _ = std::io::stdout().flush();
+                match mode {
+                    "checkpoint" => libc::exit(7),
+                    "checkpoint-_exit" => libc::_exit(7),
+                    _ => {
+                        libc::signal(libc::SIGTERM, libc::SIG_DFL);
+                        libc::kill(me, libc::SIGTERM);
+                    }
+                }
+            }
+            "stuck-handler" => {
+                extern "C" fn stuck(_: c_int, _: *mut libc::siginfo_t, _: *mut c_void) {
+                    HANDLED.fetch_add(1, SeqCst);
+                    loop {
+                        // SAFETY: sleep is async-signal-safe.
+                        unsafe { libc::sleep(60) };
+                    }
+                }
+                let a = handler(stuck as *const () as usize, libc::SA_SIGINFO);
+                libc::sigaction(libc::SIGTERM, &a, std::ptr::null_mut());
+                libc::kill(me, libc::SIGTERM);
+                let rc = launch_until_refused();
+                println!("stuck launch_rc={rc} handled={}", HANDLED.load(SeqCst));
+                let _ = std::io::stdout().flush();
+                libc::exit(0);
+            }
+            "ignore-deadline" => {
+                libc::signal(libc::SIGTERM, libc::SIG_IGN);
+                libc::kill(me, libc::SIGTERM);
+                let mut passed = 0u64;
+                let mut rc = 0;
+                for _ in 0..2000 {
+                    let (n, pp) = (std::ptr::null_mut(), std::ptr::null_mut());
+                    rc = launch(f, 1, 1, 1, 32, 1, 1, 0, n, pp, pp);
+                    if rc != 0 {
+                        break;
+                    }
+                    passed += 1;
+                    pause(10);
+                }
+                let ign = u8::from(query(libc::SIGTERM) == libc::SIG_IGN);
+                println!("ignored launch_rc={rc} passed_after_signal={passed} still_ignored={ign}");
+                std::process::exit(0);
             }
             "sigint-ignored" => {
                 libc::signal(libc::SIGINT, libc::SIG_IGN);

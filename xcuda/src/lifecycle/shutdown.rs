@@ -1,52 +1,64 @@
-//! Graceful exit on SIGINT/SIGTERM (MuxFlow's "mixed error handling", the
-//! common case): killing an MPS client while its streams run is undefined
-//! for the whole MPS server, so before the process goes:
+//! Stop signals (SIGINT/SIGTERM, MuxFlow's "mixed error handling", the
+//! common case): **the application's handler first, the release at the
+//! deadline.** Killing an MPS client while its streams run is undefined for
+//! the whole MPS server, and Slurm sends SIGKILL `KillWait` seconds after
+//! SIGTERM whatever the process does; but a trainer told to stop wants to
+//! checkpoint, which takes its GPU. So:
 //!
-//! 1. the signal handler closes the gate (one atomic store), keeps the
-//!    signal's `siginfo` and wakes the exit thread through a pipe (all
-//!    async-signal-safe);
-//! 2. the exit thread waits until no launch is inside the driver, then
-//!    synchronizes and releases every context the process holds, refuses
-//!    launches from then on (`CUDA_ERROR_DEINITIALIZED`) and writes the stats;
-//! 3. it hands both signals back to the application's dispositions and
-//!    replays the signal (`chain`): the application's own handler runs
-//!    (with the original `siginfo` and the `SA_SIGINFO`, `SA_RESETHAND`,
-//!    mask semantics it asked for), or the default action.
+//! 1. the signal handler only records the signal (its `siginfo`, the time)
+//!    and wakes the exit thread through a pipe (async-signal-safe: atomics,
+//!    `clock_gettime`, `write`); the gate stays as the watcher set it;
+//! 2. the exit thread, at once: reads the stop deadline (root's
+//!    [`muxflow::limits::StopBounds`], read fresh: an online job's Prolog may
+//!    have set a latest release since the job started) and hands the signal
+//!    to the application: its handler runs (replayed with the original
+//!    `siginfo` and the `SA_SIGINFO`, `SA_RESETHAND`, mask semantics it asked
+//!    for) and the GPU stays usable; a SIGTERM it ignores stays ignored;
+//! 3. the release — gate closed, launches inside the driver drained, every
+//!    context synchronized and released, launches refused from then on with
+//!    `CUDA_ERROR_DEINITIALIZED`, stats written — comes at the earliest of:
+//!    * the process exiting (`exit`, a return from `main`: xCUDA's `atexit`
+//!      handler, [`at_process_exit`]);
+//!    * a default-action exit: a signal the application leaves at (or has
+//!      reset to) its default action is released first, then replayed to
+//!      end the process as it would have;
+//!    * the deadline: a thread of its own sleeps until it and releases
+//!      (not a handler: the release takes locks; not the exit thread: the
+//!      application's handlers run there and may take their time); the
+//!      application, if it still runs, goes on without the GPU.
+//!
+//! With no deadline known (no limits file bound, not a Slurm job) the
+//! deadline is the signal itself: released first, then the handler, as
+//! before deadlines existed. Every path ends in a release before Slurm's
+//! SIGKILL can come; only `_exit` without a prior signal-driven release
+//! (and the SIGKILL itself, before any stop signal) bypass it.
 //!
 //! **xCUDA stays first, with no window.** From `cuInit` on, this library
-//! interposes `sigaction`, `signal` and `bsd_signal` for SIGINT and SIGTERM:
-//! what the application installs is recorded as *its* disposition (and
-//! reported back to it by later queries), while the kernel keeps xCUDA's
-//! handler. An application that installs its handler right after `cuInit`
-//! (Python, PyTorch, launchers) therefore never displaces the release. Other
-//! signals, and every call in a forked child until its own start-up, go to
-//! the C library untouched. A program that changes dispositions with the raw
-//! `rt_sigaction` system call (not through the C library) is noticed by the
-//! watcher's housekeeping within a second, as before.
+//! interposes `sigaction`, `signal`, `bsd_signal` and `sysv_signal` for
+//! SIGINT and SIGTERM: what the application installs is recorded as *its*
+//! disposition (and reported back to it by later queries), while the kernel
+//! keeps xCUDA's handler — also after a signal, so that a handler that resets
+//! the default action and re-raises (a common "save, then die as asked"
+//! shape) still meets the release first. An application that installs its
+//! handler right after `cuInit` (Python, PyTorch, launchers) therefore never
+//! displaces the deadline. Other signals, and every call in a forked child
+//! until its own start-up, go to the C library untouched. A program that
+//! changes dispositions with the raw `rt_sigaction` system call (not through
+//! the C library) is noticed by the watcher's housekeeping within a second.
 //!
 //! **Blocked signals.** The exit thread keeps SIGINT and SIGTERM unblocked,
 //! so a process-directed signal reaches xCUDA even when every application
-//! thread blocks it (`sigprocmask`, `pthread_sigmask`): no need to interpose
-//! those. When the application consumes the signal synchronously (blocked
-//! everywhere, read with `sigwait` or a `signalfd`), the replayed signal
-//! stays pending for it after the release, as if xCUDA were not there.
+//! thread blocks it (`sigprocmask`, `pthread_sigmask`). When the application
+//! consumes the signal synchronously (blocked everywhere, left at its default
+//! action, read with `sigwait` or a `signalfd`), xCUDA cannot tell that from a
+//! default-action exit: it releases, and the replayed signal stays pending
+//! for the application.
 //!
-//! **Ignored signals.** SIGINT the application ignores is left ignored in
-//! the kernel (nothing is released; a shell's background jobs ignore it, and
-//! their exec'd children keep ignoring it). SIGTERM is always caught: Slurm
-//! sends SIGKILL `KillWait` seconds after SIGTERM whatever the process does,
-//! and a SIGKILL with streams running is what the MPS server cannot survive.
-//! So a SIGTERM the application ignores still releases the contexts; the
-//! application then goes on (as it asked) without the GPU: launches fail
-//! with `CUDA_ERROR_DEINITIALIZED`, and the later SIGKILL finds no context.
-//! (Side effect: a program it exec's starts with SIGTERM at its default
-//! action, not ignored.)
-//!
-//! Between 1 and 3 the application keeps running: its calls that do not pass
-//! the gate (allocations, synchronizations, copies) reach a context that is
-//! being released, fail, and the application may call `exit` on such an
-//! error before the release is done. xCUDA's `atexit` handler therefore
-//! waits (bounded) for a graceful exit in progress.
+//! **Ignored signals.** A SIGINT the application ignores is left ignored in
+//! the kernel (nothing happens; a shell's background jobs ignore it). SIGTERM
+//! is always caught, because its SIGKILL follows: one the application ignores
+//! is respected until the deadline, then the contexts are released and the
+//! application goes on (as it asked) without the GPU.
 //!
 //! A child forked after start-up gets the application's dispositions back at
 //! once, and its own exit thread and handlers at its restart
@@ -55,9 +67,13 @@
 use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void, CStr};
 use std::mem::MaybeUninit;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{
+    AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::SeqCst,
+};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+use muxflow::limits::StopBounds;
 
 use crate::state;
 use crate::sys::driver;
@@ -65,20 +81,32 @@ use crate::sys::driver;
 const SIGNALS: [c_int; 2] = [libc::SIGINT, libc::SIGTERM];
 /// Longest wait for launches inside the driver and for each synchronize.
 const DRAIN_DEADLINE: Duration = Duration::from_secs(2);
-/// Longest wait at process exit for a graceful exit in progress.
+/// Longest wait at process exit for a release under way on another thread.
 const EXIT_WAIT: Duration = Duration::from_secs(10);
 
 static PIPE_W: AtomicI32 = AtomicI32::new(-1);
-/// The signal being handled (0: none yet).
-static CAUGHT: AtomicI32 = AtomicI32::new(0);
-/// Set once the exit thread released the contexts (before it chains).
-static RELEASED: AtomicBool = AtomicBool::new(false);
+/// The exit thread's id (0: none).
+static EXIT_TID: AtomicI32 = AtomicI32::new(0);
+/// The process exits: the exit and deadline threads are asked to release now.
+static RELEASE_ASKED: AtomicBool = AtomicBool::new(false);
+/// When the first stop signal came (wall clock, ms since the epoch; 0: none
+/// yet). Wall clock because the latest release it is compared with is
+/// written by another process.
+static STOP_AT_MS: AtomicU64 = AtomicU64::new(0);
+/// The release: [`NOT_RELEASED`], [`RELEASING`] or [`RELEASED`].
+static RELEASE: AtomicU8 = AtomicU8::new(NOT_RELEASED);
+const NOT_RELEASED: u8 = 0;
+const RELEASING: u8 = 1;
+const RELEASED: u8 = 2;
 /// The process whose SIGINT/SIGTERM xCUDA holds (0: none yet). A forked
 /// child inherits the parent's pid here: nothing is interposed in it until
 /// its own start-up.
 static HOLDER: AtomicU32 = AtomicU32::new(0);
-/// Set when the graceful exit handed the signals back to the application.
+/// Set when a default-action exit handed the signals back to the application.
 static CHAINED: AtomicBool = AtomicBool::new(false);
+/// The signal being replayed to the application's handler (0: none): its
+/// disposition is in the kernel meanwhile, which housekeeping must not undo.
+static PASSING: AtomicI32 = AtomicI32::new(0);
 /// Whether the application ignores SIGINT (read by the handler).
 static APP_IGNORES_SIGINT: AtomicBool = AtomicBool::new(false);
 /// The application's dispositions for SIGINT and SIGTERM.
@@ -86,14 +114,45 @@ static APP: Mutex<Vec<(c_int, libc::sigaction)>> = Mutex::new(Vec::new());
 /// libc's `sigaction` (0: not looked up yet).
 static REAL_SIGACTION: AtomicUsize = AtomicUsize::new(0);
 
-/// The `siginfo` of the signal being handled, written once by the handler
-/// (guarded by `CAUGHT`) and read by the exit thread after the pipe wakes it.
-struct Info(UnsafeCell<MaybeUninit<libc::siginfo_t>>);
-// SAFETY: one writer (the handler that won `CAUGHT`), which happens before
-// the pipe write the only reader waits for.
-unsafe impl Sync for Info {}
-static INFO: Info = Info(UnsafeCell::new(MaybeUninit::uninit()));
-static INFO_SET: AtomicBool = AtomicBool::new(false);
+/// One pending signal of each kind (as the kernel keeps standard signals):
+/// its `siginfo`, written by the handler that moved `state` from
+/// [`FREE`] to [`WRITING`], read by the exit thread once it is [`PENDING`].
+struct Pending {
+    state: AtomicU8,
+    has_info: AtomicBool,
+    info: UnsafeCell<MaybeUninit<libc::siginfo_t>>,
+}
+const FREE: u8 = 0;
+const WRITING: u8 = 1;
+const PENDING: u8 = 2;
+// SAFETY: `info` has one writer at a time (the handler that won `state`
+// FREE -> WRITING) and is read only in state PENDING, by the exit thread,
+// before it sets FREE again.
+unsafe impl Sync for Pending {}
+// An array of statics is built from a const; each use is a fresh value, the
+// sharing the lint warns of does not happen.
+#[allow(clippy::declare_interior_mutable_const)]
+const NO_SIGNAL: Pending = Pending {
+    state: AtomicU8::new(FREE),
+    has_info: AtomicBool::new(false),
+    info: UnsafeCell::new(MaybeUninit::uninit()),
+};
+static SIGNALLED: [Pending; 2] = [NO_SIGNAL, NO_SIGNAL];
+
+fn index(sig: c_int) -> usize {
+    usize::from(sig == libc::SIGTERM)
+}
+
+/// Wall clock in ms. Async-signal-safe (`clock_gettime`).
+fn now_unix_ms() -> u64 {
+    // SAFETY: clock_gettime fills our own timespec.
+    let ts = unsafe {
+        let mut ts: libc::timespec = std::mem::zeroed();
+        libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts);
+        ts
+    };
+    (ts.tv_sec as u64).saturating_mul(1000) + (ts.tv_nsec as u64) / 1_000_000
+}
 
 type SigactionFn =
     unsafe extern "C" fn(c_int, *const libc::sigaction, *mut libc::sigaction) -> c_int;
@@ -334,15 +393,20 @@ extern "C" fn on_signal(sig: c_int, info: *mut libc::siginfo_t, _ctx: *mut c_voi
     if sig == libc::SIGINT && APP_IGNORES_SIGINT.load(SeqCst) {
         return; // raced with the application ignoring it
     }
-    if CAUGHT.compare_exchange(0, sig, SeqCst, SeqCst).is_err() {
-        return; // Already exiting; the exit thread chains once it is done.
+    let p = &SIGNALLED[index(sig)];
+    if p.state
+        .compare_exchange(FREE, WRITING, SeqCst, SeqCst)
+        .is_err()
+    {
+        return; // One of this kind is pending already: the kernel merges them too.
     }
     if !info.is_null() {
-        // SAFETY: the kernel's siginfo, copied once into our static (guarded by CAUGHT).
-        unsafe { (*INFO.0.get()).write(info.read()) };
-        INFO_SET.store(true, SeqCst);
+        // SAFETY: the kernel's siginfo, copied into our slot (ours alone in state WRITING).
+        unsafe { (*p.info.get()).write(info.read()) };
     }
-    state::gate().begin_shutdown();
+    p.has_info.store(!info.is_null(), SeqCst);
+    p.state.store(PENDING, SeqCst);
+    let _ = STOP_AT_MS.compare_exchange(0, now_unix_ms(), SeqCst, SeqCst);
     // SAFETY: errno is saved and restored around write(2), which is async-signal-safe.
     unsafe {
         let errno = *libc::__errno_location();
@@ -393,10 +457,9 @@ pub fn install() {
             // Always a thread that can take the signal, whatever the
             // application blocks in its own threads.
             take_signals_here(true);
-            let mut b = 0u8;
-            // SAFETY: blocking read of one byte from our own pipe.
-            while unsafe { libc::read(r, &mut b as *mut u8 as *mut c_void, 1) } != 1 {}
-            exit(CAUGHT.load(SeqCst));
+            // SAFETY: gettid cannot fail.
+            EXIT_TID.store(unsafe { libc::syscall(libc::SYS_gettid) } as i32, SeqCst);
+            exit_thread(r);
         });
     if spawned.is_err() {
         crate::log(format_args!(
@@ -424,9 +487,14 @@ pub fn install() {
 /// parent: nothing is interposed here meanwhile.)
 pub fn after_fork_in_child() {
     PIPE_W.store(-1, SeqCst);
-    CAUGHT.store(0, SeqCst);
-    RELEASED.store(false, SeqCst);
-    INFO_SET.store(false, SeqCst);
+    EXIT_TID.store(0, SeqCst);
+    RELEASE_ASKED.store(false, SeqCst);
+    STOP_AT_MS.store(0, SeqCst);
+    RELEASE.store(NOT_RELEASED, SeqCst);
+    PASSING.store(0, SeqCst);
+    for p in &SIGNALLED {
+        p.state.store(FREE, SeqCst);
+    }
     // try_lock: a lock another parent thread held at fork stays held here.
     let app = APP.try_lock().ok().map(|a| a.clone());
     for sig in SIGNALS {
@@ -446,7 +514,7 @@ pub fn after_fork_in_child() {
 /// (bypassing the interposed `sigaction`) replaced xCUDA's handler; take its
 /// disposition as the application's and put ours back.
 pub fn reassert() {
-    if PIPE_W.load(SeqCst) < 0 || CAUGHT.load(SeqCst) != 0 || !held_here() {
+    if PIPE_W.load(SeqCst) < 0 || PASSING.load(SeqCst) != 0 || !held_here() {
         return;
     }
     with_app(|app| {
@@ -509,7 +577,151 @@ fn release_contexts() {
     }
 }
 
-fn exit(sig: c_int) {
+/// The exit thread: waits for stop signals, hands each to the application
+/// and, at the first, starts the deadline's watch ([`watch_deadline`]).
+fn exit_thread(pipe: c_int) {
+    // When the release is due (wall clock ms), kept here only if the
+    // deadline's own thread could not start.
+    let mut due: Option<u64> = None;
+    let mut armed = false;
+    loop {
+        let timeout_ms = match due {
+            Some(at) if RELEASE.load(SeqCst) == NOT_RELEASED => {
+                let left = at.saturating_sub(now_unix_ms());
+                if left == 0 {
+                    release_at_deadline();
+                    continue;
+                }
+                left.min(i32::MAX as u64) as c_int
+            }
+            _ => -1,
+        };
+        let mut fd = libc::pollfd {
+            fd: pipe,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: poll on our own descriptor.
+        if unsafe { libc::poll(&mut fd, 1, timeout_ms) } > 0 {
+            let mut buf = [0u8; 16];
+            // SAFETY: reads into our own buffer from our own pipe.
+            unsafe { libc::read(pipe, buf.as_mut_ptr() as *mut c_void, buf.len()) };
+        }
+        if RELEASE_ASKED.load(SeqCst) {
+            release();
+        }
+        for sig in SIGNALS {
+            let p = &SIGNALLED[index(sig)];
+            if p.state.load(SeqCst) != PENDING {
+                continue;
+            }
+            let info = p
+                .has_info
+                .load(SeqCst)
+                // SAFETY: written by the handler before it set PENDING.
+                .then(|| unsafe { (*p.info.get()).assume_init_read() });
+            p.state.store(FREE, SeqCst);
+            if !armed {
+                armed = true;
+                let at = stop_bounds().release_at_unix_ms(STOP_AT_MS.load(SeqCst));
+                if at <= now_unix_ms() {
+                    // No time to give (or none known): released before the
+                    // application hears of it, as before deadlines existed.
+                    release();
+                } else if std::thread::Builder::new()
+                    .name("xcuda-deadline".into())
+                    .spawn(move || watch_deadline(at))
+                    .is_err()
+                {
+                    due = Some(at);
+                }
+            }
+            deliver(sig, info);
+        }
+    }
+}
+
+/// The deadline's own thread: the application's handler runs on the exit
+/// thread and may take its time (or never return); the release must not
+/// wait for it. Releases at `at` (wall clock ms), or earlier when the
+/// process exits ([`at_process_exit`] asks).
+fn watch_deadline(at: u64) {
+    block_signals_in_this_thread();
+    while RELEASE.load(SeqCst) == NOT_RELEASED {
+        if RELEASE_ASKED.load(SeqCst) {
+            release();
+            return;
+        }
+        let left = at.saturating_sub(now_unix_ms());
+        if left == 0 {
+            release_at_deadline();
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(left.min(20)));
+    }
+}
+
+fn release_at_deadline() {
+    crate::log(format_args!(
+        "releasing the GPU at the stop deadline ({} ms after the stop signal): \
+         launches are refused from now on",
+        now_unix_ms().saturating_sub(STOP_AT_MS.load(SeqCst))
+    ));
+    release();
+}
+
+/// The bounds root set for this process's job, read now (see the module doc).
+fn stop_bounds() -> StopBounds {
+    match state::Source::of_this_process() {
+        state::Source::Job {
+            job,
+            dir: Some(dir),
+        } if dir.starts_with('/') => StopBounds::read_trusted(std::path::Path::new(&dir), job, 0)
+            .unwrap_or_else(|e| {
+                crate::log(format_args!(
+                    "{e}; no stop deadline known, so the GPU is released at once"
+                ));
+                StopBounds::default()
+            }),
+        state::Source::RootEnvironment => StopBounds::from_env(|k| std::env::var(k).ok()),
+        _ => StopBounds::default(),
+    }
+}
+
+/// Hands `sig` to the application as its disposition says: its handler
+/// runs (the GPU still usable until the release), an ignored SIGTERM stays
+/// ignored, the default action ends the process after the release.
+fn deliver(sig: c_int, info: Option<libc::siginfo_t>) {
+    let app = with_app(|app| app_of(app, sig));
+    match app.sa_sigaction {
+        libc::SIG_IGN => {}
+        libc::SIG_DFL => {
+            release();
+            default_action_exit(sig);
+        }
+        _ => replay_to_handler(sig, info),
+    }
+}
+
+/// The release (see the module doc), once per process: a second caller
+/// waits, at most `EXIT_WAIT`, for the first to finish.
+fn release() {
+    if RELEASE
+        .compare_exchange(NOT_RELEASED, RELEASING, SeqCst, SeqCst)
+        .is_err()
+    {
+        let end = Instant::now() + EXIT_WAIT;
+        while RELEASE.load(SeqCst) != RELEASED {
+            if Instant::now() >= end {
+                crate::log(format_args!(
+                    "the contexts are still being released after {EXIT_WAIT:?}; going on"
+                ));
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        return;
+    }
     let gate = state::gate();
     gate.begin_shutdown();
     if !gate.drain(Instant::now() + DRAIN_DEADLINE) {
@@ -521,68 +733,134 @@ fn exit(sig: c_int) {
     state::count_release();
     gate.finish_shutdown();
     state::write_stats();
-    RELEASED.store(true, SeqCst);
-    chain(sig);
+    RELEASE.store(RELEASED, SeqCst);
 }
 
-/// At process exit (`atexit`): if a signal started the graceful exit and the
-/// contexts are not released yet, waits until they are (at most `EXIT_WAIT`).
-pub fn wait_for_release() {
-    let end = Instant::now() + EXIT_WAIT;
-    while CAUGHT.load(SeqCst) != 0 && !RELEASED.load(SeqCst) {
-        if Instant::now() >= end {
-            crate::log(format_args!(
-                "exiting after {EXIT_WAIT:?} with the contexts not yet released"
-            ));
+/// At process exit (`atexit`, and the C library's `_exit`/`_Exit`, which
+/// skip `atexit`): once a stop signal came, the contexts are released before
+/// the process goes — the application may exit from its handler after its
+/// checkpoint, or on an error from a context being released. The release
+/// takes locks, and `_exit` may be called from a signal handler, so another
+/// thread does not release itself: it asks the exit thread and the
+/// deadline's (either may be busy: the exit thread runs the application's
+/// handlers) and waits (at most `EXIT_WAIT`; only atomics, `write` and
+/// `nanosleep` here). On the exit
+/// thread itself (a handler replayed there exits) the release runs there,
+/// between the replay's two locked sections, with no lock of xCUDA held.
+pub fn at_process_exit() {
+    // SAFETY: getpid and gettid cannot fail.
+    let (me, tid) = unsafe { (libc::getpid(), libc::syscall(libc::SYS_gettid) as i32) };
+    if STOP_AT_MS.load(SeqCst) == 0
+        || HOLDER.load(SeqCst) != me as u32
+        || RELEASE.load(SeqCst) == RELEASED
+        || PIPE_W.load(SeqCst) < 0
+    {
+        return;
+    }
+    if tid == EXIT_TID.load(SeqCst) {
+        release();
+        return;
+    }
+    RELEASE_ASKED.store(true, SeqCst);
+    // SAFETY: one byte to our own pipe (async-signal-safe); errno restored.
+    unsafe {
+        let errno = *libc::__errno_location();
+        let b = 2u8;
+        libc::write(PIPE_W.load(SeqCst), &b as *const u8 as *const c_void, 1);
+        *libc::__errno_location() = errno;
+    }
+    let step = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 1_000_000,
+    };
+    for _ in 0..EXIT_WAIT.as_millis() {
+        if RELEASE.load(SeqCst) == RELEASED {
             return;
         }
-        std::thread::sleep(Duration::from_millis(1));
+        // SAFETY: nanosleep with our own timespec (async-signal-safe).
+        unsafe { libc::nanosleep(&step, std::ptr::null_mut()) };
     }
 }
 
-/// Hands both signals back to the application's dispositions and replays
-/// `sig`, so the application's handler or default action runs as if xCUDA
-/// were not there:
-/// * a handler: the signal is replayed to this thread with the `siginfo`
-///   the kernel gave xCUDA's handler (its sender, its code: only a thread
-///   may queue a `siginfo` with a user code to itself), so the handler runs
-///   here, at once, as for any process-directed signal;
-/// * the default action: `kill` to the process (terminates it, or stays
-///   pending where every application thread blocks it, for its `sigwait`
-///   or `signalfd`; the sender seen there is then the process itself);
-/// * ignored (SIGTERM, see the module doc): nothing.
-fn chain(sig: c_int) {
-    let app = with_app(|app| {
-        CHAINED.store(true, SeqCst);
-        for s in SIGNALS {
-            kernel_set(s, &app_of(app, s));
-        }
-        app_of(app, sig)
-    });
-    if app.sa_sigaction == libc::SIG_IGN {
-        return; // SIGTERM ignored: released, the process goes on without the GPU
+/// The C library's `_exit`: the release first, once a stop signal came
+/// ([`at_process_exit`]), then the process ends as asked.
+///
+/// # Safety
+/// The C contract of `_exit`.
+#[no_mangle]
+pub unsafe extern "C" fn _exit(status: c_int) -> ! {
+    at_process_exit();
+    end_process(status)
+}
+
+/// The C library's `_Exit` (the same as `_exit`).
+///
+/// # Safety
+/// The C contract of `_Exit`.
+#[no_mangle]
+pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
+    at_process_exit();
+    end_process(status)
+}
+
+/// Ends the process as the C library's `_exit` does (the `exit_group`
+/// system call; looking the C library's function up is not
+/// async-signal-safe).
+fn end_process(status: c_int) -> ! {
+    loop {
+        // SAFETY: exit_group ends every thread of the process.
+        unsafe { libc::syscall(libc::SYS_exit_group, status) };
     }
+}
+
+/// Replays `sig` to the application's handler on this thread, with the
+/// `siginfo` the kernel gave xCUDA's handler (its sender, its code: only a
+/// thread may queue a `siginfo` with a user code to itself), then takes the
+/// signal back: the application's disposition is in the kernel only while
+/// the signal is delivered, which happens on the way back from the system
+/// call, so the handler has run when it returns. What the handler left
+/// (`SA_RESETHAND`'s reset, a disposition it set) becomes the
+/// application's.
+fn replay_to_handler(sig: c_int, info: Option<libc::siginfo_t>) {
+    with_app(|app| {
+        PASSING.store(sig, SeqCst);
+        kernel_set(sig, &app_of(app, sig));
+    });
     // SAFETY: getpid/gettid cannot fail; rt_tgsigqueueinfo to this very
-    // thread with the siginfo the kernel gave the handler; kill/tgkill to
-    // ourselves as the fallbacks.
+    // thread with the siginfo the kernel gave the handler; tgkill as the
+    // fallback.
     unsafe {
         let me = libc::getpid();
-        if app.sa_sigaction == libc::SIG_DFL {
-            take_signals_here(false);
-            libc::kill(me, sig);
-            return;
-        }
         let tid = libc::syscall(libc::SYS_gettid) as libc::pid_t;
-        let replayed = INFO_SET.load(SeqCst)
-            && libc::syscall(
-                libc::SYS_rt_tgsigqueueinfo,
-                me,
-                tid,
-                sig,
-                (*INFO.0.get()).as_ptr(),
-            ) == 0;
+        let replayed = info.is_some_and(|i| {
+            libc::syscall(libc::SYS_rt_tgsigqueueinfo, me, tid, sig, &i as *const _) == 0
+        });
         if !replayed {
             libc::syscall(libc::SYS_tgkill, me, tid, sig);
         }
     }
+    with_app(|app| {
+        let cur = kernel_query(sig);
+        if cur.sa_sigaction != ours() {
+            record(app, sig, cur);
+        }
+        PASSING.store(0, SeqCst);
+    });
+}
+
+/// A default-action exit, after the release: hands both signals back to
+/// the application's dispositions and sends `sig` to the process, which
+/// terminates (or, where every application thread blocks it, finds it
+/// pending for its `sigwait` or `signalfd`; the sender seen there is then
+/// the process itself).
+fn default_action_exit(sig: c_int) {
+    with_app(|app| {
+        CHAINED.store(true, SeqCst);
+        for s in SIGNALS {
+            kernel_set(s, &app_of(app, s));
+        }
+    });
+    take_signals_here(false);
+    // SAFETY: getpid cannot fail; kill to ourselves.
+    unsafe { libc::kill(libc::getpid(), sig) };
 }

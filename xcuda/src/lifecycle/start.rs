@@ -54,9 +54,10 @@ fn start(first: bool) {
     if first {
         extern "C" fn at_exit() {
             let _ = std::panic::catch_unwind(|| {
-                // The application may exit on an error from a context the
-                // graceful exit is releasing: let the release finish first.
-                super::shutdown::wait_for_release();
+                // After a stop signal the process leaves only once its
+                // contexts are released (its handler's checkpoint done, or
+                // an error from a context being released).
+                super::shutdown::at_process_exit();
                 write_stats();
             });
         }
