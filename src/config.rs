@@ -770,6 +770,14 @@ impl Config {
             r("health", "min_dwell_s", h.min_dwell_s, 0, DAY_S, ""),
             r(
                 "health",
+                "police_interval_ms",
+                h.police_interval_ms,
+                100,
+                60_000,
+                "each check reads NVML and /proc for every process on the GPU: below 100 ms it costs a core's worth; above a minute a process out of bounds runs unpoliced that long",
+            ),
+            r(
+                "health",
                 "recovery_quiet_s",
                 h.recovery_quiet_s,
                 0,
@@ -1078,6 +1086,13 @@ mod tests {
             let (line, key, msg) = invalid_parts(&format!("[policy]\noffline_per_gpu = {bad}\n"));
             assert_eq!((line, key.as_str()), (2, "policy.offline_per_gpu"));
             assert!(msg.contains("use 1 to 4"), "{msg}");
+        }
+
+        for bad in [0, 99, 60_001] {
+            let (line, key, msg) =
+                invalid_parts(&format!("[health]\npolice_interval_ms = {bad}\n"));
+            assert_eq!((line, key.as_str()), (2, "health.police_interval_ms"));
+            assert!(msg.contains("100") && msg.contains("60000"), "{msg}");
         }
 
         let (_, key, _) = invalid_parts("[paths]\ngpu_device = \"/dev/nvidia0\"\n");

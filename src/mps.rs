@@ -432,9 +432,26 @@ impl MpsDaemon {
         }
     }
 
-    /// Did muxflow send this state-changing command (exactly this text)?
-    pub fn sent_by_muxflow(&self, command: &str) -> bool {
-        std::fs::read_to_string(self.own_commands()).is_ok_and(|t| t.lines().any(|l| l == command))
+    /// Did muxflow send this state-changing command (exactly this text),
+    /// one not yet matched to the daemon's log? Each note of muxflow's
+    /// answers for one `Cmd:` line only, and is used up by it: a user's
+    /// `quit` after muxflow's own is still a user's. Callers hold the GPU's
+    /// lock (the health step does).
+    pub fn take_own_command(&self, command: &str) -> bool {
+        let path = self.own_commands();
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            return false;
+        };
+        let mut lines: Vec<&str> = text.lines().collect();
+        let Some(at) = lines.iter().position(|l| *l == command) else {
+            return false;
+        };
+        lines.remove(at);
+        let rest: String = lines.iter().map(|l| format!("{l}\n")).collect();
+        if let Err(e) = std::fs::write(&path, rest) {
+            tracing::warn!(gpu = self.gpu, "cannot update {}: {e}", path.display());
+        }
+        true
     }
 
     /// Stops the daemon (and its server) and removes the pipe directory.
@@ -618,6 +635,23 @@ exit 0
         let started = std::fs::read_to_string(mps.log_dir().join("started-with")).unwrap();
         assert_eq!(started.trim(), "-d");
         assert_eq!(mps.serves_all_users(), Some(false));
+    }
+
+    #[test]
+    fn each_command_muxflow_sent_answers_for_one_log_line_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = fake_control(dir.path(), false);
+        let mps = MpsDaemon::for_gpu(&config, 0);
+        std::fs::create_dir_all(mps.log_dir()).unwrap();
+        mps.send("set_default_active_thread_percentage 100")
+            .unwrap();
+        mps.send("get_server_list").unwrap();
+        // muxflow's own, once; then a user's with the same text is not.
+        assert!(mps.take_own_command("set_default_active_thread_percentage 100"));
+        assert!(!mps.take_own_command("set_default_active_thread_percentage 100"));
+        // Queries are not noted (not state-changing).
+        assert!(!mps.take_own_command("get_server_list"));
+        assert!(!mps.take_own_command("quit"));
     }
 
     #[test]

@@ -542,7 +542,7 @@ fn notice_foreign_commands(mps: &MpsDaemon, gpu: u32, rec: &mut GpuRecord) {
         let Some(command) = detector::control_command(&line) else {
             continue;
         };
-        if !muxflow::mps::is_changing(command) || mps.sent_by_muxflow(command) {
+        if !muxflow::mps::is_changing(command) || mps.take_own_command(command) {
             continue;
         }
         let shown: String = command.chars().take(120).collect();
