@@ -48,7 +48,7 @@ pub enum Waiting {
     FreeNode,
     /// GPUs it could use went to jobs predicted to run faster there.
     FasterJobsFirst,
-    /// Older held jobs fill this round's window.
+    /// Other held jobs fill this round's window (each user's oldest first).
     OlderJobsFirst,
     /// The nodes of the GPUs it could use have too few CPUs or too little
     /// memory free for what it asked for (or jobs placed this round took
@@ -96,7 +96,9 @@ impl Waiting {
             Waiting::FasterJobsFirst => {
                 "the GPUs it could use went to jobs predicted to run faster there"
             }
-            Waiting::OlderJobsFirst => "waiting behind older offline jobs",
+            Waiting::OlderJobsFirst => {
+                "waiting behind other held offline jobs (a round scores each user's oldest first)"
+            }
             Waiting::NodeRoom => {
                 "waiting for a node with a free GPU and the CPUs and memory it asked for"
             }

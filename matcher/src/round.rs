@@ -46,10 +46,13 @@
 //! memory only where Slurm counts it); those that do not wait a round
 //! (`node_room`).
 //!
-//! A round scores every job that holds a hint and the oldest held jobs up
-//! to [`HELD_JOBS_PER_OPEN_GPU`] per open GPU ([`considered_jobs`]): a long
-//! queue costs no scoring time beyond what can be placed. The rest wait,
-//! each with a line saying so; the summary counts them (`waiting`).
+//! A round scores every job that holds a hint and held jobs up to
+//! [`HELD_JOBS_PER_OPEN_GPU`] per open GPU ([`considered_jobs`]), a user at
+//! a time (each user's oldest first), leaving out jobs no node with an open
+//! GPU could take this round: a long queue costs no scoring time beyond
+//! what can be placed, and one user's queue, placeable or not, does not
+//! keep another user's jobs out. The rest wait, each with a line saying
+//! so; the summary counts them (`waiting`).
 //!
 //! # Decision table (`--once`), one line per pending offline job
 //!
@@ -325,30 +328,56 @@ pub const IDLE_REASON: &str =
 pub const HELD_JOBS_PER_OPEN_GPU: usize = 4;
 
 /// The pending jobs a round considers: every job that holds a hint (it may
-/// need parking), and the oldest held jobs up to
-/// [`HELD_JOBS_PER_OPEN_GPU`] × open slots among those `placeable` says
-/// could go somewhere this round. Held jobs that could not (more GPUs,
-/// CPUs or memory than any node with an open GPU offers) take no place in
-/// the window — else a user's unplaceable jobs would stop every other
-/// user's — and come back second. Indices into `pending`.
+/// need parking), and held jobs up to [`HELD_JOBS_PER_OPEN_GPU`] × open
+/// slots among those `placeable` says could go somewhere this round, taken
+/// a user at a time: each user's oldest, then each user's second oldest, …
+/// (users in the order of their oldest job), so one user's long queue does
+/// not keep every other user's jobs out of the round. Held jobs that could
+/// not be placed (more GPUs, CPUs or memory than any node with an open GPU
+/// offers) take no place in the window, and come back second. Indices into
+/// `pending`, ascending.
 pub fn considered_jobs(
     pending: &[PendingJob],
     open_slots: usize,
     placeable: impl Fn(&PendingJob) -> bool,
 ) -> (Vec<usize>, Vec<usize>) {
-    let mut window = open_slots.saturating_mul(HELD_JOBS_PER_OPEN_GPU);
+    let window = open_slots.saturating_mul(HELD_JOBS_PER_OPEN_GPU);
     let mut out = Vec::with_capacity(pending.len().min(window + 64));
     let mut unplaceable = Vec::new();
+    // Each user's placeable held jobs, oldest first; users by first job.
+    let mut by_user: Vec<(&str, Vec<usize>)> = Vec::new();
+    let mut user_at: std::collections::HashMap<&str, usize> = Default::default();
     for (i, j) in pending.iter().enumerate() {
         if !j.held {
             out.push(i);
         } else if !placeable(j) {
             unplaceable.push(i);
-        } else if window > 0 {
-            window -= 1;
-            out.push(i);
+        } else {
+            let k = *user_at.entry(j.user.as_str()).or_insert_with(|| {
+                by_user.push((j.user.as_str(), Vec::new()));
+                by_user.len() - 1
+            });
+            by_user[k].1.push(i);
         }
     }
+    let mut taken = 0;
+    'rounds: for depth in 0.. {
+        let mut any = false;
+        for (_, jobs) in &by_user {
+            if let Some(&i) = jobs.get(depth) {
+                if taken == window {
+                    break 'rounds;
+                }
+                out.push(i);
+                taken += 1;
+                any = true;
+            }
+        }
+        if !any {
+            break;
+        }
+    }
+    out.sort_unstable();
     (out, unplaceable)
 }
 
@@ -953,7 +982,7 @@ pub fn plan<P: Predictor>(
                 NO_CANDIDATE.to_string()
             } else {
                 format!(
-                    "waiting: older held jobs fill this round ({HELD_JOBS_PER_OPEN_GPU} per open GPU are scored)"
+                    "waiting: held jobs of this and other users fill this round ({HELD_JOBS_PER_OPEN_GPU} per open GPU are scored, each user's oldest first)"
                 )
             },
             waiting: Some(if no_open_gpu {
@@ -1670,6 +1699,33 @@ mod tests {
             "{:?}",
             p.decisions[1]
         );
+    }
+
+    #[test]
+    fn one_users_long_queue_does_not_keep_another_users_job_out_of_the_round() {
+        let state = ClusterState {
+            gpus: vec![gpu("a", HealthState::Healthy, 10, 4_000, false)],
+            pending: (1..=40)
+                .map(|id| job(id, "x", true, "", None))
+                .chain([PendingJob {
+                    user: "other".into(),
+                    ..job(41, "x", true, "", None)
+                }])
+                .collect(),
+            ..ClusterState::default()
+        };
+        let cfg = muxflow::Config::default();
+        let p = plan(&state, &model(), &cfg.policy, &cfg.matcher, &names());
+        let scored: Vec<u32> = p
+            .decisions
+            .iter()
+            .filter(|d| !d.reason.starts_with("waiting:"))
+            .map(|d| d.job)
+            .collect();
+        // The window (4 for one open GPU): the other user's one job and
+        // the first user's three oldest.
+        assert_eq!(scored, [1, 2, 3, 41]);
+        assert_eq!(p.summary.waiting, 41 - HELD_JOBS_PER_OPEN_GPU);
     }
 
     #[test]
