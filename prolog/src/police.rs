@@ -626,8 +626,14 @@ fn environ(procfs: &Procfs, pid: u32) -> BTreeMap<String, String> {
 }
 
 /// Writes `message` to the process's stderr, as the process's owner: the
-/// user chose where fd 2 points, so root never opens it.
-fn tell_process(procfs: &Procfs, pid: u32, message: &str, timeout: Duration) {
+/// user chose where fd 2 points, so root never opens it. Never waits for
+/// the write: a stderr that does not drain (a full pipe nobody reads) must
+/// not hold the GPU's lock, delay the eviction or the next process's; the
+/// writer is started, handed the message (far below a pipe's buffer, so
+/// handing it over cannot block), killed by `timeout` after `limit`, and
+/// reaped by a thread of its own.
+fn tell_process(procfs: &Procfs, pid: u32, message: &str, limit: Duration) {
+    use std::io::Write;
     let status = std::fs::read_to_string(procfs.path(pid, "status")).unwrap_or_default();
     let id = |key: &str| -> Option<u32> {
         status
@@ -641,15 +647,37 @@ fn tell_process(procfs: &Procfs, pid: u32, message: &str, timeout: Duration) {
     let (Some(uid), Some(gid)) = (id("Uid:"), id("Gid:")) else {
         return;
     };
-    let mut cmd = muxflow::process::command(Path::new("/bin/sh"));
-    cmd.args(["-c", "cat >> \"$1\"", "sh"])
-        .arg(procfs.path(pid, "fd/2"));
+    let mut cmd = muxflow::process::command(Path::new(TIMEOUT));
+    cmd.args(["-s", "KILL", &format!("{}ms", limit.as_millis().max(1))])
+        .args(["/bin/sh", "-c", "cat >> \"$1\"", "sh"])
+        .arg(procfs.path(pid, "fd/2"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
     std::os::unix::process::CommandExt::uid(&mut cmd, uid);
     std::os::unix::process::CommandExt::gid(&mut cmd, gid);
-    if let Err(e) = muxflow::process::run(cmd, Some(message), timeout, false) {
-        tracing::debug!(pid, "cannot write to the process's stderr: {e}");
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::debug!(pid, "cannot start the writer to the process's stderr: {e}");
+            return;
+        }
+    };
+    if let Some(mut stdin) = child.stdin.take() {
+        if let Err(e) = stdin
+            .write_all(message.as_bytes())
+            .and_then(|()| stdin.write_all(b"\n"))
+        {
+            tracing::debug!(pid, "cannot hand the message over: {e}");
+        }
     }
+    std::thread::spawn(move || {
+        let _ = child.wait();
+    });
 }
+
+/// coreutils' `timeout`: bounds the writer of [`tell_process`].
+const TIMEOUT: &str = "/usr/bin/timeout";
 
 /// The clients of the GPU's MPS servers: pid -> server.
 fn mps_clients(mps: &MpsDaemon) -> BTreeMap<u32, u32> {
