@@ -171,6 +171,10 @@ pub fn pinned_limit_mib(value: &str) -> Option<u64> {
     Some(bytes.div_ceil(1 << 20))
 }
 
+/// A process to evict: (pid, job, why, its MPS server, the writer telling
+/// it why).
+type Eviction = (u32, u32, Verdict, Option<u32>, Option<std::process::Child>);
+
 /// Polices every process of an offline job on GPU `gpu`; returns the
 /// processes terminated: (pid, job, why).
 pub fn police_gpu(
@@ -204,6 +208,7 @@ pub fn police_gpu(
     let xcuda = std::fs::canonicalize(config.paths.xcuda_library.as_path())
         .unwrap_or_else(|_| config.paths.xcuda_library.as_path().to_path_buf());
     let mut out = Vec::new();
+    let mut evict: Vec<Eviction> = Vec::new();
     let mut peaks: BTreeMap<u32, u64> = BTreeMap::new();
     for pid in pids {
         let Some(job) = procfs.job_of(pid) else {
@@ -261,13 +266,28 @@ pub fn police_gpu(
         );
         tracing::warn!(gpu, pid, job, code = verdict.code, "{message}");
         // Told first: once evicted, the process may exit at once.
-        tell_process(
+        let writer = tell_process(
             procfs,
             pid,
             &message,
             Duration::from_millis(config.mps.command_timeout_ms),
         );
-        let done = match facts.mps_server {
+        evict.push((pid, job, verdict, facts.mps_server, writer));
+    }
+    // Each told process gets its message before its eviction, unless its
+    // stderr does not drain: one short wait for all of them together, so
+    // a full pipe never holds the GPU's lock or the next eviction.
+    let writers: Vec<&mut std::process::Child> =
+        evict.iter_mut().filter_map(|e| e.4.as_mut()).collect();
+    wait_briefly(writers, TELL_WAIT);
+    for (pid, job, verdict, server, writer) in evict {
+        if let Some(mut child) = writer {
+            // Reaped by its own thread (killed by `timeout` at the latest).
+            std::thread::spawn(move || {
+                let _ = child.wait();
+            });
+        }
+        let done = match server {
             Some(server) => mps.terminate_client(server, pid).map_err(|e| e.to_string()),
             None => {
                 // SAFETY: kill(2) on a pid; no memory is touched.
@@ -626,13 +646,19 @@ fn environ(procfs: &Procfs, pid: u32) -> BTreeMap<String, String> {
 }
 
 /// Writes `message` to the process's stderr, as the process's owner: the
-/// user chose where fd 2 points, so root never opens it. Never waits for
+/// user chose where fd 2 points, so root never opens it. Never blocks on
 /// the write: a stderr that does not drain (a full pipe nobody reads) must
-/// not hold the GPU's lock, delay the eviction or the next process's; the
-/// writer is started, handed the message (far below a pipe's buffer, so
-/// handing it over cannot block), killed by `timeout` after `limit`, and
-/// reaped by a thread of its own.
-fn tell_process(procfs: &Procfs, pid: u32, message: &str, limit: Duration) {
+/// not hold the GPU's lock, delay the eviction or the next process's. The
+/// writer is started and handed the message (far below a pipe's buffer,
+/// so handing it over cannot block); `timeout` kills it after `limit`;
+/// the caller waits for all of a pass's writers together, briefly
+/// ([`TELL_WAIT`]), then reaps them from threads of their own.
+fn tell_process(
+    procfs: &Procfs,
+    pid: u32,
+    message: &str,
+    limit: Duration,
+) -> Option<std::process::Child> {
     use std::io::Write;
     let status = std::fs::read_to_string(procfs.path(pid, "status")).unwrap_or_default();
     let id = |key: &str| -> Option<u32> {
@@ -645,22 +671,27 @@ fn tell_process(procfs: &Procfs, pid: u32, message: &str, limit: Duration) {
             .ok()
     };
     let (Some(uid), Some(gid)) = (id("Uid:"), id("Gid:")) else {
-        return;
+        return None;
     };
     let mut cmd = muxflow::process::command(Path::new(TIMEOUT));
-    cmd.args(["-s", "KILL", &format!("{}ms", limit.as_millis().max(1))])
-        .args(["/bin/sh", "-c", "cat >> \"$1\"", "sh"])
-        .arg(procfs.path(pid, "fd/2"))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
+    // Seconds, as coreutils reads a duration (no "ms" suffix).
+    cmd.args([
+        "-s",
+        "KILL",
+        &format!("{:.3}", limit.as_secs_f64().max(0.001)),
+    ])
+    .args(["/bin/sh", "-c", "cat >> \"$1\"", "sh"])
+    .arg(procfs.path(pid, "fd/2"))
+    .stdin(std::process::Stdio::piped())
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::null());
     std::os::unix::process::CommandExt::uid(&mut cmd, uid);
     std::os::unix::process::CommandExt::gid(&mut cmd, gid);
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
             tracing::debug!(pid, "cannot start the writer to the process's stderr: {e}");
-            return;
+            return None;
         }
     };
     if let Some(mut stdin) = child.stdin.take() {
@@ -671,9 +702,19 @@ fn tell_process(procfs: &Procfs, pid: u32, message: &str, limit: Duration) {
             tracing::debug!(pid, "cannot hand the message over: {e}");
         }
     }
-    std::thread::spawn(move || {
-        let _ = child.wait();
-    });
+    Some(child)
+}
+
+/// How long one police pass waits, in all, for its messages to be written.
+const TELL_WAIT: Duration = Duration::from_millis(250);
+
+/// Waits until every writer has exited, or `limit` has passed.
+fn wait_briefly(mut writers: Vec<&mut std::process::Child>, limit: Duration) {
+    let until = std::time::Instant::now() + limit;
+    while !writers.is_empty() && std::time::Instant::now() < until {
+        writers.retain_mut(|c| matches!(c.try_wait(), Ok(None)));
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// coreutils' `timeout`: bounds the writer of [`tell_process`].
