@@ -14,6 +14,7 @@ pub mod input;
 pub mod model;
 pub mod output;
 pub mod predictor;
+pub mod protection;
 pub mod replay;
 pub mod scenario;
 

@@ -79,6 +79,9 @@ struct Cli {
     /// Every matcher round prices out to the optimum over every (job, GPU) pair, as the daemon does within matcher.pricing_budget_ms (slower; off: exact on the candidates).
     #[arg(long)]
     price_out: bool,
+    /// xCUDA's protection under the muxflow policies, as the closed loop measured it on the simulated GPU (sim/data/protection.toml): measured (each GPU by its model: T4 and A10 as t4-like, the others as h100-like), none (the unprotected pairs), t4-like or h100-like (every GPU).
+    #[arg(long, default_value = "measured")]
+    protection: muxflow_sim::protection::Choice,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -193,6 +196,7 @@ fn main() -> anyhow::Result<()> {
         timing: !cli.no_timing,
         default_predictor: cli.default_predictor,
         price_out: cli.price_out,
+        protection: cli.protection.clone(),
     };
     let outcomes = std::thread::scope(|s| {
         let work = s.spawn(|| {

@@ -22,13 +22,27 @@ pub const MEM_PER_SHARE: f64 = 0.40;
 /// depend on where it runs), MiB.
 pub const OFFLINE_REFERENCE_GPU_MIB: f64 = 16_384.0;
 
-/// xCUDA's protection, from the closed loop on the simulated GPU
-/// (xcuda/README.md, six runs; midpoints of the ranges): online p99
-/// ×1.59–1.67 without xCUDA, ×1.00–1.08 with it, so xCUDA leaves
-/// (1.04 − 1)/(1.63 − 1) = 0.063 of the unprotected latency excess; the
-/// offline job runs at ×0.82–0.83 (0.825) of its unprotected speed.
-pub const XCUDA_LATENCY_EXCESS_LEFT: f64 = (1.04 - 1.0) / (1.63 - 1.0);
-pub const XCUDA_OFFLINE_SPEED: f64 = 0.825;
+/// xCUDA's protection as the replay applies it to one GPU under muxflow,
+/// read from the closed loop's measurements per simulated GPU mode
+/// (`sim/data/protection.toml`, [`crate::protection`]), never set here.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Protection {
+    /// The part of the unprotected online latency excess left:
+    /// `(p99 with xCUDA − 1) / (p99 unprotected − 1)`, both as ratios to
+    /// the service alone in the same run.
+    pub latency_excess_left: f64,
+    /// The offline job's speed with xCUDA over its unprotected speed.
+    pub offline_speed: f64,
+}
+
+impl Protection {
+    /// No protection: the unprotected pair as measured.
+    pub const NONE: Protection = Protection {
+        latency_excess_left: 1.0,
+        offline_speed: 1.0,
+    };
+}
+
 /// `priority`: MPS client priority 1 for the offline job moves this part
 /// of the online side's measured throughput loss to the offline side (the
 /// pair's total is kept). A model choice: no measurement separates the two.
@@ -137,15 +151,15 @@ pub fn priority(x_off: f64, x_on: f64) -> (f64, f64) {
 /// measured effect, and limited by the SM share the policy gave
 /// (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`): a job that needs `demand` of the
 /// SMs runs at `min(1, share / demand)` of that.
-pub fn muxflow(x_off: f64, x_on: f64, sm_share: f64, demand: f64) -> (f64, f64) {
+pub fn muxflow(x_off: f64, x_on: f64, sm_share: f64, demand: f64, p: Protection) -> (f64, f64) {
     let limit = if demand > 0.0 {
         (sm_share / demand).min(1.0)
     } else {
         1.0
     };
     (
-        x_off * XCUDA_OFFLINE_SPEED * limit,
-        1.0 + (1.0 / x_on - 1.0) * XCUDA_LATENCY_EXCESS_LEFT,
+        x_off * p.offline_speed * limit,
+        1.0 + (1.0 / x_on - 1.0) * p.latency_excess_left,
     )
 }
 
@@ -190,6 +204,7 @@ pub fn muxflow_slots(
     jobs: &[SlotJob],
     between: impl Fn(usize, usize) -> f64,
     paused: bool,
+    p: Protection,
 ) -> (Vec<f64>, f64) {
     if paused {
         return (vec![0.0; jobs.len()], 1.0);
@@ -199,7 +214,7 @@ pub fn muxflow_slots(
             return match one.with_online {
                 None => (vec![1.0], 1.0),
                 Some((x_off, x_on)) => {
-                    let (speed, latency) = muxflow(x_off, x_on, one.share, one.demand);
+                    let (speed, latency) = muxflow(x_off, x_on, one.share, one.demand, p);
                     (vec![speed], latency)
                 }
             };
@@ -223,20 +238,21 @@ pub fn muxflow_slots(
             slot_speed(
                 job,
                 (0..jobs.len()).filter(|&k| k != i).map(|k| between(i, k)),
+                p,
             )
         })
         .collect();
-    (speeds, 1.0 + excess * XCUDA_LATENCY_EXCESS_LEFT)
+    (speeds, 1.0 + excess * p.latency_excess_left)
 }
 
 /// One job's speed in [`muxflow_slots`] (several jobs, or one on its
 /// slot's part): its pair with the online service × xCUDA's cost, its
 /// part's limit, and `partners` (its pair throughput next to each other
 /// offline job there).
-pub fn slot_speed(job: &SlotJob, partners: impl Iterator<Item = f64>) -> f64 {
+pub fn slot_speed(job: &SlotJob, partners: impl Iterator<Item = f64>, p: Protection) -> f64 {
     let beside = job
         .with_online
-        .map_or(1.0, |(x_off, _)| x_off * XCUDA_OFFLINE_SPEED);
+        .map_or(1.0, |(x_off, _)| x_off * p.offline_speed);
     let limit = if job.demand > 0.0 {
         (job.share / job.demand).min(1.0)
     } else {
@@ -248,6 +264,12 @@ pub fn slot_speed(job: &SlotJob, partners: impl Iterator<Item = f64>) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A protection to check the arithmetic with (not a measurement).
+    const P: Protection = Protection {
+        latency_excess_left: 0.1,
+        offline_speed: 0.825,
+    };
 
     #[test]
     fn curves_have_their_documented_points() {
@@ -264,14 +286,18 @@ mod tests {
         let (x_off, x_on) = (0.6, 0.5);
         let ts = time_sharing(x_off, x_on);
         let pr = priority(x_off, x_on);
-        let mf = muxflow(x_off, x_on, 0.6, 0.5);
+        let mf = muxflow(x_off, x_on, 0.6, 0.5, P);
         assert_eq!(ts, (0.6, 2.0));
         // Priority: online gets back half its loss (0.5 -> 0.75), offline pays it.
         assert!((pr.0 - 0.35).abs() < 1e-12 && (pr.1 - 1.0 / 0.75).abs() < 1e-12);
         assert!((mf.0 - 0.6 * 0.825).abs() < 1e-12);
         assert!(mf.1 < pr.1 && pr.1 < ts.1);
+        // The latency factor applies to the latency excess: 0.1 of it.
+        assert!((mf.1 - (1.0 + 0.1 * (2.0 - 1.0))).abs() < 1e-12);
+        // No protection: the pair as measured (limited by its share only).
+        assert_eq!(muxflow(x_off, x_on, 0.6, 0.5, Protection::NONE), (0.6, 2.0));
         // A share below the job's demand slows it in proportion.
-        assert!((muxflow(x_off, x_on, 0.25, 0.5).0 - 0.6 * 0.825 * 0.5).abs() < 1e-12);
+        assert!((muxflow(x_off, x_on, 0.25, 0.5, P).0 - 0.6 * 0.825 * 0.5).abs() < 1e-12);
     }
 
     #[test]
@@ -284,38 +310,38 @@ mod tests {
         };
         let between = |_: usize, _: usize| 0.7;
         // One job: the pair model itself.
-        let (s1, l1) = muxflow_slots(&[job(0.6, 0.5)], between, false);
-        assert_eq!((s1[0], l1), muxflow(0.6, 0.5, 0.6, 0.5));
+        let (s1, l1) = muxflow_slots(&[job(0.6, 0.5)], between, false, P);
+        assert_eq!((s1[0], l1), muxflow(0.6, 0.5, 0.6, 0.5, P));
         // Two heavy jobs (demand 0.5 each) on 0.3 each: each at its part
         // (0.3/0.5) × its partner (0.7); together they load the service
         // as 0.3/0.5 each = 1.2 single jobs.
-        let (s2, l2) = muxflow_slots(&[job(0.3, 0.5), job(0.3, 0.5)], between, false);
+        let (s2, l2) = muxflow_slots(&[job(0.3, 0.5), job(0.3, 0.5)], between, false, P);
         assert!((s2[0] - 0.6 * 0.825 * 0.6 * 0.7).abs() < 1e-12);
         let excess_one = l1 - 1.0;
         assert!((l2 - 1.0 - 1.2 * excess_one).abs() < 1e-12, "{l2}");
         // Two light jobs (demand 0.2) that fit their parts: two loads.
-        let (_, l3) = muxflow_slots(&[job(0.3, 0.2), job(0.3, 0.2)], between, false);
+        let (_, l3) = muxflow_slots(&[job(0.3, 0.2), job(0.3, 0.2)], between, false, P);
         assert!((l3 - 1.0 - 2.0 * excess_one).abs() < 1e-12, "{l3}");
         // An idle GPU: no online factor, the parts and the partners only.
         let idle = SlotJob {
             with_online: None,
             ..job(0.4, 0.5)
         };
-        let (s4, l4) = muxflow_slots(&[idle, idle], between, false);
+        let (s4, l4) = muxflow_slots(&[idle, idle], between, false, P);
         assert!((s4[1] - 0.8 * 0.7).abs() < 1e-12 && l4 == 1.0);
         // Alone with the whole budget: 1, as with one slot; alone on a
         // slot's part: that part's limit.
         let whole = SlotJob { share: 0.6, ..idle };
-        assert_eq!(muxflow_slots(&[whole], between, false).0, [1.0]);
-        assert_eq!(muxflow_slots(&[idle], between, false).0, [0.8]);
+        assert_eq!(muxflow_slots(&[whole], between, false, P).0, [1.0]);
+        assert_eq!(muxflow_slots(&[idle], between, false, P).0, [0.8]);
         // One job on its slot's part (K = 2: 0.3 of 0.6), no partner: its
         // part limits it, the service's excess scaled by its SM use.
-        let (s5, l5) = muxflow_slots(&[job(0.3, 0.5)], between, false);
+        let (s5, l5) = muxflow_slots(&[job(0.3, 0.5)], between, false, P);
         assert!((s5[0] - 0.6 * 0.825 * 0.6).abs() < 1e-12);
         assert!((l5 - 1.0 - 0.6 * excess_one).abs() < 1e-12, "{l5}");
         // Paused: nothing runs, the service is alone.
         assert_eq!(
-            muxflow_slots(&[job(0.3, 0.5)], between, true),
+            muxflow_slots(&[job(0.3, 0.5)], between, true, P),
             (vec![0.0], 1.0)
         );
     }

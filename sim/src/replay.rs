@@ -318,6 +318,9 @@ pub struct RunOptions {
     /// with no time budget (deterministic; slower): what exactness beyond
     /// the candidates buys ([`scaled_matcher`]).
     pub price_out: bool,
+    /// xCUDA's protection under muxflow: measured per GPU mode by default
+    /// ([`crate::protection`]).
+    pub protection: crate::protection::Choice,
 }
 
 struct Sim<'a> {
@@ -370,6 +373,8 @@ struct Sim<'a> {
     health_violations: u64,
     timing: bool,
     learn: bool,
+    /// xCUDA's protection on each GPU (muxflow policies).
+    protection: Vec<model::Protection>,
     /// (job name, online partner) pairs whose placement failed at start since
     /// the model was last trained: not proposed again before it learns
     /// them ([`LearnedNow`]). The daemon retrains every round, so a
@@ -525,6 +530,11 @@ impl<'a> Sim<'a> {
             health_violations: 0,
             timing: opts.timing,
             learn: !opts.default_predictor,
+            protection: {
+                let by_model = crate::protection::per_model(&opts.protection, &sc.models)
+                    .expect("sim/data/protection.toml has every mode (sim's tests read it)");
+                sc.gpus.iter().map(|g| by_model[g.model as usize]).collect()
+            },
             failed_since_training: BTreeSet::new(),
             needs_above_since_training: BTreeMap::new(),
             progress,
@@ -629,7 +639,7 @@ impl<'a> Sim<'a> {
                 // A start checks that every pair of them can co-locate.
                 self.sc.pairs.speed(types[i], types[k]).unwrap_or(0.0)
             };
-            model::muxflow_slots(&members, between, paused)
+            model::muxflow_slots(&members, between, paused, self.protection[g as usize])
         } else {
             // One offline job at most.
             let mut latency = 1.0;
@@ -1735,13 +1745,14 @@ impl Sim<'_> {
     fn speed_beside(&self, g: u32, new: SlotJob, job_type: u16) -> f64 {
         let on = &self.gpus[g as usize].offline;
         if on.is_empty() && new.share >= new.budget {
-            return model::muxflow_slots(&[new], |_, _| 1.0, false).0[0];
+            return model::muxflow_slots(&[new], |_, _| 1.0, false, self.protection[g as usize]).0
+                [0];
         }
         let partners = on.iter().map(|&k| {
             let t = self.sc.jobs[k as usize].job_type;
             self.sc.pairs.speed(job_type, t).unwrap_or(0.0)
         });
-        model::slot_speed(&new, partners)
+        model::slot_speed(&new, partners, self.protection[g as usize])
     }
 }
 
@@ -1824,7 +1835,8 @@ impl<'s, 'a> Predictor for Truth<'s, 'a> {
         let pair = self.sim.sc.pairs.pair(job.job_type, gpu.online_type)?;
         let unknown = self.sim.sc.pairs.mean_speed(job.job_type).powi(gpu.unknown);
         if self.sim.gpus[gpu.g as usize].offline.is_empty() && gpu.share >= gpu.budget {
-            return Some(model::muxflow(pair.0, pair.1, gpu.share, job.demand).0 * unknown);
+            let p = self.sim.protection[gpu.g as usize];
+            return Some(model::muxflow(pair.0, pair.1, gpu.share, job.demand, p).0 * unknown);
         }
         let on = &self.sim.gpus[gpu.g as usize].offline;
         if on.iter().any(|&k| {

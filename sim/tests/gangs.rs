@@ -8,7 +8,7 @@ mod common;
 
 use common::*;
 use muxflow::config::Percent;
-use muxflow_sim::model::XCUDA_OFFLINE_SPEED;
+use muxflow_sim::protection::{mode_of_model, of_mode};
 use muxflow_sim::replay::{Outcome, PolicyKind};
 use muxflow_sim::scenario::{OfflineJob, Scenario, Settings};
 
@@ -69,11 +69,11 @@ fn a_two_gpu_job_runs_on_both_gpus_of_its_node_at_the_slower_ones_speed() {
     let cfg = muxflow::Config::default();
     let run = |kind| replay(&sc, kind, &cfg, &settings());
     // The shared GPU 0 is the slower: time-sharing 0.5, priority
-    // 0.5 − (1 − 0.5)/2 = 0.25, muxflow 0.5 × 0.825 from the round at
+    // 0.5 − (1 − 0.5)/2 = 0.25, muxflow 0.5 × xCUDA's measured offline speed from the round at
     // 900 s (sm share 80% ≥ its demand 0.5, tests/hand_trace.rs); the idle
     // GPU 1 alone would run it at 1. Both GPUs advance together, so the
     // job ends after 1 h of work at the slower speed, once.
-    let mux = 0.5 * XCUDA_OFFLINE_SPEED;
+    let mux = 0.5 * of_mode(mode_of_model("V100M16")).unwrap().offline_speed;
     for (kind, start, speed) in [
         (PolicyKind::TimeSharing, 0.0, 0.5),
         (PolicyKind::Priority, 0.0, 0.25),

@@ -10,9 +10,8 @@ mod common;
 
 use common::*;
 use muxflow::config::Percent;
-use muxflow_sim::model::{
-    ONLINE_PEAK_SM, ONLINE_PEAK_UTIL, XCUDA_LATENCY_EXCESS_LEFT, XCUDA_OFFLINE_SPEED,
-};
+use muxflow_sim::model::{Protection, ONLINE_PEAK_SM, ONLINE_PEAK_UTIL};
+use muxflow_sim::protection::{mode_of_model, of_mode};
 use muxflow_sim::replay::{Outcome, PolicyKind};
 use muxflow_sim::scenario::{Scenario, Settings};
 
@@ -50,6 +49,11 @@ struct Want {
     rounds: Option<u64>,
     predictor_mae: Option<f64>,
     pairing: Option<f64>,
+}
+
+/// xCUDA's measured protection on the trace's V100 (sim/data/protection.toml).
+fn protection() -> Protection {
+    of_mode(mode_of_model("V100M16")).expect("the file has the mode")
 }
 
 fn close(a: f64, b: f64, what: &str, policy: &str) {
@@ -176,17 +180,18 @@ fn every_metric_of_every_policy_matches_the_hand_computation() {
     // places on idle GPUs too, issue 15). The service's solo SM
     // activity from the health checks at 0, 300, 600 s is 0.325 × 29.8 =
     // 9.685% → 10; SM share 100 − 10 − 10 = 80% (≥ the job's demand 0.5),
-    // so the job runs at 0.5 × 0.825 = 0.4125 for 7200 / 0.4125 s; the
-    // service at 1 + (2 − 1) × 0.0635 (bin 1.063). The GPU stays Healthy
+    // so the job runs at 0.5 × xCUDA's measured offline speed on the V100
+    // (its mode's row of sim/data/protection.toml), the service at
+    // 1 + (2 − 1) × the latency excess it leaves. The GPU stays Healthy
     // (utilization ≤ 57%, SM ≤ 30%, memory 80%). The predictor has no
     // history: the default min(1, 0.8 / 0.5) = 1.0, off by 0.5875, as
     // fast as alone on the idle GPU 1 (1.0), so the tie goes to the shared
     // GPU: job 1 beside the service, job 2 alone (the idle GPU's prediction
     // is not the pair predictor's and counts in neither MAE nor pairing);
     // the oracle picks the same pair.
-    let speed = 0.5 * XCUDA_OFFLINE_SPEED;
+    let speed = 0.5 * protection().offline_speed;
     let run = 3600.0 / speed;
-    let lat = 1.0 + XCUDA_LATENCY_EXCESS_LEFT;
+    let lat = 1.0 + protection().latency_excess_left;
     let want_muxflow = Want {
         on_gpu0: vec![(run, speed)],
         on_gpu1: vec![(7200.0, 1.0)],
@@ -212,13 +217,13 @@ fn every_metric_of_every_policy_matches_the_hand_computation() {
 fn a_lower_sm_ceiling_in_the_production_policy_slows_the_offline_job() {
     // Proof that the replay drives src/policy: the same trace with
     // [policy] sm_ceiling = 20 gives the job 20% of the SMs, 0.4 of its
-    // demand, so it runs at 0.4125 × 0.4 = 0.165.
+    // demand, so it runs at 0.4 of its speed with the default ceiling.
     let (sc, settings) = scenario();
     let mut cfg = muxflow::Config::default();
     let base = replay(&sc, PolicyKind::Muxflow, &cfg, &settings);
     cfg.policy.sm_ceiling = Percent::new(20).unwrap();
     let capped = replay(&sc, PolicyKind::Muxflow, &cfg, &settings);
-    let speed = 0.5 * XCUDA_OFFLINE_SPEED * 0.4;
+    let speed = 0.5 * protection().offline_speed * 0.4;
     close(
         capped.jct_s[1],
         900.0 + 7200.0 / speed,
