@@ -413,8 +413,12 @@ impl Reach {
         }
     }
 
-    /// Why `job` can be placed nowhere this round, or None.
+    /// Why `job` can be placed nowhere this round, or None. With no open
+    /// GPU at all every job simply waits for one (`free_gpu`), as before.
     fn short_of(&self, job: &PendingJob) -> Option<(Waiting, String)> {
+        if self.gpus == 0 {
+            return None;
+        }
         if job.gpus > self.gpus {
             return Some((
                 Waiting::FreeNode,
