@@ -86,9 +86,10 @@ pub struct NodeLock {
     _file: File,
 }
 
-/// Opens `path` (never through a symlink) and takes an exclusive flock.
-fn lock_file(path: &Path) -> Result<File, StateError> {
-    let file = OpenOptions::new()
+/// Opens (creating, 0644) a lock file of the state directory, never
+/// through a symlink: a lock root takes must be root's own file.
+pub fn open_lock_file(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
@@ -96,7 +97,11 @@ fn lock_file(path: &Path) -> Result<File, StateError> {
         .mode(0o644)
         .custom_flags(libc::O_NOFOLLOW)
         .open(path)
-        .map_err(io(path))?;
+}
+
+/// Opens `path` (never through a symlink) and takes an exclusive flock.
+fn lock_file(path: &Path) -> Result<File, StateError> {
+    let file = open_lock_file(path).map_err(io(path))?;
     // SAFETY: flock on a file descriptor this function owns.
     let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
     if rc != 0 {

@@ -38,7 +38,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
 use muxflow::health::GPM_MIN_GAP;
-use muxflow::node_state::NodeState;
+use muxflow::node_state::{open_lock_file, NodeState};
 use muxflow::sm_page::{self, Page};
 use muxflow::Config;
 use nvml_wrapper::gpm::GpmSample;
@@ -61,17 +61,6 @@ pub fn lock_path(ns: &NodeState) -> PathBuf {
 /// The GPU's page, where the sampler writes and the steps read.
 pub fn page_path(ns: &NodeState, gpu: u32) -> PathBuf {
     ns.gpu_dir(gpu).join(sm_page::FILE_NAME)
-}
-
-fn open_lock(path: &Path) -> std::io::Result<File> {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o644)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
 }
 
 /// Takes `op | LOCK_NB` on `file`; false when another process holds it.
@@ -113,7 +102,7 @@ pub fn ensure(config: &Config, node: &str) -> Option<Child> {
     let ns = NodeState::new(config.paths.state_dir.as_path());
     let path = lock_path(&ns);
     let held = std::fs::create_dir_all(ns.dir())
-        .and_then(|()| open_lock(&path))
+        .and_then(|()| open_lock_file(&path))
         .and_then(|f| {
             // Wanted now: the sampler counts its idle time from here.
             f.set_modified(SystemTime::now())?;
@@ -258,7 +247,7 @@ pub fn run(config: &Config) -> anyhow::Result<()> {
     let ns = NodeState::new(config.paths.state_dir.as_path());
     let path = lock_path(&ns);
     std::fs::create_dir_all(ns.dir()).with_context(|| ns.dir().display().to_string())?;
-    let mut lock = open_lock(&path).with_context(|| path.display().to_string())?;
+    let mut lock = open_lock_file(&path).with_context(|| path.display().to_string())?;
     if !try_flock(&lock, libc::LOCK_EX).with_context(|| path.display().to_string())? {
         tracing::debug!("another SM activity sampler runs; exiting");
         return Ok(());
