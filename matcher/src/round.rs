@@ -429,13 +429,9 @@ impl Reach {
             ));
         }
         match self.room {
-            Some(r) if !r.holds(&job.need, true) => Some((
-                Waiting::NodeRoom,
-                format!(
-                    "no candidate: no node with an open GPU has the {} it asked for free",
-                    need_words(&job.need)
-                ),
-            )),
+            Some(r) if !r.holds(&job.need, true) => {
+                Some((Waiting::NodeRoom, no_room_reason(&job.need)))
+            }
             _ => None,
         }
     }
@@ -444,6 +440,14 @@ impl Reach {
 /// A job's target, its predicted speed (mean, sd), the reason and, when
 /// parked, why it waits.
 type Outcome = (Target, Option<(f64, f64)>, String, Option<Waiting>);
+
+/// Why a job no node with a free GPU has room for waits.
+fn no_room_reason(need: &NodeRoom) -> String {
+    format!(
+        "no candidate: no node with a free GPU has the {} it asked for free",
+        need_words(need)
+    )
+}
 
 /// `2 CPUs and 4000 MiB of memory` (what it names).
 fn need_words(need: &NodeRoom) -> String {
@@ -891,10 +895,7 @@ pub fn plan<P: Predictor>(
             (None, None) if !has_edge[j] => (
                 Target::Parked,
                 None,
-                format!(
-                    "no candidate: no node with a free GPU has the {} it asked for free",
-                    need_words(&job.need)
-                ),
+                no_room_reason(&job.need),
                 Some(Waiting::NodeRoom),
             ),
             (None, None) => (
