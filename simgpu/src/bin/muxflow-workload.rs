@@ -65,6 +65,11 @@ enum Mode {
         /// Replay each step as a captured CUDA graph (cuGraphLaunch).
         #[arg(long)]
         graph: bool,
+        /// Host time after each step (data loading, the framework), us: a
+        /// trainer that leaves the GPU idle part of the time, as the real
+        /// one of real-gpu/README.md (40 % busy alone).
+        #[arg(long, default_value_t = 0)]
+        host_us: u64,
         #[arg(long, default_value_t = 0)]
         device: c_int,
     },
@@ -335,6 +340,7 @@ fn main() {
                     blocks,
                     alloc_mib,
                     graph,
+                    host_us,
                     ..
                 } => {
                     let name = CString::new(format!("sim_kernel_{kernel_us}us")).unwrap();
@@ -407,6 +413,9 @@ fn main() {
                             break;
                         }
                         steps += 1;
+                        if host_us > 0 {
+                            std::thread::sleep(Duration::from_micros(host_us));
+                        }
                     }
                     let el = start.elapsed().as_secs_f64();
                     report = format!(
