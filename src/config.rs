@@ -331,6 +331,12 @@ pub struct Xcuda {
     pub delay_step_us: u64,
     /// Multiplicative release when the GPU has room (0.5 halves the delay).
     pub release_factor: Fraction,
+    /// Preload xCUDA in counting mode into online jobs, so the offline
+    /// gates see what the online job experiences (xcuda/README.md).
+    pub online_counting: bool,
+    /// Brake when the online job's GPU time per launch is this fraction
+    /// above its baseline; three times it brakes hard (TGS's 3 % and 9 %).
+    pub online_brake_deviation: Fraction,
 }
 
 impl Default for Xcuda {
@@ -342,6 +348,8 @@ impl Default for Xcuda {
             max_delay_us: 20_000,
             delay_step_us: 100,
             release_factor: Fraction(0.9),
+            online_counting: true,
+            online_brake_deviation: Fraction(0.03),
         }
     }
 }
