@@ -52,6 +52,17 @@ pub const STALE_NS: u64 = 1_000_000_000;
 /// job is idle (launches nothing), unless its launch count moved.
 pub const IDLE_NS: u64 = 500_000_000;
 
+/// CLOCK_MONOTONIC in ns: the clock every process on the node shares.
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000) + ts.tv_nsec as u64
+}
+
 /// The page of GPU `gpu` under the node's state directory.
 pub fn path(state_dir: &Path, gpu: u32) -> PathBuf {
     dir(state_dir).join(gpu.to_string())

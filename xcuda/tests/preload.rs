@@ -305,7 +305,7 @@ fn every_entry_point_row_is_documented_and_tested() {
     let names: Vec<&String> = rows.iter().map(|r| &r.0).collect();
     for (sym, action, test) in &rows {
         assert!(
-            ["init", "lookup", "count", "free", "cap", "gate", "context", "pass"]
+            ["init", "lookup", "count", "free", "cap", "gate", "context", "sync", "pass"]
                 .contains(&action.as_str()),
             "{sym}: unknown action {action}"
         );
