@@ -170,7 +170,9 @@ impl Record {
         }
         let fresh = self.window_at_ns != 0 && now_ns.saturating_sub(self.window_at_ns) <= IDLE_NS;
         if fresh && self.baseline_ns_per_launch > 0.0 && self.window_ns_per_launch.is_finite() {
-            return Reading::Deviation(self.window_ns_per_launch / self.baseline_ns_per_launch - 1.0);
+            return Reading::Deviation(
+                self.window_ns_per_launch / self.baseline_ns_per_launch - 1.0,
+            );
         }
         match prev_launches {
             Some(p) if p == self.launches => Reading::Idle,
@@ -256,53 +258,49 @@ pub fn create(path: &Path, uid: u32, gid: u32) -> Result<(), PageError> {
     std::fs::rename(&tmp, path).map_err(io(path))
 }
 
-/// The online side's bookkeeping, fed with counter deltas at every publish.
+/// The online side's bookkeeping: fed, at every publish, the GPU time per
+/// launch of each busy period that ended since the last one.
+///
+/// A window's figure is the **median** of its periods, not their mean: a
+/// period also holds the host's wake-up after the GPU finished, and one
+/// late wake-up (a loaded host) would otherwise move a whole window.
 #[derive(Debug, Clone, Default)]
 pub struct Estimator {
     baseline: Option<f64>,
-    acc_launches: u64,
-    acc_busy_ns: u64,
-    acc_periods: u64,
+    acc: Vec<f64>,
     window_start_ns: Option<u64>,
     last: Option<(u64, f64)>,
 }
 
 impl Estimator {
-    /// Adds what happened since the last call; closes a window when it is
-    /// full. Returns the record's window fields: (closed at, ns per launch,
-    /// baseline), the last closed window's when none closed now.
-    pub fn feed(
-        &mut self,
-        now_ns: u64,
-        launches: u64,
-        busy_ns: u64,
-        periods: u64,
-    ) -> Option<(u64, f64, f64)> {
+    /// Adds the periods that ended since the last call (ns per launch
+    /// each); closes a window when it is full. Returns the record's window
+    /// fields: (closed at, ns per launch, baseline), the last closed
+    /// window's when none closed now.
+    pub fn feed(&mut self, now_ns: u64, periods: &[f64]) -> Option<(u64, f64, f64)> {
         let start = *self.window_start_ns.get_or_insert(now_ns);
-        self.acc_launches += launches;
-        self.acc_busy_ns += busy_ns;
-        self.acc_periods += periods;
+        self.acc.extend(
+            periods
+                .iter()
+                .copied()
+                .filter(|v| v.is_finite() && *v > 0.0),
+        );
         let age = now_ns.saturating_sub(start);
-        let full = self.acc_periods >= MIN_PERIODS || (age >= MAX_WINDOW_NS && self.acc_periods > 0);
-        if full && self.acc_launches > 0 {
-            let w = self.acc_busy_ns as f64 / self.acc_launches as f64;
+        let n = self.acc.len() as u64;
+        if n >= MIN_PERIODS || (age >= MAX_WINDOW_NS && n > 0) {
+            self.acc.sort_by(f64::total_cmp);
+            let w = self.acc[self.acc.len() / 2];
             let b = match self.baseline {
                 None => w,
                 Some(b) => (b * (1.0 + BASELINE_DRIFT_PER_S * age as f64 / 1e9)).min(w),
             };
             self.baseline = Some(b);
             self.last = Some((now_ns, w));
-            *self = Estimator {
-                baseline: self.baseline,
-                last: self.last,
-                window_start_ns: Some(now_ns),
-                ..Estimator::default()
-            };
-        } else if age >= MAX_WINDOW_NS && self.acc_periods == 0 {
+            self.acc.clear();
+            self.window_start_ns = Some(now_ns);
+        } else if age >= MAX_WINDOW_NS {
             // Nothing timed in a whole window: start the next one afresh.
             self.window_start_ns = Some(now_ns);
-            self.acc_launches = 0;
-            self.acc_busy_ns = 0;
         }
         match (self.last, self.baseline) {
             (Some((at, w)), Some(b)) => Some((at, w, b)),
@@ -349,28 +347,45 @@ mod tests {
             launches: 100,
         };
         let cases: &[(&str, Record, Option<u64>, Reading)] = &[
-            ("fresh window: its deviation", base, Some(90), Reading::Deviation(0.2)),
+            (
+                "fresh window: its deviation",
+                base,
+                Some(90),
+                Reading::Deviation(0.2),
+            ),
             (
                 "writer gone: says nothing",
-                Record { heartbeat_ns: now - 2000 * MS, ..base },
+                Record {
+                    heartbeat_ns: now - 2000 * MS,
+                    ..base
+                },
                 Some(100),
                 Reading::Absent,
             ),
             (
                 "no window lately, no launches since the last read: idle",
-                Record { window_at_ns: now - 900 * MS, ..base },
+                Record {
+                    window_at_ns: now - 900 * MS,
+                    ..base
+                },
                 Some(100),
                 Reading::Idle,
             ),
             (
                 "no window lately but launches go on (periods not timed): says nothing",
-                Record { window_at_ns: now - 900 * MS, ..base },
+                Record {
+                    window_at_ns: now - 900 * MS,
+                    ..base
+                },
                 Some(80),
                 Reading::Absent,
             ),
             (
                 "first read, no window yet: says nothing",
-                Record { window_at_ns: 0, ..base },
+                Record {
+                    window_at_ns: 0,
+                    ..base
+                },
                 None,
                 Reading::Absent,
             ),
@@ -388,18 +403,42 @@ mod tests {
     #[test]
     fn the_estimator_keeps_the_low_and_drifts_up_slowly() {
         let mut e = Estimator::default();
-        // (ms since start, launches, busy ms, periods) -> (window ms per launch, baseline).
-        let rows: &[(&str, u64, u64, u64, u64, Option<(f64, f64)>)] = &[
-            ("too few periods: no window yet", 20, 12, 12, 4, None),
-            ("eight periods: first window is the baseline", 40, 12, 12, 4, Some((1.0, 1.0))),
-            ("slower window: baseline barely moves", 80, 24, 36, 8, Some((1.5, 1.0004))),
-            ("faster window: new low", 120, 24, 21, 8, Some((0.875, 0.875))),
+        // (ms since start, periods' ms per launch) -> (window ms per launch, baseline).
+        let rows: &[(&str, u64, &[f64], Option<(f64, f64)>)] = &[
+            (
+                "too few periods: no window yet",
+                20,
+                &[1.0, 1.0, 1.0, 1.0],
+                None,
+            ),
+            (
+                "eight periods: the first window's median is the baseline",
+                40,
+                &[1.0, 1.0, 1.0, 9.0],
+                Some((1.0, 1.0)),
+            ),
+            (
+                "slower window: the baseline barely moves",
+                80,
+                &[1.5, 1.5, 1.5, 1.5, 1.5, 1.5, 1.5, 1.5],
+                Some((1.5, 1.0004)),
+            ),
+            (
+                "late wake-ups in a few periods do not move the median",
+                120,
+                &[0.875, 0.875, 0.875, 0.875, 0.875, 5.0, 6.0, 7.0],
+                Some((0.875, 0.875)),
+            ),
         ];
-        for (name, t, l, b, p, want) in rows {
-            let got = e.feed(t * MS, *l, b * MS, *p).map(|(_, w, b)| (w / 1e6, b / 1e6));
+        for (name, t, periods, want) in rows {
+            let periods: Vec<f64> = periods.iter().map(|v| v * 1e6).collect();
+            let got = e.feed(t * MS, &periods).map(|(_, w, b)| (w / 1e6, b / 1e6));
             match (got, want) {
                 (Some((w, b)), Some((ww, wb))) => {
-                    assert!((w - ww).abs() < 1e-6 && (b - wb).abs() < 1e-4, "{name}: {w} {b}")
+                    assert!(
+                        (w - ww).abs() < 1e-6 && (b - wb).abs() < 1e-4,
+                        "{name}: {w} {b}"
+                    )
                 }
                 (g, w) => assert_eq!(g, *w, "{name}"),
             }
@@ -418,7 +457,12 @@ mod tests {
         create(&p, me, me).unwrap();
         // Created empty: no record yet.
         assert!(matches!(read_trusted(&p, me), Err(PageError::Torn { .. })));
-        let r = Record { seq: 1, heartbeat_ns: 5, launches: 1, ..Record::default() };
+        let r = Record {
+            seq: 1,
+            heartbeat_ns: 5,
+            launches: 1,
+            ..Record::default()
+        };
         std::fs::OpenOptions::new()
             .write(true)
             .open(&p)
@@ -427,10 +471,16 @@ mod tests {
             .unwrap();
         assert_eq!(read_trusted(&p, me).unwrap(), r);
         // Another uid's directory: refused.
-        assert!(matches!(read_trusted(&p, me + 1), Err(PageError::Untrusted { .. })));
+        assert!(matches!(
+            read_trusted(&p, me + 1),
+            Err(PageError::Untrusted { .. })
+        ));
         // A page others may write: refused.
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666)).unwrap();
-        assert!(matches!(read_trusted(&p, me), Err(PageError::Untrusted { .. })));
+        assert!(matches!(
+            read_trusted(&p, me),
+            Err(PageError::Untrusted { .. })
+        ));
         // A symlink in its place: not followed.
         std::fs::remove_file(&p).unwrap();
         let elsewhere = t.path().join("forged");

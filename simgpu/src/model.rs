@@ -131,7 +131,13 @@ pub fn stretch(
 
 /// The shared-path factor of a kernel of process `pid` starting at `t`:
 /// `1 + shared_path_slowdown x min(1, other processes' demand / sm_count)`.
-pub fn shared_path(p: &ModelParams, pid: i32, kernels: &[KernelSpan], ext: ExternalLoad, t: u64) -> f64 {
+pub fn shared_path(
+    p: &ModelParams,
+    pid: i32,
+    kernels: &[KernelSpan],
+    ext: ExternalLoad,
+    t: u64,
+) -> f64 {
     if p.shared_path_slowdown <= 0.0 {
         return 1.0;
     }
@@ -466,7 +472,12 @@ mod tests {
             priority: 1,
             pid: 2,
         };
-        let own = KernelSpan { pid: 1, priority: 0, sms: 64, ..offline };
+        let own = KernelSpan {
+            pid: 1,
+            priority: 0,
+            sms: 64,
+            ..offline
+        };
         let launch = Launch {
             now_ns: MS,
             stream_tail_ns: 0,
@@ -482,20 +493,53 @@ mod tests {
         };
         let cases: &[(&str, &ModelParams, &[KernelSpan], f64, f64)] = &[
             ("t4-like, alone", &t4, &[], 0.3, 1.0),
-            ("t4-like, beside offline below the knee", &t4, &[offline], 0.65, 1.0),
-            ("t4-like, beside offline past the knee: the clock", &t4, &[offline], 0.95,
-             1.0 / (1.0 - (0.95 - 0.7) / 0.3 * 0.25)),
+            (
+                "t4-like, beside offline below the knee",
+                &t4,
+                &[offline],
+                0.65,
+                1.0,
+            ),
+            (
+                "t4-like, beside offline past the knee: the clock",
+                &t4,
+                &[offline],
+                0.95,
+                1.0 / (1.0 - (0.95 - 0.7) / 0.3 * 0.25),
+            ),
             ("h100-like, alone", &h100, &[], 0.3, 1.0),
-            ("h100-like, own kernel running is not another process", &h100, &[own], 0.3, 1.0),
-            ("h100-like, beside offline: shared path, clock flat", &h100, &[offline], 0.95,
-             1.0 + SLOW * 79.0 / 132.0),
-            ("h100-like, offline finished before the launch", &h100,
-             &[KernelSpan { end_ns: MS / 2, ..offline }], 0.95, 1.0),
+            (
+                "h100-like, own kernel running is not another process",
+                &h100,
+                &[own],
+                0.3,
+                1.0,
+            ),
+            (
+                "h100-like, beside offline: shared path, clock flat",
+                &h100,
+                &[offline],
+                0.95,
+                1.0 + SLOW * 79.0 / 132.0,
+            ),
+            (
+                "h100-like, offline finished before the launch",
+                &h100,
+                &[KernelSpan {
+                    end_ns: MS / 2,
+                    ..offline
+                }],
+                0.95,
+                1.0,
+            ),
         ];
         const SLOW: f64 = crate::config::SHARED_PATH_SLOWDOWN;
         for (name, p, running, power, want) in cases {
             let got = took(p, running, *power);
-            assert!((got - want).abs() < 1e-3, "{name}: took {got} ms, want {want}");
+            assert!(
+                (got - want).abs() < 1e-3,
+                "{name}: took {got} ms, want {want}"
+            );
         }
         // The h100-like clock stays at its maximum at any activity.
         assert_eq!(clock_mhz(&h100, 1.0), h100.max_clock_mhz as f64);

@@ -53,7 +53,9 @@ impl OnlineGate {
                 let absent = matches!(&e, online_page::PageError::Io { source, .. }
                     if source.kind() == std::io::ErrorKind::NotFound);
                 if !absent && !std::mem::replace(&mut self.logged, true) {
-                    crate::log(format_args!("{e}; braking on the clock and utilization only"));
+                    crate::log(format_args!(
+                        "{e}; braking on the clock and utilization only"
+                    ));
                 }
                 self.last_launches = None;
                 Some(Reading::Absent)

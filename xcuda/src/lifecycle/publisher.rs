@@ -50,25 +50,23 @@ fn run(s: &'static Settings) {
     let interval = Duration::from_millis(s.env.sample_interval_ms);
     let mut est = Estimator::default();
     let mut rec = Record::default();
-    let (mut last_launches, mut last_busy, mut last_periods) = (0u64, 0u64, 0u64);
+    let (mut seen, mut periods) = (0u64, Vec::new());
     let mut logged = false;
     loop {
         std::thread::sleep(interval);
         let launches = state::gate().counts().launches;
-        let (busy, periods) = online::busy_totals();
+        online::periods_since(&mut seen, &mut periods);
         let now = online_page::now_ns();
-        let window = est.feed(
-            now,
-            launches.saturating_sub(last_launches),
-            busy.saturating_sub(last_busy),
-            periods.saturating_sub(last_periods),
-        );
-        (last_launches, last_busy, last_periods) = (launches, busy, periods);
+        let window = est.feed(now, &periods);
         rec.seq += 1;
         rec.heartbeat_ns = now;
         rec.launches = launches;
         if let Some((at, w, b)) = window {
-            (rec.window_at_ns, rec.window_ns_per_launch, rec.baseline_ns_per_launch) = (at, w, b);
+            (
+                rec.window_at_ns,
+                rec.window_ns_per_launch,
+                rec.baseline_ns_per_launch,
+            ) = (at, w, b);
         }
         if let Err(e) = page.write_all_at(&rec.encode(), 0) {
             if !std::mem::replace(&mut logged, true) {

@@ -45,8 +45,13 @@ use muxflow::xcuda_env::XcudaEnv;
 static ONLINE: AtomicBool = AtomicBool::new(false);
 /// CLOCK_MONOTONIC ns when the current busy period began (0: idle).
 static BUSY_SINCE: AtomicU64 = AtomicU64::new(0);
-static BUSY_NS: AtomicU64 = AtomicU64::new(0);
-static PERIODS: AtomicU64 = AtomicU64::new(0);
+/// The launch count when it began.
+static BUSY_LAUNCHES: AtomicU64 = AtomicU64::new(0);
+/// The last [`RING`] periods' GPU time per launch (ns, as f64 bits), and
+/// how many periods ended so far (the next slot is `ENDED % RING`).
+const RING: usize = 256;
+static PERIOD_NS: [AtomicU64; RING] = [const { AtomicU64::new(0) }; RING];
+static ENDED: AtomicU64 = AtomicU64::new(0);
 
 /// Switches the process to counting mode (start-up, online role).
 pub fn set_online() {
@@ -68,7 +73,13 @@ pub fn on_launch() {
 #[cold]
 #[inline(never)]
 fn begin_busy() {
-    let _ = BUSY_SINCE.compare_exchange(0, muxflow::online_page::now_ns().max(1), Relaxed, Relaxed);
+    let launches = super::gate().counts().launches;
+    if BUSY_SINCE
+        .compare_exchange(0, muxflow::online_page::now_ns().max(1), Relaxed, Relaxed)
+        .is_ok()
+    {
+        BUSY_LAUNCHES.store(launches, Relaxed);
+    }
 }
 
 /// After a stream synchronize returned `rc`.
@@ -85,14 +96,26 @@ pub fn on_sync(rc: u32) -> u32 {
 fn end_busy() {
     let since = BUSY_SINCE.swap(0, Relaxed);
     if since != 0 {
-        BUSY_NS.fetch_add(muxflow::online_page::now_ns().saturating_sub(since), Relaxed);
-        PERIODS.fetch_add(1, Relaxed);
+        let ns = muxflow::online_page::now_ns().saturating_sub(since);
+        let launches = super::gate()
+            .counts()
+            .launches
+            .saturating_sub(BUSY_LAUNCHES.load(Relaxed))
+            .max(1);
+        let slot = ENDED.load(Relaxed) as usize % RING;
+        PERIOD_NS[slot].store((ns as f64 / launches as f64).to_bits(), Relaxed);
+        ENDED.fetch_add(1, Relaxed);
     }
 }
 
-/// (busy ns, busy periods) so far.
-pub fn busy_totals() -> (u64, u64) {
-    (BUSY_NS.load(Relaxed), PERIODS.load(Relaxed))
+/// The GPU time per launch (ns) of the periods that ended since `*seen`
+/// (at most the last [`RING`]); moves `*seen` on. Read by the publisher.
+pub fn periods_since(seen: &mut u64, out: &mut Vec<f64>) {
+    let ended = ENDED.load(Relaxed);
+    let from = (*seen).max(ended.saturating_sub(RING as u64));
+    out.clear();
+    out.extend((from..ended).map(|i| f64::from_bits(PERIOD_NS[i as usize % RING].load(Relaxed))));
+    *seen = ended;
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -153,7 +176,9 @@ impl OnlineBrake {
             }
         };
         self.delay_ns = match r {
-            Reading::Deviation(dev) if dev >= 3.0 * b => (2.0 * self.delay_ns + 4.0 * step).min(max),
+            Reading::Deviation(dev) if dev >= 3.0 * b => {
+                (2.0 * self.delay_ns + 4.0 * step).min(max)
+            }
             Reading::Deviation(dev) if dev > b => (1.1 * self.delay_ns + step).min(max),
             Reading::Deviation(dev) if dev > b / 3.0 => self.delay_ns,
             _ => release(self.delay_ns),
@@ -211,7 +236,12 @@ mod tests {
             ),
             (
                 "dead band between 1 % and 3 %: held",
-                &[Deviation(0.0), Deviation(0.0), Deviation(0.02), Deviation(0.03)],
+                &[
+                    Deviation(0.0),
+                    Deviation(0.0),
+                    Deviation(0.02),
+                    Deviation(0.03),
+                ],
                 &[Some(20_000), Some(18_000), Some(18_000), Some(18_000)],
             ),
             (
