@@ -68,6 +68,13 @@ pub fn path(state_dir: &Path, gpu: u32) -> PathBuf {
     dir(state_dir).join(gpu.to_string())
 }
 
+/// Where the plugin writes an online job's xCUDA settings (the limits-file
+/// form of [`crate::limits`], role `online`): beside, not inside, the
+/// offline jobs' limits directory, whose files the node polices as offline.
+pub fn limits_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("online-limits")
+}
+
 /// The directory of the pages (root, 0755).
 pub fn dir(state_dir: &Path) -> PathBuf {
     state_dir.join("online")

@@ -49,6 +49,8 @@ impl OnlineGate {
                     r => Some(r),
                 }
             }
+            // Caught mid-write: nothing new, hold.
+            Err(online_page::PageError::Torn { .. }) => None,
             Err(e) => {
                 let absent = matches!(&e, online_page::PageError::Io { source, .. }
                     if source.kind() == std::io::ErrorKind::NotFound);
