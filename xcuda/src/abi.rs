@@ -165,7 +165,7 @@ macro_rules! cuda_entry_points {
             {cuCtxPushCurrent_v2, "cuCtxPushCurrent", 4000, false, pass, (ctx: Handle)}
             {cuCtxPopCurrent_v2, "cuCtxPopCurrent", 4000, false, pass, (ctx: *mut Handle)}
             {cuCtxGetDevice, "cuCtxGetDevice", 2000, false, pass, (d: *mut c_int)}
-            {cuCtxSynchronize, "cuCtxSynchronize", 2000, false, pass, ()}
+            {cuCtxSynchronize, "cuCtxSynchronize", 2000, false, sync, ()}
             {cuMemGetInfo_v2, "cuMemGetInfo", 3020, false, cap(free_bytes, total_bytes), (free_bytes: *mut usize, total_bytes: *mut usize)}
             {cuMemAlloc_v2, "cuMemAlloc", 3020, false, count(Device, size, p), (p: *mut Dptr, size: usize)}
             {cuMemAllocPitch_v2, "cuMemAllocPitch", 3020, false, pitch(p, pitch, width, height), (p: *mut Dptr, pitch: *mut usize, width: usize, height: usize, elem: c_uint)}

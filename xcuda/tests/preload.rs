@@ -1057,6 +1057,19 @@ fn sync_rows_end_the_online_busy_period() {
             ],
         ),
         (
+            "cuCtxSynchronize (what torch.cuda.synchronize() calls)",
+            &[
+                "online",
+                "--duration",
+                "1.5",
+                "--rate",
+                "200",
+                "--kernel-us",
+                "100",
+                "--ctx-sync",
+            ],
+        ),
+        (
             "cuStreamSynchronize_ptsz (per-thread default stream)",
             &[
                 "offline",

@@ -46,6 +46,10 @@ enum Mode {
         /// Memory held for the whole run (model weights, KV cache), MiB.
         #[arg(long, default_value_t = 0)]
         alloc_mib: u64,
+        /// Wait for each request with cuCtxSynchronize (what PyTorch's
+        /// torch.cuda.synchronize() calls) instead of cuStreamSynchronize.
+        #[arg(long)]
+        ctx_sync: bool,
         #[arg(long, default_value_t = 0)]
         device: c_int,
     },
@@ -265,6 +269,7 @@ fn main() {
                     kernel_us,
                     blocks,
                     alloc_mib,
+                    ctx_sync,
                     ..
                 } => {
                     let name = CString::new(format!("sim_kernel_{kernel_us}us")).unwrap();
@@ -310,10 +315,14 @@ fn main() {
                                     "cuLaunchKernel",
                                 )?;
                             }
-                            ok(
-                                (cu.stream_sync)(std::ptr::null_mut()),
-                                "cuStreamSynchronize",
-                            )
+                            if ctx_sync {
+                                ok((cu.ctx_sync)(), "cuCtxSynchronize")
+                            } else {
+                                ok(
+                                    (cu.stream_sync)(std::ptr::null_mut()),
+                                    "cuStreamSynchronize",
+                                )
+                            }
                         })();
                         if r.is_err() {
                             res = r;
