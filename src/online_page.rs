@@ -411,7 +411,8 @@ mod tests {
     fn the_estimator_keeps_the_low_and_drifts_up_slowly() {
         let mut e = Estimator::default();
         // (ms since start, periods' ms per launch) -> (window ms per launch, baseline).
-        let rows: &[(&str, u64, &[f64], Option<(f64, f64)>)] = &[
+        type Row<'a> = (&'a str, u64, &'a [f64], Option<(f64, f64)>);
+        let rows: &[Row] = &[
             (
                 "too few periods: no window yet",
                 20,

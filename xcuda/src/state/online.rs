@@ -212,12 +212,14 @@ mod tests {
         })
     }
 
-    /// One row per case: the readings fed in order, the delay (us) after
+    /// A row: its name, the readings fed in order, the delay (us) after
     /// each (None: no say).
+    type Row<'a> = (&'a str, &'a [Reading], &'a [Option<u64>]);
+
     #[test]
     fn the_law_as_a_table() {
         use Reading::*;
-        let rows: &[(&str, &[Reading], &[Option<u64>])] = &[
+        let rows: &[Row] = &[
             ("no page: no say", &[Absent, Absent], &[None, None]),
             (
                 "slow start: the first reading brakes fully, the baseline held lets go",
