@@ -135,6 +135,16 @@ fn the_brake_reacts_to_the_online_jobs_slowdown_with_the_clock_flat() {
             .ok()
             .filter(|r| r.window_at_ns != 0)
     });
+    // The page is the job's user's (not root's): only that user may write it.
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(&page).unwrap();
+    assert!(
+        meta.uid() != 0 && meta.mode() & 0o022 == 0,
+        "page {}: uid {} mode {:o}",
+        page.display(),
+        meta.uid(),
+        meta.mode()
+    );
 
     // The trainer, 20 kernels a step then 25 ms on the host: the shared
     // GPU stays far from 95 % busy, and an h100-like clock never falls.
