@@ -2,7 +2,8 @@
 //! page of its GPU, read every sample, and the [`OnlineBrake`] stepped once
 //! per new window the page shows. The delay the gate applies is the larger
 //! of the two laws': either sees a reason to brake, both must see room to
-//! let go. No page named (an older plugin, a GPU without an online job),
+//! let go; while the clock law brakes, the online law does not grow
+//! ([`OnlineBrake::admit`]). No page named (an older plugin, a GPU without an online job),
 //! or one that fails its checks: the clock/utilization law alone, as before.
 
 use std::path::PathBuf;
@@ -41,13 +42,9 @@ impl OnlineGate {
             Ok(rec) => {
                 let r = rec.reading(online_page::now_ns(), self.last_launches);
                 self.last_launches = Some(rec.launches);
-                // A window already acted on brings nothing new: hold.
                 let new = rec.window_at_ns != self.last_window_at;
                 self.last_window_at = rec.window_at_ns;
-                match r {
-                    Reading::Deviation(_) if !new => None,
-                    r => Some(r),
-                }
+                self.brake.admit(r, new, !clock_delay.is_zero())
             }
             // Caught mid-write: nothing new, hold.
             Err(online_page::PageError::Torn { .. }) => None,
