@@ -21,7 +21,7 @@
 //!
 //! | reading | delay per offline launch |
 //! |---|---|
-//! | first reading of an online job (slow start) | `max_delay`, then released |
+//! | first reading of an online job (slow start) | `max_delay`, then `x 2/3` per window while `dev <= b/3` (or idle), until the first window above `b/3` ends the slow start or the delay reaches 0 |
 //! | `dev >= 3b` (hurt) | `min(max, 2 delay + 4 step)` |
 //! | `b < dev < 3b` (slowed) | `min(max, 1.1 delay + step)` |
 //! | `b/3 < dev <= b` (dead band) | held |
@@ -30,8 +30,10 @@
 //! | slowed (`dev > b`) while the clock law brakes | held ([`OnlineBrake::admit`]) |
 //!
 //! TGS (NSDI'23) cuts the opportunistic job's rate by 8 % past 3 % and by
-//! 10x past 9 %, and grows it additively below: here in delay terms (a
-//! delay that grows is a rate that falls). The slow start — begin braked,
+//! 10x past 9 %, grows it additively below, and starts with a slow start
+//! that raises it x1.5 per step: here in delay terms (a delay that grows is
+//! a rate that falls; x2/3 on the delay is about x1.5 on the rate once the
+//! delay dominates a launch). The slow start — begin braked,
 //! let go while the online job stays at its baseline — means the online
 //! job sees its solo speed when an offline job arrives, so its baseline is
 //! a solo one even if it started beside offline work.
@@ -143,6 +145,7 @@ pub struct OnlineBrake {
     p: OnlineParams,
     delay_ns: f64,
     engaged: bool,
+    slow_start: bool,
 }
 
 impl OnlineBrake {
@@ -151,6 +154,7 @@ impl OnlineBrake {
             p,
             delay_ns: 0.0,
             engaged: false,
+            slow_start: false,
         }
     }
 
@@ -181,9 +185,23 @@ impl OnlineBrake {
         }
         if !std::mem::replace(&mut self.engaged, true) {
             self.delay_ns = max;
+            self.slow_start = true;
             return Some(self.delay());
         }
         let b = self.p.brake_deviation;
+        if self.slow_start {
+            match r {
+                Reading::Deviation(dev) if dev > b / 3.0 => self.slow_start = false,
+                _ => {
+                    self.delay_ns *= 2.0 / 3.0;
+                    if self.delay_ns < step / 2.0 {
+                        self.delay_ns = 0.0;
+                        self.slow_start = false;
+                    }
+                    return Some(self.delay());
+                }
+            }
+        }
         let release = |d: f64| {
             let d = d * self.p.release_factor;
             if d < step / 2.0 {
@@ -239,29 +257,34 @@ mod tests {
         let rows: &[Row] = &[
             ("no page: no say", &[Absent, Absent], &[None, None]),
             (
-                "slow start: the first reading brakes fully, the baseline held lets go",
+                "slow start: the first reading brakes fully, the baseline held lets go x2/3",
                 &[Deviation(0.0), Deviation(0.0), Deviation(0.005)],
-                &[Some(20_000), Some(18_000), Some(16_200)],
+                &[Some(20_000), Some(13_333), Some(8_888)],
             ),
             (
                 "an idle online job lets go too",
                 &[Idle, Idle],
-                &[Some(20_000), Some(18_000)],
+                &[Some(20_000), Some(13_333)],
             ),
             (
-                "slowed past 3 %: grows by 10 % and a step",
+                "slowed past 3 % ends the slow start: grows by 10 % and a step",
                 &[Deviation(0.0), Deviation(0.0), Deviation(0.05)],
-                &[Some(20_000), Some(18_000), Some(19_900)],
+                &[Some(20_000), Some(13_333), Some(14_766)],
             ),
             (
-                "dead band between 1 % and 3 %: held",
+                "past 1 % ends the slow start; between 1 % and 3 %: held",
                 &[
                     Deviation(0.0),
                     Deviation(0.0),
                     Deviation(0.02),
                     Deviation(0.03),
                 ],
-                &[Some(20_000), Some(18_000), Some(18_000), Some(18_000)],
+                &[Some(20_000), Some(13_333), Some(13_333), Some(13_333)],
+            ),
+            (
+                "after the slow start, room lets go x0.9",
+                &[Deviation(0.0), Deviation(0.02), Deviation(0.0)],
+                &[Some(20_000), Some(20_000), Some(18_000)],
             ),
             (
                 "the online job goes away: no say, and the next one starts slow again",
