@@ -338,7 +338,7 @@ pub struct Xcuda {
     /// above its baseline; three times it brakes hard (TGS's ratio of 3 %
     /// to 9 %). 0.06, not TGS's 0.03: on the h100-like simulated GPU 0.03
     /// kept the service at x1.01 p99 but the trainer at 0.35 of its speed,
-    /// 0.06 at x1.04 and 0.62 (xcuda/README.md).
+    /// 0.06 at x1.04 and 0.62, one run each (xcuda/README.md).
     pub online_brake_deviation: Fraction,
 }
 
