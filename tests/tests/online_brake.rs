@@ -164,7 +164,8 @@ fn the_brake_reacts_to_the_online_jobs_slowdown_with_the_clock_flat() {
     c.place(offline, NODE, gpu);
     c.wait_running(offline, WAIT);
 
-    // The online job sees its slowdown: a window past the brake threshold.
+    // The online job sees its slowdown: a window well past the brake
+    // threshold (0.04 by default).
     let mut prev = None;
     let seen = wait_until("the online page to show the slowdown", || {
         let r = online_page::read_trusted(&page, 0).ok()?;

@@ -16,8 +16,8 @@
 //!
 //! **The offline gate's law** ([`OnlineBrake`]), per new window the page
 //! shows, with `dev` = the window's GPU time per launch over the online
-//! job's baseline, minus one, and `b` = `online_brake_deviation` (TGS's
-//! 3 %):
+//! job's baseline, minus one, and `b` = `online_brake_deviation` (default
+//! 4 %; TGS uses 3 %: xcuda/README.md has the comparison):
 //!
 //! | reading | delay per offline launch |
 //! |---|---|
