@@ -355,6 +355,16 @@ pub struct Xcuda {
     pub delay_step_us: u64,
     /// Multiplicative release when the GPU has room (0.5 halves the delay).
     pub release_factor: Fraction,
+    /// Preload xCUDA in counting mode into online jobs, so the offline
+    /// gates see what the online job experiences (xcuda/README.md).
+    pub online_counting: bool,
+    /// Brake when the online job's GPU time per launch is this fraction
+    /// above its baseline; three times it brakes hard (TGS's ratio of 3 %
+    /// to 9 %). 0.04, chosen on the h100-like simulated GPU (three runs
+    /// each, quiet machine): 0.03 (TGS's) p99 x1.05-1.09 with the trainer
+    /// at 0.36-0.41 of its speed, 0.04 x0.92-1.06 and 0.58-0.73, 0.06
+    /// x1.01-1.63 and 0.73-0.84 (xcuda/README.md).
+    pub online_brake_deviation: Fraction,
 }
 
 impl Default for Xcuda {
@@ -366,6 +376,8 @@ impl Default for Xcuda {
             max_delay_us: 20_000,
             delay_step_us: 100,
             release_factor: Fraction(0.9),
+            online_counting: true,
+            online_brake_deviation: Fraction(0.04),
         }
     }
 }

@@ -14,6 +14,7 @@ pub mod mode;
 pub mod mps;
 pub mod node_state;
 pub mod offline_procs;
+pub mod online_page;
 pub mod placement;
 pub mod policy;
 pub mod preempt;

@@ -18,13 +18,23 @@ pub const UTILIZATION_BRAKE: &str = "MUXFLOW_XCUDA_UTILIZATION_BRAKE";
 pub const MAX_DELAY_US: &str = "MUXFLOW_XCUDA_MAX_DELAY_US";
 pub const DELAY_STEP_US: &str = "MUXFLOW_XCUDA_DELAY_STEP_US";
 pub const RELEASE_FACTOR: &str = "MUXFLOW_XCUDA_RELEASE_FACTOR";
+/// `offline` (the gate and the cap) or `online` (counting only: the online
+/// page is written, nothing is delayed, capped or refused).
+pub const ROLE: &str = "MUXFLOW_XCUDA_ROLE";
+/// The online page of the GPU ([`crate::online_page`]): written in the
+/// online role, read by the gate in the offline role.
+pub const ONLINE_PAGE: &str = "MUXFLOW_XCUDA_ONLINE_PAGE";
+pub const ONLINE_BRAKE_DEVIATION: &str = "MUXFLOW_XCUDA_ONLINE_BRAKE_DEVIATION";
 /// The root-owned directory of the per-job limits files (see
 /// [`crate::limits`]); the only variable xCUDA reads inside a job, and only
 /// to find a file it then checks.
 pub const LIMITS_DIR: &str = "MUXFLOW_XCUDA_LIMITS_DIR";
 
 /// Every variable, for clearing user-set values.
-pub const ALL: [&str; 11] = [
+pub const ALL: [&str; 14] = [
+    ROLE,
+    ONLINE_PAGE,
+    ONLINE_BRAKE_DEVIATION,
     MEM_LIMIT_BYTES,
     GPU_INDEX,
     NVML_LIBRARY,
@@ -59,6 +69,30 @@ pub struct XcudaEnv {
     pub max_delay_us: u64,
     pub delay_step_us: u64,
     pub release_factor: f64,
+    pub role: Role,
+    pub online_page: Option<PathBuf>,
+    /// Brake when the online job's GPU time per launch is this much above
+    /// its baseline (0.03: 3 %).
+    pub online_brake_deviation: f64,
+}
+
+/// Which side of the GPU the process is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Role {
+    /// Gated and capped (the safe default: anything unreadable is offline).
+    #[default]
+    Offline,
+    /// Counted only.
+    Online,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Offline => "offline",
+            Role::Online => "online",
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -84,6 +118,9 @@ impl XcudaEnv {
             max_delay_us: cfg.max_delay_us,
             delay_step_us: cfg.delay_step_us,
             release_factor: cfg.release_factor.get(),
+            role: Role::Offline,
+            online_page: None,
+            online_brake_deviation: cfg.online_brake_deviation.get(),
         }
     }
 
@@ -97,6 +134,11 @@ impl XcudaEnv {
             (MAX_DELAY_US, self.max_delay_us.to_string()),
             (DELAY_STEP_US, self.delay_step_us.to_string()),
             (RELEASE_FACTOR, self.release_factor.to_string()),
+            (ROLE, self.role.as_str().to_string()),
+            (
+                ONLINE_BRAKE_DEVIATION,
+                self.online_brake_deviation.to_string(),
+            ),
         ];
         if let Some(m) = self.mem_limit_bytes {
             v.push((MEM_LIMIT_BYTES, m.to_string()));
@@ -105,6 +147,7 @@ impl XcudaEnv {
             (NVML_LIBRARY, &self.nvml_library),
             (HEALTH_FILE, &self.health_file),
             (STATS_DIR, &self.stats_dir),
+            (ONLINE_PAGE, &self.online_page),
         ] {
             if let Some(p) = path {
                 v.push((var, p.display().to_string()));
@@ -190,6 +233,20 @@ impl XcudaEnv {
         };
         let clock_brake_fraction = fraction(CLOCK_BRAKE_FRACTION, d.clock_brake_fraction.get());
         let release_factor = fraction(RELEASE_FACTOR, d.release_factor.get());
+        let online_brake_deviation =
+            fraction(ONLINE_BRAKE_DEVIATION, d.online_brake_deviation.get());
+        let role = match get(ROLE).as_deref().map(str::trim) {
+            None | Some("offline") => Role::Offline,
+            Some("online") => Role::Online,
+            Some(v) => {
+                problems.push(XcudaEnvError {
+                    var: ROLE,
+                    value: crate::text::shorten(v),
+                    why: "must be offline or online",
+                });
+                Role::Offline
+            }
+        };
         let mut path = |var: &'static str| -> Option<PathBuf> {
             match get(var) {
                 None => None,
@@ -216,6 +273,9 @@ impl XcudaEnv {
             max_delay_us,
             delay_step_us,
             release_factor,
+            role,
+            online_page: path(ONLINE_PAGE),
+            online_brake_deviation,
         };
         (env, problems)
     }
@@ -240,6 +300,8 @@ mod tests {
         let mut e = XcudaEnv::from_config(&Xcuda::default(), 1);
         e.mem_limit_bytes = Some(8 << 30);
         e.stats_dir = Some("/var/lib/muxflow/xcuda/12".into());
+        e.role = Role::Online;
+        e.online_page = Some("/var/lib/muxflow/online/1".into());
         let vars: HashMap<&str, String> = e.to_env().into_iter().collect();
         assert!(vars.keys().all(|k| ALL.contains(k)));
         let back = XcudaEnv::from_env(|k| vars.get(k).cloned()).unwrap();
@@ -250,6 +312,10 @@ mod tests {
     fn defaults_when_unset_and_errors_name_the_variable() {
         let e = XcudaEnv::from_env(|_| None).unwrap();
         assert_eq!(e, XcudaEnv::from_config(&Xcuda::default(), 0));
+        // An unreadable role is the gated one, never "online".
+        let (e, p) =
+            XcudaEnv::from_env_lenient(|k| (k == ROLE).then(|| "Online ".to_string() + "x"));
+        assert_eq!((e.role, p[0].var), (Role::Offline, ROLE));
         let err =
             XcudaEnv::from_env(|k| (k == MEM_LIMIT_BYTES).then(|| "lots".to_string())).unwrap_err();
         assert_eq!(err.var, MEM_LIMIT_BYTES);

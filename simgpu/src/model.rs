@@ -18,7 +18,13 @@
 //! * The kernel runs `[s, s + capped_solo * stretch)` where
 //!   `s = max(now, stream tail)`; everything is decided at launch.
 //! * `clock(a) = max_clock` for `a <= knee`, falling linearly to
-//!   `min_clock_frac * max_clock` at `a = 1` (power capping).
+//!   `min_clock_frac * max_clock` at `a = 1` (power capping). An
+//!   `h100-like` GPU has no knee: its clock stays at the maximum.
+//! * Shared path (`h100-like` only): memory bandwidth, caches and the launch
+//!   path are shared below SM saturation, so a kernel is further stretched by
+//!   `1 + shared_path_slowdown x min(1, O / sm_count)`, `O` the SM demand of
+//!   other processes' kernels running at its start plus external load,
+//!   whatever their priority (MPS priority orders block dispatch, not DRAM).
 //! * Utilization over a window = fraction of the window with any kernel
 //!   running, combined with external load `L` as an independent busy fraction:
 //!   `u + L - u*L`. SM activity = SMs demanded by kernels, averaged over the
@@ -34,6 +40,8 @@ pub struct ModelParams {
     pub min_clock_frac: f64,
     pub interference: f64,
     pub window_ns: u64,
+    /// Slowdown per unit of other processes' SM demand (0: none, t4-like).
+    pub shared_path_slowdown: f64,
 }
 
 impl Default for ModelParams {
@@ -121,6 +129,28 @@ pub fn stretch(
     share * clock_mhz(p, alone) / clock_mhz(p, alone.max(power_activity))
 }
 
+/// The shared-path factor of a kernel of process `pid` starting at `t`:
+/// `1 + shared_path_slowdown x min(1, other processes' demand / sm_count)`.
+pub fn shared_path(
+    p: &ModelParams,
+    pid: i32,
+    kernels: &[KernelSpan],
+    ext: ExternalLoad,
+    t: u64,
+) -> f64 {
+    if p.shared_path_slowdown <= 0.0 {
+        return 1.0;
+    }
+    let sms = p.sm_count as f64;
+    let others: u64 = kernels
+        .iter()
+        .filter(|k| k.pid != pid && k.start_ns <= t && t < k.end_ns)
+        .map(|k| k.sms as u64)
+        .sum();
+    let o = (others as f64 / sms + ext.fraction.clamp(0.0, 1.0)).min(1.0);
+    1.0 + p.shared_path_slowdown * o
+}
+
 /// A launch request.
 #[derive(Debug, Clone, Copy)]
 pub struct Launch {
@@ -146,7 +176,9 @@ pub fn plan(
     let d = demand(p, l.blocks, l.cap_sms);
     let full = l.blocks.clamp(1, p.sm_count as u64) as f64;
     let capped_solo = l.solo_ns as f64 * full / d as f64;
-    let dur = capped_solo * stretch(p, d, l.priority, kernels, ext, start, power_activity);
+    let dur = capped_solo
+        * stretch(p, d, l.priority, kernels, ext, start, power_activity)
+        * shared_path(p, l.pid, kernels, ext, start);
     KernelSpan {
         start_ns: start,
         end_ns: start + dur.round().max(1.0) as u64,
@@ -418,5 +450,99 @@ mod tests {
         assert!(s.sm_clock_mhz < p.max_clock_mhz as f64);
         // External load also stretches kernels.
         assert!(stretch(&p, 132, 0, &[], ExternalLoad { fraction: 0.5 }, 0, 0.0) > 1.4);
+    }
+
+    /// The two contention modes side by side, one row per case: the online
+    /// client's kernel (64 SMs, priority 0) next to an offline one (79 SMs,
+    /// priority 1: the policy's 60 % share), and what it is stretched by.
+    #[test]
+    fn the_two_modes_table() {
+        use crate::config::{GpuConfig, GpuModel};
+        let mode = |m: GpuModel| {
+            let mut c = GpuConfig::h100_like(0, 0);
+            c.model = m;
+            c.model()
+        };
+        let (t4, h100) = (mode(GpuModel::T4Like), mode(GpuModel::H100Like));
+        let none = ExternalLoad::default();
+        let offline = KernelSpan {
+            start_ns: 0,
+            end_ns: 10 * MS,
+            sms: 79,
+            priority: 1,
+            pid: 2,
+        };
+        let own = KernelSpan {
+            pid: 1,
+            priority: 0,
+            sms: 64,
+            ..offline
+        };
+        let launch = Launch {
+            now_ns: MS,
+            stream_tail_ns: 0,
+            solo_ns: MS,
+            blocks: 64,
+            cap_sms: 132,
+            priority: 0,
+            pid: 1,
+        };
+        let took = |p: &ModelParams, running: &[KernelSpan], power: f64| {
+            let k = plan(p, &launch, running, none, power);
+            (k.end_ns - k.start_ns) as f64 / MS as f64
+        };
+        let cases: &[(&str, &ModelParams, &[KernelSpan], f64, f64)] = &[
+            ("t4-like, alone", &t4, &[], 0.3, 1.0),
+            (
+                "t4-like, beside offline below the knee",
+                &t4,
+                &[offline],
+                0.65,
+                1.0,
+            ),
+            (
+                "t4-like, beside offline past the knee: the clock",
+                &t4,
+                &[offline],
+                0.95,
+                1.0 / (1.0 - (0.95 - 0.7) / 0.3 * 0.25),
+            ),
+            ("h100-like, alone", &h100, &[], 0.3, 1.0),
+            (
+                "h100-like, own kernel running is not another process",
+                &h100,
+                &[own],
+                0.3,
+                1.0,
+            ),
+            (
+                "h100-like, beside offline: shared path, clock flat",
+                &h100,
+                &[offline],
+                0.95,
+                1.0 + SLOW * 79.0 / 132.0,
+            ),
+            (
+                "h100-like, offline finished before the launch",
+                &h100,
+                &[KernelSpan {
+                    end_ns: MS / 2,
+                    ..offline
+                }],
+                0.95,
+                1.0,
+            ),
+        ];
+        const SLOW: f64 = crate::config::SHARED_PATH_SLOWDOWN;
+        for (name, p, running, power, want) in cases {
+            let got = took(p, running, *power);
+            assert!(
+                (got - want).abs() < 1e-3,
+                "{name}: took {got} ms, want {want}"
+            );
+        }
+        // The h100-like clock stays at its maximum at any activity.
+        assert_eq!(clock_mhz(&h100, 1.0), h100.max_clock_mhz as f64);
+        assert!(clock_mhz(&t4, 1.0) < t4.max_clock_mhz as f64);
     }
 }

@@ -22,7 +22,7 @@ use muxflow::report::{add_peers, JobReport};
 use muxflow::slurm_cli::Scontrol;
 use muxflow::slurm_version::{SLURM_BATCH_SCRIPT, SLURM_EXTERN_CONT, SLURM_INTERACTIVE_STEP};
 use muxflow::xcuda_env::{self, XcudaEnv};
-use muxflow::{mps, Config, Mode};
+use muxflow::{mps, online_page, Config, Mode};
 use slurm_spank::SpankHandle;
 
 use crate::{preload, settings, OPTION};
@@ -186,6 +186,17 @@ impl RemoteState {
             stats.join("job.report").to_string_lossy().as_ref(),
         );
         ctx.stats_dir = Some(stats);
+        if mode == Mode::Online && config.xcuda.online_counting {
+            // Measuring the online job must never stop it: a failure here
+            // leaves it unmeasured (the offline gates then brake on the
+            // clock and utilization alone), logged.
+            if let Err(e) = prepare_online(spank, &config, &ctx) {
+                tracing::warn!(
+                    job = ctx.job_id,
+                    "muxflow: online job runs without xCUDA's counting mode: {e}"
+                );
+            }
+        }
         if mode == Mode::Offline {
             self.prepare_offline(spank, &config, &state, &mut ctx)?;
             let peers = offline_peers(&state, &ctx);
@@ -281,6 +292,10 @@ impl RemoteState {
                 .map(|p| p.as_path().to_path_buf());
             env.health_file = Some(state.health_file(gpu));
             env.stats_dir = Some(stats.clone());
+            if config.xcuda.online_counting {
+                // The page the GPU's online job publishes (if it has one).
+                env.online_page = Some(online_page::path(config.paths.state_dir.as_path(), gpu));
+            }
             // xCUDA reads its settings from this root-owned file, never from
             // the environment; the node polices the job against it.
             let limits = JobLimits {
@@ -368,6 +383,12 @@ impl RemoteState {
         let Some(ctx) = self.report.take() else {
             return;
         };
+        if ctx.mode == Mode::Online {
+            // Its steps are over: the counting mode's settings go (the page
+            // stays, goes stale, and the next online job's replaces it).
+            let dir = online_page::limits_dir(ctx.config.paths.state_dir.as_path());
+            let _ = std::fs::remove_file(muxflow::limits::path(&dir, ctx.job_id));
+        }
         let report = build_report(&ctx);
         let text = report.encode();
         // A cancelled or preempted job has already ended for slurmctld:
@@ -509,6 +530,59 @@ fn make_user_dir(dir: &Path, uid: u32, gid: u32) -> anyhow::Result<()> {
     if !meta.is_dir() || meta.uid() != uid {
         anyhow::bail!("{} is not a directory of uid {uid}", dir.display());
     }
+    Ok(())
+}
+
+/// An online step: xCUDA in counting mode (no gate, no cap), preloaded from
+/// the admin's `paths.xcuda_library` as for offline jobs, its settings in a
+/// root-owned file (role `online`, the GPU's page) the job cannot change,
+/// and the GPU's online page made anew, writable by the job's user only
+/// (the trust boundary: `muxflow::online_page`). The limits file is written
+/// before `LD_PRELOAD` is set: xCUDA without its file would take the safe,
+/// offline settings, and those would refuse the online job's memory.
+fn prepare_online(
+    spank: &mut SpankHandle,
+    config: &Config,
+    ctx: &ReportContext,
+) -> anyhow::Result<()> {
+    let xcuda = config.paths.xcuda_library.as_path();
+    if !xcuda.is_file() {
+        anyhow::bail!(
+            "the xCUDA library {} is missing (paths.xcuda_library)",
+            xcuda.display()
+        );
+    }
+    let state_dir = config.paths.state_dir.as_path();
+    let page = online_page::path(state_dir, ctx.gpu);
+    let dir = online_page::limits_dir(state_dir);
+    // The first step makes the page; a later step (srun) of the same job
+    // keeps it (its baseline is the job's).
+    let ours = JobLimits::read_trusted(&dir, ctx.job_id, 0).is_ok();
+    if !ours {
+        online_page::create(&page, spank.job_uid()?, spank.job_gid()?)?;
+    }
+    let mut env = XcudaEnv::from_config(&config.xcuda, ctx.gpu);
+    env.role = xcuda_env::Role::Online;
+    env.online_page = Some(page);
+    let limits = JobLimits {
+        job_id: ctx.job_id,
+        gpu: ctx.gpu,
+        sm_pct: 100,
+        mem_cap_mib: None,
+        xcuda: env,
+    };
+    // No stop bounds: xCUDA in counting mode holds no gate to release.
+    write_limits(&dir, &limits, &StopBounds::default())?;
+    for var in xcuda_env::ALL {
+        unset(spank, var);
+    }
+    set(spank, xcuda_env::LIMITS_DIR, dir.to_string_lossy().as_ref());
+    let current = spank.getenv("LD_PRELOAD").ok().flatten();
+    set(
+        spank,
+        "LD_PRELOAD",
+        &preload::prepend(xcuda, current.as_deref()),
+    );
     Ok(())
 }
 

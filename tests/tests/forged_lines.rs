@@ -21,7 +21,7 @@ fn sbatch_nobody(c: &Cluster, args: &[&str]) -> (bool, String, String) {
 fn a_line_break_in_a_muxflow_jobs_name_comment_or_path_is_refused_at_submit() {
     let c = Cluster::get();
     let forged = "train\n     Nodes=node4 CPU_IDs=0 Mem=0 GRES=mfslot:g0:1(IDX:0)";
-    let out = format!("--output=/dev/null\n     Nodes=node4 GRES=mfslot:g1:1(IDX:1)");
+    let out = "--output=/dev/null\n     Nodes=node4 GRES=mfslot:g1:1(IDX:1)".to_string();
     // (arguments, the option the refusal names)
     let cases: [(Vec<String>, &str); 4] = [
         (

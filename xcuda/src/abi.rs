@@ -131,7 +131,8 @@ pub mod cu {
 /// `pitch(out, pitch, width, height)`, `array(kind, out, descriptor,
 /// levels)`, `graph_alloc(params)`, `free(kind, handle)`, `cap(free,
 /// total)`, `retained`/`released`/`reset(device)`, `created`/`destroyed(ctx)`,
-/// `pass` (not hooked, on purpose); every one returns a `CUresult`.
+/// `sync` (ends an online busy period: [`crate::state::online`]), `pass`
+/// (not hooked, on purpose); every one returns a `CUresult`.
 macro_rules! cuda_entry_points {
     ($callback:ident) => {
         $callback! {
@@ -164,7 +165,7 @@ macro_rules! cuda_entry_points {
             {cuCtxPushCurrent_v2, "cuCtxPushCurrent", 4000, false, pass, (ctx: Handle)}
             {cuCtxPopCurrent_v2, "cuCtxPopCurrent", 4000, false, pass, (ctx: *mut Handle)}
             {cuCtxGetDevice, "cuCtxGetDevice", 2000, false, pass, (d: *mut c_int)}
-            {cuCtxSynchronize, "cuCtxSynchronize", 2000, false, pass, ()}
+            {cuCtxSynchronize, "cuCtxSynchronize", 2000, false, sync, ()}
             {cuMemGetInfo_v2, "cuMemGetInfo", 3020, false, cap(free_bytes, total_bytes), (free_bytes: *mut usize, total_bytes: *mut usize)}
             {cuMemAlloc_v2, "cuMemAlloc", 3020, false, count(Device, size, p), (p: *mut Dptr, size: usize)}
             {cuMemAllocPitch_v2, "cuMemAllocPitch", 3020, false, pitch(p, pitch, width, height), (p: *mut Dptr, pitch: *mut usize, width: usize, height: usize, elem: c_uint)}
@@ -200,8 +201,8 @@ macro_rules! cuda_entry_points {
             {cuStreamCreate, "cuStreamCreate", 2000, false, pass, (s: *mut Handle, flags: c_uint)}
             {cuStreamCreateWithPriority, "cuStreamCreateWithPriority", 5050, false, pass, (s: *mut Handle, flags: c_uint, prio: c_int)}
             {cuStreamDestroy_v2, "cuStreamDestroy", 4000, false, pass, (s: Handle)}
-            {cuStreamSynchronize, "cuStreamSynchronize", 2000, false, pass, (s: Handle)}
-            {cuStreamSynchronize_ptsz, "cuStreamSynchronize", 7000, true, pass, (s: Handle)}
+            {cuStreamSynchronize, "cuStreamSynchronize", 2000, false, sync, (s: Handle)}
+            {cuStreamSynchronize_ptsz, "cuStreamSynchronize", 7000, true, sync, (s: Handle)}
             {cuStreamQuery, "cuStreamQuery", 2000, false, pass, (s: Handle)}
             {cuStreamQuery_ptsz, "cuStreamQuery", 7000, true, pass, (s: Handle)}
             {cuStreamBeginCapture_v2, "cuStreamBeginCapture", 10010, false, pass, (s: Handle, mode: c_int)}

@@ -305,7 +305,7 @@ fn every_entry_point_row_is_documented_and_tested() {
     let names: Vec<&String> = rows.iter().map(|r| &r.0).collect();
     for (sym, action, test) in &rows {
         assert!(
-            ["init", "lookup", "count", "free", "cap", "gate", "context", "pass"]
+            ["init", "lookup", "count", "free", "cap", "gate", "context", "sync", "pass"]
                 .contains(&action.as_str()),
             "{sym}: unknown action {action}"
         );
@@ -1187,4 +1187,143 @@ fn a_trainer_ignoring_sigterm_is_released_before_a_sigkill_exactly_at_killwait()
     assert!(out.status.success(), "{out:?}");
     let r = kv(&String::from_utf8_lossy(&out.stdout));
     assert!(!r.contains_key("error"), "{r:?}");
+}
+/// Counting mode (online jobs): each stream-synchronize row ends the busy
+/// period its launches began, so the online page gets windows; the cap is
+/// not applied (1 byte here) and nothing is refused.
+#[test]
+fn sync_rows_end_the_online_busy_period() {
+    use muxflow::online_page::{Record, RECORD_BYTES};
+    use muxflow::xcuda_env::{MEM_LIMIT_BYTES, ONLINE_PAGE, ROLE};
+    let sim = Sim::new();
+    let cases: &[(&str, &[&str])] = &[
+        (
+            "cuStreamSynchronize (the service's per-request sync)",
+            &[
+                "online",
+                "--duration",
+                "1.5",
+                "--rate",
+                "200",
+                "--kernel-us",
+                "100",
+            ],
+        ),
+        (
+            "cuCtxSynchronize (what torch.cuda.synchronize() calls)",
+            &[
+                "online",
+                "--duration",
+                "1.5",
+                "--rate",
+                "200",
+                "--kernel-us",
+                "100",
+                "--ctx-sync",
+            ],
+        ),
+        (
+            "cuStreamSynchronize_ptsz (per-thread default stream)",
+            &[
+                "offline",
+                "--duration",
+                "1.5",
+                "--kernels-per-step",
+                "2",
+                "--kernel-us",
+                "200",
+                "--alloc-mib",
+                "4",
+            ],
+        ),
+    ];
+    for (i, (name, args)) in cases.iter().enumerate() {
+        let page = sim.root.join(format!("page{i}"));
+        std::fs::write(&page, [0u8; RECORD_BYTES]).unwrap();
+        let mut c = sim.workload(args, true);
+        c.env(ROLE, "online")
+            .env(ONLINE_PAGE, &page)
+            .env(MEM_LIMIT_BYTES, "1");
+        let (o, r) = run(c);
+        assert!(o.status.success(), "{name}: {o:?}");
+        assert!(!r.contains_key("error"), "{name}: {r:?}");
+        let bytes: [u8; RECORD_BYTES] = std::fs::read(&page).unwrap().try_into().unwrap();
+        let rec = Record::decode(&bytes).unwrap_or_else(|| panic!("{name}: page never written"));
+        assert!(rec.launches > 0, "{name}: {rec:?}");
+        assert!(
+            rec.window_at_ns > 0 && rec.baseline_ns_per_launch > 0.0,
+            "{name}: no busy period timed: {rec:?}"
+        );
+    }
+}
+
+/// The offline gate brakes on the online page with the clock flat and the
+/// GPU idle (the clock law sees room), and ignores a page others may write.
+#[test]
+fn an_offline_gate_brakes_on_a_hurt_online_page_and_not_on_a_forged_one() {
+    use muxflow::online_page::{now_ns, Record};
+    use muxflow::xcuda_env::ONLINE_PAGE;
+    use std::os::unix::fs::PermissionsExt;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let sim = Sim::new();
+    let dir = sim.root.join("online");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    for (name, mode, brakes) in [
+        ("the online job's page (0644)", 0o644, true),
+        (
+            "a page anyone may write (0666): forged, ignored",
+            0o666,
+            false,
+        ),
+    ] {
+        let page = dir.join("0");
+        let _ = std::fs::remove_file(&page);
+        std::fs::write(&page, Record::default().encode()).unwrap();
+        std::fs::set_permissions(&page, std::fs::Permissions::from_mode(mode)).unwrap();
+        // An online job 50 % slower than its baseline, window after window.
+        let stop = Arc::new(AtomicBool::new(false));
+        let writer = {
+            let (page, stop) = (page.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut seq = 0;
+                while !stop.load(Ordering::SeqCst) {
+                    seq += 1;
+                    let now = now_ns();
+                    let r = Record {
+                        seq,
+                        heartbeat_ns: now,
+                        window_at_ns: now,
+                        window_ns_per_launch: 1.5e6,
+                        baseline_ns_per_launch: 1.0e6,
+                        launches: seq * 10,
+                    };
+                    let _ = std::fs::write(&page, r.encode());
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            })
+        };
+        let mut c = sim.workload(
+            &[
+                "offline",
+                "--duration",
+                "2",
+                "--kernels-per-step",
+                "4",
+                "--kernel-us",
+                "200",
+            ],
+            true,
+        );
+        c.env(ONLINE_PAGE, &page);
+        let child = c.spawn().unwrap();
+        let pid = child.id();
+        let o = child.wait_with_output().unwrap();
+        stop.store(true, Ordering::SeqCst);
+        writer.join().unwrap();
+        assert!(o.status.success(), "{name}: {o:?}");
+        let s = sim.stats_of(pid).unwrap();
+        assert_eq!(s["delayed"] > 0, brakes, "{name}: {s:?}");
+    }
 }

@@ -54,6 +54,10 @@ enum Mode {
         /// Memory held for the whole run (model weights, KV cache), MiB.
         #[arg(long, default_value_t = 0)]
         alloc_mib: u64,
+        /// Wait for each request with cuCtxSynchronize (what PyTorch's
+        /// torch.cuda.synchronize() calls) instead of cuStreamSynchronize.
+        #[arg(long)]
+        ctx_sync: bool,
         #[arg(long, default_value_t = 0)]
         device: c_int,
     },
@@ -73,6 +77,11 @@ enum Mode {
         /// Replay each step as a captured CUDA graph (cuGraphLaunch).
         #[arg(long)]
         graph: bool,
+        /// Host time after each step (data loading, the framework), us: a
+        /// trainer that leaves the GPU idle part of the time, as the real
+        /// one of real-gpu/README.md (40 % busy alone).
+        #[arg(long, default_value_t = 0)]
+        host_us: u64,
         #[arg(long, default_value_t = 0)]
         device: c_int,
         /// Checkpoint file: resumed from at start (`step=N`), written on a
@@ -329,6 +338,7 @@ fn main() {
                     kernel_us,
                     blocks,
                     alloc_mib,
+                    ctx_sync,
                     ..
                 } => {
                     let name = CString::new(format!("sim_kernel_{kernel_us}us")).unwrap();
@@ -374,10 +384,14 @@ fn main() {
                                     "cuLaunchKernel",
                                 )?;
                             }
-                            ok(
-                                (cu.stream_sync)(std::ptr::null_mut()),
-                                "cuStreamSynchronize",
-                            )
+                            if ctx_sync {
+                                ok((cu.ctx_sync)(), "cuCtxSynchronize")
+                            } else {
+                                ok(
+                                    (cu.stream_sync)(std::ptr::null_mut()),
+                                    "cuStreamSynchronize",
+                                )
+                            }
                         })();
                         if r.is_err() {
                             res = r;
@@ -407,6 +421,7 @@ fn main() {
                     checkpoint,
                     checkpoint_on,
                     progress,
+                    host_us,
                     ..
                 } => {
                     let name = CString::new(format!("sim_kernel_{kernel_us}us")).unwrap();
@@ -509,6 +524,9 @@ fn main() {
                         steps += 1;
                         if let Some(p) = &progress {
                             write_step(p, steps);
+                        }
+                        if host_us > 0 {
+                            std::thread::sleep(Duration::from_micros(host_us));
                         }
                     }
                     if res.is_ok()

@@ -35,6 +35,10 @@ enum Cmd {
         /// Telemetry window in ms.
         #[arg(long, default_value_t = 1000)]
         window_ms: u64,
+        /// Contention mode: t4-like (power capping) or h100-like (clock flat,
+        /// shared-path slowdown). simgpu/README.md, "The contention model".
+        #[arg(long, default_value = "t4-like")]
+        model: muxflow_simgpu::config::GpuModel,
     },
     /// Print a telemetry table of every simulated GPU.
     Table { dir: PathBuf },
@@ -80,6 +84,7 @@ fn run() -> Result<(), String> {
             max_sm_clock_mhz,
             name,
             window_ms,
+            model,
         } => {
             let mut t = GpuConfig::h100_like(0, 0);
             t.sm_count = sm_count;
@@ -87,6 +92,7 @@ fn run() -> Result<(), String> {
             t.max_sm_clock_mhz = max_sm_clock_mhz;
             t.name = name;
             t.window_ms = window_ms;
+            t.model = model;
             state::init(&dir, gpus, nodes, &t).map_err(|e| e.to_string())?;
         }
         Cmd::Table { dir } => {

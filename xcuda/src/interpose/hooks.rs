@@ -19,7 +19,7 @@ use crate::abi::types::*;
 use crate::abi::{cu, Array3dDesc, Array3dDescV1, ArrayDesc, ArrayDescV1, MemAllocNodeParams};
 use crate::lifecycle::start;
 use crate::state::memcap::{array_bytes, Kind};
-use crate::state::{contexts, gate, memcap, Source};
+use crate::state::{contexts, gate, memcap, online, Source};
 use crate::sys::driver::{self, COUNT};
 
 /// One entry point of the list: `symbol` is the exported name
@@ -157,7 +157,11 @@ macro_rules! act {
     ($real:ident, ($($a:ident),*), lookup($sym:ident, $pfn:ident)) => {
         proc_address($sym, $pfn, $real($($a),*))
     };
-    ($real:ident, ($($a:ident),*), gate) => { gate().pass(|| $real($($a),*)) };
+    ($real:ident, ($($a:ident),*), gate) => {{
+        online::on_launch();
+        gate().pass(|| $real($($a),*))
+    }};
+    ($real:ident, ($($a:ident),*), sync) => { online::on_sync($real($($a),*)) };
     ($real:ident, ($($a:ident),*), count($kind:ident, $size:ident, $out:ident)) => {
         alloc(Kind::$kind, $size as u64, $out, || $real($($a),*))
     };

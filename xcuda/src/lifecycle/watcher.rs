@@ -206,6 +206,7 @@ fn run(s: &'static Settings) {
     }
     drop(b);
     let mut controller = Controller::new(Params::from_env(&s.env));
+    let mut online = super::online_gate::OnlineGate::new(s);
     let mut health_logged = false;
     let mut last_housekeeping = Instant::now();
     while !gate.shutting_down() {
@@ -216,6 +217,7 @@ fn run(s: &'static Settings) {
             Some(x) => controller.step(&x),
             None => controller.delay(),
         };
+        let delay = online.combine(delay);
         if !paused {
             gate.set(Mode::Delay(delay));
         }

@@ -7,6 +7,7 @@ pub mod contexts;
 pub mod controller;
 pub mod gate;
 pub mod memcap;
+pub mod online;
 pub mod settings;
 pub mod stats;
 
@@ -27,7 +28,11 @@ pub fn gate() -> &'static Gate {
 
 pub fn memcap() -> &'static MemCap {
     static M: OnceLock<MemCap> = OnceLock::new();
-    M.get_or_init(|| MemCap::new(settings().env.mem_limit_bytes))
+    // Counting mode caps nothing (its allocations are still counted).
+    M.get_or_init(|| match settings().env.role {
+        muxflow::xcuda_env::Role::Online => MemCap::new(None),
+        muxflow::xcuda_env::Role::Offline => MemCap::new(settings().env.mem_limit_bytes),
+    })
 }
 
 pub fn contexts() -> &'static Contexts {
