@@ -15,9 +15,44 @@ pub fn shorten(value: &str) -> String {
     }
 }
 
+/// `value` safe to print on a terminal: each control character (a line
+/// break, ESC starting a terminal sequence, …) shown as its escape
+/// (`\n`, `\u{1b}`), so a job name cannot move the cursor, recolour the
+/// screen or forge a line of a table it appears in.
+pub fn printable(value: &str) -> std::borrow::Cow<'_, str> {
+    if !value.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(value);
+    }
+    std::borrow::Cow::Owned(
+        value
+            .chars()
+            .map(|c| {
+                if c.is_control() {
+                    c.escape_default().to_string()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn control_characters_print_as_their_escapes() {
+        for (value, shown) in [
+            ("train-x", "train-x"),
+            ("a\nJOB 1 forged", "a\\nJOB 1 forged"),
+            ("\u{1b}]0;title\u{7}x", "\\u{1b}]0;title\\u{7}x"),
+            ("tab\there", "tab\\there"),
+            ("naïve", "naïve"),
+        ] {
+            assert_eq!(printable(value), shown, "{value:?}");
+        }
+    }
 
     #[test]
     fn short_values_are_whole_and_long_ones_cut_with_their_length() {

@@ -1077,7 +1077,7 @@ impl Plan {
                 s,
                 "{:<8} {:<16} {:<6} {:<10} {:>3} {:>11}  {}",
                 d.job,
-                d.name,
+                muxflow::text::printable(&d.name),
                 d.action.as_str(),
                 d.node.as_deref().unwrap_or("-"),
                 if d.gpus.is_empty() {

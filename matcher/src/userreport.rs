@@ -270,7 +270,10 @@ impl std::fmt::Display for UserReport {
         writeln!(
             f,
             "job {} ({}), {} muxflow job, {}",
-            self.job_id, self.name, self.mode, self.state
+            self.job_id,
+            muxflow::text::printable(&self.name),
+            self.mode,
+            self.state
         )?;
         writeln!(
             f,
