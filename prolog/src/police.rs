@@ -205,8 +205,8 @@ pub fn police_gpu(
     let used: BTreeMap<u32, Option<u64>> =
         nvml_processes.iter().map(|p| (p.pid, p.used_mib)).collect();
     let pids: BTreeSet<u32> = clients.keys().chain(used.keys()).copied().collect();
-    let xcuda = std::fs::canonicalize(config.paths.xcuda_library.as_path())
-        .unwrap_or_else(|_| config.paths.xcuda_library.as_path().to_path_buf());
+    // xCUDA is known by the file itself (device and inode), not its name.
+    let xcuda = FileId::of(config.paths.xcuda_library.as_path());
     let mut out = Vec::new();
     let mut evict: Vec<Eviction> = Vec::new();
     let mut peaks: BTreeMap<u32, u64> = BTreeMap::new();
@@ -232,7 +232,7 @@ pub fn police_gpu(
             }
         };
         let facts = Facts {
-            xcuda_mapped: maps_contain(procfs, pid, &xcuda),
+            xcuda_mapped: xcuda.is_some_and(|id| maps_executable(procfs, pid, id)),
             env: environ(procfs, pid),
             used_mib: used.get(&pid).copied().flatten(),
             mps_server: clients.get(&pid).copied(),
@@ -624,14 +624,57 @@ pub fn spawn_watcher(config_path: &Path, job: u32) {
     }
 }
 
-/// Whether `lib` is mapped in the process (`/proc/<pid>/maps` ends each
-/// file mapping with its path).
-fn maps_contain(procfs: &Procfs, pid: u32, lib: &Path) -> bool {
-    let Ok(maps) = std::fs::read(procfs.path(pid, "maps")) else {
+/// A file as the kernel knows it: its device (major, minor) and inode, as
+/// `/proc/<pid>/maps` shows them for each file mapping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileId {
+    pub major: u64,
+    pub minor: u64,
+    pub inode: u64,
+}
+
+impl FileId {
+    /// The file at `path` (symlinks followed: the loader maps the target).
+    pub fn of(path: &Path) -> Option<FileId> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path).ok()?;
+        let dev = m.dev();
+        Some(FileId {
+            major: u64::from(libc::major(dev)),
+            minor: u64::from(libc::minor(dev)),
+            inode: m.ino(),
+        })
+    }
+}
+
+/// Whether the process maps the file `lib` executable: a line of its
+/// `/proc/<pid>/maps` (`address perms offset dev inode path`) with `x` in
+/// its permissions and the file's device and inode. The path is not read:
+/// a library of the same name elsewhere (`/tmp/u/<xCUDA's path>`) or the
+/// real file mapped read-only does not pass; a bind mount (containers)
+/// keeps the device and inode and does.
+fn maps_executable(procfs: &Procfs, pid: u32, lib: FileId) -> bool {
+    let Ok(maps) = std::fs::read_to_string(procfs.path(pid, "maps")) else {
         return false;
     };
-    let lib = lib.as_os_str().as_encoded_bytes();
-    maps.split(|b| *b == b'\n').any(|l| l.ends_with(lib))
+    maps.lines().any(|l| maps_line_is(l, lib))
+}
+
+/// One `/proc/<pid>/maps` line maps `lib` executable.
+fn maps_line_is(line: &str, lib: FileId) -> bool {
+    let mut f = line.split_whitespace();
+    let (Some(_addr), Some(perms), Some(_offset), Some(dev), Some(inode)) =
+        (f.next(), f.next(), f.next(), f.next(), f.next())
+    else {
+        return false;
+    };
+    let Some((major, minor)) = dev.split_once(':') else {
+        return false;
+    };
+    perms.as_bytes().get(2) == Some(&b'x')
+        && u64::from_str_radix(major, 16).ok() == Some(lib.major)
+        && u64::from_str_radix(minor, 16).ok() == Some(lib.minor)
+        && inode.parse::<u64>().ok() == Some(lib.inode)
 }
 
 /// The MPS variables of the process's starting environment.
@@ -762,6 +805,46 @@ fn record(ns: &NodeState, job: u32, pid: u32, verdict: &Verdict) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn xcuda_is_known_by_its_file_and_an_executable_mapping_not_its_name() {
+        let lib = FileId {
+            major: 0xfd,
+            minor: 1,
+            inode: 4242,
+        };
+        for (line, mapped, what) in [
+            (
+                "7f00-7f10 r-xp 00000000 fd:01 4242 /usr/lib/libmuxflow_xcuda.so",
+                true,
+                "the real file, executable",
+            ),
+            (
+                "7f00-7f10 r-xp 00000000 fd:01 4242 /enroot/rootfs/usr/lib/libmuxflow_xcuda.so",
+                true,
+                "bind-mounted into a container",
+            ),
+            (
+                "7f00-7f10 r--p 00000000 fd:01 4242 /usr/lib/libmuxflow_xcuda.so",
+                false,
+                "the real file mapped read-only",
+            ),
+            (
+                "7f00-7f10 r-xp 00000000 fd:01 9999 /tmp/u/usr/lib/libmuxflow_xcuda.so",
+                false,
+                "another file ending with its path",
+            ),
+            (
+                "7f00-7f10 r-xp 00000000 08:02 4242 /usr/lib/libmuxflow_xcuda.so",
+                false,
+                "same inode on another device",
+            ),
+            ("7f00-7f10 rw-p 00000000 00:00 0", false, "anonymous"),
+            ("garbage", false, "not a maps line"),
+        ] {
+            assert_eq!(maps_line_is(line, lib), mapped, "{what}");
+        }
+    }
     use muxflow::config::Xcuda;
     use muxflow::xcuda_env::XcudaEnv;
 

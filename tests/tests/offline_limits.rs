@@ -82,6 +82,15 @@ fn a_job_that_drops_its_limits_is_evicted_and_told_why_and_the_online_job_runs_o
             by_mps: true,
         },
         Attack {
+            name: "another library at a path ending with xCUDA's (the police read names before)",
+            shell: "X=${LD_PRELOAD%%:*}; D=/tmp/mfl-fake-$$\n\
+                    mkdir -p \"$D$(dirname \"$X\")\" && cp /lib/x86_64-linux-gnu/libm.so.6 \"$D$X\"\n\
+                    export LD_PRELOAD=\"$D$X\"",
+            code: "no_xcuda",
+            reason: "xCUDA is not loaded",
+            by_mps: true,
+        },
+        Attack {
             name: "priority 0",
             shell: "export CUDA_MPS_CLIENT_PRIORITY=0",
             code: "priority",
