@@ -352,12 +352,7 @@ impl RemoteState {
             JOB_REPORT_VAR,
             stats.join("job.report").to_string_lossy().as_ref(),
         );
-        let current = spank.getenv("LD_PRELOAD").ok().flatten();
-        set(
-            spank,
-            "LD_PRELOAD",
-            &preload::prepend(xcuda, current.as_deref()),
-        );
+        preload_xcuda(spank, xcuda);
         Ok(())
     }
 
@@ -577,13 +572,18 @@ fn prepare_online(
         unset(spank, var);
     }
     set(spank, xcuda_env::LIMITS_DIR, dir.to_string_lossy().as_ref());
+    preload_xcuda(spank, xcuda);
+    Ok(())
+}
+
+/// Puts the admin's xCUDA first in the step's `LD_PRELOAD` (de-duplicated).
+fn preload_xcuda(spank: &mut SpankHandle, xcuda: &Path) {
     let current = spank.getenv("LD_PRELOAD").ok().flatten();
     set(
         spank,
         "LD_PRELOAD",
         &preload::prepend(xcuda, current.as_deref()),
     );
-    Ok(())
 }
 
 /// How long after SIGTERM xCUDA may leave job `job` its GPU: Slurm's
