@@ -419,6 +419,10 @@ pub struct Health {
     /// by the health steps) stays once no muxflow job is on the node and no
     /// step has asked for it.
     pub sampler_linger_s: u64,
+    /// A job recorded on a GPU longer than this that Slurm no longer runs on
+    /// the node (its Epilog never ran: slurmd restarted, the Epilog was
+    /// killed) is forgotten by the health check, as its Epilog would have.
+    pub forget_gone_jobs_after_s: u64,
 }
 
 impl Default for Health {
@@ -441,6 +445,7 @@ impl Default for Health {
             publish_refresh_s: 300,
             police_interval_ms: 1000,
             sampler_linger_s: 30,
+            forget_gone_jobs_after_s: 300,
         }
     }
 }
@@ -780,6 +785,14 @@ impl Config {
                 "",
             ),
             r("health", "min_dwell_s", h.min_dwell_s, 0, DAY_S, ""),
+            r(
+                "health",
+                "forget_gone_jobs_after_s",
+                h.forget_gone_jobs_after_s,
+                1,
+                DAY_S,
+                "a record is younger than its job's first listing in Slurm only for moments; a day keeps a GPU that long in the state of a job that is gone",
+            ),
             r(
                 "health",
                 "police_interval_ms",

@@ -279,6 +279,21 @@ impl NodeState {
         }
     }
 
+    /// When job `job_id`'s record on GPU `gpu` was written (its Prolog);
+    /// None when it is not recorded.
+    pub fn job_recorded_at(
+        &self,
+        gpu: u32,
+        job_id: u32,
+    ) -> Result<Option<std::time::SystemTime>, StateError> {
+        let path = self.job_path(gpu, job_id);
+        match fs::metadata(&path).and_then(|m| m.modified()) {
+            Ok(t) => Ok(Some(t)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(StateError::Io { path, source: e }),
+        }
+    }
+
     /// The muxflow jobs recorded on GPU `gpu`, by job id.
     pub fn jobs(&self, gpu: u32) -> Result<Vec<JobRecord>, StateError> {
         let dir = self.gpu_dir(gpu).join("jobs");

@@ -799,6 +799,37 @@ impl Cluster {
         );
     }
 
+    /// What a failed wait on `node` needs to be understood: the jobs its
+    /// state directory records per GPU, Slurm's jobs there, and the
+    /// simulated GPUs' clients with their processes.
+    pub fn node_picture(&self, config: &Path, node: &str) -> String {
+        let ns = self.node_state(config, node);
+        let mut out = String::new();
+        for gpu in ns.gpus().unwrap_or_default() {
+            out += &format!("recorded on gpu{gpu}: {:?}\n", ns.jobs(gpu));
+        }
+        let mut q = self.cmd("squeue");
+        q.args(["-h", "-w", node, "-o", "%A %j %T"]);
+        out += &format!("squeue -w {node}:\n{}", self.run(q).1);
+        let mut t = Command::new(target().join("simgpu-ctl"));
+        t.arg("table").arg(self.dir.join("sim/state"));
+        let table = self.run(t).1;
+        out += &table;
+        for pid in table
+            .lines()
+            .filter(|l| l.starts_with(node))
+            .filter_map(|l| l.split_once('[').map(|(_, clients)| clients))
+            .flat_map(|clients| clients.split([']', ',', ' ']))
+            .filter_map(|w| w.split(':').next()?.parse::<u32>().ok())
+        {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+                .unwrap_or_else(|e| format!("({e})"));
+            out += &format!("pid {pid}: {cmdline}\n");
+        }
+        out
+    }
+
     /// Runs health steps on `node` until `done()` holds (it may also be a
     /// step slurmd runs meanwhile that gets it there); returns the last
     /// step's log. Panics naming `what` after 60 s.
@@ -817,8 +848,9 @@ impl Cluster {
             }
             assert!(
                 start.elapsed() < Duration::from_secs(60),
-                "never reached: {what}; published {:?}\nlast step:\n{log}",
-                self.published(node)
+                "never reached: {what}; published {:?}\nlast step:\n{log}\n{}",
+                self.published(node),
+                self.node_picture(config, node)
             );
             std::thread::sleep(Duration::from_millis(300));
         }

@@ -491,28 +491,83 @@ fn warn(scontrol: &Scontrol, online_job: u32, victims: &[u32]) -> std::time::Dur
 /// Epilog: forget the job; stop a GPU's daemon when no muxflow job is left.
 pub fn end(config: &Config, env: &JobEnv) -> Result<()> {
     let Some(job) = job(env)? else { return Ok(()) };
-    let state = NodeState::new(config.paths.state_dir.as_path());
+    forget(
+        config,
+        &NodeState::new(config.paths.state_dir.as_path()),
+        job.id,
+    )
+}
+
+/// What the Epilog does for job `job_id`: its records, its GPUs' daemons
+/// once no muxflow job is left on them, its refusal, statistics and limits.
+fn forget(config: &Config, state: &NodeState, job_id: u32) -> Result<()> {
     for gpu in state.gpus()? {
         let lock = state.lock_gpu(gpu)?;
-        if !state.remove_job(&lock, gpu, job.id)? {
+        if !state.remove_job(&lock, gpu, job_id)? {
             continue;
         }
-        tracing::info!(job = job.id, gpu, "forgot muxflow job");
+        tracing::info!(job = job_id, gpu, "forgot muxflow job");
         if state.jobs(gpu)?.is_empty() {
             stop_daemon(&MpsDaemon::for_gpu(config, gpu));
         }
     }
-    if let Err(e) = state.forget_refusal(job.id) {
-        tracing::warn!(job = job.id, "{e}");
+    if let Err(e) = state.forget_refusal(job_id) {
+        tracing::warn!(job = job_id, "{e}");
     }
-    let stats = state.xcuda_stats_dir(job.id);
+    let stats = state.xcuda_stats_dir(job_id);
     match std::fs::remove_dir_all(&stats) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => tracing::warn!(job = job.id, "cannot remove {}: {e}", stats.display()),
+        Err(e) => tracing::warn!(job = job_id, "cannot remove {}: {e}", stats.display()),
     }
-    remove_limits_files(&state, job.id);
+    remove_limits_files(state, job_id);
     Ok(())
+}
+
+/// The health check's sweep: a job recorded on a GPU for at least `[health]
+/// forget_gone_jobs_after_s` that Slurm no longer lists on `node` (its
+/// Epilog never ran: slurmd restarted, the Epilog was killed) is forgotten
+/// as its Epilog would have, so the GPU does not stay taken by it. When
+/// Slurm cannot be asked, nothing is forgotten.
+pub fn forget_gone_jobs(config: &Config, node: &str, now: std::time::SystemTime) -> Result<()> {
+    let state = NodeState::new(config.paths.state_dir.as_path());
+    let after = std::time::Duration::from_secs(config.health.forget_gone_jobs_after_s);
+    let mut old = std::collections::BTreeSet::new();
+    for gpu in state.gpus()? {
+        for record in state.jobs(gpu)? {
+            let written = state.job_recorded_at(gpu, record.job_id)?;
+            if written.is_some_and(|t| now.duration_since(t).unwrap_or_default() >= after) {
+                old.insert(record.job_id);
+            }
+        }
+    }
+    if old.is_empty() {
+        return Ok(());
+    }
+    // Every state but finished ones (running, configuring, completing,
+    // suspended): a job in its Epilog is still listed.
+    let listed = Scontrol::new(config)
+        .command("squeue", &["-h", "-w", node, "-o", "%A"])
+        .with_context(|| format!("asking Slurm which jobs run on {node}"))?;
+    let on_node = parse_job_ids(&listed)
+        .with_context(|| format!("squeue's job list for {node}: '{}'", listed.trim()))?;
+    for job_id in old.difference(&on_node) {
+        tracing::warn!(
+            job = job_id,
+            "job recorded here for over {after:?} is not on this node in Slurm (its Epilog never ran?); forgetting it as its Epilog would"
+        );
+        forget(config, &state, *job_id)?;
+    }
+    Ok(())
+}
+
+/// Job ids, one per line (`squeue -o %A`).
+fn parse_job_ids(text: &str) -> Result<std::collections::BTreeSet<u32>> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(|l| l.parse::<u32>().with_context(|| format!("job id '{l}'")))
+        .collect()
 }
 
 /// Evicts stragglers (clients whose job is gone but whose process lingers)
@@ -575,6 +630,15 @@ fn remove_limits_files(state: &NodeState, job_id: u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn squeue_job_lists_read_as_ids_and_anything_else_is_refused() {
+        let ids = parse_job_ids("12\n 345 \n\n").unwrap();
+        assert_eq!(ids.into_iter().collect::<Vec<_>>(), [12, 345]);
+        assert!(parse_job_ids("").unwrap().is_empty());
+        let e = parse_job_ids("12\nsqueue: error: x\n").unwrap_err();
+        assert!(format!("{e:#}").contains("squeue: error: x"), "{e:#}");
+    }
 
     #[test]
     fn an_online_job_requeues_every_offline_job_on_its_gpus() {

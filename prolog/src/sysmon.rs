@@ -84,6 +84,12 @@ pub fn report(config: &Config, env: &JobEnv) -> anyhow::Result<Vec<String>> {
 pub fn step(config: &Config, env: &JobEnv, trigger: Trigger) -> anyhow::Result<()> {
     // `config` comes from run_contained with `{node}` already expanded.
     let node = node_name(env)?;
+    if trigger.is_health_check() {
+        // Before the step, so a GPU freed here is stepped as free.
+        if let Err(e) = crate::job::forget_gone_jobs(config, &node, std::time::SystemTime::now()) {
+            tracing::warn!(%node, "looking for jobs whose Epilog never ran: {e:#}");
+        }
+    }
     let started = crate::sampler::ensure(config, &node).is_some();
     let watch = match trigger {
         Trigger::HealthCheck | Trigger::HealthReport => {

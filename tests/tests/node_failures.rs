@@ -333,3 +333,52 @@ fn a_hung_slurmctld_costs_the_prolog_one_timeout_and_loses_no_job() {
     assert_eq!(end.state, "COMPLETED", "{end:?}");
     c.assert_no_drain();
 }
+
+/// A job whose Epilog never ran (slurmd restarted in it, the Epilog was
+/// killed) leaves its record on the GPU, which then stays taken by a job
+/// that is gone. The health check forgets such a record once Slurm no
+/// longer lists the job on the node, and keeps a running job's.
+#[test]
+fn a_job_whose_epilog_never_ran_is_forgotten_and_a_running_one_is_kept() {
+    let _one = one_at_a_time();
+    let c = Cluster::get();
+    let node = "node1";
+    const PREFIX: &str = "mfg-";
+    c.cancel_named(PREFIX);
+    let _cancel = muxflow_tests::CancelNamed(&c, PREFIX);
+    let cfg = c.health_config(
+        "gone-jobs",
+        "min_dwell_s = 1\nrecovery_quiet_s = 1\nforget_gone_jobs_after_s = 1",
+    );
+    let (online, gpu) = c.online_workload(&format!("{PREFIX}online"), node, 0.2, 1000);
+    let ns = c.node_state(&cfg, node);
+    let recorded = |id: u32| ns.jobs(gpu).unwrap().iter().any(|r| r.job_id == id);
+    assert!(recorded(online), "{:?}", ns.jobs(gpu));
+
+    // An id Slurm never gave (its first ids are small): an offline job's
+    // record on the online job's GPU, as its Prolog wrote it.
+    const GONE: u32 = 3_999_999;
+    {
+        let lock = ns.lock_gpu(gpu).unwrap();
+        let record = muxflow::node_state::JobRecord {
+            job_id: GONE,
+            mode: muxflow::Mode::Offline,
+            uid: 65534,
+            slots: vec![0],
+        };
+        ns.add_job(&lock, gpu, &record).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(1200));
+    let log = c.step_until(&cfg, node, "the gone job forgotten", || !recorded(GONE));
+    assert!(
+        log.contains("is not on this node in Slurm") && log.contains(&GONE.to_string()),
+        "{log}"
+    );
+    assert!(recorded(online), "the running job's record was kept");
+    // The GPU is its online job's alone again: Healthy, no offline job.
+    c.settle_healthy(&cfg, node, gpu, 1000);
+    assert_eq!(c.published_gpu(node, gpu).offline, 0);
+    c.scancel(&[online]);
+    c.sim_load(node, gpu, 0.0);
+    c.assert_no_drain();
+}
