@@ -132,9 +132,14 @@ fn two_offline_jobs_share_one_gpu_beside_an_online_job_under_one_brake() {
         // the slot (Resources) and never runs beside it.
         c.wait_running(offline[0], WAIT);
         waits_for_resources(&c, offline[1]);
-        for id in offline.into_iter().chain([online]) {
-            c.scancel(&[id]);
+        let all: Vec<u32> = offline.into_iter().chain([online]).collect();
+        c.scancel(&all);
+        // Gone before the next test binary uses the node (a trainer left
+        // running keeps the GPU Busy for it).
+        for id in all {
+            c.wait(id, WAIT);
         }
+        c.sim_load(NODE, gpu, 0.0);
         return;
     }
 
