@@ -445,7 +445,7 @@ impl Default for Health {
             publish_refresh_s: 300,
             police_interval_ms: 1000,
             sampler_linger_s: 30,
-            forget_gone_jobs_after_s: 300,
+            forget_gone_jobs_after_s: 60,
         }
     }
 }

@@ -225,17 +225,30 @@ pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
     }
     let mut recorded = Vec::new();
     for &HeldSlots { gpu, count } in &held {
-        let lock = state.lock_gpu(gpu)?;
+        let mut lock = state.lock_gpu(gpu)?;
         // An offline job takes `count` free slots of the GPU (as many as
         // Slurm gave it), under the lock: two Prologs never pick the same
         // one, so the parts of the jobs there never add up to more than the
         // GPU's budget (muxflow::policy::offline_slot_share).
-        let on_gpu = state.jobs(gpu).unwrap_or_default();
+        let mut on_gpu = state.jobs(gpu).unwrap_or_default();
         let per_gpu = config.policy.offline_per_gpu;
-        let slots = match job.mode {
+        let pick = |on_gpu: &[JobRecord]| match job.mode {
             Mode::Online => Some(Vec::new()),
-            Mode::Offline => free_offline_slots(&on_gpu, job.id, per_gpu, count),
+            Mode::Offline => free_offline_slots(on_gpu, job.id, per_gpu, count),
         };
+        let mut slots = pick(&on_gpu);
+        if slots.is_none() {
+            // Slurm gave this job the slots: a record holding them for a job
+            // Slurm no longer runs here is one whose Epilog never ran.
+            drop(lock);
+            let others = on_gpu.iter().map(|r| r.job_id).filter(|&id| id != job.id);
+            if let Err(e) = forget_those_gone(config, &state, &job.node, &others.collect()) {
+                tracing::warn!(job = job.id, gpu, "{e:#}");
+            }
+            lock = state.lock_gpu(gpu)?;
+            on_gpu = state.jobs(gpu).unwrap_or_default();
+            slots = pick(&on_gpu);
+        }
         let Some(slots) = slots else {
             drop(lock);
             let others: Vec<&JobRecord> = on_gpu
@@ -527,21 +540,40 @@ fn forget(config: &Config, state: &NodeState, job_id: u32) -> Result<()> {
 /// The health check's sweep: a job recorded on a GPU for at least `[health]
 /// forget_gone_jobs_after_s` that Slurm no longer lists on `node` (its
 /// Epilog never ran: slurmd restarted, the Epilog was killed) is forgotten
-/// as its Epilog would have, so the GPU does not stay taken by it. When
-/// Slurm cannot be asked, nothing is forgotten.
-pub fn forget_gone_jobs(config: &Config, node: &str, now: std::time::SystemTime) -> Result<()> {
+/// as its Epilog would have, so the GPU does not stay taken by it. A job
+/// with a process on one of the node's GPUs (`on_gpus`) is kept; when Slurm
+/// cannot be asked, nothing is forgotten.
+pub fn forget_gone_jobs(
+    config: &Config,
+    node: &str,
+    now: std::time::SystemTime,
+    on_gpus: &std::collections::BTreeSet<u32>,
+) -> Result<()> {
     let state = NodeState::new(config.paths.state_dir.as_path());
     let after = std::time::Duration::from_secs(config.health.forget_gone_jobs_after_s);
     let mut old = std::collections::BTreeSet::new();
     for gpu in state.gpus()? {
         for record in state.jobs(gpu)? {
             let written = state.job_recorded_at(gpu, record.job_id)?;
-            if written.is_some_and(|t| now.duration_since(t).unwrap_or_default() >= after) {
+            let old_enough =
+                written.is_some_and(|t| now.duration_since(t).unwrap_or_default() >= after);
+            if old_enough && !on_gpus.contains(&record.job_id) {
                 old.insert(record.job_id);
             }
         }
     }
-    if old.is_empty() {
+    forget_those_gone(config, &state, node, &old)
+}
+
+/// Forgets those of `jobs` that Slurm does not list on `node`, as their
+/// Epilog would have.
+fn forget_those_gone(
+    config: &Config,
+    state: &NodeState,
+    node: &str,
+    jobs: &std::collections::BTreeSet<u32>,
+) -> Result<()> {
+    if jobs.is_empty() {
         return Ok(());
     }
     // Every state but finished ones (running, configuring, completing,
@@ -551,12 +583,12 @@ pub fn forget_gone_jobs(config: &Config, node: &str, now: std::time::SystemTime)
         .with_context(|| format!("asking Slurm which jobs run on {node}"))?;
     let on_node = parse_job_ids(&listed)
         .with_context(|| format!("squeue's job list for {node}: '{}'", listed.trim()))?;
-    for job_id in old.difference(&on_node) {
+    for job_id in jobs.difference(&on_node) {
         tracing::warn!(
             job = job_id,
-            "job recorded here for over {after:?} is not on this node in Slurm (its Epilog never ran?); forgetting it as its Epilog would"
+            "job recorded here is not on this node in Slurm (its Epilog never ran?); forgetting it as its Epilog would"
         );
-        forget(config, &state, *job_id)?;
+        forget(config, state, *job_id)?;
     }
     Ok(())
 }

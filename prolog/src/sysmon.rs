@@ -84,12 +84,6 @@ pub fn report(config: &Config, env: &JobEnv) -> anyhow::Result<Vec<String>> {
 pub fn step(config: &Config, env: &JobEnv, trigger: Trigger) -> anyhow::Result<()> {
     // `config` comes from run_contained with `{node}` already expanded.
     let node = node_name(env)?;
-    if trigger.is_health_check() {
-        // Before the step, so a GPU freed here is stepped as free.
-        if let Err(e) = crate::job::forget_gone_jobs(config, &node, std::time::SystemTime::now()) {
-            tracing::warn!(%node, "looking for jobs whose Epilog never ran: {e:#}");
-        }
-    }
     let started = crate::sampler::ensure(config, &node).is_some();
     let watch = match trigger {
         Trigger::HealthCheck | Trigger::HealthReport => {
@@ -104,6 +98,24 @@ pub fn step(config: &Config, env: &JobEnv, trigger: Trigger) -> anyhow::Result<(
     if let Ok(t) = &mut telemetry {
         add_sm_activity(config, t, started);
         add_kernel_log_xids(config, t);
+        if trigger.is_health_check() {
+            // Before the step, so a GPU freed here is stepped as free. A
+            // job with a process on a GPU is not gone, whatever Slurm says.
+            let on_gpus = t
+                .gpus
+                .iter()
+                .filter_map(|(_, read)| match read {
+                    GpuRead::Ok(r) => Some(r.processes.iter()),
+                    _ => None,
+                })
+                .flatten()
+                .filter_map(|p| process_job(p.pid).0)
+                .collect();
+            let now = std::time::SystemTime::now();
+            if let Err(e) = crate::job::forget_gone_jobs(config, &node, now, &on_gpus) {
+                tracing::warn!(%node, "looking for jobs whose Epilog never ran: {e:#}");
+            }
+        }
     }
     let stepped = step_with(config, &node, trigger, telemetry, now_s());
     // Whatever the step did, the figures show the node as it is now.
@@ -449,15 +461,29 @@ fn exited(pid: u32) -> bool {
 /// a test) is taken at its word: its SLURM_JOB_ID, else the mode in its
 /// environment. None when nothing says (treated as possibly online).
 pub fn process_mode(pid: u32, jobs: &[JobRecord]) -> Option<Mode> {
+    let (job_id, mode) = process_job(pid);
+    job_id
+        .and_then(|id| jobs.iter().find(|j| j.job_id == id).map(|j| j.mode))
+        .or(mode)
+}
+
+/// The job process `pid` belongs to and the muxflow mode it says it runs
+/// in: the job from its slurmstepd ancestry or cgroup; from the environment
+/// only for a root process (a user's environment is the user's to write).
+pub fn process_job(pid: u32) -> (Option<u32>, Option<Mode>) {
     let procfs = muxflow::jobproc::Procfs::default();
     if let Some(job) = procfs.job_of(pid) {
-        return jobs.iter().find(|j| j.job_id == job).map(|j| j.mode);
+        return (Some(job), None);
     }
-    let status = std::fs::read_to_string(procfs.path(pid, "status")).ok()?;
+    let Ok(status) = std::fs::read_to_string(procfs.path(pid, "status")) else {
+        return (None, None);
+    };
     if muxflow::jobproc::real_uid(&status) != Some(0) {
-        return None;
+        return (None, None);
     }
-    let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
+        return (None, None);
+    };
     let mut job_id = None;
     let mut mode = None;
     for var in environ.split(|b| *b == 0) {
@@ -474,9 +500,7 @@ pub fn process_mode(pid: u32, jobs: &[JobRecord]) -> Option<Mode> {
             mode = mode.or_else(|| v.parse().ok());
         }
     }
-    job_id
-        .and_then(|id| jobs.iter().find(|j| j.job_id == id).map(|j| j.mode))
-        .or(mode)
+    (job_id, mode)
 }
 
 /// `terminate_client` for every offline client of the GPU's MPS servers;

@@ -382,3 +382,51 @@ fn a_job_whose_epilog_never_ran_is_forgotten_and_a_running_one_is_kept() {
     c.sim_load(node, gpu, 0.0);
     c.assert_no_drain();
 }
+
+/// The same record found by a Prolog: Slurm gave the new offline job the
+/// GPU's slot a gone job's record still holds. The Prolog forgets the
+/// record (Slurm no longer lists that job here) and the job runs, where it
+/// was refused `no_slot` before, over and over.
+#[test]
+fn an_offline_job_takes_the_slot_a_gone_jobs_record_held() {
+    let _one = one_at_a_time();
+    let c = Cluster::get();
+    let node = "node1";
+    let gpu = 1;
+    const PREFIX: &str = "mfh-";
+    c.cancel_named(PREFIX);
+    let _cancel = muxflow_tests::CancelNamed(&c, PREFIX);
+    let cfg = c.dir.join("etc/muxflow.toml");
+    let ns = c.node_state(&cfg, node);
+    const GONE: u32 = 3_999_998;
+    {
+        let lock = ns.lock_gpu(gpu).unwrap();
+        let slots = (0..muxflow::Config::load(&cfg).unwrap().policy.offline_per_gpu).collect();
+        let record = muxflow::node_state::JobRecord {
+            job_id: GONE,
+            mode: muxflow::Mode::Offline,
+            uid: 65534,
+            slots,
+        };
+        ns.add_job(&lock, gpu, &record).unwrap();
+    }
+    let id = c.offline_running(&format!("{PREFIX}offline"), node, gpu, WAIT);
+    // Slurm says RUNNING while the Prolog still runs: its record is the sign.
+    let start = Instant::now();
+    let recorded = loop {
+        let recorded = ns.jobs(gpu).unwrap();
+        if recorded.iter().any(|r| r.job_id == id) || start.elapsed() > WAIT {
+            break recorded;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        recorded.iter().any(|r| r.job_id == id) && !recorded.iter().any(|r| r.job_id == GONE),
+        "{recorded:?}\n{}",
+        c.output_or_empty(id)
+    );
+    assert!(!c.output_or_empty(id).contains("refused"));
+    c.scancel(&[id]);
+    c.wait(id, WAIT);
+    c.assert_no_drain();
+}
