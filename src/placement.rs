@@ -6,7 +6,7 @@
 //! muxflow:v1 mode=offline placed=node3:g1        written by muxflow-matcher with the slot
 //! muxflow:v1 mode=offline gpus=2 placed=node3:g0,g1   a 2-GPU job's gang of slots (issue 15)
 //! muxflow:v1 mode=offline placed=any             job_submit.lua without a matcher (any slot)
-//! muxflow:v1 mode=offline refused=gpu_faulty     written by the Prolog when it refuses the job
+//! muxflow:v1 mode=offline refused=gpu_faulty refusals=1   written by the Prolog when it refuses the job
 //! muxflow:v1 mode=offline waiting=free_gpu since=2026-11-23T12:14:05 rounds_every=60s
 //!                                                 a parked job: why it waits (the matcher)
 //! ```
@@ -16,6 +16,9 @@
 //! fails to parse a gang's value and refuses the job: never runs it on
 //! fewer GPUs than it was placed on. `gpus=` is the job's GPU count as
 //! job_submit.lua recorded it ([`GPUS_KEY`]); absent means 1.
+//! `refusals=` counts the job's refusals by Prologs ([`REFUSALS_KEY`]);
+//! every muxflow text of a pending job keeps it, so the plugin can fail a
+//! job that keeps being refused instead of requeueing it for ever.
 //!
 //! The Prolog compares the slot Slurm allocated with `placed=`; a job whose
 //! slot is not the one muxflow wrote is refused. The end-of-job report
@@ -35,6 +38,8 @@ pub const REFUSED_KEY: &str = "refused";
 pub const GPUS_KEY: &str = "gpus";
 /// Key of a parked job's reason to wait ([`Waiting`]).
 pub const WAITING_KEY: &str = "waiting";
+/// Key of how often Prologs refused the job so far; absent means never.
+pub const REFUSALS_KEY: &str = "refusals";
 
 /// Why a parked offline job waits, as the matcher writes it into the job's
 /// AdminComment (`waiting=<code>`), so that `scontrol show job` says it.
@@ -115,12 +120,13 @@ impl Waiting {
         Waiting::ALL.into_iter().find(|w| w.code() == code)
     }
 
-    /// The AdminComment of a parked job of `gpus` GPUs that waits for this
+    /// The AdminComment of a parked job of `gpus` GPUs (refused `refusals`
+    /// times so far) that waits for this
     /// reason since `since` (local time, `YYYY-MM-DDTHH:MM:SS`), checked by
     /// a matcher round every `every_s` seconds.
-    pub fn admin_comment(self, gpus: u32, since: &str, every_s: u64) -> String {
+    pub fn admin_comment(self, gpus: u32, refusals: u32, since: &str, every_s: u64) -> String {
         let gpus = gpus as usize;
-        let mut w = offline_record(gpus);
+        let mut w = offline_record(gpus, refusals);
         w.push(WAITING_KEY, self.code())
             .push("since", since)
             .push("rounds_every", format!("{every_s}s"));
@@ -133,15 +139,26 @@ impl Waiting {
     }
 }
 
-/// An offline job's AdminComment up to its own keys: the tag, the mode and
-/// the GPU count when more than 1.
-fn offline_record(gpus: usize) -> kv::Writer {
+/// An offline job's AdminComment up to its own keys: the tag, the mode,
+/// the GPU count when more than 1 and its refusals when any.
+fn offline_record(gpus: usize, refusals: u32) -> kv::Writer {
     let mut w = kv::Writer::new().tag(TAG);
     w.push("mode", crate::Mode::Offline);
     if gpus > 1 {
         w.push(GPUS_KEY, gpus);
     }
+    if refusals > 0 {
+        w.push(REFUSALS_KEY, refusals);
+    }
     w
+}
+
+/// How often Prologs refused the offline job whose AdminComment this is
+/// (0 when it says nothing, or is not an offline job's).
+pub fn refusals(admin_comment: &str) -> u32 {
+    offline_record_keys(admin_comment)
+        .and_then(|keys| keys.get(REFUSALS_KEY)?.parse().ok())
+        .unwrap_or(0)
 }
 
 /// The keys of an offline job's AdminComment; None when it is not one.
@@ -215,13 +232,14 @@ impl Placement {
         }
     }
 
-    /// The AdminComment the matcher writes with the slot.
-    pub fn admin_comment(&self) -> String {
+    /// The AdminComment the matcher writes with the slot (for a job
+    /// refused `refusals` times so far).
+    pub fn admin_comment(&self, refusals: u32) -> String {
         let gpus = match self {
             Placement::Gang { gpus, .. } => gpus.len(),
             _ => 1,
         };
-        let mut w = offline_record(gpus);
+        let mut w = offline_record(gpus, refusals);
         w.push(PLACED_KEY, self);
         w.finish()
     }
@@ -246,10 +264,15 @@ impl Placement {
     }
 }
 
-/// The AdminComment the Prolog writes for an offline job it refused: `code`
-/// is one word (`[a-z0-9_]`), the full reason goes to the job's stderr.
-pub fn refused_admin_comment(code: &str) -> String {
-    let mut w = offline_record(1);
+/// The AdminComment the Prolog writes for an offline job it refused, whose
+/// AdminComment was `prior`: `code` is one word (`[a-z0-9_]`), the full
+/// reason goes to the job's stderr. The job's GPU count stays and its
+/// refusals count one more.
+pub fn refused_admin_comment(code: &str, prior: &str) -> String {
+    let gpus = offline_record_keys(prior)
+        .and_then(|keys| keys.get(GPUS_KEY)?.parse().ok())
+        .unwrap_or(1);
+    let mut w = offline_record(gpus, refusals(prior) + 1);
     w.push(REFUSED_KEY, code);
     w.finish()
 }
@@ -352,29 +375,60 @@ mod tests {
             Placement::on("node3", &[1, 0]),
             Placement::AnySlot,
         ] {
-            assert_eq!(Placement::from_admin_comment(&p.admin_comment()), Some(p));
+            assert_eq!(Placement::from_admin_comment(&p.admin_comment(0)), Some(p));
         }
         // The report and the job mode still read it.
-        let text = gpu("n", 0).unwrap().admin_comment();
+        let text = gpu("n", 0).unwrap().admin_comment(0);
         assert_eq!(
             crate::report::JobReport::decode(&text).unwrap().mode,
             Some(crate::Mode::Offline)
         );
+    }
+
+    #[test]
+    fn refusals_are_counted_and_kept_by_every_text_of_a_pending_job() {
+        let first = refused_admin_comment("gpu_faulty", "muxflow:v1 mode=offline");
         assert_eq!(
-            refused_admin_comment("gpu_faulty"),
-            "muxflow:v1 mode=offline refused=gpu_faulty"
+            first,
+            "muxflow:v1 mode=offline refusals=1 refused=gpu_faulty"
         );
+        assert_eq!(refusals(&first), 1);
+        // The matcher's next texts keep the count; the next refusal adds one.
+        let waiting =
+            Waiting::FreeGpu.admin_comment(1, refusals(&first), "2026-11-23T12:14:05", 60);
+        let placed = Placement::on("n", &[0]).admin_comment(refusals(&waiting));
+        assert_eq!(placed, "muxflow:v1 mode=offline refusals=1 placed=n:g0");
+        assert_eq!(
+            Placement::from_admin_comment(&placed),
+            Placement::on("n", &[0]).into()
+        );
+        let second = refused_admin_comment("wrong_slot", &placed);
+        assert_eq!(refusals(&second), 2);
+        // A gang keeps its GPU count through a refusal.
+        let gang = Placement::on("n", &[0, 1]).admin_comment(0);
+        assert_eq!(
+            refused_admin_comment("gpu_busy", &gang),
+            "muxflow:v1 mode=offline gpus=2 refusals=1 refused=gpu_busy"
+        );
+        for none in [
+            "",
+            "muxflow:v1 mode=offline",
+            "muxflow:v1 mode=online refusals=4",
+            "muxflow:v1 mode=offline refusals=x",
+        ] {
+            assert_eq!(refusals(none), 0, "{none}");
+        }
     }
 
     #[test]
     fn a_parked_jobs_reason_round_trips_keeps_its_gpu_count_and_is_no_placement() {
         for w in Waiting::ALL {
-            let one = w.admin_comment(1, "2026-11-23T12:14:05", 60);
+            let one = w.admin_comment(1, 0, "2026-11-23T12:14:05", 60);
             assert_eq!(Waiting::from_admin_comment(&one), Some(w), "{one}");
             assert_eq!(Placement::from_admin_comment(&one), None, "{one}");
             assert!(!w.words().is_empty());
         }
-        let gang = Waiting::FreeNode.admin_comment(4, "2026-11-23T12:14:05", 60);
+        let gang = Waiting::FreeNode.admin_comment(4, 0, "2026-11-23T12:14:05", 60);
         assert_eq!(
             gang,
             "muxflow:v1 mode=offline gpus=4 waiting=free_node since=2026-11-23T12:14:05 rounds_every=60s"
@@ -404,7 +458,7 @@ mod tests {
         assert!(!p.allows("node1", &[]), "no slot");
         let gang = Placement::on("node1", &[1, 0]);
         assert_eq!(
-            gang.admin_comment(),
+            gang.admin_comment(0),
             "muxflow:v1 mode=offline gpus=2 placed=node1:g0,g1"
         );
         assert_eq!(Placement::on("node1", &[0]), p, "one GPU: the single form");

@@ -391,7 +391,8 @@ impl Cluster {
                     node: node.to_string(),
                     gpu
                 }
-                .admin_comment()
+                // As the matcher: the job's refusals so far stay.
+                .admin_comment(muxflow::placement::refusals(&self.admin_comment(id)))
             ),
         ]);
         let (ok, out, err) = self.run(c);
@@ -423,11 +424,17 @@ impl Cluster {
     /// start (what the plugin does with an offline job the node refused);
     /// returns its output of the refused start.
     pub fn wait_requeued_held(&self, id: u32, timeout: Duration) -> String {
+        self.wait_requeued_held_times(id, 1, timeout)
+    }
+
+    /// [`wait_requeued_held`](Self::wait_requeued_held) for the job's
+    /// `times`-th requeue.
+    pub fn wait_requeued_held_times(&self, id: u32, times: u32, timeout: Duration) -> String {
         let start = Instant::now();
         loop {
             let restarts: u32 = self.job_field(id, "Restarts").parse().unwrap_or(0);
             let state = self.job_field(id, "JobState");
-            if restarts >= 1 && state == "PENDING" {
+            if restarts >= times && state == "PENDING" {
                 let reason = self.job_field(id, "Reason");
                 assert!(
                     reason.contains("held") || reason.contains("Held"),

@@ -949,6 +949,7 @@ pub fn daemon_state(
                 slots: Vec::new(),
                 held: true,
                 waiting: None,
+                refusals: 0,
                 need: Default::default(),
             }
         })

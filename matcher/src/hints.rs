@@ -88,7 +88,10 @@ pub fn update_args(job: &PendingJob, target: &Target, names: &Names) -> Option<V
                 format!("JobId={}", job.id),
                 format!("ReqNodeList={node}"),
                 format!("Gres={}", gres.join(",")),
-                format!("AdminComment={}", Placement::on(node, gpus).admin_comment()),
+                format!(
+                    "AdminComment={}",
+                    Placement::on(node, gpus).admin_comment(job.refusals)
+                ),
             ]];
             if job.held {
                 calls.push(vec!["release".to_string(), job.id.to_string()]);
@@ -118,7 +121,7 @@ pub fn note_args(
         "Priority=0".to_string(),
         format!(
             "AdminComment={}",
-            waiting.admin_comment(job.gpus, since, every_s)
+            waiting.admin_comment(job.gpus, job.refusals, since, every_s)
         ),
     ])
 }
@@ -145,6 +148,7 @@ mod tests {
             slots: slot.iter().map(|_| 1).collect(),
             held: false,
             waiting: None,
+            refusals: 0,
             need: Default::default(),
         }
     }

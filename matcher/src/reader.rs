@@ -554,6 +554,9 @@ pub struct PendingJob {
     /// while it stays held by the matcher (Reason=JobHeldAdmin); `None`
     /// otherwise, e.g. fresh from job_submit.lua (JobHeldUser).
     pub waiting: Option<Waiting>,
+    /// How often Prologs refused it so far (`refusals=` of its
+    /// AdminComment), which the matcher's own texts keep.
+    pub refusals: u32,
     /// The CPUs and memory it asks for on its node (zero: not known, no
     /// limit).
     pub need: NodeRoom,
@@ -665,6 +668,7 @@ impl ClusterState {
                         waiting: (j.state_reason == ADMIN_HOLD)
                             .then(|| Waiting::from_admin_comment(&j.admin_comment))
                             .flatten(),
+                        refusals: muxflow::placement::refusals(&j.admin_comment),
                         need: tres_need(&j.tres_req_str),
                     });
                 }

@@ -1157,6 +1157,7 @@ mod tests {
             slots: slot.iter().map(|_| 1).collect(),
             held,
             waiting: None,
+            refusals: 0,
             need: Default::default(),
         }
     }

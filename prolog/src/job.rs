@@ -149,15 +149,16 @@ pub fn check_offline(
     Ok(())
 }
 
-/// Records the refusal where the plugin and the user find it. Each part is
+/// Records the refusal where the plugin and the user find it (`prior`: the
+/// job's AdminComment, whose count of refusals it raises). Each part is
 /// best effort: a full state directory must not stop the AdminComment.
-fn refuse(config: &Config, state: &NodeState, job: &Job, r: &Refusal) {
+fn refuse(config: &Config, state: &NodeState, job: &Job, r: &Refusal, prior: &str) {
     tracing::warn!(job = job.id, code = %r.code, "{}", r.why);
     if let Err(e) = state.refuse_job(job.id, &r.why) {
         tracing::error!(job = job.id, "cannot record the refusal: {e}");
     }
-    if let Err(e) = Scontrol::new(config).set_admin_comment(job.id, &refused_admin_comment(&r.code))
-    {
+    let comment = refused_admin_comment(&r.code, prior);
+    if let Err(e) = Scontrol::new(config).set_admin_comment(job.id, &comment) {
         tracing::error!(
             job = job.id,
             "cannot write the refusal into AdminComment: {e}"
@@ -167,8 +168,9 @@ fn refuse(config: &Config, state: &NodeState, job: &Job, r: &Refusal) {
 
 /// The GPUs Slurm gave the job on this node, each with the number of its
 /// offline slots the job holds (0 for an online job); an offline job's
-/// only after its placement checks (empty when refused).
-fn job_gpus(config: &Config, state: &NodeState, job: &Job) -> Result<Vec<HeldSlots>> {
+/// only after its placement checks (empty when refused). With them, the
+/// job's AdminComment ("" for an online job).
+fn job_gpus(config: &Config, state: &NodeState, job: &Job) -> Result<(Vec<HeldSlots>, String)> {
     match job.mode {
         Mode::Online => {
             let list = std::env::var("SLURM_JOB_GPUS").unwrap_or_default();
@@ -181,7 +183,8 @@ fn job_gpus(config: &Config, state: &NodeState, job: &Job) -> Result<Vec<HeldSlo
                         .with_context(|| format!("SLURM_JOB_GPUS has '{s}'"))?;
                     Ok(HeldSlots { gpu, count: 0 })
                 })
-                .collect()
+                .collect::<Result<_>>()
+                .map(|gpus| (gpus, String::new()))
         }
         Mode::Offline => {
             let slurm = Scontrol::new(config)
@@ -196,11 +199,12 @@ fn job_gpus(config: &Config, state: &NodeState, job: &Job) -> Result<Vec<HeldSlo
                 }
             };
             let per_gpu = config.policy.offline_per_gpu;
+            let prior = slurm.admin_comment.clone().unwrap_or_default();
             match check_offline(job.id, &job.node, &slurm, per_gpu, health) {
-                Ok(()) => Ok(slurm.slots),
+                Ok(()) => Ok((slurm.slots, prior)),
                 Err(r) => {
-                    refuse(config, state, job, &r);
-                    Ok(Vec::new())
+                    refuse(config, state, job, &r, &prior);
+                    Ok((Vec::new(), prior))
                 }
             }
         }
@@ -211,7 +215,7 @@ fn job_gpus(config: &Config, state: &NodeState, job: &Job) -> Result<Vec<HeldSlo
 pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
     let Some(job) = job(env)? else { return Ok(()) };
     let state = NodeState::new(config.paths.state_dir.as_path());
-    let held = job_gpus(config, &state, &job)?;
+    let (held, prior) = job_gpus(config, &state, &job)?;
     let gpus: Vec<u32> = held.iter().map(|h| h.gpu).collect();
     if gpus.is_empty() {
         if job.mode == Mode::Online {
@@ -265,7 +269,7 @@ pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
                     others.len(),
                 ),
             };
-            refuse(config, &state, &job, &r);
+            refuse(config, &state, &job, &r, &prior);
             for &g in &recorded {
                 let lock = state.lock_gpu(g)?;
                 state.remove_job(&lock, g, job.id)?;

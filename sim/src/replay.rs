@@ -985,6 +985,7 @@ impl<'a> Sim<'a> {
                 slots: self.jobs[j as usize].slot_gpus.iter().map(|_| 1).collect(),
                 held: true,
                 waiting: None,
+                refusals: 0,
                 // The traces name no CPU or memory request: GPUs only.
                 need: Default::default(),
             });

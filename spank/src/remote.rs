@@ -19,7 +19,7 @@ use muxflow::limits::{JobLimits, StopBounds};
 use muxflow::node_state::{write_atomic, NodeState};
 use muxflow::policy::offline_slot_share;
 use muxflow::report::{add_peers, JobReport};
-use muxflow::slurm_cli::Scontrol;
+use muxflow::slurm_cli::{OfflineJob, Scontrol};
 use muxflow::slurm_version::{SLURM_BATCH_SCRIPT, SLURM_EXTERN_CONT, SLURM_INTERACTIVE_STEP};
 use muxflow::xcuda_env::{self, XcudaEnv};
 use muxflow::{mps, online_page, Config, Mode};
@@ -141,13 +141,15 @@ impl RemoteState {
             if step != SLURM_BATCH_SCRIPT {
                 anyhow::bail!("{}", why.trim());
             }
-            anyhow::bail!("{}", back_to_queue(spank, &config, job_id, why.trim()));
+            let text = back_to_queue(spank, &config, job_id, &node, why.trim(), Stop::Refused);
+            anyhow::bail!("{text}");
         }
         let Some((gpu, _)) = state.find_job(job_id)? else {
             let why = no_record(&config, &state, job_id, &node, mode);
             if mode == Mode::Offline && step == SLURM_BATCH_SCRIPT {
                 // muxflow's own failure (a full disk, slurmctld away): not the job's loss.
-                anyhow::bail!("{}", back_to_queue(spank, &config, job_id, &why));
+                let text = back_to_queue(spank, &config, job_id, &node, &why, Stop::NotRecorded);
+                anyhow::bail!("{text}");
             }
             anyhow::bail!(why);
         };
@@ -398,26 +400,57 @@ impl RemoteState {
     }
 }
 
-/// How often a refused offline job is put back in the queue before it is
-/// failed instead (a bound on a loop between the matcher and a node).
-const MAX_REQUEUES: u32 = 3;
+/// A refused offline job's refusals at which it fails instead of going
+/// back to the queue again (a bound on a loop between the matcher and a
+/// node).
+const MAX_REFUSALS: u32 = 3;
+
+/// Why the job's batch step is not started: a Prolog refused it, or
+/// muxflow itself failed to record it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    Refused,
+    NotRecorded,
+}
 
 /// A refused offline job is not lost: it goes back to the queue, held, and
 /// muxflow-matcher places it again (its tasks are refused meanwhile, so it
 /// never runs where it was refused). Returns what the user reads.
-fn back_to_queue(spank: &SpankHandle, config: &Config, job_id: u32, why: &str) -> String {
+fn back_to_queue(
+    spank: &SpankHandle,
+    config: &Config,
+    job_id: u32,
+    node: &str,
+    why: &str,
+    stop: Stop,
+) -> String {
     // Set by slurmd for a requeued job; a user who forges it only fails
-    // their own job sooner.
+    // their own job sooner. It also counts requeues for an online job's
+    // room, so it bounds only muxflow's own failures.
     let restarts = spank
         .getenv("SLURM_RESTART_COUNT")
         .ok()
         .flatten()
         .and_then(|v| v.parse::<u32>().ok())
         .unwrap_or(0);
-    if restarts >= MAX_REQUEUES {
-        return format!("{why} It was refused {restarts} times already, so it fails now.");
+    let scontrol = Scontrol::new(config);
+    let gave_up = match stop {
+        // The Prolog counted this refusal in the job's AdminComment.
+        Stop::Refused => match scontrol.offline_job(job_id, node, &config.slurm.offline_gres) {
+            Ok(OfflineJob {
+                admin_comment: Some(c),
+                ..
+            }) => Some(muxflow::placement::refusals(&c)).filter(|&n| n >= MAX_REFUSALS),
+            _ => Some(restarts + 1).filter(|&n| n >= MAX_REFUSALS),
+        },
+        Stop::NotRecorded => Some(restarts + 1).filter(|&n| n >= MAX_REFUSALS),
+    };
+    if let Some(n) = gave_up {
+        return format!(
+            "{why} It was stopped {n} times, so it fails now instead of going back to the queue."
+        );
     }
-    match Scontrol::new(config).requeue_hold(job_id) {
+    match scontrol.requeue_hold(job_id) {
         Ok(()) => format!(
             "{why} The job goes back to the queue, held, and muxflow-matcher places it again."
         ),

@@ -155,7 +155,7 @@ fn the_prolog_refuses_a_slot_muxflow_did_not_write_and_a_gpu_that_is_not_healthy
     assert!(!out.contains("offline-ran"), "ran unplaced: {out}");
     assert_eq!(
         c.admin_comment(id),
-        "muxflow:v1 mode=offline refused=not_placed"
+        "muxflow:v1 mode=offline refusals=1 refused=not_placed"
     );
     c.assert_no_drain();
     // Nothing is lost: placed by the matcher, it runs.
@@ -183,7 +183,7 @@ fn the_prolog_refuses_a_slot_muxflow_did_not_write_and_a_gpu_that_is_not_healthy
     assert!(!out.contains("offline-ran"), "ran on a faulty GPU: {out}");
     assert_eq!(
         c.admin_comment(id),
-        "muxflow:v1 mode=offline refused=gpu_faulty"
+        "muxflow:v1 mode=offline refusals=1 refused=gpu_faulty"
     );
     assert!(
         ns.find_job(id).unwrap().is_none(),
@@ -203,5 +203,54 @@ fn the_prolog_refuses_a_slot_muxflow_did_not_write_and_a_gpu_that_is_not_healthy
     c.start_now(id);
     assert_eq!(c.wait(id, WAIT).state, "COMPLETED");
     assert!(c.output(id).contains("offline-ran"));
+    c.assert_no_drain();
+}
+
+/// A job the nodes keep refusing does not go round for ever: each Prolog's
+/// refusal counts in its AdminComment (kept by the matcher's texts), and
+/// its third refusal fails it with the reason instead of requeueing it.
+#[test]
+fn a_job_refused_three_times_fails_instead_of_going_back_again() {
+    let c = Cluster::get();
+    let node = "node2";
+    let id = c
+        .sbatch_as(
+            USER,
+            &["--muxflow=offline"],
+            "#!/bin/sh\necho offline-ran\n",
+        )
+        .unwrap();
+    // A slot muxflow never wrote (an operator's hand placement): refused
+    // `not_placed` at every start.
+    let mut cmd = c.cmd("scontrol");
+    cmd.args([
+        "update",
+        &format!("JobId={id}"),
+        &format!("ReqNodeList={node}"),
+        "Gres=mfslot:g0:1",
+    ]);
+    assert!(c.run(cmd).0);
+    let release = || {
+        let mut cmd = c.cmd("scontrol");
+        cmd.args(["release", &id.to_string()]);
+        assert!(c.run(cmd).0);
+    };
+    release();
+    for n in 1..=2 {
+        let out = c.wait_requeued_held_times(id, n, WAIT);
+        assert!(out.contains("goes back to the queue"), "{out}");
+        assert!(
+            c.admin_comment(id).contains(&format!("refusals={n} ")),
+            "{}",
+            c.admin_comment(id)
+        );
+        release();
+        c.start_now(id);
+    }
+    let end = c.wait(id, WAIT);
+    let out = c.output_or_empty(id);
+    assert_eq!(end.state, "FAILED", "{end:?}: {out}");
+    assert!(out.contains("stopped 3 times, so it fails now"), "{out}");
+    assert!(!out.contains("offline-ran"), "{out}");
     c.assert_no_drain();
 }
