@@ -423,6 +423,9 @@ pub struct Health {
     /// the node (its Epilog never ran: slurmd restarted, the Epilog was
     /// killed) is forgotten by the health check, as its Epilog would have.
     pub forget_gone_jobs_after_s: u64,
+    /// An offline job is cancelled once this many of its processes were
+    /// terminated out of bounds (0: never; each is still terminated).
+    pub police_cancel_after: u32,
 }
 
 impl Default for Health {
@@ -446,6 +449,7 @@ impl Default for Health {
             police_interval_ms: 1000,
             sampler_linger_s: 30,
             forget_gone_jobs_after_s: 60,
+            police_cancel_after: 3,
         }
     }
 }
@@ -785,6 +789,14 @@ impl Config {
                 "",
             ),
             r("health", "min_dwell_s", h.min_dwell_s, 0, DAY_S, ""),
+            r(
+                "health",
+                "police_cancel_after",
+                u64::from(h.police_cancel_after),
+                0,
+                1000,
+                "0 never cancels (each process out of bounds is still terminated)",
+            ),
             r(
                 "health",
                 "forget_gone_jobs_after_s",

@@ -558,22 +558,37 @@ pub fn watch(config: &Config, job: u32, node: Option<&str>) -> anyhow::Result<()
             }
             (false, false) => {}
         }
-        for gpu in gpus {
+        // Every GPU of the node: a process of the job on another GPU (its
+        // own CUDA_VISIBLE_DEVICES and pipe directory) is caught within an
+        // interval too, not only at the next health step.
+        let node_gpus: BTreeSet<u32> = match nvml.as_ref().map(|n| n.device_count()) {
+            Some(Ok(n)) => (0..n).collect(),
+            _ => ns.gpus()?.into_iter().collect(),
+        };
+        for gpu in node_gpus.union(&gpus.iter().copied().collect()) {
+            let gpu = *gpu;
+            let own = gpus.contains(&gpu);
             let device = nvml.as_ref().and_then(|n| n.device_by_index(gpu).ok());
             let processes = device
                 .as_ref()
                 .and_then(|d| crate::nvml::gpu_processes(d).ok())
                 .unwrap_or_default();
-            let partner_sm = device
-                .as_ref()
-                .and_then(|d| partner_sm_pct(&ns, &procfs, d, gpu));
+            let partner_sm = own
+                .then(|| {
+                    device
+                        .as_ref()
+                        .and_then(|d| partner_sm_pct(&ns, &procfs, d, gpu))
+                })
+                .flatten();
             // The measured file is also written by the health steps: under
             // the GPU's lock.
             let lock = ns.lock_gpu(gpu)?;
-            if let Some(sm) = partner_sm {
-                record_partner_load(&ns, job, sm);
+            if own {
+                if let Some(sm) = partner_sm {
+                    record_partner_load(&ns, job, sm);
+                }
+                record_peers(&ns, job, gpu);
             }
-            record_peers(&ns, job, gpu);
             if device.is_some() {
                 publish_offline_procs(&ns, &procfs, gpu, &processes);
             }
@@ -582,13 +597,68 @@ pub fn watch(config: &Config, job: u32, node: Option<&str>) -> anyhow::Result<()
                 tracing::warn!(
                     job = of_job,
                     pid,
+                    gpu,
                     code = verdict.code,
                     "muxflow-police: terminated a process out of bounds"
                 );
             }
             drop(lock);
         }
+        // After the locks: a call to slurmctld must not hold up the GPUs.
+        escalate(config, &ns, job);
     }
+}
+
+/// The code of the line the policed file gets when its job is cancelled.
+const CANCELLED: &str = "cancelled";
+
+/// A job whose processes keep being terminated out of bounds (relaunched in
+/// a loop, on another GPU, without xCUDA) is cancelled once `[health]
+/// police_cancel_after` of them were, with the reason in its policed file
+/// (so in its AdminComment's `policed=`) and the slurmd log.
+pub fn escalate(config: &Config, ns: &NodeState, job: u32) {
+    let limit = config.health.police_cancel_after;
+    let Ok(text) = std::fs::read_to_string(ns.policed_file(job)) else {
+        return;
+    };
+    let Some(why) = cancel_reason(&text, limit) else {
+        return;
+    };
+    tracing::warn!(job, "muxflow-police: cancelling the job: {why}");
+    record(
+        ns,
+        job,
+        0,
+        &Verdict {
+            code: CANCELLED,
+            reason: why,
+        },
+    );
+    let id = job.to_string();
+    if let Err(e) = muxflow::slurm_cli::Scontrol::new(config).command("scancel", &[&id]) {
+        tracing::error!(job, "muxflow-police: cannot cancel the job: {e}");
+    }
+}
+
+/// Why a job whose policed file is `text` is cancelled now: `limit` (not 0)
+/// of its processes were terminated and it was not cancelled before.
+pub fn cancel_reason(text: &str, limit: u32) -> Option<String> {
+    let code = |l: &str| l.split_whitespace().next().unwrap_or("").to_string();
+    if limit == 0 || text.lines().any(|l| code(l) == CANCELLED) {
+        return None;
+    }
+    let terminated: Vec<String> = text.lines().map(code).filter(|c| !c.is_empty()).collect();
+    if terminated.len() < limit as usize {
+        return None;
+    }
+    let mut codes = terminated.clone();
+    codes.sort();
+    codes.dedup();
+    Some(format!(
+        "{} of its processes were terminated out of bounds ({}); a job is cancelled once {limit} were ([health] police_cancel_after)",
+        terminated.len(),
+        codes.join(",")
+    ))
 }
 
 /// Starts `muxflow-police` (next to this program) for offline job `job`,
@@ -805,6 +875,23 @@ fn record(ns: &NodeState, job: u32, pid: u32, verdict: &Verdict) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_job_is_cancelled_once_at_its_limit_of_terminated_processes() {
+        let line = |code: &str, pid: u32| format!("{code} pid={pid} why\n");
+        let two = line("wrong_gpu", 10) + &line("no_xcuda", 11);
+        assert_eq!(cancel_reason(&two, 3), None, "below the limit");
+        let three = two.clone() + &line("wrong_gpu", 12);
+        let why = cancel_reason(&three, 3).expect("at the limit");
+        assert!(
+            why.starts_with("3 of its processes") && why.contains("(no_xcuda,wrong_gpu)"),
+            "{why}"
+        );
+        assert_eq!(cancel_reason(&three, 0), None, "0: never");
+        let cancelled = three + &line(CANCELLED, 0);
+        assert_eq!(cancel_reason(&cancelled, 3), None, "once only");
+        assert_eq!(cancel_reason("", 1), None);
+    }
 
     #[test]
     fn xcuda_is_known_by_its_file_and_an_executable_mapping_not_its_name() {
