@@ -81,6 +81,13 @@ pub struct GpuLock {
     _file: File,
 }
 
+/// An offline job's muxflow-police holds this for its life (flock on
+/// `<dir>/police/<job>.lock`): a health step that can take it knows no
+/// watcher runs for the job. Released on drop and when the holder dies.
+pub struct PoliceClaim {
+    _file: File,
+}
+
 /// Held node-wide lock (flock on `<dir>/node.lock`), released on drop.
 pub struct NodeLock {
     _file: File,
@@ -210,6 +217,30 @@ impl NodeState {
         Ok(GpuLock {
             _file: lock_file(&dir.join("lock"))?,
         })
+    }
+
+    /// Takes job `job_id`'s police claim without waiting; None when a
+    /// process (its muxflow-police) holds it.
+    pub fn try_claim_police(&self, job_id: u32) -> Result<Option<PoliceClaim>, StateError> {
+        let dir = self.dir.join("police");
+        fs::create_dir_all(&dir).map_err(io(&dir))?;
+        let path = dir.join(format!("{job_id}.lock"));
+        let file = open_lock_file(&path).map_err(io(&path))?;
+        // SAFETY: flock on a file descriptor this function owns.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc == 0 {
+            return Ok(Some(PoliceClaim { _file: file }));
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            return Ok(None);
+        }
+        Err(StateError::Io { path, source: e })
+    }
+
+    /// Removes job `job_id`'s police claim file (its Epilog).
+    pub fn remove_police_claim(&self, job_id: u32) {
+        let _ = fs::remove_file(self.dir.join("police").join(format!("{job_id}.lock")));
     }
 
     /// Blocks until this process holds the node-wide lock (`node.lock`, for

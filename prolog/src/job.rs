@@ -538,6 +538,7 @@ fn forget(config: &Config, state: &NodeState, job_id: u32) -> Result<()> {
         Err(e) => tracing::warn!(job = job_id, "cannot remove {}: {e}", stats.display()),
     }
     remove_limits_files(state, job_id);
+    state.remove_police_claim(job_id);
     Ok(())
 }
 

@@ -520,6 +520,15 @@ pub fn watch(config: &Config, job: u32, node: Option<&str>) -> anyhow::Result<()
             None
         }
     };
+    // One watcher per job: a health step that finds the claim free starts
+    // one again (this one was killed).
+    let Some(_claim) = ns.try_claim_police(job)? else {
+        tracing::info!(
+            job,
+            "muxflow-police: another watcher runs for the job; done"
+        );
+        return Ok(());
+    };
     let procfs = Procfs::default();
     let started = Instant::now();
     let mut stepd_seen = false;
@@ -659,6 +668,43 @@ pub fn cancel_reason(text: &str, limit: u32) -> Option<String> {
         terminated.len(),
         codes.join(",")
     ))
+}
+
+/// Starts muxflow-police again for each offline job recorded on the node
+/// whose watcher is gone (killed, crashed): a health step's part, so a
+/// process out of bounds is back to being stopped within an interval.
+pub fn restart_watchers(ns: &NodeState) {
+    let Some(path) = crate::config_path() else {
+        return;
+    };
+    let mut jobs = BTreeSet::new();
+    for gpu in ns.gpus().unwrap_or_default() {
+        for r in ns.jobs(gpu).unwrap_or_default() {
+            if r.mode == muxflow::Mode::Offline {
+                jobs.insert(r.job_id);
+            }
+        }
+    }
+    let procfs = Procfs::default();
+    for job in jobs {
+        // A job whose slurmstepd is gone needs no watcher (its Epilog, or
+        // the health check's sweep, forgets it).
+        if !procfs.stepd_of_job_runs(job) {
+            continue;
+        }
+        match ns.try_claim_police(job) {
+            Ok(Some(claim)) => {
+                drop(claim);
+                tracing::warn!(
+                    job,
+                    "muxflow-police of the job was not running; starting it again"
+                );
+                spawn_watcher(path, job);
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(job, "{e}"),
+        }
+    }
 }
 
 /// Starts `muxflow-police` (next to this program) for offline job `job`,

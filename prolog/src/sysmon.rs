@@ -115,6 +115,7 @@ pub fn step(config: &Config, env: &JobEnv, trigger: Trigger) -> anyhow::Result<(
             if let Err(e) = crate::job::forget_gone_jobs(config, &node, now, &on_gpus) {
                 tracing::warn!(%node, "looking for jobs whose Epilog never ran: {e:#}");
             }
+            crate::police::restart_watchers(&NodeState::new(config.paths.state_dir.as_path()));
         }
     }
     let stepped = step_with(config, &node, trigger, telemetry, now_s());
