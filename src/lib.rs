@@ -28,6 +28,7 @@ pub mod sm_page;
 #[doc(hidden)]
 pub mod test_support;
 pub mod text;
+pub mod user_tree;
 pub mod xcuda_env;
 
 pub use config::Config;

@@ -304,6 +304,7 @@ pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
         tracing::info!(job = job.id, gpu, mode = %job.mode, slots = ?record.slots, "recorded muxflow job");
         recorded.push(gpu);
     }
+    bound_job_files(&state, &job);
     if job.mode == Mode::Online {
         make_room(config, &state, &job, &gpus);
     }
@@ -505,6 +506,40 @@ fn warn(scontrol: &Scontrol, online_job: u32, victims: &[u32]) -> std::time::Dur
     grace
 }
 
+/// What the job's own directory (its xCUDA statistics and report files,
+/// the user's to write) may hold: far more than those files need.
+const JOB_FILES: muxflow::user_tree::Bounds = muxflow::user_tree::Bounds {
+    mib: 16,
+    inodes: 4096,
+};
+
+/// Gives the job's own directory a bounded filesystem of its user's, so
+/// what the user writes there cannot fill the state filesystem the node's
+/// records live on. Without it (no mount allowed here) the plugin makes a
+/// plain directory, as before, and the node log says so.
+fn bound_job_files(state: &NodeState, job: &Job) {
+    let dir = state.xcuda_stats_dir(job.id);
+    let gid = std::env::var("SLURM_JOB_GID")
+        .ok()
+        .and_then(|g| g.parse().ok());
+    let made = (|| -> std::io::Result<()> {
+        let gid = gid.ok_or_else(|| std::io::Error::other("SLURM_JOB_GID is not set"))?;
+        // A run of the same job id before (a requeue) left nothing behind.
+        muxflow::user_tree::remove(&dir)?;
+        if let Some(parent) = dir.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        muxflow::user_tree::mount_bounded(&dir, job.uid, gid, JOB_FILES)
+    })();
+    if let Err(e) = made {
+        tracing::warn!(
+            job = job.id,
+            "cannot bound the job's own directory {} ({e}); it is a plain directory on the state filesystem",
+            dir.display()
+        );
+    }
+}
+
 /// Epilog: forget the job; stop a GPU's daemon when no muxflow job is left.
 pub fn end(config: &Config, env: &JobEnv) -> Result<()> {
     let Some(job) = job(env)? else { return Ok(()) };
@@ -532,10 +567,8 @@ fn forget(config: &Config, state: &NodeState, job_id: u32) -> Result<()> {
         tracing::warn!(job = job_id, "{e}");
     }
     let stats = state.xcuda_stats_dir(job_id);
-    match std::fs::remove_dir_all(&stats) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => tracing::warn!(job = job_id, "cannot remove {}: {e}", stats.display()),
+    if let Err(e) = muxflow::user_tree::remove(&stats) {
+        tracing::warn!(job = job_id, "cannot remove {}: {e}", stats.display());
     }
     remove_limits_files(state, job_id);
     state.remove_police_claim(job_id);
