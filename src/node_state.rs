@@ -431,6 +431,12 @@ impl NodeState {
         self.limits_dir().join(format!("{job_id}.policed"))
     }
 
+    /// The `terminate_client` commands muxflow did not send that ended an
+    /// MPS client of job `job_id` (one line each), for its AdminComment.
+    pub fn terminated_by_other_file(&self, job_id: u32) -> PathBuf {
+        self.limits_dir().join(format!("{job_id}.terminated"))
+    }
+
     /// The largest GPU memory the node measured for job `job_id`.
     pub fn measured_file(&self, job_id: u32) -> PathBuf {
         self.limits_dir().join(format!("{job_id}.measured"))

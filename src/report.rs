@@ -24,6 +24,7 @@
 //! | partner | the online job it shared the GPU with (offline), or an offline job it hosted (online) |
 //! | measured_peak_mib | offline: the largest GPU memory NVML showed for its processes, at muxflow-police's checks and the health steps |
 //! | policed | offline: why the node terminated a process of it (codes of `muxflow-health`'s police, comma-separated) |
+//! | terminated_by_other | how many of its MPS clients a `terminate_client` muxflow did not send ended (NVIDIA's daemon takes it from any user on the node; the sender is not known) |
 //! | run_s | seconds from the batch step's start to this report, by the node's clock (turns `claim.launches` into launches/s) |
 //! | partner_load_pct | offline: the online partner's mean SM utilization while this run ran, percent of the largest seen in the run (muxflow-police samples NVML's per-process utilization every check; [`Measured`]) |
 //! | peers | offline: the other offline jobs that shared one of its GPUs (`[policy] offline_per_gpu` > 1), job ids, comma-separated, at most [`MAX_PEERS`]: those recorded on the GPU at its start, at muxflow-police's checks and at this report |
@@ -116,6 +117,8 @@ pub struct JobReport {
     pub measured_peak_mib: Option<u64>,
     /// Codes of the node's terminations, comma-separated.
     pub policed: Option<String>,
+    /// Its MPS clients ended by a `terminate_client` muxflow did not send.
+    pub terminated_by_other: Option<u32>,
     /// Seconds the batch step ran until the report, by the node's clock.
     pub run_s: Option<u64>,
     /// The online partner's mean load during the run, percent of its peak.
@@ -281,6 +284,7 @@ impl JobReport {
             .push_opt("partner", self.partner)
             .push_opt("measured_peak_mib", self.measured_peak_mib)
             .push_opt("policed", self.policed.as_deref())
+            .push_opt("terminated_by_other", self.terminated_by_other)
             .push_opt("run_s", self.run_s)
             .push_opt("partner_load_pct", self.partner_load_pct)
             .push_opt(
@@ -359,6 +363,7 @@ impl JobReport {
             partner: f.get("partner")?,
             measured_peak_mib: f.get("measured_peak_mib")?,
             policed: f.get("policed")?,
+            terminated_by_other: f.get("terminated_by_other")?,
             run_s: f.get("run_s")?,
             partner_load_pct: f.get("partner_load_pct")?,
             launches: claim("launches")?,
@@ -512,6 +517,7 @@ mod tests {
             partner: Some(12),
             measured_peak_mib: Some(2050),
             policed: Some("priority,no_xcuda".into()),
+            terminated_by_other: Some(1),
             run_s: Some(600),
             partner_load_pct: Some(40),
             launches: Some(52000),
@@ -569,7 +575,7 @@ mod tests {
         let text = full().encode();
         assert!(
             text.contains(
-                " measured_peak_mib=2050 policed=priority,no_xcuda run_s=600 partner_load_pct=40 claim.launches=52000 "
+                " measured_peak_mib=2050 policed=priority,no_xcuda terminated_by_other=1 run_s=600 partner_load_pct=40 claim.launches=52000 "
             ) && text.contains(" claim.steps_per_s=98.38 "),
             "{text}"
         );

@@ -684,6 +684,7 @@ fn remove_limits_files(state: &NodeState, job_id: u32) {
     for file in [
         muxflow::limits::path(&state.limits_dir(), job_id),
         state.policed_file(job_id),
+        state.terminated_by_other_file(job_id),
         state.measured_file(job_id),
     ]
     .into_iter()

@@ -265,7 +265,7 @@ fn step_gpu(
             obs.push(Observation::MpsServer(notice.to_string()));
         }
     }
-    notice_foreign_commands(&mps, gpu, &mut rec);
+    notice_foreign_commands(ns, &mps, gpu, &jobs, &mut rec);
     let matches = detector::classify(&obs);
     for (rule, o) in &matches {
         tracing::warn!(gpu, rule = rule.name, observation = ?o, "fault detected");
@@ -568,7 +568,19 @@ fn restart_mps(
 /// someone else is put back to 100 (muxflow never sets one: the offline
 /// share is each client's own). The control log is read for nothing else:
 /// it records users' text (see `detector`).
-fn notice_foreign_commands(mps: &MpsDaemon, gpu: u32, rec: &mut GpuRecord) {
+///
+/// A `terminate_client` is attributed as far as it can be: the job and user
+/// of the client it ended (from the client's process while it lingers, or
+/// the GPU's one offline job), which gets it in its AdminComment
+/// (`terminated_by_other`), and the users with muxflow jobs on the GPU, one
+/// of whom (or an administrator) sent it. NVIDIA's daemon logs no sender.
+fn notice_foreign_commands(
+    ns: &NodeState,
+    mps: &MpsDaemon,
+    gpu: u32,
+    jobs: &[JobRecord],
+    rec: &mut GpuRecord,
+) {
     for line in scan_log(mps.log_dir(), "control.log", &mut rec.log_offsets) {
         let Some(command) = detector::control_command(&line) else {
             continue;
@@ -584,6 +596,9 @@ fn notice_foreign_commands(mps: &MpsDaemon, gpu: u32, rec: &mut GpuRecord) {
         );
         let words: Vec<&str> = command.split_whitespace().collect();
         rec.count(&format!("noticed.{}", words[0]));
+        if let ["terminate_client", _, client] = words.as_slice() {
+            attribute_termination(ns, gpu, client.parse().ok(), jobs);
+        }
         if let ["set_active_thread_percentage", server, pct] = words.as_slice() {
             if pct.parse::<f64>().ok() != Some(DAEMON_DEFAULT_THREAD_PCT) {
                 let put_back =
@@ -597,6 +612,59 @@ fn notice_foreign_commands(mps: &MpsDaemon, gpu: u32, rec: &mut GpuRecord) {
                 }
             }
         }
+    }
+}
+
+/// Says whose client a foreign `terminate_client` ended and who could have
+/// sent it; records it for the client's job.
+fn attribute_termination(ns: &NodeState, gpu: u32, client: Option<u32>, jobs: &[JobRecord]) {
+    // The client has usually exited by now: then its mode comes from the
+    // GPU's offline processes as root last listed them, and the job from
+    // the GPU's one job of that mode.
+    let listed_offline = || {
+        let path = ns.offline_procs_file(gpu);
+        let procs = muxflow::offline_procs::read_trusted(&path, 0).unwrap_or_default();
+        client.is_some_and(|pid| procs.iter().any(|p| p.pid == pid))
+    };
+    let only = |mode: Mode| match jobs.iter().filter(|j| j.mode == mode).collect::<Vec<_>>()[..] {
+        [one] => Some(one.job_id),
+        _ => None,
+    };
+    let victim = client.and_then(|pid| process_job(pid).0).or_else(|| {
+        only(if listed_offline() {
+            Mode::Offline
+        } else {
+            Mode::Online
+        })
+    });
+    let mut uids: Vec<u32> = jobs.iter().map(|j| j.uid).collect();
+    uids.sort_unstable();
+    uids.dedup();
+    let owner = victim.and_then(|v| jobs.iter().find(|j| j.job_id == v).map(|j| j.uid));
+    tracing::warn!(
+        gpu,
+        client = ?client,
+        job = ?victim,
+        uid = ?owner,
+        users_on_gpu = ?uids,
+        "an MPS client was ended by a terminate_client muxflow did not send; NVIDIA's daemon names no sender: one of the users with jobs on the GPU, or an administrator"
+    );
+    let Some(job) = victim else { return };
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = ns.terminated_by_other_file(job);
+    let line = format!("client={} users_on_gpu={uids:?}\n", client.unwrap_or(0));
+    let written = std::fs::create_dir_all(ns.limits_dir()).and_then(|()| {
+        std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+            .and_then(|mut f| f.write_all(line.as_bytes()))
+    });
+    if let Err(e) = written {
+        tracing::error!(job, "{}: {e}", path.display());
     }
 }
 

@@ -690,6 +690,9 @@ fn build_report(ctx: &ReportContext) -> JobReport {
             partner: partner(&state, gpu, ctx.job_id, ctx.mode),
         })
         .collect();
+    if let Some(text) = read_root_file(&state.terminated_by_other_file(ctx.job_id)) {
+        r.terminated_by_other = Some(text.lines().count() as u32).filter(|&n| n > 0);
+    }
     if let Some(text) = read_root_file(&state.policed_file(ctx.job_id)) {
         let codes = muxflow::limits::policed_codes(&text);
         r.policed = (!codes.is_empty()).then(|| codes.join(","));

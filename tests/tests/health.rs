@@ -814,6 +814,19 @@ fn a_users_terminate_client_is_noticed_and_muxflows_own_is_not() {
         counter(r, "noticed.terminate_client") - counter(&before, "noticed.terminate_client")
     };
     assert_eq!(noticed(&record(&pair.ns, gpu)), 1);
+    // Attributed as far as it can be: the ended client's job gets it (its
+    // AdminComment's terminated_by_other), the log names the users on the GPU.
+    assert!(
+        log.contains("NVIDIA's daemon names no sender") && log.contains("job=Some(990061)"),
+        "{log}"
+    );
+    let file = pair.ns.terminated_by_other_file(990_061);
+    let text = std::fs::read_to_string(&file).unwrap_or_default();
+    assert!(
+        text.contains(&format!("client={online}")),
+        "{file:?}: {text}"
+    );
+    let _ = std::fs::remove_file(&file);
     // muxflow's own eviction is not taken for a user's.
     pair.mps.terminate_client(server, offline).unwrap();
     let log = c.health_step(&cfg, node);
