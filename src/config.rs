@@ -6,6 +6,7 @@
 //! the defaults here.
 
 use std::fmt;
+use std::net::SocketAddr;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
@@ -180,9 +181,33 @@ pub struct Metrics {
     /// listing every job on the GPU (online and offline), so DCGM's metrics
     /// get job labels on shared GPUs. `{node}` expands. Unset: none.
     pub dcgm_job_mapping_dir: Option<AbsPath>,
-    /// The matcher's HTTP endpoint for Prometheus (`/metrics`), e.g.
-    /// `127.0.0.1:9842`. Unset: no endpoint.
+    /// The matcher's HTTP endpoint for Prometheus (`/metrics`): a port
+    /// (`"9842"`) listens on loopback only (127.0.0.1); another interface
+    /// is the site's choice, written as an address and port
+    /// (`"10.0.0.5:9842"`, `"[::]:9842"`). Unset: no endpoint. Read with
+    /// [`Metrics::listen_addr`].
     pub listen: Option<String>,
+}
+
+impl Metrics {
+    /// `listen` as the address to bind; `None` when unset (a value that is
+    /// no address was refused when the config was loaded).
+    pub fn listen_addr(&self) -> Option<SocketAddr> {
+        self.listen.as_deref().and_then(parse_listen)
+    }
+}
+
+/// A `[metrics] listen` value: `PORT` or `:PORT` is loopback
+/// (`127.0.0.1:PORT`), `ADDRESS:PORT` is taken as written. No host names
+/// (a name could resolve to any interface) and no port 0 (a port chosen
+/// at random that no scraper could be told).
+fn parse_listen(text: &str) -> Option<SocketAddr> {
+    let port_only = text.strip_prefix(':').unwrap_or(text);
+    let addr = match port_only.parse::<u16>() {
+        Ok(port) => SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, port)),
+        Err(_) => text.parse().ok()?,
+    };
+    (addr.port() != 0).then_some(addr)
 }
 
 /// The MPS control daemons (one per GPU).
@@ -596,12 +621,12 @@ impl Config {
             }
         }
         if let Some(listen) = &self.metrics.listen {
-            if listen.parse::<std::net::SocketAddr>().is_err() {
+            if parse_listen(listen).is_none() {
                 return err(
                     "metrics",
                     "listen",
                     format!(
-                        "'{listen}' is not an address and port, e.g. \"127.0.0.1:9842\" (or remove the key: no endpoint)"
+                        "'{listen}' is not a port or an address and port: write \"9842\" for loopback only (127.0.0.1:9842), or an interface's address and port such as \"10.0.0.5:9842\" to open it to other hosts (no host names, no port 0; or remove the key: no endpoint)"
                     ),
                 );
             }
@@ -1145,12 +1170,38 @@ mod tests {
         assert!(c.metrics.textfile_dir.is_none() && c.metrics.listen.is_none());
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("muxflow.toml");
-        std::fs::write(&path, "[metrics]\nlisten = \"localhost\"\n").unwrap();
-        let e = Config::load(&path).unwrap_err().to_string();
-        assert!(
-            e.contains("metrics.listen") && e.contains("127.0.0.1:9842"),
-            "{e}"
-        );
+        for bad in [
+            "localhost",
+            "localhost:9842",
+            "9842x",
+            "127.0.0.1:0",
+            "0",
+            "99999",
+            "",
+        ] {
+            std::fs::write(&path, format!("[metrics]\nlisten = \"{bad}\"\n")).unwrap();
+            let e = Config::load(&path).unwrap_err().to_string();
+            assert!(
+                e.contains("metrics.listen") && e.contains("\"9842\" for loopback only"),
+                "{bad}: {e}"
+            );
+        }
+        // A port alone is loopback; another interface only as written.
+        for (listen, addr) in [
+            ("9842", "127.0.0.1:9842"),
+            (":9842", "127.0.0.1:9842"),
+            ("10.0.0.5:9842", "10.0.0.5:9842"),
+            ("[::1]:9842", "[::1]:9842"),
+            ("0.0.0.0:9842", "0.0.0.0:9842"),
+        ] {
+            std::fs::write(&path, format!("[metrics]\nlisten = \"{listen}\"\n")).unwrap();
+            let c = Config::load(&path).unwrap();
+            assert_eq!(
+                c.metrics.listen_addr(),
+                Some(addr.parse().unwrap()),
+                "{listen}"
+            );
+        }
         std::fs::write(
             &path,
             "[metrics]\nlisten = \"127.0.0.1:9842\"\ntextfile_dir = \"/var/lib/{node}/prom\"\n",

@@ -219,8 +219,14 @@ fn main() -> anyhow::Result<()> {
     }
     // A listen address that cannot be bound is a config error: said before
     // systemd hears READY.
-    let served = match &config.metrics.listen {
-        Some(addr) => Some(muxflow_matcher::metrics::serve(addr)?),
+    let served = match config.metrics.listen_addr() {
+        Some(addr) => {
+            let endpoint = muxflow_matcher::metrics::serve(addr)?;
+            if !addr.ip().is_loopback() {
+                tracing::info!(%addr, "metrics endpoint reachable from other hosts ([metrics] listen)");
+            }
+            Some(endpoint)
+        }
         None => None,
     };
     if let Err(e) = muxflow_matcher::service::notify("READY=1") {
@@ -264,10 +270,8 @@ fn main() -> anyhow::Result<()> {
                     tracing::warn!("metrics textfile: {e}");
                 }
             }
-            if let Some(shared) = &served {
-                if let Ok(mut t) = shared.lock() {
-                    *t = text;
-                }
+            if let Some(endpoint) = &served {
+                endpoint.publish(text);
             }
         }
         // Sleep in slices, so a SIGHUP is acted on within a second.
@@ -280,6 +284,11 @@ fn main() -> anyhow::Result<()> {
             let _ = muxflow_matcher::service::notify("RELOADING=1");
             match load_config(&cli) {
                 Ok(c) => {
+                    if c.metrics.listen_addr() != config.metrics.listen_addr() {
+                        tracing::warn!(
+                            "[metrics] listen changed: the endpoint moves at the next restart, not on SIGHUP"
+                        );
+                    }
                     slurm = SlurmCli::new(&c);
                     interval = interval_of(&c);
                     config = c;

@@ -15,9 +15,20 @@
 //!   error on held-out pairs of the finished jobs' history (the figure
 //!   `--evaluate` prints), with `…_predictor_test_pairs`.
 
-use std::sync::{Arc, Mutex};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::header::{self, HeaderValue};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use muxflow::metrics::Exposition;
+use tokio::sync::{watch, Semaphore};
 
 use crate::predict::Evaluation;
 use crate::round::Summary;
@@ -123,48 +134,184 @@ impl MatcherMetrics {
     }
 }
 
+/// Most connections the endpoint serves at once; one more is answered
+/// `503` without waiting for its request, and closed. Prometheus keeps one
+/// connection per target.
+pub const MAX_CONNECTIONS: usize = 32;
+/// Largest request head (request line and headers) read from a client; a
+/// longer one is answered `431` and the connection closed. A scrape's head
+/// is under 1 KiB. hyper's read buffer limit (8 KiB at least), which also
+/// bounds what a pipelining client makes the server hold.
+pub const MAX_HEAD_BYTES: usize = 16 * 1024;
+/// Longest wait for a whole request head, from the connect and between two
+/// requests on a kept-alive connection; then the connection is closed.
+pub const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest a connection stays open: then the response under way is
+/// finished and the connection closed...
+pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(30);
+/// ...or closed this long after, finished or not (a client that does not
+/// read its responses).
+pub const CLOSE_GRACE: Duration = Duration::from_secs(5);
+
+/// What a connection beyond [`MAX_CONNECTIONS`] is told.
+const BUSY: &[u8] =
+    b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n";
+
 #[derive(Debug, thiserror::Error)]
 #[error("cannot serve metrics on {addr}: {why} (check [metrics] listen)")]
 pub struct ServeError {
-    pub addr: String,
+    pub addr: SocketAddr,
     pub why: String,
 }
 
-/// Serves the latest exposition on `addr` (`GET /metrics`) from a thread;
-/// the returned handle updates what it serves.
-pub fn serve(addr: &str) -> Result<Arc<Mutex<String>>, ServeError> {
-    let server = tiny_http::Server::http(addr).map_err(|e| ServeError {
-        addr: addr.to_string(),
+/// The running endpoint: what it serves is replaced by [`Endpoint::publish`].
+#[derive(Debug)]
+pub struct Endpoint {
+    text: watch::Sender<Bytes>,
+    addr: SocketAddr,
+}
+
+impl Endpoint {
+    /// Serves `text` from now on; never waits for the server (a watch
+    /// channel: connections clone the latest text, no lock is held over
+    /// I/O).
+    pub fn publish(&self, text: String) {
+        self.text.send_replace(Bytes::from(text));
+    }
+
+    /// The address bound (the port chosen, where `addr` asked for port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+/// Serves the latest exposition on `addr` (`GET /metrics`) with hyper's
+/// HTTP/1 server on a one-thread tokio runtime in its own thread, within
+/// [`MAX_CONNECTIONS`], [`MAX_HEAD_BYTES`], [`HEAD_TIMEOUT`] and
+/// [`CONNECTION_LIFETIME`]: no client makes it hold more than those, start
+/// a thread, or wait on the matcher's rounds. Binds before returning, so a
+/// taken or foreign address is an error here.
+pub fn serve(addr: SocketAddr) -> Result<Endpoint, ServeError> {
+    let fail = |e: std::io::Error| ServeError {
+        addr,
         why: e.to_string(),
-    })?;
-    let text = Arc::new(Mutex::new(String::new()));
-    let shared = Arc::clone(&text);
+    };
+    let listener = std::net::TcpListener::bind(addr).map_err(fail)?;
+    let bound = listener.local_addr().map_err(fail)?;
+    listener.set_nonblocking(true).map_err(fail)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()
+        .map_err(fail)?;
+    let listener = {
+        let _in_runtime = runtime.enter();
+        tokio::net::TcpListener::from_std(listener).map_err(fail)?
+    };
+    let (sender, text) = watch::channel(Bytes::new());
     std::thread::Builder::new()
         .name("metrics".into())
-        .spawn(move || {
-            for request in server.incoming_requests() {
-                let response = if request.url() == "/metrics" {
-                    let body = shared.lock().map(|t| t.clone()).unwrap_or_default();
-                    let header = tiny_http::Header::from_bytes(
-                        &b"Content-Type"[..],
-                        &b"text/plain; version=0.0.4; charset=utf-8"[..],
-                    )
-                    .expect("a valid header");
-                    tiny_http::Response::from_string(body).with_header(header)
-                } else {
-                    tiny_http::Response::from_string("muxflow-matcher: see /metrics\n")
-                        .with_status_code(404)
-                };
-                if let Err(e) = request.respond(response) {
-                    tracing::debug!("metrics response: {e}");
-                }
+        .spawn(move || runtime.block_on(accept(listener, text)))
+        .map_err(fail)?;
+    Ok(Endpoint {
+        text: sender,
+        addr: bound,
+    })
+}
+
+/// Accepts forever: each connection a task while a slot is free.
+async fn accept(listener: tokio::net::TcpListener, text: watch::Receiver<Bytes>) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    // Refusals are logged at most once a minute, so a flood of connects
+    // does not become a flood of log lines.
+    let mut refused = 0u64;
+    let mut last_warned: Option<Instant> = None;
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of descriptors and the like: try again shortly rather than spin.
+                tracing::warn!("metrics endpoint cannot accept: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
             }
-        })
-        .map_err(|e| ServeError {
-            addr: addr.to_string(),
-            why: e.to_string(),
-        })?;
-    Ok(text)
+        };
+        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+            // Never waits on this client: what its socket takes now, then closed.
+            let _ = stream.try_write(BUSY);
+            refused += 1;
+            if last_warned.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+                tracing::warn!(
+                    "metrics endpoint: {refused} connection(s) refused with {MAX_CONNECTIONS} open"
+                );
+                refused = 0;
+                last_warned = Some(Instant::now());
+            }
+            continue;
+        };
+        let text = text.clone();
+        tokio::spawn(async move {
+            connection(stream, text).await;
+            drop(slot);
+        });
+    }
+}
+
+/// One client's connection, within the limits above.
+async fn connection(stream: tokio::net::TcpStream, text: watch::Receiver<Bytes>) {
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(HEAD_TIMEOUT)
+        .max_buf_size(MAX_HEAD_BYTES);
+    let service =
+        service_fn(move |request| std::future::ready(Ok::<_, Infallible>(answer(&request, &text))));
+    let conn = http.serve_connection(TokioIo::new(stream), service);
+    let mut conn = std::pin::pin!(conn);
+    let result = match tokio::time::timeout(CONNECTION_LIFETIME, conn.as_mut()).await {
+        Ok(result) => result,
+        Err(_) => {
+            conn.as_mut().graceful_shutdown();
+            match tokio::time::timeout(CLOSE_GRACE, conn).await {
+                Ok(result) => result,
+                // Dropped: closed.
+                Err(_) => return,
+            }
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!("metrics connection: {e}");
+    }
+}
+
+/// `GET` or `HEAD /metrics`: the latest exposition; anything else says where
+/// to look.
+fn answer<B>(request: &Request<B>, text: &watch::Receiver<Bytes>) -> Response<Full<Bytes>> {
+    let reply = |status: StatusCode, body: Bytes| {
+        let mut r = Response::new(Full::new(body));
+        *r.status_mut() = status;
+        r
+    };
+    if request.uri().path() != "/metrics" {
+        return reply(
+            StatusCode::NOT_FOUND,
+            Bytes::from_static(b"muxflow-matcher: see /metrics\n"),
+        );
+    }
+    if request.method() != Method::GET && request.method() != Method::HEAD {
+        let mut r = reply(
+            StatusCode::METHOD_NOT_ALLOWED,
+            Bytes::from_static(b"muxflow-matcher: GET /metrics\n"),
+        );
+        r.headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+        return r;
+    }
+    let mut r = reply(StatusCode::OK, text.borrow().clone());
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    r
 }
 
 #[cfg(test)]
@@ -194,23 +341,79 @@ mod tests {
         assert!(text.contains("muxflow_matcher_round_duration_seconds 0.5\n"));
         assert!(text.contains("muxflow_matcher_round_exact_over_every_pair 1\n"));
 
-        // A free port: bound, noted, released.
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        drop(listener);
-        let handle = serve(&addr).unwrap();
-        *handle.lock().unwrap() = text.clone();
-        let mut conn = std::net::TcpStream::connect(&addr).unwrap();
-        conn.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
-        let mut got = String::new();
-        conn.read_to_string(&mut got).unwrap();
-        assert!(
-            got.starts_with("HTTP/1.0 200") || got.starts_with("HTTP/1.1 200"),
-            "{got}"
-        );
+        let endpoint = serve("127.0.0.1:0".parse().unwrap()).unwrap();
+        endpoint.publish(text.clone());
+        let addr = endpoint.local_addr();
+        let ask = |request: &str| {
+            let mut conn = std::net::TcpStream::connect(addr).unwrap();
+            conn.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+                .unwrap();
+            conn.write_all(request.as_bytes()).unwrap();
+            let mut got = String::new();
+            conn.read_to_string(&mut got).unwrap();
+            got
+        };
+        let got = ask("GET /metrics HTTP/1.0\r\n\r\n");
+        assert!(got.starts_with("HTTP/1.0 200"), "{got}");
         assert!(got.contains("version=0.0.4"), "{got}");
         assert!(got.ends_with(&text), "{got}");
-        let e = serve(&addr).unwrap_err();
+        let got = ask("GET / HTTP/1.1\r\nHost: m\r\nConnection: close\r\n\r\n");
+        assert!(got.starts_with("HTTP/1.1 404"), "{got}");
+        let got = ask("POST /metrics HTTP/1.1\r\nHost: m\r\nConnection: close\r\n\r\n");
+        assert!(got.starts_with("HTTP/1.1 405"), "{got}");
+        // What is published next is served next.
+        endpoint.publish("muxflow_matcher_rounds_total 3\n".into());
+        let got = ask("GET /metrics HTTP/1.1\r\nHost: m\r\nConnection: close\r\n\r\n");
+        assert!(
+            got.ends_with("\r\n\r\nmuxflow_matcher_rounds_total 3\n"),
+            "{got}"
+        );
+        // A head over the limit is refused: 431, or the connection closed
+        // before the client reads it; never served.
+        let mut conn = std::net::TcpStream::connect(addr).unwrap();
+        conn.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+            .unwrap();
+        let head = format!(
+            "GET /metrics HTTP/1.1\r\nX-Big: {}\r\n\r\n",
+            "a".repeat(MAX_HEAD_BYTES)
+        );
+        let _ = conn.write_all(head.as_bytes());
+        let mut got = Vec::new();
+        let _ = conn.read_to_end(&mut got);
+        let got = String::from_utf8_lossy(&got);
+        assert!(got.is_empty() || got.starts_with("HTTP/1.1 431"), "{got}");
+        let e = serve(addr).unwrap_err();
         assert!(e.to_string().contains("[metrics] listen"), "{e}");
+    }
+
+    #[test]
+    fn a_connection_beyond_the_limit_is_refused_not_served() {
+        let endpoint = serve("127.0.0.1:0".parse().unwrap()).unwrap();
+        endpoint.publish("x 1\n".into());
+        let addr = endpoint.local_addr();
+        let request = b"GET /metrics HTTP/1.1\r\nHost: m\r\nConnection: close\r\n\r\n";
+        let ask = || {
+            let mut conn = std::net::TcpStream::connect(addr).unwrap();
+            conn.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+                .unwrap();
+            let _ = conn.write_all(request);
+            let mut got = Vec::new();
+            let _ = conn.read_to_end(&mut got);
+            String::from_utf8_lossy(&got).into_owned()
+        };
+        // Every slot taken by a client that says nothing (accepted in
+        // connect order, so before the next one).
+        let quiet: Vec<_> = (0..MAX_CONNECTIONS)
+            .map(|_| std::net::TcpStream::connect(addr).unwrap())
+            .collect();
+        let got = ask();
+        assert!(got.is_empty() || got.starts_with("HTTP/1.1 503"), "{got}");
+        // A slot given back is taken by the next client.
+        drop(quiet);
+        let start = std::time::Instant::now();
+        while !ask().starts_with("HTTP/1.1 200") {
+            assert!(start.elapsed() < std::time::Duration::from_secs(60));
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
     }
 }
