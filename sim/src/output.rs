@@ -148,6 +148,9 @@ pub struct InputFigures {
     pub round_interval_s: f64,
     pub health_interval_s: f64,
     pub autoscale: bool,
+    /// Services the placed online tasks form when they scale (tasks of one
+    /// request shape: sim/README.md, "Services that come and go").
+    pub scaled_services: usize,
     pub checkpoint_interval_s: f64,
     pub checkpoint_save_s: f64,
     pub checkpoint_on_requeue: bool,
@@ -177,6 +180,7 @@ impl InputFigures {
             round_interval_s: s.round_interval_s,
             health_interval_s: s.health_interval_s,
             autoscale: s.autoscale,
+            scaled_services: sc.services,
             checkpoint_interval_s: s.checkpoint.interval_s,
             checkpoint_save_s: s.checkpoint.save_s,
             checkpoint_on_requeue: s.checkpoint.on_requeue,

@@ -12,9 +12,11 @@
 //! `pauses_offline`). Idle GPUs (no online service) are the round's
 //! candidates too (issue 15), at the job's solo speed: under `muxflow` an
 //! arrival waits for the next round rather than taking an idle GPU first
-//! come, first served, as the other policies do. The replay's online
-//! services never move, so the requeue an online arrival causes on a
-//! node never happens here.
+//! come, first served, as the other policies do. With `--autoscale`
+//! online services scale with their load ([`Sim::scale`]): a replica
+//! lands where Slurm would put it and requeues the offline jobs there,
+//! which lose the work since their last checkpoint ([`Sim::requeue`]);
+//! without, they never move.
 //!
 //! A k-GPU offline task is one job on k GPUs of one node (a gang, issue
 //! 15) under every policy: started on all of them together (the round's
