@@ -156,3 +156,55 @@ fn under_muxflow_the_requeued_job_goes_back_to_the_round() {
     assert_eq!(o.oom_starts, Some(2));
     assert_eq!(o.offline_running_end, 1);
 }
+
+/// A 2-GPU job (a gang) is requeued whole and loses its progress since the
+/// checkpoint on each of its GPUs. One node of 3 GPUs, a service of 3
+/// replicas: `ceil(3 × load)` is 1 until 09:00 (0.325 at 00:00, 0.325 at
+/// 08:00), so the gang starts at once on GPUs 1 and 2; at 09:00 (0.434:
+/// 2 replicas) a replica lands on GPU 1, the lowest free one: 32,400 s
+/// done on each GPU, 28,000 checkpointed, 2 × 4,400 GPU-s lost; it never
+/// finds 2 free GPUs again that day.
+#[test]
+fn a_gang_is_requeued_whole_and_loses_on_each_of_its_gpus() {
+    let settings = Settings {
+        days: 1.0,
+        online_fill: 1.0,
+        offline_load: 0.0,
+        autoscale: true,
+        checkpoint: every_7000_s(),
+        ..Settings::default()
+    };
+    let inputs = inputs(
+        "sn,gpu,model\nn1,3,V100M16\n",
+        "name,num_gpu,gpu_milli,gpu_spec,qos\nsvc,1,1000,,LS\ntrain,2,1000,,BE\n",
+        "job_a,job_b,solo_a,solo_b,shared_a,shared_b\nA,A,10,10,0,0\n",
+    );
+    let mut sc = muxflow_sim::prepare(&inputs, &settings).expect("valid inputs");
+    sc.jobs = vec![muxflow_sim::scenario::OfflineJob {
+        gpus: 2,
+        ..job(1, 0.0, 50_000.0, 1, 0)
+    }];
+    assert_eq!(replicas_for(3, muxflow_sim::model::diurnal_load(8)), 1);
+    assert_eq!(replicas_for(3, muxflow_sim::model::diurnal_load(9)), 2);
+    let o = replay(
+        &sc,
+        PolicyKind::Exclusive,
+        &muxflow::Config::default(),
+        &settings,
+    );
+    let c = churn(&o);
+    assert_eq!(c.requeues, 1);
+    close(c.lost_gpu_hours * 3600.0, 2.0 * 4400.0, "lost GPU-s");
+    close(
+        o.offline_gpu_hours * 3600.0,
+        2.0 * (32_400.0 - 4400.0),
+        "work, GPU-s",
+    );
+    close(
+        o.gang_gpu_hours,
+        o.offline_gpu_hours,
+        "all of it the gang's",
+    );
+    assert_eq!(o.offline_short_of_gpus, 0);
+    assert_eq!(o.offline_waiting_end, 1);
+}
