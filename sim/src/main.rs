@@ -61,6 +61,21 @@ struct Cli {
     /// Seconds between health checks.
     #[arg(long, default_value_t = 300.0)]
     health_interval: f64,
+    /// Online services scale with their load: replicas started and stopped at each hourly load step, placed as Slurm places an online job; offline jobs where one lands are requeued (sim/README.md, "Services that come and go").
+    #[arg(long)]
+    autoscale: bool,
+    /// Offline jobs checkpoint every this many seconds of progress at full speed (--autoscale: a requeue loses the work since).
+    #[arg(long, default_value_t = 3600.0)]
+    checkpoint_interval: f64,
+    /// Seconds an offline job's checkpoint takes to write.
+    #[arg(long, default_value_t = 20.0)]
+    checkpoint_save: f64,
+    /// Offline jobs checkpoint when warned of a requeue (issue 29), within --requeue-grace; without, they lose the work since their last periodic checkpoint.
+    #[arg(long)]
+    checkpoint_on_requeue: bool,
+    /// Longest warning before a requeue, seconds (the plugin's cap).
+    #[arg(long, default_value_t = 25.0)]
+    requeue_grace: f64,
     /// Print JSON instead of the table.
     #[arg(long)]
     json: bool,
@@ -163,6 +178,13 @@ fn main() -> anyhow::Result<()> {
         seed: cli.seed,
         round_interval_s: cli.round_interval,
         health_interval_s: cli.health_interval,
+        autoscale: cli.autoscale,
+        checkpoint: muxflow_sim::scenario::Checkpointing {
+            interval_s: cli.checkpoint_interval,
+            save_s: cli.checkpoint_save,
+            on_requeue: cli.checkpoint_on_requeue,
+            grace_s: cli.requeue_grace,
+        },
     };
     let files: Vec<Option<Vec<u8>>> = [
         &cli.nodes,

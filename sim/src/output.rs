@@ -64,6 +64,17 @@ pub struct PolicyFigures {
     pub gang_arrived: u64,
     pub gang_finished: u64,
     pub gang_gpu_hours: f64,
+    /// `--autoscale` (null without): replicas started, those that waited
+    /// for offline work to leave their GPUs, the wait (mean over every
+    /// start, and longest), replica-hours no node could take, offline
+    /// requeues and the work they lost.
+    pub online_replica_starts: Option<u64>,
+    pub online_starts_delayed: Option<u64>,
+    pub online_start_delay_mean_s: Option<f64>,
+    pub online_start_delay_max_s: Option<f64>,
+    pub online_replica_hours_short: Option<u64>,
+    pub offline_requeues: Option<u64>,
+    pub offline_lost_gpu_hours: Option<f64>,
 }
 
 impl PolicyFigures {
@@ -100,6 +111,16 @@ impl PolicyFigures {
             gang_arrived: o.gang_arrived,
             gang_finished: o.gang_finished,
             gang_gpu_hours: r1(o.gang_gpu_hours),
+            online_replica_starts: o.churn.as_ref().map(|c| c.replica_starts),
+            online_starts_delayed: o.churn.as_ref().map(|c| c.starts_delayed),
+            online_start_delay_mean_s: o
+                .churn
+                .as_ref()
+                .map(|c| round(c.start_delay_total_s / (c.replica_starts.max(1) as f64), 3)),
+            online_start_delay_max_s: o.churn.as_ref().map(|c| round(c.start_delay_max_s, 3)),
+            online_replica_hours_short: o.churn.as_ref().map(|c| c.replica_hours_short),
+            offline_requeues: o.churn.as_ref().map(|c| c.requeues),
+            offline_lost_gpu_hours: o.churn.as_ref().map(|c| r1(c.lost_gpu_hours)),
         }
     }
 }
@@ -126,6 +147,14 @@ pub struct InputFigures {
     pub seed: u64,
     pub round_interval_s: f64,
     pub health_interval_s: f64,
+    pub autoscale: bool,
+    /// Services the placed online tasks form when they scale (tasks of one
+    /// request shape: sim/README.md, "Services that come and go").
+    pub scaled_services: usize,
+    pub checkpoint_interval_s: f64,
+    pub checkpoint_save_s: f64,
+    pub checkpoint_on_requeue: bool,
+    pub requeue_grace_s: f64,
 }
 
 impl InputFigures {
@@ -150,6 +179,12 @@ impl InputFigures {
             seed: s.seed,
             round_interval_s: s.round_interval_s,
             health_interval_s: s.health_interval_s,
+            autoscale: s.autoscale,
+            scaled_services: sc.services,
+            checkpoint_interval_s: s.checkpoint.interval_s,
+            checkpoint_save_s: s.checkpoint.save_s,
+            checkpoint_on_requeue: s.checkpoint.on_requeue,
+            requeue_grace_s: s.checkpoint.grace_s,
         }
     }
 }
@@ -274,6 +309,43 @@ pub fn table(policies: &[PolicyFigures], inputs: &InputFigures) -> String {
             Box::new(|p| p.offline_short_of_gpus.to_string()),
         ),
     ];
+    // --autoscale: what services coming and going cost.
+    let mut rows = rows;
+    if policies.iter().any(|p| p.online_replica_starts.is_some()) {
+        let n = |v: Option<u64>| v.map_or("-".into(), |v| v.to_string());
+        let churn: Vec<Row> = vec![
+            (
+                "online replicas started",
+                Box::new(move |p| n(p.online_replica_starts)),
+            ),
+            (
+                "  waited for offline to leave",
+                Box::new(move |p| n(p.online_starts_delayed)),
+            ),
+            (
+                "  start delay mean / max, s",
+                Box::new(
+                    |p| match (p.online_start_delay_mean_s, p.online_start_delay_max_s) {
+                        (Some(a), Some(b)) => format!("{a:.2}/{b:.1}"),
+                        _ => "-".into(),
+                    },
+                ),
+            ),
+            (
+                "  replica-hours with no GPU",
+                Box::new(move |p| n(p.online_replica_hours_short)),
+            ),
+            (
+                "offline requeues (replicas)",
+                Box::new(move |p| n(p.offline_requeues)),
+            ),
+            (
+                "offline work lost, GPU-h",
+                Box::new(|p| opt(p.offline_lost_gpu_hours, &|v| format!("{v:.1}"))),
+            ),
+        ];
+        rows.extend(churn);
+    }
     let _ = write!(s, "{:<32}", "");
     for p in policies {
         let _ = write!(s, " {:>13}", p.name);

@@ -12,9 +12,11 @@
 //! `pauses_offline`). Idle GPUs (no online service) are the round's
 //! candidates too (issue 15), at the job's solo speed: under `muxflow` an
 //! arrival waits for the next round rather than taking an idle GPU first
-//! come, first served, as the other policies do. The replay's online
-//! services never move, so the requeue an online arrival causes on a
-//! node never happens here.
+//! come, first served, as the other policies do. With `--autoscale`
+//! online services scale with their load ([`Sim::scale`]): a replica
+//! lands where Slurm would put it and requeues the offline jobs there,
+//! which lose the work since their last checkpoint ([`Sim::requeue`]);
+//! without, they never move.
 //!
 //! A k-GPU offline task is one job on k GPUs of one node (a gang, issue
 //! 15) under every policy: started on all of them together (the round's
@@ -40,7 +42,7 @@ use muxflow_matcher::round::{plan, Action, IdleSlot, Predictor, Seat};
 
 use crate::engine::EventQueue;
 use crate::model::{self, gpu_rates, GpuRates, OfflineSide, OnlineSide, SlotJob, OFFLINE_SM};
-use crate::scenario::Scenario;
+use crate::scenario::{replicas_for, Checkpointing, Scenario, Service, REQUEUE_EXIT_S};
 
 /// A sharing policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -200,6 +202,34 @@ pub struct Outcome {
     pub timeline: Vec<HourRow>,
     /// Seconds of online GPU-time at each latency factor bin.
     pub latency_hist: Vec<f64>,
+    /// Services that scale (`--autoscale`); `None` without.
+    pub churn: Option<Churn>,
+}
+
+/// What services coming and going cost (`--autoscale`, issue 30).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Churn {
+    /// Replicas the hourly steps started and stopped (hour 0's stops
+    /// scale the peak placement down to the night's load).
+    pub replica_starts: u64,
+    pub replica_stops: u64,
+    /// Replica starts whose GPUs held offline work: each waited for it to
+    /// leave (the warning's checkpoint, then the job's exit).
+    pub starts_delayed: u64,
+    /// Seconds each replica start waited for its GPUs (0 where they were
+    /// free), summed, and the longest.
+    pub start_delay_total_s: f64,
+    pub start_delay_max_s: f64,
+    /// Replicas a service wanted that no node could take, summed over the
+    /// hourly steps (replica-hours short).
+    pub replica_hours_short: u64,
+    /// Offline jobs requeued for a landing replica, and the work they lost
+    /// (GPU-hours: seconds of progress since their last checkpoint × their
+    /// GPUs), taken off `offline_gpu_hours`.
+    pub requeues: u64,
+    pub lost_gpu_hours: f64,
+    /// Online GPU-hours (GPUs holding a replica, integrated).
+    pub online_gpu_hours: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -240,6 +270,9 @@ struct JobSeat {
     slots: u32,
     /// Pair throughputs with the GPU's online service (x_off, x_on).
     pair: Option<(f64, f64)>,
+    /// The GPU's online replica when the job started there (its record's
+    /// partner, even if the replica stops meanwhile).
+    partner: Option<Service>,
     /// The speed this GPU's model gives it; the job runs at its slowest
     /// seat's (synchronous training waits for it).
     speed: f64,
@@ -275,6 +308,9 @@ struct JobRt {
     /// This run's offline peers: the jobs (ids) that shared one of its
     /// GPUs at any time, as the node's `peers` (issue 15).
     peers: Vec<u32>,
+    /// Progress (seconds alone) its last checkpoint holds beyond the
+    /// periodic ones: one written at a requeue's warning.
+    saved_s: f64,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -288,6 +324,8 @@ struct Integrals {
     /// Of `work`, the k-GPU jobs'.
     gang_work: f64,
     lent: f64,
+    /// GPU-seconds of GPUs holding an online replica.
+    online: f64,
 }
 
 /// The replay's view of the time integrals' integrands.
@@ -303,6 +341,7 @@ struct Sums {
     gang_speed: f64,
     lent: usize,
     running: usize,
+    online: usize,
 }
 
 /// Options that are not part of the scenario.
@@ -332,7 +371,13 @@ struct Sim<'a> {
     load: f64,
     gpus: Vec<GpuRt>,
     jobs: Vec<JobRt>,
+    /// Per GPU, its online replica now (the scenario's peak placement
+    /// without `--autoscale`).
+    online: Vec<Option<Service>>,
     online_ids: Vec<u32>,
+    /// `--autoscale`: the services' replicas.
+    scaling: Option<Scaling>,
+    checkpoint: Checkpointing,
     idle_free: BTreeSet<u32>,
     slot_free: BTreeSet<u32>,
     queue: BTreeSet<u32>,
@@ -386,6 +431,25 @@ struct Sim<'a> {
     /// from such a run, `Profile::peak_mib`).
     needs_above_since_training: BTreeMap<String, u64>,
     progress: &'a AtomicU64,
+}
+
+/// The services' replicas while they scale (`--autoscale`).
+#[derive(Debug, Clone, Default)]
+struct Scaling {
+    /// Per service: its replicas at the daily peak, those running (in start
+    /// order) and those stopped (last stopped last).
+    peak: Vec<u32>,
+    running: Vec<Vec<u32>>,
+    stopped: Vec<Vec<u32>>,
+    /// Per service, the load each running replica carries (fraction of a
+    /// replica's at the peak).
+    load: Vec<f64>,
+    /// Per replica, its GPUs while it runs.
+    on: Vec<Vec<u32>>,
+    /// Per GPU, its replica's service while one runs there.
+    service_of: Vec<Option<u32>>,
+    next_job_id: u32,
+    churn: Churn,
 }
 
 /// Replays `sc` under `kind` with the production settings in `cfg`;
@@ -448,6 +512,38 @@ pub fn run(
     sim.outcome()
 }
 
+impl Scaling {
+    /// Every replica of the scenario running, on its peak GPUs (the first
+    /// hourly step scales them to the load).
+    fn of(sc: &Scenario) -> Scaling {
+        let mut s = Scaling {
+            peak: vec![0; sc.services],
+            running: vec![Vec::new(); sc.services],
+            stopped: vec![Vec::new(); sc.services],
+            load: vec![1.0; sc.services],
+            on: Vec::with_capacity(sc.replicas.len()),
+            service_of: vec![None; sc.gpus.len()],
+            next_job_id: sc
+                .online
+                .iter()
+                .flatten()
+                .map(|o| o.job_id)
+                .max()
+                .unwrap_or(0),
+            churn: Churn::default(),
+        };
+        for (r, rep) in sc.replicas.iter().enumerate() {
+            s.peak[rep.service as usize] += 1;
+            s.running[rep.service as usize].push(r as u32);
+            s.on.push(rep.gpus.clone());
+            for &g in &rep.gpus {
+                s.service_of[g as usize] = Some(rep.service);
+            }
+        }
+        s
+    }
+}
+
 impl<'a> Sim<'a> {
     fn new(
         sc: &'a Scenario,
@@ -473,6 +569,9 @@ impl<'a> Sim<'a> {
             now: 0.0,
             load: model::diurnal_load(0),
             gpus: vec![GpuRt::default(); n],
+            online: sc.online.clone(),
+            scaling: settings.autoscale.then(|| Scaling::of(sc)),
+            checkpoint: settings.checkpoint,
             jobs: sc
                 .jobs
                 .iter()
@@ -567,6 +666,7 @@ impl<'a> Sim<'a> {
                 });
             }
         }
+        sim.sums.online = sim.online_ids.len();
         let all: Vec<u32> = (0..n as u32).collect();
         sim.refresh(&all);
         sim
@@ -586,6 +686,7 @@ impl<'a> Sim<'a> {
             a.work += s.speed * dt;
             a.gang_work += s.gang_speed * dt;
             a.lent += s.lent as f64 * dt;
+            a.online += s.online as f64 * dt;
             self.last_s = t;
         }
         self.now = t;
@@ -593,9 +694,13 @@ impl<'a> Sim<'a> {
 
     fn online_side(&self, g: u32) -> Option<OnlineSide> {
         let gpu = &self.sc.gpus[g as usize];
-        self.sc.online[g as usize].as_ref().map(|s| OnlineSide {
+        let load = match &self.scaling {
+            Some(sc) => sc.service_of[g as usize].map_or(self.load, |s| sc.load[s as usize]),
+            None => self.load,
+        };
+        self.online[g as usize].as_ref().map(|s| OnlineSide {
             share: s.share,
-            load: self.load,
+            load,
             mem: s.mem_mib as f64 / gpu.mem_mib as f64,
         })
     }
@@ -694,7 +799,7 @@ impl<'a> Sim<'a> {
     /// Carries GPU `g`'s new rates into the sums and the latency
     /// histogram; false when they did not change.
     fn apply_rates(&mut self, g: u32, new: GpuRates) -> bool {
-        let online = self.sc.online[g as usize].is_some();
+        let online = self.online[g as usize].is_some();
         let rt = &mut self.gpus[g as usize];
         let old = rt.rates;
         if new == old {
@@ -806,7 +911,10 @@ impl<'a> Sim<'a> {
                 hour: h - 1,
                 gpu_util: (a.util - p.util) / 3600.0 / n,
                 sm_activity: (a.sm - p.sm) / 3600.0 / n,
-                online_gpu_util: (a.util_online - p.util_online) / 3600.0 / n_on,
+                online_gpu_util: match self.scaling {
+                    Some(_) => (a.util_online - p.util_online) / (a.online - p.online).max(1e-9),
+                    None => (a.util_online - p.util_online) / 3600.0 / n_on,
+                },
                 online_load: self.load,
                 offline_running: self.sums.running,
                 offline_waiting: self.queue.len(),
@@ -820,6 +928,9 @@ impl<'a> Sim<'a> {
             return;
         }
         self.load = model::diurnal_load(h);
+        if self.scaling.is_some() {
+            self.scale();
+        }
         let online = std::mem::take(&mut self.online_ids);
         self.refresh(&online);
         self.online_ids = online;
@@ -832,13 +943,14 @@ impl<'a> Sim<'a> {
         let mut s = Sums {
             lent: self.sums.lent,
             running: self.sums.running,
+            online: self.sums.online,
             ..Sums::default()
         };
         for (g, rt) in self.gpus.iter().enumerate() {
             s.util += rt.rates.util;
             s.sm += rt.rates.sm;
             s.mem += rt.rates.mem;
-            if self.sc.online[g].is_some() {
+            if self.online[g].is_some() {
                 s.util_online += rt.rates.util;
                 s.sm_online += rt.rates.sm;
             }
@@ -866,7 +978,7 @@ impl<'a> Sim<'a> {
     /// was measured together and both fit the GPU's memory.
     fn fits_beside(&self, j: u32, g: u32) -> Option<(f64, f64)> {
         let job = &self.sc.jobs[j as usize];
-        let svc = self.sc.online[g as usize].as_ref()?;
+        let svc = self.online[g as usize].as_ref()?;
         let pair = self.sc.pairs.pair(job.job_type, svc.job_type)?;
         (job.mem_mib + svc.mem_mib <= self.sc.gpus[g as usize].mem_mib).then_some(pair)
     }
@@ -996,6 +1108,9 @@ impl<'a> Sim<'a> {
     /// Starts job `j` on its seats (all its GPUs together).
     fn start(&mut self, j: u32, mut seats: Vec<JobSeat>) {
         seats.sort_by_key(|s| s.g);
+        for s in &mut seats {
+            s.partner = self.online[s.g as usize];
+        }
         self.queue.remove(&j);
         let asked = self.sc.jobs[j as usize].gpus as usize;
         let node = self.sc.gpus[seats[0].g as usize].node;
@@ -1024,7 +1139,7 @@ impl<'a> Sim<'a> {
         for &g in &gs {
             self.idle_free.remove(&g);
             self.slot_free.remove(&g);
-            let online = self.sc.online[g as usize].is_some();
+            let online = self.online[g as usize].is_some();
             self.gpus[g as usize].offline.push(j);
             let id = self.sc.jobs[j as usize].id;
             for i in 0..self.gpus[g as usize].offline.len() {
@@ -1050,6 +1165,229 @@ impl<'a> Sim<'a> {
             self.gpus[g as usize].rates.offline_speed = -1.0;
         }
         self.refresh(&gs);
+    }
+
+    /// Starts and stops replicas so that each service runs
+    /// [`replicas_for`] its peak at the hour's load (`--autoscale`):
+    /// services scale in first (newest replica first, as a ReplicaSet
+    /// scales down), then out, each new replica placed as Slurm places an
+    /// online job ([`Sim::slurm_place`]); the offline jobs on its GPUs are
+    /// requeued ([`Sim::requeue`]), as the online job's Prolog does.
+    fn scale(&mut self) {
+        let mut sc = self.scaling.take().expect("scaling services");
+        let mut changed: Vec<u32> = Vec::new();
+        for s in 0..sc.peak.len() {
+            let want = replicas_for(sc.peak[s], self.load) as usize;
+            while sc.running[s].len() > want {
+                let r = sc.running[s].pop().expect("a running replica");
+                for g in std::mem::take(&mut sc.on[r as usize]) {
+                    sc.service_of[g as usize] = None;
+                    self.set_owner(g, None);
+                    changed.push(g);
+                }
+                sc.stopped[s].push(r);
+                sc.churn.replica_stops += 1;
+            }
+        }
+        let mut requeued: Vec<u32> = Vec::new();
+        for s in 0..sc.peak.len() {
+            let want = replicas_for(sc.peak[s], self.load) as usize;
+            while sc.running[s].len() < want {
+                let Some(&r) = sc.stopped[s].last() else {
+                    break;
+                };
+                let Some(gs) = self.slurm_place(r) else {
+                    sc.churn.replica_hours_short += (want - sc.running[s].len()) as u64;
+                    break;
+                };
+                sc.stopped[s].pop();
+                // The online job's Prolog requeues every offline job there
+                // and waits until they have left.
+                let mut delay: f64 = 0.0;
+                for &g in &gs {
+                    for j in self.gpus[g as usize].offline.clone() {
+                        delay = delay.max(self.requeue(j, &mut sc.churn, &mut changed));
+                        requeued.push(j);
+                    }
+                }
+                let template = self.sc.online[self.sc.replicas[r as usize].gpus[0] as usize]
+                    .expect("a replica's GPU holds it at the peak");
+                sc.next_job_id += 1;
+                for &g in &gs {
+                    sc.service_of[g as usize] = Some(s as u32);
+                    let share = template.share;
+                    let mem =
+                        model::MEM_PER_SHARE * share * self.sc.gpus[g as usize].mem_mib as f64;
+                    self.set_owner(
+                        g,
+                        Some(Service {
+                            job_id: sc.next_job_id,
+                            mem_mib: mem.round() as u64,
+                            ..template
+                        }),
+                    );
+                    changed.push(g);
+                }
+                sc.on[r as usize] = gs;
+                sc.running[s].push(r);
+                let c = &mut sc.churn;
+                c.replica_starts += 1;
+                c.starts_delayed += u64::from(delay > 0.0);
+                c.start_delay_total_s += delay;
+                c.start_delay_max_s = c.start_delay_max_s.max(delay);
+            }
+            let running = sc.running[s].len().max(1) as f64;
+            sc.load[s] = (f64::from(sc.peak[s]) * self.load / running).min(1.0);
+        }
+        self.scaling = Some(sc);
+        self.online_ids = (0..self.sc.gpus.len() as u32)
+            .filter(|&g| self.online[g as usize].is_some())
+            .collect();
+        self.sums.online = self.online_ids.len();
+        changed.sort_unstable();
+        changed.dedup();
+        self.refresh(&changed);
+        if !self.kind.is_muxflow() {
+            // The other policies place at once: the requeued jobs (oldest
+            // first), then what waits, on the nodes that freed GPUs.
+            requeued.sort_unstable();
+            for j in requeued {
+                if let Some(seats) = self.plain_placement(j, None) {
+                    self.start(j, seats);
+                }
+            }
+            // `changed` is in GPU order, so a node's GPUs are together.
+            let gpus = &self.sc.gpus;
+            let by_node: Vec<Vec<u32>> = changed
+                .chunk_by(|a, b| gpus[*a as usize].node == gpus[*b as usize].node)
+                .map(<[u32]>::to_vec)
+                .collect();
+            for gs in by_node {
+                self.fill(&gs);
+            }
+        }
+    }
+
+    /// Where Slurm starts replica `r` (k GPUs of one node, of a model it
+    /// may use, none held by an online job): the first such node in node
+    /// order, its lowest free GPUs. Under muxflow an offline job holds no
+    /// `gres/gpu`, so Slurm sees its GPU as free and may land there; under
+    /// the other policies it holds its GPU, and Slurm preempts it only
+    /// when no node has k GPUs free of it.
+    fn slurm_place(&self, r: u32) -> Option<Vec<u32>> {
+        let rep = &self.sc.replicas[r as usize];
+        let k = rep.gpus.len();
+        let passes: &[bool] = if self.kind.is_muxflow() {
+            &[true]
+        } else {
+            &[false, true]
+        };
+        for &preempt in passes {
+            for n in 0..self.sc.nodes.len() as u32 {
+                let range = self.node_gpus(n);
+                let model = self.sc.gpus[range.start as usize].model;
+                if rep.models.as_ref().is_some_and(|m| !m.contains(&model)) {
+                    continue;
+                }
+                let gs: Vec<u32> = range
+                    .filter(|&g| {
+                        self.online[g as usize].is_none()
+                            && (preempt || self.gpus[g as usize].offline.is_empty())
+                    })
+                    .take(k)
+                    .collect();
+                if gs.len() == k {
+                    return Some(gs);
+                }
+            }
+        }
+        None
+    }
+
+    /// Requeues offline job `j` for a replica landing on one of its GPUs:
+    /// its run ends, its record is written, the work since its last
+    /// checkpoint is lost (none when it checkpoints at the warning within
+    /// the grace), and it waits again. Returns how long the replica waits
+    /// for it: the warning's checkpoint (when it takes one) and its exit.
+    /// The GPUs it frees go to `freed` (a gang's others are free now).
+    fn requeue(&mut self, j: u32, churn: &mut Churn, freed: &mut Vec<u32>) -> f64 {
+        if self.kind.is_muxflow() {
+            let seats = self.jobs[j as usize].seats.clone();
+            self.report(j, &seats, false);
+        }
+        freed.extend(self.stop(j));
+        let ck = self.checkpoint;
+        let saves = ck.on_requeue && ck.save_s <= ck.grace_s;
+        let job = &self.sc.jobs[j as usize];
+        let rt = &mut self.jobs[j as usize];
+        let done = job.work_s - rt.remaining_s;
+        let kept = if saves {
+            done
+        } else {
+            ((done / ck.interval_s).floor() * ck.interval_s)
+                .max(rt.saved_s)
+                .min(done)
+        };
+        rt.saved_s = kept;
+        let lost = done - kept;
+        rt.remaining_s += lost;
+        let gpus = f64::from(job.gpus);
+        self.acc.work -= lost * gpus;
+        if job.gpus > 1 {
+            self.acc.gang_work -= lost * gpus;
+        }
+        churn.requeues += 1;
+        churn.lost_gpu_hours += lost * gpus / 3600.0;
+        self.enqueue(j);
+        let warned = if ck.on_requeue {
+            ck.save_s.min(ck.grace_s)
+        } else {
+            0.0
+        };
+        warned + REQUEUE_EXIT_S
+    }
+
+    /// Gives GPU `g` to an online replica (`Some`, the GPU holding no
+    /// offline work) or takes it back (`None`; its offline jobs run on
+    /// alone): the sums, the free sets, the health state and what the
+    /// round sees follow.
+    fn set_owner(&mut self, g: u32, owner: Option<Service>) {
+        // Out of the sums under its old ownership (the latency histogram
+        // closes its interval); the next refresh adds it back.
+        self.apply_rates(g, GpuRates::default());
+        let had = self.online[g as usize].is_some();
+        let busy = !self.gpus[g as usize].offline.is_empty();
+        debug_assert!(owner.is_none() || !busy, "a replica lands on a freed GPU");
+        if had && busy {
+            self.sums.lent -= 1;
+        }
+        self.online[g as usize] = owner;
+        let rt = &mut self.gpus[g as usize];
+        rt.solo = None;
+        rt.fsm = (owner.is_some() && self.kind.is_muxflow()).then(|| Fsm::new(self.now as u64));
+        self.slot_free.remove(&g);
+        self.idle_free.remove(&g);
+        match owner {
+            Some(_) if self.kind.shares() && !self.kind.is_muxflow() => {
+                self.slot_free.insert(g);
+            }
+            Some(_) => {}
+            None if !busy => {
+                self.idle_free.insert(g);
+            }
+            None => {}
+        }
+        if let Some(&k) = self
+            .state_index
+            .get(g as usize)
+            .filter(|&&k| k != usize::MAX)
+        {
+            let gpu = &mut self.state.gpus[k];
+            gpu.online_jobs = owner.map(|s| s.job_id).into_iter().collect();
+            gpu.published.state = HealthState::Healthy;
+            gpu.published.solo_sm_pct = None;
+            gpu.published.online_mem_mib = None;
+        }
     }
 
     /// What GPU `g`'s offline jobs hold, in the round's state.
@@ -1086,7 +1424,7 @@ impl<'a> Sim<'a> {
         job.version += 1;
         self.sums.running -= 1;
         for &g in &gs {
-            let online = self.sc.online[g as usize].is_some();
+            let online = self.online[g as usize].is_some();
             let rt = &mut self.gpus[g as usize];
             rt.offline.retain(|&k| k != j);
             let now_free = rt.offline.is_empty();
@@ -1161,7 +1499,7 @@ impl<'a> Sim<'a> {
         let first = &seats[0];
         let g = first.g;
         let gpu = &self.sc.gpus[g as usize];
-        let svc = self.sc.online[g as usize].as_ref();
+        let svc = first.partner.as_ref();
         let solo = self.sc.pairs.solo[job.job_type as usize];
         let wall = self.now - rt.run_start_s;
         let remaining = (rt.remaining_s - rt.speed * (self.now - rt.last_s)).max(0.0);
@@ -1201,7 +1539,7 @@ impl<'a> Sim<'a> {
             gang: seats[1..]
                 .iter()
                 .map(|s| {
-                    let svc = self.sc.online[s.g as usize].as_ref();
+                    let svc = s.partner.as_ref();
                     GangGpu {
                         gpu: self.sc.gpus[s.g as usize].index,
                         sm_pct: svc.map(|_| s.sm_pct),
@@ -1252,7 +1590,7 @@ impl<'a> Sim<'a> {
             // Solo figures, as the node records them: the online service's
             // SM activity (running mean) and memory (largest) while no
             // offline job is on the GPU.
-            let svc = self.sc.online[g as usize].as_ref().expect("online GPU");
+            let svc = self.online[g as usize].as_ref().expect("online GPU");
             if rt.offline.is_empty() {
                 rt.solo = Some(Solo::next(
                     rt.solo.take(),
@@ -1312,7 +1650,7 @@ impl<'a> Sim<'a> {
             return true;
         }
         let job = &self.sc.jobs[j as usize];
-        let svc_mib = self.sc.online[g as usize].as_ref().map_or(0, |s| s.mem_mib);
+        let svc_mib = self.online[g as usize].as_ref().map_or(0, |s| s.mem_mib);
         let mut mem = job.mem_mib + svc_mib;
         for &k in on {
             let other = &self.sc.jobs[k as usize];
@@ -1347,7 +1685,7 @@ impl<'a> Sim<'a> {
             online_mem_mib: p.online_mem_mib,
             mem_total_mib: Some(p.mem_mib),
         };
-        if self.sc.online[g as usize].is_none() {
+        if self.online[g as usize].is_none() {
             // What the plugin gives on a GPU with no online job.
             facts = facts.without_online();
         }
@@ -1451,7 +1789,7 @@ impl<'a> Sim<'a> {
                 continue;
             };
             let j = d.job - 1;
-            let idle = gs.iter().any(|&g| self.sc.online[g as usize].is_none());
+            let idle = gs.iter().any(|&g| self.online[g as usize].is_none());
             // A gang is worth k × its slowest GPU's speed, as in the round.
             let truth = self.true_speed_on(j, &gs, &d.slots);
             self.pair_true += gs.len() as f64 * truth;
@@ -1475,7 +1813,7 @@ impl<'a> Sim<'a> {
                 let (budget_pct, sm_pct, cap) = self.policy_for(g, slots);
                 let pair = self.fits_beside(j, g);
                 let over_cap = cap.is_some_and(|c| job.mem_mib > c) || !self.fits_offline(j, g);
-                let starts = if self.sc.online[g as usize].is_none() {
+                let starts = if self.online[g as usize].is_none() {
                     !over_cap && job.mem_mib <= self.sc.gpus[g as usize].mem_mib
                 } else {
                     pair.is_some() && !over_cap
@@ -1489,7 +1827,7 @@ impl<'a> Sim<'a> {
                 // here it is learned at once (at most one failure fewer per
                 // name and service than the daemon's).
                 let name = &self.sc.tasks[job.task as usize].name;
-                if let (false, Some(svc)) = (starts, self.sc.online[g as usize].as_ref()) {
+                if let (false, Some(svc)) = (starts, self.online[g as usize].as_ref()) {
                     if pair.is_none() {
                         self.failed_since_training
                             .insert((name.clone(), svc.job_id));
@@ -1508,6 +1846,7 @@ impl<'a> Sim<'a> {
                     budget_pct,
                     mem_cap_mib: cap,
                     slots,
+                    partner: self.online[g as usize],
                     ..JobSeat::on(g, pair)
                 });
             }
@@ -1560,6 +1899,17 @@ impl<'a> Sim<'a> {
         let n_on = self.online_ids.len().max(1) as f64;
         let t = end.max(1e-9);
         let a = self.acc;
+        // Per online GPU-second: a whole replay's worth of each online GPU
+        // when services hold their GPUs, the GPU-seconds replicas held
+        // them when they scale.
+        let scaled = self.scaling.is_some();
+        let per_online = |v: f64| {
+            if scaled {
+                v / a.online.max(1e-9)
+            } else {
+                v / t / n_on
+            }
+        };
         self.jct.sort_by(f64::total_cmp);
         let mux = self.kind.is_muxflow();
         Outcome {
@@ -1567,8 +1917,8 @@ impl<'a> Sim<'a> {
             gpu_util: a.util / t / n,
             sm_activity: a.sm / t / n,
             mem_util: a.mem / t / n,
-            online_gpu_util: a.util_online / t / n_on,
-            online_gpu_sm_activity: a.sm_online / t / n_on,
+            online_gpu_util: per_online(a.util_online),
+            online_gpu_sm_activity: per_online(a.sm_online),
             online_latency_p50: hist_quantile(&self.latency_hist, 0.5),
             online_latency_p99: hist_quantile(&self.latency_hist, 0.99),
             jct_s: self.jct,
@@ -1599,6 +1949,10 @@ impl<'a> Sim<'a> {
             gang_gpu_hours: a.gang_work / 3600.0,
             timeline: self.timeline,
             latency_hist: self.latency_hist,
+            churn: self.scaling.map(|s| Churn {
+                online_gpu_hours: a.online / 3600.0,
+                ..s.churn
+            }),
         }
     }
 }
@@ -1716,7 +2070,7 @@ impl Truth<'_, '_> {
         }
         let (budget_pct, sm_pct, cap) = sim.policy_for(g, slots);
         let job = &sim.sc.jobs[j as usize];
-        let pair = if sim.sc.online[g as usize].is_none() {
+        let pair = if sim.online[g as usize].is_none() {
             let fits = job.mem_mib <= sim.sc.gpus[g as usize].mem_mib
                 && cap.is_none_or(|c| job.mem_mib <= c);
             if !fits {
@@ -1802,7 +2156,7 @@ impl<'s, 'a> Predictor for Truth<'s, 'a> {
         let g = sim
             .gpu_of(&gpu.node, gpu.index)
             .expect("a GPU of the scenario");
-        let svc = sim.sc.online[g as usize]
+        let svc = sim.online[g as usize]
             .as_ref()
             .expect("an online GPU: the round asks solo() of idle ones");
         let (budget_pct, cap_mib) = sim.budget_for(g);

@@ -23,6 +23,59 @@ pub struct Settings {
     pub round_interval_s: f64,
     /// Seconds between health checks (SysMonitor steps).
     pub health_interval_s: f64,
+    /// Online services scale with their load (`--autoscale`, issue 30):
+    /// replicas started and stopped at every hourly load step
+    /// ([`replicas_for`]); off, every service holds its GPUs all along.
+    pub autoscale: bool,
+    /// What a requeue for a landing replica costs the offline jobs there
+    /// (`--checkpoint-*`).
+    pub checkpoint: Checkpointing,
+}
+
+/// How the replayed offline jobs save their work (sim/README.md,
+/// "Services that come and go"; defaults with their sources there).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Checkpointing {
+    /// A periodic checkpoint every this many seconds of progress at full
+    /// speed (a trainer saves every N steps): 3600, "once per hour is
+    /// common" on stable clusters; CheckFreq (FAST '21) finds epoch-boundary
+    /// checkpoints, hours apart, the norm.
+    pub interval_s: f64,
+    /// Seconds a checkpoint takes to write: 20, the middle of the 10–30 s
+    /// snapshot stall commonly reported.
+    pub save_s: f64,
+    /// The job checkpoints when warned of the requeue (issue 29's
+    /// checkpoint-on-requeue: `--signal` warning or the SIGTERM handler with
+    /// its GPU); off, it loses the work since its last periodic checkpoint.
+    pub on_requeue: bool,
+    /// The longest the warning may last before the requeue: 25 s, the
+    /// plugin's cap (README, "What happens to a job").
+    pub grace_s: f64,
+}
+
+impl Default for Checkpointing {
+    fn default() -> Self {
+        Checkpointing {
+            interval_s: 3600.0,
+            save_s: 20.0,
+            on_requeue: false,
+            grace_s: 25.0,
+        }
+    }
+}
+
+/// Seconds from the requeue to the offline job's exit once it stops (its
+/// Epilog run): 0.2 s, measured on the dev cluster (README, "What happens
+/// to a job").
+pub const REQUEUE_EXIT_S: f64 = 0.2;
+
+/// Replicas a service of `peak` replicas runs at `load` (fraction of its
+/// daily peak): `ceil(peak × load)`, at least 1 — an autoscaler keeping
+/// each replica at most at the load one replica carries at the peak
+/// (Kubernetes' HPA: `ceil(replicas × metric / target)`, the target being
+/// the peak's per-replica load).
+pub fn replicas_for(peak: u32, load: f64) -> u32 {
+    ((f64::from(peak) * load - 1e-9).ceil() as u32).clamp(1, peak.max(1))
 }
 
 impl Default for Settings {
@@ -34,6 +87,8 @@ impl Default for Settings {
             seed: 1,
             round_interval_s: 900.0,
             health_interval_s: 300.0,
+            autoscale: false,
+            checkpoint: Checkpointing::default(),
         }
     }
 }
@@ -60,8 +115,9 @@ pub struct Gpu {
     pub mem_mib: u64,
 }
 
-/// An online service holding a GPU (as its owner) for the whole replay.
-#[derive(Debug, Clone, PartialEq)]
+/// An online replica holding a GPU as its owner (for the whole replay
+/// unless services scale).
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Service {
     /// Slurm-style job id (shared by the GPUs of a multi-GPU service).
     pub job_id: u32,
@@ -69,6 +125,21 @@ pub struct Service {
     pub job_type: u16,
     pub share: f64,
     pub mem_mib: u64,
+}
+
+/// One placed online task: a replica of its service, with its GPUs at the
+/// daily peak. A service is the set of online tasks with the same request
+/// (`num_gpu`, `gpu_milli`, `gpu_spec`): replicas of one service share
+/// their template, and the trace names no service (an assumption: a few
+/// shapes hold most tasks).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Replica {
+    pub service: u32,
+    pub task: u32,
+    /// Its GPUs when every replica runs (all of one node).
+    pub gpus: Vec<u32>,
+    /// Allowed models (into [`Scenario::models`]); `None`: any.
+    pub models: Option<Vec<u16>>,
 }
 
 /// One offline job (a BE task's shape, a run time from the run-time list).
@@ -95,8 +166,12 @@ pub struct Scenario {
     pub nodes: Vec<String>,
     pub models: Vec<String>,
     pub gpus: Vec<Gpu>,
-    /// Per GPU, its online owner.
+    /// Per GPU, its online owner at the daily peak (every replica running).
     pub online: Vec<Option<Service>>,
+    /// The placed online tasks (replicas), in placement order.
+    pub replicas: Vec<Replica>,
+    /// Number of services the replicas form ([`Replica::service`]).
+    pub services: usize,
     pub tasks: Vec<Task>,
     pub jobs: Vec<OfflineJob>,
     pub pairs: Pairs,
@@ -156,6 +231,10 @@ pub fn build(
     if !(s.round_interval_s >= 1.0 && s.health_interval_s >= 1.0) {
         return bad("--round-interval and --health-interval must be at least 1 s");
     }
+    let ck = &s.checkpoint;
+    if !(ck.interval_s >= 1.0 && ck.save_s >= 0.0 && ck.grace_s >= 0.0 && ck.save_s.is_finite()) {
+        return bad("--checkpoint-interval must be at least 1 s, --checkpoint-save and --requeue-grace at least 0 s");
+    }
     let mut sc = Scenario {
         pairs,
         end_s: s.days * 86_400.0,
@@ -190,7 +269,8 @@ pub fn build(
             v
         })
     };
-    place_online(&mut sc, &tasks, s.online_fill, allowed);
+    place_online(&mut sc, &tasks, s.online_fill, &allowed);
+    group_replicas(&mut sc, &tasks, &allowed);
     if s.online_fill > 0.0 && sc.online_gpus == 0 {
         return Err(ScenarioError::NoOnlinePlaced);
     }
@@ -265,7 +345,7 @@ fn place_online(
     sc: &mut Scenario,
     tasks: &[Task],
     fill: f64,
-    allowed: impl Fn(&Option<Vec<String>>, &[String]) -> Option<Vec<u16>>,
+    allowed: &impl Fn(&Option<Vec<String>>, &[String]) -> Option<Vec<u16>>,
 ) {
     let target = (fill * sc.gpus.len() as f64).round() as usize;
     let online: Vec<u32> = tasks
@@ -332,6 +412,41 @@ fn place_online(
         }
     }
     sc.online_tasks_unplaceable = unplaceable.len();
+}
+
+/// The replicas of the placed services, grouped into services by request
+/// shape (in order of first placement).
+fn group_replicas(
+    sc: &mut Scenario,
+    tasks: &[Task],
+    allowed: &impl Fn(&Option<Vec<String>>, &[String]) -> Option<Vec<u16>>,
+) {
+    let mut by_id: std::collections::BTreeMap<u32, Vec<u32>> = Default::default();
+    for (g, o) in sc.online.iter().enumerate() {
+        if let Some(svc) = o {
+            by_id.entry(svc.job_id).or_default().push(g as u32);
+        }
+    }
+    let mut shapes: Vec<(u32, u32, Option<Vec<String>>)> = Vec::new();
+    for gpus in by_id.into_values() {
+        let task = sc.online[gpus[0] as usize].expect("an online GPU").task;
+        let t = &tasks[task as usize];
+        let shape = (t.num_gpu, t.gpu_milli, t.gpu_spec.clone());
+        let service = match shapes.iter().position(|s| *s == shape) {
+            Some(i) => i,
+            None => {
+                shapes.push(shape);
+                shapes.len() - 1
+            }
+        };
+        sc.replicas.push(Replica {
+            service: service as u32,
+            task,
+            gpus,
+            models: allowed(&t.gpu_spec, &sc.models),
+        });
+    }
+    sc.services = shapes.len();
 }
 
 #[cfg(test)]

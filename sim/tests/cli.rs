@@ -110,6 +110,45 @@ fn json_has_every_documented_field_and_a_seed_gives_byte_identical_output() {
     let d = sim(dir.path(), priced);
     assert!(d.status.success(), "{}", String::from_utf8_lossy(&d.stderr));
     assert_eq!(d.stdout, sim(dir.path(), priced).stdout);
+
+    // Churn figures are null without --autoscale.
+    assert!(policies[3]["offline_lost_gpu_hours"].is_null());
+    assert_eq!(v["inputs"]["autoscale"], false);
+}
+
+#[test]
+fn autoscale_reports_its_churn_byte_identically() {
+    let dir = tempfile::tempdir().unwrap();
+    write_inputs(dir.path());
+    for extra in [&[][..], &["--checkpoint-on-requeue"][..]] {
+        let args: Vec<&str> = ["--json", "--no-timing", "--autoscale"]
+            .into_iter()
+            .chain(extra.iter().copied())
+            .collect();
+        let a = sim(dir.path(), &args);
+        assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
+        assert_eq!(a.stdout, sim(dir.path(), &args).stdout, "{args:?}");
+        let v: serde_json::Value = serde_json::from_slice(&a.stdout).unwrap();
+        assert_eq!(v["inputs"]["autoscale"], true);
+        for p in v["policies"].as_array().unwrap() {
+            for field in [
+                "online_replica_starts",
+                "online_starts_delayed",
+                "online_start_delay_mean_s",
+                "online_start_delay_max_s",
+                "online_replica_hours_short",
+                "offline_requeues",
+                "offline_lost_gpu_hours",
+            ] {
+                assert!(!p[field].is_null(), "{field} in {p}");
+            }
+        }
+        let table = sim(dir.path(), &args[1..]);
+        assert!(String::from_utf8_lossy(&table.stdout).contains("offline work lost, GPU-h"));
+    }
+    let bad = sim(dir.path(), &["--autoscale", "--checkpoint-interval", "0"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--checkpoint-interval"));
 }
 
 #[test]

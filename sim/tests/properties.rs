@@ -9,7 +9,7 @@ use std::sync::atomic::AtomicU64;
 
 use common::*;
 use muxflow_sim::replay::{run, PolicyKind, RunOptions};
-use muxflow_sim::scenario::Settings;
+use muxflow_sim::scenario::{Checkpointing, Settings};
 use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
@@ -79,6 +79,13 @@ fn trace() -> impl Strategy<Value = Trace> {
                         seed,
                         round_interval_s: 900.0,
                         health_interval_s: 300.0,
+                        // Half the cases with services that scale, half
+                        // of those checkpointing at the requeue.
+                        autoscale: seed % 2 == 1,
+                        checkpoint: Checkpointing {
+                            on_requeue: seed % 4 == 3,
+                            ..Checkpointing::default()
+                        },
                     },
                 }
             },
@@ -131,6 +138,21 @@ proptest! {
             prop_assert_eq!(o.offline_short_of_gpus, 0, "{:?}", kind);
             if kind == PolicyKind::Exclusive {
                 prop_assert_eq!(o.lent_gpu_hours, 0.0);
+            }
+            // Services that scale: a requeue loses at most one checkpoint
+            // interval on each of its (at most 4) GPUs, nothing when the
+            // job checkpoints at the warning; replicas never hold more
+            // GPUs than the peak placement.
+            prop_assert_eq!(o.churn.is_some(), t.settings.autoscale);
+            if let Some(c) = &o.churn {
+                let ck = &t.settings.checkpoint;
+                prop_assert!(c.lost_gpu_hours >= 0.0);
+                prop_assert!(c.lost_gpu_hours * 3600.0 <= c.requeues as f64 * ck.interval_s * 4.0 + eps);
+                if ck.on_requeue {
+                    prop_assert_eq!(c.lost_gpu_hours, 0.0);
+                }
+                prop_assert!(c.online_gpu_hours <= sc.online_gpus as f64 * hours + eps);
+                prop_assert!(c.starts_delayed <= c.replica_starts);
             }
             // Same scenario and seed: the same outcome, field for field.
             let again = muxflow_sim::prepare(&inputs, &t.settings).expect("prepared once");
