@@ -15,6 +15,25 @@ use muxflow_tests::Cluster;
 const WAIT: Duration = Duration::from_secs(90);
 const USER: &str = "nobody";
 const DENIED: &str = "Access/permission denied";
+/// GPU 0's offline slot on `node`, as an operator would give it by hand
+/// (root, no placement written by the matcher).
+fn place_by_hand(c: &Cluster, id: u32, node: &str) {
+    let mut cmd = c.cmd("scontrol");
+    cmd.args([
+        "update",
+        &format!("JobId={id}"),
+        &format!("ReqNodeList={node}"),
+        "Gres=mfslot:g0:1",
+    ]);
+    assert!(c.run(cmd).0);
+}
+
+fn release(c: &Cluster, id: u32) {
+    let mut cmd = c.cmd("scontrol");
+    cmd.args(["release", &id.to_string()]);
+    assert!(c.run(cmd).0);
+}
+
 #[test]
 fn a_user_cannot_ask_for_the_offline_slot() {
     let c = Cluster::get();
@@ -134,17 +153,8 @@ fn the_prolog_refuses_a_slot_muxflow_did_not_write_and_a_gpu_that_is_not_healthy
     // operator's hand placement or a stale hint can): refused, and back in
     // the queue for the matcher.
     let id = c.sbatch_as(USER, &["--muxflow=offline"], script).unwrap();
-    let mut cmd = c.cmd("scontrol");
-    cmd.args([
-        "update",
-        &format!("JobId={id}"),
-        &format!("ReqNodeList={node}"),
-        "Gres=mfslot:g0:1",
-    ]);
-    assert!(c.run(cmd).0);
-    let mut cmd = c.cmd("scontrol");
-    cmd.args(["release", &id.to_string()]);
-    assert!(c.run(cmd).0);
+    place_by_hand(&c, id, node);
+    release(&c, id);
     let out = c.wait_requeued_held(id, WAIT);
     assert!(
         out.contains(&format!("offline job {id} refused on {node}"))
@@ -222,20 +232,8 @@ fn a_job_refused_three_times_fails_instead_of_going_back_again() {
         .unwrap();
     // A slot muxflow never wrote (an operator's hand placement): refused
     // `not_placed` at every start.
-    let mut cmd = c.cmd("scontrol");
-    cmd.args([
-        "update",
-        &format!("JobId={id}"),
-        &format!("ReqNodeList={node}"),
-        "Gres=mfslot:g0:1",
-    ]);
-    assert!(c.run(cmd).0);
-    let release = || {
-        let mut cmd = c.cmd("scontrol");
-        cmd.args(["release", &id.to_string()]);
-        assert!(c.run(cmd).0);
-    };
-    release();
+    place_by_hand(&c, id, node);
+    release(&c, id);
     for n in 1..=2 {
         let out = c.wait_requeued_held_times(id, n, WAIT);
         assert!(out.contains("goes back to the queue"), "{out}");
@@ -244,7 +242,7 @@ fn a_job_refused_three_times_fails_instead_of_going_back_again() {
             "{}",
             c.admin_comment(id)
         );
-        release();
+        release(&c, id);
         c.start_now(id);
     }
     let end = c.wait(id, WAIT);
