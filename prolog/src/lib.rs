@@ -65,7 +65,8 @@ impl JobEnv {
 /// Runs `body` with logging set up and every error contained: the process
 /// exits 0 whatever muxflow's own code did, after logging what went wrong.
 /// `body` gets the config as this node uses it (`{node}` expanded). Logs go
-/// to `paths.node_log` (slurmd drops a Prolog's output) and to stderr.
+/// to `paths.node_log` (slurmd drops a Prolog's output; the default path
+/// when the config cannot be read) and to stderr.
 pub fn run_contained(
     program: &'static str,
     body: impl FnOnce(&Config, &JobEnv) -> anyhow::Result<()>,
@@ -103,15 +104,19 @@ fn init_logging(config: Option<&Config>) {
     use tracing_subscriber::fmt::writer::MakeWriterExt;
     let filter = tracing_subscriber::EnvFilter::try_from_env("MUXFLOW_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let file = config.and_then(|c| {
-        let path = c.paths.node_log.as_path();
+    // Without a config (it cannot be read: the error to be logged), the
+    // default node log, where an administrator looks first: slurmd drops
+    // the programs' stderr.
+    let default_log = muxflow::config::Paths::default().node_log;
+    let path = config.map_or(default_log.as_path(), |c| c.paths.node_log.as_path());
+    let file = (|| {
         std::fs::create_dir_all(path.parent()?).ok()?;
         std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(path)
             .ok()
-    });
+    })();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(false);
