@@ -144,8 +144,9 @@ impl StopBounds {
 /// Sets the latest release of job `job_id` in every limits file of it under
 /// `dir` (its 1-GPU file and a k-GPU job's `g<i>/` ones), keeping the
 /// earlier one where a file holds one already. Root only (the files are
-/// `owner`'s, root in production); each file is replaced atomically, mode
-/// 0644. Returns how many files it changed.
+/// `owner`'s, root in production); each file is replaced atomically with
+/// the group and mode it had (readable by the job's group only). Returns
+/// how many files it changed.
 pub fn set_release_by(
     dir: &Path,
     job_id: u32,
@@ -190,14 +191,17 @@ pub fn set_release_by(
             path: file.clone(),
             source,
         };
+        let was = std::fs::metadata(&file).map_err(io)?;
         let tmp = file.with_extension("release-by.tmp");
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(true)
-            .mode(0o644)
+            .mode(was.mode() & 0o7777)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(&tmp)
             .map_err(io)?;
+        std::os::unix::fs::fchown(&f, None, Some(was.gid())).map_err(io)?;
         f.write_all((kept + &bounds.encode()).as_bytes())
             .and_then(|()| f.sync_all())
             .map_err(io)?;
@@ -589,7 +593,7 @@ mod tests {
             .encode();
         for d in [&dir, &g1] {
             std::fs::write(path(d, 12), &text).unwrap();
-            std::fs::set_permissions(path(d, 12), std::fs::Permissions::from_mode(0o644)).unwrap();
+            std::fs::set_permissions(path(d, 12), std::fs::Permissions::from_mode(0o640)).unwrap();
         }
         let me = euid();
         assert_eq!(set_release_by(&dir, 12, 5000, me).unwrap(), 2);
@@ -604,8 +608,10 @@ mod tests {
                     release_by_unix_ms: Some(5000)
                 }
             );
-            // The job's limits are untouched.
+            // The job's limits are untouched, and so are who may read them.
             assert_eq!(JobLimits::read_trusted(d, 12, me).unwrap().0, limits());
+            let meta = std::fs::metadata(path(d, 12)).unwrap();
+            assert_eq!(meta.mode() & 0o777, 0o640);
         }
         // No file of that job: nothing to do.
         assert_eq!(set_release_by(&dir, 13, 5000, me).unwrap(), 0);

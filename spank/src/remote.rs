@@ -239,6 +239,7 @@ impl RemoteState {
             g => g,
         };
         let gang = gpus.len() > 1;
+        let gid = spank.job_gid()?;
         let stop_grace_ms = stop_grace_ms(config, ctx.job_id);
         let mut per_gpu: Vec<Vec<(&'static str, Option<String>)>> = Vec::new();
         for (n, &gpu) in gpus.iter().enumerate() {
@@ -315,11 +316,11 @@ impl RemoteState {
                     .ok()
                     .and_then(|b| b.release_by_unix_ms),
             };
-            write_limits(&dir, &limits, &stop)?;
+            write_limits(&dir, &limits, &stop, gid)?;
             if gang && n == 0 {
                 // The first GPU's at the 1-GPU place too (what the health
                 // steps and older readers look up).
-                write_limits(&state.limits_dir(), &limits, &stop)?;
+                write_limits(&state.limits_dir(), &limits, &stop, gid)?;
             }
             per_gpu.push(vec![
                 ("CUDA_VISIBLE_DEVICES", Some(gpu.to_string())),
@@ -600,7 +601,7 @@ fn prepare_online(
         xcuda: env,
     };
     // No stop bounds: xCUDA in counting mode holds no gate to release.
-    write_limits(&dir, &limits, &StopBounds::default())?;
+    write_limits(&dir, &limits, &StopBounds::default(), spank.job_gid()?)?;
     for var in xcuda_env::ALL {
         unset(spank, var);
     }
@@ -643,7 +644,10 @@ fn stop_grace_ms(config: &Config, job: u32) -> Option<u64> {
 /// Writes `limits` and the stop bounds (root, 0644) in `dir` (root, 0755),
 /// which must be a plain directory of root: what xCUDA and the health check
 /// trust.
-fn write_limits(dir: &Path, limits: &JobLimits, stop: &StopBounds) -> anyhow::Result<()> {
+/// Writes the job's limits file, root's, readable by the job's group `gid`
+/// only (xCUDA reads it as the job's user; other users have no business
+/// with another job's share and cap).
+fn write_limits(dir: &Path, limits: &JobLimits, stop: &StopBounds, gid: u32) -> anyhow::Result<()> {
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o755)
@@ -657,7 +661,8 @@ fn write_limits(dir: &Path, limits: &JobLimits, stop: &StopBounds) -> anyhow::Re
     }
     let path = muxflow::limits::path(dir, limits.job_id);
     write_atomic(&path, (limits.encode() + &stop.encode()).as_bytes())?;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))?;
+    std::os::unix::fs::chown(&path, Some(0), Some(gid))?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640))?;
     Ok(())
 }
 

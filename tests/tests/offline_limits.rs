@@ -216,6 +216,7 @@ fn xcuda_settings_in_the_jobs_environment_change_nothing() {
         "#!/bin/sh\n\
          export MUXFLOW_XCUDA_SAMPLE_INTERVAL_MS=bogus MUXFLOW_XCUDA_MEM_LIMIT_BYTES=18446744073709551615\n\
          export MUXFLOW_XCUDA_STATS_DIR=/tmp MUXFLOW_XCUDA_HEALTH_FILE=/dev/null\n\
+         echo limits=$(stat -c %a:%g \"$MUXFLOW_XCUDA_LIMITS_DIR/$SLURM_JOB_ID\")\n\
          {}\n\
          echo workload-exit=$?\n",
         c.workload("offline --duration 5 --alloc-mib 80000")
@@ -229,6 +230,18 @@ fn xcuda_settings_in_the_jobs_environment_change_nothing() {
         "the allocation was refused:\n{out}"
     );
     assert!(!out.contains("gate disabled"), "{out}");
+    // Its limits file: root's, readable by the job's group only, which is
+    // how xCUDA, as the job's user, read it.
+    let group = c.job_field(offline, "GroupId");
+    let gid = group
+        .split_once('(')
+        .and_then(|(_, g)| g.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("GroupId={group}"));
+    assert_eq!(
+        kv(&out.replace('\n', " "), "limits"),
+        Some(format!("640:{gid}")),
+        "{out}"
+    );
     let report = admin_comment(&c, offline, "mem_cap_mib=");
     assert_eq!(
         report.oom,
