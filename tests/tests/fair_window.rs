@@ -1,0 +1,60 @@
+//! One user cannot stop offline placement for everyone else (issue 31,
+//! H3), tried as the ordinary user `nobody`: more offline jobs than the
+//! round's window (4 per open GPU) that can never be placed (three GPUs on
+//! one node, where nodes have two) come first in the queue; another user's
+//! placeable job still gets a GPU in the next round, and the unplaceable
+//! ones say why they wait (`free_node`).
+
+use muxflow_tests::{decision, CancelNamed, Cluster};
+
+const PREFIX: &str = "mfq-";
+
+#[test]
+fn unplaceable_jobs_of_one_user_do_not_hold_the_round_for_another() {
+    let c = Cluster::get();
+    c.cancel_named(PREFIX);
+    let _cancel = CancelNamed(&c, PREFIX);
+    let nodes = ["node1", "node2", "node3", "node4"];
+    for node in nodes {
+        for gpu in 0..2 {
+            c.wait_gpu_healthy(node, gpu);
+        }
+    }
+    let script = "#!/bin/sh\nexec sleep 300\n";
+    // 8 open GPUs: a window of 32 held jobs; 40 that can never go anywhere.
+    let blockers: Vec<u32> = (0..40)
+        .map(|i| {
+            c.sbatch_as(
+                "nobody",
+                &[
+                    "--muxflow=offline",
+                    "--gres=gpu:3",
+                    "--job-name",
+                    &format!("{PREFIX}blocker-{i}"),
+                ],
+                script,
+            )
+            .unwrap()
+        })
+        .collect();
+    let theirs = c
+        .sbatch(
+            &[
+                "--muxflow=offline",
+                "--job-name",
+                &format!("{PREFIX}theirs"),
+            ],
+            script,
+        )
+        .unwrap();
+    let round = c.matcher_once();
+    let d = decision(&round, theirs);
+    assert_eq!(d["action"], "place", "{d}");
+    for &b in &blockers[..3] {
+        let d = decision(&round, b);
+        assert_eq!(d["waiting"], "free_node", "{d}");
+    }
+    c.scancel(&blockers);
+    c.scancel(&[theirs]);
+    c.assert_no_drain();
+}
