@@ -424,6 +424,8 @@ fn memory_rows_count_refuse_and_give_back() {
             ("quota_cuGraphInstantiate_v2", "0,2,0,0,0"),
             ("quota_cuGraphInstantiateWithFlags", "0,2,0,0,0"),
             ("quota_cuGraphInstantiateWithParams", "0,2,0,0,0"),
+            // CUDA 12's cuGraphInstantiate: answered with ...WithFlags.
+            ("quota_cuGraphInstantiate_12", "0,2,0,0,0"),
             ("quota_capture_cuStreamBeginCapture", "0,2,0,0,0"),
             ("quota_capture_cuStreamBeginCapture_v2", "0,2,0,0,0"),
             ("quota_capture_cuStreamBeginCaptureToGraph", "0,2,0,0,0"),

@@ -741,6 +741,11 @@ fn api(r: &Resolver) {
                 params_sym.as_str(),
                 Inst::Params,
             ),
+            (
+                "cuGraphInstantiate_12",
+                "cuGraphInstantiateWithFlags",
+                Inst::Renamed,
+            ),
         ] {
             graph_row(r, &gr, key, sym, which, explicit);
         }
@@ -890,6 +895,7 @@ enum Inst {
     V2,
     Flags,
     Params,
+    Renamed,
 }
 
 /// The graph and capture entry points, resolved as HOW and --pt say, and
@@ -909,6 +915,9 @@ struct Graphs {
     inst_v2: fnty::cuGraphInstantiate_v2,
     inst_flags: fnty::cuGraphInstantiateWithFlags,
     inst_params: unsafe extern "C" fn(*mut H, H, *mut c_void) -> Res,
+    /// `cuGraphInstantiate` as CUDA 12 asks for it: the driver answers with
+    /// `cuGraphInstantiateWithFlags` (cuda.h renamed it).
+    inst_12: fnty::cuGraphInstantiateWithFlags,
     launch: unsafe extern "C" fn(H, H) -> Res,
     exec_destroy: fnty::cuGraphExecDestroy,
     destroy: fnty::cuGraphDestroy,
@@ -945,6 +954,7 @@ impl Graphs {
             inst_v1: r.get_at("cuGraphInstantiate", "cuGraphInstantiate", 10000),
             inst_v2: r.get_at("cuGraphInstantiate", "cuGraphInstantiate_v2", 11000),
             inst_flags: r.get("cuGraphInstantiateWithFlags", "cuGraphInstantiateWithFlags"),
+            inst_12: r.get("cuGraphInstantiate", "cuGraphInstantiateWithFlags"),
             inst_params: r.get(
                 "cuGraphInstantiateWithParams",
                 &pt(r, "cuGraphInstantiateWithParams"),
@@ -1026,6 +1036,7 @@ impl Graphs {
                 Inst::V2 => (self.inst_v2)(&mut e, g, none, std::ptr::null_mut(), 0),
                 Inst::Flags => (self.inst_flags)(&mut e, g, 0),
                 Inst::Params => (self.inst_params)(&mut e, g, std::ptr::null_mut()),
+                Inst::Renamed => (self.inst_12)(&mut e, g, 0),
             }
         };
         (rc, e)

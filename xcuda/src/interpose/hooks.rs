@@ -497,11 +497,20 @@ fn proc_address(symbol: *const c_char, pfn: *mut *mut c_void, rc: CUresult) -> C
 
 /// Which hook's driver function is `p`? By address, then by the exported
 /// name `dladdr` gives it (drivers may hand out other addresses than dlsym).
+/// A name may be answered with another base's function: CUDA 12 answers
+/// `cuGraphInstantiate` with `cuGraphInstantiateWithFlags` (cuda.h renames
+/// it). That function's own wrapper is then the right one, whoever asked,
+/// provided exactly one hook has it (its wrapper calls `p` with `p`'s
+/// signature).
 pub fn hook_of_driver_fn(base: &[u8], p: usize) -> Option<usize> {
     let t = table();
-    if let Some(i) =
-        (0..COUNT).find(|&i| t[i].base.as_bytes() == base && driver::real_if_known(i) == p)
-    {
+    let known: Vec<usize> = (0..COUNT)
+        .filter(|&i| driver::real_if_known(i) == p)
+        .collect();
+    if let Some(&i) = known.iter().find(|&&i| t[i].base.as_bytes() == base) {
+        return Some(i);
+    }
+    if let [i] = known[..] {
         return Some(i);
     }
     // SAFETY: dladdr only reads the address; the info is plain data.
@@ -513,7 +522,7 @@ pub fn hook_of_driver_fn(base: &[u8], p: usize) -> Option<usize> {
     }
     // SAFETY: dladdr returned a NUL-terminated symbol name.
     let sname = unsafe { CStr::from_ptr(info.dli_sname) };
-    index_of(sname.to_bytes()).filter(|&i| t[i].base.as_bytes() == base)
+    index_of(sname.to_bytes())
 }
 
 /// Test-only mutation, to prove the lookup tests can fail: the hook named by
