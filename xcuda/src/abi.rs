@@ -138,7 +138,7 @@ pub mod cu {
 /// `capture_begin_to(stream, graph, per-thread)`, `capture_end(stream,
 /// graph out, per-thread)`, `instantiate(exec out, graph)`,
 /// `graph_launch(exec)` (gated too), `exec_destroyed(exec)`,
-/// `graph_destroyed(graph)`, `trim`; `pass` (not hooked, on purpose; the
+/// `graph_destroyed(graph)`, `trim(device)`; `pass` (not hooked, on purpose; the
 /// driver's function may still be called by xCUDA itself). Every one
 /// returns a `CUresult`.
 macro_rules! cuda_entry_points {
@@ -232,7 +232,7 @@ macro_rules! cuda_entry_points {
             {cuGraphLaunch_ptsz, "cuGraphLaunch", 10000, true, graph_launch(e), (e: Handle, s: Handle)}
             {cuGraphExecDestroy, "cuGraphExecDestroy", 10000, false, exec_destroyed(e), (e: Handle)}
             {cuGraphDestroy, "cuGraphDestroy", 10000, false, graph_destroyed(g), (g: Handle)}
-            {cuDeviceGraphMemTrim, "cuDeviceGraphMemTrim", 11040, false, trim, (d: c_int)}
+            {cuDeviceGraphMemTrim, "cuDeviceGraphMemTrim", 11040, false, trim(d), (d: c_int)}
             {cuMemGetInfo, "cuMemGetInfo", 2000, false, cap(free_bytes, total_bytes), (free_bytes: *mut c_uint, total_bytes: *mut c_uint)}
             {cuMemAlloc, "cuMemAlloc", 2000, false, count(Device, size, p), (p: *mut u32, size: c_uint)}
             {cuMemAllocPitch, "cuMemAllocPitch", 2000, false, pitch(p, pitch, width, height), (p: *mut u32, pitch: *mut c_uint, width: c_uint, height: c_uint, elem: c_uint)}

@@ -201,7 +201,7 @@ macro_rules! act {
         })
     }};
     ($real:ident, ($($a:ident),*), instantiate($e:ident, $g:ident)) => {
-        graphmem().instantiate(memcap(), $g.handle(), || $real($($a),*), || out($e))
+        graphmem().instantiate(memcap(), $g.handle(), current_device(), || $real($($a),*), || out($e))
     };
     ($real:ident, ($($a:ident),*), graph_launch($e:ident)) => {{
         online::on_launch();
@@ -214,7 +214,9 @@ macro_rules! act {
     ($real:ident, ($($a:ident),*), graph_destroyed($g:ident)) => {
         graphmem().graph_destroyed($g.handle(), $real($($a),*))
     };
-    ($real:ident, ($($a:ident),*), trim) => { graphmem().trimmed(memcap(), $real($($a),*)) };
+    ($real:ident, ($($a:ident),*), trim($d:ident)) => {
+        graphmem().trimmed(memcap(), $d, $real($($a),*))
+    };
     ($real:ident, ($($a:ident),*), free($kind:ident, $h:ident)) => {
         free(Kind::$kind, $h.handle(), || $real($($a),*))
     };
@@ -392,6 +394,24 @@ fn is_capturing(s: Handle, pt: bool) -> Option<bool> {
     match unsafe { f(s, &mut status) } {
         cu::SUCCESS => Some(status != 0), // ACTIVE or INVALIDATED: still a capture
         _ => None,
+    }
+}
+
+/// The current context's device (the one a graph is instantiated on);
+/// -1 when the driver cannot say (that pool is then never trimmed: safe).
+fn current_device() -> i32 {
+    static F: OnceLock<usize> = OnceLock::new();
+    let p = *F.get_or_init(|| driver::driver_symbol(c"cuCtxGetDevice"));
+    if p == 0 {
+        return -1;
+    }
+    // SAFETY: the driver's cuCtxGetDevice, of the list's signature.
+    let f: crate::abi::fnty::cuCtxGetDevice = unsafe { std::mem::transmute(p) };
+    let mut d: std::ffi::c_int = -1;
+    // SAFETY: a valid out-pointer.
+    match unsafe { f(&mut d) } {
+        cu::SUCCESS => d,
+        _ => -1,
     }
 }
 

@@ -76,6 +76,8 @@ impl Recipe {
 
 #[derive(Debug)]
 struct Exec {
+    /// The device it was instantiated on (its pool's).
+    dev: i32,
     recipe: Recipe,
     /// Escaping allocations a launch made that are not freed since.
     alive: HashSet<u64>,
@@ -95,17 +97,21 @@ pub struct Books {
     /// Open captures by origin stream key ([`stream_key`]).
     captures: HashMap<u64, Capture>,
     execs: HashMap<u64, Exec>,
-    /// Allocations a launch left alive whose executable graph is gone.
-    orphans: HashMap<u64, u64>,
-    /// Bytes charged to the quota for the driver's graph pool.
-    pool: u64,
+    /// Allocations a launch left alive whose executable graph is gone:
+    /// address -> (device, bytes).
+    orphans: HashMap<u64, (i32, u64)>,
+    /// Bytes charged to the quota for each device's graph pool.
+    pool: HashMap<i32, u64>,
 }
 
 impl Books {
-    fn demand(&self) -> u64 {
-        let execs = self.execs.values().map(|e| e.recipe.need());
+    /// What device `dev`'s pool must hold now.
+    fn demand(&self, dev: i32) -> u64 {
+        let execs = self.execs.values().filter(|e| e.dev == dev);
+        let orphans = self.orphans.values().filter(|o| o.0 == dev);
         execs
-            .chain(self.orphans.values().copied())
+            .map(|e| e.recipe.need())
+            .chain(orphans.map(|o| o.1))
             .fold(0, u64::saturating_add)
     }
     /// `dptr` was freed (outside its graph, or by another graph's launch).
@@ -175,9 +181,12 @@ impl GraphMem {
         self.open.store(0, SeqCst);
     }
 
-    /// Bytes charged for the graph pool.
+    /// Bytes charged for the graph pools.
     pub fn pool(&self) -> u64 {
-        self.books().pool
+        self.books()
+            .pool
+            .values()
+            .fold(0, |a, &b| a.saturating_add(b))
     }
 
     /// Where a stream-ordered call on stream `key` goes. A stream that began
@@ -277,22 +286,25 @@ impl GraphMem {
         self.books().graphs.entry(g).or_default().free(dptr);
     }
 
-    /// `cuGraphInstantiate*`: grows the pool's charge to the demand with
-    /// this executable graph before the driver's `call` (refused when that
-    /// does not fit, as the driver itself may); `exec` reads the handle.
+    /// `cuGraphInstantiate*` on device `dev` (the current context's): grows
+    /// that pool's charge to the demand with this executable graph before
+    /// the driver's `call` (refused when that does not fit, as the driver
+    /// itself may); `exec` reads the handle.
     pub fn instantiate(
         &self,
         cap: &MemCap,
         g: u64,
+        dev: i32,
         call: impl FnOnce() -> u32,
         exec: impl FnOnce() -> u64,
     ) -> u32 {
         let mut b = self.books();
         let recipe = b.graphs.get(&g).cloned().unwrap_or_default();
+        let pool = b.pool.get(&dev).copied().unwrap_or(0);
         let grow = b
-            .demand()
+            .demand(dev)
             .saturating_add(recipe.need())
-            .saturating_sub(b.pool);
+            .saturating_sub(pool);
         if grow > 0 && !cap.take(grow) {
             return cu::OUT_OF_MEMORY;
         }
@@ -301,9 +313,10 @@ impl GraphMem {
             cap.give(grow);
             return rc;
         }
-        b.pool += grow;
+        *b.pool.entry(dev).or_default() += grow;
         if !recipe.is_empty() {
             let e = Exec {
+                dev,
                 recipe,
                 alive: HashSet::new(),
             };
@@ -347,7 +360,7 @@ impl GraphMem {
             if let Some(x) = b.execs.remove(&e) {
                 for d in x.alive {
                     let size = x.recipe.allocs.get(&d).copied().unwrap_or(0);
-                    b.orphans.insert(d, size);
+                    b.orphans.insert(d, (x.dev, size));
                 }
             }
         }
@@ -362,14 +375,17 @@ impl GraphMem {
         rc
     }
 
-    /// After `cuDeviceGraphMemTrim`: the pool's charge comes back to the demand.
-    pub fn trimmed(&self, cap: &MemCap, rc: u32) -> u32 {
+    /// After `cuDeviceGraphMemTrim(dev)`: that pool's charge comes back to
+    /// its demand.
+    pub fn trimmed(&self, cap: &MemCap, dev: i32, rc: u32) -> u32 {
         if rc == cu::SUCCESS {
             let mut b = self.books();
-            let d = b.demand();
-            if b.pool > d {
-                cap.give(b.pool - d);
-                b.pool = d;
+            let d = b.demand(dev);
+            if let Some(pool) = b.pool.get_mut(&dev) {
+                if *pool > d {
+                    cap.give(*pool - d);
+                    *pool = d;
+                }
             }
         }
         rc
@@ -385,7 +401,7 @@ mod tests {
     const S: u64 = 0x200;
 
     fn instantiate(m: &GraphMem, cap: &MemCap, g: u64, e: u64) -> u32 {
-        m.instantiate(cap, g, || cu::SUCCESS, || e)
+        m.instantiate(cap, g, 0, || cu::SUCCESS, || e)
     }
 
     fn plain_alloc(cap: &MemCap, h: u64, n: u64) -> u32 {
@@ -406,6 +422,7 @@ mod tests {
         let rc = m.instantiate(
             &cap,
             G,
+            0,
             || {
                 called = true;
                 cu::SUCCESS
@@ -439,16 +456,34 @@ mod tests {
         assert_eq!(cap.used(), Q / 2);
         m.exec_destroyed(0xf, cu::SUCCESS);
         // A failed trim gives nothing back; a trim does.
-        m.trimmed(&cap, cu::INVALID_VALUE);
+        m.trimmed(&cap, 0, cu::INVALID_VALUE);
         assert_eq!(cap.used(), Q / 2);
-        m.trimmed(&cap, cu::SUCCESS);
+        m.trimmed(&cap, 0, cu::SUCCESS);
         assert_eq!((cap.used(), m.pool()), (0, 0));
         // A failed instantiation gives its growth back.
         assert_eq!(
-            m.instantiate(&cap, G, || cu::INVALID_VALUE, || 0x10),
+            m.instantiate(&cap, G, 0, || cu::INVALID_VALUE, || 0x10),
             cu::INVALID_VALUE
         );
         assert_eq!(cap.used(), 0);
+    }
+
+    #[test]
+    fn a_trim_gives_back_only_its_own_devices_pool() {
+        let cap = MemCap::new(Some(Q));
+        let m = GraphMem::default();
+        m.alloc_node(G, 0xa000, Q / 4);
+        m.free_node(G, 0xa000);
+        m.alloc_node(G + 1, 0xb000, Q / 2);
+        m.free_node(G + 1, 0xb000);
+        assert_eq!(m.instantiate(&cap, G, 0, || 0, || 0xe), cu::SUCCESS);
+        assert_eq!(m.instantiate(&cap, G + 1, 1, || 0, || 0xf), cu::SUCCESS);
+        m.exec_destroyed(0xe, cu::SUCCESS);
+        m.exec_destroyed(0xf, cu::SUCCESS);
+        m.trimmed(&cap, 1, cu::SUCCESS);
+        assert_eq!(cap.used(), Q / 4, "device 0's pool is untouched");
+        m.trimmed(&cap, 0, cu::SUCCESS);
+        assert_eq!((cap.used(), m.pool()), (0, 0));
     }
 
     #[test]
@@ -486,16 +521,16 @@ mod tests {
         assert_eq!(cap.used(), Q / 2);
         // ...and once the pool is trimmed with the exec gone, all of it is back.
         m.exec_destroyed(0xe, cu::SUCCESS);
-        m.trimmed(&cap, cu::SUCCESS);
+        m.trimmed(&cap, 0, cu::SUCCESS);
         assert_eq!(cap.used(), 0);
         // Launched, not freed, exec destroyed: still alive, a trim keeps it.
         assert_eq!(instantiate(&m, &cap, G, 0xf), cu::SUCCESS);
         m.launched(&cap, 0xf, cu::SUCCESS);
         m.exec_destroyed(0xf, cu::SUCCESS);
-        m.trimmed(&cap, cu::SUCCESS);
+        m.trimmed(&cap, 0, cu::SUCCESS);
         assert_eq!(cap.used(), Q / 2);
         m.freed(0xa000);
-        m.trimmed(&cap, cu::SUCCESS);
+        m.trimmed(&cap, 0, cu::SUCCESS);
         assert_eq!(cap.used(), 0);
     }
 
