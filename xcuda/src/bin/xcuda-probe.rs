@@ -1122,6 +1122,21 @@ fn graph_quota(r: &Resolver) {
         println!("issue_capture={recorded},{i},{l},{a}");
         check(gr.drop_exec(e), "cuGraphExecDestroy");
         check((gr.destroy)(g), "cuGraphDestroy");
+        // While a capture is open, another stream that the driver says is
+        // not capturing allocates for real: counted now, refused past Q.
+        let stream_create: fnty::cuStreamCreate = r.get("cuStreamCreate", "cuStreamCreate");
+        let mut other: H = std::ptr::null_mut();
+        check(stream_create(&mut other, 0), "cuStreamCreate");
+        check((gr.begin_v2)(gr.stream, 0), "cuStreamBeginCapture_v2");
+        let (mut x, mut y) = (0u64, 0u64);
+        let a = (gr.alloc_async)(&mut x, 3 * q / 4, other);
+        let left = free_now();
+        let b = (gr.alloc_async)(&mut y, q / 2, other);
+        let f = (gr.free_async)(x, other);
+        let mut g = std::ptr::null_mut();
+        check((gr.end)(gr.stream, &mut g), "cuStreamEndCapture");
+        check((gr.destroy)(g), "cuGraphDestroy");
+        println!("beside_capture={a},{left},{b},{f}");
         // Allocated by the graph, freed outside it: counted once, and
         // held by the pool while the executable graph exists.
         let (g, dptr) = gr.explicit(q / 2, false);

@@ -376,17 +376,21 @@ fn graph_alloc(
     rc
 }
 
+/// The driver's export `name` for a call xCUDA makes itself (found once,
+/// kept in `cell`); None when the driver has none.
+fn own_call(cell: &OnceLock<usize>, name: &CStr) -> Option<usize> {
+    let p = *cell.get_or_init(|| driver::driver_symbol(name));
+    (p != 0).then_some(p)
+}
+
 /// Does the driver say stream `s` is capturing (joined into a capture by an
 /// event)? None when it cannot say.
 fn is_capturing(s: Handle, pt: bool) -> Option<bool> {
-    static FNS: OnceLock<[usize; 2]> = OnceLock::new();
-    let fns = FNS.get_or_init(|| {
-        [c"cuStreamIsCapturing", c"cuStreamIsCapturing_ptsz"].map(driver::driver_symbol)
-    });
-    let p = fns[usize::from(pt)];
-    if p == 0 {
-        return None;
-    }
+    static F: [OnceLock<usize>; 2] = [OnceLock::new(), OnceLock::new()];
+    let p = match pt {
+        false => own_call(&F[0], c"cuStreamIsCapturing")?,
+        true => own_call(&F[1], c"cuStreamIsCapturing_ptsz")?,
+    };
     // SAFETY: the driver's cuStreamIsCapturing(_ptsz), of the list's signature.
     let f: crate::abi::fnty::cuStreamIsCapturing = unsafe { std::mem::transmute(p) };
     let mut status: std::ffi::c_int = 0;
@@ -401,10 +405,9 @@ fn is_capturing(s: Handle, pt: bool) -> Option<bool> {
 /// -1 when the driver cannot say (that pool is then never trimmed: safe).
 fn current_device() -> i32 {
     static F: OnceLock<usize> = OnceLock::new();
-    let p = *F.get_or_init(|| driver::driver_symbol(c"cuCtxGetDevice"));
-    if p == 0 {
+    let Some(p) = own_call(&F, c"cuCtxGetDevice") else {
         return -1;
-    }
+    };
     // SAFETY: the driver's cuCtxGetDevice, of the list's signature.
     let f: crate::abi::fnty::cuCtxGetDevice = unsafe { std::mem::transmute(p) };
     let mut d: std::ffi::c_int = -1;
