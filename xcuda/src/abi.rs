@@ -129,10 +129,18 @@ pub mod cu {
 /// default-stream variant, xCUDA action, (C arguments)}`. Actions:
 /// `init`, `lookup(name, pfn)`, `gate`, `count(kind, size, out)`,
 /// `pitch(out, pitch, width, height)`, `array(kind, out, descriptor,
-/// levels)`, `graph_alloc(params)`, `free(kind, handle)`, `cap(free,
-/// total)`, `retained`/`released`/`reset(device)`, `created`/`destroyed(ctx)`,
-/// `sync` (ends an online busy period: [`crate::state::online`]), `pass`
-/// (not hooked, on purpose); every one returns a `CUresult`.
+/// levels)`, `free(kind, handle)`, `cap(free, total)`,
+/// `retained`/`released`/`reset(device)`, `created`/`destroyed(ctx)`,
+/// `sync` (ends an online busy period: [`crate::state::online`]); graph
+/// memory ([`crate::state::graphmem`]): `stream_alloc(size, out, stream,
+/// per-thread)`, `stream_free(ptr, stream, per-thread)`, `graph_alloc(graph,
+/// params)`, `graph_free(graph, ptr)`, `capture_begin(stream, per-thread)`,
+/// `capture_begin_to(stream, graph, per-thread)`, `capture_end(stream,
+/// graph out, per-thread)`, `instantiate(exec out, graph)`,
+/// `graph_launch(exec)` (gated too), `exec_destroyed(exec)`,
+/// `graph_destroyed(graph)`, `trim(device)`; `pass` (not hooked, on purpose; the
+/// driver's function may still be called by xCUDA itself). Every one
+/// returns a `CUresult`.
 macro_rules! cuda_entry_points {
     ($callback:ident) => {
         $callback! {
@@ -170,13 +178,13 @@ macro_rules! cuda_entry_points {
             {cuMemAlloc_v2, "cuMemAlloc", 3020, false, count(Device, size, p), (p: *mut Dptr, size: usize)}
             {cuMemAllocPitch_v2, "cuMemAllocPitch", 3020, false, pitch(p, pitch, width, height), (p: *mut Dptr, pitch: *mut usize, width: usize, height: usize, elem: c_uint)}
             {cuMemAllocManaged, "cuMemAllocManaged", 6000, false, count(Device, size, p), (p: *mut Dptr, size: usize, flags: c_uint)}
-            {cuMemAllocAsync, "cuMemAllocAsync", 11020, false, count(Device, size, p), (p: *mut Dptr, size: usize, s: Handle)}
-            {cuMemAllocAsync_ptsz, "cuMemAllocAsync", 11020, true, count(Device, size, p), (p: *mut Dptr, size: usize, s: Handle)}
-            {cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", 11020, false, count(Device, size, p), (p: *mut Dptr, size: usize, pool: Handle, s: Handle)}
-            {cuMemAllocFromPoolAsync_ptsz, "cuMemAllocFromPoolAsync", 11020, true, count(Device, size, p), (p: *mut Dptr, size: usize, pool: Handle, s: Handle)}
+            {cuMemAllocAsync, "cuMemAllocAsync", 11020, false, stream_alloc(size, p, s, false), (p: *mut Dptr, size: usize, s: Handle)}
+            {cuMemAllocAsync_ptsz, "cuMemAllocAsync", 11020, true, stream_alloc(size, p, s, true), (p: *mut Dptr, size: usize, s: Handle)}
+            {cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", 11020, false, stream_alloc(size, p, s, false), (p: *mut Dptr, size: usize, pool: Handle, s: Handle)}
+            {cuMemAllocFromPoolAsync_ptsz, "cuMemAllocFromPoolAsync", 11020, true, stream_alloc(size, p, s, true), (p: *mut Dptr, size: usize, pool: Handle, s: Handle)}
             {cuMemFree_v2, "cuMemFree", 3020, false, free(Device, p), (p: Dptr)}
-            {cuMemFreeAsync, "cuMemFreeAsync", 11020, false, free(Device, p), (p: Dptr, s: Handle)}
-            {cuMemFreeAsync_ptsz, "cuMemFreeAsync", 11020, true, free(Device, p), (p: Dptr, s: Handle)}
+            {cuMemFreeAsync, "cuMemFreeAsync", 11020, false, stream_free(p, s, false), (p: Dptr, s: Handle)}
+            {cuMemFreeAsync_ptsz, "cuMemFreeAsync", 11020, true, stream_free(p, s, true), (p: Dptr, s: Handle)}
             {cuMemCreate, "cuMemCreate", 10020, false, count(Vmm, size, h), (h: *mut u64, size: usize, prop: *const c_void, flags: u64)}
             {cuMemRelease, "cuMemRelease", 10020, false, free(Vmm, h), (h: u64)}
             {cuArrayCreate_v2, "cuArrayCreate", 3020, false, array(Array, a, d, 1), (a: *mut Handle, d: *const ArrayDesc)}
@@ -205,15 +213,26 @@ macro_rules! cuda_entry_points {
             {cuStreamSynchronize_ptsz, "cuStreamSynchronize", 7000, true, sync, (s: Handle)}
             {cuStreamQuery, "cuStreamQuery", 2000, false, pass, (s: Handle)}
             {cuStreamQuery_ptsz, "cuStreamQuery", 7000, true, pass, (s: Handle)}
-            {cuStreamBeginCapture_v2, "cuStreamBeginCapture", 10010, false, pass, (s: Handle, mode: c_int)}
-            {cuStreamBeginCapture_v2_ptsz, "cuStreamBeginCapture", 10010, true, pass, (s: Handle, mode: c_int)}
-            {cuStreamEndCapture, "cuStreamEndCapture", 10000, false, pass, (s: Handle, g: *mut Handle)}
-            {cuStreamEndCapture_ptsz, "cuStreamEndCapture", 10000, true, pass, (s: Handle, g: *mut Handle)}
-            {cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags", 11040, false, pass, (e: *mut Handle, g: Handle, flags: u64)}
-            {cuGraphLaunch, "cuGraphLaunch", 10000, false, gate, (e: Handle, s: Handle)}
-            {cuGraphLaunch_ptsz, "cuGraphLaunch", 10000, true, gate, (e: Handle, s: Handle)}
-            {cuGraphExecDestroy, "cuGraphExecDestroy", 10000, false, pass, (e: Handle)}
-            {cuGraphDestroy, "cuGraphDestroy", 10000, false, pass, (g: Handle)}
+            {cuStreamBeginCapture, "cuStreamBeginCapture", 10000, false, capture_begin(s, false), (s: Handle)}
+            {cuStreamBeginCapture_ptsz, "cuStreamBeginCapture", 10000, true, capture_begin(s, true), (s: Handle)}
+            {cuStreamBeginCapture_v2, "cuStreamBeginCapture", 10010, false, capture_begin(s, false), (s: Handle, mode: c_int)}
+            {cuStreamBeginCapture_v2_ptsz, "cuStreamBeginCapture", 10010, true, capture_begin(s, true), (s: Handle, mode: c_int)}
+            {cuStreamBeginCaptureToGraph, "cuStreamBeginCaptureToGraph", 12030, false, capture_begin_to(s, g, false), (s: Handle, g: Handle, deps: *const Handle, edges: *const c_void, n: usize, mode: c_int)}
+            {cuStreamBeginCaptureToGraph_ptsz, "cuStreamBeginCaptureToGraph", 12030, true, capture_begin_to(s, g, true), (s: Handle, g: Handle, deps: *const Handle, edges: *const c_void, n: usize, mode: c_int)}
+            {cuStreamEndCapture, "cuStreamEndCapture", 10000, false, capture_end(s, g, false), (s: Handle, g: *mut Handle)}
+            {cuStreamEndCapture_ptsz, "cuStreamEndCapture", 10000, true, capture_end(s, g, true), (s: Handle, g: *mut Handle)}
+            {cuStreamIsCapturing, "cuStreamIsCapturing", 10000, false, pass, (s: Handle, status: *mut c_int)}
+            {cuStreamIsCapturing_ptsz, "cuStreamIsCapturing", 10000, true, pass, (s: Handle, status: *mut c_int)}
+            {cuGraphInstantiate, "cuGraphInstantiate", 10000, false, instantiate(e, g), (e: *mut Handle, g: Handle, err_node: *mut Handle, log: *mut c_char, log_size: usize)}
+            {cuGraphInstantiate_v2, "cuGraphInstantiate", 11000, false, instantiate(e, g), (e: *mut Handle, g: Handle, err_node: *mut Handle, log: *mut c_char, log_size: usize)}
+            {cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags", 11040, false, instantiate(e, g), (e: *mut Handle, g: Handle, flags: u64)}
+            {cuGraphInstantiateWithParams, "cuGraphInstantiateWithParams", 12000, false, instantiate(e, g), (e: *mut Handle, g: Handle, params: *mut c_void)}
+            {cuGraphInstantiateWithParams_ptsz, "cuGraphInstantiateWithParams", 12000, true, instantiate(e, g), (e: *mut Handle, g: Handle, params: *mut c_void)}
+            {cuGraphLaunch, "cuGraphLaunch", 10000, false, graph_launch(e), (e: Handle, s: Handle)}
+            {cuGraphLaunch_ptsz, "cuGraphLaunch", 10000, true, graph_launch(e), (e: Handle, s: Handle)}
+            {cuGraphExecDestroy, "cuGraphExecDestroy", 10000, false, exec_destroyed(e), (e: Handle)}
+            {cuGraphDestroy, "cuGraphDestroy", 10000, false, graph_destroyed(g), (g: Handle)}
+            {cuDeviceGraphMemTrim, "cuDeviceGraphMemTrim", 11040, false, trim(d), (d: c_int)}
             {cuMemGetInfo, "cuMemGetInfo", 2000, false, cap(free_bytes, total_bytes), (free_bytes: *mut c_uint, total_bytes: *mut c_uint)}
             {cuMemAlloc, "cuMemAlloc", 2000, false, count(Device, size, p), (p: *mut u32, size: c_uint)}
             {cuMemAllocPitch, "cuMemAllocPitch", 2000, false, pitch(p, pitch, width, height), (p: *mut u32, pitch: *mut c_uint, width: c_uint, height: c_uint, elem: c_uint)}
@@ -235,8 +254,8 @@ macro_rules! cuda_entry_points {
             {cuMemSetAccess, "cuMemSetAccess", 10020, false, pass, (ptr: Dptr, size: usize, desc: *const c_void, count: usize)}
             {cuMemUnmap, "cuMemUnmap", 10020, false, pass, (ptr: Dptr, size: usize)}
             {cuGraphCreate, "cuGraphCreate", 10000, false, pass, (g: *mut Handle, flags: c_uint)}
-            {cuGraphAddMemAllocNode, "cuGraphAddMemAllocNode", 11040, false, graph_alloc(params), (node: *mut Handle, g: Handle, deps: *const Handle, n: usize, params: *mut MemAllocNodeParams)}
-            {cuGraphAddMemFreeNode, "cuGraphAddMemFreeNode", 11040, false, free(Device, dptr), (node: *mut Handle, g: Handle, deps: *const Handle, n: usize, dptr: Dptr)}
+            {cuGraphAddMemAllocNode, "cuGraphAddMemAllocNode", 11040, false, graph_alloc(g, params), (node: *mut Handle, g: Handle, deps: *const Handle, n: usize, params: *mut MemAllocNodeParams)}
+            {cuGraphAddMemFreeNode, "cuGraphAddMemFreeNode", 11040, false, graph_free(g, dptr), (node: *mut Handle, g: Handle, deps: *const Handle, n: usize, dptr: Dptr)}
             {cuLaunch, "cuLaunch", 2000, false, gate, (f: Handle)}
             {cuLaunchGrid, "cuLaunchGrid", 2000, false, gate, (f: Handle, w: c_int, h: c_int)}
             {cuLaunchGridAsync, "cuLaunchGridAsync", 2000, false, gate, (f: Handle, w: c_int, h: c_int, s: Handle)}

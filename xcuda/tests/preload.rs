@@ -305,8 +305,11 @@ fn every_entry_point_row_is_documented_and_tested() {
     let names: Vec<&String> = rows.iter().map(|r| &r.0).collect();
     for (sym, action, test) in &rows {
         assert!(
-            ["init", "lookup", "count", "free", "cap", "gate", "context", "sync", "pass"]
-                .contains(&action.as_str()),
+            [
+                "init", "lookup", "count", "free", "cap", "gate", "context", "sync", "graph",
+                "pass",
+            ]
+            .contains(&action.as_str()),
             "{sym}: unknown action {action}"
         );
         assert!(
@@ -322,7 +325,11 @@ fn every_entry_point_row_is_documented_and_tested() {
     // The README agrees with the one entry-point list: every hooked entry
     // point has its row with its action, and every row is in the list.
     let class = |a: &str| match a {
-        "count" | "pitch" | "array" | "graph_alloc" => "count".to_string(),
+        "count" | "pitch" | "array" | "stream_alloc" => "count".to_string(),
+        "stream_free" => "free".to_string(),
+        "graph_launch" => "gate".to_string(),
+        "graph_alloc" | "graph_free" | "capture_begin" | "capture_begin_to" | "capture_end"
+        | "instantiate" | "exec_destroyed" | "graph_destroyed" | "trim" => "graph".to_string(),
         "retained" | "released" | "reset" | "created" | "destroyed" => "context".to_string(),
         x => x.to_string(),
     };
@@ -410,7 +417,18 @@ fn memory_rows_count_refuse_and_give_back() {
             ("quota_cuMemAllocAsync", "0,2,0,0,0"),
             ("quota_cuMemAllocFromPoolAsync", "0,2,0,0,0"),
             ("quota_cuMemCreate", "0,2,0,0,0"),
-            ("quota_cuGraphAddMemAllocNode", "0,2,0,0,0"),
+            // Graph memory: a graph allocating 48 MiB and freeing it itself
+            // is charged at instantiation (each entry point, and each way
+            // to record it by stream capture); destroy + trim gives it back.
+            ("quota_cuGraphInstantiate", "0,2,0,0,0"),
+            ("quota_cuGraphInstantiate_v2", "0,2,0,0,0"),
+            ("quota_cuGraphInstantiateWithFlags", "0,2,0,0,0"),
+            ("quota_cuGraphInstantiateWithParams", "0,2,0,0,0"),
+            // CUDA 12's cuGraphInstantiate: answered with ...WithFlags.
+            ("quota_cuGraphInstantiate_12", "0,2,0,0,0"),
+            ("quota_capture_cuStreamBeginCapture", "0,2,0,0,0"),
+            ("quota_capture_cuStreamBeginCapture_v2", "0,2,0,0,0"),
+            ("quota_capture_cuStreamBeginCaptureToGraph", "0,2,0,0,0"),
             ("quota_cuArrayCreate", "0,2,0,0,0"),
             ("quota_cuArrayCreate_v2", "0,2,0,0,0"),
             ("quota_cuArray3DCreate", "0,2,0,0,0"),
@@ -1191,6 +1209,63 @@ fn a_trainer_ignoring_sigterm_is_released_before_a_sigkill_exactly_at_killwait()
 /// Counting mode (online jobs): each stream-synchronize row ends the busy
 /// period its launches began, so the online page gets windows; the cap is
 /// not applied (1 byte here) and nothing is refused.
+#[test]
+fn graph_memory_is_held_while_the_driver_may_commit_it() {
+    // Quota Q = 64 MiB. A graph that allocates Q/2 and frees it itself
+    // commits Q/2 at every launch: xCUDA holds it from instantiation until
+    // the executable graph is destroyed and the pool trimmed, so 3Q/4 more
+    // never fits beside it (the issue: the process held 5Q/4).
+    let sim = Sim::new();
+    let (q, half) = ((64 * MIB).to_string(), (32 * MIB).to_string());
+    for (how, pt) in [
+        ("getproc2", false),
+        ("getproc", true),
+        ("direct", false),
+        ("dlsym", true),
+    ] {
+        let mut args = vec![how];
+        if pt {
+            args.push("--pt");
+        }
+        args.push("graph");
+        let mut c = sim.probe(&args, true);
+        c.env(muxflow::xcuda_env::MEM_LIMIT_BYTES, &q);
+        let child = c.spawn().unwrap();
+        let pid = child.id();
+        let o = child.wait_with_output().unwrap();
+        let r = kv(&String::from_utf8_lossy(&o.stdout));
+        assert!(o.status.success(), "{how} pt={pt}: {o:?}");
+        for (row, want) in [
+            // Explicit nodes: instantiated, launched; 3Q/4 refused; launched again.
+            ("issue_explicit", "0,0,2,0".to_string()),
+            // Exec destroyed: the pool still holds Q/2 (3Q/4 refused); trimmed: fits.
+            ("destroy_then_trim", "0,2,0,0".to_string()),
+            // With 3Q/4 held, the instantiation itself is refused.
+            ("instantiate_over_quota", "2,0".to_string()),
+            // Stream capture: nothing counted while recording (all Q free),
+            // then the same as explicit nodes.
+            ("issue_capture", format!("{q},0,0,2")),
+            // Beside an open capture, a stream the driver says is not
+            // capturing allocates for real: 3Q/4 counted, Q/2 more refused.
+            ("beside_capture", format!("0,{},2,0", 16 * MIB)),
+            // Allocated by the graph, freed outside: Q/2 free before and
+            // after the free (held once, by the pool), and Q/2 more fits.
+            ("freed_outside", format!("0,0,{half},0,{half},0,0")),
+            ("meminfo_free", q.clone()),
+        ] {
+            assert_eq!(
+                r.get(row).map(String::as_str),
+                Some(want.as_str()),
+                "{how} pt={pt} {row}: {r:?}"
+            );
+        }
+        // By xCUDA's books the process never held more than Q.
+        let s = sim.stats_of(pid).expect("stats file written at exit");
+        assert!(s["peak_bytes"] <= 64 * MIB, "{how} pt={pt}: {s:?}");
+        assert_eq!(s["oom"], 5, "{how} pt={pt}: {s:?}");
+    }
+}
+
 #[test]
 fn sync_rows_end_the_online_busy_period() {
     use muxflow::online_page::{Record, RECORD_BYTES};

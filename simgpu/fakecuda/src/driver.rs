@@ -76,6 +76,8 @@ struct Local {
     /// Stream key -> time its last queued kernel ends.
     tails: HashMap<u64, (usize, u64)>,
     captures: HashMap<u64, Vec<(Kernel, u64)>>,
+    /// Captures begun with cuStreamBeginCaptureToGraph: stream key -> graph.
+    capture_into: HashMap<u64, usize>,
     /// Per device: (when, SM activity of the window before it), the input of
     /// the clock launches run at; recomputed every `POWER_REFRESH` of a window.
     power: Vec<Option<(u64, f64)>>,
@@ -155,6 +157,7 @@ fn load() -> Result<Proc, u32> {
             objs: HashMap::new(),
             tails: HashMap::new(),
             captures: HashMap::new(),
+            capture_into: HashMap::new(),
             power: vec![None; n],
             allocs: HashMap::new(),
             reserved: HashMap::new(),
@@ -1075,12 +1078,28 @@ pub fn stream_query(s: Handle, pt: bool) -> R<()> {
     }
 }
 
-pub fn begin_capture(s: Handle, pt: bool) -> R<()> {
+/// Begins a capture on stream `s`; `into`: the graph of
+/// cuStreamBeginCaptureToGraph (the capture's nodes are added to it).
+pub fn begin_capture(s: Handle, pt: bool, into: Option<Handle>) -> R<()> {
     let (p, dev) = current()?;
     let mut l = p.local();
     let key = stream_key(&l, s, pt, dev)?;
+    if let Some(g) = into {
+        if !matches!(l.objs.get(&(g as usize)), Some(Obj::Graph(_))) {
+            return Err(cu::INVALID_VALUE);
+        }
+        l.capture_into.insert(key, g as usize);
+    }
     l.captures.insert(key, Vec::new());
     Ok(())
+}
+
+/// cuStreamIsCapturing: 1 (ACTIVE) while stream `s` captures, else 0 (NONE).
+pub fn is_capturing(s: Handle, pt: bool) -> R<c_int> {
+    let (p, dev) = current()?;
+    let l = p.local();
+    let key = stream_key(&l, s, pt, dev)?;
+    Ok(c_int::from(l.captures.contains_key(&key)))
 }
 
 pub fn end_capture(s: Handle, pt: bool) -> R<Handle> {
@@ -1092,6 +1111,13 @@ pub fn end_capture(s: Handle, pt: bool) -> R<Handle> {
         .captures
         .remove(&key)
         .ok_or(cu::STREAM_CAPTURE_INVALIDATED)?;
+    if let Some(g) = l.capture_into.remove(&key) {
+        if let Some(Obj::Graph(all)) = l.objs.get_mut(&g) {
+            all.extend(ks);
+            return Ok(g as Handle);
+        }
+        return Err(cu::STREAM_CAPTURE_INVALIDATED);
+    }
     let h = alloc_id(&mut l);
     l.objs.insert(h, Obj::Graph(ks));
     Ok(h as Handle)

@@ -452,12 +452,50 @@ pub(crate) unsafe fn cuStreamQuery_ptsz(s: Handle) -> CUresult {
     done(stream_query(s, true))
 }
 
+pub(crate) unsafe fn cuStreamBeginCapture(s: Handle) -> CUresult {
+    done(begin_capture(s, false, None))
+}
+
+pub(crate) unsafe fn cuStreamBeginCapture_ptsz(s: Handle) -> CUresult {
+    done(begin_capture(s, true, None))
+}
+
 pub(crate) unsafe fn cuStreamBeginCapture_v2(s: Handle, _mode: c_int) -> CUresult {
-    done(begin_capture(s, false))
+    done(begin_capture(s, false, None))
 }
 
 pub(crate) unsafe fn cuStreamBeginCapture_v2_ptsz(s: Handle, _mode: c_int) -> CUresult {
-    done(begin_capture(s, true))
+    done(begin_capture(s, true, None))
+}
+
+pub(crate) unsafe fn cuStreamBeginCaptureToGraph(
+    s: Handle,
+    g: Handle,
+    _deps: *const Handle,
+    _edges: *const c_void,
+    _n: usize,
+    _mode: c_int,
+) -> CUresult {
+    done(begin_capture(s, false, Some(g)))
+}
+
+pub(crate) unsafe fn cuStreamBeginCaptureToGraph_ptsz(
+    s: Handle,
+    g: Handle,
+    _deps: *const Handle,
+    _edges: *const c_void,
+    _n: usize,
+    _mode: c_int,
+) -> CUresult {
+    done(begin_capture(s, true, Some(g)))
+}
+
+pub(crate) unsafe fn cuStreamIsCapturing(s: Handle, status: *mut c_int) -> CUresult {
+    done(is_capturing(s, false).and_then(|c| put(status, c)))
+}
+
+pub(crate) unsafe fn cuStreamIsCapturing_ptsz(s: Handle, status: *mut c_int) -> CUresult {
+    done(is_capturing(s, true).and_then(|c| put(status, c)))
 }
 
 pub(crate) unsafe fn cuStreamEndCapture(s: Handle, g: *mut Handle) -> CUresult {
@@ -466,6 +504,42 @@ pub(crate) unsafe fn cuStreamEndCapture(s: Handle, g: *mut Handle) -> CUresult {
 
 pub(crate) unsafe fn cuStreamEndCapture_ptsz(s: Handle, g: *mut Handle) -> CUresult {
     done(end_capture(s, true).and_then(|h| put(g, h)))
+}
+
+pub(crate) unsafe fn cuGraphInstantiate(
+    e: *mut Handle,
+    g: Handle,
+    _err_node: *mut Handle,
+    _log: *mut c_char,
+    _log_size: usize,
+) -> CUresult {
+    done(graph_instantiate(g).and_then(|h| put(e, h)))
+}
+
+pub(crate) unsafe fn cuGraphInstantiate_v2(
+    e: *mut Handle,
+    g: Handle,
+    _err_node: *mut Handle,
+    _log: *mut c_char,
+    _log_size: usize,
+) -> CUresult {
+    done(graph_instantiate(g).and_then(|h| put(e, h)))
+}
+
+pub(crate) unsafe fn cuGraphInstantiateWithParams(
+    e: *mut Handle,
+    g: Handle,
+    _params: *mut c_void,
+) -> CUresult {
+    done(graph_instantiate(g).and_then(|h| put(e, h)))
+}
+
+pub(crate) unsafe fn cuGraphInstantiateWithParams_ptsz(
+    e: *mut Handle,
+    g: Handle,
+    _params: *mut c_void,
+) -> CUresult {
+    done(graph_instantiate(g).and_then(|h| put(e, h)))
 }
 
 pub(crate) unsafe fn cuGraphInstantiateWithFlags(
@@ -490,6 +564,11 @@ pub(crate) unsafe fn cuGraphExecDestroy(e: Handle) -> CUresult {
 
 pub(crate) unsafe fn cuGraphDestroy(g: Handle) -> CUresult {
     done(graph_destroy(g))
+}
+
+// Graph memory is not modelled beyond its nodes (below): nothing to trim.
+pub(crate) unsafe fn cuDeviceGraphMemTrim(d: c_int) -> CUresult {
+    done(with_proc(|p| p.dev(d).map(|_| ())))
 }
 
 // The un-suffixed v1 entry points (CUDA 3.1 and older ABI): 32-bit sizes and device pointers.

@@ -184,9 +184,19 @@ pub const STATUS_SUCCESS: c_int = 0;
 pub const STATUS_SYMBOL_NOT_FOUND: c_int = 1;
 pub const STATUS_VERSION_NOT_SUFFICIENT: c_int = 2;
 
+/// Names CUDA renamed in its headers, which the driver answers with the new
+/// function from that version on: (asked, since, answered). CUDA 12's
+/// cuda.h has `#define cuGraphInstantiate cuGraphInstantiateWithFlags`.
+const RENAMED: &[(&str, c_int, &str)] =
+    &[("cuGraphInstantiate", 12000, "cuGraphInstantiateWithFlags")];
+
 /// Picks the variant the real driver would: the newest one not newer than
 /// `version`, the per-thread one when that flag is given and one exists.
 pub fn resolve(name: &str, version: c_int, flags: u64) -> Result<&'static Entry, c_int> {
+    let name = match RENAMED.iter().find(|r| r.0 == name && version >= r.1) {
+        Some(r) => r.2,
+        None => name,
+    };
     let all: Vec<&Entry> = entry_points().iter().filter(|e| e.base == name).collect();
     if all.is_empty() {
         return Err(STATUS_SYMBOL_NOT_FOUND);

@@ -11,6 +11,8 @@
 //!   --pt      per-thread default stream: the _ptsz variants
 //!             (cuGetProcAddress flag 2; the explicit names otherwise)
 //!   SCENARIO  api        every gated and capped entry point once; quota checks
+//!             graph      graph memory against the quota: in-graph allocations
+//!                        (explicit nodes, stream capture), destroy and trim
 //!             storm N    8 threads x N x (two 20 MiB cuMemAlloc, then their cuMemFree)
 //!             launches N N back-to-back launches; ns per launch
 //!             allocs N   N cuMemAlloc/cuMemFree pairs; ns per pair
@@ -614,11 +616,6 @@ fn api(r: &Resolver) {
         r.get("cuMipmappedArrayCreate", "cuMipmappedArrayCreate");
     let mdestroy: fnty::cuMipmappedArrayDestroy =
         r.get("cuMipmappedArrayDestroy", "cuMipmappedArrayDestroy");
-    let graph_create: fnty::cuGraphCreate = r.get("cuGraphCreate", "cuGraphCreate");
-    let alloc_node: fnty::cuGraphAddMemAllocNode =
-        r.get("cuGraphAddMemAllocNode", "cuGraphAddMemAllocNode");
-    let free_node: fnty::cuGraphAddMemFreeNode =
-        r.get("cuGraphAddMemFreeNode", "cuGraphAddMemFreeNode");
     let host_v1: fnty::cuMemAllocHost = r.get_at("cuMemAllocHost", "cuMemAllocHost", V1);
     let host_v2: fnty::cuMemAllocHost_v2 = r.get("cuMemAllocHost", "cuMemAllocHost_v2");
     let host_alloc: fnty::cuMemHostAlloc = r.get("cuMemHostAlloc", "cuMemHostAlloc");
@@ -630,6 +627,7 @@ fn api(r: &Resolver) {
     let ctx_v4: fnty::cuCtxCreate_v4 = r.get_at("cuCtxCreate", "cuCtxCreate_v4", 12050);
     let destroy_v1: fnty::cuCtxDestroy = r.get_at("cuCtxDestroy", "cuCtxDestroy", V1);
     let destroy_v2: fnty::cuCtxDestroy_v2 = r.get("cuCtxDestroy", "cuCtxDestroy_v2");
+    let gr = Graphs::new(r);
     r.report();
     // SAFETY: entry points resolved for these signatures; valid arguments.
     unsafe {
@@ -727,30 +725,40 @@ fn api(r: &Resolver) {
             |p| create(p, n, std::ptr::null(), 0),
             |p| mrelease(p),
         );
-        let mut g = null;
-        check(graph_create(&mut g, 0), "cuGraphCreate");
-        count_row(
-            r,
-            "cuGraphAddMemAllocNode",
-            "cuGraphAddMemAllocNode",
-            |p| {
-                let mut prm = MemAllocNodeParams {
-                    pool_props: [0; 88],
-                    access_descs: std::ptr::null(),
-                    access_desc_count: 0,
-                    bytesize: n,
-                    dptr: 0,
-                };
-                let mut node = null;
-                let rc = alloc_node(&mut node, g, std::ptr::null(), 0, &mut prm);
-                *p = prm.dptr;
-                rc
-            },
-            |p| {
-                let mut node = null;
-                free_node(&mut node, g, std::ptr::null(), 0, p)
-            },
-        );
+        // Graph memory: charged at instantiation, given back by destroy + trim.
+        let explicit = || gr.explicit(n, true).0;
+        let params_sym = pt(r, "cuGraphInstantiateWithParams");
+        for (key, sym, which) in [
+            ("cuGraphInstantiate", "cuGraphInstantiate", Inst::V1),
+            ("cuGraphInstantiate_v2", "cuGraphInstantiate_v2", Inst::V2),
+            (
+                "cuGraphInstantiateWithFlags",
+                "cuGraphInstantiateWithFlags",
+                Inst::Flags,
+            ),
+            (
+                "cuGraphInstantiateWithParams",
+                params_sym.as_str(),
+                Inst::Params,
+            ),
+            (
+                "cuGraphInstantiate_12",
+                "cuGraphInstantiateWithFlags",
+                Inst::Renamed,
+            ),
+        ] {
+            graph_row(r, &gr, key, sym, which, explicit);
+        }
+        for (key, how) in [
+            ("capture_cuStreamBeginCapture", Begin::V1),
+            ("capture_cuStreamBeginCapture_v2", Begin::V2),
+            ("capture_cuStreamBeginCaptureToGraph", Begin::ToGraph),
+        ] {
+            let sym = "cuGraphInstantiateWithFlags";
+            graph_row(r, &gr, key, sym, Inst::Flags, || {
+                gr.captured(how, n, true).0
+            });
+        }
         // The VMM path end to end: physical memory counted, mapping it passes.
         let mut v = Vec::new();
         let (mut h1, mut h2, mut h3, mut va) = (0u64, 0u64, 0u64, 0u64);
@@ -869,6 +877,281 @@ fn api(r: &Resolver) {
         println!("meminfo_v1_free={free} meminfo_v1_total={total}");
         check((cu.release)(0), "cuDevicePrimaryCtxRelease");
     }
+}
+
+/// How a capture begins: `cuStreamBeginCapture` (v1, CUDA 10.0), its `_v2`
+/// (with a mode), or `cuStreamBeginCaptureToGraph` (into a new graph).
+#[derive(Clone, Copy)]
+enum Begin {
+    V1,
+    V2,
+    ToGraph,
+}
+
+/// Which instantiation entry point.
+#[derive(Clone, Copy)]
+enum Inst {
+    V1,
+    V2,
+    Flags,
+    Params,
+    Renamed,
+}
+
+/// The graph and capture entry points, resolved as HOW and --pt say, and
+/// the stream captures use: the per-thread default stream with --pt, a
+/// created stream otherwise.
+struct Graphs {
+    create: fnty::cuGraphCreate,
+    alloc_node: fnty::cuGraphAddMemAllocNode,
+    free_node: fnty::cuGraphAddMemFreeNode,
+    begin_v1: unsafe extern "C" fn(H) -> Res,
+    begin_v2: unsafe extern "C" fn(H, c_int) -> Res,
+    begin_to: unsafe extern "C" fn(H, H, *const H, *const c_void, usize, c_int) -> Res,
+    end: unsafe extern "C" fn(H, *mut H) -> Res,
+    alloc_async: unsafe extern "C" fn(*mut u64, usize, H) -> Res,
+    free_async: unsafe extern "C" fn(u64, H) -> Res,
+    inst_v1: fnty::cuGraphInstantiate,
+    inst_v2: fnty::cuGraphInstantiate_v2,
+    inst_flags: fnty::cuGraphInstantiateWithFlags,
+    inst_params: unsafe extern "C" fn(*mut H, H, *mut c_void) -> Res,
+    /// `cuGraphInstantiate` as CUDA 12 asks for it: the driver answers with
+    /// `cuGraphInstantiateWithFlags` (cuda.h renamed it).
+    inst_12: fnty::cuGraphInstantiateWithFlags,
+    launch: unsafe extern "C" fn(H, H) -> Res,
+    exec_destroy: fnty::cuGraphExecDestroy,
+    destroy: fnty::cuGraphDestroy,
+    trim: fnty::cuDeviceGraphMemTrim,
+    stream: H,
+}
+
+impl Graphs {
+    /// Resolves them (after `setup`: a created stream needs a context).
+    fn new(r: &Resolver) -> Graphs {
+        let stream_create: fnty::cuStreamCreate = r.get("cuStreamCreate", "cuStreamCreate");
+        let mut stream: H = std::ptr::null_mut();
+        if !r.pt {
+            // SAFETY: a resolved entry point with a valid out-pointer.
+            check(unsafe { stream_create(&mut stream, 0) }, "cuStreamCreate");
+        }
+        Graphs {
+            create: r.get("cuGraphCreate", "cuGraphCreate"),
+            alloc_node: r.get("cuGraphAddMemAllocNode", "cuGraphAddMemAllocNode"),
+            free_node: r.get("cuGraphAddMemFreeNode", "cuGraphAddMemFreeNode"),
+            begin_v1: r.get_at(
+                "cuStreamBeginCapture",
+                &pt(r, "cuStreamBeginCapture"),
+                10000,
+            ),
+            begin_v2: r.get("cuStreamBeginCapture", &pt(r, "cuStreamBeginCapture_v2")),
+            begin_to: r.get(
+                "cuStreamBeginCaptureToGraph",
+                &pt(r, "cuStreamBeginCaptureToGraph"),
+            ),
+            end: r.get("cuStreamEndCapture", &pt(r, "cuStreamEndCapture")),
+            alloc_async: r.get("cuMemAllocAsync", &pt(r, "cuMemAllocAsync")),
+            free_async: r.get("cuMemFreeAsync", &pt(r, "cuMemFreeAsync")),
+            inst_v1: r.get_at("cuGraphInstantiate", "cuGraphInstantiate", 10000),
+            inst_v2: r.get_at("cuGraphInstantiate", "cuGraphInstantiate_v2", 11000),
+            inst_flags: r.get("cuGraphInstantiateWithFlags", "cuGraphInstantiateWithFlags"),
+            inst_12: r.get("cuGraphInstantiate", "cuGraphInstantiateWithFlags"),
+            inst_params: r.get(
+                "cuGraphInstantiateWithParams",
+                &pt(r, "cuGraphInstantiateWithParams"),
+            ),
+            launch: r.get("cuGraphLaunch", &pt(r, "cuGraphLaunch")),
+            exec_destroy: r.get("cuGraphExecDestroy", "cuGraphExecDestroy"),
+            destroy: r.get("cuGraphDestroy", "cuGraphDestroy"),
+            trim: r.get("cuDeviceGraphMemTrim", "cuDeviceGraphMemTrim"),
+            stream,
+        }
+    }
+
+    /// A graph with one allocation node of `n` bytes, and its free node when
+    /// `free_inside`; returns the graph and the allocation's address.
+    fn explicit(&self, n: usize, free_inside: bool) -> (H, u64) {
+        let null: H = std::ptr::null_mut();
+        let (mut g, mut node) = (null, null);
+        let mut prm = MemAllocNodeParams {
+            pool_props: [0; 88],
+            access_descs: std::ptr::null(),
+            access_desc_count: 0,
+            bytesize: n,
+            dptr: 0,
+        };
+        // SAFETY: resolved entry points with valid arguments.
+        unsafe {
+            check((self.create)(&mut g, 0), "cuGraphCreate");
+            check(
+                (self.alloc_node)(&mut node, g, std::ptr::null(), 0, &mut prm),
+                "cuGraphAddMemAllocNode",
+            );
+            if free_inside {
+                let dep = node;
+                check(
+                    (self.free_node)(&mut node, g, &dep, 1, prm.dptr),
+                    "cuGraphAddMemFreeNode",
+                );
+            }
+        }
+        (g, prm.dptr)
+    }
+
+    /// A graph recorded by stream capture (begun as `how`): `n` bytes from
+    /// cuMemAllocAsync, freed by cuMemFreeAsync when `free_inside`.
+    fn captured(&self, how: Begin, n: usize, free_inside: bool) -> (H, u64) {
+        let null: H = std::ptr::null_mut();
+        let (mut g, mut p) = (null, 0u64);
+        let s = self.stream;
+        // SAFETY: resolved entry points with valid arguments.
+        unsafe {
+            match how {
+                Begin::V1 => check((self.begin_v1)(s), "cuStreamBeginCapture"),
+                Begin::V2 => check((self.begin_v2)(s, 0), "cuStreamBeginCapture_v2"),
+                Begin::ToGraph => {
+                    check((self.create)(&mut g, 0), "cuGraphCreate");
+                    check(
+                        (self.begin_to)(s, g, std::ptr::null(), std::ptr::null(), 0, 0),
+                        "cuStreamBeginCaptureToGraph",
+                    );
+                }
+            }
+            check((self.alloc_async)(&mut p, n, s), "captured cuMemAllocAsync");
+            if free_inside {
+                check((self.free_async)(p, s), "captured cuMemFreeAsync");
+            }
+            check((self.end)(s, &mut g), "cuStreamEndCapture");
+        }
+        (g, p)
+    }
+
+    /// Instantiates `g` with entry point `which`: (result, executable graph).
+    fn instantiate(&self, which: Inst, g: H) -> (Res, H) {
+        let mut e: H = std::ptr::null_mut();
+        let none = std::ptr::null_mut();
+        // SAFETY: resolved entry points with valid arguments.
+        let rc = unsafe {
+            match which {
+                Inst::V1 => (self.inst_v1)(&mut e, g, none, std::ptr::null_mut(), 0),
+                Inst::V2 => (self.inst_v2)(&mut e, g, none, std::ptr::null_mut(), 0),
+                Inst::Flags => (self.inst_flags)(&mut e, g, 0),
+                Inst::Params => (self.inst_params)(&mut e, g, std::ptr::null_mut()),
+                Inst::Renamed => (self.inst_12)(&mut e, g, 0),
+            }
+        };
+        (rc, e)
+    }
+
+    fn launch(&self, e: H) -> Res {
+        // SAFETY: a resolved entry point with valid arguments.
+        unsafe { (self.launch)(e, self.stream) }
+    }
+
+    /// Destroys the executable graph, then trims the device's graph pool.
+    fn drop_exec(&self, e: H) -> Res {
+        // SAFETY: resolved entry points with valid arguments.
+        unsafe {
+            let rc = (self.exec_destroy)(e);
+            check((self.trim)(0), "cuDeviceGraphMemTrim");
+            rc
+        }
+    }
+}
+
+/// An instantiation row ([`count_row`]): each "allocation" builds a graph
+/// that allocates 48 MiB and frees it itself (`build`) and instantiates it
+/// (`which`), each "free" destroys the executable graph and trims.
+fn graph_row(r: &Resolver, gr: &Graphs, key: &str, sym: &str, which: Inst, build: impl Fn() -> H) {
+    count_row(
+        r,
+        key,
+        sym,
+        |p| {
+            let (rc, e) = gr.instantiate(which, build());
+            *p = e as u64;
+            rc
+        },
+        |p| gr.drop_exec(p as H),
+    );
+}
+
+/// `graph`: the quota of graph memory (64 MiB cap, Q below), end to end.
+/// Prints one line per case (each a list of results; 2 = refused).
+fn graph_quota(r: &Resolver) {
+    let (cu, _ctx, _f) = setup(r, c"sim_kernel_1us");
+    let gr = Graphs::new(r);
+    let q = 64 * MIB;
+    let free_now = || {
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: a resolved entry point with valid out-pointers.
+        check(
+            unsafe { (cu.info)(&mut free, &mut total) },
+            "cuMemGetInfo_v2",
+        );
+        free
+    };
+    // SAFETY: resolved entry points with valid arguments.
+    unsafe {
+        // The issue: a graph that allocates Q/2 and frees it itself commits
+        // Q/2 at every launch; 3Q/4 more must not fit beside it.
+        let (g, _) = gr.explicit(q / 2, true);
+        let (i, e) = gr.instantiate(Inst::Flags, g);
+        let l1 = gr.launch(e);
+        let mut p = 0u64;
+        let a = (cu.alloc)(&mut p, 3 * q / 4);
+        let l2 = gr.launch(e);
+        println!("issue_explicit={i},{l1},{a},{l2}");
+        // Destroying the executable graph leaves the pool's memory held; a trim frees it.
+        let d = (gr.exec_destroy)(e);
+        let a1 = (cu.alloc)(&mut p, 3 * q / 4);
+        let t = (gr.trim)(0);
+        let a2 = (cu.alloc)(&mut p, 3 * q / 4);
+        println!("destroy_then_trim={d},{a1},{t},{a2}");
+        // The other order: 3Q/4 held, the instantiation is refused.
+        let (i2, _) = gr.instantiate(Inst::Flags, g);
+        let f = (cu.free)(p);
+        println!("instantiate_over_quota={i2},{f}");
+        check((gr.destroy)(g), "cuGraphDestroy");
+        // The issue's shape as stream capture gives it: nothing counted
+        // while recording (no double count), all of it from instantiation.
+        let (g, _) = gr.captured(Begin::V2, q / 2, true);
+        let recorded = free_now();
+        let (i, e) = gr.instantiate(Inst::Flags, g);
+        let l = gr.launch(e);
+        let a = (cu.alloc)(&mut p, 3 * q / 4);
+        println!("issue_capture={recorded},{i},{l},{a}");
+        check(gr.drop_exec(e), "cuGraphExecDestroy");
+        check((gr.destroy)(g), "cuGraphDestroy");
+        // While a capture is open, another stream that the driver says is
+        // not capturing allocates for real: counted now, refused past Q.
+        let stream_create: fnty::cuStreamCreate = r.get("cuStreamCreate", "cuStreamCreate");
+        let mut other: H = std::ptr::null_mut();
+        check(stream_create(&mut other, 0), "cuStreamCreate");
+        check((gr.begin_v2)(gr.stream, 0), "cuStreamBeginCapture_v2");
+        let (mut x, mut y) = (0u64, 0u64);
+        let a = (gr.alloc_async)(&mut x, 3 * q / 4, other);
+        let left = free_now();
+        let b = (gr.alloc_async)(&mut y, q / 2, other);
+        let f = (gr.free_async)(x, other);
+        let mut g = std::ptr::null_mut();
+        check((gr.end)(gr.stream, &mut g), "cuStreamEndCapture");
+        check((gr.destroy)(g), "cuGraphDestroy");
+        println!("beside_capture={a},{left},{b},{f}");
+        // Allocated by the graph, freed outside it: counted once, and
+        // held by the pool while the executable graph exists.
+        let (g, dptr) = gr.explicit(q / 2, false);
+        let (i, e) = gr.instantiate(Inst::Flags, g);
+        let l = gr.launch(e);
+        let before = free_now();
+        let f = (cu.free)(dptr);
+        let after = free_now();
+        let a = (cu.alloc)(&mut p, q / 2);
+        let f2 = (cu.free)(p);
+        println!("freed_outside={i},{l},{before},{f},{after},{a},{f2}");
+        check(gr.drop_exec(e), "cuGraphExecDestroy");
+        check((gr.destroy)(g), "cuGraphDestroy");
+    }
+    println!("meminfo_free={}", free_now());
 }
 
 /// One gated call (`gated` names it, as `api` prints them), once the
@@ -1549,6 +1832,7 @@ fn main() {
         Some(&"gate") => gate_one(&r, rest.get(1).copied().unwrap_or("")),
         Some(&"signals") => signals(&r, rest.get(1).copied().unwrap_or("")),
         Some(&"fork-quota") => fork_quota(&r),
+        Some(&"graph") => graph_quota(&r),
         Some(&"ctx") => ctx_then_sigterm(&r, rest.get(1).copied().unwrap_or("")),
         Some(&"storm") => storm(&r, n),
         Some(&"launches") => launches(&r, n),

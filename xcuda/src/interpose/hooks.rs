@@ -18,8 +18,9 @@ use std::sync::OnceLock;
 use crate::abi::types::*;
 use crate::abi::{cu, Array3dDesc, Array3dDescV1, ArrayDesc, ArrayDescV1, MemAllocNodeParams};
 use crate::lifecycle::start;
+use crate::state::graphmem::{stream_key, Target};
 use crate::state::memcap::{array_bytes, Kind};
-use crate::state::{contexts, gate, memcap, online, Source};
+use crate::state::{contexts, gate, graphmem, memcap, online, Source};
 use crate::sys::driver::{self, COUNT};
 
 /// One entry point of the list: `symbol` is the exported name
@@ -171,11 +172,53 @@ macro_rules! act {
     ($real:ident, ($($a:ident),*), array($kind:ident, $out:ident, $desc:ident, $levels:tt)) => {
         array(Kind::$kind, $out, $desc, $levels, || $real($($a),*))
     };
-    ($real:ident, ($($a:ident),*), graph_alloc($params:ident)) => {
-        graph_alloc($params, || $real($($a),*))
+    ($real:ident, ($($a:ident),*), stream_alloc($size:ident, $out:ident, $s:ident, $pt:literal)) => {
+        stream_alloc($size as u64, $out, $s, $pt, || $real($($a),*))
+    };
+    ($real:ident, ($($a:ident),*), stream_free($h:ident, $s:ident, $pt:literal)) => {
+        stream_free($h, $s, $pt, || $real($($a),*))
+    };
+    ($real:ident, ($($a:ident),*), graph_alloc($g:ident, $params:ident)) => {
+        graph_alloc($g.handle(), $params, || $real($($a),*))
+    };
+    ($real:ident, ($($a:ident),*), graph_free($g:ident, $h:ident)) => {{
+        let rc = $real($($a),*);
+        if rc == cu::SUCCESS {
+            graphmem().free_node($g.handle(), $h);
+        }
+        rc
+    }};
+    ($real:ident, ($($a:ident),*), capture_begin($s:ident, $pt:literal)) => {
+        graphmem().capture_began(stream_key($s.handle(), $pt), None, $real($($a),*))
+    };
+    ($real:ident, ($($a:ident),*), capture_begin_to($s:ident, $g:ident, $pt:literal)) => {
+        graphmem().capture_began(stream_key($s.handle(), $pt), Some($g.handle()), $real($($a),*))
+    };
+    ($real:ident, ($($a:ident),*), capture_end($s:ident, $g:ident, $pt:literal)) => {{
+        let rc = $real($($a),*);
+        graphmem().capture_ended(stream_key($s.handle(), $pt), rc, || out($g), || {
+            is_capturing($s, $pt)
+        })
+    }};
+    ($real:ident, ($($a:ident),*), instantiate($e:ident, $g:ident)) => {
+        graphmem().instantiate(memcap(), $g.handle(), current_device(), || $real($($a),*), || out($e))
+    };
+    ($real:ident, ($($a:ident),*), graph_launch($e:ident)) => {{
+        online::on_launch();
+        let rc = gate().pass(|| $real($($a),*));
+        graphmem().launched(memcap(), $e.handle(), rc)
+    }};
+    ($real:ident, ($($a:ident),*), exec_destroyed($e:ident)) => {
+        graphmem().exec_destroyed($e.handle(), $real($($a),*))
+    };
+    ($real:ident, ($($a:ident),*), graph_destroyed($g:ident)) => {
+        graphmem().graph_destroyed($g.handle(), $real($($a),*))
+    };
+    ($real:ident, ($($a:ident),*), trim($d:ident)) => {
+        graphmem().trimmed(memcap(), $d, $real($($a),*))
     };
     ($real:ident, ($($a:ident),*), free($kind:ident, $h:ident)) => {
-        memcap().free(Kind::$kind, $h.handle(), || $real($($a),*))
+        free(Kind::$kind, $h.handle(), || $real($($a),*))
     };
     ($real:ident, ($($a:ident),*), cap($free:ident, $total:ident)) => {
         mem_info($free, $total, $real($($a),*))
@@ -306,23 +349,120 @@ fn alloc<T: OutValue>(
     memcap().alloc(kind, size, call, || out(handle), || size)
 }
 
-/// A graph memory-allocation node: counted when the node is added (the
-/// earliest xCUDA sees it; the driver commits the memory at launch), by the
-/// address the driver writes into the parameters; its free node, or any free
-/// of that address, gives it back.
-fn graph_alloc(params: *mut MemAllocNodeParams, call: impl FnOnce() -> CUresult) -> CUresult {
-    // SAFETY: the caller's parameter block, valid for this call (or null).
-    let Some(size) = (unsafe { params.as_ref() }).map(|p| p.bytesize as u64) else {
-        return call(); // the driver says what is wrong with a null block
+/// A free of a plain handle: its quota back; a device address may also be
+/// a graph's allocation, which the graph books hear of.
+fn free(kind: Kind, h: u64, call: impl FnOnce() -> CUresult) -> CUresult {
+    let rc = memcap().free(kind, h, call);
+    if rc == cu::SUCCESS && kind == Kind::Device {
+        graphmem().freed(h);
+    }
+    rc
+}
+
+/// A graph memory-allocation node: recorded in its graph's recipe by the
+/// address the driver writes into the parameters; held against the quota
+/// from the graph's instantiation ([`crate::state::graphmem`]).
+fn graph_alloc(
+    g: u64,
+    params: *mut MemAllocNodeParams,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let rc = call();
+    // SAFETY: the caller's parameter block, valid for this call (or null);
+    // on success the driver just wrote `dptr`.
+    if let (cu::SUCCESS, Some(p)) = (rc, unsafe { params.as_ref() }) {
+        graphmem().alloc_node(g, p.dptr, p.bytesize as u64);
+    }
+    rc
+}
+
+/// The driver's export `name` for a call xCUDA makes itself (found once,
+/// kept in `cell`); None when the driver has none.
+fn own_call(cell: &OnceLock<usize>, name: &CStr) -> Option<usize> {
+    let p = *cell.get_or_init(|| driver::driver_symbol(name));
+    (p != 0).then_some(p)
+}
+
+/// Does the driver say stream `s` is capturing (joined into a capture by an
+/// event)? None when it cannot say.
+fn is_capturing(s: Handle, pt: bool) -> Option<bool> {
+    static F: [OnceLock<usize>; 2] = [OnceLock::new(), OnceLock::new()];
+    let p = match pt {
+        false => own_call(&F[0], c"cuStreamIsCapturing")?,
+        true => own_call(&F[1], c"cuStreamIsCapturing_ptsz")?,
     };
-    memcap().alloc(
-        Kind::Device,
-        size,
-        call,
-        // SAFETY: as above; the driver just wrote `dptr`.
-        || unsafe { (*params).dptr },
-        || size,
-    )
+    // SAFETY: the driver's cuStreamIsCapturing(_ptsz), of the list's signature.
+    let f: crate::abi::fnty::cuStreamIsCapturing = unsafe { std::mem::transmute(p) };
+    let mut status: std::ffi::c_int = 0;
+    // SAFETY: the caller's stream and a valid out-pointer.
+    match unsafe { f(s, &mut status) } {
+        cu::SUCCESS => Some(status != 0), // ACTIVE or INVALIDATED: still a capture
+        _ => None,
+    }
+}
+
+/// The current context's device (the one a graph is instantiated on);
+/// -1 when the driver cannot say (that pool is then never trimmed: safe).
+fn current_device() -> i32 {
+    static F: OnceLock<usize> = OnceLock::new();
+    let Some(p) = own_call(&F, c"cuCtxGetDevice") else {
+        return -1;
+    };
+    // SAFETY: the driver's cuCtxGetDevice, of the list's signature.
+    let f: crate::abi::fnty::cuCtxGetDevice = unsafe { std::mem::transmute(p) };
+    let mut d: std::ffi::c_int = -1;
+    // SAFETY: a valid out-pointer.
+    match unsafe { f(&mut d) } {
+        cu::SUCCESS => d,
+        _ => -1,
+    }
+}
+
+/// `cuMemAllocAsync` / `cuMemAllocFromPoolAsync`: on a capturing stream
+/// the driver only records an allocation node (the graph is charged at
+/// instantiation); otherwise a plain allocation.
+fn stream_alloc(
+    size: u64,
+    p: *mut Dptr,
+    s: Handle,
+    pt: bool,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    match graphmem().target(stream_key(s.handle(), pt), || is_capturing(s, pt)) {
+        Target::Real => alloc(Kind::Device, size, p, call),
+        Target::Recorded(keys) => {
+            let rc = call();
+            if rc == cu::SUCCESS {
+                graphmem().recorded_alloc(&keys, out(p), size);
+            }
+            rc
+        }
+        Target::Both(keys) => {
+            let rc = alloc(Kind::Device, size, p, call);
+            if rc == cu::SUCCESS {
+                graphmem().recorded_alloc(&keys, out(p), size);
+            }
+            rc
+        }
+    }
+}
+
+/// `cuMemFreeAsync`: on a capturing stream recorded (the memory is freed
+/// when the graph runs); otherwise a plain free.
+/// When the driver cannot say whether the stream captures, only recorded:
+/// a plain allocation it frees keeps its quota until a graph frees it
+/// (over-counted, never under).
+fn stream_free(h: Dptr, s: Handle, pt: bool, call: impl FnOnce() -> CUresult) -> CUresult {
+    match graphmem().target(stream_key(s.handle(), pt), || is_capturing(s, pt)) {
+        Target::Real => free(Kind::Device, h, call),
+        Target::Recorded(keys) | Target::Both(keys) => {
+            let rc = call();
+            if rc == cu::SUCCESS {
+                graphmem().recorded_free(&keys, h);
+            }
+            rc
+        }
+    }
 }
 
 /// `handle` and `pitch` read the driver's outputs after the call.
@@ -380,11 +520,20 @@ fn proc_address(symbol: *const c_char, pfn: *mut *mut c_void, rc: CUresult) -> C
 
 /// Which hook's driver function is `p`? By address, then by the exported
 /// name `dladdr` gives it (drivers may hand out other addresses than dlsym).
+/// A name may be answered with another base's function: CUDA 12 answers
+/// `cuGraphInstantiate` with `cuGraphInstantiateWithFlags` (cuda.h renames
+/// it). That function's own wrapper is then the right one, whoever asked,
+/// provided exactly one hook has it (its wrapper calls `p` with `p`'s
+/// signature).
 pub fn hook_of_driver_fn(base: &[u8], p: usize) -> Option<usize> {
     let t = table();
-    if let Some(i) =
-        (0..COUNT).find(|&i| t[i].base.as_bytes() == base && driver::real_if_known(i) == p)
-    {
+    let known: Vec<usize> = (0..COUNT)
+        .filter(|&i| driver::real_if_known(i) == p)
+        .collect();
+    if let Some(&i) = known.iter().find(|&&i| t[i].base.as_bytes() == base) {
+        return Some(i);
+    }
+    if let [i] = known[..] {
         return Some(i);
     }
     // SAFETY: dladdr only reads the address; the info is plain data.
@@ -396,7 +545,7 @@ pub fn hook_of_driver_fn(base: &[u8], p: usize) -> Option<usize> {
     }
     // SAFETY: dladdr returned a NUL-terminated symbol name.
     let sname = unsafe { CStr::from_ptr(info.dli_sname) };
-    index_of(sname.to_bytes()).filter(|&i| t[i].base.as_bytes() == base)
+    index_of(sname.to_bytes())
 }
 
 /// Test-only mutation, to prove the lookup tests can fail: the hook named by

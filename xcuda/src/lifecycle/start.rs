@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::abi::cu;
 use crate::state::gate::Mode;
-use crate::state::{contexts, gate, memcap, settings, write_stats};
+use crate::state::{contexts, gate, graphmem, memcap, settings, write_stats};
 use crate::CUresult;
 
 /// The process whose watcher, exit thread and signal handlers run (0: none
@@ -96,6 +96,8 @@ extern "C" fn before_fork() {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner()),
             ),
+            // Graph books before the cap's table: a launch takes them in that order.
+            Box::new(graphmem().hold()),
             Box::new(memcap().hold()),
             Box::new(contexts().hold()),
         ];
@@ -118,5 +120,6 @@ extern "C" fn in_forked_child() {
         super::shutdown::after_fork_in_child();
         gate().after_fork();
         memcap().after_fork();
+        graphmem().after_fork();
     });
 }

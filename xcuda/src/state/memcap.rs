@@ -63,6 +63,34 @@ impl MemCap {
         ok.is_ok()
     }
 
+    /// Takes `n` bytes not tied to one handle (the graph pool,
+    /// [`super::graphmem`]); false, counted as a refusal, when they do not fit.
+    pub fn take(&self, n: u64) -> bool {
+        self.reserve(n)
+    }
+
+    /// Gives back bytes [`MemCap::take`] took.
+    pub fn give(&self, n: u64) {
+        let _ = self
+            .used
+            .fetch_update(SeqCst, SeqCst, |u| Some(u.saturating_sub(n)));
+    }
+
+    /// Gives back the handle's size without a driver call (the driver frees
+    /// it later by itself: a graph's free node, at the graph's launch).
+    /// False when the handle is not in the books.
+    pub fn forget(&self, kind: Kind, h: u64) -> bool {
+        let size = self
+            .live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(kind, h));
+        if let Some(s) = size {
+            self.give(s);
+        }
+        size.is_some()
+    }
+
     /// Reserves `size`, runs the driver's allocation, and on success records
     /// the handle `handle()` reads back from the caller's out-pointer.
     /// `actual` may correct the size after the driver decided it (pitch).

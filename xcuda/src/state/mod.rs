@@ -6,6 +6,7 @@
 pub mod contexts;
 pub mod controller;
 pub mod gate;
+pub mod graphmem;
 pub mod memcap;
 pub mod online;
 pub mod settings;
@@ -16,6 +17,7 @@ use std::sync::{Mutex, OnceLock};
 
 pub use contexts::Contexts;
 use gate::Gate;
+use graphmem::GraphMem;
 use memcap::MemCap;
 pub use settings::{settings, Settings, Source};
 use stats::Counters;
@@ -33,6 +35,12 @@ pub fn memcap() -> &'static MemCap {
         muxflow::xcuda_env::Role::Online => MemCap::new(None),
         muxflow::xcuda_env::Role::Offline => MemCap::new(settings().env.mem_limit_bytes),
     })
+}
+
+/// Graph memory, held against [`memcap`].
+pub fn graphmem() -> &'static GraphMem {
+    static G: OnceLock<GraphMem> = OnceLock::new();
+    G.get_or_init(GraphMem::default)
 }
 
 pub fn contexts() -> &'static Contexts {
