@@ -53,6 +53,7 @@ pub mod prune;
 pub mod reader;
 pub mod reference;
 pub mod round;
+pub mod round_cache;
 pub mod service;
 pub mod slots;
 pub mod slurm;
