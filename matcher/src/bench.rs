@@ -1075,10 +1075,10 @@ pub fn daemon_run(args: &BenchArgs) -> anyhow::Result<String> {
         )?;
     }
     // The daemon's loop (crate::round_cache): a cold round kept in the
-    // cache, then rounds after 1% changes (1% of the jobs replaced by new
-    // ones, 1% of the GPUs changed), then one after a quarter and more of
-    // the GPUs changed (the cold fallback), each against a cold round of
-    // the same state timed beside it.
+    // cache, then rounds after 1% of the jobs were replaced by new ones
+    // (incremental), then one after 1% of the GPUs changed too (past the
+    // cold threshold), each against a cold round of the same state timed
+    // beside it.
     let mut cache = crate::round_cache::RoundCache::default();
     let mut st = state.clone();
     let mut rng = ChaCha8Rng::seed_from_u64(args.seed ^ 0x30);
@@ -1086,10 +1086,10 @@ pub fn daemon_run(args: &BenchArgs) -> anyhow::Result<String> {
     let mut steps: Vec<(String, f64, f64, bool, bool, crate::round_cache::RoundKind)> = Vec::new();
     for (label, job_share, gpu_share) in [
         ("first round, kept", 0.0, 0.0),
-        ("after 1% changes (1)", 0.01, 0.01),
-        ("after 1% changes (2)", 0.01, 0.01),
-        ("after 1% changes (3)", 0.01, 0.01),
-        ("after 30% of GPUs changed", 0.01, 0.30),
+        ("after 1% of jobs replaced (1)", 0.01, 0.0),
+        ("after 1% of jobs replaced (2)", 0.01, 0.0),
+        ("after 1% of jobs replaced (3)", 0.01, 0.0),
+        ("after 1% of jobs and GPUs changed", 0.01, 0.01),
     ] {
         change_daemon_state(&mut st, &mut rng, job_share, gpu_share, &mut next_id);
         let t = Instant::now();
@@ -1141,7 +1141,7 @@ pub fn daemon_run(args: &BenchArgs) -> anyhow::Result<String> {
     let (_, priced_s, priced) = &runs[1];
     writeln!(
         text,
-        "daemon_round_s={plain_s:.3} priced_round_s={priced_s:.3} reference_s={reference_s:.3} peak_mb={peak_mb:.1} full_graph={} incremental_round_s={:.3} incremental_full_graph={} fallback_round_s={:.3} fallback_kind={:?}",
+        "daemon_round_s={plain_s:.3} priced_round_s={priced_s:.3} reference_s={reference_s:.3} peak_mb={peak_mb:.1} full_graph={} incremental_round_s={:.3} incremental_full_graph={} gpus_changed_round_s={:.3} gpus_changed_kind={:?}",
         priced.summary.full_graph,
         sorted[1],
         steps[1..4].iter().all(|s| s.3),

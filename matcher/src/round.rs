@@ -2273,7 +2273,12 @@ mod tests {
                 version: vec![0; gpus],
             };
             let mut state = small_state(&vec![0; gpus], &vec![0; gpus], universe);
+            // Half the cases at the default threshold (any GPU changed in
+            // these small rounds: cold), half incremental up to a quarter.
             let mut cache = RoundCache::default();
+            if case % 2 == 1 {
+                cache.cold_when_changed_one_in = 4;
+            }
             for step in 0..12 {
                 // Big changes now and then (the fallback), small ones else.
                 let share = if step % 5 == 4 { 0.7 } else { 0.05 };

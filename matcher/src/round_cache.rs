@@ -12,34 +12,47 @@
 //! the round is cold). A row or column that holds no job or no open GPU
 //! this round has no feasible pair.
 //!
-//! A pair's weight is a function of what the round reads of its job
-//! ([`RowKey`]: who, what, its fixed slot GPUs, its CPU and memory need),
-//! of its GPU ([`ColKey`]: the GPU's whole [`GpuState`], its node's free
-//! room, and [`crate::round::Predictor::gpu_key`], what the predictor
-//! reads beside the state), of the predictor's state (`epoch`, the
-//! caller's: it changes when the model is retrained) and of the config
-//! (the caller starts a new cache when it re-reads it). A row or column
-//! whose key differs from last round's is *changed*: the incremental
-//! round drops its edges and prices it whole; every other pair weighs
-//! what it did, as [`Incremental::update`] requires.
+//! A pair's weight is a function of what the round reads of its job (its
+//! row key: who, what, its fixed slot GPUs, its CPU and memory need, and
+//! [`crate::round::Predictor::job_key`], what the predictor reads beside
+//! them), of its GPU (the GPU's whole [`crate::reader::GpuState`], its
+//! node's free room, and [`crate::round::Predictor::gpu_key`]), of the
+//! predictor's state (`epoch`, the caller's: it changes when the model is
+//! retrained) and of the config (the caller starts a new cache when it
+//! re-reads it). A row or column whose key differs from last round's is
+//! *changed*: the incremental round drops its edges and prices it whole;
+//! every other pair weighs what it did, as [`Incremental::update`]
+//! requires. A changed job's row is seeded with its candidate list (the
+//! cold round's pruning on those rows: where many GPUs tie, as idle ones
+//! do, pricing's few most violated pairs per pass sent every new job to
+//! the same GPUs, pass after pass: 3–5 passes a round in the replay
+//! against 1), and rows a round scores twice (that list, then pricing's
+//! first pass) are scored once while they fit `DENSE_PAIRS` (32 MiB).
 //!
 //! # Cold or incremental
 //!
 //! Cold (the round as before: the candidate graph of every pair scored,
 //! solved, priced out) when there is no previous round, the epoch or the
-//! GPU list changed, a round had k-GPU jobs (their greedy reads the
-//! candidate graph's duals), more jobs came than rows are free, or too
-//! much changed: the pairs of changed rows and columns more than
-//! 1/[`COLD_WHEN_CHANGED_ONE_IN`] of the live pairs. Why that threshold:
-//! an incremental round scores each changed row and column whole (as the
-//! cold round's pruning does every pair) and its warm re-solve searches
-//! again for every job whose neighbourhood moved; at 18,000 GPUs × 10,000
-//! jobs (`scripts/bench matcher --daemon-round`, 2026-11-27, 2 cores) it
-//! took 0.16 s at 1% of rows and columns changed, 0.6 s at 10% and
-//! 1.3 s at 25%, where the cold round takes 2.9 s before its pricing is
-//! cut by the 5 s budget: past a quarter the incremental round's pricing
-//! passes approach a cold one's, and a cold round builds a fresh,
-//! smaller graph.
+//! GPU list changed, a round has k-GPU jobs (their greedy reads the
+//! candidate graph's duals), more new jobs come than rows are free, or
+//! more than 1/[`COLD_WHEN_CHANGED_ONE_IN`] (0.1%) of the open GPUs
+//! changed. Why columns and not rows: a changed job costs about the same
+//! either way (its row scored once, its candidate list in the graph),
+//! while a changed GPU loses its price, the warm start's prices move, and
+//! every pricing pass rescans the rows whose dual dropped, each row
+//! scoring every GPU (the round's predictor gives no cheaper bound). At
+//! 18,000 GPUs × 10,000 jobs after 1% of the jobs and 1% of the GPUs
+//! changed (`scripts/bench matcher --daemon-round`, 2026-11-27, 2 cores
+//! under a load average of 7–9 from other sessions, so seconds inflated
+//! alike): the incremental round took 7–17 s and its pricing was cut by
+//! the 5 s budget (exact on its graph only), the cold round of the same
+//! state 19–29 s with pricing finished. Until that is better understood,
+//! a round with more than a handful of changed GPUs is cold. The bench
+//! also times rounds after 1% of the jobs alone were replaced.
+//! In the replay at 60-s rounds every round's pending jobs are new (about
+//! 25 arrive a minute, and all are placed) and 20–50 of 6,000 open GPUs
+//! change: cold and incremental rounds there cost about the same (each
+//! new job's row scored once).
 //!
 //! # The same certificate rule
 //!
@@ -65,9 +78,8 @@ use crate::reader::{ClusterState, NodeRoom, PendingJob};
 use crate::round::Plan;
 use crate::solver::{solve_with, Edge, SolveOptions};
 
-/// Cold when the pairs of changed rows and columns are more than one in
-/// this many of the live pairs (see the module docs for the measurement).
-pub const COLD_WHEN_CHANGED_ONE_IN: u64 = 4;
+/// Cold when more than one in this many open GPUs changed (module docs).
+pub const COLD_WHEN_CHANGED_ONE_IN: u64 = 1000;
 
 /// Rows kept beyond the jobs of a cold round, for jobs that arrive before
 /// the next cold one: a quarter more, at least this many.
@@ -124,8 +136,10 @@ pub enum RoundKind {
 }
 
 /// The last round, for the next one (module docs).
-#[derive(Default)]
 pub struct RoundCache {
+    /// Cold when more than one in this many open GPUs changed
+    /// ([`COLD_WHEN_CHANGED_ONE_IN`]).
+    pub cold_when_changed_one_in: u64,
     /// The state and GPU keys of the last call (updated in place: only
     /// what changed is copied).
     seen: ClusterState,
@@ -151,6 +165,29 @@ pub struct RoundCache {
     pub reused: u64,
     /// How the last round was solved.
     pub last: RoundKind,
+}
+
+impl Default for RoundCache {
+    fn default() -> Self {
+        RoundCache {
+            cold_when_changed_one_in: COLD_WHEN_CHANGED_ONE_IN,
+            seen: ClusterState::default(),
+            seen_keys: Vec::new(),
+            seen_epoch: 0,
+            gpu_changed: Vec::new(),
+            gpus_moved: false,
+            epoch: 0,
+            row_of: HashMap::new(),
+            row_key: Vec::new(),
+            col_room: Vec::new(),
+            inc: None,
+            memo: None,
+            cold: 0,
+            incremental: 0,
+            reused: 0,
+            last: RoundKind::Cold,
+        }
+    }
 }
 
 /// The 1-GPU jobs' matching in the round's own indices: its graph
@@ -388,7 +425,9 @@ impl RoundCache {
                         room[c] != self.col_room[c] || (room[c].is_some() && self.gpu_changed[c])
                     })
                     .collect();
-                if changed_cols.len() as u64 * COLD_WHEN_CHANGED_ONE_IN > live.len().max(1) as u64 {
+                if changed_cols.len() as u64 * self.cold_when_changed_one_in
+                    > live.len().max(1) as u64
+                {
                     (Vec::new(), RoundKind::Cold)
                 } else {
                     let s = Slotted {
