@@ -130,7 +130,8 @@
 //! below the certified one and GPUs whose price did (a pair whose two duals
 //! did not fall is still covered by the old certificate). It is a cache:
 //! the start only saves work, the certificate is rebuilt each round, and a
-//! fresh [`Incremental::cold`] gives the same optimum.
+//! fresh [`Incremental::cold`] gives the same optimum. The daemon's and the
+//! replay's rounds use it through [`crate::round_cache`].
 
 use crate::solver::{
     solve_warm_sorted, solve_with, Edge, InputError, Solution, SolveOptions, Start,
