@@ -771,6 +771,7 @@ fn plan_with<P: Predictor>(
             &alone,
             candidates_of,
             &pricing,
+            Some(Duration::from_millis(matcher.pricing_budget_ms)),
         );
         (Vec::new(), m.edges, m.pairs, m.full_graph)
     } else if gangs.is_empty() {

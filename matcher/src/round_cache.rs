@@ -167,6 +167,20 @@ pub struct RoundCache {
     pub last: RoundKind,
 }
 
+trait Restart {
+    fn restarted(&self, budget: Option<std::time::Duration>) -> ExactOptions;
+}
+
+impl Restart for ExactOptions {
+    /// These options with the deadline `budget` from now.
+    fn restarted(&self, budget: Option<std::time::Duration>) -> ExactOptions {
+        ExactOptions {
+            deadline: budget.map(|b| std::time::Instant::now() + b),
+            ..self.clone()
+        }
+    }
+}
+
 impl Default for RoundCache {
     fn default() -> Self {
         RoundCache {
@@ -384,6 +398,7 @@ impl RoundCache {
         score: &Score,
         candidates: impl Fn(&[u32], &Score) -> Vec<Edge>,
         opts: &ExactOptions,
+        budget: Option<std::time::Duration>,
     ) -> Matched {
         let n = self.seen.gpus.len();
         let mut room: Vec<Option<Option<NodeRoom>>> = vec![None; n];
@@ -455,6 +470,9 @@ impl RoundCache {
                         })
                         .collect();
                     seed.sort_unstable_by_key(|e| (e.job, e.gpu));
+                    // The budget counts pricing's own time, as the cold
+                    // round's does (from after its candidates and solve).
+                    let opts = &opts.restarted(budget);
                     self.inc.as_mut().expect("warm").update_seeded(
                         &s,
                         &changed_rows,
@@ -497,6 +515,7 @@ impl RoundCache {
             edges.sort_unstable_by_key(|e| (e.job, e.gpu));
             let sol = solve_with(s.jobs(), s.gpus(), &edges, &SolveOptions::default())
                 .expect("candidate edges are in range, positive and unique");
+            let opts = &opts.restarted(budget);
             self.inc = Some(Incremental::from_solution(&s, edges, sol, opts));
             self.row_key = row_job
                 .iter()
