@@ -35,24 +35,24 @@
 //! solved, priced out) when there is no previous round, the epoch or the
 //! GPU list changed, a round has k-GPU jobs (their greedy reads the
 //! candidate graph's duals), more new jobs come than rows are free, or
-//! more than 1/[`COLD_WHEN_CHANGED_ONE_IN`] (0.1%) of the open GPUs
-//! changed. Why columns and not rows: a changed job costs about the same
-//! either way (its row scored once, its candidate list in the graph),
-//! while a changed GPU loses its price, the warm start's prices move, and
-//! every pricing pass rescans the rows whose dual dropped, each row
-//! scoring every GPU (the round's predictor gives no cheaper bound). At
-//! 18,000 GPUs × 10,000 jobs after 1% of the jobs and 1% of the GPUs
-//! changed (`scripts/bench matcher --daemon-round`, 2026-11-27, 2 cores
-//! under a load average of 7–9 from other sessions, so seconds inflated
-//! alike): the incremental round took 7–17 s and its pricing was cut by
-//! the 5 s budget (exact on its graph only), the cold round of the same
-//! state 19–29 s with pricing finished. Until that is better understood,
-//! a round with more than a handful of changed GPUs is cold. The bench
-//! also times rounds after 1% of the jobs alone were replaced.
+//! more than 1/[`COLD_WHEN_CHANGED_ONE_IN`] (0.1%) of the open GPUs or of
+//! the jobs changed. Why so few: at 18,000 GPUs × 10,000 jobs
+//! (`scripts/bench matcher --daemon-round`, 2026-11-27, 2 cores, the
+//! reference scoring every pair once in 1.56 s) the incremental round
+//! after 1% of the jobs were replaced took 6.3–6.6 s and its pricing was
+//! cut by the 5-s budget (exact on its graph only), where the cold round of
+//! the same state took 8.0–8.4 s with pricing finished (exact over every
+//! pair); after 1% of the jobs and 1% of the GPUs changed, likewise (an
+//! earlier run under a load average of 7–9: incremental 7–17 s, cut;
+//! cold 8–29 s, finished). A changed GPU loses its price and moves the
+//! warm start's; every pricing pass rescans the rows whose dual dropped,
+//! and each row scores every GPU (the round's predictor gives no cheaper
+//! bound), so the passes after a change cost about a cold round's pruning
+//! each. Until that is better, rounds are incremental only after a
+//! handful of changes, and otherwise reuse the last plan or run cold.
 //! In the replay at 60-s rounds every round's pending jobs are new (about
 //! 25 arrive a minute, and all are placed) and 20–50 of 6,000 open GPUs
-//! change: cold and incremental rounds there cost about the same (each
-//! new job's row scored once).
+//! change: its rounds are cold.
 //!
 //! # The same certificate rule
 //!
@@ -440,8 +440,9 @@ impl RoundCache {
                         room[c] != self.col_room[c] || (room[c].is_some() && self.gpu_changed[c])
                     })
                     .collect();
-                if changed_cols.len() as u64 * self.cold_when_changed_one_in
-                    > live.len().max(1) as u64
+                let one_in = self.cold_when_changed_one_in;
+                if changed_cols.len() as u64 * one_in > live.len().max(1) as u64
+                    || changed_rows.len() as u64 * one_in > jobs.len().max(1) as u64
                 {
                     (Vec::new(), RoundKind::Cold)
                 } else {
