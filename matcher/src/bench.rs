@@ -1075,14 +1075,115 @@ pub fn daemon_run(args: &BenchArgs) -> anyhow::Result<String> {
             }
         )?;
     }
+    // The daemon's loop (crate::round_cache): a cold round kept in the
+    // cache, then rounds after 1% of the jobs were replaced by new ones,
+    // then one after 1% of the GPUs changed too (both past the cache's
+    // cold threshold, 0.1%: the kind column says which ran), each against
+    // a cold round of the same state timed beside it.
+    let mut cache = crate::round_cache::RoundCache::default();
+    let mut st = state.clone();
+    let mut rng = ChaCha8Rng::seed_from_u64(args.seed ^ 0x30);
+    let mut next_id = st.pending.iter().map(|j| j.id).max().unwrap_or(0) + 1;
+    let mut steps: Vec<(String, f64, f64, bool, bool, crate::round_cache::RoundKind)> = Vec::new();
+    for (label, job_share, gpu_share) in [
+        ("first round, kept", 0.0, 0.0),
+        ("after 1% of jobs replaced (1)", 0.01, 0.0),
+        ("after 1% of jobs replaced (2)", 0.01, 0.0),
+        ("after 1% of jobs replaced (3)", 0.01, 0.0),
+        ("after 1% of jobs and GPUs changed", 0.01, 0.01),
+    ] {
+        change_daemon_state(&mut st, &mut rng, job_share, gpu_share, &mut next_id);
+        let t = Instant::now();
+        let got = crate::round::plan_cached(
+            &st,
+            &model,
+            &config.policy,
+            &config.matcher,
+            &names,
+            &mut cache,
+            0,
+        );
+        let cached_s = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        let cold = plan(&st, &model, &config.policy, &config.matcher, &names);
+        let cold_s = t.elapsed().as_secs_f64();
+        steps.push((
+            label.to_string(),
+            cached_s,
+            cold_s,
+            got.summary.full_graph,
+            cold.summary.full_graph,
+            cache.last,
+        ));
+    }
+    let peak_mb = peak_rss_mb().unwrap_or(f64::NAN).max(peak_mb);
+    writeln!(text)?;
+    writeln!(
+        text,
+        "{:<34} {:>8} {:>12} {:>11} {:>9} {:>16}",
+        "the daemon's loop (round cache)", "kind", "cached_s", "cold_s", "x cold", "exact (cached)"
+    )?;
+    for (label, c, k, full, _, kind) in &steps {
+        writeln!(
+            text,
+            "{:<34} {:>8} {:>12.3} {:>11.3} {:>9.2} {:>16}",
+            label,
+            format!("{kind:?}").to_lowercase(),
+            c,
+            k,
+            c / k.max(1e-9),
+            if *full { "every pair" } else { "candidates" }
+        )?;
+    }
+    let incremental: Vec<f64> = steps[1..4].iter().map(|s| s.1).collect();
+    let mut sorted = incremental.clone();
+    sorted.sort_by(f64::total_cmp);
     let (_, plain_s, _) = &runs[0];
     let (_, priced_s, priced) = &runs[1];
     writeln!(
         text,
-        "daemon_round_s={plain_s:.3} priced_round_s={priced_s:.3} reference_s={reference_s:.3} peak_mb={peak_mb:.1} full_graph={}",
-        priced.summary.full_graph
+        "daemon_round_s={plain_s:.3} priced_round_s={priced_s:.3} reference_s={reference_s:.3} peak_mb={peak_mb:.1} full_graph={} cached_round_s={:.3} cached_full_graph={} gpus_changed_round_s={:.3} gpus_changed_kind={:?}",
+        priced.summary.full_graph,
+        sorted[1],
+        steps[1..4].iter().all(|s| s.3),
+        steps[4].1,
+        steps[4].5
     )?;
     Ok(text)
+}
+
+/// Changes the daemon bench's state as between two rounds: `job_share` of
+/// the pending jobs replaced by new ones (new ids, random kinds),
+/// `gpu_share` of the GPUs changed (an online job's solo SM share and
+/// memory drawn again; an idle GPU gets an online job).
+fn change_daemon_state(
+    st: &mut crate::reader::ClusterState,
+    rng: &mut ChaCha8Rng,
+    job_share: f64,
+    gpu_share: f64,
+    next_id: &mut u32,
+) {
+    let jobs = st.pending.len();
+    for _ in 0..(jobs as f64 * job_share).round() as usize {
+        let k = rng.gen_range(0..jobs);
+        let kind = rng.gen_range(0..DAEMON_KINDS);
+        let job = &mut st.pending[k];
+        job.id = *next_id;
+        *next_id += 1;
+        job.user = format!("user{}", kind % DAEMON_USERS);
+        job.name = format!("train-{kind}");
+    }
+    st.pending.sort_by_key(|j| j.id);
+    let gpus = st.gpus.len();
+    for _ in 0..(gpus as f64 * gpu_share).round() as usize {
+        let g = rng.gen_range(0..gpus);
+        let gpu = &mut st.gpus[g];
+        gpu.published.solo_sm_pct = Some(rng.gen_range(5..90));
+        gpu.published.online_mem_mib = Some(rng.gen_range(2_000..40_000));
+        if gpu.online_jobs.is_empty() {
+            gpu.online_jobs = vec![2_000_000 + g as u32];
+        }
+    }
 }
 
 #[cfg(test)]

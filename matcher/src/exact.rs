@@ -130,7 +130,8 @@
 //! below the certified one and GPUs whose price did (a pair whose two duals
 //! did not fall is still covered by the old certificate). It is a cache:
 //! the start only saves work, the certificate is rebuilt each round, and a
-//! fresh [`Incremental::cold`] gives the same optimum.
+//! fresh [`Incremental::cold`] gives the same optimum. The daemon's and the
+//! replay's rounds use it through [`crate::round_cache`].
 
 use crate::solver::{
     solve_warm_sorted, solve_with, Edge, InputError, Solution, SolveOptions, Start,
@@ -771,6 +772,23 @@ impl Incremental {
         changed_gpus: &[u32],
         opts: &ExactOptions,
     ) -> &Exact {
+        self.update_seeded(s, changed_jobs, changed_gpus, &[], opts)
+    }
+
+    /// [`Incremental::update`] with `seed`, candidate pairs of the changed
+    /// jobs (sorted by (job, GPU), unique, at their current weights), in
+    /// the graph before the warm solve: a changed job's row starts with its
+    /// candidate list, as in a cold round, rather than with the few most
+    /// violated pairs of each pricing pass (which, where many GPUs tie,
+    /// every new job takes from the same few GPUs, pass after pass).
+    pub fn update_seeded<S: Scores>(
+        &mut self,
+        s: &S,
+        changed_jobs: &[u32],
+        changed_gpus: &[u32],
+        seed: &[Edge],
+        opts: &ExactOptions,
+    ) -> &Exact {
         assert_eq!(
             (s.jobs(), s.gpus()),
             (self.jobs, self.gpus),
@@ -788,6 +806,11 @@ impl Incremental {
         }
         let mut edges = std::mem::take(&mut self.exact.edges);
         edges.retain(|e| !cj[e.job as usize] && !cg[e.gpu as usize]);
+        debug_assert!(
+            seed.iter().all(|e| cj[e.job as usize]),
+            "seeds only on changed jobs"
+        );
+        let edges = merge(edges, seed);
         let mut job_gpu = self.exact.solution.job_gpu(self.jobs);
         for (j, g) in job_gpu.iter_mut().enumerate() {
             if cj[j] || (*g as usize) < self.gpus && cg[*g as usize] {

@@ -19,6 +19,10 @@
 //!   `matcher.pricing_budget_ms` and says whether it got there (issue 19:
 //!   9–12 s wall, about 11 CPU s, at 18,000 × 10,000 on a shared 2-core
 //!   machine; the goal is 1 s); the bench times it alone.
+//! * [`round_cache`]: what a round keeps for the next (the daemon's loop
+//!   and the replay: [`round::plan_cached`]): incremental rounds after a
+//!   small change, cold after a large one, the last plan when nothing
+//!   changed, with the cold round's certificate rule.
 //! * [`gang`]: k-GPU offline jobs on one node (issue 15), placed by a
 //!   documented greedy before the exact matching of the 1-GPU jobs.
 //! * [`mod@reference`]: dense Kuhn–Munkres, brute force and greedy, for checks.
@@ -53,6 +57,7 @@ pub mod prune;
 pub mod reader;
 pub mod reference;
 pub mod round;
+pub mod round_cache;
 pub mod service;
 pub mod slots;
 pub mod slurm;

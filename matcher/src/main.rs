@@ -26,7 +26,8 @@ use muxflow_matcher::history::HistoryCache;
 use muxflow_matcher::metrics::MatcherMetrics;
 use muxflow_matcher::predict::{self, runs_from_sacct, Model};
 use muxflow_matcher::reader::{parse_sacct, ClusterState, Names};
-use muxflow_matcher::round::{plan, Plan};
+use muxflow_matcher::round::{plan_cached, Plan};
+use muxflow_matcher::round_cache::RoundCache;
 use muxflow_matcher::slurm::SlurmCli;
 use muxflow_matcher::synth::WeightMode;
 
@@ -199,7 +200,13 @@ fn main() -> anyhow::Result<()> {
     let config = load_config(&cli)?;
     let slurm = SlurmCli::new(&config);
     if cli.once {
-        let plan = round(&config, &slurm, &mut HistoryCache::default(), cli.dry_run)?;
+        let plan = round(
+            &config,
+            &slurm,
+            &mut HistoryCache::default(),
+            &mut Kept::default(),
+            cli.dry_run,
+        )?;
         if cli.json {
             println!("{}", plan.json());
         } else {
@@ -234,10 +241,12 @@ fn main() -> anyhow::Result<()> {
     }
     // Only the sacct history is carried between rounds, as a cache.
     let mut history = HistoryCache::default();
+    // And the last round, for an incremental next one (round_cache).
+    let mut kept = Kept::default();
     let mut metrics = MatcherMetrics::default();
     for n in 0u64.. {
         let start = Instant::now();
-        match round(&config, &slurm, &mut history, cli.dry_run) {
+        match round(&config, &slurm, &mut history, &mut kept, cli.dry_run) {
             Ok(plan) => {
                 tracing::info!("{}", plan.summary_line());
                 metrics.round_done(&plan.summary, start.elapsed().as_secs_f64());
@@ -292,6 +301,8 @@ fn main() -> anyhow::Result<()> {
                     slurm = SlurmCli::new(&c);
                     interval = interval_of(&c);
                     config = c;
+                    // Weights may follow the config: the next round is cold.
+                    kept = Kept::default();
                     tracing::info!(?interval, "config re-read (SIGHUP)");
                 }
                 Err(e) => tracing::error!("config not re-read, the previous one stays: {e:#}"),
@@ -305,11 +316,23 @@ fn main() -> anyhow::Result<()> {
 /// Rounds between two measurements of the predictor's error for metrics.
 const EVALUATE_EVERY_ROUNDS: u64 = 10;
 
+/// What the loop keeps from round to round besides the history: the
+/// model and the runs it was trained on (trained again only when they
+/// change, its epoch counting), and the round cache.
+#[derive(Default)]
+struct Kept {
+    runs: Option<Vec<predict::Run>>,
+    model: Model,
+    epoch: u64,
+    cache: RoundCache,
+}
+
 /// One round: read, predict, match, apply.
 fn round(
     config: &muxflow::Config,
     slurm: &SlurmCli,
     history: &mut HistoryCache,
+    kept: &mut Kept,
     dry_run: bool,
 ) -> anyhow::Result<Plan> {
     let names = Names::from_config(&config.slurm);
@@ -324,8 +347,21 @@ fn round(
         tracing::warn!("sacct history not refreshed ({e}); predicting from what was read before");
     }
     let runs = history.runs();
-    let model = Model::train(&runs);
-    let mut plan = plan(&state, &model, &config.policy, &config.matcher, &names);
+    if kept.runs.as_ref() != Some(&runs) {
+        kept.model = Model::train(&runs);
+        kept.runs = Some(runs);
+        kept.epoch += 1;
+    }
+    let mut plan = plan_cached(
+        &state,
+        &kept.model,
+        &config.policy,
+        &config.matcher,
+        &names,
+        &mut kept.cache,
+        kept.epoch,
+    );
+    tracing::debug!(kind = ?kept.cache.last, "round solved");
     if !dry_run {
         for d in &mut plan.decisions {
             for call in d.update.iter().flatten() {

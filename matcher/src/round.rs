@@ -95,6 +95,7 @@ use crate::gang::{place_gangs, Columns, GangChoice};
 use crate::hints::{update_args, Target};
 use crate::predict::{default_prediction, GpuTerms, JobTerms, Model, DEFAULT_SD};
 use crate::reader::{ClusterState, GpuState, Names, NodeRoom, Owner, PendingJob};
+use crate::round_cache::RoundCache;
 use crate::slots::{slot_candidates, split_rounds, SlotColumns};
 use crate::solver::{solve_warm_sorted, solve_with, SolveOptions, Start};
 use crate::weights::{quantize, to_throughput};
@@ -209,6 +210,17 @@ pub trait Predictor: Sync {
     /// a candidate (its memory does not fit `slot.room_mib`, or the GPU is
     /// not one it may use).
     fn solo(&self, job: &Self::Job, gpu: &GpuState, slot: &IdleSlot) -> Option<(f64, f64)>;
+    /// What the weights of GPU `gpu`, `at` in the state's list, depend on
+    /// beyond its [`GpuState`] and the predictor's epoch ([`plan_cached`]):
+    /// a value that changes when that does. [`Model`] reads only the state.
+    fn gpu_key(&self, _at: usize, _gpu: &GpuState) -> u64 {
+        0
+    }
+    /// The same for a job beyond its [`PendingJob`] fields that the
+    /// round reads (who, what, fixed slots, need).
+    fn job_key(&self, _job: &PendingJob) -> u64 {
+        0
+    }
 }
 
 impl Predictor for Model {
@@ -512,13 +524,54 @@ fn fit_node_room(
 }
 
 /// Plans a round. `max_updates` bounds the `scontrol update` calls: parks
-/// first (they free slots), then placements by predicted speed.
+/// first (they free slots), then placements by predicted speed. Cold: every
+/// pair scored, nothing kept ([`plan_cached`] keeps the round for the next).
 pub fn plan<P: Predictor>(
     state: &ClusterState,
     model: &P,
     policy: &Policy,
     matcher: &Matcher,
     names: &Names,
+) -> Plan {
+    plan_with(state, model, policy, matcher, names, None)
+}
+
+/// [`plan`] with the last round kept in `cache`: incremental after a small
+/// change, the last plan when nothing changed, cold otherwise, with the
+/// same certificate rule ([`crate::round_cache`]). `epoch` names the
+/// predictor's state: the caller changes it when the model changes (and
+/// starts a new cache when the config does).
+pub fn plan_cached<P: Predictor>(
+    state: &ClusterState,
+    model: &P,
+    policy: &Policy,
+    matcher: &Matcher,
+    names: &Names,
+    cache: &mut RoundCache,
+    epoch: u64,
+) -> Plan {
+    let keys: Vec<u64> = state
+        .gpus
+        .iter()
+        .enumerate()
+        .map(|(i, g)| model.gpu_key(i, g))
+        .collect();
+    if let Some(p) = cache.observe(state, keys, epoch) {
+        return p;
+    }
+    let p = plan_with(state, model, policy, matcher, names, Some((cache, epoch)));
+    let final_ = p.summary.full_graph || matcher.pricing_budget_ms == 0;
+    cache.remember(&p, final_);
+    p
+}
+
+fn plan_with<P: Predictor>(
+    state: &ClusterState,
+    model: &P,
+    policy: &Policy,
+    matcher: &Matcher,
+    names: &Names,
+    mut cache: Option<(&mut RoundCache, u64)>,
 ) -> Plan {
     let per_gpu = u32::from(policy.offline_per_gpu).max(1);
     let open: Vec<usize> = state.open_gpus(per_gpu).map(|(i, _)| i).collect();
@@ -645,13 +698,30 @@ pub fn plan<P: Predictor>(
     let gang_score = |j: u32, c: u32| -> Option<i64> { score(j, c) };
     let threads = SolveOptions::default().threads;
     let alone = |j: u32, c: u32| (!is_gang[j as usize]).then(|| score(j, c)).flatten();
-    let edges = slot_candidates(
-        jobs.len(),
-        &slot_cols,
-        matcher.candidates_per_job,
-        threads,
-        alone,
-    );
+    // The candidate graph of the jobs `js` (ascending; round indices).
+    let candidates_of =
+        |js: &[u32], score: &crate::round_cache::Score| -> Vec<crate::solver::Edge> {
+            let mut edges = slot_candidates(
+                js.len(),
+                &slot_cols,
+                matcher.candidates_per_job,
+                threads,
+                |i, c| score(js[i as usize], c),
+            );
+            for e in &mut edges {
+                e.job = js[e.job as usize];
+            }
+            edges
+        };
+    let candidates = || {
+        slot_candidates(
+            jobs.len(),
+            &slot_cols,
+            matcher.candidates_per_job,
+            threads,
+            alone,
+        )
+    };
     let cold = |edges: &[crate::solver::Edge]| {
         solve_with(jobs.len(), cols, edges, &SolveOptions::default())
             .expect("candidate edges are in range, positive and unique")
@@ -679,11 +749,44 @@ pub fn plan<P: Predictor>(
         (e.edges, e.solution, e.complete)
     };
     let mut taken = vec![false; cols];
-    let (gang_choice, edges, sol, full_graph) = if gangs.is_empty() {
+    // An incremental round needs pricing (it has no candidate graph of its
+    // own) and no gangs (their greedy reads the candidate graph's duals).
+    let cached = cache
+        .as_mut()
+        .filter(|_| gangs.is_empty() && matcher.pricing_budget_ms > 0);
+    let incremental = cached.is_some();
+    let (gang_choice, edges, pairs, full_graph) = if let Some((cache, epoch)) = cached {
+        let pricing = ExactOptions {
+            threads,
+            deadline: Some(Instant::now() + Duration::from_millis(matcher.pricing_budget_ms)),
+            ..ExactOptions::default()
+        };
+        let job_keys: Vec<u64> = jobs.iter().map(|j| model.job_key(j)).collect();
+        let m = cache.matching(
+            *epoch,
+            &jobs,
+            &job_keys,
+            &open,
+            &col_room,
+            &alone,
+            candidates_of,
+            &pricing,
+            Some(Duration::from_millis(matcher.pricing_budget_ms)),
+        );
+        (Vec::new(), m.edges, m.pairs, m.full_graph)
+    } else if gangs.is_empty() {
+        if let Some((cache, _)) = cache {
+            cache.forget();
+        }
+        let edges = candidates();
         let sol = cold(&edges);
         let (edges, sol, full) = price_out(edges, sol, &alone);
-        (Vec::new(), edges, sol, full)
+        (Vec::new(), edges, sol.matching.pairs, full)
     } else {
+        if let Some((cache, _)) = cache {
+            cache.forget();
+        }
+        let edges = candidates();
         // Each slot's price: its dual in the 1-GPU jobs' own optimum.
         let priced = cold(&edges);
         let chosen = place_gangs(
@@ -719,14 +822,14 @@ pub fn plan<P: Predictor>(
             },
         );
         let (edges, sol, full) = price_out(edges, sol, &left);
-        (chosen, edges, sol, full)
+        (chosen, edges, sol.matching.pairs, full)
     };
     let mut gang_of: Vec<Option<&GangChoice>> = vec![None; jobs.len()];
     for (&(j, _), c) in gangs.iter().zip(&gang_choice) {
         gang_of[j as usize] = c.as_ref();
     }
     let mut assigned: Vec<Option<(u32, i64)>> = vec![None; jobs.len()];
-    for &(j, g) in &sol.matching.pairs {
+    for &(j, g) in &pairs {
         // slot_candidates returns edges sorted by (job, column).
         let w = edges
             .binary_search_by_key(&(j, g), |e| (e.job, e.gpu))
@@ -738,12 +841,22 @@ pub fn plan<P: Predictor>(
         for e in &edges {
             v[e.job as usize] = true;
         }
+        // An incremental round's graph holds only the pairs pricing needed:
+        // a job left without one may still have a feasible GPU (the reason
+        // it waits says which).
+        if incremental {
+            for (j, has) in v.iter_mut().enumerate() {
+                if !*has && assigned[j].is_none() && !is_gang[j] {
+                    *has = (0..cols as u32).any(|c| alone(j as u32, c).is_some());
+                }
+            }
+        }
         v
     };
 
     // members[c]: the 1-GPU jobs this round puts on column c, in order.
     let mut members: Vec<Vec<u32>> = vec![Vec::new(); cols];
-    for &(j, c) in &sol.matching.pairs {
+    for &(j, c) in &pairs {
         members[c as usize].push(j);
     }
     let mut waiting_job: Vec<bool> = (0..jobs.len())
@@ -2104,5 +2217,163 @@ mod tests {
             permutations(v, k + 1, f);
             v.swap(k, i);
         }
+    }
+
+    /// A table predictor whose GPUs' weights change between rounds: each
+    /// GPU's version is its key ([`Predictor::gpu_key`]).
+    struct Versioned {
+        w: Vec<Vec<Option<f64>>>,
+        version: Vec<u64>,
+    }
+
+    impl Predictor for Versioned {
+        type Job = usize;
+        type Gpu = usize;
+        fn job_terms(&self, job: &PendingJob) -> usize {
+            job.id as usize - 1
+        }
+        fn gpu_terms(&self, gpu: &GpuState, _: &Policy, _: Seat) -> usize {
+            gpu.node[1..].parse().unwrap()
+        }
+        fn predict(&self, j: &usize, g: &usize) -> Option<f64> {
+            self.w[*j][*g]
+        }
+        fn solo(&self, _: &usize, _: &GpuState, _: &IdleSlot) -> Option<(f64, f64)> {
+            unreachable!("every GPU of the test runs an online job")
+        }
+        fn gpu_key(&self, at: usize, _: &GpuState) -> u64 {
+            self.version[at]
+        }
+    }
+
+    /// Rounds after random changes (jobs come and go, GPUs open, close,
+    /// fail and change weights; now and then most of them at once, so the
+    /// round falls back to cold): the cached round (incremental, reused or
+    /// cold) has the cold round's objective, the dense optimum over every
+    /// pair of the round, and both say they are exact over every pair.
+    #[test]
+    fn cached_rounds_have_the_cold_rounds_objective() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(30);
+        let mut cfg = muxflow::Config::default();
+        cfg.matcher.pricing_budget_ms = 600_000;
+        // Small graphs: pricing, not the candidates, finds the optimum.
+        cfg.matcher.candidates_per_job = 2;
+        let (mut incremental, mut cold, mut reused) = (0, 0, 0);
+        for case in 0..40 {
+            let (gpus, universe) = (rng.gen_range(3..40usize), rng.gen_range(3..60usize));
+            let gf: Vec<f64> = (0..gpus).map(|_| rng.gen_range(0.5..1.0)).collect();
+            let mut table = Versioned {
+                w: (0..universe)
+                    .map(|_| {
+                        let jf = rng.gen_range(0.5..1.0);
+                        gf.iter()
+                            .map(|f| (!rng.gen_bool(0.1)).then(|| jf * f * rng.gen_range(0.9..1.0)))
+                            .collect()
+                    })
+                    .collect(),
+                version: vec![0; gpus],
+            };
+            let mut state = small_state(&vec![0; gpus], &vec![0; gpus], universe);
+            // Half the cases at the default threshold (any GPU changed in
+            // these small rounds: cold), half incremental up to a quarter.
+            let mut cache = RoundCache::default();
+            if case % 2 == 1 {
+                cache.cold_when_changed_one_in = 4;
+            }
+            for step in 0..12 {
+                // Big changes now and then (the fallback), small ones else.
+                let share = if step % 5 == 4 { 0.7 } else { 0.05 };
+                let mut present: Vec<bool> = (0..universe)
+                    .map(|j| state.pending.iter().any(|p| p.id as usize == j + 1))
+                    .collect();
+                for p in present.iter_mut() {
+                    if rng.gen_bool(share) {
+                        *p = !*p;
+                    }
+                }
+                state.pending = (0..universe)
+                    .filter(|&j| present[j])
+                    .map(|j| job(j as u32 + 1, "x", true, "", None))
+                    .collect();
+                for g in 0..gpus {
+                    if rng.gen_bool(share) {
+                        match rng.gen_range(0..3) {
+                            0 => state.gpus[g].slots_used ^= 1,
+                            1 => {
+                                state.gpus[g].published.state =
+                                    if state.gpus[g].published.state == HealthState::Healthy {
+                                        HealthState::Faulty
+                                    } else {
+                                        HealthState::Healthy
+                                    }
+                            }
+                            _ => {
+                                for row in &mut table.w {
+                                    row[g] = row[g].map(|x| x * rng.gen_range(0.8..1.2));
+                                }
+                                table.version[g] += 1;
+                            }
+                        }
+                    }
+                }
+                let got = plan_cached(
+                    &state,
+                    &table,
+                    &cfg.policy,
+                    &cfg.matcher,
+                    &names(),
+                    &mut cache,
+                    0,
+                );
+                match cache.last {
+                    crate::round_cache::RoundKind::Incremental => incremental += 1,
+                    crate::round_cache::RoundKind::Cold => cold += 1,
+                    crate::round_cache::RoundKind::Reused => reused += 1,
+                }
+                let want = plan(&state, &table, &cfg.policy, &cfg.matcher, &names());
+                let total = |p: &Plan| -> i64 {
+                    p.decisions
+                        .iter()
+                        .filter(|d| d.node.is_some())
+                        .map(|d| {
+                            let g: usize = d.node.as_deref().unwrap()[1..].parse().unwrap();
+                            quantize(table.w[d.job as usize - 1][g].unwrap()).unwrap()
+                        })
+                        .sum()
+                };
+                // The dense optimum of the round: its jobs on its open GPUs.
+                let open: Vec<usize> = state.open_gpus(1).map(|(i, _)| i).collect();
+                let (window, _) = considered_jobs(&state.pending, open.len(), |_| true);
+                let mut edges = Vec::new();
+                for (j, p) in window.iter().map(|&i| &state.pending[i]).enumerate() {
+                    for (c, &g) in open.iter().enumerate() {
+                        if let Some(w) = table.w[p.id as usize - 1][g].and_then(quantize) {
+                            edges.push(crate::solver::Edge {
+                                job: j as u32,
+                                gpu: c as u32,
+                                weight: w,
+                            });
+                        }
+                    }
+                }
+                let opt = crate::reference::dense_kuhn_munkres(window.len(), open.len(), &edges)
+                    .objective;
+                assert!(
+                    got.summary.full_graph && want.summary.full_graph,
+                    "case {case} step {step}"
+                );
+                assert_eq!(total(&want), opt, "case {case} step {step}: cold");
+                assert_eq!(total(&got), opt, "case {case} step {step}: cached");
+                assert_eq!(
+                    got.summary.placed, want.summary.placed,
+                    "case {case} step {step}"
+                );
+            }
+        }
+        assert!(
+            incremental > 100 && cold > 40 && reused > 0,
+            "{incremental} {cold} {reused}"
+        );
     }
 }

@@ -55,9 +55,9 @@ struct Cli {
     /// muxflow config (TOML) whose [policy], [health] and [matcher] drive the replay (default: the built-in defaults).
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Seconds between matcher rounds.
-    #[arg(long, default_value_t = 900.0)]
-    round_interval: f64,
+    /// Seconds between matcher rounds (default: the config's matcher.interval_s, the daemon's: 60 built in).
+    #[arg(long)]
+    round_interval: Option<f64>,
     /// Seconds between health checks.
     #[arg(long, default_value_t = 300.0)]
     health_interval: f64,
@@ -91,9 +91,9 @@ struct Cli {
     /// muxflow's matcher keeps the default predictor (learns nothing from the records), for comparison.
     #[arg(long)]
     default_predictor: bool,
-    /// Every matcher round prices out to the optimum over every (job, GPU) pair, as the daemon does within matcher.pricing_budget_ms (slower; off: exact on the candidates).
+    /// Matcher rounds exact on their candidate graphs only, each one cold (the replay before issue 30; default: priced out over every (job, GPU) pair, incremental, as the daemon's).
     #[arg(long)]
-    price_out: bool,
+    candidates_only: bool,
     /// xCUDA's protection under the muxflow policies, as the closed loop measured it on the simulated GPU (sim/data/protection.toml): measured (each GPU by its model: T4 and A10 as t4-like, the others as h100-like), none (the unprotected pairs), t4-like or h100-like (every GPU).
     #[arg(long, default_value = "measured")]
     protection: muxflow_sim::protection::Choice,
@@ -176,7 +176,9 @@ fn main() -> anyhow::Result<()> {
         online_fill: cli.online_fill,
         offline_load: cli.offline_load,
         seed: cli.seed,
-        round_interval_s: cli.round_interval,
+        round_interval_s: cli
+            .round_interval
+            .unwrap_or(config.matcher.interval_s as f64),
         health_interval_s: cli.health_interval,
         autoscale: cli.autoscale,
         checkpoint: muxflow_sim::scenario::Checkpointing {
@@ -217,7 +219,7 @@ fn main() -> anyhow::Result<()> {
     let opts = RunOptions {
         timing: !cli.no_timing,
         default_predictor: cli.default_predictor,
-        price_out: cli.price_out,
+        candidates_only: cli.candidates_only,
         protection: cli.protection.clone(),
     };
     let outcomes = std::thread::scope(|s| {

@@ -38,7 +38,8 @@ use muxflow_matcher::predict::{runs_from_sacct, GpuTerms, JobTerms, Model, Run};
 use muxflow_matcher::reader::{
     ClusterState, GpuState, Names, PendingJob, SacctComment, SacctJob, SacctTime,
 };
-use muxflow_matcher::round::{plan, Action, IdleSlot, Predictor, Seat};
+use muxflow_matcher::round::{plan_cached, Action, IdleSlot, Predictor, Seat};
+use muxflow_matcher::round_cache::RoundCache;
 
 use crate::engine::EventQueue;
 use crate::model::{self, gpu_rates, GpuRates, OfflineSide, OnlineSide, SlotJob, OFFLINE_SM};
@@ -353,10 +354,10 @@ pub struct RunOptions {
     /// `muxflow`: the matcher keeps the default predictor (nothing learned
     /// from the records), to compare with the learned one.
     pub default_predictor: bool,
-    /// Every round prices out to the optimum over every (job, GPU) pair,
-    /// with no time budget (deterministic; slower): what exactness beyond
-    /// the candidates buys ([`scaled_matcher`]).
-    pub price_out: bool,
+    /// Rounds exact on their candidate graphs only, each one cold (no
+    /// pricing, no incremental rounds): what exactness over every pair
+    /// buys ([`scaled_matcher`]).
+    pub candidates_only: bool,
     /// xCUDA's protection under muxflow: measured per GPU mode by default
     /// ([`crate::protection`]).
     pub protection: crate::protection::Choice,
@@ -408,6 +409,12 @@ struct Sim<'a> {
     trained_on_runs: usize,
     rounds: u64,
     round_s: f64,
+    /// The daemon's round cache, for the learned model's rounds and the
+    /// oracle's; `epoch` names the learned model (retrained: a new one;
+    /// failures since are each job's key, [`LearnedNow`]).
+    round_cache: RoundCache,
+    oracle_cache: RoundCache,
+    epoch: u64,
     pred_err: f64,
     pred_n: u64,
     pair_true: f64,
@@ -604,7 +611,11 @@ impl<'a> Sim<'a> {
             state: ClusterState::default(),
             state_index: vec![usize::MAX; n],
             names: Names::from_config(&cfg.slurm),
-            matcher: scaled_matcher(&cfg.matcher, settings.round_interval_s, opts.price_out),
+            matcher: scaled_matcher(
+                &cfg.matcher,
+                settings.round_interval_s,
+                opts.candidates_only,
+            ),
             in_state: vec![false; sc.jobs.len()],
             pending_unsorted: false,
             node_index: sc
@@ -619,6 +630,9 @@ impl<'a> Sim<'a> {
             trained_on_runs: 0,
             rounds: 0,
             round_s: 0.0,
+            round_cache: RoundCache::default(),
+            oracle_cache: RoundCache::default(),
+            epoch: 0,
             pred_err: 0.0,
             pred_n: 0,
             pair_true: 0.0,
@@ -1744,30 +1758,51 @@ impl<'a> Sim<'a> {
             self.trained_on_runs = n;
             self.failed_since_training.clear();
             self.needs_above_since_training.clear();
+            self.epoch += 1;
         }
-        let started = Instant::now();
-        let chosen = plan(
-            &self.state,
-            &LearnedNow {
-                model: &self.model,
-                failed: &self.failed_since_training,
-                needs_above: &self.needs_above_since_training,
-            },
-            &self.cfg.policy,
-            &self.matcher,
-            &self.names,
-        );
+        // The learned model's round and the oracle's (the true values, for
+        // `pairing_vs_oracle`) read the same state: side by side, one core
+        // each. The oracle's weights change only with the state and the
+        // jobs running on each GPU (its key): one epoch.
+        let mut chosen_cache = std::mem::take(&mut self.round_cache);
+        let mut oracle_cache = std::mem::take(&mut self.oracle_cache);
+        let learned = LearnedNow {
+            model: &self.model,
+            failed: &self.failed_since_training,
+            needs_above: &self.needs_above_since_training,
+        };
+        let this = &*self;
+        let (chosen, oracle, chosen_s) = std::thread::scope(|s| {
+            let oracle = s.spawn(|| {
+                plan_cached(
+                    &this.state,
+                    &Truth { sim: this },
+                    &this.cfg.policy,
+                    &this.matcher,
+                    &this.names,
+                    &mut oracle_cache,
+                    0,
+                )
+            });
+            let started = Instant::now();
+            let chosen = plan_cached(
+                &this.state,
+                &learned,
+                &this.cfg.policy,
+                &this.matcher,
+                &this.names,
+                &mut chosen_cache,
+                this.epoch,
+            );
+            let chosen_s = started.elapsed().as_secs_f64();
+            (chosen, oracle.join().expect("the oracle's round"), chosen_s)
+        });
+        self.round_cache = chosen_cache;
+        self.oracle_cache = oracle_cache;
         if self.timing {
-            self.round_s += started.elapsed().as_secs_f64();
+            self.round_s += chosen_s;
         }
         self.rounds += 1;
-        let oracle = plan(
-            &self.state,
-            &Truth { sim: self },
-            &self.cfg.policy,
-            &self.matcher,
-            &self.names,
-        );
         for d in oracle
             .decisions
             .iter()
@@ -1959,22 +1994,23 @@ impl<'a> Sim<'a> {
 
 /// The daemon's `[matcher]` for rounds every `interval_s`: its bound on
 /// Slurm updates is per round, at `interval_s` of its own; the replay keeps
-/// the same bound per hour. Rounds are exact on their candidate graphs
-/// without pricing out the other pairs (`pricing_budget_ms = 0`): a budget
-/// in wall-clock time would make the replay's result depend on the
-/// machine, and pricing every round made the shipped default's first day
-/// 5x slower to replay (5.6 s → 29 s; muxflow's offline work +1.2% that
-/// day, when measured). `price_out` (`--price-out`): every round prices
-/// out completely (a budget never reached, so still reproducible).
+/// the same bound per hour. Rounds price out to the optimum over every
+/// (job, GPU) pair, as the daemon's do within `matcher.pricing_budget_ms`,
+/// here with a budget never reached (600 s), so that the result does not
+/// depend on the machine; the daemon's round cache makes that affordable
+/// (incremental rounds, [`muxflow_matcher::round_cache`]).
+/// `candidates_only` (`--candidates-only`): `pricing_budget_ms = 0`, rounds
+/// exact on their candidate graphs, every one cold (the replay before
+/// issue 30).
 pub fn scaled_matcher(
     m: &muxflow::config::Matcher,
     interval_s: f64,
-    price_out: bool,
+    candidates_only: bool,
 ) -> muxflow::config::Matcher {
     let per_s = m.max_updates_per_round as f64 / m.interval_s.max(1) as f64;
     muxflow::config::Matcher {
         max_updates_per_round: ((per_s * interval_s).round() as usize).max(1),
-        pricing_budget_ms: if price_out { 600_000 } else { 0 },
+        pricing_budget_ms: if candidates_only { 0 } else { 600_000 },
         ..m.clone()
     }
 }
@@ -2055,6 +2091,17 @@ impl Predictor for LearnedNow<'_> {
     fn solo(&self, job: &Self::Job, gpu: &GpuState, slot: &IdleSlot) -> Option<(f64, f64)> {
         Predictor::solo(self.model, &job.0, gpu, slot)
     }
+    /// What was learned of its name since training: the partners it
+    /// failed beside and the cap it failed under.
+    fn job_key(&self, job: &PendingJob) -> u64 {
+        let fnv = |h: u64, v: u64| (h ^ v).wrapping_mul(0x0100_0000_01b3);
+        let h = self
+            .failed
+            .iter()
+            .filter(|(name, _)| *name == job.name)
+            .fold(0xcbf2_9ce4_8422_2325, |h, &(_, p)| fnv(h, u64::from(p)));
+        fnv(h, self.needs_above.get(&job.name).map_or(u64::MAX, |&c| c))
+    }
 }
 
 /// The matcher given the true values: what each pair would really run at.
@@ -2111,9 +2158,13 @@ impl Sim<'_> {
     }
 }
 
-/// Per-job terms of the oracle: type, SM demand, memory, allowed models.
+/// Per-job terms of the oracle: type, SM demand, memory, allowed models,
+/// and its mean pair throughput (what it keeps beside a partner not
+/// known yet, [`crate::input::Pairs::mean_speed`]: once per job, not per
+/// pair).
 #[derive(Clone, Copy)]
 struct TruthJob<'a> {
+    mean_speed: f64,
     job_type: u16,
     demand: f64,
     mem_mib: u64,
@@ -2143,6 +2194,7 @@ impl<'s, 'a> Predictor for Truth<'s, 'a> {
         let sc: &'a Scenario = self.sim.sc;
         let j = &sc.jobs[(job.id - 1) as usize];
         TruthJob {
+            mean_speed: sc.pairs.mean_speed(j.job_type),
             job_type: j.job_type,
             demand: OFFLINE_SM * j.share,
             mem_mib: j.mem_mib,
@@ -2188,7 +2240,7 @@ impl<'s, 'a> Predictor for Truth<'s, 'a> {
             return None;
         }
         let pair = self.sim.sc.pairs.pair(job.job_type, gpu.online_type)?;
-        let unknown = self.sim.sc.pairs.mean_speed(job.job_type).powi(gpu.unknown);
+        let unknown = job.mean_speed.powi(gpu.unknown);
         if self.sim.gpus[gpu.g as usize].offline.is_empty() && gpu.share >= gpu.budget {
             let p = self.sim.protection[gpu.g as usize];
             return Some(model::muxflow(pair.0, pair.1, gpu.share, job.demand, p).0 * unknown);
@@ -2209,6 +2261,16 @@ impl<'s, 'a> Predictor for Truth<'s, 'a> {
         Some(self.sim.speed_beside(gpu.g, new, job.job_type) * unknown)
     }
     /// The same rules as [`Truth::speed`] on an idle GPU.
+    /// The offline jobs running there (the state's GPUs are the
+    /// scenario's, in order).
+    fn gpu_key(&self, at: usize, _gpu: &GpuState) -> u64 {
+        self.sim.gpus[at]
+            .offline
+            .iter()
+            .fold(0xcbf2_9ce4_8422_2325, |h, &j| {
+                (h ^ u64::from(j)).wrapping_mul(0x0100_0000_01b3)
+            })
+    }
     fn solo(&self, job: &TruthJob, gpu: &GpuState, slot: &IdleSlot) -> Option<(f64, f64)> {
         let sim = self.sim;
         let g = sim
@@ -2228,10 +2290,8 @@ impl<'s, 'a> Predictor for Truth<'s, 'a> {
             return None;
         }
         let (budget_pct, _) = sim.budget_for(g);
-        let unknown = sim
-            .sc
-            .pairs
-            .mean_speed(job.job_type)
+        let unknown = job
+            .mean_speed
             .powi(unknown_partners(slot.offline_jobs, on.len()));
         if on.is_empty() && slot.share >= slot.budget {
             return Some((unknown, 0.0));

@@ -85,7 +85,8 @@ impl Default for Settings {
             online_fill: 0.8,
             offline_load: 1.0,
             seed: 1,
-            round_interval_s: 900.0,
+            // The daemon's own interval: one place says it.
+            round_interval_s: muxflow::config::Matcher::default().interval_s as f64,
             health_interval_s: 300.0,
             autoscale: false,
             checkpoint: Checkpointing::default(),

@@ -97,7 +97,8 @@ fn json_has_every_documented_field_and_a_seed_gives_byte_identical_output() {
     assert_eq!(v["inputs"]["gpus"], 6);
     assert_eq!(v["inputs"]["nodes"], "nodes.csv");
 
-    // --price-out: rounds exact over every pair, still byte-identical.
+    // --candidates-only: rounds exact on their candidates, cold, still
+    // byte-identical.
     let priced = &[
         "--json",
         "--no-timing",
@@ -105,7 +106,7 @@ fn json_has_every_documented_field_and_a_seed_gives_byte_identical_output() {
         "7",
         "--policies",
         "muxflow",
-        "--price-out",
+        "--candidates-only",
     ];
     let d = sim(dir.path(), priced);
     assert!(d.status.success(), "{}", String::from_utf8_lossy(&d.stderr));

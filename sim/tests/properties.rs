@@ -158,9 +158,10 @@ proptest! {
             let again = muxflow_sim::prepare(&inputs, &t.settings).expect("prepared once");
             prop_assert_eq!(&o, &replay(&again, kind, &cfg, &t.settings), "{:?}: not deterministic", kind);
         }
-        // Rounds priced out over every pair (`--price-out`): the same
-        // invariants, and still the same outcome for the same inputs.
-        let opts = RunOptions { price_out: true, ..RunOptions::default() };
+        // Rounds exact on their candidates only (`--candidates-only`,
+        // every round cold): the same invariants, and still the same
+        // outcome for the same inputs.
+        let opts = RunOptions { candidates_only: true, ..RunOptions::default() };
         let priced = |sc: &muxflow_sim::scenario::Scenario| {
             run(sc, PolicyKind::Muxflow, &cfg, &t.settings, &opts, &AtomicU64::new(0))
         };
