@@ -317,6 +317,57 @@ pub struct SacctJob {
     pub time: SacctTime,
 }
 
+/// What one range of Slurm releases writes, as this reader takes it: the
+/// per-release table (the module's first table in code). Every other
+/// difference (state strings or arrays, plain or NO_VAL numbers, `gres:` or
+/// `gres/`) is read in either shape by the same fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReleaseJson {
+    /// First release (major, minor) of the range.
+    pub since: (u32, u32),
+    /// The JSON writer the release's commands use, as they name it.
+    pub writer: &'static str,
+    /// The command (and arguments) giving one entry per node.
+    pub nodes: &'static [&'static str],
+}
+
+/// Oldest first; checked against recordings of 22.05, 24.11 and 26.05
+/// (`matcher/tests/data/`).
+pub const RELEASES: &[ReleaseJson] = &[
+    ReleaseJson {
+        since: (22, 5),
+        writer: "openapi/v0.0.38",
+        nodes: &["sinfo", "--json"],
+    },
+    // 23.02: sinfo groups nodes (Extra is not compared); scontrol lists
+    // each node.
+    ReleaseJson {
+        since: (23, 2),
+        writer: "data_parser/v0.0.39",
+        nodes: &["scontrol", "show", "nodes", "--json"],
+    },
+    ReleaseJson {
+        since: (24, 11),
+        writer: "data_parser/v0.0.42",
+        nodes: &["scontrol", "show", "nodes", "--json"],
+    },
+    ReleaseJson {
+        since: (26, 5),
+        writer: "data_parser/v0.0.45",
+        nodes: &["scontrol", "show", "nodes", "--json"],
+    },
+];
+
+/// The table's row for `release` (major, minor): the newest row not newer
+/// than it (a release newer than the table reads as the newest row).
+pub fn release_json(release: (u32, u32)) -> &'static ReleaseJson {
+    RELEASES
+        .iter()
+        .rev()
+        .find(|r| r.since <= release)
+        .unwrap_or(&RELEASES[0])
+}
+
 /// Slurm's error number for a query that matched nothing.
 const EMPTY_RESULT: u32 = 9003;
 
