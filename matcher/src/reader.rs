@@ -1,6 +1,7 @@
-//! Reads the cluster from Slurm's JSON, in both shapes muxflow supports:
+//! Reads the cluster from Slurm's JSON, in both shapes muxflow supports
+//! (the releases and their writers: [`RELEASES`]):
 //!
-//! | | Slurm 22.05 (openapi v0.0.38) | Slurm 24.11 (data_parser v0.0.42) |
+//! | | Slurm 22.05 (openapi v0.0.38) | Slurm 24.11 (v0.0.42) and 26.05 (v0.0.45) data_parser |
 //! |---|---|---|
 //! | jobs | `squeue --json` | `squeue --json` |
 //! | nodes | `sinfo --json` (`nodes`) | `scontrol show nodes --json` (`nodes`) |
@@ -9,8 +10,11 @@
 //! | numbers | plain | plain or `{"set", "infinite", "number"}` |
 //! | requested GRES | `gres:mfslot:g0:1` | `gres/mfslot:g0:1` |
 //!
+//! 26.05 adds fields (`segment_size`, `step_id`, `sluid`, `topology`…) and
+//! drops `power`; none the reader types moved (recorded side by side with
+//! 24.11's in `matcher/tests/data/`).
 //! Only the fields the matcher uses are typed; unknown fields are ignored.
-//! Both shapes are recorded from the dev cluster in `matcher/tests/data/`.
+//! Every release is recorded from the dev cluster in `matcher/tests/data/`.
 //!
 //! From 23.02 on, `sinfo --json` groups nodes that differ only in fields it
 //! does not compare — node `extra` among them (24.11 showed one node's Extra
@@ -325,7 +329,8 @@ pub struct SacctJob {
 pub struct ReleaseJson {
     /// First release (major, minor) of the range.
     pub since: (u32, u32),
-    /// The JSON writer the release's commands use, as they name it.
+    /// The JSON writer the release's commands use, as their `meta` names
+    /// it (22.05's sacct: slurmdbd's `openapi/dbv0.0.38`).
     pub writer: &'static str,
     /// The command (and arguments) giving one entry per node.
     pub nodes: &'static [&'static str],
@@ -340,7 +345,7 @@ pub const RELEASES: &[ReleaseJson] = &[
         nodes: &["sinfo", "--json"],
     },
     // 23.02: sinfo groups nodes (Extra is not compared); scontrol lists
-    // each node.
+    // each node. (Not recorded here: no Debian release ships 23.02.)
     ReleaseJson {
         since: (23, 2),
         writer: "data_parser/v0.0.39",
