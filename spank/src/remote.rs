@@ -437,8 +437,12 @@ pub fn check_node_config(spank: &SpankHandle) -> Result<(), Refused> {
             .and_then(|out| muxflow::slurm_cli::parse_admin_comment(&out))
             .filter(|c| c.starts_with(muxflow::report::TAG))
             .unwrap_or_else(|| format!("{} mode=offline", muxflow::report::TAG));
-        if let Err(e) = client.set_admin_comment(id, &format!("{comment} {NODE_CONFIG_FAILED}")) {
-            tracing::error!("muxflow: cannot record why job {id} failed: {e}");
+        // Once per job (each of its steps fails here).
+        if !comment.split_whitespace().any(|w| w == NODE_CONFIG_FAILED) {
+            let text = format!("{comment} {NODE_CONFIG_FAILED}");
+            if let Err(e) = client.set_admin_comment(id, &text) {
+                tracing::error!("muxflow: cannot record why job {id} failed: {e}");
+            }
         }
     }
     Err(Refused(why))
