@@ -1,6 +1,11 @@
 //! Reads the installed Slurm headers so every muxflow binary knows the Slurm
 //! version it was built for: Slurm's plugin loader rejects a SPANK plugin whose
 //! major.minor differs from its own.
+//!
+//! The one place where Slurm releases differ at build time: [`FEATURES`]
+//! turns the version into `cfg`s for this crate and, through
+//! `DEP_SLURM_FEATURES`, for the plugin's (`spank/build.rs`); the code they
+//! select lives in `spank/src/compat.rs` and `src/slurm_version.rs`.
 
 use std::env;
 use std::fs;
@@ -9,6 +14,20 @@ use std::path::{Path, PathBuf};
 const HEADER: &str = "slurm/slurm_version.h";
 /// Read for the special step ids (extern, batch, interactive).
 const SLURM_H: &str = "slurm/slurm.h";
+/// SPANK's declarations (read for the features' symbols).
+const SPANK_H: &str = "slurm/spank.h";
+
+/// What a Slurm release from `since` on offers muxflow: (cfg name, first
+/// release as SLURM_VERSION_NUMBER, a symbol `slurm/spank.h` must declare).
+const FEATURES: &[(&str, u32, &str)] = &[
+    // 25.05: a plugin may choose that a failure of its slurmstepd callbacks
+    // fails the job (ESPANK_JOB_FAILURE) instead of draining the node.
+    (
+        "slurm_init_failure_mode",
+        0x19_05_00,
+        "slurm_spank_init_failure_mode",
+    ),
+];
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
@@ -40,6 +59,33 @@ fn main() {
     fs::write(out.join("slurm_version.rs"), bindings).expect("write slurm_version.rs");
     // Dependants' build scripts read this as DEP_SLURM_VERSION_NUMBER.
     println!("cargo:version_number={version:#08x}");
+
+    let spank_h = fs::read_to_string(include_dir.join(SPANK_H)).unwrap_or_default();
+    let mut on = Vec::new();
+    for &(name, since, symbol) in FEATURES {
+        println!("cargo::rustc-check-cfg=cfg({name})");
+        if version < since {
+            continue;
+        }
+        if !spank_h.contains(symbol) {
+            fail(&format!(
+                "{} is Slurm {}.{:02} but declares no {symbol} (expected from {}.{:02} on); \
+                 are slurm/slurm_version.h and slurm/spank.h from the same release?",
+                include_dir.join(SPANK_H).display(),
+                version >> 16,
+                (version >> 8) & 0xff,
+                since >> 16,
+                (since >> 8) & 0xff,
+            ));
+        }
+        println!("cargo:rustc-cfg={name}");
+        on.push(name);
+    }
+    // Dependants' build scripts read these as DEP_SLURM_FEATURES (this
+    // release's) and DEP_SLURM_KNOWN_FEATURES (every name, for check-cfg).
+    println!("cargo:features={}", on.join(","));
+    let known: Vec<&str> = FEATURES.iter().map(|f| f.0).collect();
+    println!("cargo:known_features={}", known.join(","));
 }
 
 fn generate(include_dir: &Path, header: &Path) -> String {
@@ -54,6 +100,9 @@ fn generate(include_dir: &Path, header: &Path) -> String {
             .clang_arg(clang_arg)
             .allowlist_var("SLURM_VERSION_.*")
             .allowlist_var("SLURM_(EXTERN_CONT|BATCH_SCRIPT|INTERACTIVE_STEP|PENDING_STEP)")
+            // SPANK's error codes (ESPANK_JOB_FAILURE from 25.05 on).
+            .allowlist_var("slurm_err_t_ESPANK_.*")
+            .allowlist_type("slurm_err_t")
             .generate()
             .map(|b| b.to_string())
     });

@@ -1,7 +1,7 @@
 //! The Slurm version this build targets, read from the installed headers by
 //! `build.rs`, and the special step ids from `slurm/slurm.h`.
 
-#![allow(non_upper_case_globals, dead_code)]
+#![allow(non_upper_case_globals, non_camel_case_types, dead_code)]
 
 mod generated {
     include!(concat!(env!("OUT_DIR"), "/slurm_version.rs"));
@@ -15,6 +15,14 @@ pub const SLURM_EXTERN_CONT: u32 = generated::SLURM_EXTERN_CONT;
 pub const SLURM_BATCH_SCRIPT: u32 = generated::SLURM_BATCH_SCRIPT;
 /// Step id of the interactive step (`salloc` with use_interactive_step).
 pub const SLURM_INTERACTIVE_STEP: u32 = generated::SLURM_INTERACTIVE_STEP;
+
+/// Slurm 25.05 and later: the plugin can choose that a failure of its
+/// slurmstepd callbacks fails the job instead of draining the node
+/// (`slurm_spank_init_failure_mode`, see `spank/src/compat.rs`).
+pub const INIT_FAILURE_MODE: bool = cfg!(slurm_init_failure_mode);
+/// `ESPANK_JOB_FAILURE` of the headers (25.05 and later).
+#[cfg(slurm_init_failure_mode)]
+pub const ESPANK_JOB_FAILURE: i32 = generated::slurm_err_t_ESPANK_JOB_FAILURE as i32;
 
 // Slurm's loader compares major.minor; a header without them is not Slurm's.
 const _: () = assert!(SLURM_VERSION_NUMBER >> 16 >= 20 && SLURM_VERSION_NUMBER >> 16 < 0x100);
@@ -53,5 +61,7 @@ mod tests {
         assert_eq!(SLURM_EXTERN_CONT, 0xffff_fffc);
         assert_eq!(SLURM_BATCH_SCRIPT, 0xffff_fffb);
         assert!(program_version().ends_with(&format!("(built for Slurm {})", version_string())));
+        // The build script's table: the failure mode from 25.05 on.
+        assert_eq!(INIT_FAILURE_MODE, v >= 0x19_05_00);
     }
 }

@@ -33,6 +33,11 @@ pub const ENDED: [&str; 9] = [
     "DEADLINE",
 ];
 
+/// sbatch's option submitting as user nobody, by uid: Slurm 26.05's sbatch
+/// refuses `--uid=nobody` ("Invalid --uid specification") though its root
+/// resolves the name (other names, and the uid, pass on every release).
+pub const AS_NOBODY: &str = "--uid=65534";
+
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
 impl Cluster {

@@ -1,6 +1,7 @@
-//! Reads the cluster from Slurm's JSON, in both shapes muxflow supports:
+//! Reads the cluster from Slurm's JSON, in both shapes muxflow supports
+//! (the releases and their writers: [`RELEASES`]):
 //!
-//! | | Slurm 22.05 (openapi v0.0.38) | Slurm 24.11 (data_parser v0.0.42) |
+//! | | Slurm 22.05 (openapi v0.0.38) | Slurm 24.11 (v0.0.42) and 26.05 (v0.0.45) data_parser |
 //! |---|---|---|
 //! | jobs | `squeue --json` | `squeue --json` |
 //! | nodes | `sinfo --json` (`nodes`) | `scontrol show nodes --json` (`nodes`) |
@@ -9,8 +10,11 @@
 //! | numbers | plain | plain or `{"set", "infinite", "number"}` |
 //! | requested GRES | `gres:mfslot:g0:1` | `gres/mfslot:g0:1` |
 //!
+//! 26.05 adds fields (`segment_size`, `step_id`, `sluid`, `topology`…) and
+//! drops `power`; none the reader types moved (recorded side by side with
+//! 24.11's in `matcher/tests/data/`).
 //! Only the fields the matcher uses are typed; unknown fields are ignored.
-//! Both shapes are recorded from the dev cluster in `matcher/tests/data/`.
+//! Every release is recorded from the dev cluster in `matcher/tests/data/`.
 //!
 //! From 23.02 on, `sinfo --json` groups nodes that differ only in fields it
 //! does not compare — node `extra` among them (24.11 showed one node's Extra
@@ -315,6 +319,58 @@ pub struct SacctJob {
     pub comment: SacctComment,
     #[serde(deserialize_with = "nullable")]
     pub time: SacctTime,
+}
+
+/// What one range of Slurm releases writes, as this reader takes it: the
+/// per-release table (the module's first table in code). Every other
+/// difference (state strings or arrays, plain or NO_VAL numbers, `gres:` or
+/// `gres/`) is read in either shape by the same fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReleaseJson {
+    /// First release (major, minor) of the range.
+    pub since: (u32, u32),
+    /// The JSON writer the release's commands use, as their `meta` names
+    /// it (22.05's sacct: slurmdbd's `openapi/dbv0.0.38`).
+    pub writer: &'static str,
+    /// The command (and arguments) giving one entry per node.
+    pub nodes: &'static [&'static str],
+}
+
+/// Oldest first; checked against recordings of 22.05, 24.11 and 26.05
+/// (`matcher/tests/data/`).
+pub const RELEASES: &[ReleaseJson] = &[
+    ReleaseJson {
+        since: (22, 5),
+        writer: "openapi/v0.0.38",
+        nodes: &["sinfo", "--json"],
+    },
+    // 23.02: sinfo groups nodes (Extra is not compared); scontrol lists
+    // each node. (Not recorded here: no Debian release ships 23.02.)
+    ReleaseJson {
+        since: (23, 2),
+        writer: "data_parser/v0.0.39",
+        nodes: &["scontrol", "show", "nodes", "--json"],
+    },
+    ReleaseJson {
+        since: (24, 11),
+        writer: "data_parser/v0.0.42",
+        nodes: &["scontrol", "show", "nodes", "--json"],
+    },
+    ReleaseJson {
+        since: (26, 5),
+        writer: "data_parser/v0.0.45",
+        nodes: &["scontrol", "show", "nodes", "--json"],
+    },
+];
+
+/// The table's row for `release` (major, minor): the newest row not newer
+/// than it (a release newer than the table reads as the newest row).
+pub fn release_json(release: (u32, u32)) -> &'static ReleaseJson {
+    RELEASES
+        .iter()
+        .rev()
+        .find(|r| r.since <= release)
+        .unwrap_or(&RELEASES[0])
 }
 
 /// Slurm's error number for a query that matched nothing.

@@ -81,10 +81,10 @@ impl SlurmCli {
     pub fn read_state(&self, names: &Names) -> Result<ClusterState, SlurmError> {
         // 22.05's `squeue --json` ignores filters: ask for everything once.
         let jobs = reader::parse_squeue(&self.client.command("squeue", &["--json"])?)?;
-        let nodes = if self.release()? >= (23, 2) {
-            self.client.scontrol(&["show", "nodes", "--json"])?
-        } else {
-            self.client.command("sinfo", &["--json"])?
+        let nodes = match reader::release_json(self.release()?).nodes {
+            ["scontrol", args @ ..] => self.client.scontrol(args)?,
+            [program, args @ ..] => self.client.command(program, args)?,
+            [] => unreachable!("every row of reader::RELEASES names a command"),
         };
         let nodes = reader::parse_sinfo(&nodes)?;
         let mut state = ClusterState::build(&jobs, &nodes, names);

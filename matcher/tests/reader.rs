@@ -14,16 +14,17 @@
 //! * sacct: `hist-a` (one run alone, one shared), `hist-b` (shared only),
 //!   an online record.
 //!
-//! And on Slurm 24.11 JSON (data_parser v0.0.42), recorded from
-//! `scripts/devcluster up --slurm 24.11` (`matcher/tests/data/24.11/`,
-//! nothing edited; the offline jobs were placed by hand with the matcher's
-//! own `scontrol update`/`release` calls):
+//! And on Slurm 24.11 JSON (data_parser v0.0.42) and 26.05 JSON
+//! (data_parser v0.0.45), each recorded from `scripts/devcluster up --slurm
+//! <R>` (`matcher/tests/data/<R>/`, nothing edited; the offline jobs were
+//! placed by hand with the matcher's own `scontrol update`/`release` calls;
+//! the same jobs in the same order, so the same ids):
 //!
 //! * jobs 1 (`serve-a`, node1 GPU 0) and 2 (`serve-b`, node2 GPUs 0-1):
 //!   running online jobs; job 4 (`train-run`): running offline on node2's
 //!   `mfslot:g1`; job 3 (`train-x`): pending, parked by job_submit.lua;
 //! * nodes (`scontrol show nodes --json`): every GPU healthy as the nodes
-//!   published it; `sinfo.json`: 24.11's grouped listing of the same nodes;
+//!   published it; `sinfo.json`: the grouped listing of the same nodes;
 //! * sacct: `hist-a` and `hist-b`, finished offline runs on node1 GPU 0
 //!   with the records the plugin wrote (`hist-b` with a workload figure).
 
@@ -32,17 +33,37 @@ use muxflow::Mode;
 use muxflow_matcher::hints::{current, Target};
 use muxflow_matcher::predict::{estimate, runs_from_sacct, Model};
 use muxflow_matcher::reader::{
-    parse_sacct, parse_sinfo, parse_squeue, ClusterState, Names, NodeRoom, ReadError,
+    parse_sacct, parse_sinfo, parse_squeue, release_json, ClusterState, Names, NodeRoom, ReadError,
 };
 use muxflow_matcher::round::{plan, Action};
 
 const SQUEUE: &str = include_str!("data/squeue.json");
 const SINFO: &str = include_str!("data/sinfo.json");
 const SACCT: &str = include_str!("data/sacct.json");
-const SQUEUE_24_11: &str = include_str!("data/24.11/squeue.json");
-const NODES_24_11: &str = include_str!("data/24.11/nodes.json");
-const SINFO_24_11: &str = include_str!("data/24.11/sinfo.json");
-const SACCT_24_11: &str = include_str!("data/24.11/sacct.json");
+
+/// One recording of the same scenario on a data_parser release.
+struct Recording {
+    release: &'static str,
+    squeue: &'static str,
+    nodes: &'static str,
+    sinfo: &'static str,
+    sacct: &'static str,
+}
+
+macro_rules! recording {
+    ($release:literal) => {
+        Recording {
+            release: $release,
+            squeue: include_str!(concat!("data/", $release, "/squeue.json")),
+            nodes: include_str!(concat!("data/", $release, "/nodes.json")),
+            sinfo: include_str!(concat!("data/", $release, "/sinfo.json")),
+            sacct: include_str!(concat!("data/", $release, "/sacct.json")),
+        }
+    };
+}
+
+/// 24.11 (data_parser v0.0.42) and 26.05 (v0.0.45), recorded alike.
+const RECORDINGS: [Recording; 2] = [recording!("24.11"), recording!("26.05")];
 
 fn names() -> Names {
     Names::from_config(&muxflow::config::Slurm::default())
@@ -204,100 +225,186 @@ fn a_round_on_the_recording_places_the_parked_job_beside_the_online_job_not_on_t
     assert_eq!(json["summary"]["placed"], 1);
 }
 
-fn state_24_11() -> ClusterState {
+fn state_of(r: &Recording) -> ClusterState {
     ClusterState::build(
-        &parse_squeue(SQUEUE_24_11).unwrap(),
-        &parse_sinfo(NODES_24_11).unwrap(),
+        &parse_squeue(r.squeue).unwrap(),
+        &parse_sinfo(r.nodes).unwrap(),
         &names(),
     )
 }
 
 #[test]
-fn slurm_24_11_squeue_and_nodes_give_online_gpus_slots_and_pending_jobs() {
-    let jobs = parse_squeue(SQUEUE_24_11).unwrap();
-    let j4 = jobs.iter().find(|j| j.job_id == 4).unwrap();
-    assert_eq!(j4.job_state, ["RUNNING"]);
-    assert_eq!(j4.tres_per_node, "gres/mfslot:g1:1");
+fn data_parser_squeue_and_nodes_give_online_gpus_slots_and_pending_jobs() {
+    for r in &RECORDINGS {
+        let jobs = parse_squeue(r.squeue).unwrap();
+        let j4 = jobs.iter().find(|j| j.job_id == 4).unwrap();
+        assert_eq!(j4.job_state, ["RUNNING"], "{}", r.release);
+        assert_eq!(j4.tres_per_node, "gres/mfslot:g1:1", "{}", r.release);
 
-    let st = state_24_11();
-    let gpus = gpu_rows(&st);
-    assert_eq!(
-        gpus,
-        // Every GPU of a usable node: those no job holds are idle ones,
-        // candidates too since issue 15.
-        [
-            ("node1", 0, HealthState::Healthy, 0, vec![1]),
-            ("node1", 1, HealthState::Healthy, 0, vec![]),
-            ("node2", 0, HealthState::Healthy, 0, vec![2]),
-            ("node2", 1, HealthState::Healthy, 1, vec![2]),
-            ("node3", 0, HealthState::Healthy, 0, vec![]),
-            ("node3", 1, HealthState::Healthy, 0, vec![]),
-            ("node4", 0, HealthState::Healthy, 0, vec![]),
-            ("node4", 1, HealthState::Healthy, 0, vec![]),
-        ]
-    );
-    assert_eq!(st.running_offline, [(4, "node2".to_string(), 1)]);
-    assert_eq!(st.pending.len(), 1);
-    let p = &st.pending[0];
-    assert_eq!(
-        (p.id, p.name.as_str(), p.user.as_str(), p.held),
-        (3, "train-x", "root", true)
-    );
-    assert_eq!(current(p), Target::Parked);
-    assert!(st.notes.is_empty(), "{:?}", st.notes);
+        let st = state_of(r);
+        let gpus = gpu_rows(&st);
+        assert_eq!(
+            gpus,
+            // Every GPU of a usable node: those no job holds are idle ones,
+            // candidates too since issue 15.
+            [
+                ("node1", 0, HealthState::Healthy, 0, vec![1]),
+                ("node1", 1, HealthState::Healthy, 0, vec![]),
+                ("node2", 0, HealthState::Healthy, 0, vec![2]),
+                ("node2", 1, HealthState::Healthy, 1, vec![2]),
+                ("node3", 0, HealthState::Healthy, 0, vec![]),
+                ("node3", 1, HealthState::Healthy, 0, vec![]),
+                ("node4", 0, HealthState::Healthy, 0, vec![]),
+                ("node4", 1, HealthState::Healthy, 0, vec![]),
+            ],
+            "{}",
+            r.release
+        );
+        assert_eq!(
+            st.running_offline,
+            [(4, "node2".to_string(), 1)],
+            "{}",
+            r.release
+        );
+        assert_eq!(st.pending.len(), 1, "{}", r.release);
+        let p = &st.pending[0];
+        assert_eq!(
+            (p.id, p.name.as_str(), p.user.as_str(), p.held),
+            (3, "train-x", "root", true),
+            "{}",
+            r.release
+        );
+        assert_eq!(current(p), Target::Parked, "{}", r.release);
+        assert!(st.notes.is_empty(), "{}: {:?}", r.release, st.notes);
+    }
 }
 
 #[test]
-fn slurm_24_11_grouped_sinfo_listing_is_refused_with_the_command_to_use() {
-    // 24.11's sinfo groups node3 and node4 into one entry: per-node Extra
-    // cannot be trusted from it.
-    let e = parse_sinfo(SINFO_24_11).unwrap_err();
-    assert!(matches!(e, ReadError::GroupedNodes { .. }), "{e}");
-    assert!(e.to_string().contains("scontrol show nodes --json"), "{e}");
+fn data_parser_grouped_sinfo_listing_is_refused_with_the_command_to_use() {
+    for r in &RECORDINGS {
+        // sinfo groups node3 and node4 into one entry: per-node Extra
+        // cannot be trusted from it.
+        let e = parse_sinfo(r.sinfo).unwrap_err();
+        assert!(
+            matches!(e, ReadError::GroupedNodes { .. }),
+            "{}: {e}",
+            r.release
+        );
+        assert!(e.to_string().contains("scontrol show nodes --json"), "{e}");
+    }
 }
 
 #[test]
-fn slurm_24_11_sacct_gives_the_offline_runs_the_plugin_recorded() {
-    let jobs = parse_sacct(SACCT_24_11).unwrap();
-    assert_eq!(jobs.len(), 5, "jobs 1, 2, 4, 5, 6 (3 never started)");
-    let hist_b = jobs.iter().find(|j| j.name == "hist-b").unwrap();
-    assert_eq!(hist_b.state.current, ["COMPLETED"]);
-    assert!(hist_b.time.end > 1_700_000_000);
-    let runs = runs_from_sacct(&jobs);
-    let names: Vec<&str> = runs.iter().map(|r| r.key.1.as_str()).collect();
-    assert_eq!(names, ["hist-a", "hist-b"], "{runs:?}");
-    // hist-a's partner is serve-a, resolved from the same listing.
-    assert_eq!(
-        runs[0].partner_key,
-        Some(("root".to_string(), "serve-a".to_string()))
-    );
-    assert!(runs.iter().all(|r| r.report.mode == Some(Mode::Offline)));
+fn data_parser_sacct_gives_the_offline_runs_the_plugin_recorded() {
+    for r in &RECORDINGS {
+        let jobs = parse_sacct(r.sacct).unwrap();
+        assert_eq!(
+            jobs.len(),
+            5,
+            "{}: jobs 1, 2, 4, 5, 6 (3 never started)",
+            r.release
+        );
+        let hist_b = jobs.iter().find(|j| j.name == "hist-b").unwrap();
+        assert_eq!(hist_b.state.current, ["COMPLETED"], "{}", r.release);
+        assert!(hist_b.time.end > 1_700_000_000, "{}", r.release);
+        let runs = runs_from_sacct(&jobs);
+        let names: Vec<&str> = runs.iter().map(|r| r.key.1.as_str()).collect();
+        assert_eq!(names, ["hist-a", "hist-b"], "{}: {runs:?}", r.release);
+        // hist-a's partner is serve-a, resolved from the same listing.
+        assert_eq!(
+            runs[0].partner_key,
+            Some(("root".to_string(), "serve-a".to_string())),
+            "{}",
+            r.release
+        );
+        assert!(runs.iter().all(|r| r.report.mode == Some(Mode::Offline)));
+        assert_eq!(runs[1].report.steps_per_s, Some(80.5), "{}", r.release);
+    }
 }
 
 #[test]
-fn slurm_24_11_a_round_places_the_parked_job_on_the_open_gpu() {
-    let st = state_24_11();
-    let cfg = muxflow::Config::default();
-    let p = plan(&st, &Model::default(), &cfg.policy, &cfg.matcher, &names());
-    assert_eq!(p.decisions.len(), 1);
-    let d = &p.decisions[0];
-    assert_eq!(d.action, Action::Place);
-    // node1 GPU 0 (slot free) or node2 GPU 0; node2 GPU 1's slot is taken.
-    assert!(
-        matches!(
-            (d.node.as_deref(), d.gpu),
-            (Some("node1"), Some(0)) | (Some("node2"), Some(0))
-        ),
-        "{:?}",
-        (d.node.as_deref(), d.gpu)
-    );
+fn data_parser_a_round_places_the_parked_job_on_the_open_gpu() {
+    for r in &RECORDINGS {
+        let st = state_of(r);
+        let cfg = muxflow::Config::default();
+        let p = plan(&st, &Model::default(), &cfg.policy, &cfg.matcher, &names());
+        assert_eq!(p.decisions.len(), 1, "{}", r.release);
+        let d = &p.decisions[0];
+        assert_eq!(d.action, Action::Place, "{}", r.release);
+        // node1 GPU 0 (slot free) or node2 GPU 0; node2 GPU 1's slot is taken.
+        assert!(
+            matches!(
+                (d.node.as_deref(), d.gpu),
+                (Some("node1"), Some(0)) | (Some("node2"), Some(0))
+            ),
+            "{}: {:?}",
+            r.release,
+            (d.node.as_deref(), d.gpu)
+        );
+    }
+}
+
+/// Each recording was written by the JSON writer the reader's per-release
+/// table gives for its release (`reader::RELEASES`), and the node listing
+/// the table names is the one recorded (`nodes.json`: scontrol's).
+#[test]
+fn recordings_match_the_per_release_table() {
+    let meta = |text: &str| -> (String, (u32, u32)) {
+        let v: serde_json::Value = serde_json::from_str(text).unwrap();
+        let m = &v["meta"];
+        // 22.05: meta.plugin.type and meta.Slurm.version (numbers);
+        // data_parser: meta.plugin.data_parser and meta.slurm.version (strings).
+        let writer = m["plugin"]["data_parser"]
+            .as_str()
+            .filter(|w| !w.is_empty())
+            .or(m["plugin"]["type"].as_str())
+            .unwrap()
+            .to_string();
+        let version = if m["slurm"].is_object() {
+            &m["slurm"]["version"]
+        } else {
+            &m["Slurm"]["version"]
+        };
+        let num = |k: &str| -> u32 {
+            match &version[k] {
+                serde_json::Value::String(s) => s.parse().unwrap(),
+                n => n.as_u64().unwrap() as u32,
+            }
+        };
+        (writer, (num("major"), num("minor")))
+    };
+    let mut seen = Vec::new();
+    // 22.05's sacct has a writer of its own (slurmdbd's).
+    assert_eq!(meta(SACCT), ("openapi/dbv0.0.38".to_string(), (22, 5)));
+    for text in [SQUEUE, SINFO].into_iter().chain(
+        RECORDINGS
+            .iter()
+            .flat_map(|r| [r.squeue, r.nodes, r.sinfo, r.sacct]),
+    ) {
+        let (writer, release) = meta(text);
+        let row = release_json(release);
+        assert_eq!(row.writer, writer, "{release:?}");
+        seen.push(release);
+    }
+    for r in &RECORDINGS {
+        let (_, release) = meta(r.nodes);
+        assert_eq!(
+            release_json(release).nodes,
+            ["scontrol", "show", "nodes", "--json"]
+        );
+        assert_eq!(format!("{}.{:02}", release.0, release.1), r.release);
+    }
+    assert_eq!(release_json((22, 5)).nodes, ["sinfo", "--json"]);
+    seen.dedup();
+    assert_eq!(seen, [(22, 5), (24, 11), (26, 5)]);
 }
 
 /// Each node's free CPUs and memory, and each pending job's request, read
 /// from both releases' recordings (memory: not consumable there, CR_Core).
 #[test]
 fn both_releases_give_node_room_and_job_requests() {
-    for (st, pending) in [(state(), 17), (state_24_11(), 3)] {
+    let recorded = RECORDINGS.iter().map(|r| (state_of(r), 3));
+    for (st, pending) in std::iter::once((state(), 17)).chain(recorded) {
         let room: Vec<(&str, u32, u64)> = st
             .node_room
             .iter()

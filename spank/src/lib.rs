@@ -5,7 +5,10 @@
 //! - `submit`: allocator (sbatch/salloc) and local (srun) contexts, run as
 //!   the user: validate `--muxflow` and the admin's settings, export the mode.
 //! - `remote`: slurmstepd, per step: the job environment. Never fails in
-//!   `init`/`init_post_opt` (a failure there drains the node).
+//!   `init_post_opt` (a failure there drains the node, on every release).
+//!   `init` fails only from Slurm 25.05 on, where the plugin declares that
+//!   this fails the job instead (`compat`): an offline job on a node whose
+//!   muxflow config cannot be read.
 //!
 //! Other contexts (slurmd, job_script) have nothing to do yet and do nothing.
 
@@ -14,6 +17,7 @@ use std::error::Error;
 use slurm_spank::{Context, Plugin, SpankHandle, SpankOption};
 
 mod args;
+mod compat;
 mod preload;
 mod remote;
 mod settings;
@@ -41,6 +45,9 @@ unsafe impl Plugin for MuxflowPlugin {
                 .usage("Share GPUs with muxflow: 'online' (latency-critical, owns the GPU) or 'offline' (best-effort, runs in the idle capacity)"),
         );
         match (spank.context()?, registered) {
+            (Context::Remote, Ok(())) if compat::REMOTE_FAILS_JOB => {
+                remote::check_node_config(spank).map_err(Into::into)
+            }
             (_, Ok(())) => Ok(()),
             (Context::Allocator | Context::Local, Err(e)) => Err(Box::new(e)),
             (_, Err(e)) => {

@@ -401,6 +401,60 @@ impl RemoteState {
     }
 }
 
+/// Slurm 25.05 and later, slurmstepd's `init` (root, before options): an
+/// offline job (its submit-time mode, [`muxflow::mode::JOB_ENV_VAR`]) on a
+/// node whose muxflow config cannot be read fails here with the reason, and
+/// Slurm fails the job instead of draining the node (`compat`). Slurm shows
+/// the user only "Spank plugin failure" (ExitCode 0:68), so the job's
+/// AdminComment gets [`NODE_CONFIG_FAILED`] and the node's slurmd log the
+/// reason. Online and other jobs pass: they run as before (an online job
+/// without MPS). A user who forges the variable only fails their own job.
+pub fn check_node_config(spank: &SpankHandle) -> Result<(), Refused> {
+    let offline = spank
+        .getenv(muxflow::mode::JOB_ENV_VAR)
+        .ok()
+        .flatten()
+        .and_then(|v| v.parse::<Mode>().ok())
+        == Some(Mode::Offline);
+    if !offline {
+        return Ok(());
+    }
+    let Err(e) = node_config(spank) else {
+        return Ok(());
+    };
+    let job = spank.job_id().ok();
+    let node = node_name(spank).unwrap_or_else(|_| "this node".to_string());
+    let why = format!(
+        "muxflow: offline job {} cannot start on {node}: its muxflow config cannot be used ({e:#}); \
+         an administrator must fix it there. The node stays up for other work.",
+        job.map_or_else(|| "?".to_string(), |id| id.to_string())
+    );
+    tracing::error!("{why}");
+    if let Some(id) = job {
+        // The config names the scontrol to run; it cannot be read, so the
+        // default one (a fixed path, never the job's).
+        let client = Scontrol::new(&Config::default());
+        let comment = client
+            .scontrol(&["show", "job", &id.to_string()])
+            .ok()
+            .and_then(|out| muxflow::slurm_cli::parse_admin_comment(&out))
+            .filter(|c| c.starts_with(muxflow::report::TAG))
+            .unwrap_or_else(|| format!("{} mode=offline", muxflow::report::TAG));
+        // Once per job (each of its steps fails here).
+        if !comment.split_whitespace().any(|w| w == NODE_CONFIG_FAILED) {
+            let text = format!("{comment} {NODE_CONFIG_FAILED}");
+            if let Err(e) = client.set_admin_comment(id, &text) {
+                tracing::error!("muxflow: cannot record why job {id} failed: {e}");
+            }
+        }
+    }
+    Err(Refused(why))
+}
+
+/// What a job failed by [`check_node_config`] carries in its AdminComment
+/// (an unknown key to the report's readers, which ignore it).
+pub const NODE_CONFIG_FAILED: &str = "failed=node_config";
+
 /// A refused offline job's refusals at which it fails instead of going
 /// back to the queue again (a bound on a loop between the matcher and a
 /// node).

@@ -206,7 +206,7 @@ fn users_of_different_uids_share_one_daemon() {
     let (online, gpu) = online_on(&c, node, 6, &[]);
     let script = format!("#!/bin/sh\nid -u\n{}\n", c.workload("offline --duration 2"));
     let offline = c
-        .sbatch(&["--muxflow=offline", "--uid=nobody"], &script)
+        .sbatch(&["--muxflow=offline", muxflow_tests::AS_NOBODY], &script)
         .unwrap();
     c.place(offline, node, gpu);
     let end = c.wait(offline, WAIT);

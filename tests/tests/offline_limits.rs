@@ -24,7 +24,12 @@ const WAIT: Duration = Duration::from_secs(60);
 fn offline_as_nobody(c: &Cluster, name: &str, node: &str, gpu: u32, script: &str) -> u32 {
     let id = c
         .sbatch(
-            &["--muxflow=offline", "--uid=nobody", "--job-name", name],
+            &[
+                "--muxflow=offline",
+                muxflow_tests::AS_NOBODY,
+                "--job-name",
+                name,
+            ],
             script,
         )
         .unwrap_or_else(|e| panic!("sbatch {name}: {e}"));

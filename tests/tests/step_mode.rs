@@ -23,7 +23,7 @@ fn a_step_cannot_leave_offline_mode() {
         .sbatch(
             &[
                 "--muxflow=offline",
-                "--uid=nobody",
+                muxflow_tests::AS_NOBODY,
                 "--job-name",
                 "mfs-step-mode",
             ],

@@ -1,4 +1,4 @@
-#!/usr/bin/env bash
+#!/bin/bash
 # muxflow's enroot hook: brings an offline job's protection into its
 # container. Install as /etc/enroot/hooks.d/90-muxflow.sh (root-owned, 0755).
 #

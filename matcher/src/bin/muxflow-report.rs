@@ -82,10 +82,13 @@ fn run(cli: &Cli) -> anyhow::Result<String> {
         let since = format!("now-{}days", cli.days);
         // The owner's runs of the same name (the speed estimate), and the
         // jobs that ran beside it (partners, by ID).
+        // By uid where the name resolves: Slurm 26.05's sacct refuses some
+        // names ("Invalid user id: nobody") whose uid it takes.
+        let owner = user_id(&job.user).map_or_else(|| job.user.clone(), |u| u.to_string());
         let mut more = slurm
             .sacct(&[
                 "-u".into(),
-                job.user.clone(),
+                owner,
                 "--name".into(),
                 job.name.clone(),
                 "-S".into(),
@@ -152,6 +155,28 @@ fn latest_per_id(listing: &mut Vec<muxflow_matcher::reader::SacctJob>) {
 }
 
 /// The user name of `uid` from the password database.
+/// The uid of user `name`, if this host knows the name.
+fn user_id(name: &str) -> Option<u32> {
+    let name = std::ffi::CString::new(name).ok()?;
+    let mut buf = vec![0 as libc::c_char; 16384];
+    // SAFETY: an all-zero passwd is a valid value to be overwritten.
+    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut out: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: getpwnam_r reads the NUL-terminated `name`, writes into `pw`
+    // and `buf` (its length given) and sets `out` to `&pw` on success; all
+    // outlive the call.
+    let rc = unsafe {
+        libc::getpwnam_r(
+            name.as_ptr(),
+            &mut pw,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut out,
+        )
+    };
+    (rc == 0 && !out.is_null()).then_some(pw.pw_uid)
+}
+
 fn user_name(uid: u32) -> Option<String> {
     let mut buf = vec![0 as libc::c_char; 16384];
     // SAFETY: an all-zero passwd is a valid value to be overwritten.
