@@ -29,6 +29,8 @@ fn scenario_on(nodes: &str, checkpoint: Checkpointing) -> (Scenario, Settings) {
         offline_load: 0.0,
         autoscale: true,
         checkpoint,
+        // The hand traces count in the 900-s rounds they were written for.
+        round_interval_s: 900.0,
         ..Settings::default()
     };
     let inputs = inputs(
@@ -172,6 +174,7 @@ fn a_gang_is_requeued_whole_and_loses_on_each_of_its_gpus() {
         offline_load: 0.0,
         autoscale: true,
         checkpoint: every_7000_s(),
+        round_interval_s: 900.0,
         ..Settings::default()
     };
     let inputs = inputs(
