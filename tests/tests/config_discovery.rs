@@ -1,8 +1,8 @@
 //! The node programs find muxflow.toml beside the slurm.conf slurmd gives
 //! them, with no `--config` (the dev cluster writes it beside its
 //! slurm.conf); with none there, the error lists the places tried and the
-//! flag, and the program still exits 0 (a node program never fails the
-//! node). Runs the built `muxflow-health` against the dev cluster.
+//! flag (on stderr and in the default node log), and the program still
+//! exits 0 (a node program never fails the node). Runs the built `muxflow-health` against the dev cluster.
 
 use std::path::Path;
 use std::process::Command;
@@ -41,5 +41,13 @@ fn health_check_finds_its_config_beside_slurm_conf() {
         bare.join("muxflow.toml").display()
     );
     assert!(err.contains(&want), "{err}");
-    assert!(err.contains("no node log"), "{err}");
+    // Said where an administrator looks (slurmd drops stderr): the default
+    // node log, the config's own being unknown.
+    let default_log = muxflow::config::Paths::default().node_log;
+    let log = std::fs::read_to_string(default_log.as_path()).unwrap_or_default();
+    assert!(
+        log.contains(&want),
+        "{} lacks: {want}",
+        default_log.as_path().display()
+    );
 }
