@@ -30,7 +30,7 @@ fn what_a_job_writes_in_its_own_directory_is_bounded_and_removed() {
         .sbatch(
             &[
                 "--muxflow=online",
-                "--uid=nobody",
+                muxflow_tests::AS_NOBODY,
                 "--gres=gpu:1",
                 "-w",
                 node,

@@ -37,7 +37,7 @@ fn a_job_relaunching_on_another_gpu_is_stopped_each_time_and_cancelled_at_the_li
         .sbatch(
             &[
                 "--muxflow=offline",
-                "--uid=nobody",
+                muxflow_tests::AS_NOBODY,
                 "--job-name",
                 &format!("{PREFIX}offline"),
             ],
