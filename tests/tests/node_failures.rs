@@ -382,7 +382,10 @@ fn a_job_whose_epilog_never_ran_is_forgotten_and_a_running_one_is_kept() {
     // The GPU is its online job's alone again: Healthy, no offline job.
     c.settle_healthy(&cfg, node, gpu, 1000);
     assert_eq!(c.published_gpu(node, gpu).offline, 0);
+    // Ended before the lock goes: the next test stops slurmctld, and a job
+    // ending then cannot complete (slurmd drains the node for it).
     c.scancel(&[online]);
+    c.wait(online, WAIT);
     c.sim_load(node, gpu, 0.0);
     c.assert_no_drain();
 }
