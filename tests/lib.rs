@@ -634,7 +634,21 @@ impl Cluster {
 
     /// `muxflow-health` for `node` as slurmd runs it (SLURMD_NODENAME).
     pub fn health_cmd(&self, config: &Path, node: &str) -> Command {
-        let mut cmd = self.cmd(target().join("muxflow-health").to_str().unwrap());
+        let program = target().join("muxflow-health");
+        // Another release's cluster runs each slurmd chrooted in a mount
+        // namespace of its own (scripts/in-slurm-root), where the Prolog's
+        // mounts (a job's own directory) are: run the step there, as slurmd.
+        let slurmd = std::fs::read_to_string(self.dir.join(format!("run/slurmd.{node}.pid")))
+            .ok()
+            .filter(|_| self.dir.join("slurm-root").exists());
+        let mut cmd = match slurmd {
+            Some(pid) => {
+                let mut c = self.cmd("nsenter");
+                c.args(["-t", pid.trim(), "-m", "-r", "--"]).arg(&program);
+                c
+            }
+            None => self.cmd(program.to_str().unwrap()),
+        };
         cmd.arg("--config")
             .arg(config)
             .env("SLURMD_NODENAME", node)
