@@ -633,18 +633,36 @@ impl Cluster {
     }
 
     /// `muxflow-health` for `node` as slurmd runs it (SLURMD_NODENAME).
+    /// The pid of `node`'s slurmd on another release's cluster, which runs
+    /// each slurmd chrooted in a mount namespace of its own
+    /// (scripts/in-slurm-root): the Prolog's mounts (a job's own directory)
+    /// and its default node log are there. None on the host's release.
+    fn slurmd_in_root(&self, node: &str) -> Option<String> {
+        std::fs::read_to_string(self.dir.join(format!("run/slurmd.{node}.pid")))
+            .ok()
+            .filter(|_| self.dir.join("slurm-root").exists())
+            .map(|p| p.trim().to_string())
+    }
+
+    /// `path` as `node`'s programs see it (see [`Self::slurmd_in_root`]).
+    pub fn node_view(&self, node: &str, path: &Path) -> PathBuf {
+        match self.slurmd_in_root(node) {
+            Some(pid) => Path::new("/proc")
+                .join(pid)
+                .join("root")
+                .join(path.strip_prefix("/").unwrap_or(path)),
+            None => path.to_path_buf(),
+        }
+    }
+
     pub fn health_cmd(&self, config: &Path, node: &str) -> Command {
         let program = target().join("muxflow-health");
-        // Another release's cluster runs each slurmd chrooted in a mount
-        // namespace of its own (scripts/in-slurm-root), where the Prolog's
-        // mounts (a job's own directory) are: run the step there, as slurmd.
-        let slurmd = std::fs::read_to_string(self.dir.join(format!("run/slurmd.{node}.pid")))
-            .ok()
-            .filter(|_| self.dir.join("slurm-root").exists());
-        let mut cmd = match slurmd {
+        // On another release's cluster, in the node's slurmd namespace and
+        // root, as slurmd runs it.
+        let mut cmd = match self.slurmd_in_root(node) {
             Some(pid) => {
                 let mut c = self.cmd("nsenter");
-                c.args(["-t", pid.trim(), "-m", "-r", "--"]).arg(&program);
+                c.args(["-t", &pid, "-m", "-r", "--"]).arg(&program);
                 c
             }
             None => self.cmd(program.to_str().unwrap()),

@@ -117,13 +117,16 @@ fn node_side_misconfiguration_refuses_offline_work_and_drains_nothing() {
     assert!(c.output(online).contains("online-ran"));
     // The node programs said why where an administrator looks (slurmd drops
     // their stderr): the default node log, the config's own being unknown.
-    let default_log = muxflow::config::Paths::default().node_log;
-    let log = std::fs::read_to_string(default_log.as_path()).unwrap_or_default();
+    let default_log = c.node_view(
+        "node4",
+        muxflow::config::Paths::default().node_log.as_path(),
+    );
+    let log = std::fs::read_to_string(&default_log).unwrap_or_default();
     assert!(
         log.lines().any(|l| l.contains("policy.sm_floor")
             && l.contains(&format!("job {:?}", Some(online.to_string())))),
         "{}: {}",
-        default_log.as_path().display(),
+        default_log.display(),
         log.lines().rev().take(5).collect::<Vec<_>>().join("\n")
     );
     c.assert_no_drain();

@@ -17,7 +17,7 @@ const WAIT: Duration = Duration::from_secs(60);
 /// The offline job's xCUDA launch count (its stats file is rewritten
 /// every second); None before the first write.
 fn launches(c: &Cluster, config: &Path, node: &str, job: u32) -> Option<u64> {
-    let dir = c.node_state(config, node).xcuda_stats_dir(job);
+    let dir = c.node_view(node, &c.node_state(config, node).xcuda_stats_dir(job));
     let mut total = None;
     for e in std::fs::read_dir(&dir).ok()?.flatten() {
         if !e.file_name().to_string_lossy().starts_with("xcuda.") {
