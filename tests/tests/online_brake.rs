@@ -59,7 +59,7 @@ impl Drop for GpuModel {
 
 /// The offline job's xCUDA counters, summed over its processes.
 fn counters(c: &Cluster, config: &Path, job: u32) -> (u64, u64) {
-    let dir = c.node_state(config, NODE).xcuda_stats_dir(job);
+    let dir = c.node_view(NODE, &c.node_state(config, NODE).xcuda_stats_dir(job));
     let (mut launches, mut delayed) = (0, 0);
     for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
         if !e.file_name().to_string_lossy().starts_with("xcuda.") {
