@@ -46,7 +46,7 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
 /// Sum of xCUDA counter `key` over job `job`'s processes (stats files are
 /// rewritten every second); None before the first write.
 fn counter(c: &Cluster, config: &Path, job: u32, key: &str) -> Option<u64> {
-    let dir = c.node_state(config, NODE).xcuda_stats_dir(job);
+    let dir = c.node_view(NODE, &c.node_state(config, NODE).xcuda_stats_dir(job));
     let mut total = None;
     for e in std::fs::read_dir(&dir).ok()?.flatten() {
         if !e.file_name().to_string_lossy().starts_with("xcuda.") {
