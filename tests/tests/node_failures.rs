@@ -291,8 +291,13 @@ fn a_hung_slurmctld_costs_the_prolog_one_timeout_and_loses_no_job() {
     // Forget what was published, so this Prolog has something to send:
     // only now, as a health check that ran while slurmctld was still up
     // would have published it again (seen once on 24.11: the Prolog then
-    // had nothing to send).
-    let _ = std::fs::remove_file(ns.dir().join("node.json"));
+    // had nothing to send). Under the node lock: a health check that
+    // published just before the stop would otherwise save its record after
+    // this removal (seen in CI on 22.05: the Prolog then had nothing to send).
+    {
+        let _lock = ns.lock_node().unwrap();
+        let _ = std::fs::remove_file(ns.dir().join("node.json"));
+    }
     // The job's Prolog, as slurmd runs it, while slurmctld hangs.
     let mut prolog = c.cmd(target().join("muxflow-prolog").to_str().unwrap());
     prolog
