@@ -30,7 +30,10 @@ job_desc.spank_job_env. Then:
            ask with --gres=gpu:N): it would otherwise wait forever, fail
            when its tasks start, or run on less than asked; and --no-requeue
            (muxflow requeues an offline job when an online job lands on its
-           GPU). An offline job asking for N GPUs of its node (--gres=gpu:N,
+           GPU); and a job no GPU node could ever hold (more GPUs, CPUs or
+           memory on one node than any has: Slurm's own check does not see
+           the GPUs taken out below; the matcher writes the nodes' shapes
+           each round to SHAPE_FILE). An offline job asking for N GPUs of its node (--gres=gpu:N,
            --gpus=N) is recorded as `gpus=N` and placed as a gang of N slots
            of one node; each of its tasks gets one of them.
   online   The job keeps its gres/gpu request and is tagged in AdminComment so
@@ -208,6 +211,87 @@ local function offline_refusal(job_desc)
 	return nil
 end
 
+-- The cluster's shape, written by muxflow-matcher each round ([matcher]
+-- shape_file): per kind of GPU node, the most GPUs, CPUs and memory (MiB)
+-- one job can get there. slurmctld's environment may name another path.
+local SHAPE_FILE = os.getenv("MUXFLOW_SHAPE_FILE") or "/var/lib/muxflow/cluster-shape"
+-- Older than this (no matcher running): refuse nothing.
+local SHAPE_MAX_AGE_S = 900
+
+-- The shapes ({gpus, cpus, mem_mib} each), or nil when the file is
+-- missing, stale or holds none.
+local function cluster_shapes()
+	local f = io.open(SHAPE_FILE, "r")
+	if f == nil then
+		return nil
+	end
+	local shapes, written_at = {}, nil
+	for line in f:lines() do
+		local at = string.match(line, "^written_at=(%d+)$")
+		if at ~= nil then
+			written_at = tonumber(at)
+		end
+		local g, c, m = string.match(line, "^node gpus=(%d+) cpus=(%d+) mem_mib=(%d+)$")
+		if g ~= nil then
+			table.insert(shapes, { gpus = tonumber(g), cpus = tonumber(c), mem_mib = tonumber(m) })
+		end
+	end
+	f:close()
+	if written_at == nil or os.time() - written_at > SHAPE_MAX_AGE_S or #shapes == 0 then
+		return nil
+	end
+	return shapes
+end
+
+-- A count the job gave (not Slurm's "unset" values), or nil.
+local function given(v)
+	if v == nil or v == NO_VAL or v == NO_VAL16 or v <= 0 then
+		return nil
+	end
+	return v
+end
+
+-- CPUs and memory (MiB, 0: not asked) an offline job needs on its one node.
+local function offline_room(job_desc)
+	local tasks = given(job_desc.num_tasks) or 1
+	local cpus = (given(job_desc.cpus_per_task) or 1) * tasks
+	cpus = math.max(cpus, given(job_desc.min_cpus) or 0, given(job_desc.pn_min_cpus) or 0)
+	local mem = given(job_desc.min_mem_per_node)
+	if mem == nil and given(job_desc.min_mem_per_cpu) ~= nil then
+		mem = job_desc.min_mem_per_cpu * cpus
+	end
+	return cpus, mem or 0
+end
+
+-- Why no node could ever hold this offline job (its GPUs, CPUs and memory
+-- on one node), or nil: Slurm no longer sees its GPU request, so its own
+-- check at submit does not cover it.
+local function never_placeable(job_desc, gpus)
+	local shapes = cluster_shapes()
+	if shapes == nil then
+		return nil
+	end
+	local cpus, mem = offline_room(job_desc)
+	local have = {}
+	for i, s in ipairs(shapes) do
+		if gpus <= s.gpus and cpus <= s.cpus and mem <= s.mem_mib then
+			return nil
+		end
+		if i <= 4 then
+			table.insert(have, string.format("%d GPUs, %d CPUs and %d MiB", s.gpus, s.cpus, s.mem_mib))
+		end
+	end
+	return string.format(
+		"no node of this cluster can ever hold this offline job: it asks for %d GPU(s), %d CPU(s) and %d MiB "
+			.. "on one node (an offline job runs on one node), and the GPU nodes offer at most %s. "
+			.. "Ask for less (--gres=gpu:N, -c, -n, --mem), or submit without --muxflow",
+		gpus,
+		cpus,
+		mem,
+		table.concat(have, "; or ")
+	)
+end
+
 -- Fields of a job that slurmctld prints in `scontrol show job`, where a
 -- line break (or another control character) would imitate Slurm's own
 -- lines, which the muxflow Prolog reads (its placement, its offline slots).
@@ -296,6 +380,11 @@ function muxflow_job_submit(job_desc)
 		end
 		-- Read before the GPU request is dropped below.
 		local gpus = offline_gpus(job_desc)
+		local never = never_placeable(job_desc, gpus)
+		if never ~= nil then
+			slurm.log_user("muxflow: %s", never)
+			return slurm.ERROR
+		end
 		local others = without_gpu(job_desc.tres_per_node)
 		if PARK_OFFLINE then
 			-- Slurm's Lua binding takes strings only: "" clears the request.

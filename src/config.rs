@@ -497,6 +497,10 @@ pub struct Matcher {
     /// candidate graph, which makes its matching of 1-GPU jobs exact over
     /// every feasible (job, GPU) pair; 0: exact on the candidates only.
     pub pricing_budget_ms: u64,
+    /// Where each round writes the largest offline job each kind of GPU
+    /// node can hold, for job_submit.lua to refuse at submit what no node
+    /// ever could (its `MUXFLOW_SHAPE_FILE`, same default).
+    pub shape_file: AbsPath,
 }
 
 impl Default for Matcher {
@@ -508,6 +512,7 @@ impl Default for Matcher {
             history_days: 30,
             command_timeout_s: 30,
             pricing_budget_ms: 5000,
+            shape_file: abs("/var/lib/muxflow/cluster-shape"),
         }
     }
 }

@@ -102,7 +102,7 @@ impl Waiting {
                 "the GPUs it could use went to jobs predicted to run faster there"
             }
             Waiting::OlderJobsFirst => {
-                "waiting behind other held offline jobs (a round scores each user's oldest first)"
+                "waiting behind other held offline jobs (a round scores users in turns, each its oldest first)"
             }
             Waiting::NodeRoom => {
                 "waiting for a node with a free GPU and the CPUs and memory it asked for"

@@ -59,6 +59,7 @@ pub mod reference;
 pub mod round;
 pub mod round_cache;
 pub mod service;
+pub mod shape;
 pub mod slots;
 pub mod slurm;
 pub mod solver;

@@ -336,9 +336,20 @@ fn round(
     dry_run: bool,
 ) -> anyhow::Result<Plan> {
     let names = Names::from_config(&config.slurm);
-    let state = slurm
+    let (state, shapes) = slurm
         .read_state(&names)
         .context("reading jobs and nodes from Slurm")?;
+    if !dry_run {
+        let path = config.matcher.shape_file.as_path();
+        // Submissions are only checked less: nothing else depends on it.
+        if let Err(e) =
+            muxflow_matcher::shape::write(path, &shapes, muxflow::sm_page::now_ms() / 1000)
+        {
+            tracing::warn!(
+                "{e:#}; job_submit.lua refuses no never-placeable job until it is written"
+            );
+        }
+    }
     for note in &state.notes {
         tracing::warn!("{note}");
     }

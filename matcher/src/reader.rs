@@ -635,6 +635,11 @@ pub struct ClusterState {
     /// with `_Memory`): jobs placed on one node in one round must fit its
     /// free memory together, not just each alone.
     pub memory_consumable: bool,
+    /// Slurm's fair-share factor of each user (`sshare`, 0–1; higher: more
+    /// owed), which orders users in the round; empty where Slurm computes
+    /// none (priority/basic) or it could not be read: users by their
+    /// oldest job.
+    pub fair_share: BTreeMap<String, f64>,
 }
 
 impl ClusterState {

@@ -48,7 +48,8 @@
 //!
 //! A round scores every job that holds a hint and held jobs up to
 //! [`HELD_JOBS_PER_OPEN_GPU`] per open GPU ([`considered_jobs`]), a user at
-//! a time (each user's oldest first), leaving out jobs no node with an open
+//! a time (users take turns, each its oldest first; the user Slurm's fair
+//! share owes most goes first in each turn), leaving out jobs no node with an open
 //! GPU could take this round: a long queue costs no scoring time beyond
 //! what can be placed, and one user's queue, placeable or not, does not
 //! keep another user's jobs out. The rest wait, each with a line saying
@@ -82,6 +83,7 @@
 //! line: "exact over every pair"). Both formats are stable (fields are
 //! only added).
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
@@ -343,53 +345,60 @@ pub const HELD_JOBS_PER_OPEN_GPU: usize = 4;
 /// need parking), and held jobs up to [`HELD_JOBS_PER_OPEN_GPU`] × open
 /// slots among those `placeable` says could go somewhere this round, taken
 /// a user at a time: each user's oldest, then each user's second oldest, …
-/// (users in the order of their oldest job), so one user's long queue does
-/// not keep every other user's jobs out of the round. Held jobs that could
-/// not be placed (more GPUs, CPUs or memory than any node with an open GPU
-/// offers) take no place in the window, and come back second. Indices into
-/// `pending`, ascending.
+/// so one user's long queue does not keep every other user's jobs out of
+/// the round. Users go in the order Slurm's fair share owes them
+/// (`fair_share`, highest first; users it has no factor for after those),
+/// then of their oldest job. Held jobs that could not be placed (more
+/// GPUs, CPUs or memory than any node with an open GPU offers) take no
+/// place in the window, and come back second. Indices into `pending` in
+/// that turn order (a hinted job takes its user's turn but no place in the
+/// window), which is also the solver's: among jobs predicted as fast, the earlier in it
+/// wins, so equal jobs of several users share a round's placements turn
+/// by turn rather than going to the oldest ids.
 pub fn considered_jobs(
     pending: &[PendingJob],
     open_slots: usize,
+    fair_share: &BTreeMap<String, f64>,
     placeable: impl Fn(&PendingJob) -> bool,
 ) -> (Vec<usize>, Vec<usize>) {
     let window = open_slots.saturating_mul(HELD_JOBS_PER_OPEN_GPU);
     let mut out = Vec::with_capacity(pending.len().min(window + 64));
     let mut unplaceable = Vec::new();
-    // Each user's placeable held jobs, oldest first; users by first job.
+    // Each user's jobs, oldest first (hinted ones too: they take their turn
+    // but no place in the window); users by first job.
     let mut by_user: Vec<(&str, Vec<usize>)> = Vec::new();
     let mut user_at: std::collections::HashMap<&str, usize> = Default::default();
     for (i, j) in pending.iter().enumerate() {
-        if !j.held {
-            out.push(i);
-        } else if !placeable(j) {
+        if j.held && !placeable(j) {
             unplaceable.push(i);
-        } else {
-            let k = *user_at.entry(j.user.as_str()).or_insert_with(|| {
-                by_user.push((j.user.as_str(), Vec::new()));
-                by_user.len() - 1
-            });
-            by_user[k].1.push(i);
+            continue;
         }
+        let k = *user_at.entry(j.user.as_str()).or_insert_with(|| {
+            by_user.push((j.user.as_str(), Vec::new()));
+            by_user.len() - 1
+        });
+        by_user[k].1.push(i);
     }
+    // Stable: users with equal (or no) factors keep their oldest-job order.
+    let owed = |user: &str| fair_share.get(user).copied().unwrap_or(f64::NEG_INFINITY);
+    by_user.sort_by(|a, b| owed(b.0).total_cmp(&owed(a.0)));
     let mut taken = 0;
-    'rounds: for depth in 0.. {
+    for depth in 0.. {
         let mut any = false;
         for (_, jobs) in &by_user {
-            if let Some(&i) = jobs.get(depth) {
-                if taken == window {
-                    break 'rounds;
-                }
+            let Some(&i) = jobs.get(depth) else { continue };
+            any = true;
+            if !pending[i].held {
+                out.push(i);
+            } else if taken < window {
                 out.push(i);
                 taken += 1;
-                any = true;
             }
         }
         if !any {
             break;
         }
     }
-    out.sort_unstable();
     (out, unplaceable)
 }
 
@@ -597,6 +606,7 @@ fn plan_with<P: Predictor>(
     let (considered, unplaceable) = considered_jobs(
         &state.pending,
         free.iter().map(|&f| f as usize).sum(),
+        &state.fair_share,
         |j| reach.short_of(j).is_none(),
     );
     let waiting = state.pending.len() - considered.len();
@@ -1100,7 +1110,7 @@ fn plan_with<P: Predictor>(
                 NO_CANDIDATE.to_string()
             } else {
                 format!(
-                    "waiting: held jobs of this and other users fill this round ({HELD_JOBS_PER_OPEN_GPU} per open GPU are scored, each user's oldest first)"
+                    "waiting: held jobs of this and other users fill this round ({HELD_JOBS_PER_OPEN_GPU} per open GPU are scored, users take turns, each its oldest first, the one Slurm's fair share owes most first)"
                 )
             },
             waiting: Some(if no_open_gpu {
@@ -1112,6 +1122,8 @@ fn plan_with<P: Predictor>(
         });
     }
 
+    // The table by job id, whatever turn order the round scored them in.
+    decisions.sort_by_key(|d| d.job);
     // Bound the Slurm calls: parks first, then the fastest placements.
     let mut order: Vec<usize> = (0..decisions.len())
         .filter(|&i| decisions[i].update.is_some())
@@ -1847,6 +1859,61 @@ mod tests {
         assert_eq!(p.summary.waiting, 41 - HELD_JOBS_PER_OPEN_GPU);
     }
 
+    /// Who a round places among equal jobs: 10 of `u` submitted first,
+    /// then 2 of `other`, on `gpus` GPUs.
+    fn placed_users(gpus: usize, fair_share: &[(&str, f64)]) -> Vec<String> {
+        let state = ClusterState {
+            gpus: ["a", "b", "c"][..gpus]
+                .iter()
+                .map(|n| gpu(n, HealthState::Healthy, 10, 4_000, false))
+                .collect(),
+            pending: (1..=10)
+                .map(|id| job(id, "x", true, "", None))
+                .chain((11..=12).map(|id| PendingJob {
+                    user: "other".into(),
+                    ..job(id, "x", true, "", None)
+                }))
+                .collect(),
+            fair_share: fair_share
+                .iter()
+                .map(|&(u, f)| (u.to_string(), f))
+                .collect(),
+            ..ClusterState::default()
+        };
+        let cfg = muxflow::Config::default();
+        let p = plan(&state, &model(), &cfg.policy, &cfg.matcher, &names());
+        p.decisions
+            .iter()
+            .filter(|d| d.action == Action::Place)
+            .map(|d| d.user.clone())
+            .collect()
+    }
+
+    #[test]
+    fn equal_jobs_of_two_users_share_a_round_turn_by_turn() {
+        // Not the two oldest (both u's): one each; then u again.
+        assert_eq!(placed_users(2, &[]), ["u", "other"]);
+        assert_eq!(
+            placed_users(2, &[("u", 0.5), ("other", 0.5)]),
+            ["u", "other"]
+        );
+        assert_eq!(placed_users(3, &[]), ["u", "u", "other"]);
+    }
+
+    #[test]
+    fn the_user_slurms_fair_share_owes_most_goes_first() {
+        // `other` is owed more: its job takes the one GPU though younger,
+        // and it has the extra turn on three; a user with no factor goes
+        // after those with one.
+        assert_eq!(placed_users(1, &[("u", 0.1), ("other", 0.9)]), ["other"]);
+        assert_eq!(placed_users(1, &[("other", 0.2)]), ["other"]);
+        assert_eq!(placed_users(1, &[("u", 0.9), ("other", 0.1)]), ["u"]);
+        assert_eq!(
+            placed_users(3, &[("u", 0.1), ("other", 0.9)]),
+            ["u", "other", "other"]
+        );
+    }
+
     #[test]
     fn jobs_no_node_can_take_do_not_fill_the_window() {
         // One open GPU on a node with 3 CPUs free: 40 older jobs asking for
@@ -1899,8 +1966,12 @@ mod tests {
         let want: Vec<u32> = (1..=HELD_JOBS_PER_OPEN_GPU as u32).chain([99]).collect();
         assert_eq!(scored, want);
         assert_eq!(p.decisions.len(), 41, "a line for every pending job");
-        assert!(p.decisions[HELD_JOBS_PER_OPEN_GPU + 1..]
+        // The table is by job id.
+        assert!(p.decisions.windows(2).all(|w| w[0].job < w[1].job));
+        assert!(p
+            .decisions
             .iter()
+            .filter(|d| d.job > HELD_JOBS_PER_OPEN_GPU as u32 && d.job != 99)
             .all(|d| d.action == Action::None && d.update.is_none()));
         assert_eq!(p.summary.waiting, 40 - HELD_JOBS_PER_OPEN_GPU);
         assert_eq!(p.summary.pending_offline, 41);
@@ -2344,7 +2415,8 @@ mod tests {
                 };
                 // The dense optimum of the round: its jobs on its open GPUs.
                 let open: Vec<usize> = state.open_gpus(1).map(|(i, _)| i).collect();
-                let (window, _) = considered_jobs(&state.pending, open.len(), |_| true);
+                let (window, _) =
+                    considered_jobs(&state.pending, open.len(), &state.fair_share, |_| true);
                 let mut edges = Vec::new();
                 for (j, p) in window.iter().map(|&i| &state.pending[i]).enumerate() {
                     for (c, &g) in open.iter().enumerate() {

@@ -9,6 +9,7 @@
 //! memory is a consumable resource comes from `scontrol show config`
 //! (`SelectTypeParameters`), asked once like the release.
 
+use std::collections::BTreeMap;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -33,18 +34,34 @@ pub struct SlurmCli {
     client: SlurmClient,
     /// (major, minor) of the Slurm the commands belong to, asked once.
     release: OnceLock<(u32, u32)>,
-    /// `SelectTypeParameters` names memory (`CR_Core_Memory`, …), asked once.
-    memory_consumable: OnceLock<bool>,
+    /// What the round reads of slurm.conf, asked once.
+    config_facts: OnceLock<ConfigFacts>,
 }
 
-/// Whether `scontrol show config` text makes memory consumable: its
-/// `SelectTypeParameters` names `MEMORY` (`CR_CPU_Memory`, `CR_Memory`…).
-fn memory_consumable(config: &str) -> bool {
-    config.lines().any(|line| {
-        line.split_once('=').is_some_and(|(k, v)| {
-            k.trim() == "SelectTypeParameters" && v.to_ascii_uppercase().contains("MEMORY")
-        })
-    })
+/// What the round needs of `scontrol show config`, read once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ConfigFacts {
+    /// `SelectTypeParameters` names `MEMORY` (`CR_CPU_Memory`,
+    /// `CR_Memory`…): memory is a consumable resource.
+    memory_consumable: bool,
+    /// `PriorityType` is priority/multifactor: Slurm computes fair share
+    /// (under priority/basic `sshare` prints factors that mean nothing).
+    fair_share: bool,
+}
+
+impl ConfigFacts {
+    fn of(config: &str) -> ConfigFacts {
+        let value = |key: &str| {
+            config.lines().find_map(|line| {
+                let (k, v) = line.split_once('=')?;
+                (k.trim() == key).then(|| v.trim().to_ascii_lowercase())
+            })
+        };
+        ConfigFacts {
+            memory_consumable: value("SelectTypeParameters").is_some_and(|v| v.contains("memory")),
+            fair_share: value("PriorityType").is_some_and(|v| v == "priority/multifactor"),
+        }
+    }
 }
 
 /// (major, minor) from `scontrol --version`: `slurm 24.11.5`,
@@ -63,7 +80,7 @@ impl SlurmCli {
                 Duration::from_secs(config.matcher.command_timeout_s),
             ),
             release: OnceLock::new(),
-            memory_consumable: OnceLock::new(),
+            config_facts: OnceLock::new(),
         }
     }
 
@@ -78,7 +95,12 @@ impl SlurmCli {
     }
 
     /// Jobs and nodes, as one [`ClusterState`].
-    pub fn read_state(&self, names: &Names) -> Result<ClusterState, SlurmError> {
+    /// The round's state, and the cluster's shape ([`crate::shape`]) from
+    /// the same node listing.
+    pub fn read_state(
+        &self,
+        names: &Names,
+    ) -> Result<(ClusterState, Vec<crate::shape::NodeShape>), SlurmError> {
         // 22.05's `squeue --json` ignores filters: ask for everything once.
         let jobs = reader::parse_squeue(&self.client.command("squeue", &["--json"])?)?;
         let nodes = match reader::release_json(self.release()?).nodes {
@@ -88,19 +110,36 @@ impl SlurmCli {
         };
         let nodes = reader::parse_sinfo(&nodes)?;
         let mut state = ClusterState::build(&jobs, &nodes, names);
-        state.memory_consumable = self.memory_consumable()?;
-        Ok(state)
+        let facts = self.config_facts()?;
+        state.memory_consumable = facts.memory_consumable;
+        if facts.fair_share {
+            state.fair_share = self.fair_share();
+        }
+        Ok((state, crate::shape::shapes(&nodes)))
     }
 
-    /// Slurm counts memory as a consumable resource (asked once).
-    fn memory_consumable(&self) -> Result<bool, SlurmError> {
-        if let Some(m) = self.memory_consumable.get() {
-            return Ok(*m);
+    /// Each user's fair-share factor; empty when `sshare` fails: the round
+    /// then orders users by their oldest job.
+    fn fair_share(&self) -> BTreeMap<String, f64> {
+        match self
+            .client
+            .command("sshare", &["-a", "-n", "-P", "-o", "User,FairShare"])
+        {
+            Ok(out) => parse_fair_share(&out),
+            Err(e) => {
+                tracing::debug!("sshare: {e}; users ordered by their oldest job");
+                BTreeMap::new()
+            }
+        }
+    }
+
+    /// What the round reads of slurm.conf (asked once).
+    fn config_facts(&self) -> Result<ConfigFacts, SlurmError> {
+        if let Some(f) = self.config_facts.get() {
+            return Ok(*f);
         }
         let config = self.client.scontrol(&["show", "config"])?;
-        Ok(*self
-            .memory_consumable
-            .get_or_init(|| memory_consumable(&config)))
+        Ok(*self.config_facts.get_or_init(|| ConfigFacts::of(&config)))
     }
 
     /// Offline runs of the last `days` days from sacct.
@@ -217,9 +256,35 @@ fn parse_job_users(out: &str) -> std::collections::HashMap<u32, String> {
         .collect()
 }
 
+/// `sshare -a -n -P -o User,FairShare` lines as user → factor: account
+/// lines (no user) and unparsable factors are skipped; a user under several
+/// accounts keeps the highest (what it is owed somewhere).
+fn parse_fair_share(out: &str) -> BTreeMap<String, f64> {
+    let mut users = BTreeMap::new();
+    for (user, factor) in out.lines().filter_map(|l| {
+        let (user, factor) = l.trim().split_once('|')?;
+        let factor: f64 = factor.trim().parse().ok()?;
+        let user = user.trim();
+        (!user.is_empty() && factor.is_finite()).then(|| (user.to_string(), factor))
+    }) {
+        let at = users.entry(user).or_insert(factor);
+        *at = f64::max(*at, factor);
+    }
+    users
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fair_share_lines() {
+        let out = "|1.000000\nalice|0.250000\nbob|0.750000\n|0.5\nalice|0.5\neve|\nmallory|nan\n";
+        let got = parse_fair_share(out);
+        let want: BTreeMap<String, f64> =
+            [("alice".to_string(), 0.5), ("bob".to_string(), 0.75)].into();
+        assert_eq!(got, want);
+    }
 
     #[test]
     fn releases_from_scontrol_version() {
@@ -272,6 +337,7 @@ esac
         let config = |v: &str| {
             format!("SLUID = x\nSelectType              = select/cons_tres\nSelectTypeParameters    = {v}\nSlurmUser = slurm(64030)\n")
         };
+        let memory_consumable = |c: &str| ConfigFacts::of(c).memory_consumable;
         assert!(!memory_consumable(&config("CR_CORE")));
         assert!(!memory_consumable(&config("CR_CPU,CR_ONE_TASK_PER_CORE")));
         assert!(memory_consumable(&config("CR_CORE_MEMORY")));
@@ -281,6 +347,15 @@ esac
             !memory_consumable("SelectType = select/linear\n"),
             "not named: not counted"
         );
+    }
+
+    #[test]
+    fn fair_share_is_read_only_where_slurm_computes_it() {
+        let fair =
+            |v: &str| ConfigFacts::of(&format!("PriorityType            = {v}\n")).fair_share;
+        assert!(fair("priority/multifactor"));
+        assert!(!fair("priority/basic"));
+        assert!(!ConfigFacts::of("SelectType = select/cons_tres\n").fair_share);
     }
 
     #[test]

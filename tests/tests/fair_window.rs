@@ -3,7 +3,8 @@
 //! round's window (4 per open GPU) that can never be placed (three GPUs on
 //! one node, where nodes have two) come first in the queue; another user's
 //! placeable job still gets a GPU in the next round, and the unplaceable
-//! ones say why they wait (`free_node`).
+//! ones say why they wait (`free_node`). (With the matcher running such
+//! jobs are refused at submit: tests/submit_shape.rs.)
 
 use muxflow_tests::{decision, CancelNamed, Cluster};
 
@@ -21,6 +22,10 @@ fn unplaceable_jobs_of_one_user_do_not_hold_the_round_for_another() {
         }
     }
     let script = "#!/bin/sh\nexec sleep 300\n";
+    // Submitted while no matcher wrote the cluster's shape (it was down),
+    // job_submit.lua cannot refuse them (tests/submit_shape.rs): they reach
+    // the queue. The round below writes it again.
+    let _ = std::fs::remove_file(c.dir.join("var/lib/muxflow/cluster-shape"));
     // 8 open GPUs: a window of 32 held jobs; 40 that can never go anywhere.
     let blockers: Vec<u32> = (0..40)
         .map(|i| {
