@@ -214,7 +214,7 @@ end
 -- The cluster's shape, written by muxflow-matcher each round ([matcher]
 -- shape_file): per kind of GPU node, the most GPUs, CPUs and memory (MiB)
 -- one job can get there. slurmctld's environment may name another path.
-local SHAPE_FILE = os.getenv("MUXFLOW_SHAPE_FILE") or "/var/lib/muxflow/cluster-shape"
+local SHAPE_FILE = os.getenv("MUXFLOW_SHAPE_FILE") or "/var/lib/muxflow-matcher/cluster-shape"
 -- Older than this (no matcher running): refuse nothing.
 local SHAPE_MAX_AGE_S = 900
 

@@ -512,7 +512,7 @@ impl Default for Matcher {
             history_days: 30,
             command_timeout_s: 30,
             pricing_budget_ms: 5000,
-            shape_file: abs("/var/lib/muxflow/cluster-shape"),
+            shape_file: abs("/var/lib/muxflow-matcher/cluster-shape"),
         }
     }
 }

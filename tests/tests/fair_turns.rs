@@ -25,7 +25,11 @@ fn one_users_long_queue_does_not_take_the_whole_round() {
     let submit = |user: &str, name: &str| {
         c.sbatch_as(
             user,
-            &["--muxflow=offline", "--job-name", &format!("{PREFIX}{name}")],
+            &[
+                "--muxflow=offline",
+                "--job-name",
+                &format!("{PREFIX}{name}"),
+            ],
             script,
         )
         .unwrap()

@@ -25,7 +25,7 @@ fn unplaceable_jobs_of_one_user_do_not_hold_the_round_for_another() {
     // Submitted while no matcher wrote the cluster's shape (it was down),
     // job_submit.lua cannot refuse them (tests/submit_shape.rs): they reach
     // the queue. The round below writes it again.
-    let _ = std::fs::remove_file(c.dir.join("var/lib/muxflow/cluster-shape"));
+    let _ = std::fs::remove_file(c.dir.join("var/lib/muxflow-matcher/cluster-shape"));
     // 8 open GPUs: a window of 32 held jobs; 40 that can never go anywhere.
     let blockers: Vec<u32> = (0..40)
         .map(|i| {

@@ -46,7 +46,7 @@ fn cancel(c: &Cluster, id: u32) {
 #[test]
 fn an_offline_job_no_node_could_ever_hold_is_refused_at_submit() {
     let c = Cluster::get();
-    let file = c.dir.join("var/lib/muxflow/cluster-shape");
+    let file = c.dir.join("var/lib/muxflow-matcher/cluster-shape");
     let _ = std::fs::remove_file(&file);
     // No shape yet (no matcher round): nothing is refused on its account.
     let id = submit(&c, &["--gres=gpu:9"]).expect("refused without a shape file");
