@@ -223,13 +223,37 @@ fn expand_files(spec: &str) -> Vec<String> {
     out
 }
 
+/// Where a gres.conf `File=` leads: links followed (up to 8; a slot beyond
+/// a GPU's first names a link to its device file, etc/gres-muxflow), the
+/// path itself where it is no link or cannot be read.
+pub fn device_behind(path: &str) -> String {
+    let mut p = PathBuf::from(path);
+    for _ in 0..8 {
+        match std::fs::read_link(&p) {
+            Ok(target) if target.is_absolute() => p = target,
+            Ok(target) => p = p.parent().unwrap_or(Path::new("/")).join(target),
+            Err(_) => break,
+        }
+    }
+    p.display().to_string()
+}
+
 /// gres.conf: every GPU file of `node` has exactly `per_gpu` `offline_gres`
-/// slots (`[policy] offline_per_gpu`: the typed line repeated) typed `g<i>`
-/// bound to the same file.
-pub fn check_gres(text: &str, node: &str, offline_gres: &str, per_gpu: u8) -> Check {
+/// slots (`[policy] offline_per_gpu`) typed `g<i>`, each naming a file
+/// that is the GPU's or leads to it (`resolve`: [`device_behind`]), no
+/// file named twice: Slurm 26.05's slurmd refuses that ("duplicate device
+/// file name"), so slots beyond the first name links.
+pub fn check_gres(
+    text: &str,
+    node: &str,
+    offline_gres: &str,
+    per_gpu: u8,
+    resolve: impl Fn(&str) -> String,
+) -> Check {
     const NAME: &str = "gres.conf";
     let mut gpus: Vec<String> = Vec::new();
-    let mut slots: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    // GPU file -> (type, file named) of each slot record leading there.
+    let mut slots: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
     for line in text.lines() {
         let line = line.split('#').next().unwrap_or("").trim();
         let kv: BTreeMap<String, String> = line
@@ -248,7 +272,7 @@ pub fn check_gres(text: &str, node: &str, offline_gres: &str, per_gpu: u8) -> Ch
             Some(n) if n == offline_gres => {
                 let ty = kv.get("type").cloned().unwrap_or_default();
                 for f in files {
-                    slots.entry(f).or_default().push(ty.clone());
+                    slots.entry(resolve(&f)).or_default().push((ty.clone(), f));
                 }
             }
             _ => {}
@@ -261,24 +285,38 @@ pub fn check_gres(text: &str, node: &str, offline_gres: &str, per_gpu: u8) -> Ch
             "list the GPUs (etc/gres-muxflow prints the lines)",
         );
     }
+    let generator = format!(
+        "etc/gres-muxflow --per-gpu {per_gpu} --make-links prints them and makes the links"
+    );
     for (i, file) in gpus.iter().enumerate() {
         let want = format!("g{i}");
-        match slots.get(file).map(Vec::as_slice) {
-            Some(types) if types.len() == usize::from(per_gpu) && types.iter().all(|t| *t == want) => {}
-            Some(types) if !types.is_empty() => {
-                return Check::fail(
-                    NAME,
-                    format!("{file}: {offline_gres} slots typed {types:?}, expected {per_gpu} typed {want} ([policy] offline_per_gpu = {per_gpu})"),
-                    format!("keep {per_gpu} identical line(s) `Name={offline_gres} Type={want} File={file}` (etc/gres-muxflow --per-gpu {per_gpu} prints them)"),
-                )
-            }
-            _ => {
-                return Check::fail(
-                    NAME,
-                    format!("GPU {i} ({file}) has no {offline_gres} slot"),
-                    format!("add `Name={offline_gres} Type={want} File={file}` (etc/gres-muxflow prints the lines)"),
-                )
-            }
+        let records = slots
+            .get(&resolve(file))
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let types: Vec<&str> = records.iter().map(|(t, _)| t.as_str()).collect();
+        if records.is_empty() {
+            return Check::fail(
+                NAME,
+                format!("GPU {i} ({file}) has no {offline_gres} slot"),
+                format!("add `Name={offline_gres} Type={want} File={file}` (etc/gres-muxflow prints the lines)"),
+            );
+        }
+        if types.len() != usize::from(per_gpu) || types.iter().any(|t| *t != want) {
+            return Check::fail(
+                NAME,
+                format!("{file}: {offline_gres} slots typed {types:?}, expected {per_gpu} typed {want} ([policy] offline_per_gpu = {per_gpu})"),
+                format!("give GPU {i} {per_gpu} `Name={offline_gres} Type={want}` line(s), the first `File={file}`, the others links to it ({generator})"),
+            );
+        }
+        let mut named: Vec<&str> = records.iter().map(|(_, f)| f.as_str()).collect();
+        named.sort_unstable();
+        if let Some(twice) = named.windows(2).find(|w| w[0] == w[1]) {
+            return Check::fail(
+                NAME,
+                format!("{file}: {} is named by several {offline_gres} lines, which Slurm 26.05 refuses (\"duplicate device file name\": slurmd exits)", twice[0]),
+                format!("name a link to {file} in each slot line beyond the first ({generator})"),
+            );
         }
     }
     Check::ok(
@@ -468,6 +506,7 @@ pub fn run(config: &Config, node: &str, slurm_conf: &Path, slurmd_v: &str) -> Ve
             node,
             &config.slurm.offline_gres,
             config.policy.offline_per_gpu,
+            device_behind,
         ),
         Err(e) => Check::fail(
             "gres.conf",
@@ -737,12 +776,36 @@ mod tests {
 
     const GOOD_GRES: &str = "Name=gpu File=/dev/nvidia[0-1]\nName=mfslot Type=g0 File=/dev/nvidia0\nName=mfslot Type=g1 File=/dev/nvidia1\n";
 
+    /// Links as etc/gres-muxflow makes them: `<dir>/s<k>/nvidia<i>` leads
+    /// to `/dev/nvidia<i>`.
+    fn links(f: &str) -> String {
+        match f.rsplit_once("/nvidia") {
+            Some((dir, i)) if dir.contains("/s") && !dir.starts_with("/dev") => {
+                format!("/dev/nvidia{i}")
+            }
+            _ => f.to_string(),
+        }
+    }
+
     #[test]
-    fn gres_conf_one_slot_per_gpu_on_its_device() {
-        let two = "Name=gpu File=/dev/nvidia[0-1]\nName=mfslot Type=g0 File=/dev/nvidia0\nName=mfslot Type=g0 File=/dev/nvidia0\nName=mfslot Type=g1 File=/dev/nvidia1\nName=mfslot Type=g1 File=/dev/nvidia1\n";
+    fn gres_conf_slots_per_gpu_on_its_device() {
+        let two = "Name=gpu File=/dev/nvidia[0-1]\nName=mfslot Type=g0 File=/dev/nvidia0\nName=mfslot Type=g0 File=/etc/slurm/muxflow-slots/s2/nvidia0\nName=mfslot Type=g1 File=/dev/nvidia1\nName=mfslot Type=g1 File=/etc/slurm/muxflow-slots/s2/nvidia1\n";
+        let identical = "Name=gpu File=/dev/nvidia[0-1]\nName=mfslot Type=g0 File=/dev/nvidia0\nName=mfslot Type=g0 File=/dev/nvidia0\nName=mfslot Type=g1 File=/dev/nvidia1\nName=mfslot Type=g1 File=/dev/nvidia1\n";
         let rows = [
             ("the pattern", GOOD_GRES, 1, None),
-            ("two slots per GPU: the line twice", two, 2, None),
+            ("two slots per GPU: the second a link", two, 2, None),
+            (
+                "two slots per GPU naming one file twice (slurmd 26.05 exits)",
+                identical,
+                2,
+                Some("/dev/nvidia0 is named by several mfslot lines"),
+            ),
+            (
+                "a link to the other GPU",
+                "Name=gpu File=/dev/nvidia[0-1]\nName=mfslot Type=g0 File=/dev/nvidia0\nName=mfslot Type=g0 File=/x/s2/nvidia1\nName=mfslot Type=g1 File=/dev/nvidia1\nName=mfslot Type=g1 File=/x/s2/nvidia0\n",
+                2,
+                Some("expected 2 typed g0"),
+            ),
             (
                 "one line where two are configured",
                 GOOD_GRES,
@@ -781,7 +844,7 @@ mod tests {
             ),
         ];
         for (name, text, per_gpu, want) in rows {
-            let c = check_gres(text, "n1", "mfslot", per_gpu);
+            let c = check_gres(text, "n1", "mfslot", per_gpu, links);
             match want {
                 None => assert!(c.fix.is_none(), "{name}: {}", c.line()),
                 Some(w) => assert!(
@@ -793,18 +856,46 @@ mod tests {
         }
     }
 
-    /// The shipped generator writes what the check accepts, for any count.
+    #[test]
+    fn a_slot_file_leads_through_its_links() {
+        let dir = tempfile::tempdir().unwrap();
+        let dev = dir.path().join("nvidia0");
+        std::fs::write(&dev, "").unwrap();
+        std::fs::create_dir(dir.path().join("s2")).unwrap();
+        let link = dir.path().join("s2/nvidia0");
+        std::os::unix::fs::symlink("../nvidia0", &link).unwrap();
+        let again = dir.path().join("s3");
+        std::os::unix::fs::symlink(&link, &again).unwrap();
+        let want = dir.path().join("s2/../nvidia0");
+        assert_eq!(
+            device_behind(again.to_str().unwrap()),
+            want.display().to_string()
+        );
+        assert_eq!(
+            device_behind(dev.to_str().unwrap()),
+            dev.display().to_string()
+        );
+        assert_eq!(device_behind("/nonexistent/x"), "/nonexistent/x");
+    }
+
+    /// The shipped generator writes what the check accepts, for any count,
+    /// and its links lead to the GPUs' files.
     #[test]
     fn the_gres_generator_satisfies_the_check() {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../etc/gres-muxflow");
+        let dir = tempfile::tempdir().unwrap();
+        let slot_dir = dir.path().join("slots");
         for (count, per_gpu) in [("1", 1), ("3", 1), ("16", 1), ("2", 2), ("3", 4)] {
             let out = std::process::Command::new(&script)
-                .args(["--node", "n1", "--per-gpu", &per_gpu.to_string(), count])
+                .args(["--node", "n1", "--per-gpu", &per_gpu.to_string()])
+                .arg("--slot-dir")
+                .arg(&slot_dir)
+                .args(["--make-links", count])
                 .output()
                 .unwrap();
             assert!(out.status.success(), "{count}");
             let text = String::from_utf8(out.stdout).unwrap();
-            let c = check_gres(&text, "n1", "mfslot", per_gpu);
+            let c = check_gres(&text, "n1", "mfslot", per_gpu, device_behind);
             assert!(c.fix.is_none(), "{count}: {}\n{text}", c.line());
             assert!(
                 c.detail.starts_with(&format!("{count} GPUs")),
