@@ -44,6 +44,10 @@ pub mod cu {
                 "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
                 "operation failed due to a previous error during capture",
             ),
+            GRAPH_EXEC_UPDATE_FAILURE => (
+                "CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE",
+                "the graph update was not performed because it included changes which violated constraints specific to instantiated graph update",
+            ),
             UNKNOWN => ("CUDA_ERROR_UNKNOWN", "unknown error"),
             _ => return None,
         })

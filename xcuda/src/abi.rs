@@ -121,6 +121,7 @@ pub mod cu {
     pub const MPS_CONNECTION_FAILED: u32 = 805;
     pub const MPS_CLIENT_TERMINATED: u32 = 810;
     pub const STREAM_CAPTURE_INVALIDATED: u32 = 901;
+    pub const GRAPH_EXEC_UPDATE_FAILURE: u32 = 910;
     pub const UNKNOWN: u32 = 999;
 }
 
@@ -137,7 +138,7 @@ pub mod cu {
 /// params)`, `graph_free(graph, ptr)`, `capture_begin(stream, per-thread)`,
 /// `capture_begin_to(stream, graph, per-thread)`, `capture_end(stream,
 /// graph out, per-thread)`, `instantiate(exec out, graph)`,
-/// `graph_launch(exec)` (gated too), `exec_destroyed(exec)`,
+/// `exec_update(exec, graph)`, `graph_launch(exec)` (gated too), `exec_destroyed(exec)`,
 /// `graph_destroyed(graph)`, `trim(device)`; `pass` (not hooked, on purpose; the
 /// driver's function may still be called by xCUDA itself). Every one
 /// returns a `CUresult`.
@@ -230,6 +231,8 @@ macro_rules! cuda_entry_points {
             {cuGraphInstantiateWithParams_ptsz, "cuGraphInstantiateWithParams", 12000, true, instantiate(e, g), (e: *mut Handle, g: Handle, params: *mut c_void)}
             {cuGraphLaunch, "cuGraphLaunch", 10000, false, graph_launch(e), (e: Handle, s: Handle)}
             {cuGraphLaunch_ptsz, "cuGraphLaunch", 10000, true, graph_launch(e), (e: Handle, s: Handle)}
+            {cuGraphExecUpdate, "cuGraphExecUpdate", 10020, false, exec_update(e, g), (e: Handle, g: Handle, err_node: *mut Handle, result: *mut c_int)}
+            {cuGraphExecUpdate_v2, "cuGraphExecUpdate", 12000, false, exec_update(e, g), (e: Handle, g: Handle, result_info: *mut c_void)}
             {cuGraphExecDestroy, "cuGraphExecDestroy", 10000, false, exec_destroyed(e), (e: Handle)}
             {cuGraphDestroy, "cuGraphDestroy", 10000, false, graph_destroyed(g), (g: Handle)}
             {cuDeviceGraphMemTrim, "cuDeviceGraphMemTrim", 11040, false, trim(d), (d: c_int)}

@@ -1135,6 +1135,27 @@ pub fn graph_instantiate(g: Handle) -> R<Handle> {
     Ok(h as Handle)
 }
 
+/// cuGraphExecUpdate: the executable graph takes the graph's kernels when
+/// the two have as many (the fake's "topologically identical"), else
+/// CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, as the driver answers a changed
+/// topology.
+pub fn graph_exec_update(e: Handle, g: Handle) -> R<()> {
+    let p = proc_()?;
+    let mut l = p.local();
+    let ks = match l.objs.get(&(g as usize)) {
+        Some(Obj::Graph(ks)) => ks.clone(),
+        _ => return Err(cu::INVALID_HANDLE),
+    };
+    match l.objs.get_mut(&(e as usize)) {
+        Some(Obj::Graph(old)) if old.len() == ks.len() => {
+            *old = ks;
+            Ok(())
+        }
+        Some(Obj::Graph(_)) => Err(cu::GRAPH_EXEC_UPDATE_FAILURE),
+        _ => Err(cu::INVALID_HANDLE),
+    }
+}
+
 pub fn graph_launch(e: Handle, s: Handle, pt: bool) -> R<()> {
     let (p, dev) = current()?;
     let l = p.local();

@@ -558,6 +558,32 @@ pub(crate) unsafe fn cuGraphLaunch_ptsz(e: Handle, s: Handle) -> CUresult {
     done(graph_launch(e, s, true))
 }
 
+/// `result`: CU_GRAPH_EXEC_UPDATE_SUCCESS (0) or _ERROR (1).
+pub(crate) unsafe fn cuGraphExecUpdate(
+    e: Handle,
+    g: Handle,
+    _err_node: *mut Handle,
+    result: *mut c_int,
+) -> CUresult {
+    let r = graph_exec_update(e, g);
+    if !result.is_null() {
+        // SAFETY: the caller's CUgraphExecUpdateResult out-parameter.
+        unsafe { *result = c_int::from(r.is_err()) };
+    }
+    done(r)
+}
+
+/// `result_info` starts with the CUgraphExecUpdateResult (cuda.h's
+/// CUgraphExecUpdateResultInfo).
+pub(crate) unsafe fn cuGraphExecUpdate_v2(
+    e: Handle,
+    g: Handle,
+    result_info: *mut c_void,
+) -> CUresult {
+    // SAFETY: as cuGraphExecUpdate's `result`: the struct's first field.
+    unsafe { cuGraphExecUpdate(e, g, std::ptr::null_mut(), result_info.cast()) }
+}
+
 pub(crate) unsafe fn cuGraphExecDestroy(e: Handle) -> CUresult {
     done(graph_destroy(e))
 }

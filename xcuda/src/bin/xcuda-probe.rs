@@ -920,6 +920,8 @@ struct Graphs {
     inst_12: fnty::cuGraphInstantiateWithFlags,
     launch: unsafe extern "C" fn(H, H) -> Res,
     exec_destroy: fnty::cuGraphExecDestroy,
+    /// `cuGraphExecUpdate` as CUDA 12 asks for it (the `_v2` ABI).
+    update: fnty::cuGraphExecUpdate_v2,
     destroy: fnty::cuGraphDestroy,
     trim: fnty::cuDeviceGraphMemTrim,
     stream: H,
@@ -961,6 +963,7 @@ impl Graphs {
             ),
             launch: r.get("cuGraphLaunch", &pt(r, "cuGraphLaunch")),
             exec_destroy: r.get("cuGraphExecDestroy", "cuGraphExecDestroy"),
+            update: r.get("cuGraphExecUpdate", "cuGraphExecUpdate_v2"),
             destroy: r.get("cuGraphDestroy", "cuGraphDestroy"),
             trim: r.get("cuDeviceGraphMemTrim", "cuDeviceGraphMemTrim"),
             stream,
@@ -1150,6 +1153,22 @@ fn graph_quota(r: &Resolver) {
         println!("freed_outside={i},{l},{before},{f},{after},{a},{f2}");
         check(gr.drop_exec(e), "cuGraphExecDestroy");
         check((gr.destroy)(g), "cuGraphDestroy");
+        // An executable graph of Q/4 updated with a graph of Q: refused
+        // (both held would be 5Q/4); with one of Q/2: 3Q/4 held, so Q/2
+        // more is refused.
+        let (small, _) = gr.explicit(q / 4, true);
+        let (i, e) = gr.instantiate(Inst::Flags, small);
+        let (whole, _) = gr.explicit(q, true);
+        let mut info = [0u8; 24];
+        let big = (gr.update)(e, whole, info.as_mut_ptr().cast());
+        let (half, _) = gr.explicit(q / 2, true);
+        let fits = (gr.update)(e, half, info.as_mut_ptr().cast());
+        let a = (cu.alloc)(&mut p, q / 2);
+        println!("exec_update={i},{big},{fits},{a}");
+        check(gr.drop_exec(e), "cuGraphExecDestroy");
+        for g in [small, whole, half] {
+            check((gr.destroy)(g), "cuGraphDestroy");
+        }
     }
     println!("meminfo_free={}", free_now());
 }

@@ -203,6 +203,9 @@ macro_rules! act {
     ($real:ident, ($($a:ident),*), instantiate($e:ident, $g:ident)) => {
         graphmem().instantiate(memcap(), $g.handle(), current_device(), || $real($($a),*), || out($e))
     };
+    ($real:ident, ($($a:ident),*), exec_update($e:ident, $g:ident)) => {
+        graphmem().exec_updated(memcap(), $e.handle(), $g.handle(), current_device(), || $real($($a),*))
+    };
     ($real:ident, ($($a:ident),*), graph_launch($e:ident)) => {{
         online::on_launch();
         let rc = gate().pass(|| $real($($a),*));

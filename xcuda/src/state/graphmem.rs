@@ -325,6 +325,53 @@ impl GraphMem {
         rc
     }
 
+    /// `cuGraphExecUpdate*`: executable graph `e` takes graph `g`'s node
+    /// parameters. Its need becomes what either graph allocates (an upper
+    /// bound: what a launch before the update left alive stays counted),
+    /// the pool's charge grown to that before the driver's `call`, refused
+    /// when it does not fit; a failed update changes nothing. `dev`: the
+    /// current context's device, where `e` is not known yet.
+    pub fn exec_updated(
+        &self,
+        cap: &MemCap,
+        e: u64,
+        g: u64,
+        dev: i32,
+        call: impl FnOnce() -> u32,
+    ) -> u32 {
+        let mut b = self.books();
+        let (old, dev) = match b.execs.get(&e) {
+            Some(x) => (x.recipe.clone(), x.dev),
+            None => (Recipe::default(), dev),
+        };
+        let mut merged = old.clone();
+        merged.merge(b.graphs.get(&g).cloned().unwrap_or_default());
+        let pool = b.pool.get(&dev).copied().unwrap_or(0);
+        let grow = b
+            .demand(dev)
+            .saturating_sub(old.need())
+            .saturating_add(merged.need())
+            .saturating_sub(pool);
+        if grow > 0 && !cap.take(grow) {
+            return cu::OUT_OF_MEMORY;
+        }
+        let rc = call();
+        if rc != cu::SUCCESS {
+            cap.give(grow);
+            return rc;
+        }
+        *b.pool.entry(dev).or_default() += grow;
+        if !merged.is_empty() {
+            let x = b.execs.entry(e).or_insert_with(|| Exec {
+                dev,
+                recipe: Recipe::default(),
+                alive: HashSet::new(),
+            });
+            x.recipe = merged;
+        }
+        rc
+    }
+
     /// After `cuGraphLaunch`: what the graph frees of others' is freed
     /// (a plain allocation's quota comes back), what it leaves alive is.
     pub fn launched(&self, cap: &MemCap, e: u64, rc: u32) -> u32 {
@@ -406,6 +453,40 @@ mod tests {
 
     fn plain_alloc(cap: &MemCap, h: u64, n: u64) -> u32 {
         cap.alloc(Kind::Device, n, || cu::SUCCESS, || h, || n)
+    }
+
+    /// An executable graph updated with a graph that allocates more holds
+    /// the larger need from the update on, refused when that does not fit;
+    /// a failed update leaves the books as they were.
+    #[test]
+    fn an_update_that_allocates_more_is_charged_before_the_driver_runs_it() {
+        const G2: u64 = 0x101;
+        const G3: u64 = 0x102;
+        let cap = MemCap::new(Some(Q));
+        let m = GraphMem::default();
+        m.alloc_node(G, 0xa000, Q / 4);
+        assert_eq!(instantiate(&m, &cap, G, 0xe), cu::SUCCESS);
+        assert_eq!(cap.used(), Q / 4);
+        m.alloc_node(G2, 0xb000, Q / 2);
+        let update = |g: u64, rc: u32| m.exec_updated(&cap, 0xe, g, 0, || rc);
+        assert_eq!(
+            update(G2, cu::GRAPH_EXEC_UPDATE_FAILURE),
+            cu::GRAPH_EXEC_UPDATE_FAILURE
+        );
+        assert_eq!(cap.used(), Q / 4, "a failed update charges nothing");
+        assert_eq!(update(G2, cu::SUCCESS), cu::SUCCESS);
+        assert_eq!(cap.used(), 3 * Q / 4, "both graphs' allocations");
+        assert_eq!(m.pool(), 3 * Q / 4);
+        m.alloc_node(G3, 0xc000, Q / 2);
+        assert_eq!(update(G3, cu::SUCCESS), cu::OUT_OF_MEMORY);
+        assert_eq!(cap.used(), 3 * Q / 4);
+        // Updated again with a graph it already covers: nothing more.
+        assert_eq!(update(G, cu::SUCCESS), cu::SUCCESS);
+        assert_eq!(cap.used(), 3 * Q / 4);
+        // Destroyed and trimmed: all of it comes back.
+        assert_eq!(m.exec_destroyed(0xe, cu::SUCCESS), cu::SUCCESS);
+        assert_eq!(m.trimmed(&cap, 0, cu::SUCCESS), cu::SUCCESS);
+        assert_eq!(cap.used(), 0);
     }
 
     /// The case: a graph that allocates Q/2 and frees it itself
