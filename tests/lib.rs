@@ -364,6 +364,19 @@ impl Cluster {
         });
     }
 
+    /// Submits `script` as `nobody` in offline mode, named `name`, and
+    /// places it on `node`'s GPU `gpu` (beside the online job there).
+    pub fn offline_as_nobody(&self, name: &str, node: &str, gpu: u32, script: &str) -> u32 {
+        let id = self
+            .sbatch(
+                &["--muxflow=offline", AS_NOBODY, "--job-name", name],
+                script,
+            )
+            .unwrap_or_else(|e| panic!("sbatch {name}: {e}"));
+        self.place(id, node, gpu);
+        id
+    }
+
     /// [`wait_gpu_healthy`](Self::wait_gpu_healthy) for every GPU of the
     /// 4-node dev cluster (2 simulated GPUs each): an earlier test may have
     /// left one Faulty.
