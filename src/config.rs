@@ -263,6 +263,10 @@ pub struct Paths {
     /// seen (NVML events reach only a program registered at that moment).
     /// Skipped with a debug line when unreadable. `{node}` expands.
     pub kernel_log: AbsPath,
+    /// The cgroup v2 mount: where the `dmem` controller is looked for and
+    /// an offline job's cgroup gets its GPU memory cap (`crate::dmem`).
+    /// `{node}` expands.
+    pub cgroup_root: AbsPath,
 }
 
 impl Default for Paths {
@@ -277,6 +281,7 @@ impl Default for Paths {
             gpu_device: "/dev/nvidia{index}".to_string(),
             node_log: abs("/var/log/muxflow/node.log"),
             kernel_log: abs("/dev/kmsg"),
+            cgroup_root: abs("/sys/fs/cgroup"),
         }
     }
 }
@@ -932,6 +937,7 @@ impl Config {
             &mut self.paths.mps_log_root,
             &mut self.paths.node_log,
             &mut self.paths.kernel_log,
+            &mut self.paths.cgroup_root,
         ]
         .into_iter()
         .chain(self.metrics.textfile_dir.as_mut())

@@ -5,6 +5,7 @@
 //! programs (`prolog/`) and the matcher daemon (`matcher/`). It exports no FFI.
 
 pub mod config;
+pub mod dmem;
 pub mod health;
 pub mod jobproc;
 pub mod kv;

@@ -410,6 +410,37 @@ impl NodeState {
         })
     }
 
+    fn dmem_region_file(&self, gpu: u32) -> PathBuf {
+        self.gpu_dir(gpu).join("dmem_region")
+    }
+
+    /// Records GPU `gpu`'s region of the kernel's `dmem` controller as the
+    /// Prolog found it (None: no controller or no region; `crate::dmem`).
+    pub fn set_dmem_region(
+        &self,
+        _lock: &GpuLock,
+        gpu: u32,
+        region: Option<&str>,
+    ) -> Result<(), StateError> {
+        let path = self.dmem_region_file(gpu);
+        match region {
+            Some(r) => write_atomic(&path, format!("{r}\n").as_bytes()),
+            None => match fs::remove_file(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    Err(StateError::Io { path, source: e })
+                }
+                _ => Ok(()),
+            },
+        }
+    }
+
+    /// GPU `gpu`'s `dmem` region as last recorded; None if none.
+    pub fn dmem_region(&self, gpu: u32) -> Option<String> {
+        let text = fs::read_to_string(self.dmem_region_file(gpu)).ok()?;
+        let r = text.trim();
+        (!r.is_empty() && !r.contains(char::is_whitespace)).then(|| r.to_string())
+    }
+
     /// The GPU's offline processes as root last saw them ([`crate::offline_procs`]).
     pub fn offline_procs_file(&self, gpu: u32) -> PathBuf {
         self.gpu_dir(gpu).join(crate::offline_procs::FILE_NAME)

@@ -67,25 +67,32 @@ pub fn parse_mps_version(text: &str) -> Option<u32> {
     None
 }
 
-/// The cgroup v2 `dmem` controller under `cgroup_root`: None when the
-/// kernel does not offer it there; else the regions `dmem.capacity` lists
-/// (name, bytes), e.g. `drm/0000:03:00.0/vram0 12550144` (kernel docs,
-/// cgroup-v2 "DMEM").
-pub fn dmem_regions(cgroup_root: &std::path::Path) -> Option<Vec<(String, u64)>> {
-    let controllers = std::fs::read_to_string(cgroup_root.join("cgroup.controllers")).ok()?;
-    if !controllers.split_whitespace().any(|c| c == "dmem") {
-        return None;
-    }
-    let capacity = std::fs::read_to_string(cgroup_root.join("dmem.capacity")).unwrap_or_default();
-    Some(
-        capacity
-            .lines()
-            .filter_map(|l| {
-                let (name, bytes) = l.trim().rsplit_once(char::is_whitespace)?;
-                Some((name.trim().to_string(), bytes.parse().ok()?))
-            })
-            .collect(),
-    )
+/// GPU `gpu`'s PCI bus id as NVML gives it (`00000000:18:00.0`), to find
+/// its `dmem` region; None (logged) when NVML cannot say.
+pub fn pci_bus_id(config: &Config, gpu: u32) -> Option<String> {
+    let lib = config.paths.nvml_library.as_ref().map(|p| p.as_path());
+    let nvml = match lib {
+        Some(p) => Nvml::builder().lib_path(p.as_os_str()).init(),
+        None => Nvml::init(),
+    };
+    let read = nvml.map_err(|e| format!("NVML init: {e}")).and_then(|n| {
+        let d = n
+            .device_by_index(gpu)
+            .map_err(|e| format!("GPU {gpu}: {e}"))?;
+        d.pci_info()
+            .map(|p| p.bus_id)
+            .map_err(|e| format!("GPU {gpu}: PCI info: {e}"))
+    });
+    read.map_err(|e| tracing::warn!(gpu, "cannot find the GPU's dmem region: {e}"))
+        .ok()
+}
+
+/// GPU `gpu`'s region of the kernel's `dmem` controller under the config's
+/// cgroup root: None when the kernel has no controller or the driver
+/// registered no region for the GPU (the cap then stays xCUDA's).
+pub fn dmem_region(config: &Config, gpu: u32) -> Option<String> {
+    let regions = muxflow::dmem::regions(config.paths.cgroup_root.as_path())?;
+    muxflow::dmem::region_of(&regions, &pci_bus_id(config, gpu)?)
 }
 
 #[cfg(test)]
@@ -103,24 +110,5 @@ mod tests {
         ] {
             assert_eq!(parse_mps_version(text), want, "{text:?}");
         }
-    }
-
-    #[test]
-    fn dmem_is_read_from_the_cgroup_root() {
-        let d = tempfile::tempdir().unwrap();
-        assert_eq!(dmem_regions(d.path()), None, "no cgroup v2 here");
-        std::fs::write(d.path().join("cgroup.controllers"), "cpu memory pids\n").unwrap();
-        assert_eq!(dmem_regions(d.path()), None, "no dmem controller");
-        std::fs::write(d.path().join("cgroup.controllers"), "cpu memory dmem\n").unwrap();
-        assert_eq!(dmem_regions(d.path()), Some(vec![]), "no region registered");
-        std::fs::write(
-            d.path().join("dmem.capacity"),
-            "drm/0000:18:00.0/vram0 85899345920\ndrm/0000:18:00.0/stolen 8650752\n",
-        )
-        .unwrap();
-        assert_eq!(
-            dmem_regions(d.path()).unwrap()[0],
-            ("drm/0000:18:00.0/vram0".to_string(), 85_899_345_920)
-        );
     }
 }

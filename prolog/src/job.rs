@@ -302,6 +302,19 @@ pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
             anyhow::bail!("cannot record job {} on GPU {gpu}: {why} ({e})", job.id);
         }
         tracing::info!(job = job.id, gpu, mode = %job.mode, slots = ?record.slots, "recorded muxflow job");
+        if job.mode == Mode::Offline {
+            // Found per job: a node's kernel or driver may change between
+            // jobs. The plugin writes the cap into the job's cgroup at its
+            // first step, where the cap is fixed (muxflow::dmem).
+            let region = crate::gpu_caps::dmem_region(config, gpu);
+            if let Err(e) = state.set_dmem_region(&lock, gpu, region.as_deref()) {
+                tracing::warn!(
+                    job = job.id,
+                    gpu,
+                    "cannot record the GPU's dmem region: {e}"
+                );
+            }
+        }
         recorded.push(gpu);
     }
     bound_job_files(&state, &job);

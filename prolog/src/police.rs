@@ -988,6 +988,7 @@ mod tests {
             sm_pct: 30,
             mem_cap_mib: Some(60000),
             xcuda: XcudaEnv::from_config(&Xcuda::default(), 1),
+            enforced_by: Default::default(),
         }
     }
 

@@ -15,7 +15,7 @@
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use muxflow::limits::{JobLimits, StopBounds};
+use muxflow::limits::{EnforcedBy, Enforcer, JobLimits, StopBounds};
 use muxflow::node_state::{write_atomic, NodeState};
 use muxflow::policy::offline_slot_share;
 use muxflow::report::{add_peers, JobReport};
@@ -251,8 +251,8 @@ impl RemoteState {
             // The job's limits are fixed by its first step: a later step
             // (srun) gets the same, so the node never polices a running
             // process against limits it did not start with.
-            let (sm_pct, cap) = match JobLimits::read_trusted(&dir, ctx.job_id, 0) {
-                Ok((l, _)) if l.gpu == gpu => (l.sm_pct, l.mem_cap_mib),
+            let (sm_pct, cap, enforced_by) = match JobLimits::read_trusted(&dir, ctx.job_id, 0) {
+                Ok((l, _)) if l.gpu == gpu => (l.sm_pct, l.mem_cap_mib, l.enforced_by),
                 _ => {
                     let mut facts = state.facts(gpu)?;
                     if partner(state, gpu, ctx.job_id, Mode::Offline).is_none() {
@@ -270,7 +270,11 @@ impl RemoteState {
                         .find(|r| r.job_id == ctx.job_id)
                         .map_or(1, |r| r.slot_count());
                     let share = offline_slot_share(&config.policy, &facts, slots);
-                    (share.sm_pct, share.mem_cap_mib)
+                    let enforced_by = EnforcedBy {
+                        mem: kernel_cap(config, state, ctx.job_id, gpu, share.mem_cap_mib),
+                        sm: Enforcer::Xcuda,
+                    };
+                    (share.sm_pct, share.mem_cap_mib, enforced_by)
                 }
             };
             if n == 0 {
@@ -307,6 +311,7 @@ impl RemoteState {
                 sm_pct,
                 mem_cap_mib: cap,
                 xcuda: env,
+                enforced_by,
             };
             // A latest release an online job's Prolog set stays (a later
             // step must not take it away).
@@ -653,6 +658,7 @@ fn prepare_online(
         sm_pct: 100,
         mem_cap_mib: None,
         xcuda: env,
+        enforced_by: Default::default(),
     };
     // No stop bounds: xCUDA in counting mode holds no gate to release.
     write_limits(&dir, &limits, &StopBounds::default(), spank.job_gid()?)?;
@@ -662,6 +668,43 @@ fn prepare_online(
     set(spank, xcuda_env::LIMITS_DIR, dir.to_string_lossy().as_ref());
     preload_xcuda(spank, xcuda);
     Ok(())
+}
+
+/// The kernel's cap on offline job `job`'s memory on GPU `gpu`, at its first
+/// step (root, in slurmstepd, where the job's cgroup exists): `cap_mib`
+/// written to the job cgroup's `dmem.max` for the GPU's region, where the
+/// Prolog found one ([`muxflow::dmem`]). Kernel when written and read
+/// back; else xCUDA's cap (with the police) as before, the reason logged.
+fn kernel_cap(
+    config: &Config,
+    state: &NodeState,
+    job: u32,
+    gpu: u32,
+    cap_mib: Option<u64>,
+) -> Enforcer {
+    let (Some(cap), Some(region)) = (cap_mib, state.dmem_region(gpu)) else {
+        return Enforcer::Xcuda;
+    };
+    // slurmstepd's own cgroup, from the kernel: it lies in the job's.
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let root = config.paths.cgroup_root.as_path();
+    match muxflow::dmem::cap_job(root, &own, job, &region, cap.saturating_mul(1 << 20)) {
+        Ok(max) => {
+            tracing::info!(
+                job,
+                gpu,
+                region,
+                cap_mib = cap,
+                "GPU memory cap set in {}",
+                max.display()
+            );
+            Enforcer::Kernel
+        }
+        Err(e) => {
+            tracing::warn!(job, gpu, "GPU memory cap left to xCUDA: {e}");
+            Enforcer::Xcuda
+        }
+    }
 }
 
 /// Puts the admin's xCUDA first in the step's `LD_PRELOAD` (de-duplicated).

@@ -394,6 +394,10 @@ fn attach(p: &Proc, dev: usize) -> R<()> {
         // Without an MPS server the real driver ignores the MPS variables.
         None => (100, u64::MAX, 0, 0),
     };
+    // The kernel's cap (cgroup dmem.max of the process's job), whatever
+    // the process's environment says: simgpu/src/dmem.rs.
+    let dmem = muxflow_simgpu::dmem::limit_for(&p.dir.root, &d.cfg, p.pid as u32);
+    let mem_limit = dmem.map_or(mem_limit, |k| k.min(mem_limit));
     let cap = model::sm_cap(d.cfg.sm_count, pct);
     let mut t = d.gpu.lock();
     for dead in t.prune_dead() {
@@ -425,9 +429,10 @@ fn attach(p: &Proc, dev: usize) -> R<()> {
     } else {
         mem_limit.to_string()
     };
+    let dmem = dmem.map_or("none".to_string(), |b| b.to_string());
     p.dir.event(
         d.sim_index,
-        &format!("pid={} event=attach priority={prio} thread_pct={pct} sm_cap={cap} mem_limit={lim} mps_server={server}", p.pid),
+        &format!("pid={} event=attach priority={prio} thread_pct={pct} sm_cap={cap} mem_limit={lim} dmem_max={dmem} mps_server={server}", p.pid),
     );
     p.local().clients[dev] = Some(ClientState {
         thread_pct: pct,

@@ -64,6 +64,15 @@ enum Cmd {
         gpu: u32,
         fraction: f64,
     },
+    /// Give a node's simulated kernel the cgroup v2 dmem controller (on), or
+    /// take it away (off): simgpu/README.md, "The dmem model".
+    Dmem {
+        dir: PathBuf,
+        #[arg(long)]
+        node: Option<String>,
+        /// on | off
+        state: String,
+    },
 }
 
 fn node_dir(dir: &std::path::Path, node: Option<&str>) -> PathBuf {
@@ -165,6 +174,20 @@ fn run() -> Result<(), String> {
             let g = d.open_gpu(gpu).map_err(|e| e.to_string())?;
             g.lock().external_ppm = (fraction.clamp(0.0, 1.0) * 1e6) as u32;
             d.event(gpu, &format!("event=external_load fraction={fraction}"));
+        }
+        Cmd::Dmem { dir, node, state } => {
+            let d = muxflow_simgpu::SimDir::open(&node_dir(&dir, node.as_deref()))
+                .map_err(|e| e.to_string())?;
+            let done = match state.as_str() {
+                "on" => muxflow_simgpu::dmem::enable(&d.root, &d.gpus),
+                "off" => muxflow_simgpu::dmem::disable(&d.root),
+                other => return Err(format!("dmem: '{other}' is neither on nor off")),
+            };
+            done.map_err(|e| format!("dmem {state}: {e}"))?;
+            println!(
+                "dmem={state} root={}",
+                muxflow_simgpu::dmem::cgroup_root(&d.root).display()
+            );
         }
     }
     Ok(())
