@@ -223,6 +223,12 @@ pub struct Mps {
     /// Removed: muxflow passes NVIDIA's documented flag itself. Kept only
     /// to name the fix when an old config still sets it.
     multiuser_flag: Option<toml::Value>,
+    /// Opt-in: start each daemon in NVIDIA's static SM partitioning mode
+    /// (`-S`; control daemon 13010+ and Ampere or newer, else ignored) and
+    /// give each job a partition of the GPU's SMs, sized from the policy's
+    /// share (`crate::sm_partition`): the driver then holds an offline job
+    /// to its SMs even without xCUDA.
+    pub sm_partitions: bool,
     /// Longest wait for one MPS control command.
     pub command_timeout_ms: u64,
 }
@@ -232,6 +238,7 @@ impl Default for Mps {
         Mps {
             multiuser: true,
             multiuser_flag: None,
+            sm_partitions: false,
             command_timeout_ms: 5000,
         }
     }

@@ -26,6 +26,7 @@ pub mod slurm_cli;
 pub mod slurm_conf;
 pub mod slurm_version;
 pub mod sm_page;
+pub mod sm_partition;
 #[doc(hidden)]
 pub mod test_support;
 pub mod text;

@@ -505,11 +505,25 @@ pub fn run(config: &Config, node: &str, slurm_conf: &Path, slurmd_v: &str) -> Ve
         .iter()
         .map(|(_, (domain, bus, device))| format!("{domain:04x}:{bus:02x}:{device:02x}.0"))
         .collect();
+    // GPUs whose running daemon was started without static partitions.
+    let without_static: Vec<u32> = gpus
+        .iter()
+        .copied()
+        .filter(|&g| {
+            let d = MpsDaemon::for_gpu(config, g);
+            config.mps.sm_partitions && d.is_running() && !d.runs_static_partitions()
+        })
+        .collect();
     checks.extend(check_mechanisms(
         crate::gpu_caps::mps_control_version(config),
-        lowest_cc,
         &dmem_found(config.paths.cgroup_root.as_path()),
         &bus_ids,
+    ));
+    checks.push(check_sm_partitions(
+        config.mps.sm_partitions,
+        crate::gpu_caps::mps_control_version(config),
+        lowest_cc,
+        &without_static,
     ));
     for gpu in gpus {
         let mps = MpsDaemon::for_gpu(config, gpu);
@@ -651,7 +665,50 @@ pub fn check_dmem(found: &DmemFound, bus_ids: &[String]) -> Check {
 }
 
 /// Static SM partitions need control daemon 13010+ (CUDA 13.1) and Ampere.
-pub const SM_PARTITIONS_MIN_VERSION: u32 = 13010;
+pub const SM_PARTITIONS_MIN_VERSION: u32 = muxflow::sm_partition::MIN_VERSION;
+
+/// The `sm partitions` line: used (`[mps] sm_partitions` on, a daemon and
+/// GPUs that have them), available but off, absent (the SM share stays
+/// MPS's active-thread percentage and xCUDA's), or broken: asked for, but
+/// a running daemon was started without `-S` (`without_static`: its GPUs).
+pub fn check_sm_partitions(
+    configured: bool,
+    version: Option<u32>,
+    lowest_cc: Option<ComputeCapability>,
+    without_static: &[u32],
+) -> Check {
+    let v = version.map_or("a control daemon that prints no version".to_string(), |v| {
+        format!("control daemon {v}")
+    });
+    let there = version.is_some_and(|v| v >= SM_PARTITIONS_MIN_VERSION)
+        && lowest_cc.is_some_and(|c| c.major >= 8);
+    let name = "sm partitions";
+    match (there, configured) {
+        (false, _) => Check::ok(
+            name,
+            format!(
+                "absent ({v}; needs {SM_PARTITIONS_MIN_VERSION}+ and Ampere or newer): an offline job's SM share is its MPS active-thread percentage and xCUDA's (policed){}",
+                if configured { "; [mps] sm_partitions is set and ignored here" } else { "" }
+            ),
+        ),
+        (true, false) => Check::ok(
+            name,
+            format!("available ({v}, Ampere or newer), off: set [mps] sm_partitions = true to have the driver hold each job to its SMs"),
+        ),
+        (true, true) if !without_static.is_empty() => Check::fail(
+            name,
+            format!(
+                "[mps] sm_partitions is set, but the daemon of GPU {:?} runs without -S: its jobs' SM shares stay MPS's active-thread percentage and xCUDA's",
+                without_static
+            ),
+            "stop that daemon while its GPU has no job (echo quit | nvidia-cuda-mps-control with its CUDA_MPS_PIPE_DIRECTORY): the next job's Prolog starts it with -S",
+        ),
+        (true, true) => Check::ok(
+            name,
+            format!("used ({v}): daemons start with -S; each job gets its own partition and the driver holds an offline job to its SMs (enforced_by_sm=driver)"),
+        ),
+    }
+}
 /// MPS v3 (`-p 3`: named servers and namespaces) needs CUDA 13.4 (r615).
 pub const MPS_V3_MIN_VERSION: u32 = 13040;
 
@@ -661,32 +718,17 @@ pub const MPS_V3_MIN_VERSION: u32 = 13040;
 /// `bus_ids`: the GPUs' PCI addresses, lowercase). Each line passes: they
 /// say what is there; muxflow's limits are xCUDA's and the police's on
 /// every node today (README, "Limits of an offline job").
-pub fn check_mechanisms(
-    version: Option<u32>,
-    lowest_cc: Option<ComputeCapability>,
-    dmem: &DmemFound,
-    bus_ids: &[String],
-) -> Vec<Check> {
+pub fn check_mechanisms(version: Option<u32>, dmem: &DmemFound, bus_ids: &[String]) -> Vec<Check> {
     let v = version.map_or("a control daemon that prints no version".to_string(), |v| {
         format!("control daemon {v}")
     });
-    let ampere = lowest_cc.is_some_and(|c| c.major >= 8);
-    let partitions = if version.is_some_and(|v| v >= SM_PARTITIONS_MIN_VERSION) && ampere {
-        format!("available ({v}, Ampere or newer): not used by muxflow yet; an offline job's SM share is its MPS active-thread percentage")
-    } else {
-        format!("absent ({v}; needs {SM_PARTITIONS_MIN_VERSION}+ and Ampere or newer)")
-    };
     let v3 = if version.is_some_and(|v| v >= MPS_V3_MIN_VERSION) {
         format!("available ({v}): not used by muxflow yet; limits stay the client's MPS variables, xCUDA's and the police's")
     } else {
         format!("absent ({v}; namespaces whose limits override a client's own need {MPS_V3_MIN_VERSION}+)")
     };
     let dmem = check_dmem(dmem, bus_ids);
-    vec![
-        Check::ok("sm partitions", partitions),
-        Check::ok("mps v3", v3),
-        dmem,
-    ]
+    vec![Check::ok("mps v3", v3), dmem]
 }
 
 #[cfg(test)]
@@ -695,8 +737,6 @@ mod tests {
 
     #[test]
     fn driver_mechanisms_are_named_present_or_absent() {
-        let h100 = Some(ComputeCapability { major: 9, minor: 0 });
-        let t4 = Some(ComputeCapability { major: 7, minor: 5 });
         let region = DmemFound {
             regions: Some(vec![("drm/0000:18:00.0/vram0".to_string(), 1u64 << 36)]),
             jobs_parent_offers: None,
@@ -705,8 +745,7 @@ mod tests {
         let bus = ["0000:18:00.0".to_string(), "0000:28:00.0".to_string()];
         let line =
             |c: &[Check], name: &str| c.iter().find(|c| c.name == name).map(Check::line).unwrap();
-        let new = check_mechanisms(Some(13040), h100, &region, &bus);
-        assert!(line(&new, "sm partitions").contains("available"));
+        let new = check_mechanisms(Some(13040), &region, &bus);
         assert!(line(&new, "mps v3").contains("available"));
         assert!(
             line(&new, "dmem").contains("used: "),
@@ -714,15 +753,82 @@ mod tests {
             line(&new, "dmem")
         );
         assert!(line(&new, "dmem").contains("on 1 of the node's 2 GPUs; the others"));
-        let turing = check_mechanisms(Some(13040), t4, &none, &bus);
-        assert!(line(&turing, "sm partitions").contains("absent"), "Turing");
-        assert!(line(&turing, "dmem").contains("absent"));
-        let old = check_mechanisms(None, h100, &none, &bus);
+        let no_dmem = check_mechanisms(Some(13040), &none, &bus);
+        assert!(line(&no_dmem, "dmem").contains("absent"));
+        let old = check_mechanisms(None, &none, &bus);
         assert!(line(&old, "mps v3").contains("absent (a control daemon that prints no version"));
         assert!(
             new.iter().chain(&old).all(|c| c.fix.is_none()),
             "informative only"
         );
+    }
+
+    #[test]
+    fn sm_partition_lines_say_used_available_absent_or_broken() {
+        let h100 = Some(ComputeCapability { major: 9, minor: 0 });
+        let t4 = Some(ComputeCapability { major: 7, minor: 5 });
+        // (case, configured, version, cc, GPUs without -S, passes, contains)
+        let cases = [
+            (
+                "used",
+                true,
+                Some(13010),
+                h100,
+                vec![],
+                true,
+                "used (control daemon 13010)",
+            ),
+            (
+                "off",
+                false,
+                Some(13040),
+                h100,
+                vec![],
+                true,
+                "available (control daemon 13040, Ampere or newer), off",
+            ),
+            (
+                "old daemon",
+                true,
+                Some(12080),
+                h100,
+                vec![],
+                true,
+                "absent (control daemon 12080",
+            ),
+            (
+                "no version",
+                false,
+                None,
+                h100,
+                vec![],
+                true,
+                "absent (a control daemon that prints no version",
+            ),
+            (
+                "Turing",
+                true,
+                Some(13010),
+                t4,
+                vec![],
+                true,
+                "is set and ignored here",
+            ),
+            (
+                "daemon without -S",
+                true,
+                Some(13010),
+                h100,
+                vec![1],
+                false,
+                "the daemon of GPU [1] runs without -S",
+            ),
+        ];
+        for (case, configured, version, cc, without, passes, want) in cases {
+            let c = check_sm_partitions(configured, version, cc, &without);
+            assert_eq!(c.fix.is_none(), passes, "{case}: {}", c.line());
+            assert!(c.line().contains(want), "{case}: {}", c.line());
+        }
     }
 
     #[test]

@@ -44,6 +44,10 @@ pub mod cu {
                 "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
                 "operation failed due to a previous error during capture",
             ),
+            INVALID_RESOURCE_CONFIGURATION => (
+                "CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION",
+                "the provided execution affinity is not valid",
+            ),
             UNKNOWN => ("CUDA_ERROR_UNKNOWN", "unknown error"),
             _ => return None,
         })

@@ -17,7 +17,6 @@ use std::path::{Path, PathBuf};
 
 use muxflow::limits::{EnforcedBy, Enforcer, JobLimits, StopBounds};
 use muxflow::node_state::{write_atomic, NodeState};
-use muxflow::policy::offline_slot_share;
 use muxflow::report::{add_peers, JobReport};
 use muxflow::slurm_cli::{OfflineJob, Scontrol};
 use muxflow::slurm_version::{SLURM_BATCH_SCRIPT, SLURM_EXTERN_CONT, SLURM_INTERACTIVE_STEP};
@@ -163,6 +162,12 @@ impl RemoteState {
             "CUDA_MPS_CLIENT_PRIORITY",
             if mode == Mode::Offline { "1" } else { "0" },
         );
+        // The job's static SM partition, where its GPU's daemon has them (the
+        // Prolog made it); an offline job's is set again per GPU below.
+        unset(spank, muxflow::sm_partition::ENV);
+        if let Some(p) = state.sm_partition(gpu, job_id) {
+            set(spank, muxflow::sm_partition::ENV, &p.id);
+        }
 
         let mut ctx = ReportContext {
             config: config.clone(),
@@ -254,27 +259,21 @@ impl RemoteState {
             let (sm_pct, cap, enforced_by) = match JobLimits::read_trusted(&dir, ctx.job_id, 0) {
                 Ok((l, _)) if l.gpu == gpu => (l.sm_pct, l.mem_cap_mib, l.enforced_by),
                 _ => {
-                    let mut facts = state.facts(gpu)?;
-                    if partner(state, gpu, ctx.job_id, Mode::Offline).is_none() {
-                        // No online job on the GPU now (issue 15: idle GPUs
-                        // take offline work): the recorded figures are a
-                        // departed one's.
-                        facts = facts.without_online();
-                    }
-                    // Its slots' part of the GPU ([policy] offline_per_gpu
-                    // > 1 splits it into N parts; the Prolog recorded how
-                    // many of them Slurm gave the job there).
-                    let slots = state
-                        .jobs(gpu)?
-                        .iter()
-                        .find(|r| r.job_id == ctx.job_id)
-                        .map_or(1, |r| r.slot_count());
-                    let share = offline_slot_share(&config.policy, &facts, slots);
+                    // Its slots' part of the policy's share, for the GPU's
+                    // online job or (issue 15: idle GPUs take offline work)
+                    // for none.
+                    let share = state.offline_share(&config.policy, gpu, ctx.job_id)?;
+                    // A static SM partition the Prolog made holds the job
+                    // to its SMs in the driver: its share is the partition's.
+                    let (sm_pct, sm_by) = match state.sm_partition(gpu, ctx.job_id) {
+                        Some(p) => (p.percent(), Enforcer::Driver),
+                        None => (share.sm_pct, Enforcer::Xcuda),
+                    };
                     let enforced_by = EnforcedBy {
                         mem: kernel_cap(config, state, ctx.job_id, gpu, share.mem_cap_mib),
-                        sm: Enforcer::Xcuda,
+                        sm: sm_by,
                     };
-                    (share.sm_pct, share.mem_cap_mib, enforced_by)
+                    (sm_pct, share.mem_cap_mib, enforced_by)
                 }
             };
             if n == 0 {
@@ -341,6 +340,10 @@ impl RemoteState {
                 (
                     "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
                     cap.map(|mib| format!("0={mib}M")),
+                ),
+                (
+                    muxflow::sm_partition::ENV,
+                    state.sm_partition(gpu, ctx.job_id).map(|p| p.id),
                 ),
                 (
                     xcuda_env::LIMITS_DIR,

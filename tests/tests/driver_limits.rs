@@ -7,13 +7,21 @@
 //!   variables still cannot allocate past it. Without it nothing is
 //!   written, the cap is xCUDA's and the police evict the same attack.
 //!
+//! * static SM partitions (`[mps] sm_partitions = true`, a control daemon
+//!   13010+: the simulated one once `simgpu-ctl mps-version 13010`): the
+//!   daemon runs with `-S`, every job gets a partition, and a job as
+//!   `nobody` that drops xCUDA and asks for every SM gets only its
+//!   partition's; without its partition it gets no GPU at all. With an
+//!   older daemon the setting is ignored, the share is MPS's percentage
+//!   and xCUDA's, as before.
+//!
 //! Each test says on its node what muxflow-doctor says of the mechanism.
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use muxflow_tests::{kv, target, Cluster};
+use muxflow_tests::{kv, target, CancelNamed, Cluster};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -49,6 +57,11 @@ impl Drop for Dmem<'_> {
 
 /// The doctor's `dmem` line for `node`.
 fn doctor_dmem(c: &Cluster, node: &str) -> String {
+    doctor_line(c, node, "dmem")
+}
+
+/// The doctor's line `name` for `node`.
+fn doctor_line(c: &Cluster, node: &str, name: &str) -> String {
     let out = Command::new(target().join("muxflow-doctor"))
         .args(["--node", node, "--slurm-conf"])
         .arg(&c.slurm_conf)
@@ -59,8 +72,8 @@ fn doctor_dmem(c: &Cluster, node: &str) -> String {
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     text.lines()
-        .find(|l| l.contains(" dmem: "))
-        .unwrap_or_else(|| panic!("no dmem line:\n{text}"))
+        .find(|l| l.contains(&format!(" {name}: ")))
+        .unwrap_or_else(|| panic!("no {name} line:\n{text}"))
         .to_string()
 }
 
@@ -113,6 +126,7 @@ fn admin_comment(c: &Cluster, id: u32, done: &str) -> muxflow::report::JobReport
 #[test]
 fn with_dmem_the_kernel_refuses_an_allocation_past_the_cap_of_a_job_without_xcuda() {
     let c = Cluster::get();
+    let _cancel = CancelNamed(&c, "mfd-");
     let node = "node2";
     let _dmem = Dmem::on(&c, node);
     let doctor = doctor_dmem(&c, node);
@@ -189,6 +203,7 @@ fn with_dmem_the_kernel_refuses_an_allocation_past_the_cap_of_a_job_without_xcud
 #[test]
 fn without_dmem_nothing_is_written_the_cap_is_xcudas_and_the_police_evict_the_attack() {
     let c = Cluster::get();
+    let _cancel = CancelNamed(&c, "mfn-");
     let node = "node2";
     // Off, as a node without the controller is (and as the other test leaves it).
     Dmem::set(&c, node, false);
@@ -234,5 +249,219 @@ fn without_dmem_nothing_is_written_the_cap_is_xcudas_and_the_police_evict_the_at
     assert_eq!(c.job_field(online, "JobState"), "RUNNING");
     c.scancel(&[online]);
     c.wait(online, WAIT);
+    c.assert_no_drain();
+}
+
+/// For the test's life: the simulated control daemon reports `version`
+/// (`-v`; 13010+ has `-S`) and the cluster's muxflow.toml sets `[mps]
+/// sm_partitions = true`; both undone when dropped.
+struct Partitions<'a> {
+    c: &'a Cluster,
+    toml: PathBuf,
+    before: String,
+}
+
+impl<'a> Partitions<'a> {
+    fn on(c: &'a Cluster, version: &str) -> Self {
+        let state = c.dir.join("sim/state");
+        c.simgpu(&["mps-version", state.to_str().unwrap(), version]);
+        let toml = c.dir.join("etc/muxflow.toml");
+        let before = std::fs::read_to_string(&toml).unwrap();
+        assert!(!before.contains("[mps]"), "cluster config has [mps]");
+        std::fs::write(&toml, format!("{before}\n[mps]\nsm_partitions = true\n")).unwrap();
+        Partitions { c, toml, before }
+    }
+}
+
+impl Drop for Partitions<'_> {
+    fn drop(&mut self) {
+        std::fs::write(&self.toml, &self.before).unwrap();
+        let state = self.c.dir.join("sim/state");
+        self.c
+            .simgpu(&["mps-version", state.to_str().unwrap(), "none"]);
+    }
+}
+
+fn mps_log(c: &Cluster, node: &str, gpu: u32, file: &str) -> String {
+    let path = c
+        .node_path("var/log/muxflow/{node}/mps", node)
+        .join(gpu.to_string())
+        .join(file);
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// Waits until `node`'s GPU `gpu` has no MPS daemon (its last job's Epilog
+/// stops it), so the next job's Prolog starts one with the test's settings.
+fn wait_daemon_gone(c: &Cluster, node: &str, gpu: u32) {
+    let control = c
+        .node_path("var/run/muxflow/{node}/mps", node)
+        .join(gpu.to_string())
+        .join("control");
+    let start = Instant::now();
+    while control.exists() {
+        assert!(
+            start.elapsed() < WAIT,
+            "{}: daemon still runs",
+            control.display()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Waits until the GPU's daemon was told `sm_partition rm` `n` times.
+fn wait_removed(c: &Cluster, node: &str, gpu: u32, n: usize) {
+    let start = Instant::now();
+    loop {
+        let log = mps_log(c, node, gpu, "commands.log");
+        if log.matches("sm_partition rm").count() >= n {
+            return;
+        }
+        assert!(start.elapsed() < WAIT, "{n} partitions not removed:\n{log}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The attack on the SM share: no xCUDA, every SM asked for.
+const SM_ATTACK: &str = "unset LD_PRELOAD CUDA_MPS_PINNED_DEVICE_MEM_LIMIT\nexport CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100 CUDA_MPS_CLIENT_PRIORITY=0";
+
+#[test]
+fn with_static_partitions_the_driver_holds_a_job_without_xcuda_to_its_sms() {
+    let c = Cluster::get();
+    let _cancel = CancelNamed(&c, "mfp-");
+    let node = "node3";
+    for g in 0..2 {
+        wait_daemon_gone(&c, node, g);
+    }
+    let _on = Partitions::on(&c, "13010");
+    let doctor = doctor_line(&c, node, "sm partitions");
+    assert!(
+        doctor.starts_with("ok   sm partitions: used (control daemon 13010)"),
+        "{doctor}"
+    );
+    let cfg = c.health_config("parts-on", "min_dwell_s = 1\nrecovery_quiet_s = 1");
+    let (online, gpu) = c.online_workload("mfp-online", node, 0.05, 1000);
+    c.settle_healthy(&cfg, node, gpu, 1000);
+    let control = mps_log(&c, node, gpu, "control.log");
+    assert!(control.contains("static_partitioning=true"), "{control}");
+    // The simulated H100: 132 SMs in 33 chunks of 4. The online job keeps
+    // all but the policy's default offline share (30 %: 9 chunks).
+    let online_pid = kv(&c.output_or_empty(online).replace('\n', " "), "pid").unwrap();
+    let attach = attach_event(&c, node, gpu, &online_pid);
+    assert_eq!(
+        kv(&attach, "partition_sms").as_deref(),
+        Some("96"),
+        "{attach}"
+    );
+
+    // As nobody, without xCUDA, asking for 100 % of the SMs: the driver
+    // gives it its partition's 36 SMs (9 chunks), not the GPU's 132.
+    let bad = offline_as_nobody(
+        &c,
+        "mfp-attack",
+        node,
+        gpu,
+        &script(&c, SM_ATTACK, "offline --duration 30 --alloc-mib 256"),
+    );
+    let out = c.wait_output(bad, "workload-exit=", WAIT);
+    assert!(out.contains("enforced_by_sm=driver"), "{out}");
+    let pid = kv(&out.replace('\n', " "), "pid").unwrap();
+    let attach = attach_event(&c, node, gpu, &pid);
+    assert_eq!(
+        kv(&attach, "thread_pct").as_deref(),
+        Some("100"),
+        "{attach}"
+    );
+    assert_eq!(
+        kv(&attach, "partition_sms").as_deref(),
+        Some("36"),
+        "{attach}"
+    );
+    assert_eq!(kv(&attach, "sm_cap").as_deref(), Some("36"), "{attach}");
+    c.wait(bad, WAIT);
+    // Its partition goes back to the GPU with its Epilog.
+    wait_removed(&c, node, gpu, 1);
+
+    // Without its partition (or with another's) a client gets no GPU at
+    // all on a daemon in static mode.
+    let none = offline_as_nobody(
+        &c,
+        "mfp-nopart",
+        node,
+        gpu,
+        &script(
+            &c,
+            &format!("{SM_ATTACK}\nunset CUDA_MPS_SM_PARTITION"),
+            "offline --duration 30 --alloc-mib 256",
+        ),
+    );
+    let out = c.wait_output(none, "workload-exit=", WAIT);
+    assert!(
+        out.contains("CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION"),
+        "{out}"
+    );
+    assert!(!out.contains("workload-exit=0"), "{out}");
+    c.wait(none, WAIT);
+    wait_removed(&c, node, gpu, 2);
+    assert_eq!(c.job_field(online, "JobState"), "RUNNING");
+    c.scancel(&[online]);
+    c.wait(online, WAIT);
+    wait_daemon_gone(&c, node, gpu);
+    c.assert_no_drain();
+}
+
+#[test]
+fn with_an_older_daemon_sm_partitions_are_ignored_and_the_share_is_xcudas() {
+    let c = Cluster::get();
+    let _cancel = CancelNamed(&c, "mfq-");
+    let node = "node3";
+    for g in 0..2 {
+        wait_daemon_gone(&c, node, g);
+    }
+    let _on = Partitions::on(&c, "none");
+    let doctor = doctor_line(&c, node, "sm partitions");
+    assert!(
+        doctor.starts_with("ok   sm partitions: absent (a control daemon that prints no version")
+            && doctor.contains("is set and ignored here"),
+        "{doctor}"
+    );
+    let cfg = c.health_config("parts-off", "min_dwell_s = 1\nrecovery_quiet_s = 1");
+    // The GPU's MPS logs outlive its daemons: count only this test's commands.
+    let partition_commands = |g| {
+        mps_log(&c, node, g, "commands.log")
+            .matches("sm_partition")
+            .count()
+    };
+    let before = [partition_commands(0), partition_commands(1)];
+    let (online, gpu) = c.online_workload("mfq-online", node, 0.05, 1000);
+    c.settle_healthy(&cfg, node, gpu, 1000);
+    let control = mps_log(&c, node, gpu, "control.log");
+    assert!(control.contains("static_partitioning=false"), "{control}");
+    let good = offline_as_nobody(
+        &c,
+        "mfq-good",
+        node,
+        gpu,
+        &script(&c, "", "offline --duration 3 --alloc-mib 256"),
+    );
+    let end = c.wait(good, WAIT);
+    assert_eq!(end.state, "COMPLETED", "{end:?}");
+    let out = c.output(good);
+    assert!(out.contains("enforced_by_sm=xcuda"), "{out}");
+    assert!(out.contains("workload-exit=0"), "{out}");
+    let pid = kv(&out.replace('\n', " "), "pid").unwrap();
+    let attach = attach_event(&c, node, gpu, &pid);
+    assert_eq!(
+        kv(&attach, "partition_sms").as_deref(),
+        Some("none"),
+        "{attach}"
+    );
+    assert_eq!(
+        partition_commands(gpu),
+        before[gpu as usize],
+        "no partition made"
+    );
+    c.scancel(&[online]);
+    c.wait(online, WAIT);
+    wait_daemon_gone(&c, node, gpu);
     c.assert_no_drain();
 }
