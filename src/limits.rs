@@ -274,6 +274,13 @@ pub struct EnforcedBy {
     pub sm: Enforcer,
 }
 
+impl std::fmt::Display for EnforcedBy {
+    /// `mem:<who>,sm:<who>`: the job record's `enforced_by` (crate::report).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "mem:{},sm:{}", self.mem, self.sm)
+    }
+}
+
 /// The limits file's keys of [`EnforcedBy`].
 pub const ENFORCED_BY_MEM_KEY: &str = "enforced_by_mem";
 pub const ENFORCED_BY_SM_KEY: &str = "enforced_by_sm";

@@ -798,6 +798,11 @@ fn build_report(ctx: &ReportContext) -> JobReport {
     if let Some(text) = read_root_file(&state.terminated_by_other_file(ctx.job_id)) {
         r.terminated_by_other = Some(text.lines().count() as u32).filter(|&n| n > 0);
     }
+    if ctx.mode == Mode::Offline {
+        r.enforced_by = JobLimits::read_trusted(&state.limits_dir(), ctx.job_id, 0)
+            .ok()
+            .map(|(l, _)| l.enforced_by.to_string());
+    }
     if let Some(text) = read_root_file(&state.policed_file(ctx.job_id)) {
         let codes = muxflow::limits::policed_codes(&text);
         r.policed = (!codes.is_empty()).then(|| codes.join(","));

@@ -154,7 +154,13 @@ fn with_dmem_the_kernel_refuses_an_allocation_past_the_cap_of_a_job_without_xcud
         "{out}"
     );
     assert!(out.contains("workload-exit=0"), "{out}");
-    let cap = admin_comment(&c, good, "mem_cap_mib=").mem_cap_mib.unwrap();
+    let report = admin_comment(&c, good, "mem_cap_mib=");
+    assert_eq!(
+        report.enforced_by.as_deref(),
+        Some("mem:kernel,sm:xcuda"),
+        "{report:?}"
+    );
+    let cap = report.mem_cap_mib.unwrap();
     assert!(cap < PAST_CAP_MIB, "cap {cap} MiB");
     let pid = kv(&out.replace('\n', " "), "pid").unwrap();
     let attach = attach_event(&c, node, gpu, &pid);
@@ -246,6 +252,11 @@ fn without_dmem_nothing_is_written_the_cap_is_xcudas_and_the_police_evict_the_at
     c.wait(bad, WAIT);
     let report = admin_comment(&c, bad, "policed=");
     assert_eq!(report.policed.as_deref(), Some("no_xcuda"), "{report:?}");
+    assert_eq!(
+        report.enforced_by.as_deref(),
+        Some("mem:xcuda,sm:xcuda"),
+        "{report:?}"
+    );
     assert_eq!(c.job_field(online, "JobState"), "RUNNING");
     c.scancel(&[online]);
     c.wait(online, WAIT);
@@ -364,6 +375,13 @@ fn with_static_partitions_the_driver_holds_a_job_without_xcuda_to_its_sms() {
     );
     let out = c.wait_output(bad, "workload-exit=", WAIT);
     assert!(out.contains("enforced_by_sm=driver"), "{out}");
+    let report = admin_comment(&c, bad, "enforced_by=");
+    assert_eq!(
+        report.enforced_by.as_deref(),
+        Some("mem:xcuda,sm:driver"),
+        "{report:?}"
+    );
+    assert_eq!(report.sm_pct, Some(27), "9 of 33 chunks: {report:?}");
     let pid = kv(&out.replace('\n', " "), "pid").unwrap();
     let attach = attach_event(&c, node, gpu, &pid);
     assert_eq!(
