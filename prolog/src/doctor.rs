@@ -723,7 +723,7 @@ pub fn check_mechanisms(version: Option<u32>, dmem: &DmemFound, bus_ids: &[Strin
         format!("control daemon {v}")
     });
     let v3 = if version.is_some_and(|v| v >= MPS_V3_MIN_VERSION) {
-        format!("available ({v}): not used by muxflow yet; limits stay the client's MPS variables, xCUDA's and the police's")
+        format!("available ({v}): not used by muxflow (a client picks its namespace by its pipe directory, and sets its own priority; README, \"Who enforces each limit\"); limits stay the client's MPS variables, xCUDA's and the police's, or the driver's and the kernel's above")
     } else {
         format!("absent ({v}; namespaces whose limits override a client's own need {MPS_V3_MIN_VERSION}+)")
     };
