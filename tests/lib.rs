@@ -38,6 +38,14 @@ pub const ENDED: [&str; 9] = [
 /// resolves the name (other names, and the uid, pass on every release).
 pub const AS_NOBODY: &str = "--uid=65534";
 
+/// Turns for the tests of one binary that change what every job of a node
+/// or of the cluster sees (its config, a simulated driver mechanism, a
+/// stopped slurmctld): the suite runs a binary's tests on several threads.
+pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
 impl Cluster {

@@ -125,6 +125,7 @@ fn admin_comment(c: &Cluster, id: u32, done: &str) -> muxflow::report::JobReport
 
 #[test]
 fn with_dmem_the_kernel_refuses_an_allocation_past_the_cap_of_a_job_without_xcuda() {
+    let _turn = muxflow_tests::one_at_a_time();
     let c = Cluster::get();
     let _cancel = CancelNamed(&c, "mfd-");
     let node = "node2";
@@ -208,6 +209,7 @@ fn with_dmem_the_kernel_refuses_an_allocation_past_the_cap_of_a_job_without_xcud
 
 #[test]
 fn without_dmem_nothing_is_written_the_cap_is_xcudas_and_the_police_evict_the_attack() {
+    let _turn = muxflow_tests::one_at_a_time();
     let c = Cluster::get();
     let _cancel = CancelNamed(&c, "mfn-");
     let node = "node2";
@@ -337,6 +339,7 @@ const SM_ATTACK: &str = "unset LD_PRELOAD CUDA_MPS_PINNED_DEVICE_MEM_LIMIT\nexpo
 
 #[test]
 fn with_static_partitions_the_driver_holds_a_job_without_xcuda_to_its_sms() {
+    let _turn = muxflow_tests::one_at_a_time();
     let c = Cluster::get();
     let _cancel = CancelNamed(&c, "mfp-");
     let node = "node3";
@@ -429,6 +432,7 @@ fn with_static_partitions_the_driver_holds_a_job_without_xcuda_to_its_sms() {
 
 #[test]
 fn with_an_older_daemon_sm_partitions_are_ignored_and_the_share_is_xcudas() {
+    let _turn = muxflow_tests::one_at_a_time();
     let c = Cluster::get();
     let _cancel = CancelNamed(&c, "mfq-");
     let node = "node3";
