@@ -152,7 +152,18 @@ impl<'a> CtldDown<'a> {
 
 impl Drop for CtldDown<'_> {
     fn drop(&mut self) {
-        let ok = self.c.cmd("slurmctld").status().unwrap().success();
+        // As scripts/devcluster starts it: job_submit.lua reads the
+        // cluster's shape from the path in its environment.
+        let ok = self
+            .c
+            .cmd("slurmctld")
+            .env(
+                "MUXFLOW_SHAPE_FILE",
+                self.c.dir.join("var/lib/muxflow-matcher/cluster-shape"),
+            )
+            .status()
+            .unwrap()
+            .success();
         let start = Instant::now();
         loop {
             let mut ping = self.c.cmd("scontrol");
