@@ -77,23 +77,6 @@ fn doctor_line(c: &Cluster, node: &str, name: &str) -> String {
         .to_string()
 }
 
-/// Submits `script` as `nobody` in offline mode, placed on `node`'s `gpu`.
-fn offline_as_nobody(c: &Cluster, name: &str, node: &str, gpu: u32, script: &str) -> u32 {
-    let id = c
-        .sbatch(
-            &[
-                "--muxflow=offline",
-                muxflow_tests::AS_NOBODY,
-                "--job-name",
-                name,
-            ],
-            script,
-        )
-        .unwrap_or_else(|e| panic!("sbatch {name}: {e}"));
-    c.place(id, node, gpu);
-    id
-}
-
 /// A job script: prints who enforces its limits (its limits file, which
 /// the job's group may read), runs `shell`, then the workload.
 fn script(c: &Cluster, shell: &str, workload: &str) -> String {
@@ -140,8 +123,7 @@ fn with_dmem_the_kernel_refuses_an_allocation_past_the_cap_of_a_job_without_xcud
     c.settle_healthy(&cfg, node, gpu, 1000);
 
     // A job that keeps its limits runs as before, under the kernel's cap.
-    let good = offline_as_nobody(
-        &c,
+    let good = c.offline_as_nobody(
         "mfd-good",
         node,
         gpu,
@@ -172,8 +154,7 @@ fn with_dmem_the_kernel_refuses_an_allocation_past_the_cap_of_a_job_without_xcud
     );
 
     // The attack: xCUDA and MPS's client limit gone; the kernel's stays.
-    let bad = offline_as_nobody(
-        &c,
+    let bad = c.offline_as_nobody(
         "mfd-attack",
         node,
         gpu,
@@ -223,8 +204,7 @@ fn without_dmem_nothing_is_written_the_cap_is_xcudas_and_the_police_evict_the_at
     let cfg = c.health_config("dmem-off", "min_dwell_s = 1\nrecovery_quiet_s = 1");
     let (online, gpu) = c.online_workload("mfn-online", node, 0.05, 1000);
     c.settle_healthy(&cfg, node, gpu, 1000);
-    let bad = offline_as_nobody(
-        &c,
+    let bad = c.offline_as_nobody(
         "mfn-attack",
         node,
         gpu,
@@ -369,8 +349,7 @@ fn with_static_partitions_the_driver_holds_a_job_without_xcuda_to_its_sms() {
 
     // As nobody, without xCUDA, asking for 100 % of the SMs: the driver
     // gives it its partition's 36 SMs (9 chunks), not the GPU's 132.
-    let bad = offline_as_nobody(
-        &c,
+    let bad = c.offline_as_nobody(
         "mfp-attack",
         node,
         gpu,
@@ -404,8 +383,7 @@ fn with_static_partitions_the_driver_holds_a_job_without_xcuda_to_its_sms() {
 
     // Without its partition (or with another's) a client gets no GPU at
     // all on a daemon in static mode.
-    let none = offline_as_nobody(
-        &c,
+    let none = c.offline_as_nobody(
         "mfp-nopart",
         node,
         gpu,
@@ -458,8 +436,7 @@ fn with_an_older_daemon_sm_partitions_are_ignored_and_the_share_is_xcudas() {
     c.settle_healthy(&cfg, node, gpu, 1000);
     let control = mps_log(&c, node, gpu, "control.log");
     assert!(control.contains("static_partitioning=false"), "{control}");
-    let good = offline_as_nobody(
-        &c,
+    let good = c.offline_as_nobody(
         "mfq-good",
         node,
         gpu,
