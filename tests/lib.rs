@@ -372,6 +372,35 @@ impl Cluster {
         });
     }
 
+    /// A file of the MPS log directory of `node`'s GPU `gpu` (the cluster's
+    /// `mps_log_root`); empty when there is none yet.
+    pub fn mps_log(&self, node: &str, gpu: u32, file: &str) -> String {
+        let path = self
+            .node_path("var/log/muxflow/{node}/mps", node)
+            .join(gpu.to_string())
+            .join(file);
+        std::fs::read_to_string(path).unwrap_or_default()
+    }
+
+    /// Waits (up to `wait`) until `node`'s GPU `gpu` has no MPS daemon (the
+    /// Epilog of its last muxflow job stops it), so the next job's Prolog
+    /// starts one with the test's settings.
+    pub fn wait_mps_daemon_gone(&self, node: &str, gpu: u32, wait: Duration) {
+        let control = self
+            .node_path("var/run/muxflow/{node}/mps", node)
+            .join(gpu.to_string())
+            .join("control");
+        let start = Instant::now();
+        while control.exists() {
+            assert!(
+                start.elapsed() < wait,
+                "{node} gpu{gpu}: the MPS daemon outlived its last job ({})",
+                control.display()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
     /// Submits `script` as `nobody` in offline mode, named `name`, and
     /// places it on `node`'s GPU `gpu` (beside the online job there).
     pub fn offline_as_nobody(&self, name: &str, node: &str, gpu: u32, script: &str) -> u32 {

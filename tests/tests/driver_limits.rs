@@ -106,6 +106,15 @@ fn admin_comment(c: &Cluster, id: u32, done: &str) -> muxflow::report::JobReport
     muxflow::report::JobReport::decode(text).unwrap_or_else(|e| panic!("{e}: {line}"))
 }
 
+/// The attack as `nobody` beside the online job on `node`'s GPU `gpu`
+/// (xCUDA and the MPS client limits dropped, an allocation past the cap):
+/// the job and its output once its workload ended.
+fn attack_past_the_cap(c: &Cluster, name: &str, node: &str, gpu: u32) -> (u32, String) {
+    let workload = format!("online --rate 20 --duration 30 --alloc-mib {PAST_CAP_MIB}");
+    let bad = c.offline_as_nobody(name, node, gpu, &script(c, ATTACK, &workload));
+    (bad, c.wait_output(bad, "workload-exit=", WAIT))
+}
+
 #[test]
 fn with_dmem_the_kernel_refuses_an_allocation_past_the_cap_of_a_job_without_xcuda() {
     let _turn = muxflow_tests::one_at_a_time();
@@ -154,17 +163,7 @@ fn with_dmem_the_kernel_refuses_an_allocation_past_the_cap_of_a_job_without_xcud
     );
 
     // The attack: xCUDA and MPS's client limit gone; the kernel's stays.
-    let bad = c.offline_as_nobody(
-        "mfd-attack",
-        node,
-        gpu,
-        &script(
-            &c,
-            ATTACK,
-            &format!("online --rate 20 --duration 30 --alloc-mib {PAST_CAP_MIB}"),
-        ),
-    );
-    let out = c.wait_output(bad, "workload-exit=", WAIT);
+    let (bad, out) = attack_past_the_cap(&c, "mfd-attack", node, gpu);
     assert!(
         out.contains("enforced_by_mem=kernel"),
         "the limits file says so:\n{out}"
@@ -204,17 +203,7 @@ fn without_dmem_nothing_is_written_the_cap_is_xcudas_and_the_police_evict_the_at
     let cfg = c.health_config("dmem-off", "min_dwell_s = 1\nrecovery_quiet_s = 1");
     let (online, gpu) = c.online_workload("mfn-online", node, 0.05, 1000);
     c.settle_healthy(&cfg, node, gpu, 1000);
-    let bad = c.offline_as_nobody(
-        "mfn-attack",
-        node,
-        gpu,
-        &script(
-            &c,
-            ATTACK,
-            &format!("online --rate 20 --duration 30 --alloc-mib {PAST_CAP_MIB}"),
-        ),
-    );
-    let out = c.wait_output(bad, "workload-exit=", WAIT);
+    let (bad, out) = attack_past_the_cap(&c, "mfn-attack", node, gpu);
     assert!(
         out.contains("enforced_by_mem=xcuda enforced_by_sm=xcuda"),
         "{out}"
@@ -275,37 +264,11 @@ impl Drop for Partitions<'_> {
     }
 }
 
-fn mps_log(c: &Cluster, node: &str, gpu: u32, file: &str) -> String {
-    let path = c
-        .node_path("var/log/muxflow/{node}/mps", node)
-        .join(gpu.to_string())
-        .join(file);
-    std::fs::read_to_string(path).unwrap_or_default()
-}
-
-/// Waits until `node`'s GPU `gpu` has no MPS daemon (its last job's Epilog
-/// stops it), so the next job's Prolog starts one with the test's settings.
-fn wait_daemon_gone(c: &Cluster, node: &str, gpu: u32) {
-    let control = c
-        .node_path("var/run/muxflow/{node}/mps", node)
-        .join(gpu.to_string())
-        .join("control");
-    let start = Instant::now();
-    while control.exists() {
-        assert!(
-            start.elapsed() < WAIT,
-            "{}: daemon still runs",
-            control.display()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 /// Waits until the GPU's daemon was told `sm_partition rm` `n` times.
 fn wait_removed(c: &Cluster, node: &str, gpu: u32, n: usize) {
     let start = Instant::now();
     loop {
-        let log = mps_log(c, node, gpu, "commands.log");
+        let log = c.mps_log(node, gpu, "commands.log");
         if log.matches("sm_partition rm").count() >= n {
             return;
         }
@@ -324,7 +287,7 @@ fn with_static_partitions_the_driver_holds_a_job_without_xcuda_to_its_sms() {
     let _cancel = CancelNamed(&c, "mfp-");
     let node = "node3";
     for g in 0..2 {
-        wait_daemon_gone(&c, node, g);
+        c.wait_mps_daemon_gone(node, g, WAIT);
     }
     let _on = Partitions::on(&c, "13010");
     let doctor = doctor_line(&c, node, "sm partitions");
@@ -335,7 +298,7 @@ fn with_static_partitions_the_driver_holds_a_job_without_xcuda_to_its_sms() {
     let cfg = c.health_config("parts-on", "min_dwell_s = 1\nrecovery_quiet_s = 1");
     let (online, gpu) = c.online_workload("mfp-online", node, 0.05, 1000);
     c.settle_healthy(&cfg, node, gpu, 1000);
-    let control = mps_log(&c, node, gpu, "control.log");
+    let control = c.mps_log(node, gpu, "control.log");
     assert!(control.contains("static_partitioning=true"), "{control}");
     // The simulated H100: 132 SMs in 33 chunks of 4. The online job keeps
     // all but the policy's default offline share (30 %: 9 chunks).
@@ -404,7 +367,7 @@ fn with_static_partitions_the_driver_holds_a_job_without_xcuda_to_its_sms() {
     assert_eq!(c.job_field(online, "JobState"), "RUNNING");
     c.scancel(&[online]);
     c.wait(online, WAIT);
-    wait_daemon_gone(&c, node, gpu);
+    c.wait_mps_daemon_gone(node, gpu, WAIT);
     c.assert_no_drain();
 }
 
@@ -415,7 +378,7 @@ fn with_an_older_daemon_sm_partitions_are_ignored_and_the_share_is_xcudas() {
     let _cancel = CancelNamed(&c, "mfq-");
     let node = "node3";
     for g in 0..2 {
-        wait_daemon_gone(&c, node, g);
+        c.wait_mps_daemon_gone(node, g, WAIT);
     }
     let _on = Partitions::on(&c, "none");
     let doctor = doctor_line(&c, node, "sm partitions");
@@ -427,14 +390,14 @@ fn with_an_older_daemon_sm_partitions_are_ignored_and_the_share_is_xcudas() {
     let cfg = c.health_config("parts-off", "min_dwell_s = 1\nrecovery_quiet_s = 1");
     // The GPU's MPS logs outlive its daemons: count only this test's commands.
     let partition_commands = |g| {
-        mps_log(&c, node, g, "commands.log")
+        c.mps_log(node, g, "commands.log")
             .matches("sm_partition")
             .count()
     };
     let before = [partition_commands(0), partition_commands(1)];
     let (online, gpu) = c.online_workload("mfq-online", node, 0.05, 1000);
     c.settle_healthy(&cfg, node, gpu, 1000);
-    let control = mps_log(&c, node, gpu, "control.log");
+    let control = c.mps_log(node, gpu, "control.log");
     assert!(control.contains("static_partitioning=false"), "{control}");
     let good = c.offline_as_nobody(
         "mfq-good",
@@ -461,6 +424,6 @@ fn with_an_older_daemon_sm_partitions_are_ignored_and_the_share_is_xcudas() {
     );
     c.scancel(&[online]);
     c.wait(online, WAIT);
-    wait_daemon_gone(&c, node, gpu);
+    c.wait_mps_daemon_gone(node, gpu, WAIT);
     c.assert_no_drain();
 }
