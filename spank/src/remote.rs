@@ -26,8 +26,6 @@ use slurm_spank::SpankHandle;
 
 use crate::{preload, settings, OPTION};
 
-/// The step's mode, exported to its tasks.
-pub const MODE_VAR: &str = muxflow::mode::ENV_VAR;
 /// Where a workload may write its own figures (`key=value`) for the report.
 pub const JOB_REPORT_VAR: &str = "MUXFLOW_JOB_REPORT";
 
@@ -114,7 +112,7 @@ impl RemoteState {
             (None, None) => return,
         };
         self.mode = Some(mode);
-        set(spank, MODE_VAR, mode.as_str());
+        set(spank, crate::submit::MODE_VAR, mode.as_str());
         if let Err(e) = self.prepare(spank, mode, step, loaded) {
             let msg = format!("muxflow: {e}");
             tracing::error!("{msg}");
@@ -358,11 +356,6 @@ impl RemoteState {
         if gang {
             self.task_env = per_gpu;
         }
-        set(
-            spank,
-            JOB_REPORT_VAR,
-            stats.join("job.report").to_string_lossy().as_ref(),
-        );
         preload_xcuda(spank, xcuda);
         Ok(())
     }
@@ -551,9 +544,7 @@ fn no_record(config: &Config, state: &NodeState, job_id: u32, node: &str, mode: 
     }
 }
 
-/// This node's Slurm name. SLURMD_NODENAME reaches the tasks only later, so
-/// for muxflow's single-node jobs the job's node list is the name.
-/// The muxflow config the plugstack line names, resolved for this node.
+/// The muxflow config the plugstack line names, with this node's Slurm name.
 fn node_config(spank: &SpankHandle) -> anyhow::Result<(String, Config)> {
     let (_, config) = settings::load(spank)?;
     let node = node_name(spank)?;
@@ -569,6 +560,8 @@ fn recorded_mode(spank: &SpankHandle, config: &Config) -> Option<Mode> {
     Some(record.mode)
 }
 
+/// This node's Slurm name. SLURMD_NODENAME reaches the tasks only later, so
+/// for muxflow's single-node jobs the job's node list is the name.
 fn node_name(spank: &SpankHandle) -> anyhow::Result<String> {
     for var in ["SLURMD_NODENAME", "SLURM_JOB_NODELIST", "SLURM_NODELIST"] {
         if let Some(v) = spank.getenv(var)? {
@@ -741,12 +734,11 @@ fn stop_grace_ms(config: &Config, job: u32) -> Option<u64> {
     }
 }
 
-/// Writes `limits` and the stop bounds (root, 0644) in `dir` (root, 0755),
-/// which must be a plain directory of root: what xCUDA and the health check
-/// trust.
-/// Writes the job's limits file, root's, readable by the job's group `gid`
-/// only (xCUDA reads it as the job's user; other users have no business
-/// with another job's share and cap).
+/// Writes `limits` and the stop bounds in `dir` (root, 0755), which must be
+/// a plain directory of root: what xCUDA and the health check trust. The
+/// file is root's, readable by the job's group `gid` only (xCUDA reads it
+/// as the job's user; other users have no business with another job's
+/// share and cap).
 fn write_limits(dir: &Path, limits: &JobLimits, stop: &StopBounds, gid: u32) -> anyhow::Result<()> {
     std::fs::DirBuilder::new()
         .recursive(true)

@@ -10,7 +10,8 @@ use crate::settings::{self, SettingsError};
 use crate::OPTION;
 
 /// Variable exported to job_submit.lua (`job_desc.spank_job_env`), the
-/// Prolog/Epilog (`SPANK_MUXFLOW_MODE`) and the job (`SLURM_SPANK_MUXFLOW_MODE`).
+/// Prolog/Epilog (`SPANK_MUXFLOW_MODE`) and the job (`SLURM_SPANK_MUXFLOW_MODE`);
+/// the remote context sets it again in each step for the step's tasks.
 pub const MODE_VAR: &str = muxflow::mode::ENV_VAR;
 
 #[derive(Debug, thiserror::Error)]
