@@ -32,7 +32,7 @@ use muxflow::node_state::NodeState;
 use muxflow::report::{last_kv_line, read_claim_files, JobReport};
 use muxflow::{Config, Mode};
 
-use crate::sysmon::load_record;
+use crate::record::load_record;
 
 /// The textfile's name in `textfile_dir`.
 pub const TEXTFILE: &str = "muxflow.prom";

@@ -44,12 +44,6 @@ pub struct ModelParams {
     pub shared_path_slowdown: f64,
 }
 
-impl Default for ModelParams {
-    fn default() -> Self {
-        crate::config::GpuConfig::h100_like(0, 0).model()
-    }
-}
-
 /// One kernel's interval on the GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct KernelSpan {
@@ -264,6 +258,12 @@ pub fn sample(p: &ModelParams, kernels: &[KernelSpan], ext: ExternalLoad, now: u
 mod tests {
     use super::*;
 
+    // The configs build the model's parameters (config -> model), so the
+    // tests take theirs from there too.
+    fn h100_like() -> ModelParams {
+        crate::config::GpuConfig::h100_like(0, 0).model()
+    }
+
     const MS: u64 = 1_000_000;
 
     /// Runs clients launching back-to-back kernels (one stream each) from
@@ -313,7 +313,7 @@ mod tests {
 
     #[test]
     fn alone_vs_overlapping() {
-        let p = ModelParams::default();
+        let p = h100_like();
         let full = p.sm_count;
         let (alone, s1) = run(&p, &[(full as u64, full, 0)], 1000 * MS);
         let (two, s2) = run(
@@ -337,7 +337,7 @@ mod tests {
 
     #[test]
     fn light_load_keeps_clock_and_heavy_load_drops_it() {
-        let p = ModelParams::default();
+        let p = h100_like();
         // 20 SMs busy all the time: ~15% activity, full clock, utilization 1.
         let (_, s) = run(&p, &[(20, 132, 0)], 1000 * MS);
         let a = sample(&p, &s, ExternalLoad::default(), 1000 * MS);
@@ -356,7 +356,7 @@ mod tests {
 
     #[test]
     fn small_kernels_side_by_side_do_not_slow_down() {
-        let p = ModelParams::default();
+        let p = h100_like();
         let (alone, _) = run(&p, &[(40, 132, 0)], 500 * MS);
         let (two, _) = run(&p, &[(40, 132, 0), (40, 132, 1)], 500 * MS);
         // 80 of 132 SMs: no SM sharing, activity ~61% < knee: no slowdown.
@@ -366,7 +366,7 @@ mod tests {
 
     #[test]
     fn thread_percentage_caps_sms() {
-        let p = ModelParams::default();
+        let p = h100_like();
         assert_eq!(sm_cap(132, 50), 66);
         assert_eq!(demand(&p, 132, sm_cap(132, 50)), 66);
         let (full, _) = run(&p, &[(132, 132, 0)], 1000 * MS);
@@ -390,7 +390,7 @@ mod tests {
 
     #[test]
     fn priority_changes_who_slows_down() {
-        let p = ModelParams::default();
+        let p = h100_like();
         let (alone, _) = run(&p, &[(132, 132, 0)], 1000 * MS);
         let (mixed, _) = run(&p, &[(132, 132, 0), (132, 132, 1)], 1000 * MS);
         // The priority-0 client keeps most of its speed; the priority-1 one pays.
@@ -403,7 +403,7 @@ mod tests {
 
     #[test]
     fn the_clock_follows_the_window_whoever_caused_it() {
-        let p = ModelParams::default();
+        let p = h100_like();
         let none = ExternalLoad::default();
         // A 64-SM priority-0 kernel next to a priority-1 one on 79 SMs: the
         // SMs are not oversubscribed for priority 0 (64 + 0.1 * 79 < 132).
@@ -443,7 +443,7 @@ mod tests {
 
     #[test]
     fn external_load_drives_telemetry() {
-        let p = ModelParams::default();
+        let p = h100_like();
         let s = sample(&p, &[], ExternalLoad { fraction: 0.9 }, 10 * MS);
         assert!((s.sm_activity - 0.9).abs() < 1e-9);
         assert!((s.utilization - 0.9).abs() < 1e-9);
