@@ -2,7 +2,9 @@
 //!
 //! This crate is the logic that two or more of muxflow's process contexts
 //! share: the SPANK plugin (`spank/`), the xCUDA shim (`xcuda/`), the node
-//! programs (`prolog/`) and the matcher daemon (`matcher/`). It exports no FFI.
+//! programs (`prolog/`), the matcher daemon (`matcher/`) and the replay
+//! (`sim/`). It exports no FFI and needs no Slurm headers: what reads them
+//! is `muxflow-slurm` (`slurm/`).
 
 pub mod config;
 pub mod dmem;
@@ -22,9 +24,7 @@ pub mod preempt;
 pub mod process;
 pub mod published;
 pub mod report;
-pub mod slurm_cli;
 pub mod slurm_conf;
-pub mod slurm_version;
 pub mod sm_page;
 pub mod sm_partition;
 #[doc(hidden)]

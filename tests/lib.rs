@@ -472,7 +472,7 @@ impl Cluster {
         let mut c = self.cmd("scontrol");
         c.args(["show", "job", &id.to_string()]);
         let (_, out, _) = self.run(c);
-        muxflow::slurm_cli::parse_admin_comment(&out).unwrap_or_default()
+        muxflow_slurm::cli::parse_admin_comment(&out).unwrap_or_default()
     }
 
     /// Waits until job `id` is back in the queue, held, after a refused

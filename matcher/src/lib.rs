@@ -61,6 +61,7 @@ pub mod round_cache;
 pub mod service;
 pub mod shape;
 pub mod slots;
+#[cfg(feature = "slurm")]
 pub mod slurm;
 pub mod solver;
 pub mod synth;

@@ -33,7 +33,7 @@ use muxflow_matcher::synth::WeightMode;
 
 #[derive(Debug, Parser)]
 #[command(
-    version = muxflow::slurm_version::program_version(),
+    version = muxflow_slurm::version::program_version(),
     about = "muxflow's matcher: places pending offline jobs next to online jobs",
     after_help = "Decision table columns: JOB NAME ACTION NODE GPU SPEED REASON. ACTION: place \
 (hint written), keep (already placed there), park (hint cleared), none (stays parked). SPEED: \
@@ -399,7 +399,7 @@ fn write_waiting_notes(
     state: &ClusterState,
     plan: &Plan,
 ) {
-    let since = muxflow::slurm_cli::slurm_time(std::time::SystemTime::now());
+    let since = muxflow_slurm::cli::slurm_time(std::time::SystemTime::now());
     let budget = config
         .matcher
         .max_updates_per_round

@@ -1,5 +1,5 @@
 //! Slurm I/O of a round: the JSON listings in, `scontrol update` out,
-//! through muxflow's one Slurm client ([`muxflow::slurm_cli::SlurmClient`]:
+//! through muxflow's one Slurm client ([`muxflow_slurm::cli::SlurmClient`]:
 //! the commands of `slurm.scontrol`'s directory, `matcher.command_timeout_s`
 //! per call, bounded retries when slurmctld cannot be reached, one
 //! slurm.conf discovery), so a hung slurmctld cannot hang the daemon.
@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use muxflow::slurm_cli::{ScontrolError, SlurmClient};
+use muxflow_slurm::cli::{ScontrolError, SlurmClient};
 
 use crate::history::HistoryCache;
 use crate::predict::{runs_from_sacct, Run};

@@ -469,7 +469,7 @@ pub fn run(config: &Config, node: &str, slurm_conf: &Path, slurmd_v: &str) -> Ve
     }
     checks.push(check_plugstack(&texts));
     checks.push(check_slurm_version(
-        &muxflow::slurm_version::version_string(),
+        &muxflow_slurm::version::version_string(),
         slurmd_v,
     ));
 

@@ -23,8 +23,8 @@ use muxflow::health::HealthState;
 use muxflow::mps::MpsDaemon;
 use muxflow::node_state::{free_offline_slots, JobRecord, NodeState};
 use muxflow::placement::{refused_admin_comment, Placement};
-use muxflow::slurm_cli::{HeldSlots, OfflineJob, Scontrol};
 use muxflow::{Config, Mode};
+use muxflow_slurm::cli::{HeldSlots, OfflineJob, Scontrol};
 
 use crate::JobEnv;
 

@@ -11,7 +11,7 @@ use clap::Parser;
 use muxflow::Config;
 
 #[derive(Debug, Parser)]
-#[command(version = muxflow::slurm_version::program_version())]
+#[command(version = muxflow_slurm::version::program_version())]
 pub struct Cli {
     /// muxflow config file [default: muxflow.toml beside the slurm.conf in
     /// use ($SLURM_CONF, or slurmd's), else /etc/slurm/muxflow.toml].

@@ -668,7 +668,7 @@ pub fn escalate(config: &Config, ns: &NodeState, job: u32) {
         },
     );
     let id = job.to_string();
-    if let Err(e) = muxflow::slurm_cli::Scontrol::new(config).command("scancel", &[&id]) {
+    if let Err(e) = muxflow_slurm::cli::Scontrol::new(config).command("scancel", &[&id]) {
         tracing::error!(job, "muxflow-police: cannot cancel the job: {e}");
     }
 }

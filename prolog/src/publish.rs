@@ -11,7 +11,7 @@
 //! Two layers: [`plan`] decides, from the node's record and what slurmctld
 //! showed, which updates to send (pure, table-tested); [`publish`] reads
 //! what the plan [`needs`], applies the updates with the one Slurm client
-//! ([`muxflow::slurm_cli::SlurmClient`], timeouts included) and keeps the
+//! ([`muxflow_slurm::cli::SlurmClient`], timeouts included) and keeps the
 //! record.
 
 use std::collections::BTreeMap;
@@ -21,8 +21,8 @@ use anyhow::Context;
 use muxflow::mps::MpsDaemon;
 use muxflow::node_state::{write_atomic, NodeState};
 use muxflow::published::{encode, GpuPublished};
-use muxflow::slurm_cli::SlurmClient;
 use muxflow::Config;
+use muxflow_slurm::cli::SlurmClient;
 use serde::{Deserialize, Serialize};
 
 use crate::record::{load_record, space_note, GpuRecord, Trigger};

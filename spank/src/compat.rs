@@ -10,7 +10,7 @@
 #[cfg(slurm_init_failure_mode)]
 #[no_mangle]
 #[used]
-pub static slurm_spank_init_failure_mode: libc::c_int = muxflow::slurm_version::ESPANK_JOB_FAILURE;
+pub static slurm_spank_init_failure_mode: libc::c_int = muxflow_slurm::version::ESPANK_JOB_FAILURE;
 
 /// Whether `init` in slurmstepd may fail back to Slurm: only where the
 /// symbol above makes that fail the job. Before 25.05 a failure there drains
@@ -18,4 +18,4 @@ pub static slurm_spank_init_failure_mode: libc::c_int = muxflow::slurm_version::
 /// cannot be protected is refused in `task_init` instead. (`init_post_opt`
 /// failing drains the node on every release, checked on 26.05: it never
 /// fails.)
-pub const REMOTE_FAILS_JOB: bool = muxflow::slurm_version::INIT_FAILURE_MODE;
+pub const REMOTE_FAILS_JOB: bool = muxflow_slurm::version::INIT_FAILURE_MODE;

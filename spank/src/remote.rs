@@ -18,10 +18,10 @@ use std::path::{Path, PathBuf};
 use muxflow::limits::{EnforcedBy, Enforcer, JobLimits, StopBounds};
 use muxflow::node_state::{write_atomic, NodeState};
 use muxflow::report::{add_peers, JobReport};
-use muxflow::slurm_cli::{OfflineJob, Scontrol};
-use muxflow::slurm_version::{SLURM_BATCH_SCRIPT, SLURM_EXTERN_CONT, SLURM_INTERACTIVE_STEP};
 use muxflow::xcuda_env::{self, XcudaEnv};
 use muxflow::{mps, online_page, Config, Mode};
+use muxflow_slurm::cli::{OfflineJob, Scontrol};
+use muxflow_slurm::version::{SLURM_BATCH_SCRIPT, SLURM_EXTERN_CONT, SLURM_INTERACTIVE_STEP};
 use slurm_spank::SpankHandle;
 
 use crate::{preload, settings, OPTION};
@@ -438,7 +438,7 @@ pub fn check_node_config(spank: &SpankHandle) -> Result<(), Refused> {
         let comment = client
             .scontrol(&["show", "job", &id.to_string()])
             .ok()
-            .and_then(|out| muxflow::slurm_cli::parse_admin_comment(&out))
+            .and_then(|out| muxflow_slurm::cli::parse_admin_comment(&out))
             .filter(|c| c.starts_with(muxflow::report::TAG))
             .unwrap_or_else(|| format!("{} mode=offline", muxflow::report::TAG));
         // Once per job (each of its steps fails here).

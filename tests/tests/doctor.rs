@@ -92,7 +92,7 @@ fn the_doctor_passes_a_correct_node_and_names_each_breakage_with_its_fix() {
                 let fake = dir.join("bin/slurmd");
                 std::fs::create_dir_all(fake.parent().unwrap()).unwrap();
                 // A release other than the build's.
-                let other = if muxflow::slurm_version::version_string().starts_with("24.11") {
+                let other = if muxflow_slurm::version::version_string().starts_with("24.11") {
                     "22.05.8"
                 } else {
                     "24.11.5"

@@ -72,18 +72,18 @@ impl Drop for BrokenOnOneNode {
 
 #[test]
 fn a_broken_node_config_fails_the_offline_job_and_the_node_takes_the_next_job() {
-    if !muxflow::slurm_version::INIT_FAILURE_MODE {
+    if !muxflow_slurm::version::INIT_FAILURE_MODE {
         // scripts/test sets this on 25.05 and later: a build that lost the
         // mode fails here instead of skipping.
         assert!(
             std::env::var_os("MUXFLOW_EXPECT_INIT_FAILURE_MODE").is_none(),
             "built for Slurm {} without the init-failure mode, though this run expects it",
-            muxflow::slurm_version::version_string()
+            muxflow_slurm::version::version_string()
         );
         eprintln!(
             "skipped: built for Slurm {}, which has no SPANK init-failure mode (25.05 and later); \
              scripts/test runs this on 26.05",
-            muxflow::slurm_version::version_string()
+            muxflow_slurm::version::version_string()
         );
         return;
     }

@@ -98,7 +98,7 @@ fn node_side_misconfiguration_refuses_offline_work_and_drains_nothing() {
     c.write_placement(id, "node4", 1);
     let end = c.wait(id, WAIT);
     assert_eq!(end.state, "FAILED", "{end:?}");
-    if muxflow::slurm_version::INIT_FAILURE_MODE {
+    if muxflow_slurm::version::INIT_FAILURE_MODE {
         // Slurm 25.05+: failed in slurmstepd's init, before any output
         // (tests/init_failure.rs); the reason's code in the AdminComment.
         let comment = c.admin_comment(id);

@@ -12,7 +12,7 @@ use clap::Parser;
 #[derive(Debug, Parser)]
 #[command(
     name = "muxflow-doctor",
-    version = muxflow::slurm_version::program_version(),
+    version = muxflow_slurm::version::program_version(),
     about = "Checks this node's muxflow installation"
 )]
 struct Cli {

@@ -3,7 +3,7 @@
 //!
 //! * Programs come from the directory of `slurm.scontrol` (root-owned
 //!   config; never the caller's PATH), with a scrubbed environment and the
-//!   slurm.conf of [`crate::slurm_conf::discover`].
+//!   slurm.conf of [`muxflow::slurm_conf::discover`].
 //! * Each call has a timeout: a slurmctld that stops answering costs one
 //!   timeout, not a hung Prolog. A call that fails fast because slurmctld
 //!   cannot be reached is tried again, a bounded number of times
@@ -17,8 +17,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::process::{self, RunError};
-use crate::Config;
+use muxflow::process::{self, RunError};
+use muxflow::Config;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ScontrolError {
@@ -95,7 +95,7 @@ impl SlurmClient {
     pub fn with_timeout(config: &Config, timeout: Duration) -> Self {
         SlurmClient {
             program: config.slurm.scontrol.as_path().to_path_buf(),
-            slurm_conf: crate::slurm_conf::discover(),
+            slurm_conf: muxflow::slurm_conf::discover(),
             timeout,
             attempts: 3,
             retry_pause: Duration::from_millis(500),
@@ -600,7 +600,7 @@ mod client_tests {
     /// A fake `scontrol` in a directory of its own: `script` is its body.
     fn fake(dir: &Path, script: &str) -> SlurmClient {
         let program = dir.join("scontrol");
-        crate::test_support::write_executable(&program, &format!("#!/bin/sh\n{script}\n"));
+        muxflow::test_support::write_executable(&program, &format!("#!/bin/sh\n{script}\n"));
         SlurmClient {
             program,
             slurm_conf: Some(dir.join("slurm.conf")),

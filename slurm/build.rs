@@ -5,7 +5,7 @@
 //! The one place where Slurm releases differ at build time: [`FEATURES`]
 //! turns the version into `cfg`s for this crate and, through
 //! `DEP_SLURM_FEATURES`, for the plugin's (`spank/build.rs`); the code they
-//! select lives in `spank/src/compat.rs` and `src/slurm_version.rs`.
+//! select lives in `spank/src/compat.rs` and `slurm/src/version.rs`.
 
 use std::env;
 use std::fs;
