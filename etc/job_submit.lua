@@ -64,7 +64,16 @@ GPUs that are not healthy).
 -- Keep in step with muxflow.toml [slurm] offline_gres.
 local OFFLINE_GRES = "mfslot"
 local PARK_OFFLINE = true
+-- The AdminComment protocol, owned by src/admin_comment.rs (its test checks
+-- these constants against the Rust definitions, and that no other line here
+-- spells a protocol word out).
 local TAG = "muxflow:v1"
+local KEY_MODE = "mode"
+local KEY_GPUS = "gpus"
+local KEY_PLACED = "placed"
+local PLACED_ANY = "any"
+local MODE_OFFLINE = "offline"
+local MODE_ONLINE = "online"
 -- Slurm's NO_VAL (32-bit): job_desc.priority when the update leaves it alone.
 local NO_VAL = 4294967294
 -- Fields that can carry a GRES request.
@@ -351,7 +360,7 @@ end
 
 function muxflow_job_submit(job_desc)
 	local mode = muxflow_mode(job_desc)
-	if mode ~= "offline" then
+	if mode ~= MODE_OFFLINE then
 		local field, value = offline_slot_request(job_desc)
 		if field ~= nil then
 			slurm.log_user(
@@ -372,7 +381,7 @@ function muxflow_job_submit(job_desc)
 		slurm.log_user("muxflow: %s", control_character_refusal(field, code))
 		return slurm.ERROR
 	end
-	if mode == "offline" then
+	if mode == MODE_OFFLINE then
 		local why = offline_refusal(job_desc)
 		if why ~= nil then
 			slurm.log_user("muxflow: %s", why)
@@ -412,11 +421,11 @@ function muxflow_job_submit(job_desc)
 			return slurm.ERROR
 		end
 		job_desc.admin_comment = TAG
-			.. " mode=offline"
-			.. (gpus > 1 and (" gpus=" .. gpus) or "")
-			.. (PARK_OFFLINE and "" or " placed=any")
-	elseif mode == "online" then
-		job_desc.admin_comment = TAG .. " mode=online"
+			.. " " .. KEY_MODE .. "=" .. MODE_OFFLINE
+			.. (gpus > 1 and (" " .. KEY_GPUS .. "=" .. gpus) or "")
+			.. (PARK_OFFLINE and "" or (" " .. KEY_PLACED .. "=" .. PLACED_ANY))
+	elseif mode == MODE_ONLINE then
+		job_desc.admin_comment = TAG .. " " .. KEY_MODE .. "=" .. MODE_ONLINE
 	else
 		-- The plugin validates the value at submit; anything else was forged.
 		slurm.log_user("muxflow: invalid MUXFLOW_MODE '%s' (accepted: online, offline)", mode)
@@ -433,7 +442,7 @@ end
 -- or the matcher wrote it; users cannot).
 local function is_offline_job(job_rec)
 	local c = job_rec.admin_comment
-	return c ~= nil and string.match(c, "^" .. TAG .. " mode=offline") ~= nil
+	return c ~= nil and string.match(c, "^" .. TAG .. " " .. KEY_MODE .. "=" .. MODE_OFFLINE) ~= nil
 end
 
 local function denied(job_rec, modify_uid, what)

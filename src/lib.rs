@@ -6,6 +6,7 @@
 //! (`sim/`). It exports no FFI and needs no Slurm headers: what reads them
 //! is `muxflow-slurm` (`slurm/`).
 
+pub mod admin_comment;
 pub mod config;
 pub mod dmem;
 pub mod health;

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! muxflow:v1 mode=offline placed=node3:g1        written by muxflow-matcher with the slot
-//! muxflow:v1 mode=offline gpus=2 placed=node3:g0,g1   a 2-GPU job's gang of slots (issue 15)
+//! muxflow:v1 mode=offline gpus=2 placed=node3:g0,g1   a 2-GPU job's gang of slots
 //! muxflow:v1 mode=offline placed=any             job_submit.lua without a matcher (any slot)
 //! muxflow:v1 mode=offline refused=gpu_faulty refusals=1   written by the Prolog when it refuses the job
 //! muxflow:v1 mode=offline waiting=free_gpu since=2026-11-23T12:14:05 rounds_every=60s
@@ -15,31 +15,20 @@
 //! is unchanged: records of either kind parse. A reader that predates it
 //! fails to parse a gang's value and refuses the job: never runs it on
 //! fewer GPUs than it was placed on. `gpus=` is the job's GPU count as
-//! job_submit.lua recorded it ([`GPUS_KEY`]); absent means 1.
-//! `refusals=` counts the job's refusals by Prologs ([`REFUSALS_KEY`]);
+//! job_submit.lua recorded it; absent means 1.
+//! `refusals=` counts the job's refusals by Prologs;
 //! every muxflow text of a pending job keeps it, so the plugin can fail a
 //! job that keeps being refused instead of requeueing it for ever.
 //!
 //! The Prolog compares the slot Slurm allocated with `placed=`; a job whose
 //! slot is not the one muxflow wrote is refused. The end-of-job report
 //! ([`crate::report`]) later replaces the text; it keeps the same tag and
-//! `mode`, and readers ignore keys they do not know.
+//! `mode`, and readers ignore keys they do not know. The protocol itself
+//! (tag, keys, the one parse) is [`crate::admin_comment`]'s.
 
 use std::fmt;
 
-use crate::kv;
-use crate::report::TAG;
-
-/// Key of the placement in the AdminComment.
-pub const PLACED_KEY: &str = "placed";
-/// Key of a refusal code in the AdminComment.
-pub const REFUSED_KEY: &str = "refused";
-/// Key of an offline job's GPU count (one node), when more than 1.
-pub const GPUS_KEY: &str = "gpus";
-/// Key of a parked job's reason to wait ([`Waiting`]).
-pub const WAITING_KEY: &str = "waiting";
-/// Key of how often Prologs refused the job so far; absent means never.
-pub const REFUSALS_KEY: &str = "refusals";
+use crate::admin_comment::{key, offline_record, AdminComment, PLACED_ANY};
 
 /// Why a parked offline job waits, as the matcher writes it into the job's
 /// AdminComment (`waiting=<code>`), so that `scontrol show job` says it.
@@ -125,46 +114,12 @@ impl Waiting {
     /// reason since `since` (local time, `YYYY-MM-DDTHH:MM:SS`), checked by
     /// a matcher round every `every_s` seconds.
     pub fn admin_comment(self, gpus: u32, refusals: u32, since: &str, every_s: u64) -> String {
-        let gpus = gpus as usize;
-        let mut w = offline_record(gpus, refusals);
-        w.push(WAITING_KEY, self.code())
-            .push("since", since)
-            .push("rounds_every", format!("{every_s}s"));
+        let mut w = offline_record(gpus as usize, refusals);
+        w.push(key::WAITING, self.code())
+            .push(key::SINCE, since)
+            .push(key::ROUNDS_EVERY, format!("{every_s}s"));
         w.finish()
     }
-
-    /// The reason recorded in an offline job's AdminComment, if any.
-    pub fn from_admin_comment(text: &str) -> Option<Waiting> {
-        Waiting::from_code(offline_record_keys(text)?.get(WAITING_KEY)?)
-    }
-}
-
-/// An offline job's AdminComment up to its own keys: the tag, the mode,
-/// the GPU count when more than 1 and its refusals when any.
-fn offline_record(gpus: usize, refusals: u32) -> kv::Writer {
-    let mut w = kv::Writer::new().tag(TAG);
-    w.push("mode", crate::Mode::Offline);
-    if gpus > 1 {
-        w.push(GPUS_KEY, gpus);
-    }
-    if refusals > 0 {
-        w.push(REFUSALS_KEY, refusals);
-    }
-    w
-}
-
-/// How often Prologs refused the offline job whose AdminComment this is
-/// (0 when it says nothing, or is not an offline job's).
-pub fn refusals(admin_comment: &str) -> u32 {
-    offline_record_keys(admin_comment)
-        .and_then(|keys| keys.get(REFUSALS_KEY)?.parse().ok())
-        .unwrap_or(0)
-}
-
-/// The keys of an offline job's AdminComment; None when it is not one.
-fn offline_record_keys(text: &str) -> Option<std::collections::BTreeMap<String, String>> {
-    let map = kv::parse(text.trim().strip_prefix(TAG)?).ok()?;
-    (map.get("mode").map(String::as_str) == Some(crate::Mode::Offline.as_str())).then_some(map)
 }
 
 /// What muxflow wrote about where an offline job may run.
@@ -187,14 +142,15 @@ impl fmt::Display for Placement {
                 let list: Vec<String> = gpus.iter().map(|g| format!("g{g}")).collect();
                 write!(f, "{node}:{}", list.join(","))
             }
-            Placement::AnySlot => f.write_str("any"),
+            Placement::AnySlot => f.write_str(PLACED_ANY),
         }
     }
 }
 
 impl Placement {
-    fn parse(v: &str) -> Option<Placement> {
-        if v == "any" {
+    /// The value of `placed=`.
+    pub(crate) fn parse(v: &str) -> Option<Placement> {
+        if v == PLACED_ANY {
             return Some(Placement::AnySlot);
         }
         // The GPU list has no ':', so the last ":g" starts it.
@@ -240,14 +196,8 @@ impl Placement {
             _ => 1,
         };
         let mut w = offline_record(gpus, refusals);
-        w.push(PLACED_KEY, self);
+        w.push(key::PLACED, self);
         w.finish()
-    }
-
-    /// The placement recorded in an AdminComment; None when there is none
-    /// (not muxflow's text, not an offline job, or no `placed=`).
-    pub fn from_admin_comment(text: &str) -> Option<Placement> {
-        Placement::parse(offline_record_keys(text)?.get(PLACED_KEY)?)
     }
 
     /// Does an allocation of offline slots `slots` on `node` match?
@@ -269,17 +219,30 @@ impl Placement {
 /// reason goes to the job's stderr. The job's GPU count stays and its
 /// refusals count one more.
 pub fn refused_admin_comment(code: &str, prior: &str) -> String {
-    let gpus = offline_record_keys(prior)
-        .and_then(|keys| keys.get(GPUS_KEY)?.parse().ok())
-        .unwrap_or(1);
-    let mut w = offline_record(gpus, refusals(prior) + 1);
-    w.push(REFUSED_KEY, code);
+    let prior = AdminComment::parse(prior)
+        .ok()
+        .filter(|c| c.mode() == Some(crate::Mode::Offline));
+    let (gpus, refusals) = prior.map_or((1, 0), |c| (c.gpus(), c.refusals()));
+    let mut w = offline_record(gpus as usize, refusals + 1);
+    w.push(key::REFUSED, code);
     w.finish()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn placement(text: &str) -> Option<Placement> {
+        AdminComment::parse(text).ok()?.placement()
+    }
+
+    fn waiting(text: &str) -> Option<Waiting> {
+        AdminComment::parse(text).ok()?.waiting()
+    }
+
+    fn refusals(text: &str) -> u32 {
+        AdminComment::parse(text).map_or(0, |c| c.refusals())
+    }
 
     #[test]
     fn round_trips_and_rejects_what_is_not_a_placement() {
@@ -368,14 +331,14 @@ mod tests {
             },
         ];
         for c in cases {
-            assert_eq!(Placement::from_admin_comment(c.text), c.want, "{}", c.name);
+            assert_eq!(placement(c.text), c.want, "{}", c.name);
         }
         for p in [
             gpu("node3", 1).unwrap(),
             Placement::on("node3", &[1, 0]),
             Placement::AnySlot,
         ] {
-            assert_eq!(Placement::from_admin_comment(&p.admin_comment(0)), Some(p));
+            assert_eq!(placement(&p.admin_comment(0)), Some(p));
         }
         // The report and the job mode still read it.
         let text = gpu("n", 0).unwrap().admin_comment(0);
@@ -398,10 +361,7 @@ mod tests {
             Waiting::FreeGpu.admin_comment(1, refusals(&first), "2026-11-23T12:14:05", 60);
         let placed = Placement::on("n", &[0]).admin_comment(refusals(&waiting));
         assert_eq!(placed, "muxflow:v1 mode=offline refusals=1 placed=n:g0");
-        assert_eq!(
-            Placement::from_admin_comment(&placed),
-            Placement::on("n", &[0]).into()
-        );
+        assert_eq!(placement(&placed), Placement::on("n", &[0]).into());
         let second = refused_admin_comment("wrong_slot", &placed);
         assert_eq!(refusals(&second), 2);
         // A gang keeps its GPU count through a refusal.
@@ -424,8 +384,8 @@ mod tests {
     fn a_parked_jobs_reason_round_trips_keeps_its_gpu_count_and_is_no_placement() {
         for w in Waiting::ALL {
             let one = w.admin_comment(1, 0, "2026-11-23T12:14:05", 60);
-            assert_eq!(Waiting::from_admin_comment(&one), Some(w), "{one}");
-            assert_eq!(Placement::from_admin_comment(&one), None, "{one}");
+            assert_eq!(waiting(&one), Some(w), "{one}");
+            assert_eq!(placement(&one), None, "{one}");
             assert!(!w.words().is_empty());
         }
         let gang = Waiting::FreeNode.admin_comment(4, 0, "2026-11-23T12:14:05", 60);
@@ -441,7 +401,7 @@ mod tests {
             "muxflow:v1 mode=offline waiting=soon",
             "waiting=free_gpu",
         ] {
-            assert_eq!(Waiting::from_admin_comment(not), None, "{not}");
+            assert_eq!(waiting(not), None, "{not}");
         }
     }
 

@@ -43,13 +43,9 @@
 
 use std::collections::BTreeMap;
 
+use crate::admin_comment::{key, AdminComment, AdminCommentError, TAG, TAG_V2};
 use crate::kv::{self, Fields, KvError};
 use crate::Mode;
-
-pub const TAG: &str = "muxflow:v1";
-/// The tag of a record with per-GPU figures of a k-GPU job (`gpus=`,
-/// `g<i>.*`); a 1-GPU job's record stays [`TAG`], which every reader takes.
-pub const TAG_V2: &str = "muxflow:v2";
 
 /// Most GPUs of one job a record carries figures for.
 pub const MAX_GANG_GPUS: usize = 64;
@@ -267,8 +263,8 @@ fn read_user_file(path: &std::path::Path) -> Option<String> {
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ReportError {
-    #[error("AdminComment does not start with '{TAG}'")]
-    NotMuxflow,
+    #[error(transparent)]
+    Comment(#[from] AdminCommentError),
     #[error("AdminComment: {0}")]
     Kv(#[from] KvError),
     #[error("AdminComment: mode is missing")]
@@ -279,7 +275,7 @@ impl JobReport {
     pub fn encode(&self) -> String {
         let tag = if self.gang.is_empty() { TAG } else { TAG_V2 };
         let mut w = kv::Writer::new().tag(tag);
-        w.push_opt("mode", self.mode)
+        w.push_opt(key::MODE, self.mode)
             .push_opt("node", self.node.as_deref())
             .push_opt("gpu", self.gpu)
             .push_opt("sm_pct", self.sm_pct)
@@ -317,7 +313,7 @@ impl JobReport {
                 .chain(self.gang.iter().map(|g| g.gpu))
                 .map(|g| g.to_string())
                 .collect();
-            w.push("gpus", gpus.join(","));
+            w.push(key::GPUS, gpus.join(","));
             for g in self.gang.iter().take(MAX_GANG_GPUS) {
                 let i = g.gpu;
                 w.push_opt(&format!("g{i}.sm_pct"), g.sm_pct)
@@ -328,14 +324,14 @@ impl JobReport {
         w.finish()
     }
 
+    /// The report in a job's AdminComment (one parse: [`AdminComment`]).
     pub fn decode(text: &str) -> Result<JobReport, ReportError> {
-        let text = text.trim();
-        let rest = text
-            .strip_prefix(TAG)
-            .or_else(|| text.strip_prefix(TAG_V2))
-            .ok_or(ReportError::NotMuxflow)?;
-        let map = kv::parse(rest)?;
-        let f = Fields(&map);
+        AdminComment::parse(text)?.report()
+    }
+
+    /// The report in an AdminComment's words ([`AdminComment::report`]).
+    pub(crate) fn from_fields(map: &BTreeMap<String, String>) -> Result<JobReport, ReportError> {
+        let f = Fields(map);
         // A claim under its `claim.` key, or under the bare key of records
         // written before the prefix.
         let claim_key = |key: &'static str| -> String {
@@ -359,7 +355,7 @@ impl JobReport {
             }
         };
         let r = JobReport {
-            mode: Some(f.get("mode")?.ok_or(ReportError::NoMode)?),
+            mode: Some(f.get(key::MODE)?.ok_or(ReportError::NoMode)?),
             node: f.get("node")?,
             gpu: f.get("gpu")?,
             sm_pct: f.get("sm_pct")?,
@@ -394,7 +390,7 @@ impl JobReport {
             gang: Vec::new(),
         };
         let mut r = r;
-        if let Some(list) = map.get("gpus") {
+        if let Some(list) = map.get(key::GPUS) {
             let gpus = id_list("gpus", list, MAX_GANG_GPUS + 1)?;
             let mut seen = std::collections::BTreeSet::new();
             if let Some(dup) = gpus.iter().find(|g| !seen.insert(**g)) {
@@ -563,7 +559,10 @@ mod tests {
     fn unknown_keys_are_ignored_and_bad_ones_named() {
         let r = JobReport::decode("muxflow:v1 mode=online future_key=1").unwrap();
         assert_eq!(r.mode, Some(Mode::Online));
-        assert_eq!(JobReport::decode("hello"), Err(ReportError::NotMuxflow));
+        assert_eq!(
+            JobReport::decode("hello"),
+            Err(ReportError::Comment(AdminCommentError::NotMuxflow))
+        );
         assert_eq!(
             JobReport::decode("muxflow:v1 gpu=1"),
             Err(ReportError::NoMode)

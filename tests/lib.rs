@@ -447,7 +447,10 @@ impl Cluster {
                     gpu
                 }
                 // As the matcher: the job's refusals so far stay.
-                .admin_comment(muxflow::placement::refusals(&self.admin_comment(id)))
+                .admin_comment(
+                    muxflow::admin_comment::AdminComment::parse(&self.admin_comment(id))
+                        .map_or(0, |c| c.refusals())
+                )
             ),
         ]);
         let (ok, out, err) = self.run(c);

@@ -40,11 +40,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use muxflow::admin_comment::AdminComment;
 use muxflow::config::CoLocate;
 use muxflow::health::HealthState;
 use muxflow::placement::Waiting;
 use muxflow::published::{self, GpuPublished};
-use muxflow::report::JobReport;
 use muxflow::Mode;
 use serde::Deserialize;
 
@@ -515,26 +515,14 @@ pub fn slot_index(kind: &str) -> Option<u32> {
     kind.strip_prefix('g')?.parse().ok()
 }
 
-/// The muxflow mode in a live job's AdminComment.
-pub fn job_mode(admin_comment: &str) -> Option<Mode> {
-    JobReport::decode(admin_comment).ok().and_then(|r| r.mode)
-}
-
 /// Most GPUs one offline job is read as asking for: beyond any node's
 /// count, and a bound on what a malformed record can make a round try.
 pub const MAX_JOB_GPUS: u32 = 64;
 
-/// The GPU count (`gpus=`, [`muxflow::placement::GPUS_KEY`]) in an offline
-/// job's AdminComment; 1 when absent or unreadable, at most
-/// [`MAX_JOB_GPUS`].
-pub fn job_gpus(admin_comment: &str) -> u32 {
-    let Some(rest) = admin_comment.trim().strip_prefix(muxflow::report::TAG) else {
-        return 1;
-    };
-    muxflow::kv::parse(rest)
-        .ok()
-        .and_then(|m| m.get(muxflow::placement::GPUS_KEY)?.parse::<u32>().ok())
-        .map_or(1, |k| k.clamp(1, MAX_JOB_GPUS))
+/// The GPU count in an offline job's AdminComment
+/// ([`AdminComment::gpus`]); 1 when there is none, at most [`MAX_JOB_GPUS`].
+fn job_gpus(comment: Option<&AdminComment>) -> u32 {
+    comment.map_or(1, |c| c.gpus().clamp(1, MAX_JOB_GPUS))
 }
 
 /// How the matcher names its Slurm objects (config `[slurm]`).
@@ -652,7 +640,9 @@ impl ClusterState {
         // (node, gpu) -> owners of the muxflow jobs running there.
         let mut owners_on: BTreeMap<(String, u32), BTreeSet<Owner>> = BTreeMap::new();
         for j in jobs {
-            let mode = job_mode(&j.admin_comment);
+            // The job's AdminComment, parsed once for all it says.
+            let comment = AdminComment::parse(&j.admin_comment).ok();
+            let mode = comment.as_ref().and_then(AdminComment::mode);
             let running = has_state(&j.job_state, "RUNNING");
             if running {
                 for (node, detail) in expand_hostlist(&j.nodes).iter().zip(&j.gres_detail) {
@@ -714,7 +704,7 @@ impl ClusterState {
                     // The count job_submit.lua (or the matcher's placement)
                     // wrote; a record that lost it (the Prolog's refusal, the
                     // end-of-run report) still has the typed slots Slurm keeps.
-                    let asked = job_gpus(&j.admin_comment);
+                    let asked = job_gpus(comment.as_ref());
                     let gpus = asked.max(slot_gpus.len() as u32).max(1);
                     st.pending.push(PendingJob {
                         id: j.job_id,
@@ -727,9 +717,9 @@ impl ClusterState {
                         slots,
                         held: j.state_reason.starts_with("JobHeld"),
                         waiting: (j.state_reason == ADMIN_HOLD)
-                            .then(|| Waiting::from_admin_comment(&j.admin_comment))
+                            .then(|| comment.as_ref()?.waiting())
                             .flatten(),
-                        refusals: muxflow::placement::refusals(&j.admin_comment),
+                        refusals: comment.as_ref().map_or(0, AdminComment::refusals),
                         need: tres_need(&j.tres_req_str),
                     });
                 }
@@ -1184,19 +1174,17 @@ mod tests {
 
     #[test]
     fn a_jobs_gpu_count_comes_from_its_record_or_its_typed_slots() {
-        assert_eq!(job_gpus("muxflow:v1 mode=offline gpus=2"), 2);
-        assert_eq!(job_gpus("muxflow:v1 mode=offline gpus=2 placed=n:g0,g1"), 2);
-        assert_eq!(job_gpus("muxflow:v1 mode=offline"), 1, "absent: one");
+        let gpus_of = |text: &str| job_gpus(AdminComment::parse(text).ok().as_ref());
+        assert_eq!(gpus_of("muxflow:v1 mode=offline gpus=2"), 2);
+        assert_eq!(gpus_of("muxflow:v1 mode=offline gpus=2 placed=n:g0,g1"), 2);
+        assert_eq!(gpus_of("muxflow:v1 mode=offline"), 1, "absent: one");
         assert_eq!(
-            job_gpus("muxflow:v1 mode=offline gpus=x"),
+            gpus_of("muxflow:v1 mode=offline gpus=x"),
             1,
             "unreadable: one"
         );
-        assert_eq!(job_gpus("gpus=4"), 1, "not muxflow's record");
-        assert_eq!(
-            job_gpus("muxflow:v1 mode=offline gpus=100000"),
-            MAX_JOB_GPUS
-        );
+        assert_eq!(gpus_of("gpus=4"), 1, "not muxflow's record");
+        assert_eq!(gpus_of("muxflow:v1 mode=offline gpus=100000"), MAX_JOB_GPUS);
         // The Prolog's refusal dropped the count; Slurm kept both typed slots.
         let pending = SqueueJob {
             job_id: 3,

@@ -16,7 +16,8 @@ use serde::Serialize;
 
 use crate::predict::{estimate, progress, runs_from_sacct, Model, Run, Signal};
 use crate::reader::SacctJob;
-use muxflow::report::JobReport;
+use muxflow::admin_comment::AdminComment;
+use muxflow::report::{JobReport, ReportError};
 use muxflow::Mode;
 
 /// Who asks.
@@ -128,10 +129,11 @@ pub fn report(job_id: u32, listing: &[SacctJob], viewer: &Viewer) -> Result<User
     };
     // A placed job's record is the matcher's placement until its batch
     // step ends and the node writes the figures over it.
-    if muxflow::placement::Placement::from_admin_comment(text).is_some() {
+    let comment = AdminComment::parse(text);
+    if comment.as_ref().is_ok_and(|c| c.placement().is_some()) {
         return Err(no_figures());
     }
-    let r = match JobReport::decode(text) {
+    let r = match comment.map_err(ReportError::from).and_then(|c| c.report()) {
         Ok(r) => r,
         // Running or pending: muxflow's or not, the figures come at the end.
         Err(_) if job.time.end == 0 => return Err(no_figures()),

@@ -19,10 +19,11 @@
 //! drain the node for what is the job's problem.
 
 use anyhow::{Context, Result};
+use muxflow::admin_comment::AdminComment;
 use muxflow::health::HealthState;
 use muxflow::mps::MpsDaemon;
 use muxflow::node_state::{free_offline_slots, JobRecord, NodeState};
-use muxflow::placement::{refused_admin_comment, Placement};
+use muxflow::placement::refused_admin_comment;
 use muxflow::{Config, Mode};
 use muxflow_slurm::cli::{HeldSlots, OfflineJob, Scontrol};
 
@@ -105,7 +106,10 @@ pub fn check_offline(
                 .to_string(),
         );
     };
-    let Some(placement) = Placement::from_admin_comment(comment) else {
+    let Some(placement) = AdminComment::parse(comment)
+        .ok()
+        .and_then(|c| c.placement())
+    else {
         return refuse(
             "not_placed",
             format!(

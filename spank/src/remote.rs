@@ -15,6 +15,7 @@
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use muxflow::admin_comment::{self, AdminComment};
 use muxflow::limits::{EnforcedBy, Enforcer, JobLimits, StopBounds};
 use muxflow::node_state::{write_atomic, NodeState};
 use muxflow::report::{add_peers, JobReport};
@@ -407,7 +408,7 @@ impl RemoteState {
 /// node whose muxflow config cannot be read fails here with the reason, and
 /// Slurm fails the job instead of draining the node (`compat`). Slurm shows
 /// the user only "Spank plugin failure" (ExitCode 0:68), so the job's
-/// AdminComment gets [`NODE_CONFIG_FAILED`] and the node's slurmd log the
+/// AdminComment gets `failed=node_config` ([`admin_comment::node_config_failed`]) and the node's slurmd log the
 /// reason. Online and other jobs pass: they run as before (an online job
 /// without MPS). A user who forges the variable only fails their own job.
 pub fn check_node_config(spank: &SpankHandle) -> Result<(), Refused> {
@@ -435,15 +436,12 @@ pub fn check_node_config(spank: &SpankHandle) -> Result<(), Refused> {
         // The config names the scontrol to run; it cannot be read, so the
         // default one (a fixed path, never the job's).
         let client = Scontrol::new(&Config::default());
-        let comment = client
+        let prior = client
             .scontrol(&["show", "job", &id.to_string()])
             .ok()
-            .and_then(|out| muxflow_slurm::cli::parse_admin_comment(&out))
-            .filter(|c| c.starts_with(muxflow::report::TAG))
-            .unwrap_or_else(|| format!("{} mode=offline", muxflow::report::TAG));
+            .and_then(|out| muxflow_slurm::cli::parse_admin_comment(&out));
         // Once per job (each of its steps fails here).
-        if !comment.split_whitespace().any(|w| w == NODE_CONFIG_FAILED) {
-            let text = format!("{comment} {NODE_CONFIG_FAILED}");
+        if let Some(text) = admin_comment::node_config_failed(prior.as_deref()) {
             if let Err(e) = client.set_admin_comment(id, &text) {
                 tracing::error!("muxflow: cannot record why job {id} failed: {e}");
             }
@@ -451,10 +449,6 @@ pub fn check_node_config(spank: &SpankHandle) -> Result<(), Refused> {
     }
     Err(Refused(why))
 }
-
-/// What a job failed by [`check_node_config`] carries in its AdminComment
-/// (an unknown key to the report's readers, which ignore it).
-pub const NODE_CONFIG_FAILED: &str = "failed=node_config";
 
 /// A refused offline job's refusals at which it fails instead of going
 /// back to the queue again (a bound on a loop between the matcher and a
@@ -496,7 +490,8 @@ fn back_to_queue(
             Ok(OfflineJob {
                 admin_comment: Some(c),
                 ..
-            }) => Some(muxflow::placement::refusals(&c)).filter(|&n| n >= MAX_REFUSALS),
+            }) => Some(AdminComment::parse(&c).map_or(0, |c| c.refusals()))
+                .filter(|&n| n >= MAX_REFUSALS),
             _ => Some(restarts + 1).filter(|&n| n >= MAX_REFUSALS),
         },
         Stop::NotRecorded => Some(restarts + 1).filter(|&n| n >= MAX_REFUSALS),
