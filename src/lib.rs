@@ -20,6 +20,7 @@ pub mod node_state;
 pub mod offline_procs;
 pub mod online_page;
 pub mod placement;
+pub mod plugstack_args;
 pub mod policy;
 pub mod preempt;
 pub mod process;

@@ -4,11 +4,7 @@
 
 use libfuzzer_sys::fuzz_target;
 
-// The parser lives in the SPANK plugin (a cdylib that needs slurmd's symbols
-// to link), so the module itself is compiled in here.
-#[allow(dead_code)]
-#[path = "../../spank/src/args.rs"]
-mod args;
+use muxflow::plugstack_args as args;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {

@@ -8,15 +8,13 @@
 //! cdylibs so that binaries linking this crate never pose as a driver.
 //! See `simgpu/README.md` for the model's formulas.
 
-// The CUDA driver ABI, declared once in xCUDA's crate (entry points, their
-// function types, structures, result codes), included by path: the
-// simulator cannot depend on the shim.
-#[macro_use]
-#[path = "../../xcuda/src/abi.rs"]
-pub mod abi;
+/// The CUDA driver ABI, declared once (entry points, their function types,
+/// structures, result codes), as the shim declares it.
+pub use cuda_abi as abi;
 pub mod codes;
 pub mod config;
-pub mod cudaload;
+/// The frameworks' way of loading the driver (dlopen + cuGetProcAddress).
+pub use cuda_abi::load as cudaload;
 pub mod dmem;
 pub mod faults;
 pub mod model;

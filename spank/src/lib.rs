@@ -16,7 +16,6 @@ use std::error::Error;
 
 use slurm_spank::{Context, Plugin, SpankHandle, SpankOption};
 
-mod args;
 mod compat;
 mod preload;
 mod remote;

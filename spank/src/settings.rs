@@ -3,7 +3,7 @@
 use muxflow::config::{Config, ConfigError};
 use slurm_spank::SpankHandle;
 
-use crate::args::{ArgsError, PluginArgs};
+use muxflow::plugstack_args::{ArgsError, PluginArgs};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SettingsError {

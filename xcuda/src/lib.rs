@@ -25,8 +25,8 @@
 // entry-point list), sys (the real driver and C library), state (counters,
 // quota, gate), lifecycle (start-up, watcher, fork, signals, exit),
 // interpose (what the application's calls land on).
-#[macro_use]
-pub mod abi;
+/// The driver ABI, declared once in its own crate.
+pub use cuda_abi as abi;
 pub mod interpose;
 pub mod lifecycle;
 pub mod state;

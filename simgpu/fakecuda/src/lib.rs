@@ -19,9 +19,7 @@
 
 // The driver ABI, declared once (the entry-point list, structures, codes),
 // as xCUDA declares it.
-#[macro_use]
-#[path = "../../../xcuda/src/abi.rs"]
-pub mod abi;
+pub use cuda_abi as abi;
 mod driver;
 mod imp;
 
@@ -293,7 +291,7 @@ unsafe fn launch_ex(cfg: *const LaunchConfig, f: Handle, pt: bool) -> CUresult {
     ))
 }
 
-cuda_entry_points!(cuda_exports);
+cuda_abi::cuda_entry_points!(cuda_exports);
 
 #[cfg(test)]
 mod tests {

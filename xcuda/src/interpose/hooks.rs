@@ -290,7 +290,7 @@ macro_rules! hooks {
     };
 }
 
-cuda_entry_points!(hooks);
+cuda_abi::cuda_entry_points!(hooks);
 
 /// The hooked entry point whose exported name is `name`.
 pub fn index_of(name: &[u8]) -> Option<usize> {

@@ -36,19 +36,14 @@ use std::time::Instant;
 
 include!(concat!(env!("OUT_DIR"), "/linked.rs"));
 
-// The simulator's loader (dlopen + cuGetProcAddress), shared with
-// muxflow-workload by path: a binary of the shim's crate cannot use the
-// simulator crate, which is only a dev-dependency here.
-#[path = "../../../simgpu/src/cudaload.rs"]
-mod cudaload;
-// The driver ABI, as the shim declares it (the probe must not link the
-// shim's library: its exports would interpose inside the probe).
-#[macro_use]
-#[path = "../abi.rs"]
-mod abi;
-use abi::fnty;
-use abi::{Array3dDesc, Array3dDescV1, ArrayDesc, ArrayDescV1, LaunchConfig, MemAllocNodeParams};
-use cudaload::{Driver, ProcAddress};
+// The driver ABI and the frameworks' loader, as the shim declares them (the
+// probe must not link the shim's library: its exports would interpose
+// inside the probe).
+use cuda_abi::fnty;
+use cuda_abi::load::{self as cudaload, Driver, ProcAddress};
+use cuda_abi::{
+    Array3dDesc, Array3dDescV1, ArrayDesc, ArrayDescV1, LaunchConfig, MemAllocNodeParams,
+};
 
 type Res = u32;
 type H = *mut c_void;

@@ -1,19 +1,16 @@
 //! Reaching the CUDA driver the way frameworks do: `dlopen("libcuda.so.1")`
 //! and every entry point through `cuGetProcAddress` (or `_v2`) found with
 //! `dlsym` on that handle. One loader for `muxflow-workload` and xCUDA's
-//! probe; the probe includes this file by path (it is a binary of the
-//! shim's crate, which does not depend on the simulator), so it needs
-//! nothing beyond `std`, `libc` and the ABI file (`crate::abi`, included by
-//! path in both).
+//! probe.
 
 use std::ffi::{c_int, c_void, CStr};
 
 /// `cuGetProcAddress` (its type from the one entry-point list).
-pub type GetProc = crate::abi::fnty::cuGetProcAddress;
+pub type GetProc = crate::fnty::cuGetProcAddress;
 /// `cuGetProcAddress_v2` (with the symbol status out-parameter).
-pub type GetProc2 = crate::abi::fnty::cuGetProcAddress_v2;
+pub type GetProc2 = crate::fnty::cuGetProcAddress_v2;
 /// `cuLaunchKernel(f, grid xyz, block xyz, shared bytes, stream, params, extra)`.
-pub type LaunchKernel = crate::abi::fnty::cuLaunchKernel;
+pub type LaunchKernel = crate::fnty::cuLaunchKernel;
 
 /// The CUDA version the loaders ask entry points for (12.4).
 pub const CUDA_VERSION: c_int = 12040;

@@ -4,16 +4,19 @@
 //! and the result codes. xCUDA's hook table, the simulated driver's exports
 //! and `cuGetProcAddress` table, and the loaders' function types
 //! ([`fnty`]) are generated from this one list; xcuda-probe's link stub is
-//! generated from this file's text (its build script). The simulated driver,
-//! the simulator's loader and xcuda-probe include this file by path (the
-//! fake cannot depend on the shim's crate; the probe must not link it, whose
-//! exports would interpose inside the probe itself). Only `core` types.
+//! generated from this file's text (`simgpu/build.rs`). Its own crate, with
+//! no exported symbol, so that the shim, the simulated driver, the
+//! simulator's loader ([`load`]) and the probe all use it without depending
+//! on one another (the probe must not link the shim, whose exports would
+//! interpose inside the probe itself). Only `core` types in the list.
 //!
 //! Adding an entry point is one line here (the fake then needs its
 //! implementation, `simgpu/fakecuda/src/imp.rs`; a hooked one its test).
 #![allow(dead_code, non_camel_case_types, non_upper_case_globals)]
 
 use core::ffi::{c_uint, c_void};
+
+pub mod load;
 
 /// `CUDA_ARRAY_DESCRIPTOR`.
 #[repr(C)]
@@ -136,8 +139,8 @@ pub mod cu {
 /// `pitch(out, pitch, width, height)`, `array(kind, out, descriptor,
 /// levels)`, `free(kind, handle)`, `cap(free, total)`,
 /// `retained`/`released`/`reset(device)`, `created`/`destroyed(ctx)`,
-/// `sync` (ends an online busy period: [`crate::state::online`]); graph
-/// memory ([`crate::state::graphmem`]): `stream_alloc(size, out, stream,
+/// `sync` (ends an online busy period: `muxflow_xcuda::state::online`); graph
+/// memory (`muxflow_xcuda::state::graphmem`): `stream_alloc(size, out, stream,
 /// per-thread)`, `stream_free(ptr, stream, per-thread)`, `graph_alloc(graph,
 /// params)`, `graph_free(graph, ptr)`, `capture_begin(stream, per-thread)`,
 /// `capture_begin_to(stream, graph, per-thread)`, `capture_end(stream,
@@ -146,6 +149,7 @@ pub mod cu {
 /// `graph_destroyed(graph)`, `trim(device)`; `pass` (not hooked, on purpose; the
 /// driver's function may still be called by xCUDA itself). Every one
 /// returns a `CUresult`.
+#[macro_export]
 macro_rules! cuda_entry_points {
     ($callback:ident) => {
         $callback! {

@@ -1,7 +1,7 @@
 //! Builds what xcuda-probe links against for its direct-symbol path: a stub
 //! `libcuda.so` (soname libcuda.so.1, empty functions) used only at link
 //! time, and the probe's extern block, both from the one entry-point list
-//! (`cuda_entry_points!` in src/abi.rs, read as text: every line `{name,
+//! (`cuda_entry_points!` in cuda-abi/src/lib.rs, read as text: every line `{name,
 //! "base", ...}`). At run time the dynamic linker binds those symbols like
 //! for any program linked with -lcuda: to xCUDA when preloaded, else to the
 //! libcuda.so.1 found.
@@ -10,9 +10,11 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn main() {
-    println!("cargo:rerun-if-changed=src/abi.rs");
+    // The list, read as text from its crate beside this one.
+    const LIST: &str = "../cuda-abi/src/lib.rs";
+    println!("cargo:rerun-if-changed={LIST}");
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
-    let list = std::fs::read_to_string("src/abi.rs").unwrap();
+    let list = std::fs::read_to_string(LIST).unwrap();
     let names: Vec<&str> = list
         .lines()
         .filter_map(|l| l.trim().strip_prefix('{'))
@@ -20,10 +22,7 @@ fn main() {
         .map(|(name, _)| name)
         .filter(|n| n.starts_with("cu") && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
         .collect();
-    assert!(
-        names.len() > 100,
-        "entry-point list not found in src/abi.rs"
-    );
+    assert!(names.len() > 100, "entry-point list not found in {LIST}");
     let mut stub = String::new();
     let mut linked = String::from("#[link(name = \"cuda\")]\nextern \"C\" {\n");
     let mut lookup = String::from(

@@ -1,11 +1,13 @@
 //! plugstack.conf arguments: `key=value` words after the plugin path.
 //!
 //! Unknown keys are errors (a typo must not silently fall back to a default).
+//! The SPANK plugin's (`spank/src/settings.rs`); here, in the core, so that
+//! the fuzz target and the man page's test read the same parser.
 
 use std::path::PathBuf;
 
-use muxflow::config::DEFAULT_PATH;
-use muxflow::text::shorten;
+use crate::config::DEFAULT_PATH;
+use crate::text::shorten;
 
 /// Keys the plugin accepts, for messages.
 pub const KEYS: &str = "config";
