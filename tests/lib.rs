@@ -645,6 +645,15 @@ pub fn target() -> PathBuf {
         .expect("MUXFLOW_TARGET (source the dev cluster's env)")
 }
 
+/// The xCUDA library the cluster's muxflow.toml names (`paths.xcuda_library`):
+/// the build's, or a copy in the cluster's directory where the checkout
+/// lies below a directory others can write (scripts/devcluster).
+pub fn xcuda_library() -> PathBuf {
+    std::env::var_os("MUXFLOW_XCUDA_LIBRARY")
+        .map(PathBuf::from)
+        .expect("MUXFLOW_XCUDA_LIBRARY (source the dev cluster's env)")
+}
+
 /// Simulated GPUs and the node health checks, driven the way slurmd and an
 /// operator would.
 impl Cluster {

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use muxflow::report::JobReport;
-use muxflow_tests::{target, CancelNamed, Cluster};
+use muxflow_tests::{xcuda_library, CancelNamed, Cluster};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -90,7 +90,7 @@ fn an_offline_job_in_a_container_runs_under_xcuda_and_mps() {
         .find_map(|l| l.strip_prefix("pid="))
         .and_then(|p| p.trim().parse().ok())
         .unwrap_or_else(|| panic!("no pid in\n{out}"));
-    let xcuda = target().join("libmuxflow_xcuda.so");
+    let xcuda = xcuda_library();
     // The node's check: xCUDA is mapped in the process, at its host path.
     let mut maps = String::new();
     for _ in 0..50 {

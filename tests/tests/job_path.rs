@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use muxflow::report::JobReport;
 use muxflow::Mode;
-use muxflow_tests::{kv, Cluster};
+use muxflow_tests::{kv, xcuda_library, Cluster};
 
 const WAIT: Duration = Duration::from_secs(90);
 
@@ -59,10 +59,7 @@ fn online_and_offline_share_one_daemon_and_report_to_sacct() {
 
     // The offline job starts held; the user's LD_PRELOAD already names
     // xCUDA and another library, and an inner srun inherits it all.
-    let xcuda = format!(
-        "{}/libmuxflow_xcuda.so",
-        std::env::var("MUXFLOW_TARGET").expect("MUXFLOW_TARGET from the dev cluster env")
-    );
+    let xcuda = xcuda_library().display().to_string();
     let script = format!(
         "#!/bin/sh\nenv | sort\necho ---\nsrun sh -c 'echo \"inner LD_PRELOAD=$LD_PRELOAD\"'\n{}\n",
         c.workload("offline --duration 3")
