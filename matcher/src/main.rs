@@ -400,10 +400,7 @@ fn write_waiting_notes(
     plan: &Plan,
 ) {
     let since = muxflow_slurm::cli::slurm_time(std::time::SystemTime::now());
-    let budget = config
-        .matcher
-        .max_updates_per_round
-        .saturating_sub(plan.summary.updates);
+    let budget = plan.notes_budget(&config.matcher);
     let notes = plan.decisions.iter().filter_map(|d| {
         let job = state
             .pending

@@ -1189,6 +1189,15 @@ fn plan_with<P: Predictor>(
 }
 
 impl Plan {
+    /// What the round's hint updates left of `max_updates_per_round` for
+    /// the parked jobs' waiting notes: the one budget of Slurm updates a
+    /// round sends, placements first (the deferral above), notes after.
+    pub fn notes_budget(&self, matcher: &muxflow::config::Matcher) -> usize {
+        matcher
+            .max_updates_per_round
+            .saturating_sub(self.summary.updates)
+    }
+
     /// The decision table (format documented in the module docs).
     pub fn table(&self) -> String {
         let mut s = String::new();
@@ -1823,6 +1832,10 @@ mod tests {
         matcher.max_updates_per_round = 1;
         let p = plan(&state, &model(), &cfg.policy, &matcher, &names());
         assert_eq!((p.summary.updates, p.summary.deferred), (1, 1));
+        assert_eq!(p.notes_budget(&matcher), 0, "nothing left for notes");
+        matcher.max_updates_per_round = 5;
+        assert_eq!(p.notes_budget(&matcher), 4, "what the updates left");
+        matcher.max_updates_per_round = 1;
         assert!(p.decisions[0].update.is_some());
         assert!(p.decisions[1].update.is_none());
         assert!(
