@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::mps_v3::{self, Protocol};
 use crate::process::{self, RunError};
 use crate::Config;
 
@@ -58,6 +59,12 @@ pub enum MpsError {
         command: String,
         output: String,
     },
+    #[error("MPS control for GPU {gpu}: {source}")]
+    Unspoken {
+        gpu: u32,
+        #[source]
+        source: mps_v3::Unspoken,
+    },
 }
 
 /// The MPS control daemon of one GPU.
@@ -69,6 +76,9 @@ pub struct MpsDaemon {
     log_dir: PathBuf,
     multiuser: bool,
     static_partitions: bool,
+    /// The grammar a daemon this starts speaks (a running one's own is
+    /// read from its command line: [`Self::protocol`]).
+    start_protocol: Protocol,
     timeout: Duration,
 }
 
@@ -197,6 +207,7 @@ impl MpsDaemon {
             log_dir: config.paths.mps_log_root.as_path().join(gpu.to_string()),
             multiuser: config.mps.multiuser,
             static_partitions: false,
+            start_protocol: Protocol::V2,
             timeout: Duration::from_millis(config.mps.command_timeout_ms),
         }
     }
@@ -207,6 +218,25 @@ impl MpsDaemon {
     pub fn with_static_partitions(mut self, on: bool) -> Self {
         self.static_partitions = on;
         self
+    }
+
+    /// A daemon this starts speaks `protocol` (`-p 3` for v3, with its
+    /// server [`mps_v3::SERVER`]): the caller decides from the daemon's
+    /// version ([`crate::mps_v3::Support`]).
+    pub fn with_protocol(mut self, protocol: Protocol) -> Self {
+        self.start_protocol = protocol;
+        self
+    }
+
+    /// The grammar this GPU's daemon speaks: a running daemon's by its
+    /// command line (NVIDIA: every invocation follows the running daemon's
+    /// protocol), else the one it would start with.
+    pub fn protocol(&self) -> Protocol {
+        match self.running_args() {
+            Some(args) if mps_v3::args_say_v3(&args) => Protocol::V3,
+            Some(_) => Protocol::V2,
+            None => self.start_protocol,
+        }
     }
 
     pub fn gpu(&self) -> u32 {
@@ -251,10 +281,15 @@ impl MpsDaemon {
                 mode,
             });
         }
+        self.start_daemon(cc())
+    }
+
+    /// Starts the daemon (none runs), `cc` the GPU's compute capability.
+    fn start_daemon(&self, cc: Option<ComputeCapability>) -> Result<Running, MpsError> {
         for dir in [&self.pipe_dir, &self.log_dir] {
             create_private_dir(dir)?;
         }
-        let mut mode = ServerMode::plan(self.multiuser, cc());
+        let mut mode = ServerMode::plan(self.multiuser, cc);
         if mode.is_multiuser() {
             if let Err(said) = self.start(true)? {
                 tracing::error!(
@@ -286,6 +321,18 @@ impl MpsDaemon {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+        if self.start_protocol == Protocol::V3 {
+            if let Err(e) = self.send(&mps_v3::server_create()) {
+                // Today's path rather than none: the jobs keep MPS v2.
+                tracing::error!(
+                    gpu = self.gpu,
+                    "the MPS v3 daemon refused '{}' ({e}); restarting it as MPS v2, so offline jobs get no namespace",
+                    mps_v3::server_create()
+                );
+                self.quit()?;
+                return self.clone().with_protocol(Protocol::V2).start_daemon(cc);
+            }
+        }
         Ok(Running {
             started: true,
             mode,
@@ -297,8 +344,17 @@ impl MpsDaemon {
     fn start(&self, multiuser: bool) -> Result<Result<(), String>, MpsError> {
         let mut c = self.command();
         c.arg("-d");
-        if multiuser {
-            c.arg(MULTIUSER_FLAG);
+        match (self.start_protocol, multiuser) {
+            (Protocol::V3, true) => {
+                c.args(mps_v3::PROTOCOL_ARGS).arg(mps_v3::MULTIUSER_FLAG);
+            }
+            (Protocol::V3, false) => {
+                c.args(mps_v3::PROTOCOL_ARGS);
+            }
+            (Protocol::V2, true) => {
+                c.arg(MULTIUSER_FLAG);
+            }
+            (Protocol::V2, false) => {}
         }
         if self.static_partitions {
             c.arg(crate::sm_partition::STATIC_FLAG);
@@ -351,7 +407,10 @@ impl MpsDaemon {
     /// publishes this every time and must stay quick.
     pub fn serves_all_users(&self) -> Option<bool> {
         if let Some(args) = self.running_args() {
-            return Some(args.iter().any(|a| a == MULTIUSER_FLAG));
+            return Some(
+                args.iter().any(|a| a == MULTIUSER_FLAG)
+                    || (mps_v3::args_say_v3(&args) && mps_v3::args_say_multiuser(&args)),
+            );
         }
         std::fs::read_to_string(self.mode_file())
             .ok()
@@ -434,8 +493,23 @@ impl MpsDaemon {
         self.pipe_dir.join("control").exists() && self.send("get_server_list").is_ok()
     }
 
-    /// Sends one command and returns the daemon's reply.
+    /// Sends one command (written as for a v2 daemon, or a v3 command of
+    /// [`crate::mps_v3`]) in the grammar the daemon speaks, and returns
+    /// the daemon's reply.
     pub fn send(&self, command: &str) -> Result<String, MpsError> {
+        let v3_own = command
+            .split_whitespace()
+            .next()
+            .is_some_and(|m| matches!(m, "server" | "namespace" | "client"));
+        let command = if v3_own {
+            command.to_string()
+        } else {
+            mps_v3::spell(self.protocol(), command).map_err(|source| MpsError::Unspoken {
+                gpu: self.gpu,
+                source,
+            })?
+        };
+        let command = command.as_str();
         if is_changing(command) {
             self.note_own_command(command);
         }
@@ -521,6 +595,39 @@ impl MpsDaemon {
         true
     }
 
+    /// Makes job's namespace `ns` on the daemon's server (v3): created,
+    /// its limits set, routed by the job's cgroup. Anything refused: what
+    /// was made is deleted again and the error returned (the job then
+    /// keeps today's limits).
+    pub fn create_namespace(&self, ns: &mps_v3::Namespace) -> Result<(), MpsError> {
+        self.send(&mps_v3::create(ns))?;
+        let rest = self
+            .send(&mps_v3::set_limits(ns))
+            .and_then(|_| self.send(&mps_v3::route(ns)));
+        if let Err(e) = rest {
+            if let Err(e2) = self.delete_namespace(&ns.name) {
+                tracing::warn!(gpu = self.gpu, "{e2}");
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Deletes namespace `name` (its clients with it), checked with
+    /// `namespace list`: done when it is listed no more.
+    pub fn delete_namespace(&self, name: &str) -> Result<(), MpsError> {
+        let command = mps_v3::delete(name);
+        let out = self.send(&command)?;
+        if mps_v3::listed(&self.send(mps_v3::LIST)?, name) {
+            return Err(MpsError::Failed {
+                gpu: self.gpu,
+                command,
+                output: out,
+            });
+        }
+        Ok(())
+    }
+
     /// Stops the daemon (and its server) and removes the pipe directory.
     pub fn quit(&self) -> Result<(), MpsError> {
         if self.pipe_dir.join("control").exists() {
@@ -550,12 +657,14 @@ pub const CHANGING_COMMANDS: &[&str] = &[
     "sm_partition",
 ];
 
-/// Is `command` one of [`CHANGING_COMMANDS`]?
+/// Is `command` one of [`CHANGING_COMMANDS`], or a state-changing v3
+/// command ([`mps_v3::is_changing`])?
 pub fn is_changing(command: &str) -> bool {
     command
         .split_whitespace()
         .next()
         .is_some_and(|verb| CHANGING_COMMANDS.contains(&verb))
+        || mps_v3::is_changing(command)
 }
 
 /// The pipe directory of GPU `gpu`'s daemon (what clients get as
@@ -684,6 +793,57 @@ exit 0
             assert_eq!(mps.published_mode(None), want_multi);
             // Found running next time: nothing started again.
             assert!(!mps.ensure_running(|| None).unwrap().started);
+        }
+    }
+
+    /// A v3 daemon as the Prolog starts it: `-d -p 3 -m`, then muxflow's
+    /// server; one that refuses the server is started again as v2. Every
+    /// command it is sent is logged (`sent`).
+    #[test]
+    fn a_v3_daemon_gets_muxflows_server_or_falls_back_to_v2() {
+        for refuse_server in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let mut config = fake_control(dir.path(), false);
+            let control = dir.path().join("nvidia-cuda-mps-control");
+            let script = format!(
+                r#"#!/bin/sh
+if [ "$1" = -d ]; then
+  echo "$*" >> "$CUDA_MPS_LOG_DIRECTORY/started-with"
+  : > "$CUDA_MPS_PIPE_DIRECTORY/control"
+  exit 0
+fi
+read line
+echo "$line" >> "$CUDA_MPS_LOG_DIRECTORY/sent"
+case "$line" in "server create"*) [ {refuse_server} = true ] && exit 1;; esac
+exit 0
+"#
+            );
+            crate::test_support::write_executable(&control, &script);
+            config.paths.mps_control = crate::config::AbsPath::new(&control).unwrap();
+            let mps = MpsDaemon::for_gpu(&config, 0).with_protocol(Protocol::V3);
+            let r = mps.ensure_running(|| Some(cc(9, 0))).unwrap();
+            assert!(r.started && r.mode.is_multiuser());
+            let started = std::fs::read_to_string(mps.log_dir().join("started-with")).unwrap();
+            let sent = std::fs::read_to_string(mps.log_dir().join("sent")).unwrap();
+            assert!(sent.contains("server create muxflow"), "{sent}");
+            if refuse_server {
+                assert_eq!(started, "-d -p 3 -m\n-d -multiuser-server\n");
+                assert!(sent.contains("quit"), "{sent}");
+            } else {
+                assert_eq!(started, "-d -p 3 -m\n");
+                // Commands written for v2 go out in v3's grammar.
+                mps.terminate_client(4, 7).unwrap();
+                let sent = std::fs::read_to_string(mps.log_dir().join("sent")).unwrap();
+                assert!(
+                    sent.ends_with("client terminate 7 --server-pid=4\n"),
+                    "{sent}"
+                );
+                assert!(mps.take_own_command("client terminate 7 --server-pid=4"));
+                assert!(matches!(
+                    mps.chunks("GPU-1"),
+                    Err(MpsError::Unspoken { .. })
+                ));
+            }
         }
     }
 
