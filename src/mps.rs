@@ -290,7 +290,16 @@ impl MpsDaemon {
             create_private_dir(dir)?;
         }
         let mut mode = ServerMode::plan(self.multiuser, cc);
-        if mode.is_multiuser() {
+        if self.start_protocol == Protocol::V3 {
+            // Anything a v3 start refuses: today's v2 daemon instead.
+            if let Err(said) = self.start(mode.is_multiuser())? {
+                tracing::error!(
+                    gpu = self.gpu,
+                    "the MPS control daemon refused to start as MPS v3 ({said}); starting it as MPS v2, so offline jobs get no namespace"
+                );
+                return self.clone().with_protocol(Protocol::V2).start_daemon(cc);
+            }
+        } else if mode.is_multiuser() {
             if let Err(said) = self.start(true)? {
                 tracing::error!(
                     gpu = self.gpu,
@@ -300,7 +309,7 @@ impl MpsDaemon {
                 mode = ServerMode::SingleUser(SingleUser::Refused(said));
             }
         }
-        if !mode.is_multiuser() {
+        if !mode.is_multiuser() && self.start_protocol == Protocol::V2 {
             if let Err(said) = self.start(false)? {
                 return Err(MpsError::Failed {
                     gpu: self.gpu,
@@ -801,13 +810,14 @@ exit 0
     /// command it is sent is logged (`sent`).
     #[test]
     fn a_v3_daemon_gets_muxflows_server_or_falls_back_to_v2() {
-        for refuse_server in [false, true] {
+        for (refuse_server, refuse_v3) in [(false, false), (true, false), (false, true)] {
             let dir = tempfile::tempdir().unwrap();
             let mut config = fake_control(dir.path(), false);
             let control = dir.path().join("nvidia-cuda-mps-control");
             let script = format!(
                 r#"#!/bin/sh
 if [ "$1" = -d ]; then
+  [ "$2" = -p ] && [ {refuse_v3} = true ] && exit 2
   echo "$*" >> "$CUDA_MPS_LOG_DIRECTORY/started-with"
   : > "$CUDA_MPS_PIPE_DIRECTORY/control"
   exit 0
@@ -825,6 +835,11 @@ exit 0
             assert!(r.started && r.mode.is_multiuser());
             let started = std::fs::read_to_string(mps.log_dir().join("started-with")).unwrap();
             let sent = std::fs::read_to_string(mps.log_dir().join("sent")).unwrap();
+            if refuse_v3 {
+                assert_eq!(started, "-d -multiuser-server\n");
+                assert!(!sent.contains("server create"), "{sent}");
+                continue;
+            }
             assert!(sent.contains("server create muxflow"), "{sent}");
             if refuse_server {
                 assert_eq!(started, "-d -p 3 -m\n-d -multiuser-server\n");
