@@ -862,6 +862,41 @@ exit 0
         }
     }
 
+    /// A namespace command the daemon refuses (here the cgroup binding):
+    /// what was made is deleted again and the caller told, so the job
+    /// keeps today's limits and nothing is left on the daemon.
+    #[test]
+    fn a_namespace_the_daemon_refuses_part_of_is_deleted_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = fake_control(dir.path(), false);
+        let control = dir.path().join("nvidia-cuda-mps-control");
+        let script = r#"#!/bin/sh
+read line
+echo "$line" >> "$CUDA_MPS_LOG_DIRECTORY/sent"
+case "$line" in *--cgroup=*) echo "Unknown option --cgroup"; exit 1;; esac
+exit 0
+"#;
+        crate::test_support::write_executable(&control, script);
+        config.paths.mps_control = crate::config::AbsPath::new(&control).unwrap();
+        let mps = MpsDaemon::for_gpu(&config, 0).with_protocol(Protocol::V3);
+        std::fs::create_dir_all(mps.log_dir()).unwrap();
+        let ns = mps_v3::Namespace::for_job(9, Some(1024), 30);
+        let e = mps.create_namespace(&ns).unwrap_err().to_string();
+        assert!(e.contains("Unknown option --cgroup"), "{e}");
+        let sent = std::fs::read_to_string(mps.log_dir().join("sent")).unwrap();
+        let sent: Vec<&str> = sent.lines().collect();
+        assert_eq!(
+            sent,
+            [
+                "namespace create job_9 --server=muxflow",
+                "namespace set job_9 --server=muxflow --pinned-memory-limit=1024M --active-thread-percentage=30 --client-priority=1",
+                "namespace set job_9 --server=muxflow --cgroup=/system.slice/slurmstepd.scope/job_9",
+                "namespace delete job_9 --server=muxflow --force",
+                "namespace list",
+            ]
+        );
+    }
+
     #[test]
     fn a_gpu_too_old_is_never_offered_the_flag() {
         let dir = tempfile::tempdir().unwrap();

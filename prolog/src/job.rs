@@ -280,14 +280,7 @@ pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
             }
             return Ok(());
         };
-        let mut daemon = MpsDaemon::for_gpu(config, gpu);
-        if !daemon.is_running() {
-            daemon = daemon.with_protocol(crate::gpu_caps::mps_protocol_wanted(config));
-            if config.mps.sm_partitions {
-                daemon = daemon
-                    .with_static_partitions(crate::gpu_caps::static_partitions_wanted(config, gpu));
-            }
-        }
+        let daemon = daemon_to_start(config, gpu);
         match daemon.ensure_running(|| crate::gpu_caps::compute_capability(config, gpu)) {
             Ok(r) if r.started => {
                 tracing::info!(gpu, pipe = %daemon.pipe_dir().display(), mode = ?r.mode, "started the MPS control daemon")
@@ -457,6 +450,48 @@ fn give_namespace(
             gpu,
             "no MPS v3 namespace for the offline job, its limits stay xCUDA's and MPS's client variables (policed): {why}"
         ),
+    }
+}
+
+/// GPU `gpu`'s daemon, set up to start as this node's driver allows: MPS
+/// v3 for namespaces, or static SM partitions (asked only when none runs).
+/// The Prolog and the health step's restarts start it alike.
+pub fn daemon_to_start(config: &Config, gpu: u32) -> MpsDaemon {
+    let daemon = MpsDaemon::for_gpu(config, gpu);
+    if daemon.is_running() {
+        return daemon;
+    }
+    let mut daemon = daemon.with_protocol(crate::gpu_caps::mps_protocol_wanted(config));
+    if config.mps.sm_partitions {
+        daemon =
+            daemon.with_static_partitions(crate::gpu_caps::static_partitions_wanted(config, gpu));
+    }
+    daemon
+}
+
+/// After the health step started GPU `gpu`'s daemon again: the namespaces
+/// of the offline jobs recorded there made again (a new daemon has none),
+/// so their next processes are held as their limits files say. One that
+/// cannot be made is logged; xCUDA and the police still hold the job.
+pub fn restore_namespaces(config: &Config, state: &NodeState, gpu: u32) {
+    let daemon = MpsDaemon::for_gpu(config, gpu);
+    for job in state.jobs(gpu).unwrap_or_default() {
+        let Some(ns) = state.mps_namespace(gpu, job.job_id) else {
+            continue;
+        };
+        let made = match daemon.protocol() {
+            Protocol::V3 => daemon.create_namespace(&ns).map_err(|e| e.to_string()),
+            Protocol::V2 => Err("the daemon came back as MPS v2".to_string()),
+        };
+        match made {
+            Ok(()) => tracing::info!(job = job.job_id, gpu, namespace = %ns.name, "made the job's MPS v3 namespace again"),
+            Err(e) => tracing::error!(
+                job = job.job_id,
+                gpu,
+                "cannot make the job's MPS v3 namespace {} again ({e}): its next processes are held by xCUDA and its MPS variables (policed) only",
+                ns.name
+            ),
+        }
     }
 }
 

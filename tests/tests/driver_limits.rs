@@ -521,6 +521,39 @@ fn with_mps_v3_routing_by_cgroup_the_daemon_holds_a_job_without_xcuda_to_its_nam
         "{attach}"
     );
 
+    // A job that keeps its limits runs as before, in its namespace, and
+    // the node's metrics say who holds its limits.
+    let good = c.offline_as_nobody(
+        "mfv-good",
+        node,
+        gpu,
+        &script(&c, "", "offline --duration 8 --alloc-mib 512"),
+    );
+    let out = c.wait_output(good, "enforced_by", WAIT);
+    assert!(
+        out.contains("enforced_by_mem=driver enforced_by_sm=driver"),
+        "{out}"
+    );
+    let textfile = c.node_path("var/lib/prometheus/{node}/muxflow.prom", node);
+    let metric = |limit: &str| {
+        format!("muxflow_offline_limit_enforced_by{{node=\"{node}\",gpu=\"{gpu}\",job=\"{good}\",limit=\"{limit}\",by=\"driver\"}} 1")
+    };
+    c.step_until(&cfg, node, "the metric names the driver", || {
+        let text = std::fs::read_to_string(&textfile).unwrap_or_default();
+        text.contains(&metric("memory")) && text.contains(&metric("sm"))
+    });
+    let end = c.wait(good, WAIT);
+    assert_eq!(end.state, "COMPLETED", "{end:?}");
+    let out = c.output(good);
+    assert!(out.contains("workload-exit=0"), "{out}");
+    let pid = kv(&out.replace('\n', " "), "pid").unwrap();
+    let attach = attach_event(&c, node, gpu, &pid);
+    assert_eq!(
+        kv(&attach, "namespace"),
+        Some(format!("job_{good}")),
+        "{attach}"
+    );
+
     // As nobody: xCUDA and the MPS client limits gone, 100 % of the SMs
     // asked for, the daemon reached by another path, an allocation past
     // the cap. The daemon routes it by its cgroup to its namespace anyway.
@@ -651,6 +684,92 @@ fn with_mps_v3_routing_by_socket_only_namespaces_are_not_used_and_the_police_evi
         before[gpu as usize],
         "no namespace made"
     );
+    c.scancel(&[online]);
+    c.wait(online, WAIT);
+    c.wait_mps_daemon_gone(node, gpu, WAIT);
+    c.assert_no_drain();
+}
+
+/// A daemon the health check starts again has no namespaces: it makes
+/// those of the offline jobs still recorded on the GPU again, so a job's
+/// next process (its first one died with the old server) is held as its
+/// limits file says.
+#[test]
+fn a_v3_daemon_the_health_check_restarts_gets_the_offline_jobs_namespaces_again() {
+    let _turn = muxflow_tests::one_at_a_time();
+    let c = Cluster::get();
+    let _cancel = CancelNamed(&c, "mfr-");
+    let node = "node3";
+    for g in 0..2 {
+        c.wait_mps_daemon_gone(node, g, WAIT);
+    }
+    let _v = MpsVersion::set(&c, "13050");
+    let cfg = c.health_config("ns-restart", "min_dwell_s = 1\nrecovery_quiet_s = 1");
+    let (online, gpu) = c.online_workload("mfr-online", node, 0.05, 1000);
+    c.settle_healthy(&cfg, node, gpu, 1000);
+    // The job's first process runs until the daemon dies; its second waits
+    // for the test's word that the daemon is back.
+    let go = c.scratch("mfr-go").join("go");
+    let _ = std::fs::remove_file(&go);
+    let first = format!(
+        "{} ; echo first-exit=$?\nwhile [ ! -e {} ]; do sleep 0.2; done",
+        c.workload("offline --duration 120 --alloc-mib 256"),
+        go.display()
+    );
+    let offline = c.offline_as_nobody(
+        "mfr-offline",
+        node,
+        gpu,
+        &script(&c, &first, "offline --duration 3 --alloc-mib 256"),
+    );
+    c.wait_output(offline, "enforced_by_mem=driver", WAIT);
+    let name = format!("job_{offline}");
+    let start = Instant::now();
+    while !namespaces(&c, node, gpu).contains(&name) {
+        assert!(start.elapsed() < WAIT, "no {name}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let pid_file = c
+        .node_path("var/run/muxflow/{node}/mps", node)
+        .join(gpu.to_string())
+        .join("nvidia-cuda-mps-control.pid");
+    let old = std::fs::read_to_string(&pid_file).unwrap();
+    let killed = Command::new("kill")
+        .args(["-KILL", old.trim()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    c.wait_output(offline, "first-exit=", WAIT);
+    // The health check (this one, or the node's own in the background)
+    // starts it again as the Prolog would (MPS v3), and makes the recorded
+    // job's namespace again.
+    c.step_until(&cfg, node, "the daemon restarted", || {
+        std::fs::read_to_string(&pid_file).is_ok_and(|p| p != old)
+    });
+    let listed = namespaces(&c, node, gpu);
+    assert!(listed.contains(&name), "{listed}");
+    let control = c.mps_log(node, gpu, "control.log");
+    let starts: Vec<&str> = control
+        .lines()
+        .filter(|l| l.contains("Starting control daemon"))
+        .collect();
+    assert!(
+        starts.last().is_some_and(|l| l.contains("protocol=3")),
+        "{starts:?}"
+    );
+    std::fs::write(&go, "").unwrap();
+    let out = c.wait_output(offline, "workload-exit=", WAIT);
+    assert!(out.contains("workload-exit=0"), "{out}");
+    let pids: Vec<String> = out.lines().filter_map(|l| kv(l, "pid")).collect();
+    let second = pids.last().unwrap();
+    let attach = attach_event(&c, node, gpu, second);
+    assert_eq!(kv(&attach, "namespace"), Some(name.clone()), "{attach}");
+    c.wait(offline, WAIT);
+    let start = Instant::now();
+    while namespaces(&c, node, gpu).contains(&name) {
+        assert!(start.elapsed() < WAIT, "{name} outlived its job");
+        std::thread::sleep(Duration::from_millis(200));
+    }
     c.scancel(&[online]);
     c.wait(online, WAIT);
     c.wait_mps_daemon_gone(node, gpu, WAIT);
