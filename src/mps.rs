@@ -331,7 +331,7 @@ impl MpsDaemon {
             std::thread::sleep(Duration::from_millis(20));
         }
         if self.start_protocol == Protocol::V3 {
-            if let Err(e) = self.send(&mps_v3::server_create()) {
+            if let Err(e) = self.send_text(&mps_v3::server_create()) {
                 // Today's path rather than none: the jobs keep MPS v2.
                 tracing::error!(
                     gpu = self.gpu,
@@ -502,23 +502,19 @@ impl MpsDaemon {
         self.pipe_dir.join("control").exists() && self.send("get_server_list").is_ok()
     }
 
-    /// Sends one command (written as for a v2 daemon, or a v3 command of
-    /// [`crate::mps_v3`]) in the grammar the daemon speaks, and returns
-    /// the daemon's reply.
+    /// Sends one command, written as for a v2 daemon, in the grammar the
+    /// daemon speaks ([`mps_v3::spell`]), and returns the daemon's reply.
     pub fn send(&self, command: &str) -> Result<String, MpsError> {
-        let v3_own = command
-            .split_whitespace()
-            .next()
-            .is_some_and(|m| matches!(m, "server" | "namespace" | "client"));
-        let command = if v3_own {
-            command.to_string()
-        } else {
+        let text =
             mps_v3::spell(self.protocol(), command).map_err(|source| MpsError::Unspoken {
                 gpu: self.gpu,
                 source,
-            })?
-        };
-        let command = command.as_str();
+            })?;
+        self.send_text(&text)
+    }
+
+    /// Sends `command` as it is (v3's own commands, [`crate::mps_v3`]).
+    fn send_text(&self, command: &str) -> Result<String, MpsError> {
         if is_changing(command) {
             self.note_own_command(command);
         }
@@ -609,10 +605,10 @@ impl MpsDaemon {
     /// was made is deleted again and the error returned (the job then
     /// keeps today's limits).
     pub fn create_namespace(&self, ns: &mps_v3::Namespace) -> Result<(), MpsError> {
-        self.send(&mps_v3::create(ns))?;
+        self.send_text(&mps_v3::create(ns))?;
         let rest = self
-            .send(&mps_v3::set_limits(ns))
-            .and_then(|_| self.send(&mps_v3::route(ns)));
+            .send_text(&mps_v3::set_limits(ns))
+            .and_then(|_| self.send_text(&mps_v3::route(ns)));
         if let Err(e) = rest {
             if let Err(e2) = self.delete_namespace(&ns.name) {
                 tracing::warn!(gpu = self.gpu, "{e2}");
@@ -626,8 +622,8 @@ impl MpsDaemon {
     /// `namespace list`: done when it is listed no more.
     pub fn delete_namespace(&self, name: &str) -> Result<(), MpsError> {
         let command = mps_v3::delete(name);
-        let out = self.send(&command)?;
-        if mps_v3::listed(&self.send(mps_v3::LIST)?, name) {
+        let out = self.send_text(&command)?;
+        if mps_v3::listed(&self.send_text(mps_v3::LIST)?, name) {
             return Err(MpsError::Failed {
                 gpu: self.gpu,
                 command,

@@ -21,8 +21,9 @@
 //!   and a job as `nobody` that drops xCUDA and its MPS limits, asks for
 //!   every SM and reaches the daemon by another path still gets its
 //!   namespace's memory limit and thread percentage; its Epilog deletes
-//!   the namespace. With r615's socket routing only (13040) namespaces are
-//!   not used, and the police evict the same attack.
+//!   the namespace; a daemon the health check restarts gets the recorded
+//!   jobs' namespaces again. With r615's socket routing only (13040)
+//!   namespaces are not used, and the police evict the same attack.
 //!
 //! Each test says on its node what muxflow-doctor says of the mechanism.
 
