@@ -261,9 +261,6 @@ pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
                 .filter(|r| r.mode == Mode::Offline && r.job_id != job.id)
                 .collect();
             let taken: usize = others.iter().map(|r| r.slots.len().max(1)).sum();
-            for &g in &recorded {
-                drop_namespace(config, &state, &state.lock_gpu(g)?, g, job.id);
-            }
             let r = Refusal {
                 code: "no_slot".into(),
                 why: format!(
@@ -276,6 +273,7 @@ pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
             refuse(config, &state, &job, &r, &prior);
             for &g in &recorded {
                 let lock = state.lock_gpu(g)?;
+                drop_namespace(config, &state, &lock, g, job.id);
                 state.remove_job(&lock, g, job.id)?;
             }
             return Ok(());
@@ -321,6 +319,7 @@ pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
                 refuse(config, &state, &job, &r, &prior);
                 for g in recorded.iter().copied().chain([gpu]) {
                     let lock = state.lock_gpu(g)?;
+                    drop_namespace(config, &state, &lock, g, job.id);
                     state.remove_job(&lock, g, job.id)?;
                 }
                 return Ok(());
