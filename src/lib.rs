@@ -16,6 +16,7 @@ pub mod limits;
 pub mod metrics;
 pub mod mode;
 pub mod mps;
+pub mod mps_v3;
 pub mod node_state;
 pub mod offline_procs;
 pub mod online_page;

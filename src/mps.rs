@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::mps_v3::{self, Protocol};
 use crate::process::{self, RunError};
 use crate::Config;
 
@@ -58,6 +59,12 @@ pub enum MpsError {
         command: String,
         output: String,
     },
+    #[error("MPS control for GPU {gpu}: {source}")]
+    Unspoken {
+        gpu: u32,
+        #[source]
+        source: mps_v3::Unspoken,
+    },
 }
 
 /// The MPS control daemon of one GPU.
@@ -69,6 +76,9 @@ pub struct MpsDaemon {
     log_dir: PathBuf,
     multiuser: bool,
     static_partitions: bool,
+    /// The grammar a daemon this starts speaks (a running one's own is
+    /// read from its command line: [`Self::protocol`]).
+    start_protocol: Protocol,
     timeout: Duration,
 }
 
@@ -197,6 +207,7 @@ impl MpsDaemon {
             log_dir: config.paths.mps_log_root.as_path().join(gpu.to_string()),
             multiuser: config.mps.multiuser,
             static_partitions: false,
+            start_protocol: Protocol::V2,
             timeout: Duration::from_millis(config.mps.command_timeout_ms),
         }
     }
@@ -207,6 +218,25 @@ impl MpsDaemon {
     pub fn with_static_partitions(mut self, on: bool) -> Self {
         self.static_partitions = on;
         self
+    }
+
+    /// A daemon this starts speaks `protocol` (`-p 3` for v3, with its
+    /// server [`mps_v3::SERVER`]): the caller decides from the daemon's
+    /// version ([`crate::mps_v3::Support`]).
+    pub fn with_protocol(mut self, protocol: Protocol) -> Self {
+        self.start_protocol = protocol;
+        self
+    }
+
+    /// The grammar this GPU's daemon speaks: a running daemon's by its
+    /// command line (NVIDIA: every invocation follows the running daemon's
+    /// protocol), else the one it would start with.
+    pub fn protocol(&self) -> Protocol {
+        match self.running_args() {
+            Some(args) if mps_v3::args_say_v3(&args) => Protocol::V3,
+            Some(_) => Protocol::V2,
+            None => self.start_protocol,
+        }
     }
 
     pub fn gpu(&self) -> u32 {
@@ -251,11 +281,25 @@ impl MpsDaemon {
                 mode,
             });
         }
+        self.start_daemon(cc())
+    }
+
+    /// Starts the daemon (none runs), `cc` the GPU's compute capability.
+    fn start_daemon(&self, cc: Option<ComputeCapability>) -> Result<Running, MpsError> {
         for dir in [&self.pipe_dir, &self.log_dir] {
             create_private_dir(dir)?;
         }
-        let mut mode = ServerMode::plan(self.multiuser, cc());
-        if mode.is_multiuser() {
+        let mut mode = ServerMode::plan(self.multiuser, cc);
+        if self.start_protocol == Protocol::V3 {
+            // Anything a v3 start refuses: today's v2 daemon instead.
+            if let Err(said) = self.start(mode.is_multiuser())? {
+                tracing::error!(
+                    gpu = self.gpu,
+                    "the MPS control daemon refused to start as MPS v3 ({said}); starting it as MPS v2, so offline jobs get no namespace"
+                );
+                return self.clone().with_protocol(Protocol::V2).start_daemon(cc);
+            }
+        } else if mode.is_multiuser() {
             if let Err(said) = self.start(true)? {
                 tracing::error!(
                     gpu = self.gpu,
@@ -265,7 +309,7 @@ impl MpsDaemon {
                 mode = ServerMode::SingleUser(SingleUser::Refused(said));
             }
         }
-        if !mode.is_multiuser() {
+        if !mode.is_multiuser() && self.start_protocol == Protocol::V2 {
             if let Err(said) = self.start(false)? {
                 return Err(MpsError::Failed {
                     gpu: self.gpu,
@@ -286,6 +330,18 @@ impl MpsDaemon {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+        if self.start_protocol == Protocol::V3 {
+            if let Err(e) = self.send_text(&mps_v3::server_create()) {
+                // Today's path rather than none: the jobs keep MPS v2.
+                tracing::error!(
+                    gpu = self.gpu,
+                    "the MPS v3 daemon refused '{}' ({e}); restarting it as MPS v2, so offline jobs get no namespace",
+                    mps_v3::server_create()
+                );
+                self.quit()?;
+                return self.clone().with_protocol(Protocol::V2).start_daemon(cc);
+            }
+        }
         Ok(Running {
             started: true,
             mode,
@@ -297,8 +353,17 @@ impl MpsDaemon {
     fn start(&self, multiuser: bool) -> Result<Result<(), String>, MpsError> {
         let mut c = self.command();
         c.arg("-d");
-        if multiuser {
-            c.arg(MULTIUSER_FLAG);
+        match (self.start_protocol, multiuser) {
+            (Protocol::V3, true) => {
+                c.args(mps_v3::PROTOCOL_ARGS).arg(mps_v3::MULTIUSER_FLAG);
+            }
+            (Protocol::V3, false) => {
+                c.args(mps_v3::PROTOCOL_ARGS);
+            }
+            (Protocol::V2, true) => {
+                c.arg(MULTIUSER_FLAG);
+            }
+            (Protocol::V2, false) => {}
         }
         if self.static_partitions {
             c.arg(crate::sm_partition::STATIC_FLAG);
@@ -351,7 +416,10 @@ impl MpsDaemon {
     /// publishes this every time and must stay quick.
     pub fn serves_all_users(&self) -> Option<bool> {
         if let Some(args) = self.running_args() {
-            return Some(args.iter().any(|a| a == MULTIUSER_FLAG));
+            return Some(
+                args.iter().any(|a| a == MULTIUSER_FLAG)
+                    || (mps_v3::args_say_v3(&args) && mps_v3::args_say_multiuser(&args)),
+            );
         }
         std::fs::read_to_string(self.mode_file())
             .ok()
@@ -434,8 +502,19 @@ impl MpsDaemon {
         self.pipe_dir.join("control").exists() && self.send("get_server_list").is_ok()
     }
 
-    /// Sends one command and returns the daemon's reply.
+    /// Sends one command, written as for a v2 daemon, in the grammar the
+    /// daemon speaks ([`mps_v3::spell`]), and returns the daemon's reply.
     pub fn send(&self, command: &str) -> Result<String, MpsError> {
+        let text =
+            mps_v3::spell(self.protocol(), command).map_err(|source| MpsError::Unspoken {
+                gpu: self.gpu,
+                source,
+            })?;
+        self.send_text(&text)
+    }
+
+    /// Sends `command` as it is (v3's own commands, [`crate::mps_v3`]).
+    fn send_text(&self, command: &str) -> Result<String, MpsError> {
         if is_changing(command) {
             self.note_own_command(command);
         }
@@ -521,6 +600,39 @@ impl MpsDaemon {
         true
     }
 
+    /// Makes job's namespace `ns` on the daemon's server (v3): created,
+    /// its limits set, routed by the job's cgroup. Anything refused: what
+    /// was made is deleted again and the error returned (the job then
+    /// keeps today's limits).
+    pub fn create_namespace(&self, ns: &mps_v3::Namespace) -> Result<(), MpsError> {
+        self.send_text(&mps_v3::create(ns))?;
+        let rest = self
+            .send_text(&mps_v3::set_limits(ns))
+            .and_then(|_| self.send_text(&mps_v3::route(ns)));
+        if let Err(e) = rest {
+            if let Err(e2) = self.delete_namespace(&ns.name) {
+                tracing::warn!(gpu = self.gpu, "{e2}");
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Deletes namespace `name` (its clients with it), checked with
+    /// `namespace list`: done when it is listed no more.
+    pub fn delete_namespace(&self, name: &str) -> Result<(), MpsError> {
+        let command = mps_v3::delete(name);
+        let out = self.send_text(&command)?;
+        if mps_v3::listed(&self.send_text(mps_v3::LIST)?, name) {
+            return Err(MpsError::Failed {
+                gpu: self.gpu,
+                command,
+                output: out,
+            });
+        }
+        Ok(())
+    }
+
     /// Stops the daemon (and its server) and removes the pipe directory.
     pub fn quit(&self) -> Result<(), MpsError> {
         if self.pipe_dir.join("control").exists() {
@@ -550,12 +662,14 @@ pub const CHANGING_COMMANDS: &[&str] = &[
     "sm_partition",
 ];
 
-/// Is `command` one of [`CHANGING_COMMANDS`]?
+/// Is `command` one of [`CHANGING_COMMANDS`], or a state-changing v3
+/// command ([`mps_v3::is_changing`])?
 pub fn is_changing(command: &str) -> bool {
     command
         .split_whitespace()
         .next()
         .is_some_and(|verb| CHANGING_COMMANDS.contains(&verb))
+        || mps_v3::is_changing(command)
 }
 
 /// The pipe directory of GPU `gpu`'s daemon (what clients get as
@@ -685,6 +799,98 @@ exit 0
             // Found running next time: nothing started again.
             assert!(!mps.ensure_running(|| None).unwrap().started);
         }
+    }
+
+    /// A v3 daemon as the Prolog starts it: `-d -p 3 -m`, then muxflow's
+    /// server; one that refuses the server is started again as v2. Every
+    /// command it is sent is logged (`sent`).
+    #[test]
+    fn a_v3_daemon_gets_muxflows_server_or_falls_back_to_v2() {
+        for (refuse_server, refuse_v3) in [(false, false), (true, false), (false, true)] {
+            let dir = tempfile::tempdir().unwrap();
+            let mut config = fake_control(dir.path(), false);
+            let control = dir.path().join("nvidia-cuda-mps-control");
+            let script = format!(
+                r#"#!/bin/sh
+if [ "$1" = -d ]; then
+  [ "$2" = -p ] && [ {refuse_v3} = true ] && exit 2
+  echo "$*" >> "$CUDA_MPS_LOG_DIRECTORY/started-with"
+  : > "$CUDA_MPS_PIPE_DIRECTORY/control"
+  exit 0
+fi
+read line
+echo "$line" >> "$CUDA_MPS_LOG_DIRECTORY/sent"
+case "$line" in "server create"*) [ {refuse_server} = true ] && exit 1;; esac
+exit 0
+"#
+            );
+            crate::test_support::write_executable(&control, &script);
+            config.paths.mps_control = crate::config::AbsPath::new(&control).unwrap();
+            let mps = MpsDaemon::for_gpu(&config, 0).with_protocol(Protocol::V3);
+            let r = mps.ensure_running(|| Some(cc(9, 0))).unwrap();
+            assert!(r.started && r.mode.is_multiuser());
+            let started = std::fs::read_to_string(mps.log_dir().join("started-with")).unwrap();
+            let sent = std::fs::read_to_string(mps.log_dir().join("sent")).unwrap();
+            if refuse_v3 {
+                assert_eq!(started, "-d -multiuser-server\n");
+                assert!(!sent.contains("server create"), "{sent}");
+                continue;
+            }
+            assert!(sent.contains("server create muxflow"), "{sent}");
+            if refuse_server {
+                assert_eq!(started, "-d -p 3 -m\n-d -multiuser-server\n");
+                assert!(sent.contains("quit"), "{sent}");
+            } else {
+                assert_eq!(started, "-d -p 3 -m\n");
+                // Commands written for v2 go out in v3's grammar.
+                mps.terminate_client(4, 7).unwrap();
+                let sent = std::fs::read_to_string(mps.log_dir().join("sent")).unwrap();
+                assert!(
+                    sent.ends_with("client terminate 7 --server-pid=4\n"),
+                    "{sent}"
+                );
+                assert!(mps.take_own_command("client terminate 7 --server-pid=4"));
+                assert!(matches!(
+                    mps.chunks("GPU-1"),
+                    Err(MpsError::Unspoken { .. })
+                ));
+            }
+        }
+    }
+
+    /// A namespace command the daemon refuses (here the cgroup binding):
+    /// what was made is deleted again and the caller told, so the job
+    /// keeps today's limits and nothing is left on the daemon.
+    #[test]
+    fn a_namespace_the_daemon_refuses_part_of_is_deleted_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = fake_control(dir.path(), false);
+        let control = dir.path().join("nvidia-cuda-mps-control");
+        let script = r#"#!/bin/sh
+read line
+echo "$line" >> "$CUDA_MPS_LOG_DIRECTORY/sent"
+case "$line" in *--cgroup=*) echo "Unknown option --cgroup"; exit 1;; esac
+exit 0
+"#;
+        crate::test_support::write_executable(&control, script);
+        config.paths.mps_control = crate::config::AbsPath::new(&control).unwrap();
+        let mps = MpsDaemon::for_gpu(&config, 0).with_protocol(Protocol::V3);
+        std::fs::create_dir_all(mps.log_dir()).unwrap();
+        let ns = mps_v3::Namespace::for_job(9, Some(1024), 30);
+        let e = mps.create_namespace(&ns).unwrap_err().to_string();
+        assert!(e.contains("Unknown option --cgroup"), "{e}");
+        let sent = std::fs::read_to_string(mps.log_dir().join("sent")).unwrap();
+        let sent: Vec<&str> = sent.lines().collect();
+        assert_eq!(
+            sent,
+            [
+                "namespace create job_9 --server=muxflow",
+                "namespace set job_9 --server=muxflow --pinned-memory-limit=1024M --active-thread-percentage=30 --client-priority=1",
+                "namespace set job_9 --server=muxflow --cgroup=/system.slice/slurmstepd.scope/job_9",
+                "namespace delete job_9 --server=muxflow --force",
+                "namespace list",
+            ]
+        );
     }
 
     #[test]

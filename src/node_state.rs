@@ -467,10 +467,31 @@ impl NodeState {
         Ok(crate::policy::offline_slot_share(policy, &facts, slots))
     }
 
-    fn sm_partition_file(&self, gpu: u32, job_id: u32) -> PathBuf {
-        self.gpu_dir(gpu)
-            .join("partitions")
-            .join(job_id.to_string())
+    /// A per-job record of the driver's on GPU `gpu` (`<gpu dir>/<kind>/<job>`).
+    fn driver_record_file(&self, gpu: u32, kind: &str, job_id: u32) -> PathBuf {
+        self.gpu_dir(gpu).join(kind).join(job_id.to_string())
+    }
+
+    fn set_driver_record(
+        &self,
+        gpu: u32,
+        kind: &str,
+        job_id: u32,
+        text: &str,
+    ) -> Result<(), StateError> {
+        let path = self.driver_record_file(gpu, kind, job_id);
+        if let Some(dir) = path.parent() {
+            fs::create_dir_all(dir).map_err(io(dir))?;
+        }
+        write_atomic(&path, text.as_bytes())
+    }
+
+    fn driver_record(&self, gpu: u32, kind: &str, job_id: u32) -> Option<String> {
+        fs::read_to_string(self.driver_record_file(gpu, kind, job_id)).ok()
+    }
+
+    fn forget_driver_record(&self, gpu: u32, kind: &str, job_id: u32) {
+        let _ = fs::remove_file(self.driver_record_file(gpu, kind, job_id));
     }
 
     /// Records job `job_id`'s static SM partition on GPU `gpu` (the Prolog,
@@ -482,22 +503,39 @@ impl NodeState {
         job_id: u32,
         record: &crate::sm_partition::Record,
     ) -> Result<(), StateError> {
-        let path = self.sm_partition_file(gpu, job_id);
-        if let Some(dir) = path.parent() {
-            fs::create_dir_all(dir).map_err(io(dir))?;
-        }
-        write_atomic(&path, record.encode().as_bytes())
+        self.set_driver_record(gpu, "partitions", job_id, &record.encode())
     }
 
     /// Job `job_id`'s static SM partition on GPU `gpu`, if it has one.
     pub fn sm_partition(&self, gpu: u32, job_id: u32) -> Option<crate::sm_partition::Record> {
-        let text = fs::read_to_string(self.sm_partition_file(gpu, job_id)).ok()?;
-        crate::sm_partition::Record::decode(&text)
+        crate::sm_partition::Record::decode(&self.driver_record(gpu, "partitions", job_id)?)
     }
 
     /// Forgets job `job_id`'s partition record on GPU `gpu`.
     pub fn forget_sm_partition(&self, _lock: &GpuLock, gpu: u32, job_id: u32) {
-        let _ = fs::remove_file(self.sm_partition_file(gpu, job_id));
+        self.forget_driver_record(gpu, "partitions", job_id)
+    }
+
+    /// Records job `job_id`'s MPS v3 namespace on GPU `gpu` (the Prolog,
+    /// which made it; `crate::mps_v3`).
+    pub fn set_mps_namespace(
+        &self,
+        _lock: &GpuLock,
+        gpu: u32,
+        job_id: u32,
+        ns: &crate::mps_v3::Namespace,
+    ) -> Result<(), StateError> {
+        self.set_driver_record(gpu, "namespaces", job_id, &ns.encode())
+    }
+
+    /// Job `job_id`'s MPS v3 namespace on GPU `gpu`, if it has one.
+    pub fn mps_namespace(&self, gpu: u32, job_id: u32) -> Option<crate::mps_v3::Namespace> {
+        crate::mps_v3::Namespace::decode(&self.driver_record(gpu, "namespaces", job_id)?)
+    }
+
+    /// Forgets job `job_id`'s namespace record on GPU `gpu`.
+    pub fn forget_mps_namespace(&self, _lock: &GpuLock, gpu: u32, job_id: u32) {
+        self.forget_driver_record(gpu, "namespaces", job_id)
     }
 
     /// The GPU's offline processes as root last saw them ([`crate::offline_procs`]).

@@ -553,8 +553,20 @@ pub fn run(config: &Config, node: &str, slurm_conf: &Path, slurmd_v: &str) -> Ve
             config.mps.sm_partitions && d.is_running() && !d.runs_static_partitions()
         })
         .collect();
+    let version = crate::gpu_caps::mps_control_version(config);
+    // GPUs whose running daemon speaks v2 where v3 is to be used.
+    let not_v3: Vec<u32> = gpus
+        .iter()
+        .copied()
+        .filter(|&g| {
+            let d = MpsDaemon::for_gpu(config, g);
+            crate::gpu_caps::mps_protocol_wanted(config) == muxflow::mps_v3::Protocol::V3
+                && d.is_running()
+                && d.protocol() != muxflow::mps_v3::Protocol::V3
+        })
+        .collect();
+    checks.push(check_mps_v3(version, config.mps.sm_partitions, &not_v3));
     checks.extend(check_mechanisms(
-        crate::gpu_caps::mps_control_version(config),
         &dmem_found(config.paths.cgroup_root.as_path()),
         &bus_ids,
     ));
@@ -748,26 +760,47 @@ pub fn check_sm_partitions(
         ),
     }
 }
-/// MPS v3 (`-p 3`: named servers and namespaces) needs CUDA 13.4 (r615).
-pub const MPS_V3_MIN_VERSION: u32 = 13040;
+/// What the kernel could enforce itself on this node: the cgroup `dmem`
+/// memory limit (`regions`: its `dmem.capacity`, None without the
+/// controller; `bus_ids`: the GPUs' PCI addresses, lowercase).
+pub fn check_mechanisms(dmem: &DmemFound, bus_ids: &[String]) -> Vec<Check> {
+    vec![check_dmem(dmem, bus_ids)]
+}
 
-/// What the driver and kernel could enforce themselves on this node, as
-/// found: static SM partitions, MPS v3 namespaces, the cgroup `dmem` memory
-/// limit (`regions`: its `dmem.capacity`, None without the controller;
-/// `bus_ids`: the GPUs' PCI addresses, lowercase). Each line passes: they
-/// say what is there; muxflow's limits are xCUDA's and the police's on
-/// every node today (README, "Limits of an offline job").
-pub fn check_mechanisms(version: Option<u32>, dmem: &DmemFound, bus_ids: &[String]) -> Vec<Check> {
-    let v = version.map_or("a control daemon that prints no version".to_string(), |v| {
-        format!("control daemon {v}")
-    });
-    let v3 = if version.is_some_and(|v| v >= MPS_V3_MIN_VERSION) {
-        format!("available ({v}): not used by muxflow (a client picks its namespace by its pipe directory, and sets its own priority; README, \"Who enforces each limit\"); limits stay the client's MPS variables, xCUDA's and the police's, or the driver's and the kernel's above")
-    } else {
-        format!("absent ({v}; namespaces whose limits override a client's own need {MPS_V3_MIN_VERSION}+)")
-    };
-    let dmem = check_dmem(dmem, bus_ids);
-    vec![Check::ok("mps v3", v3), dmem]
+/// The `mps v3` line: used (a control daemon that routes clients by
+/// cgroup, r620, and `[mps] sm_partitions` off: offline jobs get
+/// namespaces), present but not used (socket routing only, which a job can
+/// leave; or static partitions asked for), absent, or broken: it should be
+/// used, but a running daemon speaks v2 (`not_v3`: its GPUs).
+pub fn check_mps_v3(version: Option<u32>, sm_partitions: bool, not_v3: &[u32]) -> Check {
+    use muxflow::mps_v3::{Support, CGROUP_ROUTING_MIN_VERSION, MIN_VERSION};
+    let name = "mps v3";
+    match Support::of(version) {
+        Support::Absent => Check::ok(
+            name,
+            format!(
+                "absent ({}; namespaces need {MIN_VERSION}+, routing by cgroup {CGROUP_ROUTING_MIN_VERSION}+): an offline job's limits are its MPS client variables' and xCUDA's (policed), or the kernel's (dmem)",
+                version.map_or("a control daemon that prints no version".to_string(), |v| format!("control daemon {v}"))
+            ),
+        ),
+        Support::SocketRouting(v) => Check::ok(
+            name,
+            format!("present (control daemon {v}), not used: it routes clients by socket only, so a job could leave its namespace by its CUDA_MPS_PIPE_DIRECTORY (routing by cgroup needs {CGROUP_ROUTING_MIN_VERSION}+)"),
+        ),
+        Support::CgroupRouting(v) if sm_partitions => Check::ok(
+            name,
+            format!("present (control daemon {v}), not used: [mps] sm_partitions is set, and static partitions run on an MPS v2 daemon"),
+        ),
+        Support::CgroupRouting(v) if !not_v3.is_empty() => Check::fail(
+            name,
+            format!("present (control daemon {v}), but the daemon of GPU {not_v3:?} runs MPS v2: its offline jobs get no namespace (their limits stay the MPS client variables' and xCUDA's, policed)"),
+            "stop that daemon while its GPU has no job (echo quit | nvidia-cuda-mps-control with its CUDA_MPS_PIPE_DIRECTORY): the next job's Prolog starts it with -p 3; if it falls back again, the Prolog's log says what the daemon refused",
+        ),
+        Support::CgroupRouting(v) => Check::ok(
+            name,
+            format!("used (control daemon {v}): daemons start with -p 3; each offline job gets a namespace routed by its cgroup whose pinned memory limit and thread percentage the daemon holds (enforced_by_mem=driver, enforced_by_sm=driver)"),
+        ),
+    }
 }
 
 #[cfg(test)]
@@ -784,22 +817,79 @@ mod tests {
         let bus = ["0000:18:00.0".to_string(), "0000:28:00.0".to_string()];
         let line =
             |c: &[Check], name: &str| c.iter().find(|c| c.name == name).map(Check::line).unwrap();
-        let new = check_mechanisms(Some(13040), &region, &bus);
-        assert!(line(&new, "mps v3").contains("available"));
+        let new = check_mechanisms(&region, &bus);
         assert!(
             line(&new, "dmem").contains("used: "),
             "{}",
             line(&new, "dmem")
         );
         assert!(line(&new, "dmem").contains("on 1 of the node's 2 GPUs; the others"));
-        let no_dmem = check_mechanisms(Some(13040), &none, &bus);
-        assert!(line(&no_dmem, "dmem").contains("absent"));
-        let old = check_mechanisms(None, &none, &bus);
-        assert!(line(&old, "mps v3").contains("absent (a control daemon that prints no version"));
+        let old = check_mechanisms(&none, &bus);
+        assert!(line(&old, "dmem").contains("absent"));
         assert!(
             new.iter().chain(&old).all(|c| c.fix.is_none()),
             "informative only"
         );
+    }
+
+    #[test]
+    fn mps_v3_lines_say_used_present_absent_or_broken() {
+        // (case, version, sm_partitions, GPUs speaking v2, passes, contains)
+        let cases = [
+            (
+                "no version",
+                None,
+                false,
+                vec![],
+                true,
+                "absent (a control daemon that prints no version",
+            ),
+            (
+                "13.1",
+                Some(13010),
+                false,
+                vec![],
+                true,
+                "absent (control daemon 13010",
+            ),
+            (
+                "r615: socket routing only",
+                Some(13040),
+                false,
+                vec![],
+                true,
+                "present (control daemon 13040), not used: it routes clients by socket only",
+            ),
+            (
+                "r620, partitions asked for",
+                Some(13050),
+                true,
+                vec![],
+                true,
+                "not used: [mps] sm_partitions is set",
+            ),
+            (
+                "r620, a daemon left in v2",
+                Some(13050),
+                false,
+                vec![0],
+                false,
+                "the daemon of GPU [0] runs MPS v2",
+            ),
+            (
+                "r620",
+                Some(13050),
+                false,
+                vec![],
+                true,
+                "used (control daemon 13050)",
+            ),
+        ];
+        for (case, version, parts, not_v3, passes, want) in cases {
+            let c = check_mps_v3(version, parts, &not_v3);
+            assert_eq!(c.fix.is_none(), passes, "{case}: {}", c.line());
+            assert!(c.line().contains(want), "{case}: {}", c.line());
+        }
     }
 
     #[test]

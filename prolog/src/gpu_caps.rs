@@ -72,6 +72,21 @@ pub fn static_partitions_wanted(config: &Config, gpu: u32) -> bool {
     ok
 }
 
+/// The grammar a daemon started now speaks: MPS v3, for offline jobs'
+/// namespaces, where the control daemon routes clients by cgroup
+/// ([`muxflow::mps_v3::Support`]) and `[mps] sm_partitions` (which runs on
+/// a v2 daemon) is off; else v2, today's path.
+pub fn mps_protocol_wanted(config: &Config) -> muxflow::mps_v3::Protocol {
+    use muxflow::mps_v3::{Protocol, Support};
+    if config.mps.sm_partitions {
+        return Protocol::V2;
+    }
+    match Support::of(mps_control_version(config)) {
+        s if s.usable() => Protocol::V3,
+        _ => Protocol::V2,
+    }
+}
+
 /// The control daemon's version as `nvidia-cuda-mps-control -v` prints it,
 /// as NVIDIA numbers it (13010 for CUDA 13.1: static SM partitioning needs
 /// 13010+, the Isaac ROS partitioning guide says). None when it prints no

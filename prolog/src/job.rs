@@ -22,6 +22,7 @@ use anyhow::{Context, Result};
 use muxflow::admin_comment::AdminComment;
 use muxflow::health::HealthState;
 use muxflow::mps::MpsDaemon;
+use muxflow::mps_v3::Protocol;
 use muxflow::node_state::{free_offline_slots, JobRecord, NodeState};
 use muxflow::placement::refused_admin_comment;
 use muxflow::{Config, Mode};
@@ -276,15 +277,12 @@ pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
             refuse(config, &state, &job, &r, &prior);
             for &g in &recorded {
                 let lock = state.lock_gpu(g)?;
+                drop_namespace(config, &state, &lock, g, job.id);
                 state.remove_job(&lock, g, job.id)?;
             }
             return Ok(());
         };
-        let mut daemon = MpsDaemon::for_gpu(config, gpu);
-        if config.mps.sm_partitions && !daemon.is_running() {
-            daemon = daemon
-                .with_static_partitions(crate::gpu_caps::static_partitions_wanted(config, gpu));
-        }
+        let daemon = daemon_to_start(config, gpu);
         match daemon.ensure_running(|| crate::gpu_caps::compute_capability(config, gpu)) {
             Ok(r) if r.started => {
                 tracing::info!(gpu, pipe = %daemon.pipe_dir().display(), mode = ?r.mode, "started the MPS control daemon")
@@ -325,10 +323,14 @@ pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
                 refuse(config, &state, &job, &r, &prior);
                 for g in recorded.iter().copied().chain([gpu]) {
                     let lock = state.lock_gpu(g)?;
+                    drop_namespace(config, &state, &lock, g, job.id);
                     state.remove_job(&lock, g, job.id)?;
                 }
                 return Ok(());
             }
+        }
+        if job.mode == Mode::Offline && daemon.protocol() == Protocol::V3 {
+            give_namespace(config, &state, &lock, &job, gpu, &daemon);
         }
         if job.mode == Mode::Offline {
             // Found per job: a node's kernel or driver may change between
@@ -415,6 +417,115 @@ fn give_partition(
     state
         .set_sm_partition(lock, gpu, job.id, &record)
         .map_err(|e| e.to_string())
+}
+
+/// Makes offline job `job`'s MPS v3 namespace on GPU `gpu` (its daemon
+/// speaks v3, which muxflow starts only where it routes clients by cgroup)
+/// with the job's share, and records it for the plugin and the Epilog.
+/// Anything refused: logged, nothing recorded, and the job keeps today's
+/// limits (xCUDA's and MPS's client variables, policed). The caller holds
+/// the GPU's lock.
+fn give_namespace(
+    config: &Config,
+    state: &NodeState,
+    lock: &muxflow::node_state::GpuLock,
+    job: &Job,
+    gpu: u32,
+    daemon: &MpsDaemon,
+) {
+    let made = state
+        .offline_share(&config.policy, gpu, job.id)
+        .map_err(|e| e.to_string())
+        .and_then(|share| {
+            let ns = muxflow::mps_v3::Namespace::for_job(job.id, share.mem_cap_mib, share.sm_pct);
+            daemon.create_namespace(&ns).map_err(|e| e.to_string())?;
+            if let Err(e) = state.set_mps_namespace(lock, gpu, job.id, &ns) {
+                // Unrecorded, the Epilog would not find it: take it away.
+                drop_made_namespace(daemon, job.id, &ns.name);
+                return Err(e.to_string());
+            }
+            Ok(ns)
+        });
+    match made {
+        Ok(ns) => tracing::info!(job = job.id, gpu, namespace = %ns.name, cgroup = %ns.cgroup, mem_mib = ?ns.mem_mib, sm_pct = ns.sm_pct, "made the job's MPS v3 namespace"),
+        Err(why) => tracing::error!(
+            job = job.id,
+            gpu,
+            "no MPS v3 namespace for the offline job, its limits stay xCUDA's and MPS's client variables (policed): {why}"
+        ),
+    }
+}
+
+/// GPU `gpu`'s daemon, set up to start as this node's driver allows: MPS
+/// v3 for namespaces, or static SM partitions (asked only when none runs).
+/// The Prolog and the health step's restarts start it alike.
+pub fn daemon_to_start(config: &Config, gpu: u32) -> MpsDaemon {
+    let daemon = MpsDaemon::for_gpu(config, gpu);
+    if daemon.is_running() {
+        return daemon;
+    }
+    let mut daemon = daemon.with_protocol(crate::gpu_caps::mps_protocol_wanted(config));
+    if config.mps.sm_partitions {
+        daemon =
+            daemon.with_static_partitions(crate::gpu_caps::static_partitions_wanted(config, gpu));
+    }
+    daemon
+}
+
+/// After the health step started GPU `gpu`'s daemon again: the namespaces
+/// of the offline jobs recorded there made again (a new daemon has none),
+/// so their next processes are held as their limits files say. One that
+/// cannot be made is logged; xCUDA and the police still hold the job.
+pub fn restore_namespaces(config: &Config, state: &NodeState, gpu: u32) {
+    let daemon = MpsDaemon::for_gpu(config, gpu);
+    for job in state.jobs(gpu).unwrap_or_default() {
+        let Some(ns) = state.mps_namespace(gpu, job.job_id) else {
+            continue;
+        };
+        let made = match daemon.protocol() {
+            Protocol::V3 => daemon.create_namespace(&ns).map_err(|e| e.to_string()),
+            Protocol::V2 => Err("the daemon came back as MPS v2".to_string()),
+        };
+        match made {
+            Ok(()) => tracing::info!(job = job.job_id, gpu, namespace = %ns.name, "made the job's MPS v3 namespace again"),
+            Err(e) => tracing::error!(
+                job = job.job_id,
+                gpu,
+                "cannot make the job's MPS v3 namespace {} again ({e}): its next processes are held by xCUDA and its MPS variables (policed) only",
+                ns.name
+            ),
+        }
+    }
+}
+
+/// Deletes job `job_id`'s namespace on GPU `gpu`, if the Prolog made one,
+/// and its record (the Epilog, and a Prolog that refuses the job).
+fn drop_namespace(
+    config: &Config,
+    state: &NodeState,
+    lock: &muxflow::node_state::GpuLock,
+    gpu: u32,
+    job_id: u32,
+) {
+    let Some(ns) = state.mps_namespace(gpu, job_id) else {
+        return;
+    };
+    let daemon = MpsDaemon::for_gpu(config, gpu);
+    // A daemon gone took its namespaces with it.
+    if daemon.is_running() {
+        drop_made_namespace(&daemon, job_id, &ns.name);
+    }
+    state.forget_mps_namespace(lock, gpu, job_id);
+}
+
+fn drop_made_namespace(daemon: &MpsDaemon, job_id: u32, name: &str) {
+    if let Err(e) = daemon.delete_namespace(name) {
+        tracing::warn!(
+            job = job_id,
+            gpu = daemon.gpu(),
+            "cannot delete the job's MPS v3 namespace {name}: {e}"
+        );
+    }
 }
 
 /// How long an online job's Prolog waits for the offline jobs it requeues
@@ -672,6 +783,7 @@ fn forget(config: &Config, state: &NodeState, job_id: u32) -> Result<()> {
             }
             state.forget_sm_partition(&lock, gpu, job_id);
         }
+        drop_namespace(config, state, &lock, gpu, job_id);
         if state.jobs(gpu)?.is_empty() {
             stop_daemon(&MpsDaemon::for_gpu(config, gpu));
         }

@@ -151,7 +151,7 @@ pub fn collect(ns: &NodeState, node: &str) -> (Exposition, Vec<(u32, BTreeSet<u3
                     l.push(("by", by.to_string()));
                     e.gauge(
                         "muxflow_offline_limit_enforced_by",
-                        "1 per limit of the offline job, labelled with who enforces it: driver (MPS SM partition), kernel (cgroup dmem.max), xcuda (xCUDA and MPS client variables, policed) or policed.",
+                        "1 per limit of the offline job, labelled with who enforces it: driver (MPS SM partition or MPS v3 namespace), kernel (cgroup dmem.max), xcuda (xCUDA and MPS client variables, policed) or policed.",
                     )
                     .sample(&l, 1.0);
                 }

@@ -365,9 +365,12 @@ fn police_daemon(
                 jobs = jobs.len(),
                 "the MPS control daemon is gone ({e}); starting it again for the muxflow jobs on the GPU"
             );
-            match mps.ensure_running(|| crate::gpu_caps::compute_capability(config, gpu)) {
+            let start = crate::job::daemon_to_start(config, gpu);
+            match start.ensure_running(|| crate::gpu_caps::compute_capability(config, gpu)) {
                 Ok(_) => {
                     tracing::warn!(gpu, "MPS control daemon restarted");
+                    let state = NodeState::new(config.paths.state_dir.as_path());
+                    crate::job::restore_namespaces(config, &state, gpu);
                     rec.count("action.restart_mps_daemon");
                 }
                 Err(e) => {
@@ -556,7 +559,9 @@ fn restart_mps(
     // Started again only for the jobs still recorded on the GPU; otherwise
     // the next Prolog starts it.
     if !ns.jobs(gpu)?.is_empty() {
-        mps.ensure_running(|| crate::gpu_caps::compute_capability(config, gpu))?;
+        crate::job::daemon_to_start(config, gpu)
+            .ensure_running(|| crate::gpu_caps::compute_capability(config, gpu))?;
+        crate::job::restore_namespaces(config, ns, gpu);
     }
     Ok(true)
 }

@@ -29,6 +29,13 @@ use std::path::{Path, PathBuf};
 /// NVIDIA's documented flag for multi-user server mode (MPS docs,
 /// "Provisioning sequence"): clients of every user share one root server.
 pub const MULTIUSER_FLAG: &str = "-multiuser-server";
+/// MPS v3's multi-user flags (MPS v3 Interface: "-m, --multiuser").
+pub const V3_MULTIUSER_FLAGS: [&str; 2] = ["-m", "--multiuser"];
+/// The control daemon version with MPS v3 (`-p 3`; CUDA 13.4, r615) and
+/// the one that routes clients of the main socket by cgroup (r620; its
+/// CUDA number is a guess, as muxflow's `mps_v3` guesses it).
+pub const V3_MIN_VERSION: u32 = 13040;
+pub const V3_CGROUP_ROUTING_MIN_VERSION: u32 = 13050;
 /// Static SM partitioning mode (`-S`, `--static-partitioning`; MPS docs,
 /// Legacy MPS v2 Interface): set at the daemon's start only.
 pub const STATIC_FLAGS: [&str; 2] = ["-S", "--static-partitioning"];
@@ -114,6 +121,15 @@ impl MemLimits {
     }
 }
 
+/// MPS v3 names: lowercase letters, digits and underscores, up to 64
+/// (MPS v3 Interface).
+fn valid_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+}
+
 pub fn socket_path(pipe_dir: &Path) -> PathBuf {
     pipe_dir.join("control")
 }
@@ -138,6 +154,12 @@ pub struct Grant {
     pub mem: MemLimits,
     /// The SMs of the client's static partition (static mode only).
     pub sms: Option<u32>,
+    /// The MPS v3 namespace the client was routed to (a v3 daemon's,
+    /// other than a server's default): its `thread_pct` overrides the
+    /// client's own variable, its `mem` is only tightened by it.
+    pub namespace: Option<String>,
+    /// The namespace's client priority: the client's if it sets none.
+    pub default_priority: Option<u32>,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -163,11 +185,13 @@ pub fn connect(
     let r = request(pipe_dir, &format!("@connect {pid} {uid} {part}"))?;
     let w: Vec<&str> = r.split_whitespace().collect();
     match w.as_slice() {
-        ["ok", server, pct, mem, sms] => Ok(ConnectReply::Ok(Grant {
+        ["ok", server, pct, mem, sms, ns, prio] => Ok(ConnectReply::Ok(Grant {
             server: server.parse().unwrap_or(0),
             thread_pct: pct.parse().ok(),
             mem: MemLimits::decode(mem),
             sms: sms.parse().ok(),
+            namespace: (*ns != "-").then(|| ns.to_string()),
+            default_priority: prio.parse().ok(),
         })),
         ["wait"] => Ok(ConnectReply::Wait),
         ["no_partition"] => Ok(ConnectReply::NoPartition),
@@ -277,8 +301,30 @@ struct Partition {
     clients: Vec<i32>,
 }
 
+/// An MPS v3 namespace of a named server (MPS v3 Namespaces).
+struct Namespace {
+    name: String,
+    server: String,
+    pct: Option<u32>,
+    mem: Option<u64>,
+    priority: Option<u32>,
+    /// The cgroup routed to it (the guessed `--cgroup=` option).
+    cgroup: Option<String>,
+}
+
+/// A daemon started with `-p 3`: what it adds to a v2 one.
+#[derive(Default)]
+pub struct V3 {
+    /// Routes clients of the main socket by their cgroup (r620).
+    pub cgroup_routing: bool,
+    servers: Vec<String>,
+    namespaces: Vec<Namespace>,
+}
+
 /// The daemon's state; `run` serves until `quit`.
 pub struct Daemon {
+    /// Started with `-p 3`: speaks only v3's grammar.
+    pub v3: Option<V3>,
     pub pipe_dir: PathBuf,
     pub log_dir: PathBuf,
     pub multiuser: bool,
@@ -323,6 +369,7 @@ fn spawn_server() -> std::io::Result<i32> {
 impl Daemon {
     pub fn new(pipe_dir: PathBuf, log_dir: PathBuf, multiuser: bool) -> Self {
         Daemon {
+            v3: None,
             pipe_dir,
             log_dir,
             multiuser,
@@ -341,6 +388,15 @@ impl Daemon {
             // SAFETY: getpid has no preconditions.
             pid: unsafe { libc::getpid() },
         }
+    }
+
+    /// Speaking MPS v3 (`-p 3`), routing by cgroup where `cgroup_routing`.
+    pub fn with_v3(mut self, cgroup_routing: bool) -> Self {
+        self.v3 = Some(V3 {
+            cgroup_routing,
+            ..V3::default()
+        });
+        self
     }
 
     /// In static SM partitioning mode, over `devices`.
@@ -375,8 +431,12 @@ impl Daemon {
         // SAFETY: ignoring SIGCHLD makes the kernel reap exited servers.
         unsafe { libc::signal(libc::SIGCHLD, libc::SIG_IGN) };
         self.control_log(&format!(
-            "Starting control daemon (multiuser={}, static_partitioning={}, default_active_thread_percentage={:?})",
-            self.multiuser, self.static_partitioning, self.default_pct
+            "Starting control daemon (multiuser={}, static_partitioning={}, protocol={}, cgroup_routing={}, default_active_thread_percentage={:?})",
+            self.multiuser,
+            self.static_partitioning,
+            if self.v3.is_some() { 3 } else { 2 },
+            self.v3.as_ref().is_some_and(|v| v.cgroup_routing),
+            self.default_pct
         ));
         for conn in listener.incoming() {
             let Ok(mut conn) = conn else { continue };
@@ -455,7 +515,11 @@ impl Daemon {
         crate::state::append_line(&self.log_dir.join("commands.log"), line);
         self.control_log("NEW UI");
         self.control_log(&format!("Cmd:{line}"));
-        let (reply, quit) = self.handle_ui(line);
+        let (reply, quit) = if self.v3.is_some() {
+            self.handle_v3(line)
+        } else {
+            self.handle_ui(line)
+        };
         for l in reply.lines() {
             self.control_log(l);
         }
@@ -588,6 +652,148 @@ impl Daemon {
             _ => format!("Unknown command: {line}\n"),
         };
         (reply, false)
+    }
+
+    /// A command of a v3 daemon (`module verb [args] [--options]`: MPS v3
+    /// Interface), the subset muxflow sends. Those that do what a v2
+    /// command does are answered by it; the spellings of those are guesses
+    /// (muxflow's `mps_v3::spell`); a v2 command is unknown here, as every
+    /// invocation follows the running daemon's protocol.
+    fn handle_v3(&mut self, line: &str) -> (String, bool) {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        let opt = |key: &str| -> Option<&str> {
+            w.iter()
+                .find_map(|a| a.strip_prefix("--")?.strip_prefix(key)?.strip_prefix('='))
+        };
+        let reply = match w.as_slice() {
+            ["quit"] => return (String::new(), true),
+            ["server", "list"] => return self.handle_ui("get_server_list"),
+            ["client", "list", ..] => match opt("server-pid") {
+                Some(p) => return self.handle_ui(&format!("get_client_list {p}")),
+                None => "Missing --server-pid\n".into(),
+            },
+            ["client", "terminate", c, ..] => match opt("server-pid") {
+                Some(p) => return self.handle_ui(&format!("terminate_client {p} {c}")),
+                None => "Missing --server-pid\n".into(),
+            },
+            ["server", "create", name, ..] => {
+                let v3 = self.v3.as_mut().expect("v3 daemon");
+                if !valid_name(name) {
+                    format!("Invalid server name {name}\n")
+                } else if v3.servers.iter().any(|s| s == name) {
+                    format!("Server {name} already exists\n")
+                } else {
+                    v3.servers.push(name.to_string());
+                    format!("Server {name} created\n")
+                }
+            }
+            ["server", "get", name, "active_thread_percentage"] if self.has_server(name) => {
+                return self.handle_ui("get_default_active_thread_percentage")
+            }
+            ["server", "set", name, ..] if self.has_server(name) => {
+                match opt("active-thread-percentage") {
+                    Some(p) => {
+                        return self.handle_ui(&format!("set_default_active_thread_percentage {p}"))
+                    }
+                    None => "Nothing to set\n".into(),
+                }
+            }
+            ["namespace", "list", ..] => {
+                let v3 = self.v3.as_ref().expect("v3 daemon");
+                v3.namespaces
+                    .iter()
+                    .map(|n| format!("{} server={}\n", n.name, n.server))
+                    .collect()
+            }
+            ["namespace", verb @ ("create" | "set" | "delete"), name, ..] => {
+                match opt("server").filter(|s| self.has_server(s)) {
+                    Some(server) => self.namespace(verb, name, server, &opt),
+                    None => "Missing or unknown --server\n".into(),
+                }
+            }
+            _ => format!("Unknown command: {line}\n"),
+        };
+        (reply, false)
+    }
+
+    fn has_server(&self, name: &str) -> bool {
+        self.v3
+            .as_ref()
+            .is_some_and(|v| v.servers.iter().any(|s| s == name))
+    }
+
+    /// `namespace create|set|delete <name> --server=<s> [...]`.
+    fn namespace<'a>(
+        &mut self,
+        verb: &str,
+        name: &str,
+        server: &str,
+        opt: &dyn Fn(&str) -> Option<&'a str>,
+    ) -> String {
+        let v3 = self.v3.as_mut().expect("v3 daemon");
+        let at = v3
+            .namespaces
+            .iter()
+            .position(|n| n.name == name && n.server == server);
+        match (verb, at) {
+            ("create", Some(_)) => format!("Namespace {name} already exists\n"),
+            ("create", None) if !valid_name(name) || name == "default" => {
+                format!("Invalid namespace name {name}\n")
+            }
+            ("create", None) => {
+                v3.namespaces.push(Namespace {
+                    name: name.to_string(),
+                    server: server.to_string(),
+                    pct: None,
+                    mem: None,
+                    priority: None,
+                    cgroup: None,
+                });
+                format!("Namespace {name} created\n")
+            }
+            ("delete", Some(i)) => {
+                v3.namespaces.remove(i);
+                format!("Namespace {name} deleted\n")
+            }
+            ("set", Some(i)) => {
+                let pct = opt("active-thread-percentage")
+                    .map(|p| p.parse::<u32>().ok().filter(|p| (1..=100).contains(p)));
+                let mem = opt("pinned-memory-limit").map(parse_size);
+                let prio =
+                    opt("client-priority").map(|p| p.parse::<u32>().ok().filter(|p| *p <= 1));
+                let cgroup = opt("cgroup");
+                if matches!(pct, Some(None))
+                    || matches!(mem, Some(None))
+                    || matches!(prio, Some(None))
+                {
+                    return "Invalid arguments\n".into();
+                }
+                if cgroup.is_some() && !v3.cgroup_routing {
+                    return "Unknown option --cgroup\n".into();
+                }
+                let n = &mut v3.namespaces[i];
+                n.pct = pct.flatten().or(n.pct);
+                n.mem = mem.flatten().or(n.mem);
+                n.priority = prio.flatten().or(n.priority);
+                n.cgroup = cgroup.map(str::to_string).or(n.cgroup.take());
+                String::new()
+            }
+            (_, None) => format!("Namespace {name} not found\n"),
+            _ => "Invalid arguments\n".into(),
+        }
+    }
+
+    /// The namespace a client of the main socket is routed to on a v3
+    /// daemon that routes by cgroup: the one bound to the client's cgroup
+    /// (the simulated kernel's: simgpu/src/dmem.rs), else none (its
+    /// server's default namespace).
+    fn routed(&self, pid: i32) -> Option<&Namespace> {
+        let v3 = self.v3.as_ref().filter(|v| v.cgroup_routing)?;
+        let job = crate::dmem::job_of(u32::try_from(pid).ok()?)?;
+        let cgroup = format!("/{}/job_{job}", crate::dmem::JOBS_PARENT);
+        v3.namespaces
+            .iter()
+            .find(|n| n.cgroup.as_deref() == Some(cgroup.as_str()))
     }
 
     /// `sm_partition add <device UUID> <number of chunks>`: `Partition
@@ -736,14 +942,30 @@ impl Daemon {
                 Err(e) => return format!("error {e}\n"),
             },
         };
+        let (ns, ns_pct, ns_mem, ns_prio) = match self.routed(pid) {
+            Some(n) => (n.name.clone(), n.pct, n.mem, n.priority),
+            None => ("-".to_string(), None, None, None),
+        };
         let s = &mut self.servers[i];
         s.clients.push(pid);
-        let (spid, pct, mem) = (s.pid, s.thread_pct, s.mem.encode());
-        self.server_log(spid, &format!("New client {pid} connected"));
+        let mut mem = s.mem.clone();
+        // A namespace subdivides its server's resources.
+        if let Some(b) = ns_mem {
+            mem.all = Some(mem.all.map_or(b, |a| a.min(b)));
+            for v in mem.per_dev.values_mut() {
+                *v = (*v).min(b);
+            }
+        }
+        let (spid, pct, mem) = (s.pid, ns_pct.or(s.thread_pct), mem.encode());
+        self.server_log(
+            spid,
+            &format!("New client {pid} connected (namespace {ns})"),
+        );
         format!(
-            "ok {spid} {} {mem} {}\n",
+            "ok {spid} {} {mem} {} {ns} {}\n",
             pct.map_or("-".to_string(), |p| p.to_string()),
-            sms.map_or("-".to_string(), |n| n.to_string())
+            sms.map_or("-".to_string(), |n| n.to_string()),
+            ns_prio.map_or("-".to_string(), |p| p.to_string())
         )
     }
 }
@@ -751,6 +973,58 @@ impl Daemon {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_v3_daemon_speaks_only_v3_and_keeps_namespaces_with_their_limits() {
+        let d = tempfile::tempdir().unwrap();
+        let me = Peer {
+            pid: std::process::id() as i32,
+            uid: 0,
+        };
+        let mut v3 = Daemon::new(d.path().join("p"), d.path().join("l"), true).with_v3(true);
+        let mut ui = |line: &str| v3.handle(line, me).0;
+        // Every invocation follows the daemon's protocol: v2 is unknown.
+        assert!(ui("get_server_list").starts_with("Unknown command"));
+        assert_eq!(ui("server list"), "");
+        assert!(ui("namespace create job_7 --server=muxflow").contains("unknown --server"));
+        assert_eq!(ui("server create muxflow"), "Server muxflow created\n");
+        assert_eq!(
+            ui("namespace create job_7 --server=muxflow"),
+            "Namespace job_7 created\n"
+        );
+        assert!(ui("namespace create Job-7 --server=muxflow").starts_with("Invalid"));
+        assert_eq!(
+            ui("namespace set job_7 --server=muxflow --pinned-memory-limit=4096M --active-thread-percentage=30 --client-priority=1"),
+            ""
+        );
+        assert_eq!(
+            ui("namespace set job_7 --server=muxflow --active-thread-percentage=130"),
+            "Invalid arguments\n"
+        );
+        assert_eq!(
+            ui("namespace set job_7 --server=muxflow --cgroup=/system.slice/slurmstepd.scope/job_7"),
+            ""
+        );
+        assert_eq!(ui("namespace list"), "job_7 server=muxflow\n");
+        assert_eq!(
+            ui("server set muxflow --active-thread-percentage=100"),
+            "100.0\n"
+        );
+        assert_eq!(ui("server get muxflow active_thread_percentage"), "100.0\n");
+        assert_eq!(
+            ui("namespace delete job_7 --server=muxflow --force"),
+            "Namespace job_7 deleted\n"
+        );
+        assert_eq!(ui("namespace list"), "");
+        let ns = v3.v3.as_ref().unwrap();
+        assert!(ns.namespaces.is_empty());
+        // Without cgroup routing (r615) there is no --cgroup.
+        let mut r615 = Daemon::new(d.path().join("p2"), d.path().join("l2"), true).with_v3(false);
+        r615.handle("server create muxflow", me);
+        r615.handle("namespace create job_7 --server=muxflow", me);
+        let (r, _) = r615.handle("namespace set job_7 --server=muxflow --cgroup=/x", me);
+        assert_eq!(r, "Unknown option --cgroup\n");
+    }
 
     #[test]
     fn static_partitions_follow_the_documented_commands() {

@@ -262,17 +262,27 @@ impl RemoteState {
                     // online job or (issue 15: idle GPUs take offline work)
                     // for none.
                     let share = state.offline_share(&config.policy, gpu, ctx.job_id)?;
-                    // A static SM partition the Prolog made holds the job
-                    // to its SMs in the driver: its share is the partition's.
-                    let (sm_pct, sm_by) = match state.sm_partition(gpu, ctx.job_id) {
-                        Some(p) => (p.percent(), Enforcer::Driver),
-                        None => (share.sm_pct, Enforcer::Xcuda),
+                    // A static SM partition or an MPS v3 namespace the
+                    // Prolog made holds the job to its SMs in the driver:
+                    // its share is theirs.
+                    let ns = state.mps_namespace(gpu, ctx.job_id);
+                    let (sm_pct, sm_by) = match (state.sm_partition(gpu, ctx.job_id), &ns) {
+                        (Some(p), _) => (p.percent(), Enforcer::Driver),
+                        (None, Some(ns)) => (ns.sm_pct, Enforcer::Driver),
+                        (None, None) => (share.sm_pct, Enforcer::Xcuda),
+                    };
+                    // The namespace's pinned limit is the cap the daemon holds.
+                    let ns_mem = ns.as_ref().and_then(|n| n.mem_mib);
+                    let cap = ns_mem.or(share.mem_cap_mib);
+                    let mem_by = match kernel_cap(config, state, ctx.job_id, gpu, cap) {
+                        Enforcer::Xcuda if ns_mem.is_some() => Enforcer::Driver,
+                        by => by,
                     };
                     let enforced_by = EnforcedBy {
-                        mem: kernel_cap(config, state, ctx.job_id, gpu, share.mem_cap_mib),
+                        mem: mem_by,
                         sm: sm_by,
                     };
-                    (sm_pct, share.mem_cap_mib, enforced_by)
+                    (sm_pct, cap, enforced_by)
                 }
             };
             if n == 0 {

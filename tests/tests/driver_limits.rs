@@ -15,6 +15,16 @@
 //!   older daemon the setting is ignored, the share is MPS's percentage
 //!   and xCUDA's, as before.
 //!
+//! * MPS v3 namespaces (a control daemon that routes clients by cgroup:
+//!   the simulated one once `simgpu-ctl mps-version 13050`): the daemon
+//!   runs `-p 3`, each offline job gets a namespace routed by its cgroup,
+//!   and a job as `nobody` that drops xCUDA and its MPS limits, asks for
+//!   every SM and reaches the daemon by another path still gets its
+//!   namespace's memory limit and thread percentage; its Epilog deletes
+//!   the namespace; a daemon the health check restarts gets the recorded
+//!   jobs' namespaces again. With r615's socket routing only (13040)
+//!   namespaces are not used, and the police evict the same attack.
+//!
 //! Each test says on its node what muxflow-doctor says of the mechanism.
 
 use std::path::PathBuf;
@@ -238,28 +248,48 @@ fn without_dmem_nothing_is_written_the_cap_is_xcudas_and_the_police_evict_the_at
 /// (`-v`; 13010+ has `-S`) and the cluster's muxflow.toml sets `[mps]
 /// sm_partitions = true`; both undone when dropped.
 struct Partitions<'a> {
-    c: &'a Cluster,
+    _version: MpsVersion<'a>,
     toml: PathBuf,
     before: String,
 }
 
 impl<'a> Partitions<'a> {
     fn on(c: &'a Cluster, version: &str) -> Self {
-        let state = c.dir.join("sim/state");
-        c.simgpu(&["mps-version", state.to_str().unwrap(), version]);
+        let _version = MpsVersion::set(c, version);
         let toml = c.dir.join("etc/muxflow.toml");
         let before = std::fs::read_to_string(&toml).unwrap();
         assert!(!before.contains("[mps]"), "cluster config has [mps]");
         std::fs::write(&toml, format!("{before}\n[mps]\nsm_partitions = true\n")).unwrap();
-        Partitions { c, toml, before }
+        Partitions {
+            _version,
+            toml,
+            before,
+        }
     }
 }
 
 impl Drop for Partitions<'_> {
     fn drop(&mut self) {
         std::fs::write(&self.toml, &self.before).unwrap();
-        let state = self.c.dir.join("sim/state");
-        self.c
+    }
+}
+
+/// For the test's life: the simulated control daemon reports `version`
+/// (`-v`); none again when dropped.
+struct MpsVersion<'a>(&'a Cluster);
+
+impl<'a> MpsVersion<'a> {
+    fn set(c: &'a Cluster, version: &str) -> Self {
+        let state = c.dir.join("sim/state");
+        c.simgpu(&["mps-version", state.to_str().unwrap(), version]);
+        MpsVersion(c)
+    }
+}
+
+impl Drop for MpsVersion<'_> {
+    fn drop(&mut self) {
+        let state = self.0.dir.join("sim/state");
+        self.0
             .simgpu(&["mps-version", state.to_str().unwrap(), "none"]);
     }
 }
@@ -422,6 +452,325 @@ fn with_an_older_daemon_sm_partitions_are_ignored_and_the_share_is_xcudas() {
         before[gpu as usize],
         "no partition made"
     );
+    c.scancel(&[online]);
+    c.wait(online, WAIT);
+    c.wait_mps_daemon_gone(node, gpu, WAIT);
+    c.assert_no_drain();
+}
+
+/// The attack on a v3 node: xCUDA and the MPS client limits gone, every SM
+/// asked for, and another path to the daemon's socket (a link of the
+/// job's own): a namespace chosen by socket would be left this way.
+const NS_ATTACK: &str =
+    "unset LD_PRELOAD CUDA_MPS_PINNED_DEVICE_MEM_LIMIT CUDA_MPS_CLIENT_PRIORITY\n\
+     export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100\n\
+     ln -sfn \"$CUDA_MPS_PIPE_DIRECTORY\" /tmp/mfv-pipe-$SLURM_JOB_ID\n\
+     export CUDA_MPS_PIPE_DIRECTORY=/tmp/mfv-pipe-$SLURM_JOB_ID";
+
+/// `namespace list` of `node`'s GPU `gpu`'s running daemon.
+fn namespaces(c: &Cluster, node: &str, gpu: u32) -> String {
+    use std::io::Write;
+    let pipe = c
+        .node_path("var/run/muxflow/{node}/mps", node)
+        .join(gpu.to_string());
+    let mut child = Command::new(c.dir.join("sim/bin/nvidia-cuda-mps-control"))
+        .env("CUDA_MPS_PIPE_DIRECTORY", pipe)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"namespace list\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn with_mps_v3_routing_by_cgroup_the_daemon_holds_a_job_without_xcuda_to_its_namespace() {
+    let _turn = muxflow_tests::one_at_a_time();
+    let c = Cluster::get();
+    let _cancel = CancelNamed(&c, "mfv-");
+    let node = "node3";
+    for g in 0..2 {
+        c.wait_mps_daemon_gone(node, g, WAIT);
+    }
+    let _v = MpsVersion::set(&c, "13050");
+    let doctor = doctor_line(&c, node, "mps v3");
+    assert!(
+        doctor.starts_with("ok   mps v3: used (control daemon 13050)"),
+        "{doctor}"
+    );
+    let cfg = c.health_config("ns-on", "min_dwell_s = 1\nrecovery_quiet_s = 1");
+    let (online, gpu) = c.online_workload("mfv-online", node, 0.05, 1000);
+    c.settle_healthy(&cfg, node, gpu, 1000);
+    let control = c.mps_log(node, gpu, "control.log");
+    assert!(
+        control.contains("protocol=3, cgroup_routing=true"),
+        "{control}"
+    );
+    // The online job is in no namespace (its server's default one).
+    let online_pid = kv(&c.output_or_empty(online).replace('\n', " "), "pid").unwrap();
+    let attach = attach_event(&c, node, gpu, &online_pid);
+    assert_eq!(
+        kv(&attach, "namespace").as_deref(),
+        Some("none"),
+        "{attach}"
+    );
+
+    // A job that keeps its limits runs as before, in its namespace, and
+    // the node's metrics say who holds its limits.
+    let good = c.offline_as_nobody(
+        "mfv-good",
+        node,
+        gpu,
+        &script(&c, "", "offline --duration 8 --alloc-mib 512"),
+    );
+    let out = c.wait_output(good, "enforced_by", WAIT);
+    assert!(
+        out.contains("enforced_by_mem=driver enforced_by_sm=driver"),
+        "{out}"
+    );
+    let textfile = c.node_path("var/lib/prometheus/{node}/muxflow.prom", node);
+    let metric = |limit: &str| {
+        format!("muxflow_offline_limit_enforced_by{{node=\"{node}\",gpu=\"{gpu}\",job=\"{good}\",limit=\"{limit}\",by=\"driver\"}} 1")
+    };
+    c.step_until(&cfg, node, "the metric names the driver", || {
+        let text = std::fs::read_to_string(&textfile).unwrap_or_default();
+        text.contains(&metric("memory")) && text.contains(&metric("sm"))
+    });
+    let end = c.wait(good, WAIT);
+    assert_eq!(end.state, "COMPLETED", "{end:?}");
+    let out = c.output(good);
+    assert!(out.contains("workload-exit=0"), "{out}");
+    let pid = kv(&out.replace('\n', " "), "pid").unwrap();
+    let attach = attach_event(&c, node, gpu, &pid);
+    assert_eq!(
+        kv(&attach, "namespace"),
+        Some(format!("job_{good}")),
+        "{attach}"
+    );
+
+    // As nobody: xCUDA and the MPS client limits gone, 100 % of the SMs
+    // asked for, the daemon reached by another path, an allocation past
+    // the cap. The daemon routes it by its cgroup to its namespace anyway.
+    let workload = format!("online --rate 20 --duration 30 --alloc-mib {PAST_CAP_MIB}");
+    let bad = c.offline_as_nobody("mfv-attack", node, gpu, &script(&c, NS_ATTACK, &workload));
+    let out = c.wait_output(bad, "workload-exit=", WAIT);
+    assert!(
+        out.contains("enforced_by_mem=driver enforced_by_sm=driver"),
+        "the limits file says so:\n{out}"
+    );
+    assert!(
+        out.contains("cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY"),
+        "the namespace's pinned limit refused the allocation:\n{out}"
+    );
+    assert!(!out.contains("workload-exit=0"), "{out}");
+    let report = admin_comment(&c, bad, "enforced_by=");
+    assert_eq!(
+        report.enforced_by.as_deref(),
+        Some("mem:driver,sm:driver"),
+        "{report:?}"
+    );
+    let (cap, sm_pct) = (report.mem_cap_mib.unwrap(), report.sm_pct.unwrap());
+    assert!(cap < PAST_CAP_MIB, "cap {cap} MiB");
+    let pid = kv(&out.replace('\n', " "), "pid").unwrap();
+    let attach = attach_event(&c, node, gpu, &pid);
+    let name = format!("job_{bad}");
+    assert_eq!(kv(&attach, "namespace"), Some(name.clone()), "{attach}");
+    assert_eq!(
+        kv(&attach, "mem_limit"),
+        Some((cap << 20).to_string()),
+        "{attach}"
+    );
+    // The namespace's percentage overrides the client's 100; its priority
+    // is the client's default, the client having unset its own.
+    assert_eq!(
+        kv(&attach, "thread_pct"),
+        Some(sm_pct.to_string()),
+        "{attach}"
+    );
+    assert!(sm_pct < 100, "{report:?}");
+    assert_eq!(kv(&attach, "priority").as_deref(), Some("1"), "{attach}");
+    let commands = c.mps_log(node, gpu, "commands.log");
+    assert!(
+        commands.contains(&format!(
+            "namespace set {name} --server=muxflow --cgroup=/system.slice/slurmstepd.scope/job_{bad}"
+        )),
+        "{commands}"
+    );
+    c.wait(bad, WAIT);
+    // Its Epilog deleted it; the daemon (kept by the online job) has none.
+    let start = Instant::now();
+    while namespaces(&c, node, gpu).contains(&name) {
+        assert!(start.elapsed() < WAIT, "{name} outlived its job");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        c.mps_log(node, gpu, "commands.log")
+            .contains(&format!("namespace delete {name} --server=muxflow --force")),
+        "deleted by muxflow"
+    );
+    assert_eq!(c.job_field(online, "JobState"), "RUNNING");
+    c.scancel(&[online]);
+    c.wait(online, WAIT);
+    c.wait_mps_daemon_gone(node, gpu, WAIT);
+    c.assert_no_drain();
+}
+
+#[test]
+fn with_mps_v3_routing_by_socket_only_namespaces_are_not_used_and_the_police_evict_the_attack() {
+    let _turn = muxflow_tests::one_at_a_time();
+    let c = Cluster::get();
+    let _cancel = CancelNamed(&c, "mfw-");
+    let node = "node3";
+    for g in 0..2 {
+        c.wait_mps_daemon_gone(node, g, WAIT);
+    }
+    // r615: v3 whose namespaces a job could leave by its pipe directory.
+    let _v = MpsVersion::set(&c, "13040");
+    let doctor = doctor_line(&c, node, "mps v3");
+    assert!(
+        doctor.starts_with("ok   mps v3: present (control daemon 13040), not used"),
+        "{doctor}"
+    );
+    let cfg = c.health_config("ns-off", "min_dwell_s = 1\nrecovery_quiet_s = 1");
+    let before = [0, 1].map(|g| {
+        c.mps_log(node, g, "commands.log")
+            .matches("namespace")
+            .count()
+    });
+    let (online, gpu) = c.online_workload("mfw-online", node, 0.05, 1000);
+    c.settle_healthy(&cfg, node, gpu, 1000);
+    let control = c.mps_log(node, gpu, "control.log");
+    assert!(control.contains("protocol=2"), "{control}");
+    let workload = format!("online --rate 20 --duration 30 --alloc-mib {PAST_CAP_MIB}");
+    let bad = c.offline_as_nobody("mfw-attack", node, gpu, &script(&c, NS_ATTACK, &workload));
+    let out = c.wait_output(bad, "workload-exit=", WAIT);
+    assert!(
+        out.contains("enforced_by_mem=xcuda enforced_by_sm=xcuda"),
+        "{out}"
+    );
+    // Nothing refused the allocation: the police did the rest, as today.
+    assert!(!out.contains("OUT_OF_MEMORY"), "{out}");
+    let pid = kv(&out.replace('\n', " "), "pid").unwrap();
+    let attach = attach_event(&c, node, gpu, &pid);
+    assert_eq!(
+        kv(&attach, "namespace").as_deref(),
+        Some("none"),
+        "{attach}"
+    );
+    assert_eq!(
+        kv(&attach, "thread_pct").as_deref(),
+        Some("100"),
+        "{attach}"
+    );
+    assert!(
+        out.contains(&format!(
+            "muxflow: process {pid} of offline job {bad} is evicted from the GPU"
+        )),
+        "{out}"
+    );
+    c.wait(bad, WAIT);
+    let report = admin_comment(&c, bad, "policed=");
+    assert_eq!(report.policed.as_deref(), Some("no_xcuda"), "{report:?}");
+    assert_eq!(
+        c.mps_log(node, gpu, "commands.log")
+            .matches("namespace")
+            .count(),
+        before[gpu as usize],
+        "no namespace made"
+    );
+    c.scancel(&[online]);
+    c.wait(online, WAIT);
+    c.wait_mps_daemon_gone(node, gpu, WAIT);
+    c.assert_no_drain();
+}
+
+/// A daemon the health check starts again has no namespaces: it makes
+/// those of the offline jobs still recorded on the GPU again, so a job's
+/// next process (its first one died with the old server) is held as its
+/// limits file says.
+#[test]
+fn a_v3_daemon_the_health_check_restarts_gets_the_offline_jobs_namespaces_again() {
+    let _turn = muxflow_tests::one_at_a_time();
+    let c = Cluster::get();
+    let _cancel = CancelNamed(&c, "mfr-");
+    let node = "node3";
+    for g in 0..2 {
+        c.wait_mps_daemon_gone(node, g, WAIT);
+    }
+    let _v = MpsVersion::set(&c, "13050");
+    let cfg = c.health_config("ns-restart", "min_dwell_s = 1\nrecovery_quiet_s = 1");
+    let (online, gpu) = c.online_workload("mfr-online", node, 0.05, 1000);
+    c.settle_healthy(&cfg, node, gpu, 1000);
+    // The job's first process runs until the daemon dies; its second waits
+    // for the test's word that the daemon is back.
+    let go = c.scratch("mfr-go").join("go");
+    let _ = std::fs::remove_file(&go);
+    let first = format!(
+        "{} ; echo first-exit=$?\nwhile [ ! -e {} ]; do sleep 0.2; done",
+        c.workload("offline --duration 120 --alloc-mib 256"),
+        go.display()
+    );
+    let offline = c.offline_as_nobody(
+        "mfr-offline",
+        node,
+        gpu,
+        &script(&c, &first, "offline --duration 3 --alloc-mib 256"),
+    );
+    c.wait_output(offline, "enforced_by_mem=driver", WAIT);
+    let name = format!("job_{offline}");
+    let start = Instant::now();
+    while !namespaces(&c, node, gpu).contains(&name) {
+        assert!(start.elapsed() < WAIT, "no {name}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let pid_file = c
+        .node_path("var/run/muxflow/{node}/mps", node)
+        .join(gpu.to_string())
+        .join("nvidia-cuda-mps-control.pid");
+    let old = std::fs::read_to_string(&pid_file).unwrap();
+    let killed = Command::new("kill")
+        .args(["-KILL", old.trim()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    c.wait_output(offline, "first-exit=", WAIT);
+    // The health check (this one, or the node's own in the background)
+    // starts it again as the Prolog would (MPS v3), and makes the recorded
+    // job's namespace again.
+    c.step_until(&cfg, node, "the daemon restarted", || {
+        std::fs::read_to_string(&pid_file).is_ok_and(|p| p != old)
+    });
+    let listed = namespaces(&c, node, gpu);
+    assert!(listed.contains(&name), "{listed}");
+    let control = c.mps_log(node, gpu, "control.log");
+    let starts: Vec<&str> = control
+        .lines()
+        .filter(|l| l.contains("Starting control daemon"))
+        .collect();
+    assert!(
+        starts.last().is_some_and(|l| l.contains("protocol=3")),
+        "{starts:?}"
+    );
+    std::fs::write(&go, "").unwrap();
+    let out = c.wait_output(offline, "workload-exit=", WAIT);
+    assert!(out.contains("workload-exit=0"), "{out}");
+    let pids: Vec<String> = out.lines().filter_map(|l| kv(l, "pid")).collect();
+    let second = pids.last().unwrap();
+    let attach = attach_event(&c, node, gpu, second);
+    assert_eq!(kv(&attach, "namespace"), Some(name.clone()), "{attach}");
+    c.wait(offline, WAIT);
+    let start = Instant::now();
+    while namespaces(&c, node, gpu).contains(&name) {
+        assert!(start.elapsed() < WAIT, "{name} outlived its job");
+        std::thread::sleep(Duration::from_millis(200));
+    }
     c.scancel(&[online]);
     c.wait(online, WAIT);
     c.wait_mps_daemon_gone(node, gpu, WAIT);

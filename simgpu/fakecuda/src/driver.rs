@@ -377,8 +377,14 @@ fn attach(p: &Proc, dev: usize) -> R<()> {
         .unwrap_or_default();
     let (pct, mem_limit, prio, server) = match &mps {
         Some((_, g)) => {
-            // A client's own settings can only tighten the server's.
+            // A client's own settings can only tighten the server's; an
+            // MPS v3 namespace's percentage "overrides the
+            // client-process-level setting ... rather than only further
+            // constraining it", its pinned limit is further constrained
+            // by the client's, its priority is the client's only if the
+            // client sets none (NVIDIA, Appendix: Environment Variables).
             let pct = match (g.thread_pct, env_pct) {
+                (Some(a), _) if g.namespace.is_some() => a as f64,
                 (Some(a), Some(b)) => (a as f64).min(b),
                 (a, b) => a.map(|x| x as f64).or(b).unwrap_or(100.0),
             };
@@ -386,6 +392,7 @@ fn attach(p: &Proc, dev: usize) -> R<()> {
             let prio = std::env::var(mps::ENV_PRIO)
                 .ok()
                 .and_then(|v| v.trim().parse().ok())
+                .or(g.default_priority)
                 .unwrap_or(0u32)
                 .min(1);
             (
@@ -438,9 +445,13 @@ fn attach(p: &Proc, dev: usize) -> R<()> {
     };
     let dmem = dmem.map_or("none".to_string(), |b| b.to_string());
     let part = partition_sms.map_or("none".to_string(), |n| n.to_string());
+    let namespace = mps
+        .as_ref()
+        .and_then(|(_, g)| g.namespace.clone())
+        .unwrap_or_else(|| "none".to_string());
     p.dir.event(
         d.sim_index,
-        &format!("pid={} event=attach priority={prio} thread_pct={pct} sm_cap={cap} mem_limit={lim} dmem_max={dmem} partition_sms={part} mps_server={server}", p.pid),
+        &format!("pid={} event=attach priority={prio} thread_pct={pct} sm_cap={cap} mem_limit={lim} dmem_max={dmem} partition_sms={part} namespace={namespace} mps_server={server}", p.pid),
     );
     p.local().clients[dev] = Some(ClientState {
         thread_pct: pct,

@@ -70,13 +70,26 @@ fn main() {
             std::process::exit(0);
         }
     }
-    if let Some(bad) = args.iter().find(|a| {
-        !matches!(a.as_str(), "-d" | "-f")
-            && *a != mps::MULTIUSER_FLAG
-            && !(version.is_some() && mps::STATIC_FLAGS.contains(&a.as_str()))
-    }) {
-        eprintln!("nvidia-cuda-mps-control: unknown option {bad}");
-        std::process::exit(2);
+    let version_n: Option<u32> = version.as_deref().and_then(|v| v.trim().parse().ok());
+    // `-p 3` (MPS v3) from 13040 on; then `-m` is its multi-user flag.
+    let has_v3 = version_n.is_some_and(|v| v >= mps::V3_MIN_VERSION);
+    let v3 = has_v3 && args.windows(2).any(|w| w[0] == "-p" && w[1] == "3");
+    let multiuser = multiuser
+        || (v3
+            && args
+                .iter()
+                .any(|a| mps::V3_MULTIUSER_FLAGS.contains(&a.as_str())));
+    let mut rest = args.iter().peekable();
+    while let Some(a) = rest.next() {
+        let known = matches!(a.as_str(), "-d" | "-f")
+            || a == mps::MULTIUSER_FLAG
+            || (version.is_some() && mps::STATIC_FLAGS.contains(&a.as_str()))
+            || (v3 && mps::V3_MULTIUSER_FLAGS.contains(&a.as_str()))
+            || (has_v3 && a == "-p" && rest.next_if(|p| *p == "2" || *p == "3").is_some());
+        if !known {
+            eprintln!("nvidia-cuda-mps-control: unknown option {a}");
+            std::process::exit(2);
+        }
     }
     if daemon || foreground {
         if mps::request(&pipe, "get_server_list").is_ok() {
@@ -119,6 +132,9 @@ fn main() {
         let mut d = Daemon::new(pipe, log, multiuser);
         if static_partitioning {
             d = d.with_static_partitions(visible_devices());
+        }
+        if v3 {
+            d = d.with_v3(version_n.is_some_and(|v| v >= mps::V3_CGROUP_ROUTING_MIN_VERSION));
         }
         std::process::exit(if d.run().is_ok() { 0 } else { 1 });
     }
