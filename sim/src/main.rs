@@ -128,7 +128,7 @@ fn read(path: &Path) -> anyhow::Result<Vec<u8>> {
 }
 
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let cli: Cli = muxflow::man::parse_or_print("1");
     if let Some(Command::Predictor {
         interference,
         observed,

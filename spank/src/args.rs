@@ -7,6 +7,15 @@ use std::path::PathBuf;
 use muxflow::config::DEFAULT_PATH;
 use muxflow::text::shorten;
 
+/// Every key the plugin accepts, with what it sets: the one list parsing,
+/// error messages and the man page (`etc/man/spank-muxflow.8`, checked by
+/// a test below) follow. A key missing here is rejected whatever `parse`
+/// would do with it.
+pub const ARGS: &[(&str, &str)] = &[(
+    "config",
+    "The muxflow config file, an absolute path (default /etc/slurm/muxflow.toml).",
+)];
+
 /// Keys the plugin accepts, for messages.
 pub const KEYS: &str = "config";
 
@@ -44,6 +53,9 @@ impl PluginArgs {
             let (key, value) = word
                 .split_once('=')
                 .ok_or_else(|| ArgsError::NotKeyValue(shorten(word)))?;
+            if !ARGS.iter().any(|(k, _)| *k == key) {
+                return Err(ArgsError::UnknownKey(shorten(key)));
+            }
             match key {
                 "config" => {
                     if seen_config {
@@ -65,6 +77,65 @@ impl PluginArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The plugin's man page, as text: fonts and roff escapes removed,
+    /// whitespace collapsed.
+    fn man_page_text() -> String {
+        let page = include_str!("../../etc/man/spank-muxflow.8");
+        let text: String = page
+            .lines()
+            .filter(|l| !l.starts_with(".\\\"") && !l.starts_with(".TH"))
+            .map(|l| {
+                let l = l.strip_prefix(".B ").or(l.strip_prefix(".I ")).unwrap_or(l);
+                if l.starts_with('.') {
+                    ""
+                } else {
+                    l
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(" ");
+        let text = ["\\fB", "\\fI", "\\fR", "\\fP", "\\&"]
+            .iter()
+            .fold(text, |t, f| t.replace(f, ""))
+            .replace("\\-", "-")
+            .replace("\\(aq", "'");
+        text.split_whitespace().collect::<Vec<_>>().join(" ")
+    }
+
+    #[test]
+    fn the_man_page_names_every_key_and_the_options_help() {
+        let page = man_page_text();
+        for (key, what) in ARGS {
+            assert!(
+                page.contains(&format!("{key}=")),
+                "etc/man/spank-muxflow.8 does not document the plugstack key '{key}': add it"
+            );
+            assert!(
+                page.contains(what),
+                "etc/man/spank-muxflow.8 does not say what '{key}' does as args.rs does: '{what}'"
+            );
+        }
+        assert!(
+            page.contains(&format!("--{}=", crate::OPTION)),
+            "the man page does not name --{}",
+            crate::OPTION
+        );
+        assert!(
+            page.contains(crate::OPTION_USAGE),
+            "etc/man/spank-muxflow.8 does not carry the option's help text '{}'",
+            crate::OPTION_USAGE
+        );
+    }
+
+    #[test]
+    fn keys_and_messages_follow_the_table() {
+        let listed: Vec<&str> = ARGS.iter().map(|(k, _)| *k).collect();
+        assert_eq!(KEYS, listed.join(", "));
+        for (key, _) in ARGS {
+            assert!(PluginArgs::parse([format!("{key}=/x").as_str()]).is_ok());
+        }
+    }
 
     #[test]
     fn defaults_without_args() {

@@ -25,6 +25,8 @@ mod submit;
 
 /// Name of the option (`--muxflow`) and of the plugin in SPANK_PLUGIN!.
 pub(crate) const OPTION: &str = "muxflow";
+/// `--muxflow`'s help text (sbatch --help; the man page carries it too).
+pub(crate) const OPTION_USAGE: &str = "Share GPUs with muxflow: 'online' (latency-critical, owns the GPU) or 'offline' (best-effort, runs in the idle capacity)";
 
 include!(concat!(env!("OUT_DIR"), "/plugin_decl.rs"));
 
@@ -42,7 +44,7 @@ unsafe impl Plugin for MuxflowPlugin {
         let registered = spank.register_option(
             SpankOption::new(OPTION)
                 .takes_value("mode")
-                .usage("Share GPUs with muxflow: 'online' (latency-critical, owns the GPU) or 'offline' (best-effort, runs in the idle capacity)"),
+                .usage(OPTION_USAGE),
         );
         match (spank.context()?, registered) {
             (Context::Remote, Ok(())) if compat::REMOTE_FAILS_JOB => {

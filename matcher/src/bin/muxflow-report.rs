@@ -12,6 +12,7 @@ use muxflow_matcher::userreport::{report, Viewer};
 
 #[derive(Parser)]
 #[command(
+    name = "muxflow-report",
     version,
     about = "What sharing did to one of your jobs: partners (by job ID), SM share and memory cap, time throttled, OOM refusals, speed shared vs predicted"
 )]
@@ -34,7 +35,7 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli: Cli = muxflow::man::parse_or_print("1");
     match run(&cli) {
         Ok(text) => {
             print!("{text}");
