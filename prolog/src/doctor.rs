@@ -756,13 +756,13 @@ pub const MPS_V3_MIN_VERSION: u32 = 13040;
 /// limit (`regions`: its `dmem.capacity`, None without the controller;
 /// `bus_ids`: the GPUs' PCI addresses, lowercase). Each line passes: they
 /// say what is there; muxflow's limits are xCUDA's and the police's on
-/// every node today (README, "Limits of an offline job").
+/// every node today (docs/security.md, "Limits of an offline job").
 pub fn check_mechanisms(version: Option<u32>, dmem: &DmemFound, bus_ids: &[String]) -> Vec<Check> {
     let v = version.map_or("a control daemon that prints no version".to_string(), |v| {
         format!("control daemon {v}")
     });
     let v3 = if version.is_some_and(|v| v >= MPS_V3_MIN_VERSION) {
-        format!("available ({v}): not used by muxflow (a client picks its namespace by its pipe directory, and sets its own priority; README, \"Who enforces each limit\"); limits stay the client's MPS variables, xCUDA's and the police's, or the driver's and the kernel's above")
+        format!("available ({v}): not used by muxflow (a client picks its namespace by its pipe directory, and sets its own priority; docs/security.md, \"Who enforces each limit\"); limits stay the client's MPS variables, xCUDA's and the police's, or the driver's and the kernel's above")
     } else {
         format!("absent ({v}; namespaces whose limits override a client's own need {MPS_V3_MIN_VERSION}+)")
     };
