@@ -15,7 +15,7 @@
 //! environment: unsetting `LD_PRELOAD` and the `CUDA_MPS_*` variables drops
 //! xCUDA and MPS's client limit, not the cgroup. Without the controller, or
 //! without a region for the GPU, nothing is written and the cap stays
-//! xCUDA's, with the police behind it (README, "Limits of an offline job").
+//! xCUDA's, with the police behind it (docs/security.md, "Limits of an offline job").
 
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;

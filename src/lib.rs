@@ -13,6 +13,8 @@ pub mod health;
 pub mod jobproc;
 pub mod kv;
 pub mod limits;
+#[cfg(feature = "man")]
+pub mod man;
 pub mod metrics;
 pub mod mode;
 pub mod mps;

@@ -225,7 +225,7 @@ pub struct JobLimits {
     pub enforced_by: EnforcedBy,
 }
 
-/// Who enforces one limit of an offline job (README, "Limits of an offline
+/// Who enforces one limit of an offline job (docs/security.md, "Limits of an offline
 /// job"): the GPU driver (an MPS SM partition), the kernel (the cgroup
 /// `dmem` controller), xCUDA inside the job with MPS's client variables (a
 /// job that drops them is found and evicted by the police), or the police

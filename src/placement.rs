@@ -80,7 +80,8 @@ impl Waiting {
         }
     }
 
-    /// The sentence behind the code (README's table, `muxflow-report`).
+    /// The sentence behind the code (docs/user-guide.md's table of
+    /// `waiting=` reasons, `muxflow-report`).
     pub fn words(self) -> &'static str {
         match self {
             Waiting::FreeGpu => {

@@ -9,6 +9,15 @@ use std::path::PathBuf;
 use crate::config::DEFAULT_PATH;
 use crate::text::shorten;
 
+/// Every key the plugin accepts, with what it sets: the one list parsing,
+/// error messages and the man page (`etc/man/spank-muxflow.8`, checked by
+/// a test below) follow. A key missing here is rejected whatever `parse`
+/// would do with it.
+pub const ARGS: &[(&str, &str)] = &[(
+    "config",
+    "The muxflow config file, an absolute path (default /etc/slurm/muxflow.toml).",
+)];
+
 /// Keys the plugin accepts, for messages.
 pub const KEYS: &str = "config";
 
@@ -46,6 +55,9 @@ impl PluginArgs {
             let (key, value) = word
                 .split_once('=')
                 .ok_or_else(|| ArgsError::NotKeyValue(shorten(word)))?;
+            if !ARGS.iter().any(|(k, _)| *k == key) {
+                return Err(ArgsError::UnknownKey(shorten(key)));
+            }
             match key {
                 "config" => {
                     if seen_config {
@@ -67,6 +79,15 @@ impl PluginArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keys_and_messages_follow_the_table() {
+        let listed: Vec<&str> = ARGS.iter().map(|(k, _)| *k).collect();
+        assert_eq!(KEYS, listed.join(", "));
+        for (key, _) in ARGS {
+            assert!(PluginArgs::parse([format!("{key}=/x").as_str()]).is_ok());
+        }
+    }
 
     #[test]
     fn defaults_without_args() {

@@ -24,7 +24,7 @@
 //! | partner | the online job it shared the GPU with (offline), or an offline job it hosted (online) |
 //! | measured_peak_mib | offline: the largest GPU memory NVML showed for its processes, at muxflow-police's checks and the health steps |
 //! | policed | offline: why the node terminated a process of it (codes of `muxflow-health`'s police, comma-separated) |
-//! | enforced_by | offline: who held its limits, `mem:<who>,sm:<who>` with who one of driver (an MPS static SM partition or MPS v3 namespace), kernel (cgroup `dmem.max`), xcuda (xCUDA and MPS's client variables, policed), policed (README, "Who enforces each limit") |
+//! | enforced_by | offline: who held its limits, `mem:<who>,sm:<who>` with who one of driver (an MPS static SM partition or MPS v3 namespace), kernel (cgroup `dmem.max`), xcuda (xCUDA and MPS's client variables, policed), policed (docs/security.md, "Who enforces each limit") |
 //! | terminated_by_other | how many of its MPS clients a `terminate_client` muxflow did not send ended (NVIDIA's daemon takes it from any user on the node; the sender is not known) |
 //! | run_s | seconds from the batch step's start to this report, by the node's clock (turns `claim.launches` into launches/s) |
 //! | partner_load_pct | offline: the online partner's mean SM utilization while this run ran, percent of the largest seen in the run (muxflow-police samples NVML's per-process utilization every check; [`Measured`]) |

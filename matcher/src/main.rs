@@ -102,11 +102,11 @@ enum Command {
         export: Option<PathBuf>,
         /// Instead: one production round where this share of the jobs are
         /// 2, 4 or 8-GPU gangs (nodes of 8 GPUs), timed against the same
-        /// jobs as 1-GPU jobs (issue 15).
+        /// jobs as 1-GPU jobs.
         #[arg(long, value_name = "SHARE")]
         gang_share: Option<f64>,
         /// With --gang-share: offline slots per GPU, 1 to 4 (as
-        /// `[policy] offline_per_gpu`; issue 15).
+        /// `[policy] offline_per_gpu`).
         #[arg(long, value_name = "N", default_value_t = 1)]
         slots_per_gpu: u32,
         /// With --gang-share: the round's pricing budget (default:
@@ -135,7 +135,7 @@ enum Dense {
 }
 
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let cli: Cli = muxflow::man::parse_or_print("8");
     // Before the bench too: RUST_LOG=debug shows its pricing passes.
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -70,7 +70,7 @@ struct Cli {
     /// Seconds an offline job's checkpoint takes to write.
     #[arg(long, default_value_t = 20.0)]
     checkpoint_save: f64,
-    /// Offline jobs checkpoint when warned of a requeue (issue 29), within --requeue-grace; without, they lose the work since their last periodic checkpoint.
+    /// Offline jobs checkpoint when warned of a requeue, within --requeue-grace; without, they lose the work since their last periodic checkpoint.
     #[arg(long)]
     checkpoint_on_requeue: bool,
     /// Longest warning before a requeue, seconds (the plugin's cap).
@@ -91,7 +91,7 @@ struct Cli {
     /// muxflow's matcher keeps the default predictor (learns nothing from the records), for comparison.
     #[arg(long)]
     default_predictor: bool,
-    /// Matcher rounds exact on their candidate graphs only, each one cold (the replay before issue 30; default: priced out over every (job, GPU) pair, incremental, as the daemon's).
+    /// Matcher rounds exact on their candidate graphs only, each one cold (no pricing, no round cache; default: priced out over every (job, GPU) pair, incremental, as the daemon's).
     #[arg(long)]
     candidates_only: bool,
     /// xCUDA's protection under the muxflow policies, as the closed loop measured it on the simulated GPU (sim/data/protection.toml): measured (each GPU by its model: T4 and A10 as t4-like, the others as h100-like), none (the unprotected pairs), t4-like or h100-like (every GPU).
@@ -128,7 +128,7 @@ fn read(path: &Path) -> anyhow::Result<Vec<u8>> {
 }
 
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let cli: Cli = muxflow::man::parse_or_print("1");
     if let Some(Command::Predictor {
         interference,
         observed,

@@ -49,7 +49,7 @@ pub struct Checkpointing {
     /// its GPU); off, it loses the work since its last periodic checkpoint.
     pub on_requeue: bool,
     /// The longest the warning may last before the requeue: 25 s, the
-    /// plugin's cap (README, "What happens to a job").
+    /// plugin's cap (docs/user-guide.md, "What happens to a job").
     pub grace_s: f64,
 }
 
@@ -65,7 +65,7 @@ impl Default for Checkpointing {
 }
 
 /// Seconds from the requeue to the offline job's exit once it stops (its
-/// Epilog run): 0.2 s, measured on the dev cluster (README, "What happens
+/// Epilog run): 0.2 s, measured on the dev cluster (docs/user-guide.md, "What happens
 /// to a job").
 pub const REQUEUE_EXIT_S: f64 = 0.2;
 

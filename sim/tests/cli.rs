@@ -297,3 +297,15 @@ fn bad_input_says_where_and_what_never_panics() {
         assert!(!err.contains("panicked"), "{}: {err}", c.what);
     }
 }
+
+/// `muxflow-sim`'s man page (section 1) comes from its `--help`.
+#[test]
+fn muxflow_sim_prints_its_man_page() {
+    let page = muxflow::man::check_program_page(
+        std::path::Path::new(env!("CARGO_BIN_EXE_muxflow-sim")),
+        "muxflow-sim",
+        "1",
+    )
+    .unwrap();
+    assert!(page.contains("\\-\\-policies"), "{page}");
+}

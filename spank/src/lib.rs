@@ -24,6 +24,8 @@ mod submit;
 
 /// Name of the option (`--muxflow`) and of the plugin in SPANK_PLUGIN!.
 pub(crate) const OPTION: &str = "muxflow";
+/// `--muxflow`'s help text (sbatch --help; the man page carries it too).
+pub(crate) const OPTION_USAGE: &str = "Share GPUs with muxflow: 'online' (latency-critical, owns the GPU) or 'offline' (best-effort, runs in the idle capacity)";
 
 include!(concat!(env!("OUT_DIR"), "/plugin_decl.rs"));
 
@@ -41,7 +43,7 @@ unsafe impl Plugin for MuxflowPlugin {
         let registered = spank.register_option(
             SpankOption::new(OPTION)
                 .takes_value("mode")
-                .usage("Share GPUs with muxflow: 'online' (latency-critical, owns the GPU) or 'offline' (best-effort, runs in the idle capacity)"),
+                .usage(OPTION_USAGE),
         );
         match (spank.context()?, registered) {
             (Context::Remote, Ok(())) if compat::REMOTE_FAILS_JOB => {
@@ -85,5 +87,60 @@ unsafe impl Plugin for MuxflowPlugin {
         // muxflow's error messages already carry their causes.
         // slurm_error: sbatch/srun print it to the user as "error: …".
         slurm_spank::spank_log(slurm_spank::LogLevel::Error, &error.to_string());
+    }
+}
+
+/// The plugin's man page (`etc/man/spank-muxflow.8`, written by hand) kept
+/// in step with what the plugin accepts.
+#[cfg(test)]
+mod man_page {
+    /// The plugin's man page, as text: fonts and roff escapes removed,
+    /// whitespace collapsed.
+    fn man_page_text() -> String {
+        let page = include_str!("../../etc/man/spank-muxflow.8");
+        let text: String = page
+            .lines()
+            .filter(|l| !l.starts_with(".\\\"") && !l.starts_with(".TH"))
+            .map(|l| {
+                let l = l.strip_prefix(".B ").or(l.strip_prefix(".I ")).unwrap_or(l);
+                if l.starts_with('.') {
+                    ""
+                } else {
+                    l
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(" ");
+        let text = ["\\fB", "\\fI", "\\fR", "\\fP", "\\&"]
+            .iter()
+            .fold(text, |t, f| t.replace(f, ""))
+            .replace("\\-", "-")
+            .replace("\\(aq", "'");
+        text.split_whitespace().collect::<Vec<_>>().join(" ")
+    }
+
+    #[test]
+    fn the_man_page_names_every_key_and_the_options_help() {
+        let page = man_page_text();
+        for (key, what) in muxflow::plugstack_args::ARGS {
+            assert!(
+                page.contains(&format!("{key}=")),
+                "etc/man/spank-muxflow.8 does not document the plugstack key '{key}': add it"
+            );
+            assert!(
+                page.contains(what),
+                "etc/man/spank-muxflow.8 does not say what '{key}' does as src/plugstack_args.rs does: '{what}'"
+            );
+        }
+        assert!(
+            page.contains(&format!("--{}=", crate::OPTION)),
+            "the man page does not name --{}",
+            crate::OPTION
+        );
+        assert!(
+            page.contains(crate::OPTION_USAGE),
+            "etc/man/spank-muxflow.8 does not carry the option's help text '{}'",
+            crate::OPTION_USAGE
+        );
     }
 }

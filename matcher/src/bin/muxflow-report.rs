@@ -12,8 +12,15 @@ use muxflow_matcher::userreport::{report, Viewer};
 
 #[derive(Parser)]
 #[command(
+    name = "muxflow-report",
     version,
-    about = "What sharing did to one of your jobs: partners (by job ID), SM share and memory cap, time throttled, OOM refusals, speed shared vs predicted"
+    about = "What sharing did to one of your jobs: partners (by job ID), SM share and memory cap, time throttled, OOM refusals, speed shared vs predicted",
+    long_about = "What sharing did to one of your jobs: partners (by job ID), SM share and \
+memory cap, time throttled, OOM refusals, speed shared vs predicted. Any user, for their own \
+jobs; root and Slurm administrators (AdminLevel Operator or Administrator) for every job. \
+Partners appear by job ID only. It reads sacct only (the job's AdminComment, the owner's \
+runs of the same job name in the last --days, the jobs beside it), so it works on any host \
+with the Slurm client. The figures are written when the job's batch step ends."
 )]
 struct Cli {
     /// The job's ID.
@@ -34,7 +41,7 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli: Cli = muxflow::man::parse_or_print("1");
     match run(&cli) {
         Ok(text) => {
             print!("{text}");

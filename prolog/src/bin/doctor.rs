@@ -13,7 +13,14 @@ use clap::Parser;
 #[command(
     name = "muxflow-doctor",
     version = muxflow_slurm::version::program_version(),
-    about = "Checks this node's muxflow installation"
+    about = "Checks this node's muxflow installation",
+    long_about = "Checks this node's muxflow installation, as root on the node: the plugstack \
+line and the Slurm release the build is for, the Prolog, Epilog and health-check wiring, \
+gres.conf's offline slots, the MPS control program and its multi-user mode, NVML, xCUDA, \
+the driver's limits (SM partitions, MPS v3, dmem), and the state, pipe and log directories \
+(root-owned, not writable by users). One line per check, `ok` or `FAIL ...; fix: ...`.",
+    after_help = "Exit status: 0 when every check passed, 1 when any failed, 2 when the \
+doctor could not run."
 )]
 struct Cli {
     /// muxflow config file [default: muxflow.toml beside the slurm.conf,
@@ -39,7 +46,7 @@ fn main() {
 }
 
 fn run() -> anyhow::Result<bool> {
-    let cli = Cli::parse();
+    let cli: Cli = muxflow::man::parse_or_print("8");
     let slurm_conf = cli
         .slurm_conf
         .or_else(muxflow::slurm_conf::discover)
