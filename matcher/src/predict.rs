@@ -1128,6 +1128,20 @@ pub struct GpuTerms {
     pub budget: f64,
 }
 
+impl GpuTerms {
+    /// Appends every field ([`crate::round::Predictor::column_key`]):
+    /// [`Model::predict_terms`] reads nothing else of the GPU.
+    pub fn key_words(&self, key: &mut Vec<u64>) {
+        key.extend([
+            self.share.to_bits(),
+            self.room_mib,
+            self.partner.map_or(u64::MAX, u64::from),
+            u64::from(self.others),
+            self.budget.to_bits(),
+        ]);
+    }
+}
+
 /// The SM share muxflow's policy gives an offline job next to an online job
 /// with this solo SM activity (fraction): [`offline_sm_percent`].
 pub fn sm_share(solo_sm_pct: Option<u8>, p: &Policy) -> f64 {

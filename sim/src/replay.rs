@@ -2091,6 +2091,21 @@ impl Predictor for LearnedNow<'_> {
     fn solo(&self, job: &Self::Job, gpu: &GpuState, slot: &IdleSlot) -> Option<(f64, f64)> {
         Predictor::solo(self.model, &job.0, gpu, slot)
     }
+    /// The model's key, and the online job where some job failed beside it.
+    fn column_key(
+        &self,
+        at: usize,
+        gpu: &GpuState,
+        terms: Option<&Self::Gpu>,
+        key: &mut Vec<u64>,
+    ) -> bool {
+        let Some((terms, online)) = terms else {
+            return Predictor::column_key(self.model, at, gpu, None, key);
+        };
+        let failed_here = online.filter(|&o| self.failed.iter().any(|&(_, p)| p == o));
+        key.push(failed_here.map_or(u64::MAX, u64::from));
+        Predictor::column_key(self.model, at, gpu, Some(terms), key)
+    }
     /// What was learned of its name since training: the partners it
     /// failed beside and the cap it failed under.
     fn job_key(&self, job: &PendingJob) -> u64 {
@@ -2260,7 +2275,50 @@ impl<'s, 'a> Predictor for Truth<'s, 'a> {
         };
         Some(self.sim.speed_beside(gpu.g, new, job.job_type) * unknown)
     }
-    /// The same rules as [`Truth::speed`] on an idle GPU.
+    /// What `predict` and `solo` read beside the terms: the GPU's
+    /// protection and the offline jobs there (their types; on an idle GPU
+    /// their memory, and the GPU's model, memory and budget too).
+    /// The state's GPUs are the scenario's, in order ([`Truth::gpu_key`]).
+    fn column_key(
+        &self,
+        at: usize,
+        _gpu: &GpuState,
+        terms: Option<&TruthGpu>,
+        key: &mut Vec<u64>,
+    ) -> bool {
+        let sim = self.sim;
+        let g = at as u32;
+        let on = &sim.gpus[g as usize].offline;
+        let p = sim.protection[g as usize];
+        key.extend([
+            p.latency_excess_left.to_bits(),
+            p.offline_speed.to_bits(),
+            on.len() as u64,
+        ]);
+        key.extend(
+            on.iter()
+                .map(|&k| u64::from(sim.sc.jobs[k as usize].job_type)),
+        );
+        match terms {
+            Some(t) => key.extend([
+                u64::from(t.online_type),
+                t.room_mib,
+                t.share.to_bits(),
+                t.budget.to_bits(),
+                u64::from(t.cap_mib.is_some()),
+                t.cap_mib.unwrap_or(0),
+                u64::from(t.model),
+                t.unknown as u64,
+            ]),
+            None => key.extend([
+                u64::from(sim.sc.gpus[g as usize].model),
+                sim.sc.gpus[g as usize].mem_mib,
+                on.iter().map(|&k| sim.sc.jobs[k as usize].mem_mib).sum(),
+                u64::from(sim.budget_for(g).0),
+            ]),
+        }
+        true
+    }
     /// The offline jobs running there (the state's GPUs are the
     /// scenario's, in order).
     fn gpu_key(&self, at: usize, _gpu: &GpuState) -> u64 {
@@ -2271,6 +2329,7 @@ impl<'s, 'a> Predictor for Truth<'s, 'a> {
                 (h ^ u64::from(j)).wrapping_mul(0x0100_0000_01b3)
             })
     }
+    /// The same rules as [`Truth::speed`] on an idle GPU.
     fn solo(&self, job: &TruthJob, gpu: &GpuState, slot: &IdleSlot) -> Option<(f64, f64)> {
         let sim = self.sim;
         let g = sim
