@@ -223,6 +223,12 @@ pub struct Mps {
     /// Removed: muxflow passes NVIDIA's documented flag itself. Kept only
     /// to name the fix when an old config still sets it.
     multiuser_flag: Option<toml::Value>,
+    /// Opt-in: start each daemon in NVIDIA's static SM partitioning mode
+    /// (`-S`; control daemon 13010+ and Ampere or newer, else ignored) and
+    /// give each job a partition of the GPU's SMs, sized from the policy's
+    /// share (`crate::sm_partition`): the driver then holds an offline job
+    /// to its SMs even without xCUDA.
+    pub sm_partitions: bool,
     /// Longest wait for one MPS control command.
     pub command_timeout_ms: u64,
 }
@@ -232,6 +238,7 @@ impl Default for Mps {
         Mps {
             multiuser: true,
             multiuser_flag: None,
+            sm_partitions: false,
             command_timeout_ms: 5000,
         }
     }
@@ -263,6 +270,10 @@ pub struct Paths {
     /// seen (NVML events reach only a program registered at that moment).
     /// Skipped with a debug line when unreadable. `{node}` expands.
     pub kernel_log: AbsPath,
+    /// The cgroup v2 mount: where the `dmem` controller is looked for and
+    /// an offline job's cgroup gets its GPU memory cap (`crate::dmem`).
+    /// `{node}` expands.
+    pub cgroup_root: AbsPath,
 }
 
 impl Default for Paths {
@@ -277,6 +288,7 @@ impl Default for Paths {
             gpu_device: "/dev/nvidia{index}".to_string(),
             node_log: abs("/var/log/muxflow/node.log"),
             kernel_log: abs("/dev/kmsg"),
+            cgroup_root: abs("/sys/fs/cgroup"),
         }
     }
 }
@@ -937,6 +949,7 @@ impl Config {
             &mut self.paths.mps_log_root,
             &mut self.paths.node_log,
             &mut self.paths.kernel_log,
+            &mut self.paths.cgroup_root,
         ]
         .into_iter()
         .chain(self.metrics.textfile_dir.as_mut())

@@ -5,6 +5,7 @@
 //! programs (`prolog/`) and the matcher daemon (`matcher/`). It exports no FFI.
 
 pub mod config;
+pub mod dmem;
 pub mod health;
 pub mod jobproc;
 pub mod kv;
@@ -25,6 +26,7 @@ pub mod slurm_cli;
 pub mod slurm_conf;
 pub mod slurm_version;
 pub mod sm_page;
+pub mod sm_partition;
 #[doc(hidden)]
 pub mod test_support;
 pub mod text;

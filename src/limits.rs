@@ -221,7 +221,69 @@ pub struct JobLimits {
     /// Its GPU memory cap; None when the GPU's memory was not known yet.
     pub mem_cap_mib: Option<u64>,
     pub xcuda: XcudaEnv,
+    /// Who holds each of these limits for the job.
+    pub enforced_by: EnforcedBy,
 }
+
+/// Who enforces one limit of an offline job (README, "Limits of an offline
+/// job"): the GPU driver (an MPS SM partition), the kernel (the cgroup
+/// `dmem` controller), xCUDA inside the job with MPS's client variables (a
+/// job that drops them is found and evicted by the police), or the police
+/// alone (no figure for xCUDA to hold, e.g. the GPU's memory not known yet).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Enforcer {
+    Driver,
+    Kernel,
+    #[default]
+    Xcuda,
+    Policed,
+}
+
+impl Enforcer {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Enforcer::Driver => "driver",
+            Enforcer::Kernel => "kernel",
+            Enforcer::Xcuda => "xcuda",
+            Enforcer::Policed => "policed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Enforcer> {
+        Some(match s.trim() {
+            "driver" => Enforcer::Driver,
+            "kernel" => Enforcer::Kernel,
+            "xcuda" => Enforcer::Xcuda,
+            "policed" => Enforcer::Policed,
+            _ => return None,
+        })
+    }
+}
+
+impl std::fmt::Display for Enforcer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Who enforces the memory cap and the SM share: `enforced_by_mem=` and
+/// `enforced_by_sm=` in the limits file (absent: xCUDA, as before).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct EnforcedBy {
+    pub mem: Enforcer,
+    pub sm: Enforcer,
+}
+
+impl std::fmt::Display for EnforcedBy {
+    /// `mem:<who>,sm:<who>`: the job record's `enforced_by` (crate::report).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "mem:{},sm:{}", self.mem, self.sm)
+    }
+}
+
+/// The limits file's keys of [`EnforcedBy`].
+pub const ENFORCED_BY_MEM_KEY: &str = "enforced_by_mem";
+pub const ENFORCED_BY_SM_KEY: &str = "enforced_by_sm";
 
 #[derive(Debug, thiserror::Error)]
 pub enum LimitsError {
@@ -262,6 +324,10 @@ impl JobLimits {
         if let Some(m) = self.mem_cap_mib {
             s += &format!("mem_cap_mib={m}\n");
         }
+        s += &format!(
+            "{ENFORCED_BY_MEM_KEY}={}\n{ENFORCED_BY_SM_KEY}={}\n",
+            self.enforced_by.mem, self.enforced_by.sm
+        );
         for (k, v) in self.xcuda.to_env() {
             // A value that would break the line form is left out (its safe
             // fallback applies).
@@ -299,12 +365,23 @@ impl JobLimits {
             false => None,
         };
         let (xcuda, problems) = XcudaEnv::from_env_lenient(|k| map.get(k).map(|v| v.to_string()));
+        let by = |k: &str| -> Result<Enforcer, String> {
+            map.get(k).map_or(Ok(Enforcer::default()), |v| {
+                Enforcer::parse(v)
+                    .ok_or_else(|| format!("{k} is not driver, kernel, xcuda or policed"))
+            })
+        };
+        let enforced_by = EnforcedBy {
+            mem: by(ENFORCED_BY_MEM_KEY)?,
+            sm: by(ENFORCED_BY_SM_KEY)?,
+        };
         let limits = JobLimits {
             job_id,
             gpu: u32::try_from(num("gpu")?).map_err(|_| "gpu is out of range".to_string())?,
             sm_pct: sm_pct as u8,
             mem_cap_mib,
             xcuda,
+            enforced_by,
         };
         Ok((limits, problems))
     }
@@ -419,6 +496,10 @@ mod tests {
             sm_pct: 30,
             mem_cap_mib: Some(60000),
             xcuda,
+            enforced_by: EnforcedBy {
+                mem: Enforcer::Kernel,
+                sm: Enforcer::Xcuda,
+            },
         }
     }
 
@@ -446,6 +527,18 @@ mod tests {
         );
         let (back, problems) = JobLimits::decode(&text, 12).unwrap();
         assert_eq!((back.xcuda.sample_interval_ms, problems.len()), (20, 1));
+        // Who enforces: absent reads as xCUDA (files of older plugins);
+        // an unknown word is a corrupt file, not a silent default.
+        let old = l.encode().replace("enforced_by_mem=kernel\n", "");
+        assert_eq!(
+            JobLimits::decode(&old, 12).unwrap().0.enforced_by.mem,
+            Enforcer::Xcuda
+        );
+        let bad = l
+            .encode()
+            .replace("enforced_by_sm=xcuda", "enforced_by_sm=me");
+        let e = JobLimits::decode(&bad, 12).unwrap_err();
+        assert!(e.contains("enforced_by_sm is not"), "{e}");
     }
 
     #[test]

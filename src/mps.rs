@@ -68,6 +68,7 @@ pub struct MpsDaemon {
     pipe_dir: PathBuf,
     log_dir: PathBuf,
     multiuser: bool,
+    static_partitions: bool,
     timeout: Duration,
 }
 
@@ -195,8 +196,17 @@ impl MpsDaemon {
             pipe_dir: pipe_dir(config, gpu),
             log_dir: config.paths.mps_log_root.as_path().join(gpu.to_string()),
             multiuser: config.mps.multiuser,
+            static_partitions: false,
             timeout: Duration::from_millis(config.mps.command_timeout_ms),
         }
+    }
+
+    /// A daemon this starts runs in static SM partitioning mode (`-S`):
+    /// the caller decides from the config, the daemon's version and the GPU
+    /// ([`crate::sm_partition`]).
+    pub fn with_static_partitions(mut self, on: bool) -> Self {
+        self.static_partitions = on;
+        self
     }
 
     pub fn gpu(&self) -> u32 {
@@ -290,6 +300,9 @@ impl MpsDaemon {
         if multiuser {
             c.arg(MULTIUSER_FLAG);
         }
+        if self.static_partitions {
+            c.arg(crate::sm_partition::STATIC_FLAG);
+        }
         let out = process::run(c, None, self.timeout, true)?;
         if out.success {
             return Ok(Ok(()));
@@ -337,21 +350,75 @@ impl MpsDaemon {
     /// mode muxflow last started it in. No command is sent: the health step
     /// publishes this every time and must stay quick.
     pub fn serves_all_users(&self) -> Option<bool> {
-        let pid = std::fs::read_to_string(self.pipe_dir.join("nvidia-cuda-mps-control.pid"))
-            .ok()
-            .and_then(|p| p.trim().parse::<u32>().ok());
-        if let Some(cmdline) = pid.and_then(|p| std::fs::read(format!("/proc/{p}/cmdline")).ok()) {
-            if !cmdline.is_empty() {
-                return Some(
-                    cmdline
-                        .split(|&b| b == 0)
-                        .any(|arg| arg == MULTIUSER_FLAG.as_bytes()),
-                );
-            }
+        if let Some(args) = self.running_args() {
+            return Some(args.iter().any(|a| a == MULTIUSER_FLAG));
         }
         std::fs::read_to_string(self.mode_file())
             .ok()
             .map(|t| t.trim() == "multiuser")
+    }
+
+    /// The running daemon's arguments (`/proc/<pid>/cmdline` of the pid in
+    /// its pipe directory); None when none runs.
+    fn running_args(&self) -> Option<Vec<String>> {
+        let pid = std::fs::read_to_string(self.pipe_dir.join("nvidia-cuda-mps-control.pid"))
+            .ok()
+            .and_then(|p| p.trim().parse::<u32>().ok())?;
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        (!cmdline.is_empty()).then(|| {
+            cmdline
+                .split(|&b| b == 0)
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect()
+        })
+    }
+
+    /// Does the running daemon run in static SM partitioning mode (its
+    /// command line has `-S`)? Every client of such a daemon needs a
+    /// partition.
+    pub fn runs_static_partitions(&self) -> bool {
+        self.running_args().is_some_and(|args| {
+            args.iter().any(|a| {
+                a == crate::sm_partition::STATIC_FLAG || a == crate::sm_partition::STATIC_FLAG_LONG
+            })
+        })
+    }
+
+    /// `lspart`: the chunks of the GPU `uuid`.
+    pub fn chunks(&self, uuid: &str) -> Result<crate::sm_partition::Chunks, MpsError> {
+        let out = self.send("lspart")?;
+        crate::sm_partition::parse_lspart(&out, uuid).ok_or_else(|| MpsError::Parse {
+            gpu: self.gpu,
+            command: "lspart".into(),
+            output: out,
+        })
+    }
+
+    /// `sm_partition add <uuid> <chunks>`: the new partition's id.
+    pub fn add_partition(&self, uuid: &str, chunks: u32) -> Result<String, MpsError> {
+        let command = format!("sm_partition add {uuid} {chunks}");
+        let out = self.send(&command)?;
+        crate::sm_partition::parse_created(&out).ok_or(MpsError::Failed {
+            gpu: self.gpu,
+            command,
+            output: out,
+        })
+    }
+
+    /// `sm_partition rm <uuid> <id>`, checked with `lspart` (NVIDIA does
+    /// not document the reply): done when the id is listed no more.
+    pub fn remove_partition(&self, uuid: &str, id: &str) -> Result<(), MpsError> {
+        let command = format!("sm_partition rm {uuid} {id}");
+        let out = self.send(&command)?;
+        if !self.send("lspart")?.contains(id) {
+            Ok(())
+        } else {
+            Err(MpsError::Failed {
+                gpu: self.gpu,
+                command,
+                output: out,
+            })
+        }
     }
 
     /// The mode a daemon of this GPU runs in or would start in, as
@@ -480,6 +547,7 @@ pub const CHANGING_COMMANDS: &[&str] = &[
     "set_active_thread_percentage",
     "set_default_device_pinned_mem_limit",
     "set_device_pinned_mem_limit",
+    "sm_partition",
 ];
 
 /// Is `command` one of [`CHANGING_COMMANDS`]?

@@ -410,6 +410,96 @@ impl NodeState {
         })
     }
 
+    fn dmem_region_file(&self, gpu: u32) -> PathBuf {
+        self.gpu_dir(gpu).join("dmem_region")
+    }
+
+    /// Records GPU `gpu`'s region of the kernel's `dmem` controller as the
+    /// Prolog found it (None: no controller or no region; `crate::dmem`).
+    pub fn set_dmem_region(
+        &self,
+        _lock: &GpuLock,
+        gpu: u32,
+        region: Option<&str>,
+    ) -> Result<(), StateError> {
+        let path = self.dmem_region_file(gpu);
+        match region {
+            Some(r) => write_atomic(&path, format!("{r}\n").as_bytes()),
+            None => match fs::remove_file(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    Err(StateError::Io { path, source: e })
+                }
+                _ => Ok(()),
+            },
+        }
+    }
+
+    /// GPU `gpu`'s `dmem` region as last recorded; None if none.
+    pub fn dmem_region(&self, gpu: u32) -> Option<String> {
+        let text = fs::read_to_string(self.dmem_region_file(gpu)).ok()?;
+        let r = text.trim();
+        (!r.is_empty() && !r.contains(char::is_whitespace)).then(|| r.to_string())
+    }
+
+    /// What offline job `job_id` gets on GPU `gpu` now: its slots' part of
+    /// the policy's share, sized for the GPU's online job if one is recorded
+    /// there, else for an idle partner ([`GpuFacts::without_online`]). The
+    /// one computation of the plugin (the job's limits) and the Prolog (its
+    /// SM partition).
+    pub fn offline_share(
+        &self,
+        policy: &crate::config::Policy,
+        gpu: u32,
+        job_id: u32,
+    ) -> Result<crate::policy::SlotShare, StateError> {
+        let jobs = self.jobs(gpu)?;
+        let mut facts = self.facts(gpu)?;
+        if !jobs
+            .iter()
+            .any(|j| j.mode == Mode::Online && j.job_id != job_id)
+        {
+            facts = facts.without_online();
+        }
+        let slots = jobs
+            .iter()
+            .find(|r| r.job_id == job_id)
+            .map_or(1, |r| r.slot_count());
+        Ok(crate::policy::offline_slot_share(policy, &facts, slots))
+    }
+
+    fn sm_partition_file(&self, gpu: u32, job_id: u32) -> PathBuf {
+        self.gpu_dir(gpu)
+            .join("partitions")
+            .join(job_id.to_string())
+    }
+
+    /// Records job `job_id`'s static SM partition on GPU `gpu` (the Prolog,
+    /// which made it; `crate::sm_partition`).
+    pub fn set_sm_partition(
+        &self,
+        _lock: &GpuLock,
+        gpu: u32,
+        job_id: u32,
+        record: &crate::sm_partition::Record,
+    ) -> Result<(), StateError> {
+        let path = self.sm_partition_file(gpu, job_id);
+        if let Some(dir) = path.parent() {
+            fs::create_dir_all(dir).map_err(io(dir))?;
+        }
+        write_atomic(&path, record.encode().as_bytes())
+    }
+
+    /// Job `job_id`'s static SM partition on GPU `gpu`, if it has one.
+    pub fn sm_partition(&self, gpu: u32, job_id: u32) -> Option<crate::sm_partition::Record> {
+        let text = fs::read_to_string(self.sm_partition_file(gpu, job_id)).ok()?;
+        crate::sm_partition::Record::decode(&text)
+    }
+
+    /// Forgets job `job_id`'s partition record on GPU `gpu`.
+    pub fn forget_sm_partition(&self, _lock: &GpuLock, gpu: u32, job_id: u32) {
+        let _ = fs::remove_file(self.sm_partition_file(gpu, job_id));
+    }
+
     /// The GPU's offline processes as root last saw them ([`crate::offline_procs`]).
     pub fn offline_procs_file(&self, gpu: u32) -> PathBuf {
         self.gpu_dir(gpu).join(crate::offline_procs::FILE_NAME)

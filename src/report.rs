@@ -24,6 +24,7 @@
 //! | partner | the online job it shared the GPU with (offline), or an offline job it hosted (online) |
 //! | measured_peak_mib | offline: the largest GPU memory NVML showed for its processes, at muxflow-police's checks and the health steps |
 //! | policed | offline: why the node terminated a process of it (codes of `muxflow-health`'s police, comma-separated) |
+//! | enforced_by | offline: who held its limits, `mem:<who>,sm:<who>` with who one of driver (an MPS static SM partition), kernel (cgroup `dmem.max`), xcuda (xCUDA and MPS's client variables, policed), policed (README, "Who enforces each limit") |
 //! | terminated_by_other | how many of its MPS clients a `terminate_client` muxflow did not send ended (NVIDIA's daemon takes it from any user on the node; the sender is not known) |
 //! | run_s | seconds from the batch step's start to this report, by the node's clock (turns `claim.launches` into launches/s) |
 //! | partner_load_pct | offline: the online partner's mean SM utilization while this run ran, percent of the largest seen in the run (muxflow-police samples NVML's per-process utilization every check; [`Measured`]) |
@@ -117,6 +118,8 @@ pub struct JobReport {
     pub measured_peak_mib: Option<u64>,
     /// Codes of the node's terminations, comma-separated.
     pub policed: Option<String>,
+    /// Who enforced its memory cap and SM share (`mem:kernel,sm:xcuda`).
+    pub enforced_by: Option<String>,
     /// Its MPS clients ended by a `terminate_client` muxflow did not send.
     pub terminated_by_other: Option<u32>,
     /// Seconds the batch step ran until the report, by the node's clock.
@@ -305,7 +308,8 @@ impl JobReport {
             .push_opt("claim.rps", self.rps.filter(|v| v.is_finite()))
             .push_opt("claim.p50_ms", self.p50_ms.filter(|v| v.is_finite()))
             .push_opt("claim.p99_ms", self.p99_ms.filter(|v| v.is_finite()))
-            .push_opt("claims_refused", self.claims_refused.as_deref());
+            .push_opt("claims_refused", self.claims_refused.as_deref())
+            .push_opt("enforced_by", self.enforced_by.as_deref());
         if !self.gang.is_empty() {
             let gpus: Vec<String> = self
                 .gpu
@@ -363,6 +367,7 @@ impl JobReport {
             partner: f.get("partner")?,
             measured_peak_mib: f.get("measured_peak_mib")?,
             policed: f.get("policed")?,
+            enforced_by: f.get("enforced_by")?,
             terminated_by_other: f.get("terminated_by_other")?,
             run_s: f.get("run_s")?,
             partner_load_pct: f.get("partner_load_pct")?,
@@ -517,6 +522,7 @@ mod tests {
             partner: Some(12),
             measured_peak_mib: Some(2050),
             policed: Some("priority,no_xcuda".into()),
+            enforced_by: Some("mem:kernel,sm:driver".into()),
             terminated_by_other: Some(1),
             run_s: Some(600),
             partner_load_pct: Some(40),

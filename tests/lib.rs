@@ -38,6 +38,14 @@ pub const ENDED: [&str; 9] = [
 /// resolves the name (other names, and the uid, pass on every release).
 pub const AS_NOBODY: &str = "--uid=65534";
 
+/// Turns for the tests of one binary that change what every job of a node
+/// or of the cluster sees (its config, a simulated driver mechanism, a
+/// stopped slurmctld): the suite runs a binary's tests on several threads.
+pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
 impl Cluster {
@@ -362,6 +370,48 @@ impl Cluster {
         self.step_until(&cfg, node, &format!("{node} gpu{gpu} healthy"), || {
             ns.health(gpu).ok().flatten() == Some(muxflow::health::HealthState::Healthy)
         });
+    }
+
+    /// A file of the MPS log directory of `node`'s GPU `gpu` (the cluster's
+    /// `mps_log_root`); empty when there is none yet.
+    pub fn mps_log(&self, node: &str, gpu: u32, file: &str) -> String {
+        let path = self
+            .node_path("var/log/muxflow/{node}/mps", node)
+            .join(gpu.to_string())
+            .join(file);
+        std::fs::read_to_string(path).unwrap_or_default()
+    }
+
+    /// Waits (up to `wait`) until `node`'s GPU `gpu` has no MPS daemon (the
+    /// Epilog of its last muxflow job stops it), so the next job's Prolog
+    /// starts one with the test's settings.
+    pub fn wait_mps_daemon_gone(&self, node: &str, gpu: u32, wait: Duration) {
+        let control = self
+            .node_path("var/run/muxflow/{node}/mps", node)
+            .join(gpu.to_string())
+            .join("control");
+        let start = Instant::now();
+        while control.exists() {
+            assert!(
+                start.elapsed() < wait,
+                "{node} gpu{gpu}: the MPS daemon outlived its last job ({})",
+                control.display()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Submits `script` as `nobody` in offline mode, named `name`, and
+    /// places it on `node`'s GPU `gpu` (beside the online job there).
+    pub fn offline_as_nobody(&self, name: &str, node: &str, gpu: u32, script: &str) -> u32 {
+        let id = self
+            .sbatch(
+                &["--muxflow=offline", AS_NOBODY, "--job-name", name],
+                script,
+            )
+            .unwrap_or_else(|e| panic!("sbatch {name}: {e}"));
+        self.place(id, node, gpu);
+        id
     }
 
     /// [`wait_gpu_healthy`](Self::wait_gpu_healthy) for every GPU of the

@@ -2122,6 +2122,51 @@ mod tests {
     }
 
     #[test]
+    fn a_change_of_fair_share_alone_is_a_new_round_not_the_last_one_reused() {
+        let mut state = ClusterState {
+            gpus: vec![gpu("a", HealthState::Healthy, 10, 4_000, false)],
+            pending: vec![
+                job(1, "x", true, "", None),
+                PendingJob {
+                    user: "other".into(),
+                    ..job(2, "x", true, "", None)
+                },
+            ],
+            fair_share: [("u".to_string(), 0.9), ("other".to_string(), 0.1)].into(),
+            ..ClusterState::default()
+        };
+        let cfg = muxflow::Config::default();
+        let mut cache = crate::round_cache::RoundCache::default();
+        let mut round = |state: &ClusterState| {
+            let p = plan_cached(
+                state,
+                &model(),
+                &cfg.policy,
+                &cfg.matcher,
+                &names(),
+                &mut cache,
+                0,
+            );
+            let placed: Vec<u32> = p
+                .decisions
+                .iter()
+                .filter(|d| d.action == Action::Place)
+                .map(|d| d.job)
+                .collect();
+            (placed, cache.last)
+        };
+        assert_eq!(round(&state).0, [1]);
+        assert_eq!(
+            round(&state),
+            (vec![1], crate::round_cache::RoundKind::Reused)
+        );
+        state.fair_share = [("u".to_string(), 0.1), ("other".to_string(), 0.9)].into();
+        let (placed, kind) = round(&state);
+        assert_eq!(placed, [2], "the user now owed most goes first");
+        assert_ne!(kind, crate::round_cache::RoundKind::Reused);
+    }
+
+    #[test]
     fn jobs_no_node_can_take_do_not_fill_the_window() {
         // One open GPU on a node with 3 CPUs free: 40 older jobs asking for
         // 4 CPUs or 3 GPUs (one user's), then another user's placeable job.

@@ -32,8 +32,8 @@
 //! # Cold or incremental
 //!
 //! Cold (the round as before: the candidate graph of every pair scored,
-//! solved, priced out) when there is no previous round, the epoch or the
-//! GPU list changed, a round has k-GPU jobs (their greedy reads the
+//! solved, priced out) when there is no previous round, the epoch, the
+//! GPU list or Slurm's fair share (the round's turn order) changed, a round has k-GPU jobs (their greedy reads the
 //! candidate graph's duals), more new jobs come than rows are free, or
 //! more than 1/[`COLD_WHEN_CHANGED_ONE_IN`] (0.1%) of the open GPUs or of
 //! the jobs changed. Why so few: at 18,000 GPUs × 10,000 jobs
@@ -157,6 +157,11 @@ pub struct RoundCache {
     gpu_changed: Vec<bool>,
     /// The GPU list itself changed since the last matching.
     gpus_moved: bool,
+    /// Slurm's fair share changed since the last matching: it orders the
+    /// round's users, and so which of the jobs predicted alike a cold
+    /// round places (round::considered_jobs); an incremental round would
+    /// keep the last round's choice among them.
+    order_moved: bool,
     /// The last matching's epoch, rows and columns.
     epoch: u64,
     row_of: HashMap<u32, u32>,
@@ -199,6 +204,7 @@ impl Default for RoundCache {
             seen_rest: false,
             gpu_changed: Vec::new(),
             gpus_moved: false,
+            order_moved: false,
             epoch: 0,
             row_of: HashMap::new(),
             row_key: Vec::new(),
@@ -375,6 +381,11 @@ impl RoundCache {
             seen.notes.clone_from(&state.notes);
             seen.node_room.clone_from(&state.node_room);
             seen.memory_consumable = state.memory_consumable;
+        }
+        // A change of fair share reorders the round's jobs whether or not
+        // the GPUs moved (small: one entry per user), so it is always compared.
+        if seen.fair_share != state.fair_share {
+            self.order_moved = true;
             seen.fair_share.clone_from(&state.fair_share);
         }
         self.seen_rest = same;
@@ -434,6 +445,7 @@ impl RoundCache {
         let warm = self.inc.is_some()
             && self.epoch == epoch
             && !self.gpus_moved
+            && !self.order_moved
             && self.col_room.len() == n;
         let slotted = if warm { self.rows_for(jobs) } else { None };
         let (row_job, kind) = match slotted {
@@ -563,6 +575,7 @@ impl RoundCache {
         };
         self.epoch = epoch;
         self.gpus_moved = false;
+        self.order_moved = false;
         self.gpu_changed.iter_mut().for_each(|c| *c = false);
         self.col_room = room;
         self.row_of = row_job

@@ -544,11 +544,25 @@ pub fn run(config: &Config, node: &str, slurm_conf: &Path, slurmd_v: &str) -> Ve
         .iter()
         .map(|(_, (domain, bus, device))| format!("{domain:04x}:{bus:02x}:{device:02x}.0"))
         .collect();
+    // GPUs whose running daemon was started without static partitions.
+    let without_static: Vec<u32> = gpus
+        .iter()
+        .copied()
+        .filter(|&g| {
+            let d = MpsDaemon::for_gpu(config, g);
+            config.mps.sm_partitions && d.is_running() && !d.runs_static_partitions()
+        })
+        .collect();
     checks.extend(check_mechanisms(
         crate::gpu_caps::mps_control_version(config),
-        lowest_cc,
-        crate::gpu_caps::dmem_regions(Path::new("/sys/fs/cgroup")).as_deref(),
+        &dmem_found(config.paths.cgroup_root.as_path()),
         &bus_ids,
+    ));
+    checks.push(check_sm_partitions(
+        config.mps.sm_partitions,
+        crate::gpu_caps::mps_control_version(config),
+        lowest_cc,
+        &without_static,
     ));
     for gpu in gpus {
         let mps = MpsDaemon::for_gpu(config, gpu);
@@ -625,8 +639,115 @@ pub fn check_multiuser(
     }
 }
 
+/// What the node's cgroup v2 mount says of the `dmem` controller.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DmemFound {
+    /// The regions of `dmem.capacity`; None without the controller.
+    pub regions: Option<Vec<(String, u64)>>,
+    /// Whether Slurm's parent of the job cgroups
+    /// ([`muxflow::dmem::SLURM_JOBS_PARENT`]) offers the controller to them;
+    /// None when that cgroup is not there (no job yet, or another layout).
+    pub jobs_parent_offers: Option<bool>,
+}
+
+/// Reads [`DmemFound`] under `cgroup_root`.
+pub fn dmem_found(cgroup_root: &Path) -> DmemFound {
+    let parent = cgroup_root.join(muxflow::dmem::SLURM_JOBS_PARENT);
+    DmemFound {
+        regions: muxflow::dmem::regions(cgroup_root),
+        jobs_parent_offers: std::fs::read_to_string(parent.join("cgroup.controllers"))
+            .ok()
+            .map(|t| muxflow::dmem::lists_dmem(&t)),
+    }
+}
+
+/// The `dmem` line: absent (xCUDA's cap and the police), used for the
+/// GPUs whose region the driver registers, or broken where the controller
+/// is there but not offered to Slurm's job cgroups (with the fix).
+pub fn check_dmem(found: &DmemFound, bus_ids: &[String]) -> Check {
+    let Some(regions) = &found.regions else {
+        return Check::ok(
+            "dmem",
+            "absent: no cgroup v2 dmem controller (kernel 6.14+); GPU memory caps are xCUDA's and the police's",
+        );
+    };
+    let named = bus_ids
+        .iter()
+        .filter(|b| muxflow::dmem::region_of(regions, b).is_some())
+        .count();
+    if found.jobs_parent_offers == Some(false) {
+        return Check::fail(
+            "dmem",
+            format!(
+                "the kernel has the controller, but {} does not offer it to the job cgroups: GPU memory caps stay xCUDA's",
+                muxflow::dmem::SLURM_JOBS_PARENT
+            ),
+            format!(
+                "enable it down to the job cgroups: echo +dmem > cgroup.subtree_control in the cgroup root, system.slice and {}",
+                muxflow::dmem::SLURM_JOBS_PARENT
+            ),
+        );
+    }
+    let detail = match named {
+        0 => format!(
+            "absent for this node's GPUs: the controller is there but the driver registers none of the node's {} GPUs ({} regions); GPU memory caps are xCUDA's and the police's",
+            bus_ids.len(),
+            regions.len()
+        ),
+        n => format!(
+            "used: an offline job's GPU memory cap goes into its cgroup's dmem.max (enforced by the kernel) on {n} of the node's {} GPUs{}",
+            bus_ids.len(),
+            if n < bus_ids.len() { "; the others: xCUDA's and the police's" } else { "" }
+        ),
+    };
+    Check::ok("dmem", detail)
+}
+
 /// Static SM partitions need control daemon 13010+ (CUDA 13.1) and Ampere.
-pub const SM_PARTITIONS_MIN_VERSION: u32 = 13010;
+pub const SM_PARTITIONS_MIN_VERSION: u32 = muxflow::sm_partition::MIN_VERSION;
+
+/// The `sm partitions` line: used (`[mps] sm_partitions` on, a daemon and
+/// GPUs that have them), available but off, absent (the SM share stays
+/// MPS's active-thread percentage and xCUDA's), or broken: asked for, but
+/// a running daemon was started without `-S` (`without_static`: its GPUs).
+pub fn check_sm_partitions(
+    configured: bool,
+    version: Option<u32>,
+    lowest_cc: Option<ComputeCapability>,
+    without_static: &[u32],
+) -> Check {
+    let v = version.map_or("a control daemon that prints no version".to_string(), |v| {
+        format!("control daemon {v}")
+    });
+    let there = version.is_some_and(|v| v >= SM_PARTITIONS_MIN_VERSION)
+        && lowest_cc.is_some_and(|c| c.major >= 8);
+    let name = "sm partitions";
+    match (there, configured) {
+        (false, _) => Check::ok(
+            name,
+            format!(
+                "absent ({v}; needs {SM_PARTITIONS_MIN_VERSION}+ and Ampere or newer): an offline job's SM share is its MPS active-thread percentage and xCUDA's (policed){}",
+                if configured { "; [mps] sm_partitions is set and ignored here" } else { "" }
+            ),
+        ),
+        (true, false) => Check::ok(
+            name,
+            format!("available ({v}, Ampere or newer), off: set [mps] sm_partitions = true to have the driver hold each job to its SMs"),
+        ),
+        (true, true) if !without_static.is_empty() => Check::fail(
+            name,
+            format!(
+                "[mps] sm_partitions is set, but the daemon of GPU {:?} runs without -S: its jobs' SM shares stay MPS's active-thread percentage and xCUDA's",
+                without_static
+            ),
+            "stop that daemon while its GPU has no job (echo quit | nvidia-cuda-mps-control with its CUDA_MPS_PIPE_DIRECTORY): the next job's Prolog starts it with -S",
+        ),
+        (true, true) => Check::ok(
+            name,
+            format!("used ({v}): daemons start with -S; each job gets its own partition and the driver holds an offline job to its SMs (enforced_by_sm=driver)"),
+        ),
+    }
+}
 /// MPS v3 (`-p 3`: named servers and namespaces) needs CUDA 13.4 (r615).
 pub const MPS_V3_MIN_VERSION: u32 = 13040;
 
@@ -636,46 +757,17 @@ pub const MPS_V3_MIN_VERSION: u32 = 13040;
 /// `bus_ids`: the GPUs' PCI addresses, lowercase). Each line passes: they
 /// say what is there; muxflow's limits are xCUDA's and the police's on
 /// every node today (README, "Limits of an offline job").
-pub fn check_mechanisms(
-    version: Option<u32>,
-    lowest_cc: Option<ComputeCapability>,
-    regions: Option<&[(String, u64)]>,
-    bus_ids: &[String],
-) -> Vec<Check> {
+pub fn check_mechanisms(version: Option<u32>, dmem: &DmemFound, bus_ids: &[String]) -> Vec<Check> {
     let v = version.map_or("a control daemon that prints no version".to_string(), |v| {
         format!("control daemon {v}")
     });
-    let ampere = lowest_cc.is_some_and(|c| c.major >= 8);
-    let partitions = if version.is_some_and(|v| v >= SM_PARTITIONS_MIN_VERSION) && ampere {
-        format!("available ({v}, Ampere or newer): not used by muxflow yet; an offline job's SM share is its MPS active-thread percentage")
-    } else {
-        format!("absent ({v}; needs {SM_PARTITIONS_MIN_VERSION}+ and Ampere or newer)")
-    };
     let v3 = if version.is_some_and(|v| v >= MPS_V3_MIN_VERSION) {
-        format!("available ({v}): not used by muxflow yet; limits stay the client's MPS variables, xCUDA's and the police's")
+        format!("available ({v}): not used by muxflow (a client picks its namespace by its pipe directory, and sets its own priority; README, \"Who enforces each limit\"); limits stay the client's MPS variables, xCUDA's and the police's, or the driver's and the kernel's above")
     } else {
         format!("absent ({v}; namespaces whose limits override a client's own need {MPS_V3_MIN_VERSION}+)")
     };
-    let dmem = match regions {
-        None => "absent: no cgroup v2 dmem controller (kernel 6.14+); GPU memory caps are xCUDA's and the police's".to_string(),
-        Some(regions) => {
-            let named = bus_ids
-                .iter()
-                .filter(|b| regions.iter().any(|(r, _)| r.contains(b.as_str())))
-                .count();
-            format!(
-                "controller present; the driver registers {} of the node's {} GPUs ({} regions): not used by muxflow yet",
-                named,
-                bus_ids.len(),
-                regions.len()
-            )
-        }
-    };
-    vec![
-        Check::ok("sm partitions", partitions),
-        Check::ok("mps v3", v3),
-        Check::ok("dmem", dmem),
-    ]
+    let dmem = check_dmem(dmem, bus_ids);
+    vec![Check::ok("mps v3", v3), dmem]
 }
 
 #[cfg(test)]
@@ -684,25 +776,145 @@ mod tests {
 
     #[test]
     fn driver_mechanisms_are_named_present_or_absent() {
-        let h100 = Some(ComputeCapability { major: 9, minor: 0 });
-        let t4 = Some(ComputeCapability { major: 7, minor: 5 });
-        let region = [("drm/0000:18:00.0/vram0".to_string(), 1u64 << 36)];
+        let region = DmemFound {
+            regions: Some(vec![("drm/0000:18:00.0/vram0".to_string(), 1u64 << 36)]),
+            jobs_parent_offers: None,
+        };
+        let none = DmemFound::default();
         let bus = ["0000:18:00.0".to_string(), "0000:28:00.0".to_string()];
         let line =
             |c: &[Check], name: &str| c.iter().find(|c| c.name == name).map(Check::line).unwrap();
-        let new = check_mechanisms(Some(13040), h100, Some(&region), &bus);
-        assert!(line(&new, "sm partitions").contains("available"));
+        let new = check_mechanisms(Some(13040), &region, &bus);
         assert!(line(&new, "mps v3").contains("available"));
-        assert!(line(&new, "dmem").contains("registers 1 of the node's 2 GPUs"));
-        let turing = check_mechanisms(Some(13040), t4, None, &bus);
-        assert!(line(&turing, "sm partitions").contains("absent"), "Turing");
-        assert!(line(&turing, "dmem").contains("absent"));
-        let old = check_mechanisms(None, h100, None, &bus);
+        assert!(
+            line(&new, "dmem").contains("used: "),
+            "{}",
+            line(&new, "dmem")
+        );
+        assert!(line(&new, "dmem").contains("on 1 of the node's 2 GPUs; the others"));
+        let no_dmem = check_mechanisms(Some(13040), &none, &bus);
+        assert!(line(&no_dmem, "dmem").contains("absent"));
+        let old = check_mechanisms(None, &none, &bus);
         assert!(line(&old, "mps v3").contains("absent (a control daemon that prints no version"));
         assert!(
             new.iter().chain(&old).all(|c| c.fix.is_none()),
             "informative only"
         );
+    }
+
+    #[test]
+    fn sm_partition_lines_say_used_available_absent_or_broken() {
+        let h100 = Some(ComputeCapability { major: 9, minor: 0 });
+        let t4 = Some(ComputeCapability { major: 7, minor: 5 });
+        // (case, configured, version, cc, GPUs without -S, passes, contains)
+        let cases = [
+            (
+                "used",
+                true,
+                Some(13010),
+                h100,
+                vec![],
+                true,
+                "used (control daemon 13010)",
+            ),
+            (
+                "off",
+                false,
+                Some(13040),
+                h100,
+                vec![],
+                true,
+                "available (control daemon 13040, Ampere or newer), off",
+            ),
+            (
+                "old daemon",
+                true,
+                Some(12080),
+                h100,
+                vec![],
+                true,
+                "absent (control daemon 12080",
+            ),
+            (
+                "no version",
+                false,
+                None,
+                h100,
+                vec![],
+                true,
+                "absent (a control daemon that prints no version",
+            ),
+            (
+                "Turing",
+                true,
+                Some(13010),
+                t4,
+                vec![],
+                true,
+                "is set and ignored here",
+            ),
+            (
+                "daemon without -S",
+                true,
+                Some(13010),
+                h100,
+                vec![1],
+                false,
+                "the daemon of GPU [1] runs without -S",
+            ),
+        ];
+        for (case, configured, version, cc, without, passes, want) in cases {
+            let c = check_sm_partitions(configured, version, cc, &without);
+            assert_eq!(c.fix.is_none(), passes, "{case}: {}", c.line());
+            assert!(c.line().contains(want), "{case}: {}", c.line());
+        }
+    }
+
+    #[test]
+    fn dmem_lines_say_absent_used_or_broken_with_the_fix() {
+        let bus = ["0000:18:00.0".to_string()];
+        let regions = |r: &[&str]| Some(r.iter().map(|n| (n.to_string(), 1u64 << 30)).collect());
+        // (case, found, passes, line contains)
+        let cases = [
+            (
+                "no controller",
+                DmemFound::default(),
+                true,
+                "absent: no cgroup v2 dmem",
+            ),
+            (
+                "no region for the GPU",
+                DmemFound {
+                    regions: regions(&["drm/0000:99:00.0/vram0"]),
+                    jobs_parent_offers: None,
+                },
+                true,
+                "absent for this node's GPUs",
+            ),
+            (
+                "used",
+                DmemFound {
+                    regions: regions(&["drm/0000:18:00.0/vram0"]),
+                    jobs_parent_offers: Some(true),
+                },
+                true,
+                "used: an offline job's GPU memory cap goes into its cgroup's dmem.max",
+            ),
+            (
+                "not offered to the job cgroups",
+                DmemFound {
+                    regions: regions(&["drm/0000:18:00.0/vram0"]),
+                    jobs_parent_offers: Some(false),
+                },
+                false,
+                "echo +dmem > cgroup.subtree_control",
+            ),
+        ];
+        for (case, found, passes, want) in cases {
+            let c = check_dmem(&found, &bus);
+            assert_eq!(c.fix.is_none(), passes, "{case}: {}", c.line());
+            assert!(c.line().contains(want), "{case}: {}", c.line());
+        }
     }
 
     #[test]

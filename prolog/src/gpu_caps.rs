@@ -7,34 +7,69 @@ use muxflow::mps::ComputeCapability;
 use muxflow::Config;
 use nvml_wrapper::Nvml;
 
-/// GPU `gpu`'s compute capability; None when NVML cannot say (logged: the
-/// daemon is then started with the multi-user flag and its exit decides).
-pub fn compute_capability(config: &Config, gpu: u32) -> Option<ComputeCapability> {
+/// Reads `what` of GPU `gpu` through NVML (`read`); None, logged with
+/// `why` (what then happens), when NVML cannot say.
+fn read_device<T>(
+    config: &Config,
+    gpu: u32,
+    why: &str,
+    read: impl FnOnce(&nvml_wrapper::Device) -> Result<T, nvml_wrapper::error::NvmlError>,
+) -> Option<T> {
     let lib = config.paths.nvml_library.as_ref().map(|p| p.as_path());
     let nvml = match lib {
         Some(p) => Nvml::builder().lib_path(p.as_os_str()).init(),
         None => Nvml::init(),
     };
-    let read = nvml.map_err(|e| format!("NVML init: {e}")).and_then(|n| {
+    let got = nvml.map_err(|e| format!("NVML init: {e}")).and_then(|n| {
         let d = n
             .device_by_index(gpu)
             .map_err(|e| format!("GPU {gpu}: {e}"))?;
-        d.cuda_compute_capability()
-            .map_err(|e| format!("GPU {gpu}: compute capability: {e}"))
+        read(&d).map_err(|e| format!("GPU {gpu}: {e}"))
     });
-    match read {
-        Ok(cc) => Some(ComputeCapability {
-            major: u32::try_from(cc.major).unwrap_or(0),
-            minor: u32::try_from(cc.minor).unwrap_or(0),
-        }),
-        Err(e) => {
-            tracing::warn!(
-                gpu,
-                "cannot tell whether the GPU supports multi-user MPS: {e}"
-            );
-            None
-        }
+    got.map_err(|e| tracing::warn!(gpu, "{why}: {e}")).ok()
+}
+
+/// GPU `gpu`'s compute capability; None when NVML cannot say (logged: the
+/// daemon is then started with the multi-user flag and its exit decides).
+pub fn compute_capability(config: &Config, gpu: u32) -> Option<ComputeCapability> {
+    let cc = read_device(
+        config,
+        gpu,
+        "cannot tell whether the GPU supports multi-user MPS",
+        |d| d.cuda_compute_capability(),
+    )?;
+    Some(ComputeCapability {
+        major: u32::try_from(cc.major).unwrap_or(0),
+        minor: u32::try_from(cc.minor).unwrap_or(0),
+    })
+}
+
+/// GPU `gpu`'s UUID (`GPU-…`), which MPS's partition commands name it by.
+pub fn uuid(config: &Config, gpu: u32) -> Option<String> {
+    read_device(config, gpu, "cannot name the GPU to MPS", |d| d.uuid())
+}
+
+/// Whether a daemon started now for GPU `gpu` can run static SM partitions:
+/// `[mps] sm_partitions` asks for them, the control daemon is 13010+ and
+/// the GPU Ampere (8.0) or newer. Asked only when opted in.
+pub fn static_partitions_wanted(config: &Config, gpu: u32) -> bool {
+    if !config.mps.sm_partitions {
+        return false;
     }
+    let version = mps_control_version(config);
+    let cc = compute_capability(config, gpu);
+    let ok = version.is_some_and(|v| v >= muxflow::sm_partition::MIN_VERSION)
+        && cc.is_some_and(|c| c.major >= 8);
+    if !ok {
+        tracing::warn!(
+            gpu,
+            ?version,
+            ?cc,
+            "[mps] sm_partitions is set but this daemon or GPU has no static SM partitions (control daemon {}+ and Ampere or newer): the SM share stays MPS's active-thread percentage",
+            muxflow::sm_partition::MIN_VERSION
+        );
+    }
+    ok
 }
 
 /// The control daemon's version as `nvidia-cuda-mps-control -v` prints it,
@@ -67,25 +102,20 @@ pub fn parse_mps_version(text: &str) -> Option<u32> {
     None
 }
 
-/// The cgroup v2 `dmem` controller under `cgroup_root`: None when the
-/// kernel does not offer it there; else the regions `dmem.capacity` lists
-/// (name, bytes), e.g. `drm/0000:03:00.0/vram0 12550144` (kernel docs,
-/// cgroup-v2 "DMEM").
-pub fn dmem_regions(cgroup_root: &std::path::Path) -> Option<Vec<(String, u64)>> {
-    let controllers = std::fs::read_to_string(cgroup_root.join("cgroup.controllers")).ok()?;
-    if !controllers.split_whitespace().any(|c| c == "dmem") {
-        return None;
-    }
-    let capacity = std::fs::read_to_string(cgroup_root.join("dmem.capacity")).unwrap_or_default();
-    Some(
-        capacity
-            .lines()
-            .filter_map(|l| {
-                let (name, bytes) = l.trim().rsplit_once(char::is_whitespace)?;
-                Some((name.trim().to_string(), bytes.parse().ok()?))
-            })
-            .collect(),
-    )
+/// GPU `gpu`'s PCI bus id as NVML gives it (`00000000:18:00.0`), to find
+/// its `dmem` region; None (logged) when NVML cannot say.
+pub fn pci_bus_id(config: &Config, gpu: u32) -> Option<String> {
+    read_device(config, gpu, "cannot find the GPU's dmem region", |d| {
+        d.pci_info().map(|p| p.bus_id)
+    })
+}
+
+/// GPU `gpu`'s region of the kernel's `dmem` controller under the config's
+/// cgroup root: None when the kernel has no controller or the driver
+/// registered no region for the GPU (the cap then stays xCUDA's).
+pub fn dmem_region(config: &Config, gpu: u32) -> Option<String> {
+    let regions = muxflow::dmem::regions(config.paths.cgroup_root.as_path())?;
+    muxflow::dmem::region_of(&regions, &pci_bus_id(config, gpu)?)
 }
 
 #[cfg(test)]
@@ -103,24 +133,5 @@ mod tests {
         ] {
             assert_eq!(parse_mps_version(text), want, "{text:?}");
         }
-    }
-
-    #[test]
-    fn dmem_is_read_from_the_cgroup_root() {
-        let d = tempfile::tempdir().unwrap();
-        assert_eq!(dmem_regions(d.path()), None, "no cgroup v2 here");
-        std::fs::write(d.path().join("cgroup.controllers"), "cpu memory pids\n").unwrap();
-        assert_eq!(dmem_regions(d.path()), None, "no dmem controller");
-        std::fs::write(d.path().join("cgroup.controllers"), "cpu memory dmem\n").unwrap();
-        assert_eq!(dmem_regions(d.path()), Some(vec![]), "no region registered");
-        std::fs::write(
-            d.path().join("dmem.capacity"),
-            "drm/0000:18:00.0/vram0 85899345920\ndrm/0000:18:00.0/stolen 8650752\n",
-        )
-        .unwrap();
-        assert_eq!(
-            dmem_regions(d.path()).unwrap()[0],
-            ("drm/0000:18:00.0/vram0".to_string(), 85_899_345_920)
-        );
     }
 }

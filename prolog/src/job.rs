@@ -276,7 +276,11 @@ pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
             }
             return Ok(());
         };
-        let daemon = MpsDaemon::for_gpu(config, gpu);
+        let mut daemon = MpsDaemon::for_gpu(config, gpu);
+        if config.mps.sm_partitions && !daemon.is_running() {
+            daemon = daemon
+                .with_static_partitions(crate::gpu_caps::static_partitions_wanted(config, gpu));
+        }
         match daemon.ensure_running(|| crate::gpu_caps::compute_capability(config, gpu)) {
             Ok(r) if r.started => {
                 tracing::info!(gpu, pipe = %daemon.pipe_dir().display(), mode = ?r.mode, "started the MPS control daemon")
@@ -302,11 +306,60 @@ pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
             anyhow::bail!("cannot record job {} on GPU {gpu}: {why} ({e})", job.id);
         }
         tracing::info!(job = job.id, gpu, mode = %job.mode, slots = ?record.slots, "recorded muxflow job");
+        if job.mode == Mode::Offline && daemon.runs_static_partitions() {
+            // Every client of a daemon in static mode needs a partition: an
+            // offline job that cannot have one does not run here.
+            if let Err(why) = give_partition(config, &state, &lock, &job, gpu, &daemon) {
+                drop(lock);
+                let r = Refusal {
+                    code: "no_sm_partition".into(),
+                    why: format!(
+                        "offline job {} refused on {}: GPU {gpu}'s MPS daemon runs static SM partitions and the job cannot have one: {why}",
+                        job.id, job.node
+                    ),
+                };
+                refuse(config, &state, &job, &r, &prior);
+                for g in recorded.iter().copied().chain([gpu]) {
+                    let lock = state.lock_gpu(g)?;
+                    state.remove_job(&lock, g, job.id)?;
+                }
+                return Ok(());
+            }
+        }
+        if job.mode == Mode::Offline {
+            // Found per job: a node's kernel or driver may change between
+            // jobs. The plugin writes the cap into the job's cgroup at its
+            // first step, where the cap is fixed (muxflow::dmem).
+            let region = crate::gpu_caps::dmem_region(config, gpu);
+            if let Err(e) = state.set_dmem_region(&lock, gpu, region.as_deref()) {
+                tracing::warn!(
+                    job = job.id,
+                    gpu,
+                    "cannot record the GPU's dmem region: {e}"
+                );
+            }
+        }
         recorded.push(gpu);
     }
     bound_job_files(&state, &job);
     if job.mode == Mode::Online {
         make_room(config, &state, &job, &gpus);
+        // After the offline jobs it requeued have gone (their partitions
+        // with them): a daemon in static mode needs one for this job too.
+        for &gpu in &gpus {
+            let daemon = MpsDaemon::for_gpu(config, gpu);
+            if !daemon.runs_static_partitions() {
+                continue;
+            }
+            let lock = state.lock_gpu(gpu)?;
+            if let Err(why) = give_partition(config, &state, &lock, &job, gpu, &daemon) {
+                tracing::error!(
+                    job = job.id,
+                    gpu,
+                    "online job has no static SM partition, so its CUDA calls fail on this GPU's MPS daemon (static partitioning mode): {why}"
+                );
+            }
+        }
     }
     if job.mode == Mode::Offline {
         remove_limits_files(&state, job.id);
@@ -317,6 +370,47 @@ pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Makes job `job`'s static SM partition on GPU `gpu` (its daemon runs in
+/// static mode) and records it for the plugin: an online job all the free
+/// chunks but the policy's default offline share, an offline job its
+/// policy share ([`muxflow::sm_partition::plan`]), chunk counts from the
+/// daemon's `lspart`. The caller holds the GPU's lock.
+fn give_partition(
+    config: &Config,
+    state: &NodeState,
+    lock: &muxflow::node_state::GpuLock,
+    job: &Job,
+    gpu: u32,
+    daemon: &MpsDaemon,
+) -> Result<(), String> {
+    use muxflow::sm_partition;
+    let uuid = crate::gpu_caps::uuid(config, gpu).ok_or("NVML gives no UUID for the GPU")?;
+    let chunks = daemon.chunks(&uuid).map_err(|e| e.to_string())?;
+    let pct = match job.mode {
+        Mode::Online => muxflow::policy::offline_sm_percent(&config.policy, None),
+        Mode::Offline => {
+            state
+                .offline_share(&config.policy, gpu, job.id)
+                .map_err(|e| e.to_string())?
+                .sm_pct
+        }
+    };
+    let online = job.mode == Mode::Online;
+    let n = sm_partition::plan(online, chunks, pct)
+        .ok_or_else(|| format!("no free chunk ({} of {} used)", chunks.used, chunks.total()))?;
+    let id = daemon.add_partition(&uuid, n).map_err(|e| e.to_string())?;
+    let record = sm_partition::Record {
+        uuid,
+        id,
+        chunks: n,
+        total_chunks: chunks.total(),
+    };
+    tracing::info!(job = job.id, gpu, partition = %record.id, chunks = n, total = record.total_chunks, "made the job's static SM partition");
+    state
+        .set_sm_partition(lock, gpu, job.id, &record)
+        .map_err(|e| e.to_string())
 }
 
 /// How long an online job's Prolog waits for the offline jobs it requeues
@@ -559,6 +653,21 @@ fn forget(config: &Config, state: &NodeState, job_id: u32) -> Result<()> {
             continue;
         }
         tracing::info!(job = job_id, gpu, "forgot muxflow job");
+        if let Some(p) = state.sm_partition(gpu, job_id) {
+            // Its chunks go back to the GPU for the next job.
+            let daemon = MpsDaemon::for_gpu(config, gpu);
+            if daemon.is_running() {
+                if let Err(e) = daemon.remove_partition(&p.uuid, &p.id) {
+                    tracing::warn!(
+                        job = job_id,
+                        gpu,
+                        "cannot remove the job's SM partition {}: {e}",
+                        p.id
+                    );
+                }
+            }
+            state.forget_sm_partition(&lock, gpu, job_id);
+        }
         if state.jobs(gpu)?.is_empty() {
             stop_daemon(&MpsDaemon::for_gpu(config, gpu));
         }

@@ -142,6 +142,19 @@ pub fn collect(ns: &NodeState, node: &str) -> (Exposition, Vec<(u32, BTreeSet<u3
                     )
                     .sample(&l, (cap as f64) * 1024.0 * 1024.0);
                 }
+                for (limit, by) in [
+                    ("memory", limits.enforced_by.mem),
+                    ("sm", limits.enforced_by.sm),
+                ] {
+                    let mut l = l.clone();
+                    l.push(("limit", limit.to_string()));
+                    l.push(("by", by.to_string()));
+                    e.gauge(
+                        "muxflow_offline_limit_enforced_by",
+                        "1 per limit of the offline job, labelled with who enforces it: driver (MPS SM partition), kernel (cgroup dmem.max), xcuda (xCUDA and MPS client variables, policed) or policed.",
+                    )
+                    .sample(&l, 1.0);
+                }
             }
             let mut claims = JobReport::default();
             let files = read_claim_files(&ns.xcuda_stats_dir(job.job_id));
@@ -245,6 +258,10 @@ mod tests {
             sm_pct: 30,
             mem_cap_mib: Some(1024),
             xcuda: XcudaEnv::from_config(&Xcuda::default(), 1),
+            enforced_by: muxflow::limits::EnforcedBy {
+                mem: muxflow::limits::Enforcer::Kernel,
+                sm: muxflow::limits::Enforcer::Xcuda,
+            },
         };
         let ldir = ns.limits_dir();
         std::fs::create_dir_all(&ldir).unwrap();
@@ -276,6 +293,8 @@ mod tests {
             format!("muxflow_offline_sm_share_ratio{job} 0.3\n"),
             format!("muxflow_offline_memory_cap_bytes{job} 1073741824\n"),
             format!("muxflow_xcuda_launches_total{job} 20\n"),
+            "muxflow_offline_limit_enforced_by{node=\"n1\",gpu=\"1\",job=\"12\",limit=\"memory\",by=\"kernel\"} 1\n".into(),
+            "muxflow_offline_limit_enforced_by{node=\"n1\",gpu=\"1\",job=\"12\",limit=\"sm\",by=\"xcuda\"} 1\n".into(),
             format!("muxflow_xcuda_delayed_launches_total{job} 8\n"),
             format!("muxflow_xcuda_delay_seconds_total{job} 3\n"),
             format!("muxflow_xcuda_oom_refusals_total{job} 4\n"),

@@ -15,6 +15,7 @@
 //! | `not_mps` | it is on the GPU but not a client of the GPU's MPS server |
 //! | `no_xcuda` | xCUDA is not mapped in it (`/proc/<pid>/maps`) |
 //! | `priority` | it started with `CUDA_MPS_CLIENT_PRIORITY` other than 1 |
+//! | `sm_partition` | the job has a static SM partition and it started with another `CUDA_MPS_SM_PARTITION` |
 //! | `sm_pct` | its `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` is missing or above the job's |
 //! | `mem_limit` | its `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` is missing or above the job's cap |
 //! | `mem_used` | NVML reports it using more GPU memory than the job's cap |
@@ -71,14 +72,23 @@ pub struct Verdict {
 }
 
 /// The MPS settings a client reads from its environment at its start.
-const ENV_VARS: [&str; 3] = [
+const ENV_VARS: [&str; 4] = [
     "CUDA_MPS_CLIENT_PRIORITY",
     "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
     "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+    muxflow::sm_partition::ENV,
 ];
 
-/// Checks one process of job `limits.job_id` seen on GPU `gpu`.
-pub fn check(facts: &Facts, limits: &JobLimits, gpu: u32) -> Option<Verdict> {
+/// Checks one process of job `limits.job_id` seen on GPU `gpu`;
+/// `partition`: the job's static SM partition there, if it has one (the
+/// driver holds a client to the partition it names, so the name is what
+/// is policed: another job's would give it that job's SMs).
+pub fn check(
+    facts: &Facts,
+    limits: &JobLimits,
+    gpu: u32,
+    partition: Option<&str>,
+) -> Option<Verdict> {
     let v = |code, reason: String| Some(Verdict { code, reason });
     if gpu != limits.gpu {
         return v(
@@ -112,6 +122,19 @@ pub fn check(facts: &Facts, limits: &JobLimits, gpu: u32) -> Option<Verdict> {
                 env("CUDA_MPS_CLIENT_PRIORITY").unwrap_or("(unset)")
             ),
         );
+    }
+    if let Some(want) = partition {
+        let given = env(muxflow::sm_partition::ENV);
+        if given.map(str::trim) != Some(want) {
+            return v(
+                "sm_partition",
+                format!(
+                    "it started with {}={} instead of the job's partition {want}",
+                    muxflow::sm_partition::ENV,
+                    given.unwrap_or("(unset)")
+                ),
+            );
+        }
     }
     let pct = env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE");
     if pct
@@ -241,7 +264,8 @@ pub fn police_gpu(
             let peak = peaks.entry(job).or_insert(0);
             *peak = peak.saturating_add(mib);
         }
-        let Some(verdict) = check(&facts, &limits, gpu) else {
+        let partition = ns.sm_partition(gpu, job).map(|p| p.id);
+        let Some(verdict) = check(&facts, &limits, gpu, partition.as_deref()) else {
             continue;
         };
         // A process NVML saw before it showed in the server's list (it was
@@ -988,6 +1012,7 @@ mod tests {
             sm_pct: 30,
             mem_cap_mib: Some(60000),
             xcuda: XcudaEnv::from_config(&Xcuda::default(), 1),
+            enforced_by: Default::default(),
         }
     }
 
@@ -1112,10 +1137,27 @@ mod tests {
             let mut f = good();
             (c.change)(&mut f);
             assert_eq!(
-                check(&f, &limits(), c.gpu).map(|v| v.code),
+                check(&f, &limits(), c.gpu, None).map(|v| v.code),
                 c.code,
                 "{}",
                 c.name
+            );
+        }
+        // With a static SM partition: the job's own, named exactly.
+        let mine = "GPU-1/p2";
+        for (name, given, code) in [
+            ("its partition", Some(mine), None),
+            ("unset", None, Some("sm_partition")),
+            ("the online job's", Some("GPU-1/p1"), Some("sm_partition")),
+        ] {
+            let mut f = good();
+            if let Some(g) = given {
+                f.env.insert(muxflow::sm_partition::ENV.into(), g.into());
+            }
+            assert_eq!(
+                check(&f, &limits(), 1, Some(mine)).map(|v| v.code),
+                code,
+                "{name}"
             );
         }
     }

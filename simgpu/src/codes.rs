@@ -48,6 +48,10 @@ pub mod cu {
                 "CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE",
                 "the graph update was not performed because it included changes which violated constraints specific to instantiated graph update",
             ),
+            INVALID_RESOURCE_CONFIGURATION => (
+                "CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION",
+                "the provided execution affinity is not valid",
+            ),
             UNKNOWN => ("CUDA_ERROR_UNKNOWN", "unknown error"),
             _ => return None,
         })

@@ -42,6 +42,17 @@ pub struct GpuConfig {
     /// demand / sm_count)` times longer. Default [`SHARED_PATH_SLOWDOWN`].
     #[serde(default = "default_shared_path_slowdown")]
     pub shared_path_slowdown: f64,
+    /// SMs in one chunk of MPS static SM partitioning (`sm_partition add
+    /// <uuid> <chunks>`): NVIDIA documents that the unit is
+    /// architecture-dependent, not its size; 4 is what users report for
+    /// Ampere data-centre GPUs, taken here for every simulated GPU (a guess;
+    /// simgpu/README.md, "Static SM partitions").
+    #[serde(default = "default_sm_per_chunk")]
+    pub sm_per_chunk: u32,
+}
+
+fn default_sm_per_chunk() -> u32 {
+    4
 }
 
 /// The two contention modes a simulated GPU can follow.
@@ -120,6 +131,7 @@ impl GpuConfig {
             compute_capability: default_compute_capability(),
             model: GpuModel::default(),
             shared_path_slowdown: SHARED_PATH_SLOWDOWN,
+            sm_per_chunk: default_sm_per_chunk(),
         }
     }
 

@@ -17,6 +17,7 @@ pub mod abi;
 pub mod codes;
 pub mod config;
 pub mod cudaload;
+pub mod dmem;
 pub mod faults;
 pub mod model;
 pub mod mps;

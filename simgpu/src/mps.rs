@@ -29,6 +29,11 @@ use std::path::{Path, PathBuf};
 /// NVIDIA's documented flag for multi-user server mode (MPS docs,
 /// "Provisioning sequence"): clients of every user share one root server.
 pub const MULTIUSER_FLAG: &str = "-multiuser-server";
+/// Static SM partitioning mode (`-S`, `--static-partitioning`; MPS docs,
+/// Legacy MPS v2 Interface): set at the daemon's start only.
+pub const STATIC_FLAGS: [&str; 2] = ["-S", "--static-partitioning"];
+/// The partition a client binds to, by the id `sm_partition add` printed.
+pub const ENV_PARTITION: &str = "CUDA_MPS_SM_PARTITION";
 pub const ENV_PIPE: &str = "CUDA_MPS_PIPE_DIRECTORY";
 pub const ENV_LOG: &str = "CUDA_MPS_LOG_DIRECTORY";
 pub const ENV_PCT: &str = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE";
@@ -131,6 +136,8 @@ pub struct Grant {
     pub server: i32,
     pub thread_pct: Option<u32>,
     pub mem: MemLimits,
+    /// The SMs of the client's static partition (static mode only).
+    pub sms: Option<u32>,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -138,18 +145,32 @@ pub enum ConnectReply {
     Ok(Grant),
     /// A server of another user is busy (no multi-user mode): wait, like real MPS.
     Wait,
+    /// Static partitioning mode and no valid partition named.
+    NoPartition,
 }
 
-pub fn connect(pipe_dir: &Path, pid: i32, uid: u32) -> std::io::Result<ConnectReply> {
-    let r = request(pipe_dir, &format!("@connect {pid} {uid}"))?;
+/// `partition`: the client's `CUDA_MPS_SM_PARTITION`, if any.
+pub fn connect(
+    pipe_dir: &Path,
+    pid: i32,
+    uid: u32,
+    partition: Option<&str>,
+) -> std::io::Result<ConnectReply> {
+    let part = partition
+        .map(str::trim)
+        .filter(|p| !p.is_empty() && !p.contains(char::is_whitespace))
+        .unwrap_or("-");
+    let r = request(pipe_dir, &format!("@connect {pid} {uid} {part}"))?;
     let w: Vec<&str> = r.split_whitespace().collect();
     match w.as_slice() {
-        ["ok", server, pct, mem] => Ok(ConnectReply::Ok(Grant {
+        ["ok", server, pct, mem, sms] => Ok(ConnectReply::Ok(Grant {
             server: server.parse().unwrap_or(0),
             thread_pct: pct.parse().ok(),
             mem: MemLimits::decode(mem),
+            sms: sms.parse().ok(),
         })),
         ["wait"] => Ok(ConnectReply::Wait),
+        ["no_partition"] => Ok(ConnectReply::NoPartition),
         _ => Err(std::io::Error::other(format!("bad MPS reply {r:?}"))),
     }
 }
@@ -233,11 +254,40 @@ struct Server {
     sticky: Vec<i32>,
 }
 
+/// A device the daemon can partition: its UUID, SM count and chunk size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Device {
+    pub uuid: String,
+    pub sm_count: u32,
+    pub sm_per_chunk: u32,
+}
+
+impl Device {
+    pub fn chunks(&self) -> u32 {
+        self.sm_count / self.sm_per_chunk.max(1)
+    }
+}
+
+/// A static SM partition: `<uuid>/<opaque>` as NVIDIA prints it.
+struct Partition {
+    id: String,
+    uuid: String,
+    chunks: u32,
+    sms: u32,
+    clients: Vec<i32>,
+}
+
 /// The daemon's state; `run` serves until `quit`.
 pub struct Daemon {
     pub pipe_dir: PathBuf,
     pub log_dir: PathBuf,
     pub multiuser: bool,
+    /// Started with `-S`: every client must name a partition.
+    pub static_partitioning: bool,
+    /// The GPUs it may partition (its visible devices).
+    pub devices: Vec<Device>,
+    partitions: Vec<Partition>,
+    next_partition: u32,
     default_pct: Option<u32>,
     default_mem: MemLimits,
     servers: Vec<Server>,
@@ -284,9 +334,20 @@ impl Daemon {
                 .and_then(|v| MemLimits::parse(&v))
                 .unwrap_or_default(),
             servers: Vec::new(),
+            static_partitioning: false,
+            devices: Vec::new(),
+            partitions: Vec::new(),
+            next_partition: 1,
             // SAFETY: getpid has no preconditions.
             pid: unsafe { libc::getpid() },
         }
+    }
+
+    /// In static SM partitioning mode, over `devices`.
+    pub fn with_static_partitions(mut self, devices: Vec<Device>) -> Self {
+        self.static_partitioning = true;
+        self.devices = devices;
+        self
     }
 
     fn control_log(&self, msg: &str) {
@@ -314,8 +375,8 @@ impl Daemon {
         // SAFETY: ignoring SIGCHLD makes the kernel reap exited servers.
         unsafe { libc::signal(libc::SIGCHLD, libc::SIG_IGN) };
         self.control_log(&format!(
-            "Starting control daemon (multiuser={}, default_active_thread_percentage={:?})",
-            self.multiuser, self.default_pct
+            "Starting control daemon (multiuser={}, static_partitioning={}, default_active_thread_percentage={:?})",
+            self.multiuser, self.static_partitioning, self.default_pct
         ));
         for conn in listener.incoming() {
             let Ok(mut conn) = conn else { continue };
@@ -362,6 +423,9 @@ impl Daemon {
         for (spid, c) in gone {
             self.client_gone(spid, c, "exited");
         }
+        for p in &mut self.partitions {
+            p.clients.retain(|&c| crate::shared::pid_alive(c));
+        }
     }
 
     fn client_gone(&mut self, spid: i32, c: i32, how: &str) {
@@ -370,6 +434,9 @@ impl Daemon {
         let mut recovered = false;
         if let Some(s) = self.servers.iter_mut().find(|s| s.pid == spid) {
             s.clients.retain(|&x| x != c);
+            for p in &mut self.partitions {
+                p.clients.retain(|&x| x != c);
+            }
             let had = !s.sticky.is_empty();
             s.sticky.retain(|&x| x != c && crate::shared::pid_alive(x));
             recovered = had && s.sticky.is_empty();
@@ -408,7 +475,10 @@ impl Daemon {
         }
         let pid = peer.pid;
         match w.as_slice() {
-            ["@connect", _, _] => self.connect(pid, peer.uid),
+            ["@connect", _, _, part] => {
+                let part = (*part != "-").then_some(*part);
+                self.connect(pid, peer.uid, part)
+            }
             ["@disconnect", _] => {
                 if let Some(s) = self.servers.iter().find(|s| s.clients.contains(&pid)) {
                     let spid = s.pid;
@@ -512,12 +582,113 @@ impl Daemon {
                     _ => "Client not found\n".into(),
                 }
             }
+            ["sm_partition", "add", uuid, chunks] => self.partition_add(uuid, chunks),
+            ["sm_partition", "rm", uuid, id] => self.partition_rm(uuid, id),
+            ["lspart"] => self.lspart(),
             _ => format!("Unknown command: {line}\n"),
         };
         (reply, false)
     }
 
-    fn connect(&mut self, pid: i32, uid: u32) -> String {
+    /// `sm_partition add <device UUID> <number of chunks>`: `Partition
+    /// <id> created` (the form users report NVIDIA's daemon prints).
+    fn partition_add(&mut self, uuid: &str, chunks: &str) -> String {
+        if !self.static_partitioning {
+            return "Static partitioning mode is not enabled (start the daemon with -S)\n".into();
+        }
+        let Some(dev) = self.devices.iter().find(|d| d.uuid == uuid).cloned() else {
+            return format!("Device {uuid} not found\n");
+        };
+        let Some(chunks) = chunks.parse::<u32>().ok().filter(|&c| c > 0) else {
+            return "Invalid number of chunks\n".into();
+        };
+        let used: u32 = self
+            .partitions
+            .iter()
+            .filter(|p| p.uuid == uuid)
+            .map(|p| p.chunks)
+            .sum();
+        if used + chunks > dev.chunks() {
+            return format!(
+                "Failed to create partition: {chunks} chunks requested, {} free\n",
+                dev.chunks() - used
+            );
+        }
+        let id = format!("{uuid}/p{}", self.next_partition);
+        self.next_partition += 1;
+        self.partitions.push(Partition {
+            id: id.clone(),
+            uuid: uuid.to_string(),
+            chunks,
+            sms: chunks * dev.sm_per_chunk,
+            clients: Vec::new(),
+        });
+        format!("Partition {id} created\n")
+    }
+
+    /// `sm_partition rm <device UUID> <partition>`; refused while a client
+    /// is bound to it (a guess: NVIDIA does not say).
+    fn partition_rm(&mut self, uuid: &str, id: &str) -> String {
+        let Some(at) = self
+            .partitions
+            .iter()
+            .position(|p| p.uuid == uuid && p.id == id)
+        else {
+            return format!("Partition {id} not found\n");
+        };
+        if !self.partitions[at].clients.is_empty() {
+            return format!("Partition {id} is in use\n");
+        }
+        self.partitions.remove(at);
+        format!("Partition {id} removed\n")
+    }
+
+    /// `lspart`: per device `<uuid> free chunks F, used chunks U, free SM
+    /// FS, used SM US`, then its partitions (the layout users report; a
+    /// guess at the exact words).
+    fn lspart(&self) -> String {
+        let mut out = String::new();
+        for d in &self.devices {
+            let mine: Vec<&Partition> = self
+                .partitions
+                .iter()
+                .filter(|p| p.uuid == d.uuid)
+                .collect();
+            let used: u32 = mine.iter().map(|p| p.chunks).sum();
+            let free = d.chunks().saturating_sub(used);
+            out += &format!(
+                "{} free chunks {free}, used chunks {used}, free SM {}, used SM {}\n",
+                d.uuid,
+                free * d.sm_per_chunk,
+                used * d.sm_per_chunk
+            );
+            for p in mine {
+                out += &format!("partition {}: {} chunks, {} SM\n", p.id, p.chunks, p.sms);
+            }
+        }
+        out
+    }
+
+    fn connect(&mut self, pid: i32, uid: u32, partition: Option<&str>) -> String {
+        // Static mode: a client must name a partition of this daemon.
+        let mut sms = None;
+        if self.static_partitioning {
+            let Some(p) = self
+                .partitions
+                .iter_mut()
+                .find(|p| Some(p.id.as_str()) == partition)
+            else {
+                self.control_log(&format!(
+                    "NEW CLIENT {pid} from user {uid}: no valid {ENV_PARTITION} ({}) in static partitioning mode; refused",
+                    partition.unwrap_or("unset")
+                ));
+                return "no_partition\n".into();
+            };
+            if !p.clients.contains(&pid) {
+                p.clients.push(pid);
+            }
+            sms = Some(p.sms);
+        }
         let want_uid = if self.multiuser { 0 } else { uid };
         let idx = match self
             .servers
@@ -570,8 +741,9 @@ impl Daemon {
         let (spid, pct, mem) = (s.pid, s.thread_pct, s.mem.encode());
         self.server_log(spid, &format!("New client {pid} connected"));
         format!(
-            "ok {spid} {} {mem}\n",
-            pct.map_or("-".to_string(), |p| p.to_string())
+            "ok {spid} {} {mem} {}\n",
+            pct.map_or("-".to_string(), |p| p.to_string()),
+            sms.map_or("-".to_string(), |n| n.to_string())
         )
     }
 }
@@ -579,6 +751,61 @@ impl Daemon {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn static_partitions_follow_the_documented_commands() {
+        let d = tempfile::tempdir().unwrap();
+        let uuid = "GPU-51a0c0de-0000-4000-8000-000001000000";
+        let dev = Device {
+            uuid: uuid.into(),
+            sm_count: 132,
+            sm_per_chunk: 4,
+        };
+        let me = Peer {
+            pid: std::process::id() as i32,
+            uid: 0,
+        };
+        let mut plain = Daemon::new(d.path().join("p0"), d.path().join("l0"), true);
+        let (r, _) = plain.handle(&format!("sm_partition add {uuid} 4"), me);
+        assert!(r.contains("not enabled"), "{r}");
+        let mut sd = Daemon::new(d.path().join("p"), d.path().join("l"), true)
+            .with_static_partitions(vec![dev]);
+        let mut ui = |line: &str| sd.handle(line, me).0;
+        assert_eq!(
+            ui("lspart"),
+            format!("{uuid} free chunks 33, used chunks 0, free SM 132, used SM 0\n")
+        );
+        assert_eq!(
+            ui(&format!("sm_partition add {uuid} 24")),
+            format!("Partition {uuid}/p1 created\n")
+        );
+        assert!(
+            ui(&format!("sm_partition add {uuid} 10")).starts_with("Failed"),
+            "past the free chunks"
+        );
+        assert!(ui("sm_partition add GPU-x 1").contains("not found"));
+        assert_eq!(
+            ui(&format!("sm_partition add {uuid} 9")),
+            format!("Partition {uuid}/p2 created\n")
+        );
+        let listed = ui("lspart");
+        assert!(
+            listed.starts_with(&format!("{uuid} free chunks 0, used chunks 33,")),
+            "{listed}"
+        );
+        assert!(
+            listed.contains(&format!("partition {uuid}/p2: 9 chunks, 36 SM")),
+            "{listed}"
+        );
+        // A client naming no partition, or one that is not there, is refused.
+        for part in ["-", "GPU-x/p9"] {
+            let (r, _) = sd.handle(&format!("@connect {} 0 {part}", me.pid), me);
+            assert_eq!(r, "no_partition\n", "{part}");
+        }
+        let (r, _) = sd.handle(&format!("sm_partition rm {uuid} {uuid}/p2"), me);
+        assert_eq!(r, format!("Partition {uuid}/p2 removed\n"));
+        assert!(sd.handle("lspart", me).0.contains("free chunks 9,"));
+    }
 
     #[test]
     fn sizes_and_limits() {

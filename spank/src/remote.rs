@@ -15,9 +15,8 @@
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use muxflow::limits::{JobLimits, StopBounds};
+use muxflow::limits::{EnforcedBy, Enforcer, JobLimits, StopBounds};
 use muxflow::node_state::{write_atomic, NodeState};
-use muxflow::policy::offline_slot_share;
 use muxflow::report::{add_peers, JobReport};
 use muxflow::slurm_cli::{OfflineJob, Scontrol};
 use muxflow::slurm_version::{SLURM_BATCH_SCRIPT, SLURM_EXTERN_CONT, SLURM_INTERACTIVE_STEP};
@@ -163,6 +162,12 @@ impl RemoteState {
             "CUDA_MPS_CLIENT_PRIORITY",
             if mode == Mode::Offline { "1" } else { "0" },
         );
+        // The job's static SM partition, where its GPU's daemon has them (the
+        // Prolog made it); an offline job's is set again per GPU below.
+        unset(spank, muxflow::sm_partition::ENV);
+        if let Some(p) = state.sm_partition(gpu, job_id) {
+            set(spank, muxflow::sm_partition::ENV, &p.id);
+        }
 
         let mut ctx = ReportContext {
             config: config.clone(),
@@ -251,26 +256,24 @@ impl RemoteState {
             // The job's limits are fixed by its first step: a later step
             // (srun) gets the same, so the node never polices a running
             // process against limits it did not start with.
-            let (sm_pct, cap) = match JobLimits::read_trusted(&dir, ctx.job_id, 0) {
-                Ok((l, _)) if l.gpu == gpu => (l.sm_pct, l.mem_cap_mib),
+            let (sm_pct, cap, enforced_by) = match JobLimits::read_trusted(&dir, ctx.job_id, 0) {
+                Ok((l, _)) if l.gpu == gpu => (l.sm_pct, l.mem_cap_mib, l.enforced_by),
                 _ => {
-                    let mut facts = state.facts(gpu)?;
-                    if partner(state, gpu, ctx.job_id, Mode::Offline).is_none() {
-                        // No online job on the GPU now (issue 15: idle GPUs
-                        // take offline work): the recorded figures are a
-                        // departed one's.
-                        facts = facts.without_online();
-                    }
-                    // Its slots' part of the GPU ([policy] offline_per_gpu
-                    // > 1 splits it into N parts; the Prolog recorded how
-                    // many of them Slurm gave the job there).
-                    let slots = state
-                        .jobs(gpu)?
-                        .iter()
-                        .find(|r| r.job_id == ctx.job_id)
-                        .map_or(1, |r| r.slot_count());
-                    let share = offline_slot_share(&config.policy, &facts, slots);
-                    (share.sm_pct, share.mem_cap_mib)
+                    // Its slots' part of the policy's share, for the GPU's
+                    // online job or (issue 15: idle GPUs take offline work)
+                    // for none.
+                    let share = state.offline_share(&config.policy, gpu, ctx.job_id)?;
+                    // A static SM partition the Prolog made holds the job
+                    // to its SMs in the driver: its share is the partition's.
+                    let (sm_pct, sm_by) = match state.sm_partition(gpu, ctx.job_id) {
+                        Some(p) => (p.percent(), Enforcer::Driver),
+                        None => (share.sm_pct, Enforcer::Xcuda),
+                    };
+                    let enforced_by = EnforcedBy {
+                        mem: kernel_cap(config, state, ctx.job_id, gpu, share.mem_cap_mib),
+                        sm: sm_by,
+                    };
+                    (sm_pct, share.mem_cap_mib, enforced_by)
                 }
             };
             if n == 0 {
@@ -307,6 +310,7 @@ impl RemoteState {
                 sm_pct,
                 mem_cap_mib: cap,
                 xcuda: env,
+                enforced_by,
             };
             // A latest release an online job's Prolog set stays (a later
             // step must not take it away).
@@ -336,6 +340,10 @@ impl RemoteState {
                 (
                     "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
                     cap.map(|mib| format!("0={mib}M")),
+                ),
+                (
+                    muxflow::sm_partition::ENV,
+                    state.sm_partition(gpu, ctx.job_id).map(|p| p.id),
                 ),
                 (
                     xcuda_env::LIMITS_DIR,
@@ -653,6 +661,7 @@ fn prepare_online(
         sm_pct: 100,
         mem_cap_mib: None,
         xcuda: env,
+        enforced_by: Default::default(),
     };
     // No stop bounds: xCUDA in counting mode holds no gate to release.
     write_limits(&dir, &limits, &StopBounds::default(), spank.job_gid()?)?;
@@ -662,6 +671,43 @@ fn prepare_online(
     set(spank, xcuda_env::LIMITS_DIR, dir.to_string_lossy().as_ref());
     preload_xcuda(spank, xcuda);
     Ok(())
+}
+
+/// The kernel's cap on offline job `job`'s memory on GPU `gpu`, at its first
+/// step (root, in slurmstepd, where the job's cgroup exists): `cap_mib`
+/// written to the job cgroup's `dmem.max` for the GPU's region, where the
+/// Prolog found one ([`muxflow::dmem`]). Kernel when written and read
+/// back; else xCUDA's cap (with the police) as before, the reason logged.
+fn kernel_cap(
+    config: &Config,
+    state: &NodeState,
+    job: u32,
+    gpu: u32,
+    cap_mib: Option<u64>,
+) -> Enforcer {
+    let (Some(cap), Some(region)) = (cap_mib, state.dmem_region(gpu)) else {
+        return Enforcer::Xcuda;
+    };
+    // slurmstepd's own cgroup, from the kernel: it lies in the job's.
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let root = config.paths.cgroup_root.as_path();
+    match muxflow::dmem::cap_job(root, &own, job, &region, cap.saturating_mul(1 << 20)) {
+        Ok(max) => {
+            tracing::info!(
+                job,
+                gpu,
+                region,
+                cap_mib = cap,
+                "GPU memory cap set in {}",
+                max.display()
+            );
+            Enforcer::Kernel
+        }
+        Err(e) => {
+            tracing::warn!(job, gpu, "GPU memory cap left to xCUDA: {e}");
+            Enforcer::Xcuda
+        }
+    }
 }
 
 /// Puts the admin's xCUDA first in the step's `LD_PRELOAD` (de-duplicated).
@@ -751,6 +797,11 @@ fn build_report(ctx: &ReportContext) -> JobReport {
         .collect();
     if let Some(text) = read_root_file(&state.terminated_by_other_file(ctx.job_id)) {
         r.terminated_by_other = Some(text.lines().count() as u32).filter(|&n| n > 0);
+    }
+    if ctx.mode == Mode::Offline {
+        r.enforced_by = JobLimits::read_trusted(&state.limits_dir(), ctx.job_id, 0)
+            .ok()
+            .map(|(l, _)| l.enforced_by.to_string());
     }
     if let Some(text) = read_root_file(&state.policed_file(ctx.job_id)) {
         let codes = muxflow::limits::policed_codes(&text);

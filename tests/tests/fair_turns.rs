@@ -15,12 +15,7 @@ fn one_users_long_queue_does_not_take_the_whole_round() {
     let c = Cluster::get();
     c.cancel_named(PREFIX);
     let _cancel = CancelNamed(&c, PREFIX);
-    let nodes = ["node1", "node2", "node3", "node4"];
-    for node in nodes {
-        for gpu in 0..2 {
-            c.wait_gpu_healthy(node, gpu);
-        }
-    }
+    c.wait_all_gpus_healthy();
     let script = "#!/bin/sh\nexec sleep 300\n";
     let submit = |user: &str, name: &str| {
         c.sbatch_as(

@@ -15,12 +15,7 @@ fn unplaceable_jobs_of_one_user_do_not_hold_the_round_for_another() {
     let c = Cluster::get();
     c.cancel_named(PREFIX);
     let _cancel = CancelNamed(&c, PREFIX);
-    let nodes = ["node1", "node2", "node3", "node4"];
-    for node in nodes {
-        for gpu in 0..2 {
-            c.wait_gpu_healthy(node, gpu);
-        }
-    }
+    c.wait_all_gpus_healthy();
     let script = "#!/bin/sh\nexec sleep 300\n";
     // Submitted while no matcher wrote the cluster's shape (it was down),
     // job_submit.lua cannot refuse them (tests/submit_shape.rs): they reach

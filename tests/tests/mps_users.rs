@@ -15,7 +15,7 @@
 //! cluster, so the steps must not run in parallel with each other.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use muxflow_tests::{decision, CancelNamed, Cluster};
 
@@ -71,34 +71,6 @@ impl Drop for ComputeCapability<'_> {
     }
 }
 
-/// The MPS log directory of `node`'s GPU `gpu` (the cluster's
-/// `mps_log_root`).
-fn mps_log(c: &Cluster, node: &str, gpu: u32, file: &str) -> String {
-    let path = c
-        .node_path("var/log/muxflow/{node}/mps", node)
-        .join(gpu.to_string())
-        .join(file);
-    std::fs::read_to_string(&path).unwrap_or_default()
-}
-
-/// Waits until `node`'s GPU `gpu` has no MPS daemon (the Epilog of its last
-/// muxflow job stops it).
-fn wait_daemon_gone(c: &Cluster, node: &str, gpu: u32) {
-    let control = c
-        .node_path("var/run/muxflow/{node}/mps", node)
-        .join(gpu.to_string())
-        .join("control");
-    let start = Instant::now();
-    while control.exists() {
-        assert!(
-            start.elapsed() < WAIT,
-            "{node} gpu{gpu}: the MPS daemon outlived its last job ({})",
-            control.display()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 fn offline_as(c: &Cluster, user: Option<&str>, name: &str) -> u32 {
     let script = format!(
         "#!/bin/sh\n{}\n",
@@ -133,7 +105,8 @@ fn another_users_job_shares_only_a_gpu_whose_daemon_runs_multi_user() {
         "a Hopper GPU's daemon runs multi-user"
     );
     assert!(
-        mps_log(&c, NODE, gpu, "control.log").contains("multiuser=true"),
+        c.mps_log(NODE, gpu, "control.log")
+            .contains("multiuser=true"),
         "the Prolog started the daemon without {}",
         muxflow::mps::MULTIUSER_FLAG
     );
@@ -158,15 +131,15 @@ fn another_users_job_shares_only_a_gpu_whose_daemon_runs_multi_user() {
         .find_map(|l| l.strip_prefix("pid=").map(str::to_string))
         .unwrap_or_else(|| panic!("no pid line: {}", c.output(theirs)));
     assert!(
-        mps_log(&c, NODE, gpu, "control.log").contains(&format!(
+        c.mps_log(NODE, gpu, "control.log").contains(&format!(
             "NEW CLIENT {pid} from user 65534: Server already exists"
         )),
         "nobody's client did not join root's server: {}",
-        mps_log(&c, NODE, gpu, "control.log")
+        c.mps_log(NODE, gpu, "control.log")
     );
     c.scancel(&[online]);
     c.wait(online, WAIT);
-    wait_daemon_gone(&c, NODE, gpu);
+    c.wait_mps_daemon_gone(NODE, gpu, WAIT);
 
     // 2. A GPU without the mode (pre-Volta): one user at a time.
     let _cc = ComputeCapability::set(&c, NODE, "6.0");
@@ -176,14 +149,15 @@ fn another_users_job_shares_only_a_gpu_whose_daemon_runs_multi_user() {
         !c.published_gpu(NODE, gpu).multiuser
     });
     assert!(
-        mps_log(&c, NODE, gpu, "control.log").contains("multiuser=false"),
+        c.mps_log(NODE, gpu, "control.log")
+            .contains("multiuser=false"),
         "{}",
-        mps_log(&c, NODE, gpu, "control.log")
+        c.mps_log(NODE, gpu, "control.log")
     );
     assert!(
-        mps_log(&c, NODE, gpu, "muxflow-mode").contains("below 7.0"),
+        c.mps_log(NODE, gpu, "muxflow-mode").contains("below 7.0"),
         "{}",
-        mps_log(&c, NODE, gpu, "muxflow-mode")
+        c.mps_log(NODE, gpu, "muxflow-mode")
     );
     let theirs = offline_as(&c, Some(OTHER_USER), &format!("{PREFIX}theirs-old"));
     let own = offline_as(&c, None, &format!("{PREFIX}own-old"));

@@ -5,18 +5,12 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use muxflow::health::HealthState;
-use muxflow_tests::{target, Cluster};
+use muxflow_tests::{one_at_a_time, target, Cluster};
 
 const WAIT: Duration = Duration::from_secs(90);
-
-fn one_at_a_time() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 fn sh(cmd: &str) -> (bool, String) {
     let out = Command::new("sh").arg("-c").arg(cmd).output().unwrap();
@@ -158,7 +152,18 @@ impl<'a> CtldDown<'a> {
 
 impl Drop for CtldDown<'_> {
     fn drop(&mut self) {
-        let ok = self.c.cmd("slurmctld").status().unwrap().success();
+        // As scripts/devcluster starts it: job_submit.lua reads the
+        // cluster's shape from the path in its environment.
+        let ok = self
+            .c
+            .cmd("slurmctld")
+            .env(
+                "MUXFLOW_SHAPE_FILE",
+                self.c.dir.join("var/lib/muxflow-matcher/cluster-shape"),
+            )
+            .status()
+            .unwrap()
+            .success();
         let start = Instant::now();
         loop {
             let mut ping = self.c.cmd("scontrol");

@@ -19,24 +19,6 @@ use muxflow_tests::{kv, Cluster};
 
 const WAIT: Duration = Duration::from_secs(60);
 
-/// Submits `script` as `nobody` in offline mode and places it beside the
-/// online job on `node`'s GPU `gpu`.
-fn offline_as_nobody(c: &Cluster, name: &str, node: &str, gpu: u32, script: &str) -> u32 {
-    let id = c
-        .sbatch(
-            &[
-                "--muxflow=offline",
-                muxflow_tests::AS_NOBODY,
-                "--job-name",
-                name,
-            ],
-            script,
-        )
-        .unwrap_or_else(|e| panic!("sbatch {name}: {e}"));
-    c.place(id, node, gpu);
-    id
-}
-
 /// The job's AdminComment once sacct has its final record.
 fn admin_comment(c: &Cluster, id: u32, done: &str) -> JobReport {
     let line = c.sacct_until(id, "AdminComment", |l| l.contains(done));
@@ -133,7 +115,7 @@ fn a_job_that_drops_its_limits_is_evicted_and_told_why_and_the_online_job_runs_o
             a.shell,
             c.workload("offline --duration 90 --alloc-mib 512")
         );
-        let offline = offline_as_nobody(&c, "mfl-drop", node, gpu, &script);
+        let offline = c.offline_as_nobody("mfl-drop", node, gpu, &script);
         c.wait_running(offline, WAIT);
         let out = c.wait_output(offline, "pid=", WAIT);
         let pid = kv(&out.replace('\n', " "), "pid").unwrap();
@@ -226,7 +208,7 @@ fn xcuda_settings_in_the_jobs_environment_change_nothing() {
          echo workload-exit=$?\n",
         c.workload("offline --duration 5 --alloc-mib 80000")
     );
-    let offline = offline_as_nobody(&c, "mfe-env", node, gpu, &script);
+    let offline = c.offline_as_nobody("mfe-env", node, gpu, &script);
     let end = c.wait(offline, WAIT);
     assert_eq!(end.state, "COMPLETED", "{end:?}");
     let out = c.output(offline);
@@ -273,7 +255,7 @@ fn forged_figures_in_the_jobs_own_files_are_refused_or_marked_as_claims() {
          echo \"launches=18446744073709551615 delayed=0 delay_us=0 oom=0 peak_bytes=99999999999999999\" > \"$dir/xcuda.99999\"\n\
          echo wrote\n"
     );
-    let offline = offline_as_nobody(&c, "mff-forge", node, gpu, &script);
+    let offline = c.offline_as_nobody("mff-forge", node, gpu, &script);
     let end = c.wait(offline, WAIT);
     assert_eq!(end.state, "COMPLETED", "{end:?} {}", c.output(offline));
     let line = c.sacct_until(offline, "AdminComment", |l| l.contains("claims_refused="));
@@ -312,7 +294,7 @@ fn a_cancelled_offline_job_keeps_its_record() {
     let node = "node2";
     let gpu = 1;
     let script = format!("#!/bin/sh\n{}\n", c.workload("offline --duration 120"));
-    let offline = offline_as_nobody(&c, "mfc-cancel", node, gpu, &script);
+    let offline = c.offline_as_nobody("mfc-cancel", node, gpu, &script);
     c.wait_running(offline, WAIT);
     c.wait_output(offline, "pid=", WAIT);
     // Running on the GPU for a moment, so there are figures to record.
@@ -357,7 +339,7 @@ fn an_offline_job_posing_as_its_online_partner_is_still_evicted_on_an_xid() {
          echo workload-exit=$?\n",
         c.workload("offline --duration 90")
     );
-    let offline = offline_as_nobody(&c, "mfj-pose", node, gpu, &script);
+    let offline = c.offline_as_nobody("mfj-pose", node, gpu, &script);
     c.wait_running(offline, WAIT);
     let out = c.wait_output(offline, "pid=", WAIT);
     let pid = kv(&out.replace('\n', " "), "pid").unwrap();

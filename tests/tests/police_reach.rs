@@ -33,18 +33,7 @@ fn a_job_relaunching_on_another_gpu_is_stopped_each_time_and_cancelled_at_the_li
          CUDA_VISIBLE_DEVICES={other} {}\necho try-$i-exit=$?\ndone\n",
         c.workload("offline --duration 60 --alloc-mib 256")
     );
-    let offline = c
-        .sbatch(
-            &[
-                "--muxflow=offline",
-                muxflow_tests::AS_NOBODY,
-                "--job-name",
-                &format!("{PREFIX}offline"),
-            ],
-            &script,
-        )
-        .unwrap();
-    c.place(offline, node, gpu);
+    let offline = c.offline_as_nobody(&format!("{PREFIX}offline"), node, gpu, &script);
     let end = c.wait(offline, WAIT);
     let out = c.output_or_empty(offline);
     assert_eq!(end.state, "CANCELLED", "{end:?}: {out}");

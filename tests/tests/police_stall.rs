@@ -64,18 +64,7 @@ fn processes_with_a_full_stderr_are_all_evicted_without_waiting_on_it() {
          done\n\
          wait $P\n"
     );
-    let offline = c
-        .sbatch(
-            &[
-                "--muxflow=offline",
-                muxflow_tests::AS_NOBODY,
-                "--job-name",
-                &format!("{PREFIX}offline"),
-            ],
-            &script,
-        )
-        .unwrap();
-    c.place(offline, node, gpu);
+    let offline = c.offline_as_nobody(&format!("{PREFIX}offline"), node, gpu, &script);
     c.wait_running(offline, WAIT);
     let start = Instant::now();
     let pids: Vec<String> = loop {

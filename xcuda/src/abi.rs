@@ -122,6 +122,10 @@ pub mod cu {
     pub const MPS_CLIENT_TERMINATED: u32 = 810;
     pub const STREAM_CAPTURE_INVALIDATED: u32 = 901;
     pub const GRAPH_EXEC_UPDATE_FAILURE: u32 = 910;
+    /// cuda.h: a client of a daemon in static SM partitioning mode without
+    /// a valid `CUDA_MPS_SM_PARTITION` (simgpu/README.md says where that
+    /// is a guess).
+    pub const INVALID_RESOURCE_CONFIGURATION: u32 = 915;
     pub const UNKNOWN: u32 = 999;
 }
 

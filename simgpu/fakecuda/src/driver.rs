@@ -341,9 +341,13 @@ fn mps_connect(p: &Proc) -> R<Option<(PathBuf, Grant)>> {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(30_000);
             let start = now_ns();
+            let partition = std::env::var(mps::ENV_PARTITION).ok();
             loop {
-                match mps::connect(&dir, p.pid, uid) {
+                match mps::connect(&dir, p.pid, uid, partition.as_deref()) {
                     Ok(ConnectReply::Ok(g)) => break Some((dir, g)),
+                    Ok(ConnectReply::NoPartition) => {
+                        return Err(cu::INVALID_RESOURCE_CONFIGURATION)
+                    }
                     Ok(ConnectReply::Wait) if now_ns() - start < wait_ms * 1_000_000 => {
                         std::thread::sleep(std::time::Duration::from_millis(100))
                     }
@@ -394,7 +398,14 @@ fn attach(p: &Proc, dev: usize) -> R<()> {
         // Without an MPS server the real driver ignores the MPS variables.
         None => (100, u64::MAX, 0, 0),
     };
-    let cap = model::sm_cap(d.cfg.sm_count, pct);
+    // The kernel's cap (cgroup dmem.max of the process's job), whatever
+    // the process's environment says: simgpu/src/dmem.rs.
+    let dmem = muxflow_simgpu::dmem::limit_for(&p.dir.root, &d.cfg, p.pid as u32);
+    let mem_limit = dmem.map_or(mem_limit, |k| k.min(mem_limit));
+    // A static partition holds the client to its SMs, whatever its own
+    // thread percentage says.
+    let partition_sms = mps.as_ref().and_then(|(_, g)| g.sms);
+    let cap = model::sm_cap(d.cfg.sm_count, pct).min(partition_sms.unwrap_or(u32::MAX));
     let mut t = d.gpu.lock();
     for dead in t.prune_dead() {
         p.dir
@@ -425,9 +436,11 @@ fn attach(p: &Proc, dev: usize) -> R<()> {
     } else {
         mem_limit.to_string()
     };
+    let dmem = dmem.map_or("none".to_string(), |b| b.to_string());
+    let part = partition_sms.map_or("none".to_string(), |n| n.to_string());
     p.dir.event(
         d.sim_index,
-        &format!("pid={} event=attach priority={prio} thread_pct={pct} sm_cap={cap} mem_limit={lim} mps_server={server}", p.pid),
+        &format!("pid={} event=attach priority={prio} thread_pct={pct} sm_cap={cap} mem_limit={lim} dmem_max={dmem} partition_sms={part} mps_server={server}", p.pid),
     );
     p.local().clients[dev] = Some(ClientState {
         thread_pct: pct,

@@ -64,6 +64,19 @@ enum Cmd {
         gpu: u32,
         fraction: f64,
     },
+    /// The version the simulated control daemon prints for `-v` (CUDA's
+    /// number, e.g. 13010: static SM partitioning, `-S`, needs 13010+), or
+    /// `none`: no `-v` and no `-S`, as before.
+    MpsVersion { dir: PathBuf, version: String },
+    /// Give a node's simulated kernel the cgroup v2 dmem controller (on), or
+    /// take it away (off): simgpu/README.md, "The dmem model".
+    Dmem {
+        dir: PathBuf,
+        #[arg(long)]
+        node: Option<String>,
+        /// on | off
+        state: String,
+    },
 }
 
 fn node_dir(dir: &std::path::Path, node: Option<&str>) -> PathBuf {
@@ -165,6 +178,36 @@ fn run() -> Result<(), String> {
             let g = d.open_gpu(gpu).map_err(|e| e.to_string())?;
             g.lock().external_ppm = (fraction.clamp(0.0, 1.0) * 1e6) as u32;
             d.event(gpu, &format!("event=external_load fraction={fraction}"));
+        }
+        Cmd::MpsVersion { dir, version } => {
+            let file = dir.join("mps_version");
+            match version.as_str() {
+                "none" => {
+                    let _ = std::fs::remove_file(&file);
+                }
+                v if v.parse::<u32>().is_ok() => std::fs::write(&file, format!("{v}\n"))
+                    .map_err(|e| format!("{}: {e}", file.display()))?,
+                other => {
+                    return Err(format!(
+                        "mps-version: '{other}' is neither a number nor none"
+                    ))
+                }
+            }
+            println!("mps_version={version}");
+        }
+        Cmd::Dmem { dir, node, state } => {
+            let d = muxflow_simgpu::SimDir::open(&node_dir(&dir, node.as_deref()))
+                .map_err(|e| e.to_string())?;
+            let done = match state.as_str() {
+                "on" => muxflow_simgpu::dmem::enable(&d.root, &d.gpus),
+                "off" => muxflow_simgpu::dmem::disable(&d.root),
+                other => return Err(format!("dmem: '{other}' is neither on nor off")),
+            };
+            done.map_err(|e| format!("dmem {state}: {e}"))?;
+            println!(
+                "dmem={state} root={}",
+                muxflow_simgpu::dmem::cgroup_root(&d.root).display()
+            );
         }
     }
     Ok(())

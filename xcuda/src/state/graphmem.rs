@@ -114,6 +114,43 @@ impl Books {
             .chain(orphans.map(|o| o.1))
             .fold(0, u64::saturating_add)
     }
+    /// An executable graph (`key`, read after the call) that needed
+    /// `before` on device `dev` is to need `recipe`: the pool's charge grows
+    /// to the demand that makes before the driver's `call`, refused
+    /// (`CUDA_ERROR_OUT_OF_MEMORY`) when the growth does not fit; a failed
+    /// call changes nothing.
+    fn set_exec(
+        &mut self,
+        cap: &MemCap,
+        dev: i32,
+        before: u64,
+        recipe: Recipe,
+        call: impl FnOnce() -> u32,
+        key: impl FnOnce() -> u64,
+    ) -> u32 {
+        let pool = self.pool.get(&dev).copied().unwrap_or(0);
+        let grow = self
+            .demand(dev)
+            .saturating_sub(before)
+            .saturating_add(recipe.need())
+            .saturating_sub(pool);
+        if grow > 0 && !cap.take(grow) {
+            return cu::OUT_OF_MEMORY;
+        }
+        let rc = call();
+        if rc != cu::SUCCESS {
+            cap.give(grow);
+            return rc;
+        }
+        *self.pool.entry(dev).or_default() += grow;
+        if !recipe.is_empty() {
+            let key = key();
+            let alive = self.execs.remove(&key).map(|x| x.alive).unwrap_or_default();
+            self.execs.insert(key, Exec { dev, recipe, alive });
+        }
+        rc
+    }
+
     /// `dptr` was freed (outside its graph, or by another graph's launch).
     fn freed(&mut self, dptr: u64) {
         for e in self.execs.values_mut() {
@@ -300,29 +337,7 @@ impl GraphMem {
     ) -> u32 {
         let mut b = self.books();
         let recipe = b.graphs.get(&g).cloned().unwrap_or_default();
-        let pool = b.pool.get(&dev).copied().unwrap_or(0);
-        let grow = b
-            .demand(dev)
-            .saturating_add(recipe.need())
-            .saturating_sub(pool);
-        if grow > 0 && !cap.take(grow) {
-            return cu::OUT_OF_MEMORY;
-        }
-        let rc = call();
-        if rc != cu::SUCCESS {
-            cap.give(grow);
-            return rc;
-        }
-        *b.pool.entry(dev).or_default() += grow;
-        if !recipe.is_empty() {
-            let e = Exec {
-                dev,
-                recipe,
-                alive: HashSet::new(),
-            };
-            b.execs.insert(exec(), e);
-        }
-        rc
+        b.set_exec(cap, dev, 0, recipe, call, exec)
     }
 
     /// `cuGraphExecUpdate*`: executable graph `e` takes graph `g`'s node
@@ -340,36 +355,13 @@ impl GraphMem {
         call: impl FnOnce() -> u32,
     ) -> u32 {
         let mut b = self.books();
-        let (old, dev) = match b.execs.get(&e) {
+        let (mut recipe, dev) = match b.execs.get(&e) {
             Some(x) => (x.recipe.clone(), x.dev),
             None => (Recipe::default(), dev),
         };
-        let mut merged = old.clone();
-        merged.merge(b.graphs.get(&g).cloned().unwrap_or_default());
-        let pool = b.pool.get(&dev).copied().unwrap_or(0);
-        let grow = b
-            .demand(dev)
-            .saturating_sub(old.need())
-            .saturating_add(merged.need())
-            .saturating_sub(pool);
-        if grow > 0 && !cap.take(grow) {
-            return cu::OUT_OF_MEMORY;
-        }
-        let rc = call();
-        if rc != cu::SUCCESS {
-            cap.give(grow);
-            return rc;
-        }
-        *b.pool.entry(dev).or_default() += grow;
-        if !merged.is_empty() {
-            let x = b.execs.entry(e).or_insert_with(|| Exec {
-                dev,
-                recipe: Recipe::default(),
-                alive: HashSet::new(),
-            });
-            x.recipe = merged;
-        }
-        rc
+        let before = recipe.need();
+        recipe.merge(b.graphs.get(&g).cloned().unwrap_or_default());
+        b.set_exec(cap, dev, before, recipe, call, || e)
     }
 
     /// After `cuGraphLaunch`: what the graph frees of others' is freed

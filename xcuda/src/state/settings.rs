@@ -152,6 +152,7 @@ mod tests {
             sm_pct: 30,
             mem_cap_mib: Some(64),
             xcuda: x.clone(),
+            enforced_by: Default::default(),
         };
         let path = muxflow::limits::path(tmp.path(), 7);
         std::fs::write(&path, limits.encode()).unwrap();
