@@ -608,6 +608,24 @@ impl Estimate {
     }
 }
 
+/// The model's indices of an [`Estimates`]' pairs and infeasible pairs, in
+/// their order.
+struct SeenIds {
+    pairs: Vec<(u32, u32)>,
+    infeasible: Vec<(u32, u32)>,
+}
+
+/// `k`'s index in `index`, the next one where it is new (the key cloned
+/// only then).
+fn index_of(index: &mut BTreeMap<JobKey, u32>, k: &JobKey) -> u32 {
+    if let Some(&i) = index.get(k) {
+        return i;
+    }
+    let n = index.len() as u32;
+    index.insert(k.clone(), n);
+    n
+}
+
 /// One learned row or column: bias and factor.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 struct Side {
@@ -661,20 +679,21 @@ impl Model {
             run_sd: e.run_sd.max(0.02),
             ..Model::default()
         };
-        for p in &e.pairs {
-            m.job_id(&p.job);
-            m.partner_id(&p.partner);
-        }
-        for (j, p) in &e.infeasible {
-            m.job_id(j);
-            m.partner_id(p);
-        }
+        // Each pair's (job, partner) indices, looked up once (string keys).
+        let ids = SeenIds {
+            pairs: (e.pairs.iter())
+                .map(|p| (m.job_id(&p.job), m.partner_id(&p.partner)))
+                .collect(),
+            infeasible: (e.infeasible.iter())
+                .map(|(j, p)| (m.job_id(j), m.partner_id(p)))
+                .collect(),
+        };
         for (&id, k) in &e.partner_ids {
             let i = m.partner_id(k);
             m.partner_by_id.insert(id, i);
         }
         if e.pairs.is_empty() {
-            m.index_seen(e);
+            m.index_seen(e, &ids);
             return m;
         }
         // Side features: weighted ridge (share, memory, and the launch rate
@@ -700,17 +719,8 @@ impl Model {
                 })
         };
         m.seen_range_features = [range(&|p| p.share), range(&|p| p.mem), range(&|p| p.rate)];
-        let obs: Vec<(u32, u32, f64, f64)> = e
-            .pairs
-            .iter()
-            .map(|p| {
-                (
-                    m.job_index[&p.job],
-                    m.partner_index[&p.partner],
-                    p.x - m.raw(p.share, p.mem, p.rate),
-                    w(p),
-                )
-            })
+        let obs: Vec<(u32, u32, f64, f64)> = (e.pairs.iter().zip(&ids.pairs))
+            .map(|(p, &(j, k))| (j, k, p.x - m.raw(p.share, p.mem, p.rate), w(p)))
             .collect();
         m.jobs = vec![Side::default(); m.job_index.len()];
         let lambda = choose_lambda(&obs, m.jobs.len(), m.partner_index.len());
@@ -730,27 +740,24 @@ impl Model {
         m.sd_both = (1.5 * fit).max(0.08);
         m.sd_one = (0.5 * (fit + base)).max(m.sd_both + 0.03);
         m.sd_none = base.max(m.sd_one + 0.03);
-        m.index_seen(e);
+        m.index_seen(e, &ids);
         m
     }
 
     fn job_id(&mut self, k: &JobKey) -> u32 {
-        let n = self.job_index.len() as u32;
-        *self.job_index.entry(k.clone()).or_insert(n)
+        index_of(&mut self.job_index, k)
     }
 
     fn partner_id(&mut self, k: &JobKey) -> u32 {
-        let n = self.partner_index.len() as u32;
-        *self.partner_index.entry(k.clone()).or_insert(n)
+        index_of(&mut self.partner_index, k)
     }
 
-    fn index_seen(&mut self, e: &Estimates) {
+    fn index_seen(&mut self, e: &Estimates, ids: &SeenIds) {
         let mut jobs = vec![(0.0, 0.0); self.job_index.len()];
         let mut partners = vec![(0.0, 0.0); self.partner_index.len()];
-        let pairs = e.pairs.iter().map(|p| (&p.job, &p.partner, 0.0));
-        let failed = e.infeasible.iter().map(|(j, p)| (j, p, 1.0));
-        for (j, p, f) in pairs.chain(failed) {
-            let (a, b) = (self.job_index[j], self.partner_index[p]);
+        let pairs = ids.pairs.iter().map(|&(a, b)| (a, b, 0.0));
+        let failed = ids.infeasible.iter().map(|&(a, b)| (a, b, 1.0));
+        for (a, b, f) in pairs.chain(failed) {
             jobs[a as usize].0 += f;
             jobs[a as usize].1 += 1.0;
             partners[b as usize].0 += f;
@@ -767,20 +774,11 @@ impl Model {
         let shrink = |(f, t): (f64, f64)| (f + 2.0 * prior) / (t + 2.0);
         self.job_fail = jobs.into_iter().map(shrink).collect();
         self.partner_fail = partners.into_iter().map(shrink).collect();
-        let mut seen: Vec<(u32, u32, f64, u32)> = e
-            .pairs
-            .iter()
-            .map(|p| {
-                (
-                    self.job_index[&p.job],
-                    self.partner_index[&p.partner],
-                    p.x,
-                    p.runs as u32,
-                )
-            })
+        let mut seen: Vec<(u32, u32, f64, u32)> = (e.pairs.iter().zip(&ids.pairs))
+            .map(|(p, &(j, k))| (j, k, p.x, p.runs as u32))
             .collect();
-        for (j, p) in &e.infeasible {
-            seen.push((self.job_index[j], self.partner_index[p], f64::NAN, 0));
+        for &(j, k) in &ids.infeasible {
+            seen.push((j, k, f64::NAN, 0));
         }
         // An infeasible mark wins over the pair's other runs.
         seen.sort_by_key(|a| (a.0, a.1, !a.2.is_nan()));
@@ -1047,11 +1045,33 @@ fn choose_lambda(obs: &[(u32, u32, f64, f64)], jobs: usize, partners: usize) -> 
         }
         sq
     };
-    LAMBDAS
-        .iter()
-        .copied()
-        .map(|l| (err(l), l))
-        .min_by(|a, b| a.0.total_cmp(&b.0))
+    // The lambdas are independent: spread over the solver's workers (the
+    // retraining holds up the daemon's round and the replay's).
+    let threads = crate::solver::SolveOptions::default().threads.max(1);
+    let mut errs = [0.0; LAMBDAS.len()];
+    std::thread::scope(|s| {
+        let err = &err;
+        let mut parts: Vec<_> = errs.chunks_mut(LAMBDAS.len().div_ceil(threads)).collect();
+        let last = parts.pop();
+        let mut at = 0;
+        for part in parts {
+            let from = at;
+            at += part.len();
+            s.spawn(move || {
+                for (e, &l) in part.iter_mut().zip(&LAMBDAS[from..]) {
+                    *e = err(l);
+                }
+            });
+        }
+        if let Some(part) = last {
+            for (e, &l) in part.iter_mut().zip(&LAMBDAS[at..]) {
+                *e = err(l);
+            }
+        }
+    });
+    errs.iter()
+        .zip(LAMBDAS)
+        .min_by(|a, b| a.0.total_cmp(b.0))
         .map_or(1.0, |(_, l)| l)
 }
 

@@ -1750,29 +1750,19 @@ impl<'a> Sim<'a> {
         // model is retrained when the history grew by a tenth (it moves
         // little in between), which keeps a week's replay fast.
         let n = self.runs.len();
-        if self.learn
+        let retrain = self.learn
             && n > self.trained_on_runs
-            && (n - self.trained_on_runs) * 10 >= self.trained_on_runs.max(10)
-        {
-            self.model = Model::train(&self.runs);
-            self.trained_on_runs = n;
-            self.failed_since_training.clear();
-            self.needs_above_since_training.clear();
-            self.epoch += 1;
-        }
+            && (n - self.trained_on_runs) * 10 >= self.trained_on_runs.max(10);
         // The learned model's round and the oracle's (the true values, for
         // `pairing_vs_oracle`) read the same state: side by side, one core
         // each. The oracle's weights change only with the state and the
-        // jobs running on each GPU (its key): one epoch.
+        // jobs running on each GPU (its key): one epoch. The oracle reads
+        // no model, so a retraining runs beside its round, not before it.
         let mut chosen_cache = std::mem::take(&mut self.round_cache);
         let mut oracle_cache = std::mem::take(&mut self.oracle_cache);
-        let learned = LearnedNow {
-            model: &self.model,
-            failed: &self.failed_since_training,
-            needs_above: &self.needs_above_since_training,
-        };
+        let (no_failed, no_needs) = (BTreeSet::new(), BTreeMap::new());
         let this = &*self;
-        let (chosen, oracle, chosen_s) = std::thread::scope(|s| {
+        let (chosen, oracle, chosen_s, trained) = std::thread::scope(|s| {
             let oracle = s.spawn(|| {
                 plan_cached(
                     &this.state,
@@ -1784,6 +1774,21 @@ impl<'a> Sim<'a> {
                     0,
                 )
             });
+            let trained = retrain.then(|| Model::train(&this.runs));
+            // What the daemon's next round knows: a new model has learned
+            // the failures since the last one.
+            let learned = match &trained {
+                Some(model) => LearnedNow {
+                    model,
+                    failed: &no_failed,
+                    needs_above: &no_needs,
+                },
+                None => LearnedNow {
+                    model: &this.model,
+                    failed: &this.failed_since_training,
+                    needs_above: &this.needs_above_since_training,
+                },
+            };
             let started = Instant::now();
             let chosen = plan_cached(
                 &this.state,
@@ -1792,13 +1797,21 @@ impl<'a> Sim<'a> {
                 &this.matcher,
                 &this.names,
                 &mut chosen_cache,
-                this.epoch,
+                this.epoch + u64::from(retrain),
             );
             let chosen_s = started.elapsed().as_secs_f64();
-            (chosen, oracle.join().expect("the oracle's round"), chosen_s)
+            let oracle = oracle.join().expect("the oracle's round");
+            (chosen, oracle, chosen_s, trained)
         });
         self.round_cache = chosen_cache;
         self.oracle_cache = oracle_cache;
+        if let Some(model) = trained {
+            self.model = model;
+            self.trained_on_runs = n;
+            self.failed_since_training.clear();
+            self.needs_above_since_training.clear();
+            self.epoch += 1;
+        }
         if self.timing {
             self.round_s += chosen_s;
         }
