@@ -297,9 +297,10 @@ pub fn estimate(runs: &[Run]) -> Estimates {
                 .or_insert_with(|| unresolved_partner(id));
         }
     }
-    // One name per partner: the resolved one wherever any run resolved it.
-    let names = out.partner_ids.clone();
-    let canonical = |r: &Run| r.report.partner.and_then(|id| names.get(&id).cloned());
+    // One name per partner: the resolved one wherever any run resolved it
+    // (read by reference: the map goes back into `out` at the end).
+    let names = std::mem::take(&mut out.partner_ids);
+    let canonical = |r: &Run| canonical_partner(&names, r);
     let (mut sq, mut dof) = (0.0, 0usize);
     for (key, job_runs) in by_job {
         let mut prof = Profile {
@@ -310,7 +311,7 @@ pub fn estimate(runs: &[Run]) -> Estimates {
             prof.peak_mib = prof.peak_mib.max(trusted_peak_mib(&r.report));
             if failed_for_memory(&r.report) && beside_its_partner_only(&r.report) {
                 if let Some(p) = canonical(r) {
-                    out.infeasible.insert((key.clone(), p));
+                    out.infeasible.insert((key.clone(), p.clone()));
                 }
             } else if failed_for_memory(&r.report) && !r.report.peers.is_empty() {
                 // Beside other offline jobs it had its part of the room: not
@@ -344,10 +345,10 @@ pub fn estimate(runs: &[Run]) -> Estimates {
             };
             let partner = if r.report.partner.is_some() {
                 let k = canonical(r).expect("has a partner");
-                Some(match partners.iter().position(|x| *x == k) {
+                Some(match partners.iter().position(|x| x == k) {
                     Some(i) => i,
                     None => {
-                        partners.push(k);
+                        partners.push(k.clone());
                         partners.len() - 1
                     }
                 })
@@ -392,7 +393,7 @@ pub fn estimate(runs: &[Run]) -> Estimates {
         let (sigma, d) = fit_solo(&obs, partners.len(), alone);
         prof.solo = Some(sigma);
         prof.beside_offline =
-            beside_offline_factor(&job_runs, signal, sigma, &partners, &d, &canonical);
+            beside_offline_factor(&job_runs, signal, sigma, &partners, &d, &names);
         for (k, partner) in partners.into_iter().enumerate() {
             let mine: Vec<&Obs> = obs.iter().filter(|o| o.partner == Some(k)).collect();
             let n = mine.len() as f64;
@@ -417,7 +418,13 @@ pub fn estimate(runs: &[Run]) -> Estimates {
     } else {
         0.05
     };
+    out.partner_ids = names;
     out
+}
+
+/// The one name of run `r`'s partner ([`estimate`]'s `names`).
+fn canonical_partner<'n>(names: &'n BTreeMap<u32, JobKey>, r: &Run) -> Option<&'n JobKey> {
+    r.report.partner.and_then(|id| names.get(&id))
 }
 
 /// What one other offline job on its GPU leaves a job, learned from its
@@ -437,17 +444,17 @@ fn beside_offline_factor(
     sigma: f64,
     partners: &[JobKey],
     d: &[f64],
-    canonical: &dyn Fn(&Run) -> Option<JobKey>,
+    names: &BTreeMap<u32, JobKey>,
 ) -> Option<(f64, u32)> {
     let logs: Vec<f64> = runs
         .iter()
         .filter(|r| !r.report.peers.is_empty() && one_partner(&r.report))
         .filter_map(|r| {
             let p = progress(&r.report, signal)?;
-            let without = match canonical(r) {
+            let without = match canonical_partner(names, r) {
                 None => sigma,
                 Some(k) => {
-                    let i = partners.iter().position(|x| *x == k)?;
+                    let i = partners.iter().position(|x| x == k)?;
                     sigma * (1.0 - partner_load(&r.report) * d[i])
                 }
             };

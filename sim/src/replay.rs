@@ -432,7 +432,7 @@ struct Sim<'a> {
     /// them ([`LearnedNow`]). The daemon retrains every round, so a
     /// failure is in its next round's model; the replay retrains more
     /// rarely and must not propose the pair again meanwhile.
-    failed_since_training: BTreeSet<(String, u32)>,
+    failed_since_training: Failures,
     /// Per job name, the largest memory cap a start failed under since the
     /// model was trained: its need is above it (what the model learns
     /// from such a run, `Profile::peak_mib`).
@@ -648,7 +648,7 @@ impl<'a> Sim<'a> {
                     .expect("sim/data/protection.toml has every mode (sim's tests read it)");
                 sc.gpus.iter().map(|g| by_model[g.model as usize]).collect()
             },
-            failed_since_training: BTreeSet::new(),
+            failed_since_training: Failures::default(),
             needs_above_since_training: BTreeMap::new(),
             progress,
         };
@@ -1760,7 +1760,7 @@ impl<'a> Sim<'a> {
         // no model, so a retraining runs beside its round, not before it.
         let mut chosen_cache = std::mem::take(&mut self.round_cache);
         let mut oracle_cache = std::mem::take(&mut self.oracle_cache);
-        let (no_failed, no_needs) = (BTreeSet::new(), BTreeMap::new());
+        let (no_failed, no_needs) = (Failures::default(), BTreeMap::new());
         let this = &*self;
         let (chosen, oracle, chosen_s, trained) = std::thread::scope(|s| {
             let oracle = s.spawn(|| {
@@ -1877,8 +1877,7 @@ impl<'a> Sim<'a> {
                 let name = &self.sc.tasks[job.task as usize].name;
                 if let (false, Some(svc)) = (starts, self.online[g as usize].as_ref()) {
                     if pair.is_none() {
-                        self.failed_since_training
-                            .insert((name.clone(), svc.job_id));
+                        self.failed_since_training.insert(name, svc.job_id);
                     }
                 }
                 // Over its cap: a need above it.
@@ -2048,14 +2047,48 @@ fn hist_quantile(hist: &[f64], q: f64) -> f64 {
     1.0 + (hist.len() - 1) as f64 * LATENCY_BIN
 }
 
+/// (job name, online partner) pairs that failed at start: the daemon's
+/// model keys a job by (user, name), and every replayed job's user is the
+/// same. Kept by name, and the partners alone, for the round's lookups per
+/// job and per GPU (a scan of every pair each time cost more than the
+/// round's scoring in busy hours).
+#[derive(Debug, Default)]
+struct Failures {
+    by_name: BTreeMap<String, BTreeSet<u32>>,
+    partners: BTreeSet<u32>,
+}
+
+impl Failures {
+    fn insert(&mut self, name: &str, partner: u32) {
+        match self.by_name.get_mut(name) {
+            Some(p) => {
+                p.insert(partner);
+            }
+            None => {
+                self.by_name
+                    .insert(name.to_owned(), BTreeSet::from([partner]));
+            }
+        }
+        self.partners.insert(partner);
+    }
+
+    fn clear(&mut self) {
+        self.by_name.clear();
+        self.partners.clear();
+    }
+
+    /// The partners job `name` failed beside, ascending.
+    fn partners_of(&self, name: &str) -> impl Iterator<Item = u32> + '_ {
+        self.by_name.get(name).into_iter().flatten().copied()
+    }
+}
+
 /// The production model, less the pairs that failed at start since it was
 /// trained ([`Sim::failed_since_training`]): what the daemon's next round
 /// would know.
 struct LearnedNow<'a> {
     model: &'a Model,
-    /// (job name, partner): the daemon's model keys a job by (user,
-    /// name), and every replayed job's user is the same.
-    failed: &'a BTreeSet<(String, u32)>,
+    failed: &'a Failures,
     /// Job name -> a cap it failed under.
     needs_above: &'a BTreeMap<String, u64>,
 }
@@ -2071,12 +2104,7 @@ impl Predictor for LearnedNow<'_> {
     type Job = (JobTerms, Vec<u32>);
     type Gpu = (GpuTerms, Option<u32>);
     fn job_terms(&self, job: &PendingJob) -> Self::Job {
-        let failed_beside = self
-            .failed
-            .iter()
-            .filter(|(name, _)| *name == job.name)
-            .map(|&(_, p)| p)
-            .collect();
+        let failed_beside = self.failed.partners_of(&job.name).collect();
         let mut terms = Predictor::job_terms(self.model, job);
         if let Some(&cap) = self.needs_above.get(&job.name) {
             terms.peak_mib = Some(terms.peak_mib.unwrap_or(0).max(cap.saturating_add(1)));
@@ -2115,7 +2143,7 @@ impl Predictor for LearnedNow<'_> {
         let Some((terms, online)) = terms else {
             return Predictor::column_key(self.model, at, gpu, None, key);
         };
-        let failed_here = online.filter(|&o| self.failed.iter().any(|&(_, p)| p == o));
+        let failed_here = online.filter(|o| self.failed.partners.contains(o));
         key.push(failed_here.map_or(u64::MAX, u64::from));
         Predictor::column_key(self.model, at, gpu, Some(terms), key)
     }
@@ -2123,11 +2151,8 @@ impl Predictor for LearnedNow<'_> {
     /// failed beside and the cap it failed under.
     fn job_key(&self, job: &PendingJob) -> u64 {
         let fnv = |h: u64, v: u64| (h ^ v).wrapping_mul(0x0100_0000_01b3);
-        let h = self
-            .failed
-            .iter()
-            .filter(|(name, _)| *name == job.name)
-            .fold(0xcbf2_9ce4_8422_2325, |h, &(_, p)| fnv(h, u64::from(p)));
+        let h = (self.failed.partners_of(&job.name))
+            .fold(0xcbf2_9ce4_8422_2325, |h, p| fnv(h, u64::from(p)));
         fnv(h, self.needs_above.get(&job.name).map_or(u64::MAX, |&c| c))
     }
 }
