@@ -279,10 +279,17 @@ struct Obs {
 
 /// Estimates solo speeds and pair throughputs from `runs` (module docs).
 pub fn estimate(runs: &[Run]) -> Estimates {
-    let mut by_job: BTreeMap<&JobKey, Vec<&Run>> = BTreeMap::new();
+    // Runs grouped by job: hashed, then the groups in key order (a tree
+    // compared both strings of every run's key at each level).
+    let mut group_of: std::collections::HashMap<&JobKey, usize> = Default::default();
+    let mut by_job: Vec<(&JobKey, Vec<&Run>)> = Vec::new();
     let mut out = Estimates::default();
     for r in runs {
-        by_job.entry(&r.key).or_default().push(r);
+        let g = *group_of.entry(&r.key).or_insert_with(|| {
+            by_job.push((&r.key, Vec::new()));
+            by_job.len() - 1
+        });
+        by_job[g].1.push(r);
         if let (Some(id), Some(k)) = (r.report.partner, &r.partner_key) {
             out.partner_ids.insert(id, k.clone());
         }
@@ -302,6 +309,8 @@ pub fn estimate(runs: &[Run]) -> Estimates {
     let names = std::mem::take(&mut out.partner_ids);
     let canonical = |r: &Run| canonical_partner(&names, r);
     let (mut sq, mut dof) = (0.0, 0usize);
+    drop(group_of);
+    by_job.sort_unstable_by(|a, b| a.0.cmp(b.0));
     for (key, job_runs) in by_job {
         let mut prof = Profile {
             runs: job_runs.len(),
