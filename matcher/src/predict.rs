@@ -279,10 +279,17 @@ struct Obs {
 
 /// Estimates solo speeds and pair throughputs from `runs` (module docs).
 pub fn estimate(runs: &[Run]) -> Estimates {
-    let mut by_job: BTreeMap<&JobKey, Vec<&Run>> = BTreeMap::new();
+    // Runs grouped by job: hashed, then the groups in key order (a tree
+    // compared both strings of every run's key at each level).
+    let mut group_of: std::collections::HashMap<&JobKey, usize> = Default::default();
+    let mut by_job: Vec<(&JobKey, Vec<&Run>)> = Vec::new();
     let mut out = Estimates::default();
     for r in runs {
-        by_job.entry(&r.key).or_default().push(r);
+        let g = *group_of.entry(&r.key).or_insert_with(|| {
+            by_job.push((&r.key, Vec::new()));
+            by_job.len() - 1
+        });
+        by_job[g].1.push(r);
         if let (Some(id), Some(k)) = (r.report.partner, &r.partner_key) {
             out.partner_ids.insert(id, k.clone());
         }
@@ -297,10 +304,13 @@ pub fn estimate(runs: &[Run]) -> Estimates {
                 .or_insert_with(|| unresolved_partner(id));
         }
     }
-    // One name per partner: the resolved one wherever any run resolved it.
-    let names = out.partner_ids.clone();
-    let canonical = |r: &Run| r.report.partner.and_then(|id| names.get(&id).cloned());
+    // One name per partner: the resolved one wherever any run resolved it
+    // (read by reference: the map goes back into `out` at the end).
+    let names = std::mem::take(&mut out.partner_ids);
+    let canonical = |r: &Run| canonical_partner(&names, r);
     let (mut sq, mut dof) = (0.0, 0usize);
+    drop(group_of);
+    by_job.sort_unstable_by(|a, b| a.0.cmp(b.0));
     for (key, job_runs) in by_job {
         let mut prof = Profile {
             runs: job_runs.len(),
@@ -310,7 +320,7 @@ pub fn estimate(runs: &[Run]) -> Estimates {
             prof.peak_mib = prof.peak_mib.max(trusted_peak_mib(&r.report));
             if failed_for_memory(&r.report) && beside_its_partner_only(&r.report) {
                 if let Some(p) = canonical(r) {
-                    out.infeasible.insert((key.clone(), p));
+                    out.infeasible.insert((key.clone(), p.clone()));
                 }
             } else if failed_for_memory(&r.report) && !r.report.peers.is_empty() {
                 // Beside other offline jobs it had its part of the room: not
@@ -344,10 +354,10 @@ pub fn estimate(runs: &[Run]) -> Estimates {
             };
             let partner = if r.report.partner.is_some() {
                 let k = canonical(r).expect("has a partner");
-                Some(match partners.iter().position(|x| *x == k) {
+                Some(match partners.iter().position(|x| x == k) {
                     Some(i) => i,
                     None => {
-                        partners.push(k);
+                        partners.push(k.clone());
                         partners.len() - 1
                     }
                 })
@@ -392,7 +402,7 @@ pub fn estimate(runs: &[Run]) -> Estimates {
         let (sigma, d) = fit_solo(&obs, partners.len(), alone);
         prof.solo = Some(sigma);
         prof.beside_offline =
-            beside_offline_factor(&job_runs, signal, sigma, &partners, &d, &canonical);
+            beside_offline_factor(&job_runs, signal, sigma, &partners, &d, &names);
         for (k, partner) in partners.into_iter().enumerate() {
             let mine: Vec<&Obs> = obs.iter().filter(|o| o.partner == Some(k)).collect();
             let n = mine.len() as f64;
@@ -417,7 +427,13 @@ pub fn estimate(runs: &[Run]) -> Estimates {
     } else {
         0.05
     };
+    out.partner_ids = names;
     out
+}
+
+/// The one name of run `r`'s partner ([`estimate`]'s `names`).
+fn canonical_partner<'n>(names: &'n BTreeMap<u32, JobKey>, r: &Run) -> Option<&'n JobKey> {
+    r.report.partner.and_then(|id| names.get(&id))
 }
 
 /// What one other offline job on its GPU leaves a job, learned from its
@@ -437,17 +453,17 @@ fn beside_offline_factor(
     sigma: f64,
     partners: &[JobKey],
     d: &[f64],
-    canonical: &dyn Fn(&Run) -> Option<JobKey>,
+    names: &BTreeMap<u32, JobKey>,
 ) -> Option<(f64, u32)> {
     let logs: Vec<f64> = runs
         .iter()
         .filter(|r| !r.report.peers.is_empty() && one_partner(&r.report))
         .filter_map(|r| {
             let p = progress(&r.report, signal)?;
-            let without = match canonical(r) {
+            let without = match canonical_partner(names, r) {
                 None => sigma,
                 Some(k) => {
-                    let i = partners.iter().position(|x| *x == k)?;
+                    let i = partners.iter().position(|x| x == k)?;
                     sigma * (1.0 - partner_load(&r.report) * d[i])
                 }
             };
@@ -608,6 +624,24 @@ impl Estimate {
     }
 }
 
+/// The model's indices of an [`Estimates`]' pairs and infeasible pairs, in
+/// their order.
+struct SeenIds {
+    pairs: Vec<(u32, u32)>,
+    infeasible: Vec<(u32, u32)>,
+}
+
+/// `k`'s index in `index`, the next one where it is new (the key cloned
+/// only then).
+fn index_of(index: &mut BTreeMap<JobKey, u32>, k: &JobKey) -> u32 {
+    if let Some(&i) = index.get(k) {
+        return i;
+    }
+    let n = index.len() as u32;
+    index.insert(k.clone(), n);
+    n
+}
+
 /// One learned row or column: bias and factor.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 struct Side {
@@ -661,20 +695,21 @@ impl Model {
             run_sd: e.run_sd.max(0.02),
             ..Model::default()
         };
-        for p in &e.pairs {
-            m.job_id(&p.job);
-            m.partner_id(&p.partner);
-        }
-        for (j, p) in &e.infeasible {
-            m.job_id(j);
-            m.partner_id(p);
-        }
+        // Each pair's (job, partner) indices, looked up once (string keys).
+        let ids = SeenIds {
+            pairs: (e.pairs.iter())
+                .map(|p| (m.job_id(&p.job), m.partner_id(&p.partner)))
+                .collect(),
+            infeasible: (e.infeasible.iter())
+                .map(|(j, p)| (m.job_id(j), m.partner_id(p)))
+                .collect(),
+        };
         for (&id, k) in &e.partner_ids {
             let i = m.partner_id(k);
             m.partner_by_id.insert(id, i);
         }
         if e.pairs.is_empty() {
-            m.index_seen(e);
+            m.index_seen(e, &ids);
             return m;
         }
         // Side features: weighted ridge (share, memory, and the launch rate
@@ -700,21 +735,13 @@ impl Model {
                 })
         };
         m.seen_range_features = [range(&|p| p.share), range(&|p| p.mem), range(&|p| p.rate)];
-        let obs: Vec<(u32, u32, f64, f64)> = e
-            .pairs
-            .iter()
-            .map(|p| {
-                (
-                    m.job_index[&p.job],
-                    m.partner_index[&p.partner],
-                    p.x - m.raw(p.share, p.mem, p.rate),
-                    w(p),
-                )
-            })
+        let obs: Vec<(u32, u32, f64, f64)> = (e.pairs.iter().zip(&ids.pairs))
+            .map(|(p, &(j, k))| (j, k, p.x - m.raw(p.share, p.mem, p.rate), w(p)))
             .collect();
         m.jobs = vec![Side::default(); m.job_index.len()];
         let lambda = choose_lambda(&obs, m.jobs.len(), m.partner_index.len());
-        m.partners = fit_sides(&obs, &mut m.jobs, m.partner_index.len(), lambda);
+        m.partners =
+            SideIndex::of(&obs, m.jobs.len(), m.partner_index.len()).fit(&mut m.jobs, lambda);
         // How far the completion is from the pairs it was fitted on, and
         // the side features alone; the out-of-sample error is larger.
         type Residual = (u32, u32, f64, f64);
@@ -729,27 +756,24 @@ impl Model {
         m.sd_both = (1.5 * fit).max(0.08);
         m.sd_one = (0.5 * (fit + base)).max(m.sd_both + 0.03);
         m.sd_none = base.max(m.sd_one + 0.03);
-        m.index_seen(e);
+        m.index_seen(e, &ids);
         m
     }
 
     fn job_id(&mut self, k: &JobKey) -> u32 {
-        let n = self.job_index.len() as u32;
-        *self.job_index.entry(k.clone()).or_insert(n)
+        index_of(&mut self.job_index, k)
     }
 
     fn partner_id(&mut self, k: &JobKey) -> u32 {
-        let n = self.partner_index.len() as u32;
-        *self.partner_index.entry(k.clone()).or_insert(n)
+        index_of(&mut self.partner_index, k)
     }
 
-    fn index_seen(&mut self, e: &Estimates) {
+    fn index_seen(&mut self, e: &Estimates, ids: &SeenIds) {
         let mut jobs = vec![(0.0, 0.0); self.job_index.len()];
         let mut partners = vec![(0.0, 0.0); self.partner_index.len()];
-        let pairs = e.pairs.iter().map(|p| (&p.job, &p.partner, 0.0));
-        let failed = e.infeasible.iter().map(|(j, p)| (j, p, 1.0));
-        for (j, p, f) in pairs.chain(failed) {
-            let (a, b) = (self.job_index[j], self.partner_index[p]);
+        let pairs = ids.pairs.iter().map(|&(a, b)| (a, b, 0.0));
+        let failed = ids.infeasible.iter().map(|&(a, b)| (a, b, 1.0));
+        for (a, b, f) in pairs.chain(failed) {
             jobs[a as usize].0 += f;
             jobs[a as usize].1 += 1.0;
             partners[b as usize].0 += f;
@@ -766,20 +790,11 @@ impl Model {
         let shrink = |(f, t): (f64, f64)| (f + 2.0 * prior) / (t + 2.0);
         self.job_fail = jobs.into_iter().map(shrink).collect();
         self.partner_fail = partners.into_iter().map(shrink).collect();
-        let mut seen: Vec<(u32, u32, f64, u32)> = e
-            .pairs
-            .iter()
-            .map(|p| {
-                (
-                    self.job_index[&p.job],
-                    self.partner_index[&p.partner],
-                    p.x,
-                    p.runs as u32,
-                )
-            })
+        let mut seen: Vec<(u32, u32, f64, u32)> = (e.pairs.iter().zip(&ids.pairs))
+            .map(|(p, &(j, k))| (j, k, p.x, p.runs as u32))
             .collect();
-        for (j, p) in &e.infeasible {
-            seen.push((self.job_index[j], self.partner_index[p], f64::NAN, 0));
+        for &(j, k) in &ids.infeasible {
+            seen.push((j, k, f64::NAN, 0));
         }
         // An infeasible mark wins over the pair's other runs.
         seen.sort_by_key(|a| (a.0, a.1, !a.2.is_nan()));
@@ -1012,21 +1027,28 @@ fn choose_lambda(obs: &[(u32, u32, f64, f64)], jobs: usize, partners: usize) -> 
     if obs.len() < 2 * FOLDS {
         return LAMBDAS[LAMBDAS.len() - 1];
     }
-    let err = |lambda: f64| {
-        let mut sq = 0.0;
-        for f in 0..FOLDS {
+    // Each fold's split and index are the same for every lambda: built once.
+    let folds: Vec<_> = (0..FOLDS)
+        .map(|f| {
             let (test, train): (Vec<_>, Vec<_>) =
                 obs.iter().enumerate().partition(|(i, _)| i % FOLDS == f);
             let train: Vec<_> = train.into_iter().map(|(_, o)| *o).collect();
-            let mut j = vec![Side::default(); jobs];
-            let p = fit_sides(&train, &mut j, partners, lambda);
             let mut seen_j = vec![false; jobs];
             let mut seen_p = vec![false; partners];
             for o in &train {
                 seen_j[o.0 as usize] = true;
                 seen_p[o.1 as usize] = true;
             }
-            for (_, &(a, b, r, w)) in test {
+            let test: Vec<_> = test.into_iter().map(|(_, o)| *o).collect();
+            (SideIndex::of(&train, jobs, partners), test, seen_j, seen_p)
+        })
+        .collect();
+    let err = |lambda: f64| {
+        let mut sq = 0.0;
+        for (index, test, seen_j, seen_p) in &folds {
+            let mut j = vec![Side::default(); jobs];
+            let p = index.fit(&mut j, lambda);
+            for &(a, b, r, w) in test {
                 let (sa, sb) = (j[a as usize], p[b as usize]);
                 let pred = match (seen_j[a as usize], seen_p[b as usize]) {
                     (true, true) => sa.bias + sb.bias + sa.factor * sb.factor,
@@ -1039,68 +1061,134 @@ fn choose_lambda(obs: &[(u32, u32, f64, f64)], jobs: usize, partners: usize) -> 
         }
         sq
     };
-    LAMBDAS
-        .iter()
-        .copied()
-        .map(|l| (err(l), l))
-        .min_by(|a, b| a.0.total_cmp(&b.0))
+    // The lambdas are independent: spread over the solver's workers (the
+    // retraining holds up the daemon's round and the replay's).
+    let threads = crate::solver::SolveOptions::default().threads.max(1);
+    let mut errs = [0.0; LAMBDAS.len()];
+    std::thread::scope(|s| {
+        let err = &err;
+        let mut parts: Vec<_> = errs.chunks_mut(LAMBDAS.len().div_ceil(threads)).collect();
+        let last = parts.pop();
+        let mut at = 0;
+        for part in parts {
+            let from = at;
+            at += part.len();
+            s.spawn(move || {
+                for (e, &l) in part.iter_mut().zip(&LAMBDAS[from..]) {
+                    *e = err(l);
+                }
+            });
+        }
+        if let Some(part) = last {
+            for (e, &l) in part.iter_mut().zip(&LAMBDAS[at..]) {
+                *e = err(l);
+            }
+        }
+    });
+    errs.iter()
+        .zip(LAMBDAS)
+        .min_by(|a, b| a.0.total_cmp(b.0))
         .map_or(1.0, |(_, l)| l)
 }
 
-/// Biases and rank-1 factors on residuals `(job, partner, r, weight)` by
-/// alternating ridge: each row's (bias, factor) is a 2×2 solve given the
-/// columns, and the other way round. Returns the columns.
-fn fit_sides(
-    obs: &[(u32, u32, f64, f64)],
-    jobs: &mut [Side],
-    partner_count: usize,
-    lambda: f64,
-) -> Vec<Side> {
-    // Factors start spread (equal ones would only copy the biases).
-    let mut partners: Vec<Side> = (0..partner_count)
-        .map(|k| Side {
-            bias: 0.0,
-            factor: 0.3 * (k as f64 * 2.399 + 1.0).sin(),
-        })
-        .collect();
-    let mut by_job: Vec<Vec<usize>> = vec![Vec::new(); jobs.len()];
-    let mut by_partner: Vec<Vec<usize>> = vec![Vec::new(); partners.len()];
-    for (i, o) in obs.iter().enumerate() {
-        by_job[o.0 as usize].push(i);
-        by_partner[o.1 as usize].push(i);
+/// Residuals `(job, partner, r, weight)` listed per job and per partner,
+/// each list in the residuals' order (the order [`SideIndex::fit`] sums
+/// in), contiguous: the fit reads them in sequence, not through an index
+/// into the residuals (the model's retraining was 7% of a replayed week).
+struct SideIndex {
+    by_job: Lists,
+    by_partner: Lists,
+}
+
+/// Lists of `(other side, r, weight)`: list `k` is `entries[start[k]..start[k + 1]]`.
+struct Lists {
+    start: Vec<usize>,
+    entries: Vec<(u32, f64, f64)>,
+}
+
+impl Lists {
+    fn of(
+        obs: &[(u32, u32, f64, f64)],
+        n: usize,
+        key: impl Fn(&(u32, u32, f64, f64)) -> (u32, u32),
+    ) -> Lists {
+        let mut start = vec![0usize; n + 1];
+        for o in obs {
+            start[key(o).0 as usize + 1] += 1;
+        }
+        for k in 0..n {
+            start[k + 1] += start[k];
+        }
+        let mut at = start.clone();
+        let mut entries = vec![(0, 0.0, 0.0); obs.len()];
+        for o in obs {
+            let (this, other) = key(o);
+            entries[at[this as usize]] = (other, o.2, o.3);
+            at[this as usize] += 1;
+        }
+        Lists { start, entries }
     }
-    // One side's (bias, factor) given the other's: minimize
-    // Σ w (r − other.bias − bias − factor·other.factor)² + λ_b bias² + λ_f factor².
-    let solve = |idx: &[usize], other: &dyn Fn(usize) -> Side| -> Side {
-        let (mut a11, mut a12, mut a22, mut v1, mut v2) = (lambda, 0.0, lambda, 0.0, 0.0);
-        for &i in idx {
-            let (_, _, r, w) = obs[i];
-            let o = other(i);
-            let t = r - o.bias;
-            a11 += w;
-            a12 += w * o.factor;
-            a22 += w * o.factor * o.factor;
-            v1 += w * t;
-            v2 += w * t * o.factor;
-        }
-        let det = a11 * a22 - a12 * a12;
-        if det.abs() < 1e-12 {
-            return Side::default();
-        }
-        Side {
-            bias: (a22 * v1 - a12 * v2) / det,
-            factor: (a11 * v2 - a12 * v1) / det,
-        }
-    };
-    for _ in 0..ALS_ROUNDS {
-        for (j, idx) in by_job.iter().enumerate() {
-            jobs[j] = solve(idx, &|i| partners[obs[i].1 as usize]);
-        }
-        for (k, idx) in by_partner.iter().enumerate() {
-            partners[k] = solve(idx, &|i| jobs[obs[i].0 as usize]);
+
+    fn len(&self) -> usize {
+        self.start.len() - 1
+    }
+
+    fn list(&self, k: usize) -> &[(u32, f64, f64)] {
+        &self.entries[self.start[k]..self.start[k + 1]]
+    }
+}
+
+impl SideIndex {
+    fn of(obs: &[(u32, u32, f64, f64)], jobs: usize, partners: usize) -> SideIndex {
+        SideIndex {
+            by_job: Lists::of(obs, jobs, |o| (o.0, o.1)),
+            by_partner: Lists::of(obs, partners, |o| (o.1, o.0)),
         }
     }
-    partners
+
+    /// Biases and rank-1 factors by alternating ridge: each row's (bias,
+    /// factor) is a 2×2 solve given the columns, and the other way round.
+    /// Returns the columns.
+    fn fit(&self, jobs: &mut [Side], lambda: f64) -> Vec<Side> {
+        // Factors start spread (equal ones would only copy the biases).
+        let mut partners: Vec<Side> = (0..self.by_partner.len())
+            .map(|k| Side {
+                bias: 0.0,
+                factor: 0.3 * (k as f64 * 2.399 + 1.0).sin(),
+            })
+            .collect();
+        // One side's (bias, factor) given the other's: minimize
+        // Σ w (r − other.bias − bias − factor·other.factor)² + λ_b bias² + λ_f factor².
+        let solve = |list: &[(u32, f64, f64)], other: &[Side]| -> Side {
+            let (mut a11, mut a12, mut a22, mut v1, mut v2) = (lambda, 0.0, lambda, 0.0, 0.0);
+            for &(k, r, w) in list {
+                let o = other[k as usize];
+                let t = r - o.bias;
+                a11 += w;
+                a12 += w * o.factor;
+                a22 += w * o.factor * o.factor;
+                v1 += w * t;
+                v2 += w * t * o.factor;
+            }
+            let det = a11 * a22 - a12 * a12;
+            if det.abs() < 1e-12 {
+                return Side::default();
+            }
+            Side {
+                bias: (a22 * v1 - a12 * v2) / det,
+                factor: (a11 * v2 - a12 * v1) / det,
+            }
+        };
+        for _ in 0..ALS_ROUNDS {
+            for (j, side) in jobs.iter_mut().enumerate() {
+                *side = solve(self.by_job.list(j), &partners);
+            }
+            for (k, side) in partners.iter_mut().enumerate() {
+                *side = solve(self.by_partner.list(k), jobs);
+            }
+        }
+        partners
+    }
 }
 
 /// Per-job inputs of [`Model::predict_terms`].
@@ -1126,6 +1214,20 @@ pub struct GpuTerms {
     pub others: u32,
     /// The GPU's whole offline SM share.
     pub budget: f64,
+}
+
+impl GpuTerms {
+    /// Appends every field ([`crate::round::Predictor::column_key`]):
+    /// [`Model::predict_terms`] reads nothing else of the GPU.
+    pub fn key_words(&self, key: &mut Vec<u64>) {
+        key.extend([
+            self.share.to_bits(),
+            self.room_mib,
+            self.partner.map_or(u64::MAX, u64::from),
+            u64::from(self.others),
+            self.budget.to_bits(),
+        ]);
+    }
 }
 
 /// The SM share muxflow's policy gives an offline job next to an online job

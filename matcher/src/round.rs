@@ -223,6 +223,24 @@ pub trait Predictor: Sync {
     fn job_key(&self, _job: &PendingJob) -> u64 {
         0
     }
+    /// Columns alike (issue 30): appends to `key` everything
+    /// [`Predictor::predict`] reads of GPU `gpu` (`at` in the state's list)
+    /// beyond a job's terms, where `terms` are the GPU's, or, for an idle
+    /// GPU (`terms` `None`), everything [`Predictor::solo`] reads of it
+    /// beyond the job's terms and the slot. Two GPUs whose keys are equal
+    /// must give every job the same value; the round then scores a job
+    /// once per distinct key (most GPUs of a cluster repeat a few service
+    /// types, and idle GPUs are alike). `false`: no key, the GPU is scored
+    /// on its own (the default).
+    fn column_key(
+        &self,
+        _at: usize,
+        _gpu: &GpuState,
+        _terms: Option<&Self::Gpu>,
+        _key: &mut Vec<u64>,
+    ) -> bool {
+        false
+    }
 }
 
 impl Predictor for Model {
@@ -240,6 +258,20 @@ impl Predictor for Model {
     }
     fn estimate(&self, job: &JobTerms, gpu: &GpuTerms) -> Option<(f64, f64)> {
         self.predict_terms(job, gpu).map(|e| (e.mean, e.sd))
+    }
+    /// The terms alone: `predict` reads nothing else, `solo` nothing of
+    /// the GPU but its slot.
+    fn column_key(
+        &self,
+        _at: usize,
+        _gpu: &GpuState,
+        terms: Option<&GpuTerms>,
+        key: &mut Vec<u64>,
+    ) -> bool {
+        if let Some(t) = terms {
+            t.key_words(key);
+        }
+        true
     }
     fn solo(&self, job: &JobTerms, _gpu: &GpuState, slot: &IdleSlot) -> Option<(f64, f64)> {
         // The node-measured peak decides, as next to an online job.
@@ -329,6 +361,142 @@ enum Side<G> {
     Idle(IdleSlot),
 }
 
+/// Columns grouped by what a job's value there reads
+/// ([`Predictor::column_key`], with their side and idle slot): a job's
+/// value is computed once per class, on first use, and looked up for every
+/// other column of the class. In the replay's default week a round's open
+/// GPUs (about 1,250 on average) fall into about 400 classes (services
+/// repeat, idle GPUs are alike; the learned model's terms hold each
+/// service's memory room, which splits them further); in the daemon bench
+/// the 3,600 idle GPUs are one class and every online GPU its own.
+struct ColumnClasses {
+    /// Column -> class (`u32::MAX`: scored on its own).
+    of: Vec<u32>,
+    /// Each class's first column.
+    first: Vec<u32>,
+    /// Per job, its quantized value in each class.
+    rows: Vec<std::sync::OnceLock<Box<[Option<i64>]>>>,
+}
+
+/// A multiply-rotate hash of words (FxHash's step): the class map hashes
+/// each open column's key every round, where SipHash cost more than the
+/// lookups it serves. Not for keys an outsider chooses.
+#[derive(Default, Clone, Copy)]
+struct WordHash;
+
+#[derive(Default)]
+struct WordHasher(u64);
+
+impl std::hash::BuildHasher for WordHash {
+    type Hasher = WordHasher;
+    fn build_hasher(&self) -> WordHasher {
+        WordHasher::default()
+    }
+}
+
+impl std::hash::Hasher for WordHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    #[inline]
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    fn write_usize(&mut self, v: usize) {
+        self.write_u64(v as u64);
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        let mut words = bytes.chunks_exact(8);
+        for w in &mut words {
+            self.write_u64(u64::from_le_bytes(w.try_into().expect("8 bytes")));
+        }
+        for &b in words.remainder() {
+            self.write_u64(u64::from(b));
+        }
+    }
+}
+
+impl ColumnClasses {
+    /// `key(c, terms, key)`: [`Predictor::column_key`] of column c. A
+    /// class of one column is none: scored on its own, it costs no row
+    /// entry where a job's row is only partly scanned.
+    fn of<G>(
+        jobs: usize,
+        whole: &[Side<G>],
+        key: impl Fn(usize, &Side<G>, &mut Vec<u64>) -> bool,
+    ) -> ColumnClasses {
+        let mut ids: std::collections::HashMap<Vec<u64>, u32, WordHash> =
+            std::collections::HashMap::with_capacity_and_hasher(whole.len() / 4, WordHash);
+        let mut of = vec![u32::MAX; whole.len()];
+        let mut first = Vec::new();
+        let mut words = Vec::new();
+        for (c, terms) in whole.iter().enumerate() {
+            words.clear();
+            match terms {
+                Side::Shared(_) => words.push(0),
+                Side::Idle(s) => words.extend([
+                    1,
+                    s.room_mib,
+                    s.share.to_bits(),
+                    s.budget.to_bits(),
+                    u64::from(s.offline_jobs),
+                ]),
+            }
+            if !key(c, terms, &mut words) {
+                continue;
+            }
+            let next = first.len() as u32;
+            let k = match ids.get(&words[..]) {
+                Some(&k) => k,
+                None => {
+                    ids.insert(words.clone(), next);
+                    first.push(c as u32);
+                    next
+                }
+            };
+            of[c] = k;
+        }
+        let mut members = vec![0u32; first.len()];
+        for &k in of.iter().filter(|&&k| k != u32::MAX) {
+            members[k as usize] += 1;
+        }
+        let mut id = vec![u32::MAX; first.len()];
+        let mut shared = Vec::new();
+        for (k, &c) in first.iter().enumerate() {
+            if members[k] > 1 {
+                id[k] = shared.len() as u32;
+                shared.push(c);
+            }
+        }
+        for k in of.iter_mut().filter(|k| **k != u32::MAX) {
+            *k = id[*k as usize];
+        }
+        let first = shared;
+        ColumnClasses {
+            of,
+            rows: (0..if first.is_empty() { 0 } else { jobs })
+                .map(|_| Default::default())
+                .collect(),
+            first,
+        }
+    }
+
+    /// Most columns are in a class: a pair's value is a lookup.
+    fn scored_once(&self) -> bool {
+        self.of.iter().filter(|&&k| k != u32::MAX).count() * 2 > self.of.len()
+    }
+
+    /// Job j's value on column c; `at(c)` computes it on a column.
+    #[inline]
+    fn value(&self, j: usize, c: usize, at: impl Fn(usize) -> Option<i64>) -> Option<i64> {
+        match self.of[c] {
+            u32::MAX => at(c),
+            k => self.rows[j].get_or_init(|| self.first.iter().map(|&c| at(c as usize)).collect())
+                [k as usize],
+        }
+    }
+}
+
 const NO_CANDIDATE: &str =
     "no candidate: no Healthy GPU (idle or with an online job) with a free offline slot and room";
 
@@ -368,15 +536,21 @@ pub fn considered_jobs(
     // but no place in the window); users by first job.
     let mut by_user: Vec<(&str, Vec<usize>)> = Vec::new();
     let mut user_at: std::collections::HashMap<&str, usize> = Default::default();
+    // A user's jobs usually come in runs: the map is asked once per run.
+    let mut last: Option<(&str, usize)> = None;
     for (i, j) in pending.iter().enumerate() {
         if j.held && !placeable(j) {
             unplaceable.push(i);
             continue;
         }
-        let k = *user_at.entry(j.user.as_str()).or_insert_with(|| {
-            by_user.push((j.user.as_str(), Vec::new()));
-            by_user.len() - 1
-        });
+        let k = match last {
+            Some((user, k)) if user == j.user => k,
+            _ => *user_at.entry(j.user.as_str()).or_insert_with(|| {
+                by_user.push((j.user.as_str(), Vec::new()));
+                by_user.len() - 1
+            }),
+        };
+        last = Some((j.user.as_str(), k));
         by_user[k].1.push(i);
     }
     // Stable: users with equal (or no) factors keep their oldest-job order.
@@ -414,8 +588,21 @@ struct Reach {
 impl Reach {
     fn of(state: &ClusterState, open: &[usize]) -> Reach {
         let mut per_node: std::collections::HashMap<&str, u32> = Default::default();
+        // A node's GPUs are usually listed together: one entry per run.
+        let mut run: Option<(&str, u32)> = None;
         for &i in open {
-            *per_node.entry(state.gpus[i].node.as_str()).or_default() += 1;
+            let node = state.gpus[i].node.as_str();
+            match run.as_mut() {
+                Some((n, k)) if *n == node => *k += 1,
+                _ => {
+                    if let Some((n, k)) = run.replace((node, 1)) {
+                        *per_node.entry(n).or_default() += k;
+                    }
+                }
+            }
+        }
+        if let Some((n, k)) = run {
+            *per_node.entry(n).or_default() += k;
         }
         let mut room = Some(NodeRoom::default());
         for node in per_node.keys() {
@@ -667,8 +854,30 @@ fn plan_with<P: Predictor>(
                 .map(|(mean, _)| mean - IDLE_TIE_BREAK),
         }
     };
+    // A column's class keys what `value` reads beside the predictor: its node's room,
+    // its index where a job names its slots' GPUs, and no one running
+    // there (else whose jobs run there decides: no class).
+    let any_slot_gpus = jobs.iter().any(|j| !j.slot_gpus.is_empty());
+    let classes = ColumnClasses::of(jobs.len(), &whole, |c, terms, key| {
+        let (at, gpu) = (open[c], gpu_of(c));
+        if !gpu.owners.is_empty() {
+            return false;
+        }
+        match col_room[c] {
+            Some(r) => key.extend([1, u64::from(r.cpus), r.mem_mib]),
+            None => key.push(0),
+        }
+        if any_slot_gpus {
+            key.push(u64::from(gpu.index));
+        }
+        match terms {
+            Side::Shared(t) => model.column_key(at, gpu, Some(t), key),
+            Side::Idle(_) => model.column_key(at, gpu, None, key),
+        }
+    });
     let score = |j: u32, c: u32| -> Option<i64> {
-        value(j as usize, c as usize, &whole[c as usize]).and_then(quantize)
+        let (j, c) = (j as usize, c as usize);
+        classes.value(j, c, |c| value(j, c, &whole[c]).and_then(quantize))
     };
     // Why job j has no candidate, when only who runs there keeps it off
     // GPUs it fits: a one-user MPS daemon, else the site's co_locate rule.
@@ -687,7 +896,16 @@ fn plan_with<P: Predictor>(
     };
     // k-GPU jobs first, by the documented greedy (crate::gang), then the
     // exact matching of the 1-GPU jobs on the GPUs they left.
-    let node_of: Vec<u32> = {
+    let gangs: Vec<(u32, u32)> = jobs
+        .iter()
+        .enumerate()
+        .filter(|(_, j)| j.gpus > 1)
+        .map(|(i, j)| (i as u32, j.gpus))
+        .collect();
+    // Only gangs read nodes (a name hashed per column: not for nothing).
+    let node_of: Vec<u32> = if gangs.is_empty() {
+        Vec::new()
+    } else {
         let mut ids: std::collections::HashMap<&str, u32> = Default::default();
         (0..cols)
             .map(|c| {
@@ -696,12 +914,6 @@ fn plan_with<P: Predictor>(
             })
             .collect()
     };
-    let gangs: Vec<(u32, u32)> = jobs
-        .iter()
-        .enumerate()
-        .filter(|(_, j)| j.gpus > 1)
-        .map(|(i, j)| (i as u32, j.gpus))
-        .collect();
     let is_gang: Vec<bool> = jobs.iter().map(|j| j.gpus > 1).collect();
     // A gang member takes all free slots of its GPU too, as a 1-GPU job
     // does (its part of each GPU as large as it can be; no split steps).
@@ -782,6 +994,7 @@ fn plan_with<P: Predictor>(
             candidates_of,
             &pricing,
             Some(Duration::from_millis(matcher.pricing_budget_ms)),
+            classes.scored_once(),
         );
         (Vec::new(), m.edges, m.pairs, m.full_graph)
     } else if gangs.is_empty() {
@@ -1962,6 +2175,10 @@ mod tests {
             (placed, cache.last)
         };
         assert_eq!(round(&state).0, [1]);
+        // The cache keeps the pending queue only from the second call on
+        // the same GPUs (round_cache, "Rounds where nothing changed"): the
+        // third identical call is the first it can reuse.
+        assert_eq!(round(&state).0, [1]);
         assert_eq!(
             round(&state),
             (vec![1], crate::round_cache::RoundKind::Reused)
@@ -2346,6 +2563,102 @@ mod tests {
             permutations(v, k + 1, f);
             v.swap(k, i);
         }
+    }
+
+    /// GPUs in a few groups that predict alike (a group per GPU's
+    /// `group`), keyed by their group or not at all.
+    struct Grouped {
+        w: Vec<Vec<Option<f64>>>,
+        group: Vec<usize>,
+        keyed: bool,
+        /// `predict` calls so far.
+        calls: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Predictor for Grouped {
+        type Job = usize;
+        type Gpu = (usize, Seat);
+        fn job_terms(&self, job: &PendingJob) -> usize {
+            job.id as usize - 1
+        }
+        fn gpu_terms(&self, gpu: &GpuState, _: &Policy, seat: Seat) -> (usize, Seat) {
+            (self.group[gpu.node[1..].parse::<usize>().unwrap()], seat)
+        }
+        fn predict(&self, j: &usize, &(g, seat): &(usize, Seat)) -> Option<f64> {
+            self.calls
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.w[*j][g].map(|x| x * BESIDE.powi(seat.offline_jobs as i32 - 1))
+        }
+        fn solo(&self, _: &usize, _: &GpuState, _: &IdleSlot) -> Option<(f64, f64)> {
+            unreachable!("every GPU of the test runs an online job")
+        }
+        fn column_key(
+            &self,
+            _: usize,
+            _: &GpuState,
+            terms: Option<&(usize, Seat)>,
+            key: &mut Vec<u64>,
+        ) -> bool {
+            let (g, seat) = terms.expect("online GPUs only");
+            key.extend([
+                *g as u64,
+                u64::from(seat.slots),
+                u64::from(seat.offline_jobs),
+            ]);
+            self.keyed
+        }
+    }
+
+    /// Scoring a job once per class of columns (Predictor::column_key)
+    /// gives the plan of scoring every column, exact over every pair, on
+    /// random rounds with many GPUs per group (ties everywhere), slots in
+    /// use and jobs that may use only some GPUs.
+    #[test]
+    fn column_classes_give_the_plan_of_every_column() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(31);
+        let mut cfg = muxflow::Config::default();
+        cfg.matcher.pricing_budget_ms = 600_000;
+        cfg.matcher.candidates_per_job = 2;
+        let mut classed = 0;
+        for case in 0..60 {
+            let (gpus, groups, jobs) = (
+                rng.gen_range(4..40usize),
+                rng.gen_range(1..5usize),
+                rng.gen_range(1..30usize),
+            );
+            cfg.policy.offline_per_gpu = rng.gen_range(1..=2u8);
+            let per_gpu = u32::from(cfg.policy.offline_per_gpu);
+            let used: Vec<u32> = (0..gpus).map(|_| rng.gen_range(0..=per_gpu)).collect();
+            let running: Vec<u32> = used.iter().map(|&u| u.min(1)).collect();
+            let mut state = small_state(&used, &running, jobs);
+            for j in &mut state.pending {
+                if rng.gen_bool(0.2) {
+                    j.slot_gpus = vec![0];
+                }
+            }
+            let mut p = Grouped {
+                w: (0..jobs)
+                    .map(|_| {
+                        (0..groups)
+                            .map(|_| (!rng.gen_bool(0.2)).then(|| rng.gen_range(0.2..1.0)))
+                            .collect()
+                    })
+                    .collect(),
+                group: (0..gpus).map(|_| rng.gen_range(0..groups)).collect(),
+                keyed: true,
+                calls: Default::default(),
+            };
+            let got = plan(&state, &p, &cfg.policy, &cfg.matcher, &names());
+            let keyed_calls = p.calls.swap(0, std::sync::atomic::Ordering::Relaxed);
+            p.keyed = false;
+            let want = plan(&state, &p, &cfg.policy, &cfg.matcher, &names());
+            assert!(got.summary.full_graph, "case {case}");
+            assert_eq!(got, want, "case {case}");
+            // The classes were used (fewer predictions) in most cases.
+            classed += usize::from(keyed_calls < p.calls.into_inner());
+        }
+        assert!(classed > 20, "{classed}");
     }
 
     /// A table predictor whose GPUs' weights change between rounds: each

@@ -69,7 +69,13 @@
 //!
 //! A round is a pure function of its inputs once its pricing finished: a
 //! round whose state, GPU keys and epoch equal the last one's returns the
-//! last plan, unscored ([`RoundCache::reused`]).
+//! last plan, unscored ([`RoundCache::reused`]). The state beyond its GPUs
+//! (the pending queue holds thousands of jobs in the replay's busy hours)
+//! is compared and copied only while the GPUs and keys are the last
+//! call's: where they changed the round cannot be the last one, and the
+//! copy waits for a call where they did not (timers, 2026-11-27: this
+//! comparison took 31.6 s of the round threads' time in a replayed week
+//! when every call copied the queue, 4.0–5.5 s in 3 replayed days after).
 
 use std::collections::HashMap;
 
@@ -145,6 +151,8 @@ pub struct RoundCache {
     seen: ClusterState,
     seen_keys: Vec<u64>,
     seen_epoch: u64,
+    /// `seen`'s fields other than its GPUs are the last call's.
+    seen_rest: bool,
     /// The GPUs whose state or key changed since the last matching.
     gpu_changed: Vec<bool>,
     /// The GPU list itself changed since the last matching.
@@ -193,6 +201,7 @@ impl Default for RoundCache {
             seen: ClusterState::default(),
             seen_keys: Vec::new(),
             seen_epoch: 0,
+            seen_rest: false,
             gpu_changed: Vec::new(),
             gpus_moved: false,
             order_moved: false,
@@ -355,23 +364,32 @@ impl RoundCache {
             }
             self.seen_keys = keys;
         }
-        macro_rules! take {
-            ($f:ident) => {
-                if seen.$f != state.$f {
-                    same = false;
-                    seen.$f.clone_from(&state.$f);
-                }
-            };
+        // The rest of the state (the pending queue can hold thousands of
+        // jobs) is compared and kept only while the GPUs and keys are the
+        // last call's: a round where they changed cannot be the last one.
+        let rest_same = same
+            && self.seen_rest
+            && seen.pending == state.pending
+            && seen.running_offline == state.running_offline
+            && seen.notes == state.notes
+            && seen.node_room == state.node_room
+            && seen.memory_consumable == state.memory_consumable
+            && seen.fair_share == state.fair_share;
+        if same && !rest_same {
+            seen.pending.clone_from(&state.pending);
+            seen.running_offline.clone_from(&state.running_offline);
+            seen.notes.clone_from(&state.notes);
+            seen.node_room.clone_from(&state.node_room);
+            seen.memory_consumable = state.memory_consumable;
         }
-        take!(pending);
-        take!(running_offline);
-        take!(notes);
-        take!(node_room);
-        take!(memory_consumable);
+        // A change of fair share reorders the round's jobs whether or not
+        // the GPUs moved (small: one entry per user), so it is always compared.
         if seen.fair_share != state.fair_share {
             self.order_moved = true;
+            seen.fair_share.clone_from(&state.fair_share);
         }
-        take!(fair_share);
+        self.seen_rest = same;
+        same = rest_same;
         self.seen_epoch = epoch;
         let plan = self.memo.take().filter(|_| same)?;
         self.reused += 1;
@@ -396,7 +414,8 @@ impl RoundCache {
     /// in the state's GPUs, `col_room[c]` its node's room, `score` the
     /// round's weights (job, column), `candidates(js)` the candidate graph
     /// of jobs `js` (ascending; the edges name the round's jobs), which a
-    /// cold round starts from and a changed job's row is seeded with.
+    /// cold round starts from and a changed job's row is seeded with;
+    /// `scored_once`: `score` looks most pairs up (no rows kept scored).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn matching(
         &mut self,
@@ -409,7 +428,11 @@ impl RoundCache {
         candidates: impl Fn(&[u32], &Score) -> Vec<Edge>,
         opts: &ExactOptions,
         budget: Option<std::time::Duration>,
+        scored_once: bool,
     ) -> Matched {
+        // Where `score` is a lookup already (scored once per column class),
+        // keeping rows scored would only copy them.
+        let dense_rows = |js: &[u32]| if scored_once { Vec::new() } else { js.to_vec() };
         let n = self.seen.gpus.len();
         let mut room: Vec<Option<Option<NodeRoom>>> = vec![None; n];
         let mut col_open = vec![u32::MAX; n];
@@ -470,8 +493,13 @@ impl RoundCache {
                         .filter(|&j| j != u32::MAX)
                         .collect();
                     changed_jobs.sort_unstable();
-                    let dense =
-                        Dense::fill(&changed_jobs, jobs.len(), open.len(), score, opts.threads);
+                    let dense = Dense::fill(
+                        &dense_rows(&changed_jobs),
+                        jobs.len(),
+                        open.len(),
+                        score,
+                        opts.threads,
+                    );
                     let score = &|j: u32, c: u32| dense.get(j, c).unwrap_or_else(|| score(j, c));
                     let mut seed: Vec<Edge> = candidates(&changed_jobs, score)
                         .into_iter()
@@ -514,7 +542,13 @@ impl RoundCache {
                 score,
             };
             let all: Vec<u32> = (0..jobs.len() as u32).collect();
-            let dense = Dense::fill(&all, jobs.len(), open.len(), score, opts.threads);
+            let dense = Dense::fill(
+                &dense_rows(&all),
+                jobs.len(),
+                open.len(),
+                score,
+                opts.threads,
+            );
             let score = &|j: u32, c: u32| dense.get(j, c).unwrap_or_else(|| score(j, c));
             let s = Slotted { score, ..s };
             let mut edges: Vec<Edge> = candidates(&all, score)

@@ -126,11 +126,18 @@ pub struct SolveOptions {
     pub arr_steps_per_job: usize,
 }
 
+/// Two workers at most, fewer on a smaller host; asked once (the answer
+/// reads cgroup files: a replayed week asked it 60,000 times).
+fn default_threads() -> usize {
+    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *THREADS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get().min(2)))
+}
+
 impl Default for SolveOptions {
     fn default() -> Self {
         SolveOptions {
             // The controller host also runs slurmctld: two workers at most.
-            threads: std::thread::available_parallelism().map_or(1, |n| n.get().min(2)),
+            threads: default_threads(),
             arr_steps_per_job: 2,
         }
     }

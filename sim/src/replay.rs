@@ -432,7 +432,7 @@ struct Sim<'a> {
     /// them ([`LearnedNow`]). The daemon retrains every round, so a
     /// failure is in its next round's model; the replay retrains more
     /// rarely and must not propose the pair again meanwhile.
-    failed_since_training: BTreeSet<(String, u32)>,
+    failed_since_training: Failures,
     /// Per job name, the largest memory cap a start failed under since the
     /// model was trained: its need is above it (what the model learns
     /// from such a run, `Profile::peak_mib`).
@@ -648,7 +648,7 @@ impl<'a> Sim<'a> {
                     .expect("sim/data/protection.toml has every mode (sim's tests read it)");
                 sc.gpus.iter().map(|g| by_model[g.model as usize]).collect()
             },
-            failed_since_training: BTreeSet::new(),
+            failed_since_training: Failures::default(),
             needs_above_since_training: BTreeMap::new(),
             progress,
         };
@@ -1750,29 +1750,19 @@ impl<'a> Sim<'a> {
         // model is retrained when the history grew by a tenth (it moves
         // little in between), which keeps a week's replay fast.
         let n = self.runs.len();
-        if self.learn
+        let retrain = self.learn
             && n > self.trained_on_runs
-            && (n - self.trained_on_runs) * 10 >= self.trained_on_runs.max(10)
-        {
-            self.model = Model::train(&self.runs);
-            self.trained_on_runs = n;
-            self.failed_since_training.clear();
-            self.needs_above_since_training.clear();
-            self.epoch += 1;
-        }
+            && (n - self.trained_on_runs) * 10 >= self.trained_on_runs.max(10);
         // The learned model's round and the oracle's (the true values, for
         // `pairing_vs_oracle`) read the same state: side by side, one core
         // each. The oracle's weights change only with the state and the
-        // jobs running on each GPU (its key): one epoch.
+        // jobs running on each GPU (its key): one epoch. The oracle reads
+        // no model, so a retraining runs beside its round, not before it.
         let mut chosen_cache = std::mem::take(&mut self.round_cache);
         let mut oracle_cache = std::mem::take(&mut self.oracle_cache);
-        let learned = LearnedNow {
-            model: &self.model,
-            failed: &self.failed_since_training,
-            needs_above: &self.needs_above_since_training,
-        };
+        let (no_failed, no_needs) = (Failures::default(), BTreeMap::new());
         let this = &*self;
-        let (chosen, oracle, chosen_s) = std::thread::scope(|s| {
+        let (chosen, oracle, chosen_s, trained) = std::thread::scope(|s| {
             let oracle = s.spawn(|| {
                 plan_cached(
                     &this.state,
@@ -1784,6 +1774,21 @@ impl<'a> Sim<'a> {
                     0,
                 )
             });
+            let trained = retrain.then(|| Model::train(&this.runs));
+            // What the daemon's next round knows: a new model has learned
+            // the failures since the last one.
+            let learned = match &trained {
+                Some(model) => LearnedNow {
+                    model,
+                    failed: &no_failed,
+                    needs_above: &no_needs,
+                },
+                None => LearnedNow {
+                    model: &this.model,
+                    failed: &this.failed_since_training,
+                    needs_above: &this.needs_above_since_training,
+                },
+            };
             let started = Instant::now();
             let chosen = plan_cached(
                 &this.state,
@@ -1792,13 +1797,21 @@ impl<'a> Sim<'a> {
                 &this.matcher,
                 &this.names,
                 &mut chosen_cache,
-                this.epoch,
+                this.epoch + u64::from(retrain),
             );
             let chosen_s = started.elapsed().as_secs_f64();
-            (chosen, oracle.join().expect("the oracle's round"), chosen_s)
+            let oracle = oracle.join().expect("the oracle's round");
+            (chosen, oracle, chosen_s, trained)
         });
         self.round_cache = chosen_cache;
         self.oracle_cache = oracle_cache;
+        if let Some(model) = trained {
+            self.model = model;
+            self.trained_on_runs = n;
+            self.failed_since_training.clear();
+            self.needs_above_since_training.clear();
+            self.epoch += 1;
+        }
         if self.timing {
             self.round_s += chosen_s;
         }
@@ -1864,8 +1877,7 @@ impl<'a> Sim<'a> {
                 let name = &self.sc.tasks[job.task as usize].name;
                 if let (false, Some(svc)) = (starts, self.online[g as usize].as_ref()) {
                     if pair.is_none() {
-                        self.failed_since_training
-                            .insert((name.clone(), svc.job_id));
+                        self.failed_since_training.insert(name, svc.job_id);
                     }
                 }
                 // Over its cap: a need above it.
@@ -2035,14 +2047,48 @@ fn hist_quantile(hist: &[f64], q: f64) -> f64 {
     1.0 + (hist.len() - 1) as f64 * LATENCY_BIN
 }
 
+/// (job name, online partner) pairs that failed at start: the daemon's
+/// model keys a job by (user, name), and every replayed job's user is the
+/// same. Kept by name, and the partners alone, for the round's lookups per
+/// job and per GPU (a scan of every pair each time cost more than the
+/// round's scoring in busy hours).
+#[derive(Debug, Default)]
+struct Failures {
+    by_name: BTreeMap<String, BTreeSet<u32>>,
+    partners: BTreeSet<u32>,
+}
+
+impl Failures {
+    fn insert(&mut self, name: &str, partner: u32) {
+        match self.by_name.get_mut(name) {
+            Some(p) => {
+                p.insert(partner);
+            }
+            None => {
+                self.by_name
+                    .insert(name.to_owned(), BTreeSet::from([partner]));
+            }
+        }
+        self.partners.insert(partner);
+    }
+
+    fn clear(&mut self) {
+        self.by_name.clear();
+        self.partners.clear();
+    }
+
+    /// The partners job `name` failed beside, ascending.
+    fn partners_of(&self, name: &str) -> impl Iterator<Item = u32> + '_ {
+        self.by_name.get(name).into_iter().flatten().copied()
+    }
+}
+
 /// The production model, less the pairs that failed at start since it was
 /// trained ([`Sim::failed_since_training`]): what the daemon's next round
 /// would know.
 struct LearnedNow<'a> {
     model: &'a Model,
-    /// (job name, partner): the daemon's model keys a job by (user,
-    /// name), and every replayed job's user is the same.
-    failed: &'a BTreeSet<(String, u32)>,
+    failed: &'a Failures,
     /// Job name -> a cap it failed under.
     needs_above: &'a BTreeMap<String, u64>,
 }
@@ -2058,12 +2104,7 @@ impl Predictor for LearnedNow<'_> {
     type Job = (JobTerms, Vec<u32>);
     type Gpu = (GpuTerms, Option<u32>);
     fn job_terms(&self, job: &PendingJob) -> Self::Job {
-        let failed_beside = self
-            .failed
-            .iter()
-            .filter(|(name, _)| *name == job.name)
-            .map(|&(_, p)| p)
-            .collect();
+        let failed_beside = self.failed.partners_of(&job.name).collect();
         let mut terms = Predictor::job_terms(self.model, job);
         if let Some(&cap) = self.needs_above.get(&job.name) {
             terms.peak_mib = Some(terms.peak_mib.unwrap_or(0).max(cap.saturating_add(1)));
@@ -2091,15 +2132,27 @@ impl Predictor for LearnedNow<'_> {
     fn solo(&self, job: &Self::Job, gpu: &GpuState, slot: &IdleSlot) -> Option<(f64, f64)> {
         Predictor::solo(self.model, &job.0, gpu, slot)
     }
+    /// The model's key, and the online job where some job failed beside it.
+    fn column_key(
+        &self,
+        at: usize,
+        gpu: &GpuState,
+        terms: Option<&Self::Gpu>,
+        key: &mut Vec<u64>,
+    ) -> bool {
+        let Some((terms, online)) = terms else {
+            return Predictor::column_key(self.model, at, gpu, None, key);
+        };
+        let failed_here = online.filter(|o| self.failed.partners.contains(o));
+        key.push(failed_here.map_or(u64::MAX, u64::from));
+        Predictor::column_key(self.model, at, gpu, Some(terms), key)
+    }
     /// What was learned of its name since training: the partners it
     /// failed beside and the cap it failed under.
     fn job_key(&self, job: &PendingJob) -> u64 {
         let fnv = |h: u64, v: u64| (h ^ v).wrapping_mul(0x0100_0000_01b3);
-        let h = self
-            .failed
-            .iter()
-            .filter(|(name, _)| *name == job.name)
-            .fold(0xcbf2_9ce4_8422_2325, |h, &(_, p)| fnv(h, u64::from(p)));
+        let h = (self.failed.partners_of(&job.name))
+            .fold(0xcbf2_9ce4_8422_2325, |h, p| fnv(h, u64::from(p)));
         fnv(h, self.needs_above.get(&job.name).map_or(u64::MAX, |&c| c))
     }
 }
@@ -2260,7 +2313,50 @@ impl<'s, 'a> Predictor for Truth<'s, 'a> {
         };
         Some(self.sim.speed_beside(gpu.g, new, job.job_type) * unknown)
     }
-    /// The same rules as [`Truth::speed`] on an idle GPU.
+    /// What `predict` and `solo` read beside the terms: the GPU's
+    /// protection and the offline jobs there (their types; on an idle GPU
+    /// their memory, and the GPU's model, memory and budget too).
+    /// The state's GPUs are the scenario's, in order ([`Truth::gpu_key`]).
+    fn column_key(
+        &self,
+        at: usize,
+        _gpu: &GpuState,
+        terms: Option<&TruthGpu>,
+        key: &mut Vec<u64>,
+    ) -> bool {
+        let sim = self.sim;
+        let g = at as u32;
+        let on = &sim.gpus[g as usize].offline;
+        let p = sim.protection[g as usize];
+        key.extend([
+            p.latency_excess_left.to_bits(),
+            p.offline_speed.to_bits(),
+            on.len() as u64,
+        ]);
+        key.extend(
+            on.iter()
+                .map(|&k| u64::from(sim.sc.jobs[k as usize].job_type)),
+        );
+        match terms {
+            Some(t) => key.extend([
+                u64::from(t.online_type),
+                t.room_mib,
+                t.share.to_bits(),
+                t.budget.to_bits(),
+                u64::from(t.cap_mib.is_some()),
+                t.cap_mib.unwrap_or(0),
+                u64::from(t.model),
+                t.unknown as u64,
+            ]),
+            None => key.extend([
+                u64::from(sim.sc.gpus[g as usize].model),
+                sim.sc.gpus[g as usize].mem_mib,
+                on.iter().map(|&k| sim.sc.jobs[k as usize].mem_mib).sum(),
+                u64::from(sim.budget_for(g).0),
+            ]),
+        }
+        true
+    }
     /// The offline jobs running there (the state's GPUs are the
     /// scenario's, in order).
     fn gpu_key(&self, at: usize, _gpu: &GpuState) -> u64 {
@@ -2271,6 +2367,7 @@ impl<'s, 'a> Predictor for Truth<'s, 'a> {
                 (h ^ u64::from(j)).wrapping_mul(0x0100_0000_01b3)
             })
     }
+    /// The same rules as [`Truth::speed`] on an idle GPU.
     fn solo(&self, job: &TruthJob, gpu: &GpuState, slot: &IdleSlot) -> Option<(f64, f64)> {
         let sim = self.sim;
         let g = sim
