@@ -64,7 +64,7 @@ GPUs that are not healthy).
 -- Keep in step with muxflow.toml [slurm] offline_gres.
 local OFFLINE_GRES = "mfslot"
 local PARK_OFFLINE = true
--- The AdminComment protocol, owned by src/admin_comment.rs (its test checks
+-- The AdminComment protocol, owned by src/records/admin_comment.rs (its test checks
 -- these constants against the Rust definitions, and that no other line here
 -- spells a protocol word out).
 local TAG = "muxflow:v1"

@@ -6,37 +6,16 @@
 //! (`sim/`). It exports no FFI and needs no Slurm headers: what reads them
 //! is `muxflow-slurm` (`slurm/`).
 
-pub mod admin_comment;
 pub mod config;
-pub mod dmem;
-pub mod health;
-pub mod jobproc;
-pub mod kv;
-pub mod limits;
 #[cfg(feature = "man")]
 pub mod man;
-pub mod metrics;
 pub mod mode;
-pub mod mps;
-pub mod mps_v3;
-pub mod node_state;
-pub mod offline_procs;
-pub mod online_page;
-pub mod placement;
-pub mod plugstack_args;
+pub mod node;
 pub mod policy;
-pub mod preempt;
-pub mod process;
-pub mod published;
-pub mod report;
-pub mod slurm_conf;
-pub mod sm_page;
-pub mod sm_partition;
+pub mod records;
 #[doc(hidden)]
 pub mod test_support;
 pub mod text;
-pub mod user_tree;
-pub mod xcuda_env;
 
 pub use config::Config;
 pub use mode::Mode;

@@ -368,7 +368,7 @@ impl Cluster {
         );
         let ns = self.node_state(&cfg, node);
         self.step_until(&cfg, node, &format!("{node} gpu{gpu} healthy"), || {
-            ns.health(gpu).ok().flatten() == Some(muxflow::health::HealthState::Healthy)
+            ns.health(gpu).ok().flatten() == Some(muxflow::policy::health::HealthState::Healthy)
         });
     }
 
@@ -442,13 +442,13 @@ impl Cluster {
             &format!("Gres=mfslot:g{gpu}:{slots}"),
             &format!(
                 "AdminComment={}",
-                muxflow::placement::Placement::Gpu {
+                muxflow::records::placement::Placement::Gpu {
                     node: node.to_string(),
                     gpu
                 }
                 // As the matcher: the job's refusals so far stay.
                 .admin_comment(
-                    muxflow::admin_comment::AdminComment::parse(&self.admin_comment(id))
+                    muxflow::records::admin_comment::AdminComment::parse(&self.admin_comment(id))
                         .map_or(0, |c| c.refusals())
                 )
             ),
@@ -769,16 +769,16 @@ impl Cluster {
     }
 
     /// The node's GPU states as published in Slurm (node Extra).
-    pub fn published(&self, node: &str) -> Vec<muxflow::published::GpuPublished> {
+    pub fn published(&self, node: &str) -> Vec<muxflow::records::published::GpuPublished> {
         let mut c = self.cmd("sinfo");
         c.args(["-h", "-N", "-n", node, "-O", "Extra:4096"]);
         let (ok, out, err) = self.run(c);
         assert!(ok, "{err}");
-        muxflow::published::decode(out.trim()).unwrap_or_else(|e| panic!("{e}: '{out}'"))
+        muxflow::records::published::decode(out.trim()).unwrap_or_else(|e| panic!("{e}: '{out}'"))
     }
 
     /// GPU `gpu` of `node` as published.
-    pub fn published_gpu(&self, node: &str, gpu: u32) -> muxflow::published::GpuPublished {
+    pub fn published_gpu(&self, node: &str, gpu: u32) -> muxflow::records::published::GpuPublished {
         let p = self.published(node);
         p.iter()
             .find(|g| g.index == gpu)
@@ -787,12 +787,12 @@ impl Cluster {
     }
 
     /// `node`'s muxflow state directory (per-GPU health, job registry).
-    pub fn node_state(&self, config: &Path, node: &str) -> muxflow::node_state::NodeState {
+    pub fn node_state(&self, config: &Path, node: &str) -> muxflow::node::state::NodeState {
         let cfg = muxflow::Config::load(config)
             .unwrap()
             .for_node(node)
             .unwrap();
-        muxflow::node_state::NodeState::new(cfg.paths.state_dir.as_path())
+        muxflow::node::state::NodeState::new(cfg.paths.state_dir.as_path())
     }
 }
 
@@ -897,7 +897,7 @@ impl Cluster {
             || {
                 self.published(node).into_iter().any(|g| {
                     g.index == gpu
-                        && g.state == muxflow::health::HealthState::Healthy
+                        && g.state == muxflow::policy::health::HealthState::Healthy
                         && g.solo_sm_pct.is_some()
                         && g.online_mem_mib.unwrap_or(0) >= mem_mib
                 })

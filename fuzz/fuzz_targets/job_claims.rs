@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use muxflow::report::{claim_bound, JobReport};
+use muxflow::records::report::{claim_bound, JobReport};
 use muxflow::Mode;
 
 fuzz_target!(|data: &[u8]| {

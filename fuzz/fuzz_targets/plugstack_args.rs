@@ -4,7 +4,7 @@
 
 use libfuzzer_sys::fuzz_target;
 
-use muxflow::plugstack_args as args;
+use muxflow::config::plugstack as args;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {

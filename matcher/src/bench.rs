@@ -892,8 +892,8 @@ pub fn daemon_state(
     seed: u64,
 ) -> (crate::reader::ClusterState, crate::predict::Model) {
     use crate::reader::{ClusterState, GpuState, PendingJob};
-    use muxflow::health::HealthState;
-    use muxflow::published::GpuPublished;
+    use muxflow::policy::health::HealthState;
+    use muxflow::records::published::GpuPublished;
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let gpus: Vec<GpuState> = (0..gpus as u32)
         .map(|g| {

@@ -10,7 +10,7 @@
 //!   ([`note_args`]). It is rewritten only when the reason changes.
 //! * **Placed** on (node K, GPU I): `ReqNodeList=K`, `Gres=<slot>:gI:1`, the
 //!   placement in its AdminComment (`placed=K:gI`, see
-//!   [`muxflow::placement`]: only root and SlurmUser can write it, and the
+//!   [`muxflow::records::placement`]: only root and SlurmUser can write it, and the
 //!   Prolog refuses an offline job whose slot is not the one written there),
 //!   and not held: Slurm starts it there.
 //!
@@ -30,7 +30,7 @@
 //! Parking by a constraint no node has is not possible: Slurm 22.05 rejects
 //! such a job at submit ("Invalid feature specification").
 
-use muxflow::placement::{Placement, Waiting};
+use muxflow::records::placement::{Placement, Waiting};
 
 use crate::reader::{Names, PendingJob};
 

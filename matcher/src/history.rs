@@ -48,7 +48,7 @@ impl HistoryCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use muxflow::report::JobReport;
+    use muxflow::records::report::JobReport;
 
     fn run(id: u32, end_s: u64, steps: f64) -> Run {
         Run {

@@ -271,7 +271,7 @@ fn main() -> anyhow::Result<()> {
                         .unwrap_or_default()
                         .trim(),
                 );
-                if let Err(e) = muxflow::metrics::write_atomic(
+                if let Err(e) = muxflow::records::metrics::write_atomic(
                     std::path::Path::new(&dir),
                     muxflow_matcher::metrics::TEXTFILE,
                     &text,
@@ -343,7 +343,7 @@ fn round(
         let path = config.matcher.shape_file.as_path();
         // Submissions are only checked less: nothing else depends on it.
         if let Err(e) =
-            muxflow_matcher::shape::write(path, &shapes, muxflow::sm_page::now_ms() / 1000)
+            muxflow_matcher::shape::write(path, &shapes, muxflow::records::sm_page::now_ms() / 1000)
         {
             tracing::warn!(
                 "{e:#}; job_submit.lua refuses no never-placeable job until it is written"
@@ -420,7 +420,7 @@ fn write_waiting_notes(
 /// The config `--config` names, else the one found beside the slurm.conf
 /// in use or in /etc/slurm (the error lists where it looked).
 fn load_config(cli: &Cli) -> anyhow::Result<muxflow::Config> {
-    let slurm_conf = muxflow::slurm_conf::discover();
+    let slurm_conf = muxflow::config::slurm_conf::discover();
     let (path, config) = muxflow::Config::find(cli.config.as_deref(), slurm_conf.as_deref())?;
     tracing::debug!(config = %path.display(), "muxflow config");
     Ok(config)

@@ -1,4 +1,4 @@
-//! The matcher's figures for Prometheus ([`muxflow::metrics`]): after each
+//! The matcher's figures for Prometheus ([`muxflow::records::metrics`]): after each
 //! round, served on `[metrics] listen` (`GET /metrics`) and written to
 //! `[metrics] textfile_dir` (`muxflow-matcher.prom`) when set.
 //!
@@ -27,7 +27,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use muxflow::metrics::Exposition;
+use muxflow::records::metrics::Exposition;
 use tokio::sync::{watch, Semaphore};
 
 use crate::predict::Evaluation;

@@ -72,8 +72,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use muxflow::config::Policy;
-use muxflow::policy::{offline_mem_cap_mib, offline_part, offline_sm_percent, GpuFacts};
-use muxflow::report::JobReport;
+use muxflow::policy::share::{offline_mem_cap_mib, offline_part, offline_sm_percent, GpuFacts};
+use muxflow::records::report::JobReport;
 use muxflow::Mode;
 use nalgebra::{SMatrix, SVector};
 use rand::{Rng, SeedableRng};
@@ -1569,9 +1569,9 @@ pub fn synthetic(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use muxflow::health::HealthState;
-    use muxflow::published::GpuPublished;
-    use muxflow::report::GangGpu;
+    use muxflow::policy::health::HealthState;
+    use muxflow::records::published::GpuPublished;
+    use muxflow::records::report::GangGpu;
 
     fn key(u: &str, n: &str) -> JobKey {
         (u.to_string(), n.to_string())

@@ -33,18 +33,18 @@
 //! | pending offline job's hint | held (`state_reason`), `required_nodes`, the typed slot in `tres_per_node` |
 //! | online job's GPU | `gres_detail` of a running job, `gpu:1(IDX:0)` |
 //! | offline slots in use | node `gres_used`, `mfslot:g1:2(IDX:0-1)` (the count per type; IDX numbers gres.conf records, not GPUs), and the running offline jobs' `gres_detail`: the larger |
-//! | GPU health, online solo SM and memory | node `extra`, [`muxflow::published`] text |
+//! | GPU health, online solo SM and memory | node `extra`, [`muxflow::records::published`] text |
 //! | a node's free CPUs and memory | node `cpus` (24.11: `effective_cpus`) − `alloc_cpus`, `real_memory` − `specialized_memory` − `alloc_memory` (MiB) |
 //! | a pending job's CPUs and memory | `tres_req_str` (`cpu=2,mem=4000M,…`; `memory_per_node` is unset or 0 when the default applies) |
-//! | offline history | `sacct --json` `comment.administrator`, [`muxflow::report::JobReport`] |
+//! | offline history | `sacct --json` `comment.administrator`, [`muxflow::records::report::JobReport`] |
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use muxflow::admin_comment::AdminComment;
 use muxflow::config::CoLocate;
-use muxflow::health::HealthState;
-use muxflow::placement::Waiting;
-use muxflow::published::{self, GpuPublished};
+use muxflow::policy::health::HealthState;
+use muxflow::records::admin_comment::AdminComment;
+use muxflow::records::placement::Waiting;
+use muxflow::records::published::{self, GpuPublished};
 use muxflow::Mode;
 use serde::Deserialize;
 

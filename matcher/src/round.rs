@@ -18,7 +18,7 @@
 //!
 //! Sized slots (`[policy] offline_per_gpu` = N > 1, issue 15): a job holds
 //! s of its GPU's N slots, its part s/N of the GPU's offline SMs and memory
-//! ([`muxflow::policy::offline_part`]; Slurm holds the slots, the hint is
+//! ([`muxflow::policy::share::offline_part`]; Slurm holds the slots, the hint is
 //! `mfslot:g<i>:<s>`). Each open GPU is one column, the job placed there
 //! taking all its free slots (alone on an empty GPU: the whole budget, as
 //! with N = 1), so that matching is exact and certified. Then, for n = 2
@@ -32,7 +32,7 @@
 //! all free slots of each of its GPUs.
 //!
 //! An idle GPU's offline job gets the SM ceiling and the GPU's memory less
-//! the reserve ([`muxflow::policy::GpuFacts::without_online`]); an online
+//! the reserve ([`muxflow::policy::share::GpuFacts::without_online`]); an online
 //! job that lands there later requeues it (the Prolog), and the matcher
 //! places it again next to that online job or elsewhere. On a tie with a
 //! shared GPU the shared one wins ([`IDLE_TIE_BREAK`]): the same predicted
@@ -88,8 +88,8 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use muxflow::config::{CoLocate, Matcher, Policy};
-use muxflow::placement::Waiting;
-use muxflow::policy::{offline_mem_cap_mib, offline_part, offline_sm_percent, GpuFacts};
+use muxflow::policy::share::{offline_mem_cap_mib, offline_part, offline_sm_percent, GpuFacts};
+use muxflow::records::placement::Waiting;
 use serde::Serialize;
 
 use crate::exact::{ExactOptions, FnScores, Incremental};
@@ -136,7 +136,7 @@ pub struct Decision {
     pub gpus: Vec<u32>,
     /// Offline slots it holds on each of `gpus` (of `[policy]
     /// offline_per_gpu`; its part of the GPU's offline SMs and memory,
-    /// [`muxflow::policy::offline_part`]); empty when not placed.
+    /// [`muxflow::policy::share::offline_part`]); empty when not placed.
     pub slots: Vec<u32>,
     pub predicted: Option<f64>,
     /// The prediction's standard deviation.
@@ -1469,8 +1469,8 @@ impl Plan {
 mod tests {
     use super::*;
     use crate::reader::{GpuState, PendingJob};
-    use muxflow::health::HealthState;
-    use muxflow::published::GpuPublished;
+    use muxflow::policy::health::HealthState;
+    use muxflow::records::published::GpuPublished;
 
     fn gpu(node: &str, state: HealthState, solo: u8, online_mem: u64, used: bool) -> GpuState {
         GpuState {

@@ -89,7 +89,7 @@ pub fn encode(shapes: &[NodeShape], now_s: u64) -> String {
 /// Writes the file atomically (the Lua never reads half of it).
 pub fn write(path: &Path, shapes: &[NodeShape], now_s: u64) -> anyhow::Result<()> {
     use anyhow::Context;
-    muxflow::node_state::write_atomic(path, encode(shapes, now_s).as_bytes()).with_context(|| {
+    muxflow::node::state::write_atomic(path, encode(shapes, now_s).as_bytes()).with_context(|| {
         format!(
             "writing the cluster shape to {} ([matcher] shape_file)",
             path.display()

@@ -16,7 +16,7 @@ use crate::weights::quantize;
 
 /// Columns of GPUs with several slots: GPU g's copies are the columns
 /// `start[g]..start[g + 1]`, ordered by worth (copy s: the job as one of
-/// s + 1 new offline jobs there, [`muxflow::policy::offline_share`]).
+/// s + 1 new offline jobs there, [`muxflow::policy::share::offline_share`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SlotColumns {
     pub start: Vec<u32>,

@@ -16,8 +16,8 @@ use serde::Serialize;
 
 use crate::predict::{estimate, progress, runs_from_sacct, Model, Run, Signal};
 use crate::reader::SacctJob;
-use muxflow::admin_comment::AdminComment;
-use muxflow::report::{JobReport, ReportError};
+use muxflow::records::admin_comment::AdminComment;
+use muxflow::records::report::{JobReport, ReportError};
 use muxflow::Mode;
 
 /// Who asks.

@@ -28,7 +28,7 @@
 //! * sacct: `hist-a` and `hist-b`, finished offline runs on node1 GPU 0
 //!   with the records the plugin wrote (`hist-b` with a workload figure).
 
-use muxflow::health::HealthState;
+use muxflow::policy::health::HealthState;
 use muxflow::Mode;
 use muxflow_matcher::hints::{current, Target};
 use muxflow_matcher::predict::{estimate, runs_from_sacct, Model};

@@ -22,7 +22,7 @@ struct Cli {
     #[arg(long, default_value_t = 250)]
     every_ms: u64,
     /// Time between the two GPM samples of a read [default: the sampler's,
-    /// `muxflow::health::GPM_MIN_GAP`].
+    /// `muxflow::policy::health::GPM_MIN_GAP`].
     #[arg(long)]
     gpm_gap_ms: Option<u64>,
     /// libnvidia-ml to load [default: libnvidia-ml.so.1 from the loader's path].
@@ -38,7 +38,7 @@ fn main() -> anyhow::Result<()> {
     while start.elapsed().as_secs_f64() < cli.seconds {
         let gap = cli
             .gpm_gap_ms
-            .map_or(muxflow::health::GPM_MIN_GAP, Duration::from_millis);
+            .map_or(muxflow::policy::health::GPM_MIN_GAP, Duration::from_millis);
         let t = nvml::read_with_gpm_gap(cli.lib.as_deref(), Duration::ZERO, gap)?;
         let at = start.elapsed().as_secs_f64();
         for (i, read) in &t.gpus {

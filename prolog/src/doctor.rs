@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use muxflow::mps::{ComputeCapability, MpsDaemon, ServerMode, MULTIUSER_FLAG};
+use muxflow::node::mps::{ComputeCapability, MpsDaemon, ServerMode, MULTIUSER_FLAG};
 use muxflow::Config;
 
 /// One check's outcome.
@@ -560,9 +560,9 @@ pub fn run(config: &Config, node: &str, slurm_conf: &Path, slurmd_v: &str) -> Ve
         .copied()
         .filter(|&g| {
             let d = MpsDaemon::for_gpu(config, g);
-            crate::gpu_caps::mps_protocol_wanted(config) == muxflow::mps_v3::Protocol::V3
+            crate::gpu_caps::mps_protocol_wanted(config) == muxflow::node::mps_v3::Protocol::V3
                 && d.is_running()
-                && d.protocol() != muxflow::mps_v3::Protocol::V3
+                && d.protocol() != muxflow::node::mps_v3::Protocol::V3
         })
         .collect();
     checks.push(check_mps_v3(version, config.mps.sm_partitions, &not_v3));
@@ -657,19 +657,19 @@ pub struct DmemFound {
     /// The regions of `dmem.capacity`; None without the controller.
     pub regions: Option<Vec<(String, u64)>>,
     /// Whether Slurm's parent of the job cgroups
-    /// ([`muxflow::dmem::SLURM_JOBS_PARENT`]) offers the controller to them;
+    /// ([`muxflow::node::dmem::SLURM_JOBS_PARENT`]) offers the controller to them;
     /// None when that cgroup is not there (no job yet, or another layout).
     pub jobs_parent_offers: Option<bool>,
 }
 
 /// Reads [`DmemFound`] under `cgroup_root`.
 pub fn dmem_found(cgroup_root: &Path) -> DmemFound {
-    let parent = cgroup_root.join(muxflow::dmem::SLURM_JOBS_PARENT);
+    let parent = cgroup_root.join(muxflow::node::dmem::SLURM_JOBS_PARENT);
     DmemFound {
-        regions: muxflow::dmem::regions(cgroup_root),
+        regions: muxflow::node::dmem::regions(cgroup_root),
         jobs_parent_offers: std::fs::read_to_string(parent.join("cgroup.controllers"))
             .ok()
-            .map(|t| muxflow::dmem::lists_dmem(&t)),
+            .map(|t| muxflow::node::dmem::lists_dmem(&t)),
     }
 }
 
@@ -685,18 +685,18 @@ pub fn check_dmem(found: &DmemFound, bus_ids: &[String]) -> Check {
     };
     let named = bus_ids
         .iter()
-        .filter(|b| muxflow::dmem::region_of(regions, b).is_some())
+        .filter(|b| muxflow::node::dmem::region_of(regions, b).is_some())
         .count();
     if found.jobs_parent_offers == Some(false) {
         return Check::fail(
             "dmem",
             format!(
                 "the kernel has the controller, but {} does not offer it to the job cgroups: GPU memory caps stay xCUDA's",
-                muxflow::dmem::SLURM_JOBS_PARENT
+                muxflow::node::dmem::SLURM_JOBS_PARENT
             ),
             format!(
                 "enable it down to the job cgroups: echo +dmem > cgroup.subtree_control in the cgroup root, system.slice and {}",
-                muxflow::dmem::SLURM_JOBS_PARENT
+                muxflow::node::dmem::SLURM_JOBS_PARENT
             ),
         );
     }
@@ -716,7 +716,7 @@ pub fn check_dmem(found: &DmemFound, bus_ids: &[String]) -> Check {
 }
 
 /// Static SM partitions need control daemon 13010+ (CUDA 13.1) and Ampere.
-pub const SM_PARTITIONS_MIN_VERSION: u32 = muxflow::sm_partition::MIN_VERSION;
+pub const SM_PARTITIONS_MIN_VERSION: u32 = muxflow::node::sm_partition::MIN_VERSION;
 
 /// The `sm partitions` line: used (`[mps] sm_partitions` on, a daemon and
 /// GPUs that have them), available but off, absent (the SM share stays
@@ -773,7 +773,7 @@ pub fn check_mechanisms(dmem: &DmemFound, bus_ids: &[String]) -> Vec<Check> {
 /// leave; or static partitions asked for), absent, or broken: it should be
 /// used, but a running daemon speaks v2 (`not_v3`: its GPUs).
 pub fn check_mps_v3(version: Option<u32>, sm_partitions: bool, not_v3: &[u32]) -> Check {
-    use muxflow::mps_v3::{Support, CGROUP_ROUTING_MIN_VERSION, MIN_VERSION};
+    use muxflow::node::mps_v3::{Support, CGROUP_ROUTING_MIN_VERSION, MIN_VERSION};
     let name = "mps v3";
     match Support::of(version) {
         Support::Absent => Check::ok(

@@ -3,7 +3,7 @@
 //! Asked only when a daemon is started, so a Prolog on a GPU whose daemon
 //! already runs pays nothing for it.
 
-use muxflow::mps::ComputeCapability;
+use muxflow::node::mps::ComputeCapability;
 use muxflow::Config;
 use nvml_wrapper::Nvml;
 
@@ -58,7 +58,7 @@ pub fn static_partitions_wanted(config: &Config, gpu: u32) -> bool {
     }
     let version = mps_control_version(config);
     let cc = compute_capability(config, gpu);
-    let ok = version.is_some_and(|v| v >= muxflow::sm_partition::MIN_VERSION)
+    let ok = version.is_some_and(|v| v >= muxflow::node::sm_partition::MIN_VERSION)
         && cc.is_some_and(|c| c.major >= 8);
     if !ok {
         tracing::warn!(
@@ -66,7 +66,7 @@ pub fn static_partitions_wanted(config: &Config, gpu: u32) -> bool {
             ?version,
             ?cc,
             "[mps] sm_partitions is set but this daemon or GPU has no static SM partitions (control daemon {}+ and Ampere or newer): the SM share stays MPS's active-thread percentage",
-            muxflow::sm_partition::MIN_VERSION
+            muxflow::node::sm_partition::MIN_VERSION
         );
     }
     ok
@@ -74,10 +74,10 @@ pub fn static_partitions_wanted(config: &Config, gpu: u32) -> bool {
 
 /// The grammar a daemon started now speaks: MPS v3, for offline jobs'
 /// namespaces, where the control daemon routes clients by cgroup
-/// ([`muxflow::mps_v3::Support`]) and `[mps] sm_partitions` (which runs on
+/// ([`muxflow::node::mps_v3::Support`]) and `[mps] sm_partitions` (which runs on
 /// a v2 daemon) is off; else v2, today's path.
-pub fn mps_protocol_wanted(config: &Config) -> muxflow::mps_v3::Protocol {
-    use muxflow::mps_v3::{Protocol, Support};
+pub fn mps_protocol_wanted(config: &Config) -> muxflow::node::mps_v3::Protocol {
+    use muxflow::node::mps_v3::{Protocol, Support};
     if config.mps.sm_partitions {
         return Protocol::V2;
     }
@@ -92,9 +92,10 @@ pub fn mps_protocol_wanted(config: &Config) -> muxflow::mps_v3::Protocol {
 /// 13010+, the Isaac ROS partitioning guide says). None when it prints no
 /// such number (older daemons printed a version on Tegra only).
 pub fn mps_control_version(config: &Config) -> Option<u32> {
-    let mut c = muxflow::process::command(config.paths.mps_control.as_path());
+    let mut c = muxflow::node::process::command(config.paths.mps_control.as_path());
     c.arg("-v");
-    let out = muxflow::process::run(c, None, std::time::Duration::from_secs(5), false).ok()?;
+    let out =
+        muxflow::node::process::run(c, None, std::time::Duration::from_secs(5), false).ok()?;
     parse_mps_version(&format!("{}{}", out.stdout, out.stderr))
 }
 
@@ -129,8 +130,8 @@ pub fn pci_bus_id(config: &Config, gpu: u32) -> Option<String> {
 /// cgroup root: None when the kernel has no controller or the driver
 /// registered no region for the GPU (the cap then stays xCUDA's).
 pub fn dmem_region(config: &Config, gpu: u32) -> Option<String> {
-    let regions = muxflow::dmem::regions(config.paths.cgroup_root.as_path())?;
-    muxflow::dmem::region_of(&regions, &pci_bus_id(config, gpu)?)
+    let regions = muxflow::node::dmem::regions(config.paths.cgroup_root.as_path())?;
+    muxflow::node::dmem::region_of(&regions, &pci_bus_id(config, gpu)?)
 }
 
 #[cfg(test)]

@@ -6,11 +6,11 @@
 //! (set by slurmd for gres/gpu) for online jobs, the typed offline slots
 //! (`mfslot:g<i>:<s>`: s of GPU i's `[policy] offline_per_gpu` slots) read
 //! from slurmctld for offline jobs. The job's part of the GPU is s of its
-//! N parts (`muxflow::policy::offline_slot_share`); the Prolog records
+//! N parts (`muxflow::policy::share::offline_slot_share`); the Prolog records
 //! which s slot indices it holds.
 //!
 //! An offline job runs only where muxflow placed it: its slot must be the
-//! one the matcher wrote into its AdminComment ([`muxflow::placement`]), and
+//! one the matcher wrote into its AdminComment ([`muxflow::records::placement`]), and
 //! that GPU must be Healthy. Otherwise the job is refused: the reason goes
 //! to `<state_dir>/refused/<job>` (the plugin refuses the job's tasks with
 //! it, so the user reads it in the job's output, and puts the job back in
@@ -19,12 +19,12 @@
 //! drain the node for what is the job's problem.
 
 use anyhow::{Context, Result};
-use muxflow::admin_comment::AdminComment;
-use muxflow::health::HealthState;
-use muxflow::mps::MpsDaemon;
-use muxflow::mps_v3::Protocol;
-use muxflow::node_state::{free_offline_slots, JobRecord, NodeState};
-use muxflow::placement::refused_admin_comment;
+use muxflow::node::mps::MpsDaemon;
+use muxflow::node::mps_v3::Protocol;
+use muxflow::node::state::{free_offline_slots, JobRecord, NodeState};
+use muxflow::policy::health::HealthState;
+use muxflow::records::admin_comment::AdminComment;
+use muxflow::records::placement::refused_admin_comment;
 use muxflow::{Config, Mode};
 use muxflow_slurm::cli::{HeldSlots, OfflineJob, Scontrol};
 
@@ -238,7 +238,7 @@ pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
         // An offline job takes `count` free slots of the GPU (as many as
         // Slurm gave it), under the lock: two Prologs never pick the same
         // one, so the parts of the jobs there never add up to more than the
-        // GPU's budget (muxflow::policy::offline_slot_share).
+        // GPU's budget (muxflow::policy::share::offline_slot_share).
         let mut on_gpu = state.jobs(gpu).unwrap_or_default();
         let per_gpu = config.policy.offline_per_gpu;
         let pick = |on_gpu: &[JobRecord]| match job.mode {
@@ -335,7 +335,7 @@ pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
         if job.mode == Mode::Offline {
             // Found per job: a node's kernel or driver may change between
             // jobs. The plugin writes the cap into the job's cgroup at its
-            // first step, where the cap is fixed (muxflow::dmem).
+            // first step, where the cap is fixed (muxflow::node::dmem).
             let region = crate::gpu_caps::dmem_region(config, gpu);
             if let Err(e) = state.set_dmem_region(&lock, gpu, region.as_deref()) {
                 tracing::warn!(
@@ -381,21 +381,21 @@ pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
 /// Makes job `job`'s static SM partition on GPU `gpu` (its daemon runs in
 /// static mode) and records it for the plugin: an online job all the free
 /// chunks but the policy's default offline share, an offline job its
-/// policy share ([`muxflow::sm_partition::plan`]), chunk counts from the
+/// policy share ([`muxflow::node::sm_partition::plan`]), chunk counts from the
 /// daemon's `lspart`. The caller holds the GPU's lock.
 fn give_partition(
     config: &Config,
     state: &NodeState,
-    lock: &muxflow::node_state::GpuLock,
+    lock: &muxflow::node::state::GpuLock,
     job: &Job,
     gpu: u32,
     daemon: &MpsDaemon,
 ) -> Result<(), String> {
-    use muxflow::sm_partition;
+    use muxflow::node::sm_partition;
     let uuid = crate::gpu_caps::uuid(config, gpu).ok_or("NVML gives no UUID for the GPU")?;
     let chunks = daemon.chunks(&uuid).map_err(|e| e.to_string())?;
     let pct = match job.mode {
-        Mode::Online => muxflow::policy::offline_sm_percent(&config.policy, None),
+        Mode::Online => muxflow::policy::share::offline_sm_percent(&config.policy, None),
         Mode::Offline => {
             state
                 .offline_share(&config.policy, gpu, job.id)
@@ -428,7 +428,7 @@ fn give_partition(
 fn give_namespace(
     config: &Config,
     state: &NodeState,
-    lock: &muxflow::node_state::GpuLock,
+    lock: &muxflow::node::state::GpuLock,
     job: &Job,
     gpu: u32,
     daemon: &MpsDaemon,
@@ -437,7 +437,8 @@ fn give_namespace(
         .offline_share(&config.policy, gpu, job.id)
         .map_err(|e| e.to_string())
         .and_then(|share| {
-            let ns = muxflow::mps_v3::Namespace::for_job(job.id, share.mem_cap_mib, share.sm_pct);
+            let ns =
+                muxflow::node::mps_v3::Namespace::for_job(job.id, share.mem_cap_mib, share.sm_pct);
             daemon.create_namespace(&ns).map_err(|e| e.to_string())?;
             if let Err(e) = state.set_mps_namespace(lock, gpu, job.id, &ns) {
                 // Unrecorded, the Epilog would not find it: take it away.
@@ -503,7 +504,7 @@ pub fn restore_namespaces(config: &Config, state: &NodeState, gpu: u32) {
 fn drop_namespace(
     config: &Config,
     state: &NodeState,
-    lock: &muxflow::node_state::GpuLock,
+    lock: &muxflow::node::state::GpuLock,
     gpu: u32,
     job_id: u32,
 ) {
@@ -575,7 +576,7 @@ pub fn offline_jobs_to_requeue(online_job: u32, on_gpus: &[(u32, Vec<JobRecord>)
 /// to place again under the usual policy, and wait (bounded) until their
 /// Epilog has run, so their memory is free before the online job starts.
 /// Before the requeue each job gets its own warning, if its script asks
-/// for one ([`muxflow::preempt`]), and up to its lead to checkpoint; its
+/// for one ([`muxflow::records::preempt`]), and up to its lead to checkpoint; its
 /// xCUDA is told the latest release (its limits file), so that whatever the
 /// job does with the signals its GPU is free within the online job's wait.
 /// Best effort: the online job starts whatever happens, with each failure
@@ -606,7 +607,9 @@ fn make_room(config: &Config, state: &NodeState, job: &Job, gpus: &[u32]) {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
     for &id in &victims {
-        if let Err(e) = muxflow::limits::set_release_by(&state.limits_dir(), id, release_by_ms, 0) {
+        if let Err(e) =
+            muxflow::records::limits::set_release_by(&state.limits_dir(), id, release_by_ms, 0)
+        {
             tracing::error!(
                 job = id,
                 online_job = job.id,
@@ -695,13 +698,13 @@ fn warn(scontrol: &Scontrol, online_job: u32, victims: &[u32]) -> std::time::Dur
                 continue;
             }
         };
-        let Some(w) = muxflow::preempt::warning_in_script(&script) else {
+        let Some(w) = muxflow::records::preempt::warning_in_script(&script) else {
             continue;
         };
-        let name = muxflow::preempt::signal_name(w.signal).unwrap_or("?");
+        let name = muxflow::records::preempt::signal_name(w.signal).unwrap_or("?");
         match scontrol.signal_job(id, name, w.batch_only) {
             Ok(()) => {
-                let g = muxflow::preempt::grace(&w, WARNING_GRACE_MAX);
+                let g = muxflow::records::preempt::grace(&w, WARNING_GRACE_MAX);
                 tracing::warn!(
                     job = id,
                     online_job,
@@ -717,7 +720,7 @@ fn warn(scontrol: &Scontrol, online_job: u32, victims: &[u32]) -> std::time::Dur
 
 /// What the job's own directory (its xCUDA statistics and report files,
 /// the user's to write) may hold: far more than those files need.
-const JOB_FILES: muxflow::user_tree::Bounds = muxflow::user_tree::Bounds {
+const JOB_FILES: muxflow::node::user_tree::Bounds = muxflow::node::user_tree::Bounds {
     mib: 16,
     inodes: 4096,
 };
@@ -734,11 +737,11 @@ fn bound_job_files(state: &NodeState, job: &Job) {
     let made = (|| -> std::io::Result<()> {
         let gid = gid.ok_or_else(|| std::io::Error::other("SLURM_JOB_GID is not set"))?;
         // A run of the same job id before (a requeue) left nothing behind.
-        muxflow::user_tree::remove(&dir)?;
+        muxflow::node::user_tree::remove(&dir)?;
         if let Some(parent) = dir.parent() {
             std::fs::create_dir_all(parent)?;
         }
-        muxflow::user_tree::mount_bounded(&dir, job.uid, gid, JOB_FILES)
+        muxflow::node::user_tree::mount_bounded(&dir, job.uid, gid, JOB_FILES)
     })();
     if let Err(e) = made {
         tracing::warn!(
@@ -792,7 +795,7 @@ fn forget(config: &Config, state: &NodeState, job_id: u32) -> Result<()> {
         tracing::warn!(job = job_id, "{e}");
     }
     let stats = state.xcuda_stats_dir(job_id);
-    if let Err(e) = muxflow::user_tree::remove(&stats) {
+    if let Err(e) = muxflow::node::user_tree::remove(&stats) {
         tracing::warn!(job = job_id, "cannot remove {}: {e}", stats.display());
     }
     remove_limits_files(state, job_id);
@@ -902,12 +905,12 @@ fn remove_limits_files(state: &NodeState, job_id: u32) {
         .map(|d| {
             d.flatten()
                 .filter(|e| e.file_name().to_string_lossy().starts_with('g'))
-                .map(|e| muxflow::limits::path(&e.path(), job_id))
+                .map(|e| muxflow::records::limits::path(&e.path(), job_id))
                 .collect()
         })
         .unwrap_or_default();
     for file in [
-        muxflow::limits::path(&state.limits_dir(), job_id),
+        muxflow::records::limits::path(&state.limits_dir(), job_id),
         state.policed_file(job_id),
         state.terminated_by_other_file(job_id),
         state.measured_file(job_id),

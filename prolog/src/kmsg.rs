@@ -13,7 +13,7 @@ use std::io::{ErrorKind, Read};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use muxflow::node_state::{write_atomic, NodeState, StateError};
+use muxflow::node::state::{write_atomic, NodeState, StateError};
 use serde::{Deserialize, Serialize};
 
 /// A PCI location: (domain, bus, device).

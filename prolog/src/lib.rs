@@ -73,7 +73,7 @@ pub fn run_contained(
 ) {
     let cli = Cli::parse_for(program);
     let env = JobEnv::from_env();
-    let slurm_conf = muxflow::slurm_conf::discover();
+    let slurm_conf = muxflow::config::slurm_conf::discover();
     let config = Config::find(cli.config.as_deref(), slurm_conf.as_deref())
         .map(|(path, c)| {
             let _ = CONFIG_PATH.set(path);

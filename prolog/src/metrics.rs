@@ -1,4 +1,4 @@
-//! The node's figures for Prometheus and DCGM ([`muxflow::metrics`]):
+//! The node's figures for Prometheus and DCGM ([`muxflow::records::metrics`]):
 //! gathered from the node state the health steps, Prolog and Epilog keep,
 //! written to `[metrics] textfile_dir` (`muxflow.prom`) and
 //! `[metrics] dcgm_job_mapping_dir` when set.
@@ -25,11 +25,11 @@
 
 use std::collections::BTreeSet;
 
-use muxflow::health::HealthState;
-use muxflow::limits::JobLimits;
-use muxflow::metrics::Exposition;
-use muxflow::node_state::NodeState;
-use muxflow::report::{last_kv_line, read_claim_files, JobReport};
+use muxflow::node::state::NodeState;
+use muxflow::policy::health::HealthState;
+use muxflow::records::limits::JobLimits;
+use muxflow::records::metrics::Exposition;
+use muxflow::records::report::{last_kv_line, read_claim_files, JobReport};
 use muxflow::{Config, Mode};
 
 use crate::record::load_record;
@@ -186,7 +186,10 @@ pub fn collect(ns: &NodeState, node: &str) -> (Exposition, Vec<(u32, BTreeSet<u3
                 .iter()
                 .filter(|(n, _)| n.starts_with("xcuda."))
                 .filter_map(|(_, t)| {
-                    muxflow::report::claim_u64("released", last_kv_line(t)?.get("released")?)
+                    muxflow::records::report::claim_u64(
+                        "released",
+                        last_kv_line(t)?.get("released")?,
+                    )
                 })
                 .fold(0u64, u64::saturating_add);
             e.counter(
@@ -216,13 +219,13 @@ pub fn publish(config: &Config, ns: &NodeState, node: &str) {
     let (exposition, mapping) = collect(ns, node);
     if let Some(dir) = &m.textfile_dir {
         if let Err(e) =
-            muxflow::metrics::write_atomic(dir.as_path(), TEXTFILE, &exposition.render())
+            muxflow::records::metrics::write_atomic(dir.as_path(), TEXTFILE, &exposition.render())
         {
             tracing::warn!("muxflow metrics textfile: {e}");
         }
     }
     if let Some(dir) = &m.dcgm_job_mapping_dir {
-        if let Err(e) = muxflow::metrics::write_job_mapping(dir.as_path(), &mapping) {
+        if let Err(e) = muxflow::records::metrics::write_job_mapping(dir.as_path(), &mapping) {
             tracing::warn!("dcgm job mapping: {e}");
         }
     }
@@ -232,8 +235,8 @@ pub fn publish(config: &Config, ns: &NodeState, node: &str) {
 mod tests {
     use super::*;
     use muxflow::config::Xcuda;
-    use muxflow::node_state::JobRecord;
-    use muxflow::xcuda_env::XcudaEnv;
+    use muxflow::node::state::JobRecord;
+    use muxflow::records::xcuda_env::XcudaEnv;
     use std::os::unix::fs::PermissionsExt;
 
     #[test]
@@ -258,15 +261,15 @@ mod tests {
             sm_pct: 30,
             mem_cap_mib: Some(1024),
             xcuda: XcudaEnv::from_config(&Xcuda::default(), 1),
-            enforced_by: muxflow::limits::EnforcedBy {
-                mem: muxflow::limits::Enforcer::Kernel,
-                sm: muxflow::limits::Enforcer::Xcuda,
+            enforced_by: muxflow::records::limits::EnforcedBy {
+                mem: muxflow::records::limits::Enforcer::Kernel,
+                sm: muxflow::records::limits::Enforcer::Xcuda,
             },
         };
         let ldir = ns.limits_dir();
         std::fs::create_dir_all(&ldir).unwrap();
         std::fs::set_permissions(&ldir, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let lpath = muxflow::limits::path(&ldir, 12);
+        let lpath = muxflow::records::limits::path(&ldir, 12);
         std::fs::write(&lpath, limits.encode()).unwrap();
         std::fs::set_permissions(&lpath, std::fs::Permissions::from_mode(0o644)).unwrap();
         let stats = ns.xcuda_stats_dir(12);

@@ -1,13 +1,13 @@
 //! One NVML read per step: every GPU's utilization, SM clock, memory and
 //! compute processes, plus pending Xid events. SM activity (GPM) needs two
-//! samples [`GPM_MIN_GAP`](muxflow::health::GPM_MIN_GAP) apart, so the
+//! samples [`GPM_MIN_GAP`](muxflow::policy::health::GPM_MIN_GAP) apart, so the
 //! steps take it from the node's sampler ([`crate::sampler`]), which uses
 //! [`gpm_sm_activity`]; [`read_with_gpm_gap`] samples it itself, waiting
 //! (the example `nvml-sample` and the tests).
 
 use std::time::{Duration, Instant};
 
-use muxflow::health::Metrics;
+use muxflow::policy::health::Metrics;
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::Clock;
 use nvml_wrapper::enums::device::UsedGpuMemory;
@@ -96,7 +96,7 @@ pub fn open(lib: Option<&std::path::Path>) -> Result<Nvml, ReadError> {
 }
 
 /// SM activity, percent, between two GPM samples of one GPU (taken at
-/// least [`GPM_MIN_GAP`](muxflow::health::GPM_MIN_GAP) apart, or it reads
+/// least [`GPM_MIN_GAP`](muxflow::policy::health::GPM_MIN_GAP) apart, or it reads
 /// 0); None when the GPU has no such metric.
 pub fn gpm_sm_activity(
     nvml: &Nvml,

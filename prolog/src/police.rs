@@ -3,11 +3,11 @@
 //! from outside, on every step of the GPU (Prolog, Epilog, health check).
 //!
 //! A process is policed when it belongs to an offline job with a limits
-//! file on this node ([`muxflow::jobproc`] says which job, from the job's
+//! file on this node ([`muxflow::node::jobproc`] says which job, from the job's
 //! cgroup or its root slurmstepd ancestor; never from its environment) and
 //! it is on this GPU (an NVML compute process or a client of the GPU's MPS
 //! server). Checked against the job's root-owned limits
-//! ([`muxflow::limits`]):
+//! ([`muxflow::records::limits`]):
 //!
 //! | code | what |
 //! |---|---|
@@ -43,11 +43,11 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use muxflow::jobproc::Procfs;
-use muxflow::limits::JobLimits;
-use muxflow::mps::MpsDaemon;
-use muxflow::node_state::NodeState;
-use muxflow::report::{add_peers, format_peers, parse_peers};
+use muxflow::node::jobproc::Procfs;
+use muxflow::node::mps::MpsDaemon;
+use muxflow::node::state::NodeState;
+use muxflow::records::limits::JobLimits;
+use muxflow::records::report::{add_peers, format_peers, parse_peers};
 use muxflow::Config;
 
 use crate::nvml::Process;
@@ -76,7 +76,7 @@ const ENV_VARS: [&str; 4] = [
     "CUDA_MPS_CLIENT_PRIORITY",
     "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
     "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
-    muxflow::sm_partition::ENV,
+    muxflow::node::sm_partition::ENV,
 ];
 
 /// Checks one process of job `limits.job_id` seen on GPU `gpu`;
@@ -124,13 +124,13 @@ pub fn check(
         );
     }
     if let Some(want) = partition {
-        let given = env(muxflow::sm_partition::ENV);
+        let given = env(muxflow::node::sm_partition::ENV);
         if given.map(str::trim) != Some(want) {
             return v(
                 "sm_partition",
                 format!(
                     "it started with {}={} instead of the job's partition {want}",
-                    muxflow::sm_partition::ENV,
+                    muxflow::node::sm_partition::ENV,
                     given.unwrap_or("(unset)")
                 ),
             );
@@ -238,13 +238,13 @@ pub fn police_gpu(
             continue;
         };
         // A k-GPU job's limits for this GPU, else the job's (1-GPU) file.
-        let gang_dir = muxflow::limits::gpu_dir(&limits_dir, gpu);
+        let gang_dir = muxflow::records::limits::gpu_dir(&limits_dir, gpu);
         let limits = match JobLimits::read_trusted(&gang_dir, job, owner)
             .or_else(|_| JobLimits::read_trusted(&limits_dir, job, owner))
         {
             Ok((l, _)) => l,
             // Not an offline job of this node (online, or not muxflow's).
-            Err(muxflow::limits::LimitsError::Io { source, .. })
+            Err(muxflow::records::limits::LimitsError::Io { source, .. })
                 if source.kind() == std::io::ErrorKind::NotFound =>
             {
                 continue
@@ -379,7 +379,7 @@ fn record_peak(ns: &NodeState, job: u32, mib: u64) {
 /// Adds one sample of the online partner's SM utilization (percent of the
 /// GPU, summed over its processes) to the job's measured file: count, sum
 /// and largest, from which the report's `partner_load_pct` is the mean
-/// over the largest ([`muxflow::report::partner_load_pct`]).
+/// over the largest ([`muxflow::records::report::partner_load_pct`]).
 fn record_partner_load(ns: &NodeState, job: u32, sm_pct: u32) {
     update_measured(ns, job, |m| {
         let get = |m: &BTreeMap<String, String>, k: &str| -> u64 {
@@ -427,7 +427,7 @@ fn update_measured(
     let path = ns.measured_file(job);
     let mut map = std::fs::read_to_string(&path)
         .ok()
-        .and_then(|t| muxflow::kv::parse(t.trim()).ok())
+        .and_then(|t| muxflow::records::kv::parse(t.trim()).ok())
         .unwrap_or_default();
     if change(&mut map).is_none() {
         return;
@@ -438,7 +438,7 @@ fn update_measured(
         .collect::<Vec<_>>()
         .join(" ")
         + "\n";
-    if let Err(e) = muxflow::node_state::write_atomic(&path, text.as_bytes()) {
+    if let Err(e) = muxflow::node::state::write_atomic(&path, text.as_bytes()) {
         tracing::error!(job, "{e}");
     }
 }
@@ -481,11 +481,11 @@ fn partner_sm_pct(
 
 /// Writes the GPU's offline processes (of the NVML processes, those of an
 /// offline job recorded on the GPU, by [`Procfs::job_of`]) where xCUDA's
-/// brake reads them ([`muxflow::offline_procs`]); rewritten only when the
+/// brake reads them ([`muxflow::node::offline_procs`]); rewritten only when the
 /// list changes. The caller holds the GPU's lock. A failure is logged: the
 /// brakes then count every other process, as with one offline job.
 fn publish_offline_procs(ns: &NodeState, procfs: &Procfs, gpu: u32, processes: &[Process]) {
-    use muxflow::offline_procs::{self, ProcId};
+    use muxflow::node::offline_procs::{self, ProcId};
     let offline_jobs: BTreeSet<u32> = ns
         .jobs(gpu)
         .unwrap_or_default()
@@ -505,7 +505,7 @@ fn publish_offline_procs(ns: &NodeState, procfs: &Procfs, gpu: u32, processes: &
     if std::fs::read_to_string(&path).is_ok_and(|old| old == text) {
         return;
     }
-    match muxflow::node_state::write_atomic(&path, text.as_bytes()) {
+    match muxflow::node::state::write_atomic(&path, text.as_bytes()) {
         Ok(()) => tracing::debug!(gpu, "offline processes for the brake: {}", text.trim()),
         Err(e) => tracing::error!(
             gpu,
@@ -856,7 +856,7 @@ fn tell_process(
     let (Some(uid), Some(gid)) = (id("Uid:"), id("Gid:")) else {
         return None;
     };
-    let mut cmd = muxflow::process::command(Path::new(TIMEOUT));
+    let mut cmd = muxflow::node::process::command(Path::new(TIMEOUT));
     // Seconds, as coreutils reads a duration (no "ms" suffix).
     cmd.args([
         "-s",
@@ -1003,7 +1003,7 @@ mod tests {
         }
     }
     use muxflow::config::Xcuda;
-    use muxflow::xcuda_env::XcudaEnv;
+    use muxflow::records::xcuda_env::XcudaEnv;
 
     fn limits() -> JobLimits {
         JobLimits {
@@ -1152,7 +1152,8 @@ mod tests {
         ] {
             let mut f = good();
             if let Some(g) = given {
-                f.env.insert(muxflow::sm_partition::ENV.into(), g.into());
+                f.env
+                    .insert(muxflow::node::sm_partition::ENV.into(), g.into());
             }
             assert_eq!(
                 check(&f, &limits(), 1, Some(mine)).map(|v| v.code),
@@ -1164,7 +1165,7 @@ mod tests {
 
     #[test]
     fn peers_seen_at_any_check_stay_in_the_measured_file() {
-        use muxflow::node_state::JobRecord;
+        use muxflow::node::state::JobRecord;
         let dir = tempfile::tempdir().unwrap();
         let ns = NodeState::new(dir.path());
         std::fs::create_dir_all(ns.limits_dir()).unwrap();
@@ -1196,7 +1197,7 @@ mod tests {
         record_peers(&ns, 5, 0);
         let text = std::fs::read_to_string(ns.measured_file(5)).unwrap();
         assert_eq!(
-            muxflow::report::Measured::parse(&text).peers,
+            muxflow::records::report::Measured::parse(&text).peers,
             [7, 9],
             "{text}"
         );

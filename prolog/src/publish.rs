@@ -1,6 +1,6 @@
 //! Publishing the node's GPU states to slurmctld, and the GPU-lost drain.
 //!
-//! The text ([`muxflow::published::encode`]) goes into the node's `Extra`
+//! The text ([`muxflow::records::published::encode`]) goes into the node's `Extra`
 //! field with `scontrol update NodeName=… Extra=…` (Slurm 22.05 and 24.11
 //! accept it, the matcher reads it back as `extra`, and `scontrol
 //! reconfigure` keeps it). It is sent only when it changed or is older than
@@ -18,9 +18,9 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use muxflow::mps::MpsDaemon;
-use muxflow::node_state::{write_atomic, NodeState};
-use muxflow::published::{encode, GpuPublished};
+use muxflow::node::mps::MpsDaemon;
+use muxflow::node::state::{write_atomic, NodeState};
+use muxflow::records::published::{encode, GpuPublished};
 use muxflow::Config;
 use muxflow_slurm::cli::SlurmClient;
 use serde::{Deserialize, Serialize};

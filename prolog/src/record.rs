@@ -6,9 +6,9 @@ use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 
 use anyhow::Context;
-use muxflow::health::{Fsm, HealthState};
-use muxflow::node_state::NodeState;
-use muxflow::published::GpuPublished;
+use muxflow::node::state::NodeState;
+use muxflow::policy::health::{Fsm, HealthState};
+use muxflow::records::published::GpuPublished;
 use serde::{Deserialize, Serialize};
 
 /// Which program runs the step.
@@ -45,7 +45,7 @@ pub struct Sample {
     pub solo: bool,
 }
 
-pub use muxflow::health::Solo;
+pub use muxflow::policy::health::Solo;
 
 /// Everything persisted per GPU besides the health word.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

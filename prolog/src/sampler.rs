@@ -1,7 +1,7 @@
 //! `muxflow-sampler`: the node's one SM activity sampler. Every
 //! [`GPM_MIN_GAP`] it takes a GPM sample of each GPU and publishes the SM
 //! activity since the previous one on the GPU's page
-//! ([`muxflow::sm_page`]), which the health step and xCUDA's gate read at
+//! ([`muxflow::records::sm_page`]), which the health step and xCUDA's gate read at
 //! once instead of sampling twice themselves (120 ms in every Prolog and
 //! Epilog before).
 //!
@@ -37,9 +37,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
-use muxflow::health::GPM_MIN_GAP;
-use muxflow::node_state::{open_lock_file, NodeState};
-use muxflow::sm_page::{self, Page};
+use muxflow::node::state::{open_lock_file, NodeState};
+use muxflow::policy::health::GPM_MIN_GAP;
+use muxflow::records::sm_page::{self, Page};
 use muxflow::Config;
 use nvml_wrapper::gpm::GpmSample;
 use nvml_wrapper::{Device, Nvml};

@@ -4,7 +4,7 @@
 //! (no wait: SM activity comes from the node's sampler, [`crate::sampler`],
 //! which the step starts when none runs), the MPS logs are scanned from
 //! where the last step stopped, the error detector's rules are applied and
-//! their actions carried out, the state machine ([`muxflow::health::Fsm`])
+//! their actions carried out, the state machine ([`muxflow::policy::health::Fsm`])
 //! is stepped, and the result is persisted per GPU under the GPU's lock:
 //!
 //! ```text
@@ -21,10 +21,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context;
-use muxflow::health::{Input, Why};
-use muxflow::mps::MpsDaemon;
-use muxflow::node_state::{write_atomic, GpuLock, JobRecord, NodeState};
-use muxflow::policy::GpuFacts;
+use muxflow::node::mps::MpsDaemon;
+use muxflow::node::state::{write_atomic, GpuLock, JobRecord, NodeState};
+use muxflow::policy::health::{Input, Why};
+use muxflow::policy::share::GpuFacts;
 use muxflow::{Config, Mode};
 
 use crate::detector::{self, Action, Observation};
@@ -134,12 +134,12 @@ pub fn step(config: &Config, env: &JobEnv, trigger: Trigger) -> anyhow::Result<(
 /// the step decides on utilization, clock and memory, and says why.
 fn add_sm_activity(config: &Config, t: &mut nvml::Telemetry, sampler_started: bool) {
     let ns = NodeState::new(config.paths.state_dir.as_path());
-    let now = muxflow::sm_page::now_ms();
+    let now = muxflow::records::sm_page::now_ms();
     for (gpu, read) in &mut t.gpus {
         let GpuRead::Ok(r) = read else { continue };
-        match muxflow::sm_page::read(&crate::sampler::page_path(&ns, *gpu), 0, now) {
+        match muxflow::records::sm_page::read(&crate::sampler::page_path(&ns, *gpu), 0, now) {
             Ok(pct) => r.metrics.sm_activity_pct = Some(pct),
-            Err(muxflow::sm_page::NoReading::Unsupported) => {
+            Err(muxflow::records::sm_page::NoReading::Unsupported) => {
                 tracing::debug!(gpu, "the GPU gives no SM activity")
             }
             Err(why) => tracing::info!(
@@ -459,7 +459,7 @@ fn exited(pid: u32) -> bool {
 }
 
 /// The mode of the job a process belongs to, looked up in the GPU's
-/// registry. The job comes from [`muxflow::jobproc`] (the job cgroup or the
+/// registry. The job comes from [`muxflow::node::jobproc`] (the job cgroup or the
 /// root slurmstepd ancestor), never from the process's environment, which
 /// its user controls. Only a root process outside any job (an admin's tool,
 /// a test) is taken at its word: its SLURM_JOB_ID, else the mode in its
@@ -475,14 +475,14 @@ pub fn process_mode(pid: u32, jobs: &[JobRecord]) -> Option<Mode> {
 /// in: the job from its slurmstepd ancestry or cgroup; from the environment
 /// only for a root process (a user's environment is the user's to write).
 pub fn process_job(pid: u32) -> (Option<u32>, Option<Mode>) {
-    let procfs = muxflow::jobproc::Procfs::default();
+    let procfs = muxflow::node::jobproc::Procfs::default();
     if let Some(job) = procfs.job_of(pid) {
         return (Some(job), None);
     }
     let Ok(status) = std::fs::read_to_string(procfs.path(pid, "status")) else {
         return (None, None);
     };
-    if muxflow::jobproc::real_uid(&status) != Some(0) {
+    if muxflow::node::jobproc::real_uid(&status) != Some(0) {
         return (None, None);
     }
     let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
@@ -590,7 +590,7 @@ fn notice_foreign_commands(
         let Some(command) = detector::control_command(&line) else {
             continue;
         };
-        if !muxflow::mps::is_changing(command) || mps.take_own_command(command) {
+        if !muxflow::node::mps::is_changing(command) || mps.take_own_command(command) {
             continue;
         }
         let shown: String = command.chars().take(120).collect();
@@ -628,7 +628,7 @@ fn attribute_termination(ns: &NodeState, gpu: u32, client: Option<u32>, jobs: &[
     // the GPU's one job of that mode.
     let listed_offline = || {
         let path = ns.offline_procs_file(gpu);
-        let procs = muxflow::offline_procs::read_trusted(&path, 0).unwrap_or_default();
+        let procs = muxflow::node::offline_procs::read_trusted(&path, 0).unwrap_or_default();
         client.is_some_and(|pid| procs.iter().any(|p| p.pid == pid))
     };
     let only = |mode: Mode| match jobs.iter().filter(|j| j.mode == mode).collect::<Vec<_>>()[..] {
@@ -704,7 +704,7 @@ fn scan_log(dir: &Path, name: &str, offsets: &mut BTreeMap<String, u64>) -> Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use muxflow::health::Metrics;
+    use muxflow::policy::health::Metrics;
     use std::io::Write;
 
     #[test]

@@ -40,7 +40,7 @@ fn sm_activity_is_read_over_the_gpus_refresh_period() {
         std::thread::sleep(Duration::from_millis(50));
     }
 
-    let r = read(&lib, muxflow::health::GPM_MIN_GAP);
+    let r = read(&lib, muxflow::policy::health::GPM_MIN_GAP);
     let sm = r.metrics.sm_activity_pct.expect("GPM SM activity");
     assert!(sm > 50.0, "SM activity {sm} beside a trainer on every SM");
     let short = read(&lib, Duration::from_millis(2));

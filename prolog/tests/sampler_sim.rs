@@ -25,7 +25,7 @@ fn the_sampler_publishes_sm_activity_for_readers_and_leaves_nothing_behind() {
     use std::os::unix::fs::MetadataExt;
 
     use muxflow::config::AbsPath;
-    use muxflow::node_state::NodeState;
+    use muxflow::node::state::NodeState;
     use muxflow_prolog::sampler;
 
     let sim = SimRoot::new(1);
@@ -54,7 +54,7 @@ fn the_sampler_publishes_sm_activity_for_readers_and_leaves_nothing_behind() {
     let me = std::fs::metadata(state.path()).unwrap().uid();
     let deadline = Instant::now() + Duration::from_secs(8);
     let sm = loop {
-        match muxflow::sm_page::read(&page, me, muxflow::sm_page::now_ms()) {
+        match muxflow::records::sm_page::read(&page, me, muxflow::records::sm_page::now_ms()) {
             Ok(sm) => break sm,
             Err(why) => assert!(Instant::now() < deadline, "no reading: {why}"),
         }

@@ -172,7 +172,7 @@ pub struct SlotJob {
     pub with_online: Option<(f64, f64)>,
     /// The SM share it was given at its start, and the GPU's whole offline
     /// budget then (fractions): with K jobs its share is its part of the
-    /// budget (`muxflow::policy::offline_share`).
+    /// budget (`muxflow::policy::share::offline_share`).
     pub share: f64,
     pub budget: f64,
     /// Its SM demand (0.5 × its task's share).

@@ -26,7 +26,7 @@
 //! for the default, row-col means (of the same pair estimates) and the
 //! model.
 
-use muxflow::report::JobReport;
+use muxflow::records::report::JobReport;
 use muxflow::Mode;
 use muxflow_matcher::predict::{
     default_prediction, estimate, pairing_quality, runs_from_sacct, Model, RowColMeans, DEFAULT_MEM,

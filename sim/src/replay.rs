@@ -29,10 +29,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use muxflow::config::Policy;
-use muxflow::health::{Fsm, HealthState, Input, Metrics, Solo};
-use muxflow::policy::{offline_mem_cap_mib, offline_part, offline_sm_percent, GpuFacts};
-use muxflow::published::GpuPublished;
-use muxflow::report::{add_peers, GangGpu, JobReport};
+use muxflow::policy::health::{Fsm, HealthState, Input, Metrics, Solo};
+use muxflow::policy::share::{offline_mem_cap_mib, offline_part, offline_sm_percent, GpuFacts};
+use muxflow::records::published::GpuPublished;
+use muxflow::records::report::{add_peers, GangGpu, JobReport};
 use muxflow::Mode;
 use muxflow_matcher::predict::{runs_from_sacct, GpuTerms, JobTerms, Model, Run};
 use muxflow_matcher::reader::{

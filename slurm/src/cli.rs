@@ -3,7 +3,7 @@
 //!
 //! * Programs come from the directory of `slurm.scontrol` (root-owned
 //!   config; never the caller's PATH), with a scrubbed environment and the
-//!   slurm.conf of [`muxflow::slurm_conf::discover`].
+//!   slurm.conf of [`muxflow::config::slurm_conf::discover`].
 //! * Each call has a timeout: a slurmctld that stops answering costs one
 //!   timeout, not a hung Prolog. A call that fails fast because slurmctld
 //!   cannot be reached is tried again, a bounded number of times
@@ -17,7 +17,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use muxflow::process::{self, RunError};
+use muxflow::node::process::{self, RunError};
 use muxflow::Config;
 
 #[derive(Debug, thiserror::Error)]
@@ -95,7 +95,7 @@ impl SlurmClient {
     pub fn with_timeout(config: &Config, timeout: Duration) -> Self {
         SlurmClient {
             program: config.slurm.scontrol.as_path().to_path_buf(),
-            slurm_conf: muxflow::slurm_conf::discover(),
+            slurm_conf: muxflow::config::slurm_conf::discover(),
             timeout,
             attempts: 3,
             retry_pause: Duration::from_millis(500),

@@ -122,14 +122,14 @@ mod man_page {
     #[test]
     fn the_man_page_names_every_key_and_the_options_help() {
         let page = man_page_text();
-        for (key, what) in muxflow::plugstack_args::ARGS {
+        for (key, what) in muxflow::config::plugstack::ARGS {
             assert!(
                 page.contains(&format!("{key}=")),
                 "etc/man/spank-muxflow.8 does not document the plugstack key '{key}': add it"
             );
             assert!(
                 page.contains(what),
-                "etc/man/spank-muxflow.8 does not say what '{key}' does as src/plugstack_args.rs does: '{what}'"
+                "etc/man/spank-muxflow.8 does not say what '{key}' does as src/config/plugstack.rs does: '{what}'"
             );
         }
         assert!(

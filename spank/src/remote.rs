@@ -15,12 +15,12 @@
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use muxflow::admin_comment::{self, AdminComment};
-use muxflow::limits::{EnforcedBy, Enforcer, JobLimits, StopBounds};
-use muxflow::node_state::{write_atomic, NodeState};
-use muxflow::report::{add_peers, JobReport};
-use muxflow::xcuda_env::{self, XcudaEnv};
-use muxflow::{mps, online_page, Config, Mode};
+use muxflow::node::state::{write_atomic, NodeState};
+use muxflow::records::admin_comment::{self, AdminComment};
+use muxflow::records::limits::{EnforcedBy, Enforcer, JobLimits, StopBounds};
+use muxflow::records::report::{add_peers, JobReport};
+use muxflow::records::xcuda_env::{self, XcudaEnv};
+use muxflow::{node::mps, records::online_page, Config, Mode};
 use muxflow_slurm::cli::{OfflineJob, Scontrol};
 use muxflow_slurm::version::{SLURM_BATCH_SCRIPT, SLURM_EXTERN_CONT, SLURM_INTERACTIVE_STEP};
 use slurm_spank::SpankHandle;
@@ -163,9 +163,9 @@ impl RemoteState {
         );
         // The job's static SM partition, where its GPU's daemon has them (the
         // Prolog made it); an offline job's is set again per GPU below.
-        unset(spank, muxflow::sm_partition::ENV);
+        unset(spank, muxflow::node::sm_partition::ENV);
         if let Some(p) = state.sm_partition(gpu, job_id) {
-            set(spank, muxflow::sm_partition::ENV, &p.id);
+            set(spank, muxflow::node::sm_partition::ENV, &p.id);
         }
 
         let mut ctx = ReportContext {
@@ -248,7 +248,7 @@ impl RemoteState {
         let mut per_gpu: Vec<Vec<(&'static str, Option<String>)>> = Vec::new();
         for (n, &gpu) in gpus.iter().enumerate() {
             let dir = if gang {
-                muxflow::limits::gpu_dir(&state.limits_dir(), gpu)
+                muxflow::records::limits::gpu_dir(&state.limits_dir(), gpu)
             } else {
                 state.limits_dir()
             };
@@ -351,7 +351,7 @@ impl RemoteState {
                     cap.map(|mib| format!("0={mib}M")),
                 ),
                 (
-                    muxflow::sm_partition::ENV,
+                    muxflow::node::sm_partition::ENV,
                     state.sm_partition(gpu, ctx.job_id).map(|p| p.id),
                 ),
                 (
@@ -397,7 +397,7 @@ impl RemoteState {
             // Its steps are over: the counting mode's settings go (the page
             // stays, goes stale, and the next online job's replaces it).
             let dir = online_page::limits_dir(ctx.config.paths.state_dir.as_path());
-            let _ = std::fs::remove_file(muxflow::limits::path(&dir, ctx.job_id));
+            let _ = std::fs::remove_file(muxflow::records::limits::path(&dir, ctx.job_id));
         }
         let report = build_report(&ctx);
         let text = report.encode();
@@ -626,7 +626,7 @@ fn make_user_dir(dir: &Path, uid: u32, gid: u32) -> anyhow::Result<()> {
 /// the admin's `paths.xcuda_library` as for offline jobs, its settings in a
 /// root-owned file (role `online`, the GPU's page) the job cannot change,
 /// and the GPU's online page made anew, writable by the job's user only
-/// (the trust boundary: `muxflow::online_page`). The limits file is written
+/// (the trust boundary: `muxflow::records::online_page`). The limits file is written
 /// before `LD_PRELOAD` is set: xCUDA without its file would take the safe,
 /// offline settings, and those would refuse the online job's memory.
 fn prepare_online(
@@ -674,7 +674,7 @@ fn prepare_online(
 /// The kernel's cap on offline job `job`'s memory on GPU `gpu`, at its first
 /// step (root, in slurmstepd, where the job's cgroup exists): `cap_mib`
 /// written to the job cgroup's `dmem.max` for the GPU's region, where the
-/// Prolog found one ([`muxflow::dmem`]). Kernel when written and read
+/// Prolog found one ([`muxflow::node::dmem`]). Kernel when written and read
 /// back; else xCUDA's cap (with the police) as before, the reason logged.
 fn kernel_cap(
     config: &Config,
@@ -689,7 +689,7 @@ fn kernel_cap(
     // slurmstepd's own cgroup, from the kernel: it lies in the job's.
     let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
     let root = config.paths.cgroup_root.as_path();
-    match muxflow::dmem::cap_job(root, &own, job, &region, cap.saturating_mul(1 << 20)) {
+    match muxflow::node::dmem::cap_job(root, &own, job, &region, cap.saturating_mul(1 << 20)) {
         Ok(max) => {
             tracing::info!(
                 job,
@@ -719,7 +719,7 @@ fn preload_xcuda(spank: &mut SpankHandle, xcuda: &Path) {
 }
 
 /// How long after SIGTERM xCUDA may leave job `job` its GPU: Slurm's
-/// `KillWait` less a margin ([`muxflow::limits::stop_grace`]). None when
+/// `KillWait` less a margin ([`muxflow::records::limits::stop_grace`]). None when
 /// `KillWait` cannot be read: xCUDA then releases at once, as it must when
 /// it cannot know when the SIGKILL comes.
 fn stop_grace_ms(config: &Config, job: u32) -> Option<u64> {
@@ -728,7 +728,7 @@ fn stop_grace_ms(config: &Config, job: u32) -> Option<u64> {
     let mut scontrol = Scontrol::new(config);
     scontrol.attempts = 1;
     match scontrol.kill_wait() {
-        Ok(kill_wait) => Some(muxflow::limits::stop_grace(kill_wait).as_millis() as u64),
+        Ok(kill_wait) => Some(muxflow::records::limits::stop_grace(kill_wait).as_millis() as u64),
         Err(e) => {
             tracing::warn!(
                 job,
@@ -756,7 +756,7 @@ fn write_limits(dir: &Path, limits: &JobLimits, stop: &StopBounds, gid: u32) -> 
             dir.display()
         );
     }
-    let path = muxflow::limits::path(dir, limits.job_id);
+    let path = muxflow::records::limits::path(dir, limits.job_id);
     write_atomic(&path, (limits.encode() + &stop.encode()).as_bytes())?;
     std::os::unix::fs::chown(&path, Some(0), Some(gid))?;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640))?;
@@ -766,7 +766,7 @@ fn write_limits(dir: &Path, limits: &JobLimits, stop: &StopBounds, gid: u32) -> 
 /// The job's figures: where it ran, what the policies gave it and what the
 /// node measured and policed (root-owned files), then the job's own claims
 /// from its stats directory (xCUDA counters, the workload's figures), each
-/// bounded ([`muxflow::report::claim_bound`]).
+/// bounded ([`muxflow::records::report::claim_bound`]).
 fn build_report(ctx: &ReportContext) -> JobReport {
     let mut r = JobReport {
         mode: Some(ctx.mode),
@@ -785,12 +785,14 @@ fn build_report(ctx: &ReportContext) -> JobReport {
     r.gang = ctx
         .gang
         .iter()
-        .map(|&(gpu, sm_pct, mem_cap_mib)| muxflow::report::GangGpu {
-            gpu,
-            sm_pct: Some(sm_pct),
-            mem_cap_mib,
-            partner: partner(&state, gpu, ctx.job_id, ctx.mode),
-        })
+        .map(
+            |&(gpu, sm_pct, mem_cap_mib)| muxflow::records::report::GangGpu {
+                gpu,
+                sm_pct: Some(sm_pct),
+                mem_cap_mib,
+                partner: partner(&state, gpu, ctx.job_id, ctx.mode),
+            },
+        )
         .collect();
     if let Some(text) = read_root_file(&state.terminated_by_other_file(ctx.job_id)) {
         r.terminated_by_other = Some(text.lines().count() as u32).filter(|&n| n > 0);
@@ -801,11 +803,11 @@ fn build_report(ctx: &ReportContext) -> JobReport {
             .map(|(l, _)| l.enforced_by.to_string());
     }
     if let Some(text) = read_root_file(&state.policed_file(ctx.job_id)) {
-        let codes = muxflow::limits::policed_codes(&text);
+        let codes = muxflow::records::limits::policed_codes(&text);
         r.policed = (!codes.is_empty()).then(|| codes.join(","));
     }
     let measured = read_root_file(&state.measured_file(ctx.job_id))
-        .map(|t| muxflow::report::Measured::parse(&t))
+        .map(|t| muxflow::records::report::Measured::parse(&t))
         .unwrap_or_default();
     r.measured_peak_mib = measured.peak_mib;
     if r.partner.is_some() {
@@ -822,7 +824,7 @@ fn build_report(ctx: &ReportContext) -> JobReport {
         );
     }
     let Some(dir) = &ctx.stats_dir else { return r };
-    let files = muxflow::report::read_claim_files(dir);
+    let files = muxflow::records::report::read_claim_files(dir);
     r.add_claims(files.iter().map(|(n, t)| (n.as_str(), t.as_str())));
     if let Some(refused) = &r.claims_refused {
         tracing::warn!(

@@ -3,7 +3,7 @@
 use muxflow::config::{Config, ConfigError};
 use slurm_spank::SpankHandle;
 
-use muxflow::plugstack_args::{ArgsError, PluginArgs};
+use muxflow::config::plugstack::{ArgsError, PluginArgs};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SettingsError {

@@ -14,7 +14,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use muxflow::report::JobReport;
+use muxflow::records::report::JobReport;
 use muxflow_tests::{xcuda_library, CancelNamed, Cluster};
 
 const WAIT: Duration = Duration::from_secs(60);

@@ -110,10 +110,10 @@ fn attach_event(c: &Cluster, node: &str, gpu: u32, pid: &str) -> String {
         .to_string()
 }
 
-fn admin_comment(c: &Cluster, id: u32, done: &str) -> muxflow::report::JobReport {
+fn admin_comment(c: &Cluster, id: u32, done: &str) -> muxflow::records::report::JobReport {
     let line = c.sacct_until(id, "AdminComment", |l| l.contains(done));
     let text = line.split('|').nth(1).unwrap();
-    muxflow::report::JobReport::decode(text).unwrap_or_else(|e| panic!("{e}: {line}"))
+    muxflow::records::report::JobReport::decode(text).unwrap_or_else(|e| panic!("{e}: {line}"))
 }
 
 /// The attack as `nobody` beside the online job on `node`'s GPU `gpu`

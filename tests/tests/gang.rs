@@ -164,7 +164,7 @@ fn a_two_gpu_offline_job_runs_as_a_gang_each_task_on_its_own_gpu() {
     assert!(!record.contains("policed="), "{record}");
     // Each GPU's figures (a muxflow:v2 record): its SM share, its cap, the
     // online job beside it.
-    let r = muxflow::report::JobReport::decode(record.split('|').nth(1).unwrap()).unwrap();
+    let r = muxflow::records::report::JobReport::decode(record.split('|').nth(1).unwrap()).unwrap();
     assert_eq!(r.gang.len(), 1, "{record}");
     let (first, second) = (r.gpu.unwrap(), &r.gang[0]);
     assert_ne!(first, second.gpu, "{record}");

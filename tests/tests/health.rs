@@ -13,9 +13,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use muxflow::health::HealthState;
-use muxflow::mps::MpsDaemon;
-use muxflow::node_state::{JobRecord, NodeState};
+use muxflow::node::mps::MpsDaemon;
+use muxflow::node::state::{JobRecord, NodeState};
+use muxflow::policy::health::HealthState;
 use muxflow::{Config, Mode};
 use muxflow_tests::{set_key, Cluster};
 

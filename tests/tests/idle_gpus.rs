@@ -12,7 +12,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use muxflow::health::HealthState;
+use muxflow::policy::health::HealthState;
 use muxflow_tests::{decision, Cluster};
 
 const PREFIX: &str = "mfi-";

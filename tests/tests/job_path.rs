@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use muxflow::report::JobReport;
+use muxflow::records::report::JobReport;
 use muxflow::Mode;
 use muxflow_tests::{kv, xcuda_library, Cluster};
 

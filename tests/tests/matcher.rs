@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-use muxflow::health::HealthState;
+use muxflow::policy::health::HealthState;
 use muxflow_tests::{decision, Cluster};
 
 const PREFIX: &str = "mfm-";

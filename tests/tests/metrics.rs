@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use muxflow::health::HealthState;
+use muxflow::policy::health::HealthState;
 use muxflow_tests::{CancelNamed, Cluster};
 
 const WAIT: Duration = Duration::from_secs(60);

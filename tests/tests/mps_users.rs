@@ -108,7 +108,7 @@ fn another_users_job_shares_only_a_gpu_whose_daemon_runs_multi_user() {
         c.mps_log(NODE, gpu, "control.log")
             .contains("multiuser=true"),
         "the Prolog started the daemon without {}",
-        muxflow::mps::MULTIUSER_FLAG
+        muxflow::node::mps::MULTIUSER_FLAG
     );
     let theirs = offline_as(&c, Some(OTHER_USER), &format!("{PREFIX}theirs"));
     let round = c.matcher_once();

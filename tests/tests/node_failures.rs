@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use muxflow::health::HealthState;
+use muxflow::policy::health::HealthState;
 use muxflow_tests::{one_at_a_time, target, Cluster};
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -374,7 +374,7 @@ fn a_job_whose_epilog_never_ran_is_forgotten_and_a_running_one_is_kept() {
     const GONE: u32 = 3_999_999;
     {
         let lock = ns.lock_gpu(gpu).unwrap();
-        let record = muxflow::node_state::JobRecord {
+        let record = muxflow::node::state::JobRecord {
             job_id: GONE,
             mode: muxflow::Mode::Offline,
             uid: 65534,
@@ -419,7 +419,7 @@ fn an_offline_job_takes_the_slot_a_gone_jobs_record_held() {
     {
         let lock = ns.lock_gpu(gpu).unwrap();
         let slots = (0..muxflow::Config::load(&cfg).unwrap().policy.offline_per_gpu).collect();
-        let record = muxflow::node_state::JobRecord {
+        let record = muxflow::node::state::JobRecord {
             job_id: GONE,
             mode: muxflow::Mode::Offline,
             uid: 65534,

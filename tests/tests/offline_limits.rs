@@ -14,7 +14,7 @@
 
 use std::time::Duration;
 
-use muxflow::report::JobReport;
+use muxflow::records::report::JobReport;
 use muxflow_tests::{kv, Cluster};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -375,7 +375,7 @@ fn an_offline_job_posing_as_its_online_partner_is_still_evicted_on_an_xid() {
     c.sim_fault(node, gpu, &["clear"]);
     let ns = c.node_state(&cfg, node);
     c.step_until(&cfg, node, "the GPU healthy again", || {
-        ns.health(gpu).unwrap() == Some(muxflow::health::HealthState::Healthy)
+        ns.health(gpu).unwrap() == Some(muxflow::policy::health::HealthState::Healthy)
     });
     c.wait(offline, WAIT);
     cancel(&c, online);

@@ -9,7 +9,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use muxflow::health::HealthState;
+use muxflow::policy::health::HealthState;
 use muxflow_tests::{kv, Cluster};
 
 const WAIT: Duration = Duration::from_secs(60);

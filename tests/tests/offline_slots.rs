@@ -25,9 +25,9 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use muxflow::mps::MpsDaemon;
-use muxflow::policy::{offline_slot_share, offline_sm_percent};
-use muxflow::report::JobReport;
+use muxflow::node::mps::MpsDaemon;
+use muxflow::policy::share::{offline_slot_share, offline_sm_percent};
+use muxflow::records::report::JobReport;
 use muxflow::Mode;
 use muxflow_tests::{decision, kv, CancelNamed, Cluster};
 
@@ -204,7 +204,7 @@ fn two_offline_jobs_share_one_gpu_beside_an_online_job_under_one_brake() {
     let start = Instant::now();
     loop {
         let listed: BTreeSet<u32> =
-            muxflow::offline_procs::read_trusted(&ns.offline_procs_file(gpu), 0)
+            muxflow::node::offline_procs::read_trusted(&ns.offline_procs_file(gpu), 0)
                 .map(|s| s.iter().map(|p| p.pid).collect())
                 .unwrap_or_default();
         if listed == pids {

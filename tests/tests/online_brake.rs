@@ -12,7 +12,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use muxflow::online_page::{self, Reading};
+use muxflow::records::online_page::{self, Reading};
 use muxflow_tests::{kv, CancelNamed, Cluster};
 
 const WAIT: Duration = Duration::from_secs(90);

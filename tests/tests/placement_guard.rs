@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use muxflow::health::HealthState;
+use muxflow::policy::health::HealthState;
 use muxflow_tests::Cluster;
 
 const WAIT: Duration = Duration::from_secs(90);

@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use muxflow::report::JobReport;
+use muxflow::records::report::JobReport;
 use muxflow_tests::Cluster;
 
 const WAIT: Duration = Duration::from_secs(90);

@@ -11,8 +11,8 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use muxflow::health::HealthState;
-use muxflow::node_state::NodeState;
+use muxflow::node::state::NodeState;
+use muxflow::policy::health::HealthState;
 use muxflow_tests::{set_key, target, Cluster};
 
 /// A test config with `health` and state (and MPS) directories of its own.
@@ -156,7 +156,7 @@ fn the_sampler_comes_back_when_killed_and_is_gone_after_the_nodes_last_job() {
         Some(second),
         "the sampler left while a job was on the node"
     );
-    let page = ns.gpu_dir(0).join(muxflow::sm_page::FILE_NAME);
+    let page = ns.gpu_dir(0).join(muxflow::records::sm_page::FILE_NAME);
     assert!(page.is_file(), "no page while the sampler runs");
 
     // The last job ends: the sampler lingers, then goes, and its pages too.

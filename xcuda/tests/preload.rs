@@ -29,14 +29,14 @@ impl Sim {
     fn cmd(&self, exe: &Path, args: &[&str], preload: bool) -> Command {
         let mut c = self.root.command(exe);
         c.args(args);
-        for v in muxflow::xcuda_env::ALL {
+        for v in muxflow::records::xcuda_env::ALL {
             c.env_remove(v);
         }
         if preload {
             c.env("LD_PRELOAD", built("libmuxflow_xcuda.so"))
-                .env(muxflow::xcuda_env::STATS_DIR, self.stats())
+                .env(muxflow::records::xcuda_env::STATS_DIR, self.stats())
                 .env(
-                    muxflow::xcuda_env::NVML_LIBRARY,
+                    muxflow::records::xcuda_env::NVML_LIBRARY,
                     self.root.lib().join("libnvidia-ml.so.1"),
                 );
         }
@@ -167,7 +167,10 @@ fn lookup_failures(sim: &Sim, how: &str, pt: bool, env: &[(&str, &str)]) -> Vec<
     }
     args.push("api");
     let mut c = sim.probe(&args, true);
-    c.env(muxflow::xcuda_env::MEM_LIMIT_BYTES, (64 * MIB).to_string());
+    c.env(
+        muxflow::records::xcuda_env::MEM_LIMIT_BYTES,
+        (64 * MIB).to_string(),
+    );
     for (k, v) in env {
         c.env(k, v);
     }
@@ -406,7 +409,10 @@ fn memory_rows_count_refuse_and_give_back() {
         }
         args.push("api");
         let mut c = sim.probe(&args, true);
-        c.env(muxflow::xcuda_env::MEM_LIMIT_BYTES, (64 * MIB).to_string());
+        c.env(
+            muxflow::records::xcuda_env::MEM_LIMIT_BYTES,
+            (64 * MIB).to_string(),
+        );
         let (o, r) = run(c);
         assert!(o.status.success(), "{o:?}");
         for (row, result) in [
@@ -493,7 +499,7 @@ fn gate_rows_are_held_while_overloaded() {
             }
             args.extend(["gate", name.as_str()]);
             let mut c = sim.probe(&args, true);
-            c.env(muxflow::xcuda_env::HEALTH_FILE, sim.health())
+            c.env(muxflow::records::xcuda_env::HEALTH_FILE, sim.health())
                 .stdin(std::process::Stdio::piped());
             let mut child = c.spawn().unwrap();
             let out = child.stdout.take().unwrap();
@@ -583,7 +589,10 @@ fn context_rows_are_released_on_sigterm() {
 fn concurrent_allocate_free_storm_ends_at_zero() {
     let sim = Sim::new();
     let mut c = sim.probe(&["getproc2", "storm", "300"], true);
-    c.env(muxflow::xcuda_env::MEM_LIMIT_BYTES, (64 * MIB).to_string());
+    c.env(
+        muxflow::records::xcuda_env::MEM_LIMIT_BYTES,
+        (64 * MIB).to_string(),
+    );
     let child = c.spawn().unwrap();
     let pid = child.id();
     let o = child.wait_with_output().unwrap();
@@ -616,7 +625,10 @@ fn stats_file_counts_launches_and_refusals() {
         ],
         true,
     );
-    c.env(muxflow::xcuda_env::MEM_LIMIT_BYTES, (64 * MIB).to_string());
+    c.env(
+        muxflow::records::xcuda_env::MEM_LIMIT_BYTES,
+        (64 * MIB).to_string(),
+    );
     let child = c.spawn().unwrap();
     let pid = child.id();
     let o = child.wait_with_output().unwrap();
@@ -636,7 +648,10 @@ fn stats_file_counts_launches_and_refusals() {
     assert_eq!(names, vec![format!("xcuda.{pid}")]);
     // Over the cap: the workload's own allocation is refused and counted.
     let mut c = sim.workload(&["offline", "--duration", "1", "--alloc-mib", "128"], true);
-    c.env(muxflow::xcuda_env::MEM_LIMIT_BYTES, (64 * MIB).to_string());
+    c.env(
+        muxflow::records::xcuda_env::MEM_LIMIT_BYTES,
+        (64 * MIB).to_string(),
+    );
     let child = c.spawn().unwrap();
     let pid = child.id();
     let o = child.wait_with_output().unwrap();
@@ -655,7 +670,7 @@ fn health_pause_closes_the_gate_and_healthy_reopens_it() {
         &["offline", "--duration", "30", "--kernels-per-step", "5"],
         true,
     );
-    c.env(muxflow::xcuda_env::HEALTH_FILE, sim.health());
+    c.env(muxflow::records::xcuda_env::HEALTH_FILE, sim.health());
     let mut child = c.spawn().unwrap();
     let pid = child.id();
     // Paused: stats keep coming (every second) with no launch through.
@@ -680,7 +695,7 @@ fn a_child_forked_after_cuinit_gets_its_own_watcher() {
     let sim = Sim::new();
     std::fs::write(sim.health(), "healthy\n").unwrap();
     let mut c = sim.probe(&["getproc2", "fork", "60"], true);
-    c.env(muxflow::xcuda_env::HEALTH_FILE, sim.health());
+    c.env(muxflow::records::xcuda_env::HEALTH_FILE, sim.health());
     let mut parent = c.spawn().unwrap();
     let child: u32 = kv(&first_line(&mut parent))["child"].parse().unwrap();
     // Only a watcher running in the child writes the child's stats file
@@ -756,7 +771,7 @@ fn application_handler_still_runs_after_the_graceful_exit() {
     // xCUDA chains to it after releasing the context.
     let sim = Sim::new();
     let mut c = sim.workload(&["online", "--rate", "200"], true);
-    c.env(muxflow::xcuda_env::STATS_DIR, sim.stats());
+    c.env(muxflow::records::xcuda_env::STATS_DIR, sim.stats());
     let child = c.spawn().unwrap();
     let pid = child.id();
     wait_for("attach", || {
@@ -776,13 +791,17 @@ fn application_handler_still_runs_after_the_graceful_exit() {
 fn bad_setting_is_logged_and_the_cap_still_holds() {
     let sim = Sim::new();
     let mut c = sim.probe(&["getproc", "api"], true);
-    c.env(muxflow::xcuda_env::MEM_LIMIT_BYTES, (64 * MIB).to_string())
-        .env(muxflow::xcuda_env::UTILIZATION_BRAKE, "lots");
+    c.env(
+        muxflow::records::xcuda_env::MEM_LIMIT_BYTES,
+        (64 * MIB).to_string(),
+    )
+    .env(muxflow::records::xcuda_env::UTILIZATION_BRAKE, "lots");
     let (o, r) = run(c);
     assert!(o.status.success(), "{o:?}");
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(
-        err.matches(muxflow::xcuda_env::UTILIZATION_BRAKE).count(),
+        err.matches(muxflow::records::xcuda_env::UTILIZATION_BRAKE)
+            .count(),
         1,
         "{err}"
     );
@@ -917,7 +936,10 @@ fn a_forked_child_counts_from_zero_and_the_sums_are_what_happened() {
     // files, as the plugin sums a job's, the figures are exactly that.
     let sim = Sim::new();
     let mut c = sim.probe(&["getproc2", "fork-quota"], true);
-    c.env(muxflow::xcuda_env::MEM_LIMIT_BYTES, (64 * MIB).to_string());
+    c.env(
+        muxflow::records::xcuda_env::MEM_LIMIT_BYTES,
+        (64 * MIB).to_string(),
+    );
     let child = c.spawn().unwrap();
     let parent = child.id();
     let o = child.wait_with_output().unwrap();
@@ -947,7 +969,7 @@ fn a_forked_child_counts_from_zero_and_the_sums_are_what_happened() {
 /// both.
 #[test]
 fn two_offline_jobs_brake_together_for_the_online_job_and_never_for_each_other() {
-    use muxflow::offline_procs::{self, ProcId};
+    use muxflow::node::offline_procs::{self, ProcId};
     let sim = Sim::new();
     std::fs::write(sim.health(), "healthy\n").unwrap();
     let listed = offline_procs::beside(&sim.health());
@@ -965,17 +987,17 @@ fn two_offline_jobs_brake_together_for_the_online_job_and_never_for_each_other()
                 ],
                 true,
             );
-            c.env(muxflow::xcuda_env::HEALTH_FILE, sim.health());
+            c.env(muxflow::records::xcuda_env::HEALTH_FILE, sim.health());
             c.spawn().unwrap()
         })
         .collect();
     let pids: Vec<u32> = offline.iter().map(Child::id).collect();
-    let procfs = muxflow::jobproc::Procfs::default();
+    let procfs = muxflow::node::jobproc::Procfs::default();
     let list: std::collections::BTreeSet<ProcId> = pids
         .iter()
         .map(|&p| ProcId::of(&procfs, p).unwrap())
         .collect();
-    muxflow::node_state::write_atomic(&listed, offline_procs::encode(&list).as_bytes()).unwrap();
+    muxflow::node::state::write_atomic(&listed, offline_procs::encode(&list).as_bytes()).unwrap();
     for &pid in &pids {
         wait_for("offline launches", || {
             sim.stats_of(pid).is_some_and(|s| s["launches"] > 50)
@@ -1107,7 +1129,7 @@ fn with_a_stop_deadline_the_handler_runs_with_the_gpu_and_the_release_comes_at_e
     ];
     for c in cases {
         let mut cmd = sim.probe(&["getproc2", "signals", c.mode], true);
-        cmd.env(muxflow::limits::STOP_GRACE_ENV, "2000");
+        cmd.env(muxflow::records::limits::STOP_GRACE_ENV, "2000");
         let child = cmd.spawn().unwrap();
         let pid = child.id();
         let o = child.wait_with_output().unwrap();
@@ -1143,13 +1165,13 @@ fn with_a_stop_deadline_the_handler_runs_with_the_gpu_and_the_release_comes_at_e
 fn a_trainer_ignoring_sigterm_is_released_before_a_sigkill_exactly_at_killwait() {
     // Slurm's stop: SIGTERM, then SIGKILL KillWait later whatever the
     // process does. xCUDA's deadline comes from the same KillWait (the
-    // plugin writes muxflow::limits::stop_grace of it): the trainer,
+    // plugin writes muxflow::records::limits::stop_grace of it): the trainer,
     // ignoring SIGTERM, trains on until the deadline, is released, and the
     // SIGKILL at exactly KillWait finds no context: the server (here, its
     // other client) is unharmed.
     let sim = Sim::new();
     let kill_wait = Duration::from_secs(4);
-    let grace = muxflow::limits::stop_grace(kill_wait);
+    let grace = muxflow::records::limits::stop_grace(kill_wait);
     assert!(grace > Duration::ZERO && grace < kill_wait);
     let online = sim
         .workload(&["online", "--rate", "100", "--duration", "8"], false)
@@ -1170,7 +1192,7 @@ fn a_trainer_ignoring_sigterm_is_released_before_a_sigkill_exactly_at_killwait()
         true,
     );
     c.env(
-        muxflow::limits::STOP_GRACE_ENV,
+        muxflow::records::limits::STOP_GRACE_ENV,
         grace.as_millis().to_string(),
     )
     .stderr(std::process::Stdio::piped());
@@ -1231,7 +1253,7 @@ fn graph_memory_is_held_while_the_driver_may_commit_it() {
         }
         args.push("graph");
         let mut c = sim.probe(&args, true);
-        c.env(muxflow::xcuda_env::MEM_LIMIT_BYTES, &q);
+        c.env(muxflow::records::xcuda_env::MEM_LIMIT_BYTES, &q);
         let child = c.spawn().unwrap();
         let pid = child.id();
         let o = child.wait_with_output().unwrap();
@@ -1272,8 +1294,8 @@ fn graph_memory_is_held_while_the_driver_may_commit_it() {
 
 #[test]
 fn sync_rows_end_the_online_busy_period() {
-    use muxflow::online_page::{Record, RECORD_BYTES};
-    use muxflow::xcuda_env::{MEM_LIMIT_BYTES, ONLINE_PAGE, ROLE};
+    use muxflow::records::online_page::{Record, RECORD_BYTES};
+    use muxflow::records::xcuda_env::{MEM_LIMIT_BYTES, ONLINE_PAGE, ROLE};
     let sim = Sim::new();
     let cases: &[(&str, &[&str])] = &[
         (
@@ -1340,8 +1362,8 @@ fn sync_rows_end_the_online_busy_period() {
 /// GPU idle (the clock law sees room), and ignores a page others may write.
 #[test]
 fn an_offline_gate_brakes_on_a_hurt_online_page_and_not_on_a_forged_one() {
-    use muxflow::online_page::{now_ns, Record};
-    use muxflow::xcuda_env::ONLINE_PAGE;
+    use muxflow::records::online_page::{now_ns, Record};
+    use muxflow::records::xcuda_env::ONLINE_PAGE;
     use std::os::unix::fs::PermissionsExt;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;

@@ -57,7 +57,7 @@ fn main() -> ExitCode {
 fn run(cli: &Cli) -> anyhow::Result<String> {
     let mut config = match muxflow::Config::find(
         cli.config.as_deref(),
-        muxflow::slurm_conf::discover().as_deref(),
+        muxflow::config::slurm_conf::discover().as_deref(),
     ) {
         Ok((_, c)) => c,
         // A login node without muxflow.toml: Slurm's commands from PATH.
@@ -110,7 +110,7 @@ fn run(cli: &Cli) -> anyhow::Result<String> {
             .iter()
             .chain(&listing)
             .filter_map(|j| {
-                muxflow::report::JobReport::decode(j.comment.administrator.as_deref()?)
+                muxflow::records::report::JobReport::decode(j.comment.administrator.as_deref()?)
                     .ok()?
                     .partner
             })
@@ -134,7 +134,7 @@ fn run(cli: &Cli) -> anyhow::Result<String> {
                     j.comment
                         .administrator
                         .as_deref()
-                        .and_then(|c| muxflow::report::JobReport::decode(c).ok())
+                        .and_then(|c| muxflow::records::report::JobReport::decode(c).ok())
                         .is_some_and(|r| r.partner == Some(cli.job))
                 }),
         );

@@ -49,8 +49,8 @@ fn run() -> anyhow::Result<bool> {
     let cli: Cli = muxflow::man::parse_or_print("8");
     let slurm_conf = cli
         .slurm_conf
-        .or_else(muxflow::slurm_conf::discover)
-        .unwrap_or_else(|| PathBuf::from(muxflow::slurm_conf::DEFAULT_SLURM_CONF));
+        .or_else(muxflow::config::slurm_conf::discover)
+        .unwrap_or_else(|| PathBuf::from(muxflow::config::slurm_conf::DEFAULT_SLURM_CONF));
     let node = match cli.node {
         Some(n) => n,
         None => {

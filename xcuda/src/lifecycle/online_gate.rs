@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use muxflow::online_page::{self, Reading};
+use muxflow::records::online_page::{self, Reading};
 
 use crate::state::online::{OnlineBrake, OnlineParams};
 use crate::state::Settings;

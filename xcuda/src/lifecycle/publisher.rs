@@ -10,7 +10,7 @@
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::time::Duration;
 
-use muxflow::online_page::{self, Estimator, Record};
+use muxflow::records::online_page::{self, Estimator, Record};
 
 use crate::state::{self, online, Settings};
 

@@ -9,7 +9,7 @@
 //!    and wakes the exit thread through a pipe (async-signal-safe: atomics,
 //!    `clock_gettime`, `write`); the gate stays as the watcher set it;
 //! 2. the exit thread, at once: reads the stop deadline (root's
-//!    [`muxflow::limits::StopBounds`], read fresh: an online job's Prolog may
+//!    [`muxflow::records::limits::StopBounds`], read fresh: an online job's Prolog may
 //!    have set a latest release since the job started) and hands the signal
 //!    to the application: its handler runs (replayed with the original
 //!    `siginfo` and the `SA_SIGINFO`, `SA_RESETHAND`, mask semantics it asked
@@ -73,7 +73,7 @@ use std::sync::atomic::{
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use muxflow::limits::StopBounds;
+use muxflow::records::limits::StopBounds;
 
 use crate::state;
 use crate::sys::driver;

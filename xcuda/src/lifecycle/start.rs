@@ -44,7 +44,7 @@ pub fn ensure_started() {
 fn start(first: bool) {
     gate().set_restart(ensure_started);
     let s = settings();
-    if s.env.role == muxflow::xcuda_env::Role::Online {
+    if s.env.role == muxflow::records::xcuda_env::Role::Online {
         // Counting mode: no gate to move, no cap, the application's signals
         // left alone (its own graceful shutdown must not meet released
         // contexts); only the publisher.

@@ -1,9 +1,9 @@
 //! The watcher thread (started at cuInit): every sample interval it reads
 //! the GPU's health state, samples the GPU through NVML (SM activity: the
-//! node sampler's page beside the health file, [`muxflow::sm_page`]),
+//! node sampler's page beside the health file, [`muxflow::records::sm_page`]),
 //! feeds the [`Controller`] and sets the gate (another process on the GPU is
 //! contention unless root lists it as one of the GPU's offline processes:
-//! [`muxflow::offline_procs`]); every second it rewrites the stats file
+//! [`muxflow::node::offline_procs`]); every second it rewrites the stats file
 //! and re-asserts the signal handlers. It does all that holding [`BUSY`],
 //! which a fork takes first: a forked child never inherits NVML (or the
 //! fake's locks behind it) in the middle of one of the watcher's calls.
@@ -14,9 +14,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use muxflow::health::HealthState;
-use muxflow::jobproc::Procfs;
-use muxflow::offline_procs::ProcId;
+use muxflow::node::jobproc::Procfs;
+use muxflow::node::offline_procs::ProcId;
+use muxflow::policy::health::HealthState;
 use nvml_wrapper::enum_wrappers::device::Clock;
 use nvml_wrapper::{Device, Nvml};
 
@@ -118,10 +118,10 @@ struct Sampler<'n> {
 /// owner, corrupt) lists nothing, so every other process is contention:
 /// a user cannot release the brake for others. Logged once.
 fn listed_offline(path: &Path, logged: &mut bool) -> BTreeSet<ProcId> {
-    match muxflow::offline_procs::read_trusted(path, 0) {
+    match muxflow::node::offline_procs::read_trusted(path, 0) {
         Ok(set) => set,
         Err(e) => {
-            let absent = matches!(&e, muxflow::limits::LimitsError::Io { source, .. }
+            let absent = matches!(&e, muxflow::records::limits::LimitsError::Io { source, .. }
                 if source.kind() == std::io::ErrorKind::NotFound);
             if !absent && !std::mem::replace(logged, true) {
                 crate::log(format_args!(
@@ -175,10 +175,9 @@ impl<'n> Sampler<'n> {
             .unwrap_or(false);
         // Missing, stale, torn or not root's: no reading, never a wrong one
         // (the controller then brakes on the clock and utilization).
-        let sm_activity = self
-            .sm_page
-            .as_deref()
-            .and_then(|p| muxflow::sm_page::read(p, 0, muxflow::sm_page::now_ms()).ok());
+        let sm_activity = self.sm_page.as_deref().and_then(|p| {
+            muxflow::records::sm_page::read(p, 0, muxflow::records::sm_page::now_ms()).ok()
+        });
         Some(Sample {
             sm_clock_mhz: clock,
             max_sm_clock_mhz: self.max_clock,
@@ -201,8 +200,8 @@ fn run(s: &'static Settings) {
     let mut sampler = nvml.as_ref().and_then(|n| Sampler::new(n, s.env.gpu_index));
     if let Some(sampler) = sampler.as_mut() {
         let health_file = s.env.health_file.as_deref();
-        sampler.offline_file = health_file.map(muxflow::offline_procs::beside);
-        sampler.sm_page = health_file.map(muxflow::sm_page::beside);
+        sampler.offline_file = health_file.map(muxflow::node::offline_procs::beside);
+        sampler.sm_page = health_file.map(muxflow::records::sm_page::beside);
     }
     drop(b);
     let mut controller = Controller::new(Params::from_env(&s.env));

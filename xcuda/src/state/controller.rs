@@ -3,7 +3,7 @@
 //! Law (AIMD with a dead band), evaluated once per sample:
 //!
 //! * **contended** = another process holds a context on the GPU (not one of
-//!   the GPU's offline processes root lists: [`muxflow::offline_procs`])
+//!   the GPU's offline processes root lists: [`muxflow::node::offline_procs`])
 //!   **and**
 //!   (SM clock < `clock_brake_fraction` x max SM clock, **or** utilization >=
 //!   `utilization_brake`, **or** SM activity >= `utilization_brake` where the
@@ -35,7 +35,7 @@
 
 use std::time::Duration;
 
-use muxflow::xcuda_env::XcudaEnv;
+use muxflow::records::xcuda_env::XcudaEnv;
 
 /// One reading of the GPU.
 #[derive(Debug, Clone, Copy, PartialEq)]

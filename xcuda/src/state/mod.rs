@@ -32,8 +32,8 @@ pub fn memcap() -> &'static MemCap {
     static M: OnceLock<MemCap> = OnceLock::new();
     // Counting mode caps nothing (its allocations are still counted).
     M.get_or_init(|| match settings().env.role {
-        muxflow::xcuda_env::Role::Online => MemCap::new(None),
-        muxflow::xcuda_env::Role::Offline => MemCap::new(settings().env.mem_limit_bytes),
+        muxflow::records::xcuda_env::Role::Online => MemCap::new(None),
+        muxflow::records::xcuda_env::Role::Offline => MemCap::new(settings().env.mem_limit_bytes),
     })
 }
 

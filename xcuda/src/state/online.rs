@@ -1,6 +1,6 @@
 //! The online side of the brake: what xCUDA counts inside an online job
 //! (counting mode), and the law by which an offline job's gate brakes on
-//! what the online job publishes ([`muxflow::online_page`]).
+//! what the online job publishes ([`muxflow::records::online_page`]).
 //!
 //! **Counting mode** (settings role `online`): no gate, no cap, no signal
 //! handling; launches are counted by the gate's counters as in any process
@@ -41,8 +41,8 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use muxflow::online_page::Reading;
-use muxflow::xcuda_env::XcudaEnv;
+use muxflow::records::online_page::Reading;
+use muxflow::records::xcuda_env::XcudaEnv;
 
 /// Set once at start-up in the online role.
 static ONLINE: AtomicBool = AtomicBool::new(false);
@@ -78,7 +78,12 @@ pub fn on_launch() {
 fn begin_busy() {
     let launches = super::gate().counts().launches;
     if BUSY_SINCE
-        .compare_exchange(0, muxflow::online_page::now_ns().max(1), Relaxed, Relaxed)
+        .compare_exchange(
+            0,
+            muxflow::records::online_page::now_ns().max(1),
+            Relaxed,
+            Relaxed,
+        )
         .is_ok()
     {
         BUSY_LAUNCHES.store(launches, Relaxed);
@@ -99,7 +104,7 @@ pub fn on_sync(rc: u32) -> u32 {
 fn end_busy() {
     let since = BUSY_SINCE.swap(0, Relaxed);
     if since != 0 {
-        let ns = muxflow::online_page::now_ns().saturating_sub(since);
+        let ns = muxflow::records::online_page::now_ns().saturating_sub(since);
         let launches = super::gate()
             .counts()
             .launches

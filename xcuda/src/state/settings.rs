@@ -2,8 +2,8 @@
 //! stats files), read once at its first driver call from the one source it
 //! may trust.
 
-use muxflow::limits::JobLimits;
-use muxflow::xcuda_env::{self, XcudaEnv};
+use muxflow::records::limits::JobLimits;
+use muxflow::records::xcuda_env::{self, XcudaEnv};
 use std::sync::OnceLock;
 
 #[derive(Debug)]
@@ -16,7 +16,7 @@ pub struct Settings {
 /// (the environment is the user's); outside a job, root's environment is
 /// trusted (tests, benches, an admin's tools) and anyone else gets the safe
 /// settings. A bad value anywhere takes its safe fallback (crate
-/// `muxflow::xcuda_env`): the gate is never switched off and the cap never
+/// `muxflow::records::xcuda_env`): the gate is never switched off and the cap never
 /// lifted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Source {
@@ -31,7 +31,7 @@ pub enum Source {
 impl Source {
     pub fn of_this_process() -> Source {
         let me = std::process::id();
-        match muxflow::jobproc::Procfs::default().job_of(me) {
+        match muxflow::node::jobproc::Procfs::default().job_of(me) {
             Some(job) => Source::Job {
                 job,
                 dir: std::env::var(xcuda_env::LIMITS_DIR).ok(),
@@ -154,7 +154,7 @@ mod tests {
             xcuda: x.clone(),
             enforced_by: Default::default(),
         };
-        let path = muxflow::limits::path(tmp.path(), 7);
+        let path = muxflow::records::limits::path(tmp.path(), 7);
         std::fs::write(&path, limits.encode()).unwrap();
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();

@@ -176,7 +176,7 @@ pub fn args_say_multiuser(args: &[String]) -> bool {
 }
 
 /// State-changing v3 commands (`module verb`): muxflow notes its own, the
-/// detector tells a user's from them (as [`crate::mps::CHANGING_COMMANDS`]
+/// detector tells a user's from them (as [`crate::node::mps::CHANGING_COMMANDS`]
 /// for v2).
 pub fn is_changing(command: &str) -> bool {
     let mut w = command.split_whitespace();
@@ -204,9 +204,9 @@ pub struct Namespace {
 
 impl Namespace {
     /// Job `job_id`'s namespace with its share: its cgroup where Slurm's
-    /// cgroup/v2 plugin puts it ([`crate::dmem::SLURM_JOBS_PARENT`]).
+    /// cgroup/v2 plugin puts it ([`crate::node::dmem::SLURM_JOBS_PARENT`]).
     pub fn for_job(job_id: u32, mem_mib: Option<u64>, sm_pct: u8) -> Namespace {
-        let cgroup = crate::dmem::job_cgroup(Path::new("/"), "", job_id);
+        let cgroup = crate::node::dmem::job_cgroup(Path::new("/"), "", job_id);
         Namespace {
             name: name(job_id),
             cgroup: cgroup.display().to_string(),

@@ -22,13 +22,13 @@
 //!
 //! The Prolog compares the slot Slurm allocated with `placed=`; a job whose
 //! slot is not the one muxflow wrote is refused. The end-of-job report
-//! ([`crate::report`]) later replaces the text; it keeps the same tag and
+//! ([`crate::records::report`]) later replaces the text; it keeps the same tag and
 //! `mode`, and readers ignore keys they do not know. The protocol itself
-//! (tag, keys, the one parse) is [`crate::admin_comment`]'s.
+//! (tag, keys, the one parse) is [`crate::records::admin_comment`]'s.
 
 use std::fmt;
 
-use crate::admin_comment::{key, offline_record, AdminComment, PLACED_ANY};
+use crate::records::admin_comment::{key, offline_record, AdminComment, PLACED_ANY};
 
 /// Why a parked offline job waits, as the matcher writes it into the job's
 /// AdminComment (`waiting=<code>`), so that `scontrol show job` says it.
@@ -344,7 +344,9 @@ mod tests {
         // The report and the job mode still read it.
         let text = gpu("n", 0).unwrap().admin_comment(0);
         assert_eq!(
-            crate::report::JobReport::decode(&text).unwrap().mode,
+            crate::records::report::JobReport::decode(&text)
+                .unwrap()
+                .mode,
             Some(crate::Mode::Offline)
         );
     }
@@ -394,7 +396,7 @@ mod tests {
             gang,
             "muxflow:v1 mode=offline gpus=4 waiting=free_node since=2026-11-23T12:14:05 rounds_every=60s"
         );
-        let report = crate::report::JobReport::decode(&gang).unwrap();
+        let report = crate::records::report::JobReport::decode(&gang).unwrap();
         assert_eq!(report.mode, Some(crate::Mode::Offline));
         for not in [
             "muxflow:v1 mode=offline",

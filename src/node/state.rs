@@ -6,12 +6,12 @@
 //! <state_dir>/gpu<i>/jobs/<jobid>  one file per muxflow job on the GPU (key=value)
 //! <state_dir>/gpu<i>/facts         what the SM and memory policies need (key=value)
 //! <state_dir>/gpu<i>/offline_procs the GPU's offline processes, for xCUDA's brake
-//!                                  (crate::offline_procs)
+//!                                  (crate::node::offline_procs)
 //! <state_dir>/gpu<i>/sm_activity   the node sampler's last SM activity reading
-//!                                  (crate::sm_page; no lock: replaced whole)
+//!                                  (crate::records::sm_page; no lock: replaced whole)
 //! <state_dir>/sampler.lock         flock and pid of the node's muxflow-sampler
 //! <state_dir>/xcuda/<jobid>/       xCUDA counters of an offline job (owned by its user)
-//! <state_dir>/limits/<jobid>        an offline job's limits (root, 0644; crate::limits)
+//! <state_dir>/limits/<jobid>        an offline job's limits (root, 0644; crate::records::limits)
 //! <state_dir>/limits/<jobid>.policed  why the node terminated one of its processes
 //! <state_dir>/limits/<jobid>.measured  its peak GPU memory as NVML showed it
 //! <state_dir>/refused/<jobid>      why the Prolog refused an offline job (the plugin
@@ -27,9 +27,9 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use crate::health::HealthState;
-use crate::kv;
-use crate::policy::GpuFacts;
+use crate::policy::health::HealthState;
+use crate::policy::share::GpuFacts;
+use crate::records::kv;
 use crate::Mode;
 
 #[derive(Debug, thiserror::Error)]
@@ -143,7 +143,7 @@ pub struct JobRecord {
 
 impl JobRecord {
     /// How many of the GPU's offline slots the job holds: the `slots` of
-    /// [`crate::policy::offline_slot_share`] (at least 1).
+    /// [`crate::policy::share::offline_slot_share`] (at least 1).
     pub fn slot_count(&self) -> u32 {
         self.slots.len().max(1) as u32
     }
@@ -264,10 +264,12 @@ impl NodeState {
             Ok(s) => s
                 .parse()
                 .map(Some)
-                .map_err(|e: crate::health::ParseHealthError| StateError::Corrupt {
-                    path,
-                    message: e.to_string(),
-                }),
+                .map_err(
+                    |e: crate::policy::health::ParseHealthError| StateError::Corrupt {
+                        path,
+                        message: e.to_string(),
+                    },
+                ),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(StateError::Io { path, source: e }),
         }
@@ -415,7 +417,7 @@ impl NodeState {
     }
 
     /// Records GPU `gpu`'s region of the kernel's `dmem` controller as the
-    /// Prolog found it (None: no controller or no region; `crate::dmem`).
+    /// Prolog found it (None: no controller or no region; `crate::node::dmem`).
     pub fn set_dmem_region(
         &self,
         _lock: &GpuLock,
@@ -451,7 +453,7 @@ impl NodeState {
         policy: &crate::config::Policy,
         gpu: u32,
         job_id: u32,
-    ) -> Result<crate::policy::SlotShare, StateError> {
+    ) -> Result<crate::policy::share::SlotShare, StateError> {
         let jobs = self.jobs(gpu)?;
         let mut facts = self.facts(gpu)?;
         if !jobs
@@ -464,7 +466,9 @@ impl NodeState {
             .iter()
             .find(|r| r.job_id == job_id)
             .map_or(1, |r| r.slot_count());
-        Ok(crate::policy::offline_slot_share(policy, &facts, slots))
+        Ok(crate::policy::share::offline_slot_share(
+            policy, &facts, slots,
+        ))
     }
 
     /// A per-job record of the driver's on GPU `gpu` (`<gpu dir>/<kind>/<job>`).
@@ -495,20 +499,20 @@ impl NodeState {
     }
 
     /// Records job `job_id`'s static SM partition on GPU `gpu` (the Prolog,
-    /// which made it; `crate::sm_partition`).
+    /// which made it; `crate::node::sm_partition`).
     pub fn set_sm_partition(
         &self,
         _lock: &GpuLock,
         gpu: u32,
         job_id: u32,
-        record: &crate::sm_partition::Record,
+        record: &crate::node::sm_partition::Record,
     ) -> Result<(), StateError> {
         self.set_driver_record(gpu, "partitions", job_id, &record.encode())
     }
 
     /// Job `job_id`'s static SM partition on GPU `gpu`, if it has one.
-    pub fn sm_partition(&self, gpu: u32, job_id: u32) -> Option<crate::sm_partition::Record> {
-        crate::sm_partition::Record::decode(&self.driver_record(gpu, "partitions", job_id)?)
+    pub fn sm_partition(&self, gpu: u32, job_id: u32) -> Option<crate::node::sm_partition::Record> {
+        crate::node::sm_partition::Record::decode(&self.driver_record(gpu, "partitions", job_id)?)
     }
 
     /// Forgets job `job_id`'s partition record on GPU `gpu`.
@@ -517,20 +521,20 @@ impl NodeState {
     }
 
     /// Records job `job_id`'s MPS v3 namespace on GPU `gpu` (the Prolog,
-    /// which made it; `crate::mps_v3`).
+    /// which made it; `crate::node::mps_v3`).
     pub fn set_mps_namespace(
         &self,
         _lock: &GpuLock,
         gpu: u32,
         job_id: u32,
-        ns: &crate::mps_v3::Namespace,
+        ns: &crate::node::mps_v3::Namespace,
     ) -> Result<(), StateError> {
         self.set_driver_record(gpu, "namespaces", job_id, &ns.encode())
     }
 
     /// Job `job_id`'s MPS v3 namespace on GPU `gpu`, if it has one.
-    pub fn mps_namespace(&self, gpu: u32, job_id: u32) -> Option<crate::mps_v3::Namespace> {
-        crate::mps_v3::Namespace::decode(&self.driver_record(gpu, "namespaces", job_id)?)
+    pub fn mps_namespace(&self, gpu: u32, job_id: u32) -> Option<crate::node::mps_v3::Namespace> {
+        crate::node::mps_v3::Namespace::decode(&self.driver_record(gpu, "namespaces", job_id)?)
     }
 
     /// Forgets job `job_id`'s namespace record on GPU `gpu`.
@@ -538,9 +542,10 @@ impl NodeState {
         self.forget_driver_record(gpu, "namespaces", job_id)
     }
 
-    /// The GPU's offline processes as root last saw them ([`crate::offline_procs`]).
+    /// The GPU's offline processes as root last saw them ([`crate::node::offline_procs`]).
     pub fn offline_procs_file(&self, gpu: u32) -> PathBuf {
-        self.gpu_dir(gpu).join(crate::offline_procs::FILE_NAME)
+        self.gpu_dir(gpu)
+            .join(crate::node::offline_procs::FILE_NAME)
     }
 
     /// Where the xCUDA counters of offline job `job_id` go.

@@ -18,7 +18,7 @@
 //! (`CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION`), so every client of such a
 //! daemon, online jobs included, gets one.
 //!
-//! Planning here is pure (table-tested); `crate::mps` sends the commands.
+//! Planning here is pure (table-tested); `crate::node::mps` sends the commands.
 
 /// The client's variable naming its partition.
 pub const ENV: &str = "CUDA_MPS_SM_PARTITION";

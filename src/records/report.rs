@@ -43,8 +43,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::admin_comment::{key, AdminComment, AdminCommentError, TAG, TAG_V2};
-use crate::kv::{self, Fields, KvError};
+use crate::records::admin_comment::{key, AdminComment, AdminCommentError, TAG, TAG_V2};
+use crate::records::kv::{self, Fields, KvError};
 use crate::Mode;
 
 /// Most GPUs of one job a record carries figures for.

@@ -5,6 +5,9 @@
 //! `etc/muxflow.toml` is the documented sample; a test keeps it in step with
 //! the defaults here.
 
+pub mod plugstack;
+pub mod slurm_conf;
+
 use std::fmt;
 use std::net::SocketAddr;
 use std::ops::Range;
@@ -218,7 +221,7 @@ pub struct Mps {
     /// (`-multiuser-server`, Volta and newer, not Tegra): clients of every
     /// user share one server. Without it MPS serves one user at a time and
     /// a second user's client waits for the first's to leave, so muxflow
-    /// then pairs only jobs of one user on a GPU (see `crate::mps`).
+    /// then pairs only jobs of one user on a GPU (see `crate::node::mps`).
     pub multiuser: bool,
     /// Removed: muxflow passes NVIDIA's documented flag itself. Kept only
     /// to name the fix when an old config still sets it.
@@ -226,7 +229,7 @@ pub struct Mps {
     /// Opt-in: start each daemon in NVIDIA's static SM partitioning mode
     /// (`-S`; control daemon 13010+ and Ampere or newer, else ignored) and
     /// give each job a partition of the GPU's SMs, sized from the policy's
-    /// share (`crate::sm_partition`): the driver then holds an offline job
+    /// share (`crate::node::sm_partition`): the driver then holds an offline job
     /// to its SMs even without xCUDA.
     pub sm_partitions: bool,
     /// Longest wait for one MPS control command.
@@ -271,7 +274,7 @@ pub struct Paths {
     /// Skipped with a debug line when unreadable. `{node}` expands.
     pub kernel_log: AbsPath,
     /// The cgroup v2 mount: where the `dmem` controller is looked for and
-    /// an offline job's cgroup gets its GPU memory cap (`crate::dmem`).
+    /// an offline job's cgroup gets its GPU memory cap (`crate::node::dmem`).
     /// `{node}` expands.
     pub cgroup_root: AbsPath,
 }
@@ -331,7 +334,7 @@ pub struct Policy {
     pub memory_reserve_mib: u64,
     /// Offline slots of one GPU, N ([`OFFLINE_PER_GPU`]); an offline job
     /// holding s of them gets a fixed s/N of the GPU's offline SM budget
-    /// and memory room ([`crate::policy::offline_slot_share`]). gres.conf
+    /// and memory room ([`crate::policy::share::offline_slot_share`]). gres.conf
     /// must give each GPU as many `mfslot` records (etc/gres.conf).
     pub offline_per_gpu: u8,
     /// Whose jobs may share a GPU ([`CoLocate`]); MPS's own rule (one user
@@ -535,12 +538,12 @@ fn show_paths(paths: &[PathBuf]) -> String {
 }
 
 /// Where a program looks for its config without `--config`: beside the
-/// slurm.conf it works with (`slurm_conf`, see [`crate::slurm_conf`]), then
+/// slurm.conf it works with (`slurm_conf`, see [`crate::config::slurm_conf`]), then
 /// in `system_dir` (/etc/slurm); each place once.
 pub fn search_paths(slurm_conf: Option<&Path>, system_dir: &Path) -> Vec<PathBuf> {
     let mut paths = Vec::new();
     if let Some(conf) = slurm_conf {
-        paths.push(crate::slurm_conf::conf_dir(Some(conf)).join(FILE_NAME));
+        paths.push(crate::config::slurm_conf::conf_dir(Some(conf)).join(FILE_NAME));
     }
     let system = system_dir.join(FILE_NAME);
     if !paths.contains(&system) {
@@ -737,7 +740,7 @@ impl Config {
                 "multiuser_flag",
                 format!(
                     "was removed: muxflow starts each daemon with NVIDIA's documented {} itself; delete the line, and write `multiuser = false` instead if the daemons must serve one user at a time",
-                    crate::mps::MULTIUSER_FLAG
+                    crate::node::mps::MULTIUSER_FLAG
                 ),
             );
         }

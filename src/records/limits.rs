@@ -8,7 +8,7 @@
 //! before use (root-owned regular file, not writable by group or others, in
 //! a root-owned directory not writable by others, at most 8 KiB, no
 //! symlink) and names its job, which must be the reader's own job as
-//! [`crate::jobproc`] finds it. A user who names another directory gains
+//! [`crate::node::jobproc`] finds it. A user who names another directory gains
 //! nothing: only root writes such files, each for one job.
 //!
 //! ```text
@@ -18,7 +18,7 @@
 //! mem_cap_mib=60000
 //! MUXFLOW_XCUDA_MEM_LIMIT_BYTES=62914560000
 //! MUXFLOW_XCUDA_GPU_INDEX=0
-//! …                                  the other xCUDA settings (crate::xcuda_env)
+//! …                                  the other xCUDA settings (crate::records::xcuda_env)
 //! stop_grace_ms=2500                 [`StopBounds`]: how long after SIGTERM xCUDA
 //! release_by_unix_ms=1790000000000   leaves the job its GPU, and the latest release
 //! ```
@@ -28,7 +28,7 @@ use std::io::Read;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::xcuda_env::{XcudaEnv, XcudaEnvError};
+use crate::records::xcuda_env::{XcudaEnv, XcudaEnvError};
 
 /// Largest limits file read.
 pub const MAX_BYTES: u64 = 8192;
@@ -275,7 +275,7 @@ pub struct EnforcedBy {
 }
 
 impl std::fmt::Display for EnforcedBy {
-    /// `mem:<who>,sm:<who>`: the job record's `enforced_by` (crate::report).
+    /// `mem:<who>,sm:<who>`: the job record's `enforced_by` (crate::records::report).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "mem:{},sm:{}", self.mem, self.sm)
     }
@@ -406,7 +406,7 @@ impl JobLimits {
 /// written it: a regular file (no symlink followed, no FIFO waited on) of
 /// `owner` not writable by group or others, in a directory of `owner` not
 /// writable by group or others, at most `max_bytes`. What a user process
-/// reads to learn what root decided ([`crate::offline_procs`] too).
+/// reads to learn what root decided ([`crate::node::offline_procs`] too).
 pub fn read_trusted_text(
     file_path: &Path,
     owner: u32,

@@ -69,7 +69,7 @@ pub fn path(state_dir: &Path, gpu: u32) -> PathBuf {
 }
 
 /// Where the plugin writes an online job's xCUDA settings (the limits-file
-/// form of [`crate::limits`], role `online`): beside, not inside, the
+/// form of [`crate::records::limits`], role `online`): beside, not inside, the
 /// offline jobs' limits directory, whose files the node polices as offline.
 pub fn limits_dir(state_dir: &Path) -> PathBuf {
     state_dir.join("online-limits")

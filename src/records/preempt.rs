@@ -13,7 +13,7 @@
 //!
 //! Without one there is no extra signal: the requeue's SIGTERM is the
 //! warning (xCUDA hands it to the application with its GPU until the stop
-//! deadline, [`crate::limits::StopBounds`]). A default SIGUSR1 was weighed
+//! deadline, [`crate::records::limits::StopBounds`]). A default SIGUSR1 was weighed
 //! and refused: its default action terminates the process (a batch shell
 //! without a `trap`, a Python program without a handler), and that
 //! termination, with streams running, is one xCUDA does not hold back — the

@@ -34,7 +34,7 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-pub use crate::health::GPM_MIN_GAP;
+pub use crate::policy::health::GPM_MIN_GAP;
 
 /// The page's name in a GPU's state directory.
 pub const FILE_NAME: &str = "sm_activity";
@@ -164,16 +164,17 @@ impl Page {
 }
 
 /// The SM activity the page at `path` gives at `now_ms`, if only `owner`
-/// (root in production) can have written it ([`crate::limits::read_trusted_text`]).
+/// (root in production) can have written it ([`crate::records::limits::read_trusted_text`]).
 pub fn read(path: &Path, owner: u32, now_ms: u64) -> Result<f64, NoReading> {
-    use crate::limits::LimitsError;
-    let text = crate::limits::read_trusted_text(path, owner, MAX_BYTES).map_err(|e| match e {
-        LimitsError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
-            NoReading::Missing
-        }
-        LimitsError::Untrusted { why, .. } => NoReading::Untrusted(why),
-        e => NoReading::Io(e.to_string()),
-    })?;
+    use crate::records::limits::LimitsError;
+    let text =
+        crate::records::limits::read_trusted_text(path, owner, MAX_BYTES).map_err(|e| match e {
+            LimitsError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+                NoReading::Missing
+            }
+            LimitsError::Untrusted { why, .. } => NoReading::Untrusted(why),
+            e => NoReading::Io(e.to_string()),
+        })?;
     Page::decode(&text)?.reading(now_ms)
 }
 

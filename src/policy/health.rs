@@ -2,7 +2,7 @@
 //!
 //! The transition function lives here too (pure, table-tested); the node
 //! programs in `prolog/` feed it NVML readings and persist the result with
-//! [`crate::node_state`].
+//! [`crate::node::state`].
 
 use std::fmt;
 use std::str::FromStr;

@@ -7,7 +7,7 @@
 //! needs the GPU, never because of the GPU's other offline jobs. xCUDA runs
 //! as the user and cannot tell another user's process's job (its cgroup and
 //! environment are not for it to trust or read); root can
-//! ([`crate::jobproc`]). So `muxflow-police` (root, one per offline job,
+//! ([`crate::node::jobproc`]). So `muxflow-police` (root, one per offline job,
 //! every `health.police_interval_ms`) writes the GPU's offline processes
 //! here, and every xCUDA of the GPU counts every other process on the GPU
 //! as contention unless it is listed: the offline processes of a GPU brake
@@ -16,7 +16,7 @@
 //! The one fact that shapes it: a user must not be able to release the
 //! brake for others. Only root writes the file; xCUDA reads it only when
 //! root owns it and its directory and neither is writable by group or
-//! others ([`crate::limits::read_trusted_text`]), and otherwise counts every
+//! others ([`crate::records::limits::read_trusted_text`]), and otherwise counts every
 //! other process (the brake as it was with one offline job per GPU: it may
 //! brake more, never less). Each process is named with its start time
 //! (`/proc/<pid>/stat` field 22, clock ticks since boot), so a pid reused
@@ -27,8 +27,8 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use crate::jobproc::Procfs;
-use crate::limits::LimitsError;
+use crate::node::jobproc::Procfs;
+use crate::records::limits::LimitsError;
 
 /// The file's name in the GPU's state directory (beside the health word).
 pub const FILE_NAME: &str = "offline_procs";
@@ -100,7 +100,7 @@ pub fn decode(text: &str) -> Result<BTreeSet<ProcId>, String> {
 /// The offline processes listed in `path`, if only `owner` (root) can have
 /// written it.
 pub fn read_trusted(path: &Path, owner: u32) -> Result<BTreeSet<ProcId>, LimitsError> {
-    let text = crate::limits::read_trusted_text(path, owner, MAX_BYTES)?;
+    let text = crate::records::limits::read_trusted_text(path, owner, MAX_BYTES)?;
     decode(&text).map_err(|why| LimitsError::Corrupt {
         path: path.to_path_buf(),
         why,

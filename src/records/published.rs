@@ -8,11 +8,11 @@
 //! `solo_sm` is the online job's SM activity (percent) measured while no
 //! offline client ran on that GPU; absent when never measured.
 //! `multiuser=1`: the GPU's MPS daemon serves every user's clients in one
-//! server (`crate::mps`); `0`, or absent (a node of an older muxflow): one
+//! server (`crate::node::mps`); `0`, or absent (a node of an older muxflow): one
 //! user at a time, so only one user's jobs may share the GPU.
 
-use crate::health::HealthState;
-use crate::kv::{self, Fields, KvError};
+use crate::policy::health::HealthState;
+use crate::records::kv::{self, Fields, KvError};
 
 pub const TAG: &str = "muxflow:v1";
 

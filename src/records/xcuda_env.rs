@@ -21,12 +21,12 @@ pub const RELEASE_FACTOR: &str = "MUXFLOW_XCUDA_RELEASE_FACTOR";
 /// `offline` (the gate and the cap) or `online` (counting only: the online
 /// page is written, nothing is delayed, capped or refused).
 pub const ROLE: &str = "MUXFLOW_XCUDA_ROLE";
-/// The online page of the GPU ([`crate::online_page`]): written in the
+/// The online page of the GPU ([`crate::records::online_page`]): written in the
 /// online role, read by the gate in the offline role.
 pub const ONLINE_PAGE: &str = "MUXFLOW_XCUDA_ONLINE_PAGE";
 pub const ONLINE_BRAKE_DEVIATION: &str = "MUXFLOW_XCUDA_ONLINE_BRAKE_DEVIATION";
 /// The root-owned directory of the per-job limits files (see
-/// [`crate::limits`]); the only variable xCUDA reads inside a job, and only
+/// [`crate::records::limits`]); the only variable xCUDA reads inside a job, and only
 /// to find a file it then checks.
 pub const LIMITS_DIR: &str = "MUXFLOW_XCUDA_LIMITS_DIR";
 

@@ -11,8 +11,8 @@
 //! | `etc/job_submit.lua` (slurmctld) | submit | Lua, keys checked against [`LUA_CONSTANTS`] by a test | `muxflow:v1 mode=offline [gpus=k] [placed=any]`, `muxflow:v1 mode=online` |
 //! | muxflow-matcher | a placement | [`Placement::admin_comment`] | `… placed=node3:g1` (a gang: `gpus=2 placed=node3:g0,g1`) |
 //! | muxflow-matcher | a parked job | [`Waiting::admin_comment`] | `… waiting=free_gpu since=… rounds_every=60s` |
-//! | Prolog (root) | a refusal | [`crate::placement::refused_admin_comment`] | `… refused=gpu_faulty refusals=1` |
-//! | slurmstepd (root, the plugin) | the batch step's end | [`JobReport::encode`] | the job's figures ([`crate::report`]) |
+//! | Prolog (root) | a refusal | [`crate::records::placement::refused_admin_comment`] | `… refused=gpu_faulty refusals=1` |
+//! | slurmstepd (root, the plugin) | the batch step's end | [`JobReport::encode`] | the job's figures ([`crate::records::report`]) |
 //! | slurmstepd (root, the plugin) | a node whose config is unreadable | [`node_config_failed`] | the text so far plus `failed=node_config` |
 //!
 //! Every text of an offline job keeps its `gpus=` and `refusals=`; readers
@@ -21,15 +21,15 @@
 //! count, why it waits, refusals: one parse per job), the plugin (refusals),
 //! the predictor and `muxflow-report` (the report).
 //!
-//! [`Placement::admin_comment`]: crate::placement::Placement::admin_comment
-//! [`Waiting::admin_comment`]: crate::placement::Waiting::admin_comment
-//! [`JobReport::encode`]: crate::report::JobReport::encode
+//! [`Placement::admin_comment`]: crate::records::placement::Placement::admin_comment
+//! [`Waiting::admin_comment`]: crate::records::placement::Waiting::admin_comment
+//! [`JobReport::encode`]: crate::records::report::JobReport::encode
 
 use std::collections::BTreeMap;
 
-use crate::kv;
-use crate::placement::{Placement, Waiting};
-use crate::report::{JobReport, ReportError};
+use crate::records::kv;
+use crate::records::placement::{Placement, Waiting};
+use crate::records::report::{JobReport, ReportError};
 use crate::Mode;
 
 /// The tag every muxflow text starts with.
@@ -39,18 +39,18 @@ pub const TAG: &str = "muxflow:v1";
 pub const TAG_V2: &str = "muxflow:v2";
 
 /// The keys muxflow's texts share (the report's own figures are
-/// [`crate::report`]'s).
+/// [`crate::records::report`]'s).
 pub mod key {
     /// `online` or `offline` ([`crate::Mode`]): every text has it.
     pub const MODE: &str = "mode";
-    /// Where the matcher placed an offline job ([`crate::placement::Placement`]).
+    /// Where the matcher placed an offline job ([`crate::records::placement::Placement`]).
     pub const PLACED: &str = "placed";
     /// The code of a Prolog's refusal.
     pub const REFUSED: &str = "refused";
     /// An offline job's GPU count on its node when more than 1 (a report of
     /// a k-GPU job: its GPUs, a list).
     pub const GPUS: &str = "gpus";
-    /// Why a parked job waits ([`crate::placement::Waiting`]).
+    /// Why a parked job waits ([`crate::records::placement::Waiting`]).
     pub const WAITING: &str = "waiting";
     /// Since when it waits (local time).
     pub const SINCE: &str = "since";
@@ -170,7 +170,7 @@ impl AdminComment {
             .flatten()
     }
 
-    /// The job's figures ([`crate::report`]).
+    /// The job's figures ([`crate::records::report`]).
     pub fn report(&self) -> Result<JobReport, ReportError> {
         JobReport::from_fields(&self.fields)
     }

@@ -19,8 +19,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::mps_v3::{self, Protocol};
-use crate::process::{self, RunError};
+use crate::node::mps_v3::{self, Protocol};
+use crate::node::process::{self, RunError};
 use crate::Config;
 
 #[derive(Debug, thiserror::Error)]
@@ -214,7 +214,7 @@ impl MpsDaemon {
 
     /// A daemon this starts runs in static SM partitioning mode (`-S`):
     /// the caller decides from the config, the daemon's version and the GPU
-    /// ([`crate::sm_partition`]).
+    /// ([`crate::node::sm_partition`]).
     pub fn with_static_partitions(mut self, on: bool) -> Self {
         self.static_partitions = on;
         self
@@ -222,7 +222,7 @@ impl MpsDaemon {
 
     /// A daemon this starts speaks `protocol` (`-p 3` for v3, with its
     /// server [`mps_v3::SERVER`]): the caller decides from the daemon's
-    /// version ([`crate::mps_v3::Support`]).
+    /// version ([`crate::node::mps_v3::Support`]).
     pub fn with_protocol(mut self, protocol: Protocol) -> Self {
         self.start_protocol = protocol;
         self
@@ -366,7 +366,7 @@ impl MpsDaemon {
             (Protocol::V2, false) => {}
         }
         if self.static_partitions {
-            c.arg(crate::sm_partition::STATIC_FLAG);
+            c.arg(crate::node::sm_partition::STATIC_FLAG);
         }
         let out = process::run(c, None, self.timeout, true)?;
         if out.success {
@@ -447,15 +447,16 @@ impl MpsDaemon {
     pub fn runs_static_partitions(&self) -> bool {
         self.running_args().is_some_and(|args| {
             args.iter().any(|a| {
-                a == crate::sm_partition::STATIC_FLAG || a == crate::sm_partition::STATIC_FLAG_LONG
+                a == crate::node::sm_partition::STATIC_FLAG
+                    || a == crate::node::sm_partition::STATIC_FLAG_LONG
             })
         })
     }
 
     /// `lspart`: the chunks of the GPU `uuid`.
-    pub fn chunks(&self, uuid: &str) -> Result<crate::sm_partition::Chunks, MpsError> {
+    pub fn chunks(&self, uuid: &str) -> Result<crate::node::sm_partition::Chunks, MpsError> {
         let out = self.send("lspart")?;
-        crate::sm_partition::parse_lspart(&out, uuid).ok_or_else(|| MpsError::Parse {
+        crate::node::sm_partition::parse_lspart(&out, uuid).ok_or_else(|| MpsError::Parse {
             gpu: self.gpu,
             command: "lspart".into(),
             output: out,
@@ -466,7 +467,7 @@ impl MpsDaemon {
     pub fn add_partition(&self, uuid: &str, chunks: u32) -> Result<String, MpsError> {
         let command = format!("sm_partition add {uuid} {chunks}");
         let out = self.send(&command)?;
-        crate::sm_partition::parse_created(&out).ok_or(MpsError::Failed {
+        crate::node::sm_partition::parse_created(&out).ok_or(MpsError::Failed {
             gpu: self.gpu,
             command,
             output: out,
@@ -513,7 +514,7 @@ impl MpsDaemon {
         self.send_text(&text)
     }
 
-    /// Sends `command` as it is (v3's own commands, [`crate::mps_v3`]).
+    /// Sends `command` as it is (v3's own commands, [`crate::node::mps_v3`]).
     fn send_text(&self, command: &str) -> Result<String, MpsError> {
         if is_changing(command) {
             self.note_own_command(command);

@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::node_state::StateError;
+use crate::node::state::StateError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -122,7 +122,7 @@ fn escape_help(v: &str) -> String {
 /// Writes `text` to `dir/name` atomically (a temporary file in `dir`, then
 /// a rename), mode 0644: a collector never reads half a file.
 pub fn write_atomic(dir: &Path, name: &str, text: &str) -> Result<(), StateError> {
-    crate::node_state::write_atomic(&dir.join(name), text.as_bytes())
+    crate::node::state::write_atomic(&dir.join(name), text.as_bytes())
 }
 
 /// dcgm-exporter's job mapping: in `dir`, one file per GPU index of
@@ -140,7 +140,7 @@ pub fn write_job_mapping(dir: &Path, gpus: &[(u32, BTreeSet<u32>)]) -> Result<()
             continue;
         }
         let text: String = jobs.iter().map(|j| format!("{j}\n")).collect();
-        crate::node_state::write_atomic(&path, text.as_bytes())?;
+        crate::node::state::write_atomic(&path, text.as_bytes())?;
     }
     Ok(())
 }
