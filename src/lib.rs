@@ -2,7 +2,7 @@
 //!
 //! This crate is the logic that two or more of muxflow's process contexts
 //! share: the SPANK plugin (`spank/`), the xCUDA shim (`xcuda/`), the node
-//! programs (`prolog/`), the matcher daemon (`matcher/`) and the replay
+//! programs (`node/`), the matcher daemon (`matcher/`) and the replay
 //! (`sim/`). It exports no FFI and needs no Slurm headers: what reads them
 //! is `muxflow-slurm` (`slurm/`).
 

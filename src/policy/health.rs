@@ -1,7 +1,7 @@
 //! SysMonitor's per-GPU health states.
 //!
 //! The transition function lives here too (pure, table-tested); the node
-//! programs in `prolog/` feed it NVML readings and persist the result with
+//! programs in `node/` feed it NVML readings and persist the result with
 //! [`crate::node::state`].
 
 use std::fmt;

@@ -1,5 +1,5 @@
 //! The per-GPU SM activity page: the last reading of the node's one sampler
-//! (`muxflow-sampler`, `prolog/src/sampler.rs`), for every reader on the
+//! (`muxflow-sampler`, `node/src/sampler.rs`), for every reader on the
 //! node — the health step (Prolog, Epilog, health check) and xCUDA's launch
 //! gate in offline jobs.
 //!

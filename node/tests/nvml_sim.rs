@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use muxflow_prolog::nvml::{self, GpuRead, Reading};
+use muxflow_node::nvml::{self, GpuRead, Reading};
 use muxflow_simgpu::testing::{built, SimRoot};
 
 fn read(lib: &std::path::Path, gpm_gap: Duration) -> Reading {

@@ -1,15 +1,15 @@
 //! `muxflow-police`: started by the Prolog for each offline job, checks the
 //! job's processes against its limits every `health.police_interval_ms`
-//! until the Epilog has forgotten the job (see `muxflow_prolog::police`).
+//! until the Epilog has forgotten the job (see `muxflow_node::police`).
 //! Like the other node programs it never fails the node.
 
 fn main() {
-    muxflow_prolog::run_contained("muxflow-police", |config, env| {
+    muxflow_node::run_contained("muxflow-police", |config, env| {
         let job = env
             .job_id
             .as_deref()
             .and_then(|j| j.parse().ok())
             .ok_or_else(|| anyhow::anyhow!("SLURM_JOB_ID is not a job id"))?;
-        muxflow_prolog::police::watch(config, job, env.node.as_deref())
+        muxflow_node::police::watch(config, job, env.node.as_deref())
     });
 }

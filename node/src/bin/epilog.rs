@@ -3,11 +3,10 @@
 //! for muxflow's own errors.
 
 fn main() {
-    muxflow_prolog::run_contained("muxflow-epilog", |config, env| {
-        let job = muxflow_prolog::job::end(config, env);
+    muxflow_node::run_contained("muxflow-epilog", |config, env| {
+        let job = muxflow_node::job::end(config, env);
         // The health step runs whatever the job path did.
-        let step =
-            muxflow_prolog::sysmon::step(config, env, muxflow_prolog::sysmon::Trigger::JobEnd);
+        let step = muxflow_node::sysmon::step(config, env, muxflow_node::sysmon::Trigger::JobEnd);
         job.and(step)
     });
 }

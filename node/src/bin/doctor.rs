@@ -1,7 +1,7 @@
 //! `muxflow-doctor`: checks this node's muxflow installation (run as root
 //! on the node). One line per check, `ok` or `FAIL … ; fix: …`; exit 1 when
 //! any check failed, 2 when it could not run at all. See
-//! `muxflow_prolog::doctor`.
+//! `muxflow_node::doctor`.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -67,7 +67,7 @@ fn run() -> anyhow::Result<bool> {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
         .unwrap_or_default();
-    let checks = muxflow_prolog::doctor::run(&config, &node, &slurm_conf, &slurmd_v);
+    let checks = muxflow_node::doctor::run(&config, &node, &slurm_conf, &slurmd_v);
     for c in &checks {
         println!("{}", c.line());
     }

@@ -3,11 +3,10 @@
 //! node for muxflow's own errors.
 
 fn main() {
-    muxflow_prolog::run_contained("muxflow-prolog", |config, env| {
-        let job = muxflow_prolog::job::start(config, env);
+    muxflow_node::run_contained("muxflow-prolog", |config, env| {
+        let job = muxflow_node::job::start(config, env);
         // The health step runs whatever the job path did.
-        let step =
-            muxflow_prolog::sysmon::step(config, env, muxflow_prolog::sysmon::Trigger::JobStart);
+        let step = muxflow_node::sysmon::step(config, env, muxflow_node::sysmon::Trigger::JobStart);
         job.and(step)
     });
 }

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use muxflow_prolog::nvml::{self, GpuRead, Reading};
+use muxflow_node::nvml::{self, GpuRead, Reading};
 use muxflow_simgpu::testing::{built, SimRoot};
 
 fn read(lib: &std::path::Path) -> Reading {
@@ -26,7 +26,7 @@ fn the_sampler_publishes_sm_activity_for_readers_and_leaves_nothing_behind() {
 
     use muxflow::config::AbsPath;
     use muxflow::node::state::NodeState;
-    use muxflow_prolog::sampler;
+    use muxflow_node::sampler;
 
     let sim = SimRoot::new(1);
     let lib = sim.lib().join("libnvidia-ml.so.1");

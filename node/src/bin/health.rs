@@ -1,6 +1,6 @@
 //! `muxflow-health`: Slurm's HealthCheckProgram. Every HealthCheckInterval it
 //! steps each GPU's health state machine, handles detected errors, and
-//! publishes the node's GPU states (see `muxflow_prolog::sysmon`). Never
+//! publishes the node's GPU states (see `muxflow_node::sysmon`). Never
 //! fails the node for muxflow's own errors; the only drain is a lost GPU.
 //!
 //! `muxflow-health --report` is the same step run as an NHC check
@@ -8,10 +8,10 @@
 //! leaving the drain to NHC.
 
 fn main() {
-    if muxflow_prolog::Cli::parse_for("muxflow-health").report {
+    if muxflow_node::Cli::parse_for("muxflow-health").report {
         let mut problems = Vec::new();
-        muxflow_prolog::run_contained("muxflow-health", |config, env| {
-            problems = muxflow_prolog::sysmon::report(config, env)?;
+        muxflow_node::run_contained("muxflow-health", |config, env| {
+            problems = muxflow_node::sysmon::report(config, env)?;
             Ok(())
         });
         if !problems.is_empty() {
@@ -20,7 +20,7 @@ fn main() {
         }
         return;
     }
-    muxflow_prolog::run_contained("muxflow-health", |config, env| {
-        muxflow_prolog::sysmon::step(config, env, muxflow_prolog::sysmon::Trigger::HealthCheck)
+    muxflow_node::run_contained("muxflow-health", |config, env| {
+        muxflow_node::sysmon::step(config, env, muxflow_node::sysmon::Trigger::HealthCheck)
     });
 }

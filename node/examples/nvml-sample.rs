@@ -1,17 +1,17 @@
 //! Prints what an NVML read with its own two GPM samples
-//! (`muxflow_prolog::nvml::read_with_gpm_gap`, the readings `muxflow-sampler`
+//! (`muxflow_node::nvml::read_with_gpm_gap`, the readings `muxflow-sampler`
 //! publishes for the health check) sees, every `--every-ms` for `--seconds`: one `key=value` line per GPU
 //! and sample. For checking the readings on a real GPU beside a known load
 //! (`real-gpu/run`); the dev cluster's tests read the simulated GPU.
 //!
 //! ```text
-//! cargo run --release -p muxflow-prolog --example nvml-sample -- --seconds 10
+//! cargo run --release -p muxflow-node --example nvml-sample -- --seconds 10
 //! ```
 
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use muxflow_prolog::nvml::{self, GpuRead};
+use muxflow_node::nvml::{self, GpuRead};
 
 #[derive(Parser)]
 struct Cli {
