@@ -968,7 +968,8 @@ pub fn daemon_state(
 /// through the same predictor terms, the least any round that looks at
 /// every pair does, timed in the same run.
 pub fn daemon_run(args: &BenchArgs) -> anyhow::Result<String> {
-    use crate::round::{plan, IdleSlot, Predictor, Seat};
+    use crate::predict::Seat;
+    use crate::round::{plan, IdleSlot, Predictor};
     use crate::weights::quantize;
     let (state, model) = daemon_state(args.gpus, args.jobs, args.seed);
     let config = muxflow::Config::default();

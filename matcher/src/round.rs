@@ -95,7 +95,7 @@ use serde::Serialize;
 use crate::exact::{ExactOptions, FnScores, Incremental};
 use crate::gang::{place_gangs, Columns, GangChoice};
 use crate::hints::{update_args, Target};
-use crate::predict::{default_prediction, GpuTerms, JobTerms, Model, DEFAULT_SD};
+use crate::predict::{default_prediction, GpuTerms, JobTerms, Model, Seat, DEFAULT_SD};
 use crate::reader::{ClusterState, GpuState, Names, NodeRoom, Owner, PendingJob};
 use crate::round_cache::RoundCache;
 use crate::slots::{slot_candidates, split_rounds, SlotColumns};
@@ -308,16 +308,6 @@ pub fn idle_room_mib(gpu: &GpuState, policy: &Policy) -> u64 {
         mem_total_mib: (gpu.published.mem_mib > 0).then_some(gpu.published.mem_mib),
     };
     offline_mem_cap_mib(policy, &facts.without_online()).unwrap_or(0)
-}
-
-/// Where a job sits on a GPU (issue 15): it holds `slots` of the GPU's
-/// `[policy] offline_per_gpu` offline slots — its part of the GPU's
-/// offline SMs and memory, [`offline_part`] — and is one of
-/// `offline_jobs` offline jobs there (those running and it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Seat {
-    pub slots: u32,
-    pub offline_jobs: u32,
 }
 
 /// The slots of the i-th of `jobs` jobs that share `free` slots of a GPU:

@@ -34,11 +34,12 @@ use muxflow::policy::share::{offline_mem_cap_mib, offline_part, offline_sm_perce
 use muxflow::records::published::GpuPublished;
 use muxflow::records::report::{add_peers, GangGpu, JobReport};
 use muxflow::Mode;
+use muxflow_matcher::predict::Seat;
 use muxflow_matcher::predict::{runs_from_sacct, GpuTerms, JobTerms, Model, Run};
 use muxflow_matcher::reader::{
     ClusterState, GpuState, Names, PendingJob, SacctComment, SacctJob, SacctTime,
 };
-use muxflow_matcher::round::{plan_cached, Action, IdleSlot, Predictor, Seat};
+use muxflow_matcher::round::{plan_cached, Action, IdleSlot, Predictor};
 use muxflow_matcher::round_cache::RoundCache;
 
 use crate::engine::EventQueue;
