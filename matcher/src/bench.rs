@@ -1,4 +1,4 @@
-//! `muxflow-matcher bench`: one matching round on a synthetic cluster, timed,
+//! `muxflow-matcher-bench`: one matching round on a synthetic cluster, timed,
 //! exact on every feasible pair, then incremental rounds after small
 //! changes; dense Kuhn–Munkres on the full graph where that fits.
 //!
@@ -296,7 +296,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<BenchReport> {
     };
     writeln!(
         text,
-        "muxflow-matcher bench: {} GPUs ({} eligible) x {} jobs, {mode} weights, seed {}, k={}, {} threads",
+        "muxflow-matcher-bench: {} GPUs ({} eligible) x {} jobs, {mode} weights, seed {}, k={}, {} threads",
         args.gpus,
         cluster.eligible_gpus(),
         args.jobs,
@@ -574,7 +574,7 @@ impl crate::exact::Scores for Masked<'_> {
 /// (sim/data/gavel_v100_pairs.csv, 636 pairs that co-locate: 0.657).
 pub const BENCH_BESIDE_OFFLINE: f64 = 0.657;
 
-/// `muxflow-matcher bench --gang-share F [--slots-per-gpu N]` (issue 15):
+/// `muxflow-matcher-bench --gang-share F [--slots-per-gpu N]` (issue 15):
 /// one production round with k-GPU jobs and sized slots
 /// ([`crate::round`] module docs) on the synthetic cluster cut into nodes
 /// of [`GANG_BENCH_GPUS_PER_NODE`] GPUs, each with N free offline slots, a
@@ -773,7 +773,7 @@ pub fn gang_run(args: &BenchArgs, slots: u32, gang_share: f64) -> anyhow::Result
 
     writeln!(
         text,
-        "muxflow-matcher bench --gang-share {gang_share} --slots-per-gpu {slots}: {} GPUs in nodes of {GANG_BENCH_GPUS_PER_NODE} ({slots} slots each) x {} jobs ({} of them 2, 4 or 8-GPU gangs), seed {}, k={}, {} threads",
+        "muxflow-matcher-bench --gang-share {gang_share} --slots-per-gpu {slots}: {} GPUs in nodes of {GANG_BENCH_GPUS_PER_NODE} ({slots} slots each) x {} jobs ({} of them 2, 4 or 8-GPU gangs), seed {}, k={}, {} threads",
         args.gpus,
         args.jobs,
         gangs.len(),
@@ -977,7 +977,7 @@ pub fn daemon_run(args: &BenchArgs) -> anyhow::Result<String> {
     let mut text = String::new();
     writeln!(
         text,
-        "muxflow-matcher bench --daemon-round: {} GPUs ({:.0}% with an online job) x {} pending jobs of {DAEMON_KINDS} kinds, seed {}, default config",
+        "muxflow-matcher-bench --daemon-round: {} GPUs ({:.0}% with an online job) x {} pending jobs of {DAEMON_KINDS} kinds, seed {}, default config",
         args.gpus,
         DAEMON_ONLINE_SHARE * 100.0,
         args.jobs,

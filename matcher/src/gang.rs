@@ -26,7 +26,7 @@
 //! Without prices (no 1-GPU job competes) it is plain strongest-first.
 //! Cost: a matching and a warm re-solve, two candidate graphs, and per
 //! gang a few passes over the GPUs (a sort per node).
-//! `muxflow-matcher bench --gang-share 0.05` (18,000 GPUs in nodes of 8,
+//! `muxflow-matcher-bench --gang-share 0.05` (18,000 GPUs in nodes of 8,
 //! 10,000 jobs, 484 of them 2/4/8-GPU gangs) times it against the same jobs
 //! as 1-GPU jobs in the same run. Loss against the
 //! joint optimum (gangs and 1-GPU jobs together, by brute force) on small

@@ -37,7 +37,7 @@
 //! let exact = solve_exact(&FnScores { jobs, gpus, score }, &edges, &opts)?;  // exact on every pair
 //! ```
 //!
-//! Bench: `muxflow-matcher bench --gpus 18000 --jobs 10000 [--seed S]
+//! Bench: `muxflow-matcher-bench --gpus 18000 --jobs 10000 [--seed S]
 //! [--weights structured|uniform] [--dense auto|always|never]
 //! [--candidates-per-job K] [--threads T] [--export FILE]`.
 //!
@@ -46,6 +46,7 @@
 //! lists fix that (see [`prune`]). Pricing ([`exact`]) closes the rest of
 //! the gap to the unpruned optimum (about 0.6% on the bench).
 
+#[cfg(feature = "bench")]
 pub mod bench;
 pub mod exact;
 pub mod gang;
@@ -55,6 +56,7 @@ pub mod metrics;
 pub mod predict;
 pub mod prune;
 pub mod reader;
+#[cfg(any(test, feature = "bench"))]
 pub mod reference;
 pub mod round;
 pub mod round_cache;
@@ -64,6 +66,7 @@ pub mod slots;
 #[cfg(feature = "slurm")]
 pub mod slurm;
 pub mod solver;
+#[cfg(any(test, feature = "bench"))]
 pub mod synth;
 pub mod userreport;
 pub mod weights;

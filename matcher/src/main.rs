@@ -13,14 +13,12 @@
 //!   the history's pairs (offline job × online job), 1 in 5 held out: MAE
 //!   and pairing quality of the default, row-col means and the model (the
 //!   figures `muxflow-sim predictor` reports).
-//! * `muxflow-matcher bench …`: one matching round on a synthetic cluster.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use clap::{Parser, Subcommand, ValueEnum};
-use muxflow_matcher::bench::{self, BenchArgs, DenseMode};
+use clap::Parser;
 use muxflow_matcher::hints;
 use muxflow_matcher::history::HistoryCache;
 use muxflow_matcher::metrics::MatcherMetrics;
@@ -29,7 +27,6 @@ use muxflow_matcher::reader::{parse_sacct, ClusterState, Names};
 use muxflow_matcher::round::{plan_cached, Plan};
 use muxflow_matcher::round_cache::RoundCache;
 use muxflow_matcher::slurm::SlurmCli;
-use muxflow_matcher::synth::WeightMode;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -67,133 +64,16 @@ struct Cli {
     /// With --evaluate: use N synthetic jobs' history (a contention model).
     #[arg(long, requires = "evaluate", conflicts_with = "sacct_json")]
     synthetic: Option<usize>,
-    #[command(subcommand)]
-    command: Option<Command>,
-}
-
-#[derive(Debug, Subcommand)]
-enum Command {
-    /// Time one matching round (exact on every feasible pair) on a synthetic
-    /// cluster against dense Kuhn-Munkres, then incremental rounds after 1%
-    /// changes; ends with `round_s=X peak_mb=Y objective_gap=Z
-    /// full_graph_gap=W incremental_ms=V`.
-    Bench {
-        #[arg(long, default_value_t = 18_000)]
-        gpus: usize,
-        #[arg(long, default_value_t = 10_000)]
-        jobs: usize,
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-        #[arg(long, value_enum, default_value_t = Weights::Structured)]
-        weights: Weights,
-        /// Dense Kuhn-Munkres reference: auto runs it when both sides are <= 4000.
-        #[arg(long, value_enum, default_value_t = Dense::Auto)]
-        dense: Dense,
-        /// Candidate GPUs per job (default: matcher.candidates_per_job's default).
-        #[arg(long)]
-        candidates_per_job: Option<usize>,
-        /// Worker threads for pruning and the solve.
-        #[arg(long, default_value_t = 2)]
-        threads: usize,
-        /// Write the round's final candidate graph (same optimum as the
-        /// full graph, certified) as text: a `# jobs gpus edges` header,
-        /// `J G E`, then one `job gpu weight` line per edge.
-        #[arg(long, value_name = "FILE")]
-        export: Option<PathBuf>,
-        /// Instead: one production round where this share of the jobs are
-        /// 2, 4 or 8-GPU gangs (nodes of 8 GPUs), timed against the same
-        /// jobs as 1-GPU jobs.
-        #[arg(long, value_name = "SHARE")]
-        gang_share: Option<f64>,
-        /// With --gang-share: offline slots per GPU, 1 to 4 (as
-        /// `[policy] offline_per_gpu`).
-        #[arg(long, value_name = "N", default_value_t = 1)]
-        slots_per_gpu: u32,
-        /// With --gang-share: the round's pricing budget (default:
-        /// matcher.pricing_budget_ms's default; 0: no pricing).
-        #[arg(long, value_name = "MS")]
-        pricing_budget_ms: Option<u64>,
-        /// Instead: the daemon's own round (round::plan, the predictor, a
-        /// synthetic cluster as Slurm lists it) without and with pricing,
-        /// against scoring every pair once.
-        #[arg(long)]
-        daemon_round: bool,
-    },
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum Weights {
-    Structured,
-    Uniform,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum Dense {
-    Auto,
-    Always,
-    Never,
 }
 
 fn main() -> anyhow::Result<()> {
     let cli: Cli = muxflow::man::parse_or_print("8");
-    // Before the bench too: RUST_LOG=debug shows its pricing passes.
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
         .init();
-    if let Some(Command::Bench {
-        gpus,
-        jobs,
-        seed,
-        weights,
-        dense,
-        candidates_per_job,
-        threads,
-        export,
-        gang_share,
-        slots_per_gpu,
-        pricing_budget_ms,
-        daemon_round,
-    }) = cli.command
-    {
-        let args = BenchArgs {
-            gpus,
-            jobs,
-            seed,
-            weights: match weights {
-                Weights::Structured => WeightMode::Structured,
-                Weights::Uniform => WeightMode::Uniform,
-            },
-            dense: match dense {
-                Dense::Auto => DenseMode::Auto,
-                Dense::Always => DenseMode::Always,
-                Dense::Never => DenseMode::Never,
-            },
-            candidates_per_job: candidates_per_job
-                .unwrap_or(muxflow::config::Matcher::default().candidates_per_job),
-            threads: threads.max(1),
-            export,
-            pricing_budget_ms: pricing_budget_ms
-                .unwrap_or(muxflow::config::Matcher::default().pricing_budget_ms),
-        };
-        if daemon_round {
-            print!("{}", bench::daemon_run(&args)?);
-            return Ok(());
-        }
-        if gang_share.is_some() || slots_per_gpu != 1 {
-            print!(
-                "{}",
-                bench::gang_run(&args, slots_per_gpu, gang_share.unwrap_or(0.0))?
-            );
-            return Ok(());
-        }
-        let report = bench::run(&args)?;
-        print!("{}", report.text);
-        return Ok(());
-    }
-
     if cli.evaluate {
         return evaluate(&cli);
     }
