@@ -68,7 +68,6 @@ pub mod slurm;
 pub mod solver;
 #[cfg(any(test, feature = "bench"))]
 pub mod synth;
-pub mod userreport;
 pub mod weights;
 
 pub use prune::{prune_candidates, prune_scored, spread_scored};

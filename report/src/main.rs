@@ -1,5 +1,5 @@
 //! `muxflow-report JOBID [--json]`: what sharing did to one of your jobs,
-//! from sacct (see [`muxflow_matcher::userreport`]). Any user, for their
+//! from sacct (see the [`muxflow_report`] library). Any user, for their
 //! own jobs; Slurm administrators (root, AdminLevel Operator or
 //! Administrator) for every job.
 
@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 use muxflow_matcher::slurm::SlurmCli;
-use muxflow_matcher::userreport::{report, Viewer};
+use muxflow_report::{report, Viewer};
 
 #[derive(Parser)]
 #[command(

@@ -14,11 +14,11 @@
 
 use serde::Serialize;
 
-use crate::predict::{estimate, progress, runs_from_sacct, Model, Run, Signal};
-use crate::reader::SacctJob;
 use muxflow::records::admin_comment::AdminComment;
 use muxflow::records::report::{JobReport, ReportError};
 use muxflow::Mode;
+use muxflow_matcher::predict::{estimate, progress, runs_from_sacct, Model, Run, Signal};
+use muxflow_matcher::reader::SacctJob;
 
 /// Who asks.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -245,7 +245,7 @@ fn speed(job: &SacctJob, r: &JobReport, listing: &[SacctJob]) -> Option<Speed> {
         let share = r.sm_pct.map_or(1.0, |s| f64::from(s.min(100)) / 100.0);
         let mem = match (r.measured_peak_mib, r.mem_cap_mib) {
             (Some(p), Some(c)) if c > 0 => (p as f64 / c as f64).min(1.0),
-            _ => crate::predict::DEFAULT_MEM,
+            _ => muxflow_matcher::predict::DEFAULT_MEM,
         };
         model
             .predict_pair(&key, &partner, share, mem)
@@ -396,7 +396,7 @@ impl std::fmt::Display for UserReport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reader::{SacctComment, SacctState, SacctTime};
+    use muxflow_matcher::reader::{SacctComment, SacctState, SacctTime};
 
     fn rec(id: u32, user: &str, name: &str, end: u64, comment: &str) -> SacctJob {
         SacctJob {
@@ -567,7 +567,7 @@ mod tests {
         // Job 10 is the first run: nothing before it, so the default.
         let r = report(10, &listing(), &alice()).unwrap();
         let (m, sd) = r.speed.unwrap().predicted.unwrap();
-        assert_eq!(sd, crate::predict::DEFAULT_SD);
+        assert_eq!(sd, muxflow_matcher::predict::DEFAULT_SD);
         assert!(m > 0.0);
     }
 }
