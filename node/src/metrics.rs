@@ -25,14 +25,14 @@
 
 use std::collections::BTreeSet;
 
-use muxflow::node::state::NodeState;
+use muxflow::node::state::{JobRecord, NodeState};
 use muxflow::policy::health::HealthState;
 use muxflow::records::limits::JobLimits;
 use muxflow::records::metrics::Exposition;
 use muxflow::records::report::{last_kv_line, read_claim_files, JobReport};
 use muxflow::{Config, Mode};
 
-use crate::record::load_record;
+use crate::record::{load_record, GpuRecord};
 
 /// The textfile's name in `textfile_dir`.
 pub const TEXTFILE: &str = "muxflow.prom";
@@ -47,54 +47,8 @@ pub fn collect(ns: &NodeState, node: &str) -> (Exposition, Vec<(u32, BTreeSet<u3
     let mut mapping = Vec::new();
     for gpu in ns.gpus().unwrap_or_default() {
         let base = [("node", node.to_string()), ("gpu", gpu.to_string())];
-        let record = load_record(ns, gpu).ok().flatten();
-        if let Some(rec) = &record {
-            let current = rec.fsm().state;
-            for st in HealthState::ALL {
-                let mut l = base.to_vec();
-                l.push(("state", st.to_string()));
-                e.gauge(
-                    "muxflow_gpu_health_state",
-                    "The GPU's health state as muxflow's state machine decided it (1: current).",
-                )
-                .sample(&l, f64::from(u8::from(st == current)));
-            }
-            if let Some(sm) = rec.solo.as_ref().and_then(|s| s.sm_pct) {
-                e.gauge(
-                    "muxflow_gpu_online_solo_sm_activity_ratio",
-                    "SM activity of the GPU's online job measured while it ran alone.",
-                )
-                .sample(&base, sm / 100.0);
-            }
-            let mut restarts = 0;
-            for (key, n) in &rec.counters {
-                if let Some(action) = key.strip_prefix("action.") {
-                    let mut l = base.to_vec();
-                    l.push(("action", action.to_string()));
-                    e.counter(
-                        "muxflow_node_actions_total",
-                        "Actions the node's health steps took on the GPU.",
-                    )
-                    .sample(&l, *n as f64);
-                }
-                if let Some(code) = key.strip_prefix("policed.") {
-                    let mut l = base.to_vec();
-                    l.push(("code", code.to_string()));
-                    e.counter(
-                        "muxflow_node_policed_total",
-                        "Processes or settings the node undid because they broke an offline job's limits.",
-                    )
-                    .sample(&l, *n as f64);
-                }
-                if RESTART_ACTIONS.contains(&key.as_str()) {
-                    restarts += n;
-                }
-            }
-            e.counter(
-                "muxflow_mps_restarts_total",
-                "Restarts of the GPU's MPS server or control daemon by the node.",
-            )
-            .sample(&base, restarts as f64);
+        if let Some(rec) = load_record(ns, gpu).ok().flatten() {
+            gpu_record(&mut e, &base, &rec);
         }
         let jobs = ns.jobs(gpu).unwrap_or_default();
         for mode in [Mode::Online, Mode::Offline] {
@@ -103,109 +57,176 @@ pub fn collect(ns: &NodeState, node: &str) -> (Exposition, Vec<(u32, BTreeSet<u3
             e.gauge("muxflow_gpu_jobs", "Jobs on the GPU, by mode.")
                 .sample(&l, jobs.iter().filter(|j| j.mode == mode).count() as f64);
         }
-        for job in jobs.iter().filter(|j| j.mode == Mode::Online) {
-            // The service's own figures, where its workload writes them to
-            // $MUXFLOW_JOB_REPORT (claims: it can only misreport itself).
-            let mut claims = JobReport::default();
-            let files = read_claim_files(&ns.xcuda_stats_dir(job.job_id));
-            claims.add_claims(files.iter().map(|(n, t)| (n.as_str(), t.as_str())));
-            let mut l = base.to_vec();
-            l.push(("job", job.job_id.to_string()));
-            if let Some(p99) = claims.p99_ms {
-                e.gauge(
-                    "muxflow_online_latency_p99_seconds",
-                    "The online service's 99th percentile latency, as its workload reports it.",
-                )
-                .sample(&l, p99 / 1000.0);
-            }
-            if let Some(rps) = claims.rps {
-                e.gauge(
-                    "muxflow_online_requests_per_second",
-                    "Requests the online service served per second, as its workload reports it.",
-                )
-                .sample(&l, rps);
-            }
-        }
-        for job in jobs.iter().filter(|j| j.mode == Mode::Offline) {
-            let mut l = base.to_vec();
-            l.push(("job", job.job_id.to_string()));
-            if let Ok((limits, _)) = JobLimits::read_trusted(&ns.limits_dir(), job.job_id, 0) {
-                e.gauge(
-                    "muxflow_offline_sm_share_ratio",
-                    "SM share (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE) the policy gave the offline job.",
-                )
-                .sample(&l, f64::from(limits.sm_pct) / 100.0);
-                if let Some(cap) = limits.mem_cap_mib {
-                    e.gauge(
-                        "muxflow_offline_memory_cap_bytes",
-                        "GPU memory cap the policy gave the offline job.",
-                    )
-                    .sample(&l, (cap as f64) * 1024.0 * 1024.0);
-                }
-                for (limit, by) in [
-                    ("memory", limits.enforced_by.mem),
-                    ("sm", limits.enforced_by.sm),
-                ] {
-                    let mut l = l.clone();
-                    l.push(("limit", limit.to_string()));
-                    l.push(("by", by.to_string()));
-                    e.gauge(
-                        "muxflow_offline_limit_enforced_by",
-                        "1 per limit of the offline job, labelled with who enforces it: driver (MPS SM partition or MPS v3 namespace), kernel (cgroup dmem.max), xcuda (xCUDA and MPS client variables, policed) or policed.",
-                    )
-                    .sample(&l, 1.0);
-                }
-            }
-            let mut claims = JobReport::default();
-            let files = read_claim_files(&ns.xcuda_stats_dir(job.job_id));
-            claims.add_claims(files.iter().map(|(n, t)| (n.as_str(), t.as_str())));
-            let counters = [
-                (
-                    "muxflow_xcuda_launches_total",
-                    "Kernel launches xCUDA saw in the offline job.",
-                    claims.launches.map(|v| v as f64),
-                ),
-                (
-                    "muxflow_xcuda_delayed_launches_total",
-                    "Launches xCUDA delayed to give the online job the GPU.",
-                    claims.delayed.map(|v| v as f64),
-                ),
-                (
-                    "muxflow_xcuda_delay_seconds_total",
-                    "Time xCUDA held the offline job's launches back.",
-                    claims.delay_ms.map(|v| v as f64 / 1000.0),
-                ),
-                (
-                    "muxflow_xcuda_oom_refusals_total",
-                    "Allocations xCUDA refused for going over the job's memory cap.",
-                    claims.oom.map(|v| v as f64),
-                ),
-            ];
-            // Not in the job report: summed here from xCUDA's files.
-            let released: u64 = files
-                .iter()
-                .filter(|(n, _)| n.starts_with("xcuda."))
-                .filter_map(|(_, t)| {
-                    muxflow::records::report::claim_u64(
-                        "released",
-                        last_kv_line(t)?.get("released")?,
-                    )
-                })
-                .fold(0u64, u64::saturating_add);
-            e.counter(
-                "muxflow_xcuda_graceful_releases_total",
-                "Processes of the offline job whose GPU contexts xCUDA released on SIGTERM or SIGINT.",
-            )
-            .sample(&l, released as f64);
-            for (name, help, value) in counters {
-                if let Some(v) = value {
-                    e.counter(name, help).sample(&l, v);
-                }
+        for job in &jobs {
+            match job.mode {
+                Mode::Online => online_job(&mut e, ns, &base, job),
+                Mode::Offline => offline_job(&mut e, ns, &base, job),
             }
         }
         mapping.push((gpu, jobs.iter().map(|j| j.job_id).collect()));
     }
     (e, mapping)
+}
+
+/// A GPU's labels: its node and index.
+type GpuLabels = [(&'static str, String); 2];
+
+/// What the GPU's health record says: its state, its online job's solo SM
+/// activity, the node's actions and policing on it, MPS restarts.
+fn gpu_record(e: &mut Exposition, base: &GpuLabels, rec: &GpuRecord) {
+    let current = rec.fsm().state;
+    for st in HealthState::ALL {
+        let mut l = base.to_vec();
+        l.push(("state", st.to_string()));
+        e.gauge(
+            "muxflow_gpu_health_state",
+            "The GPU's health state as muxflow's state machine decided it (1: current).",
+        )
+        .sample(&l, f64::from(u8::from(st == current)));
+    }
+    if let Some(sm) = rec.solo.as_ref().and_then(|s| s.sm_pct) {
+        e.gauge(
+            "muxflow_gpu_online_solo_sm_activity_ratio",
+            "SM activity of the GPU's online job measured while it ran alone.",
+        )
+        .sample(base, sm / 100.0);
+    }
+    let mut restarts = 0;
+    for (key, n) in &rec.counters {
+        if let Some(action) = key.strip_prefix("action.") {
+            let mut l = base.to_vec();
+            l.push(("action", action.to_string()));
+            e.counter(
+                "muxflow_node_actions_total",
+                "Actions the node's health steps took on the GPU.",
+            )
+            .sample(&l, *n as f64);
+        }
+        if let Some(code) = key.strip_prefix("policed.") {
+            let mut l = base.to_vec();
+            l.push(("code", code.to_string()));
+            e.counter(
+                "muxflow_node_policed_total",
+                "Processes or settings the node undid because they broke an offline job's limits.",
+            )
+            .sample(&l, *n as f64);
+        }
+        if RESTART_ACTIONS.contains(&key.as_str()) {
+            restarts += n;
+        }
+    }
+    e.counter(
+        "muxflow_mps_restarts_total",
+        "Restarts of the GPU's MPS server or control daemon by the node.",
+    )
+    .sample(base, restarts as f64);
+}
+
+/// A job's claim files in the node's xCUDA stats directory, and what they
+/// claim together.
+fn job_claims(ns: &NodeState, job_id: u32) -> (JobReport, Vec<(String, String)>) {
+    let mut claims = JobReport::default();
+    let files = read_claim_files(&ns.xcuda_stats_dir(job_id));
+    claims.add_claims(files.iter().map(|(n, t)| (n.as_str(), t.as_str())));
+    (claims, files)
+}
+
+/// An online job's figures on the GPU.
+fn online_job(e: &mut Exposition, ns: &NodeState, base: &GpuLabels, job: &JobRecord) {
+    // The service's own figures, where its workload writes them to
+    // $MUXFLOW_JOB_REPORT (claims: it can only misreport itself).
+    let (claims, _) = job_claims(ns, job.job_id);
+    let mut l = base.to_vec();
+    l.push(("job", job.job_id.to_string()));
+    if let Some(p99) = claims.p99_ms {
+        e.gauge(
+            "muxflow_online_latency_p99_seconds",
+            "The online service's 99th percentile latency, as its workload reports it.",
+        )
+        .sample(&l, p99 / 1000.0);
+    }
+    if let Some(rps) = claims.rps {
+        e.gauge(
+            "muxflow_online_requests_per_second",
+            "Requests the online service served per second, as its workload reports it.",
+        )
+        .sample(&l, rps);
+    }
+}
+
+/// An offline job's figures on the GPU: its limits, who enforces them, and
+/// what xCUDA counted.
+fn offline_job(e: &mut Exposition, ns: &NodeState, base: &GpuLabels, job: &JobRecord) {
+    let mut l = base.to_vec();
+    l.push(("job", job.job_id.to_string()));
+    if let Ok((limits, _)) = JobLimits::read_trusted(&ns.limits_dir(), job.job_id, 0) {
+        e.gauge(
+            "muxflow_offline_sm_share_ratio",
+            "SM share (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE) the policy gave the offline job.",
+        )
+        .sample(&l, f64::from(limits.sm_pct) / 100.0);
+        if let Some(cap) = limits.mem_cap_mib {
+            e.gauge(
+                "muxflow_offline_memory_cap_bytes",
+                "GPU memory cap the policy gave the offline job.",
+            )
+            .sample(&l, (cap as f64) * 1024.0 * 1024.0);
+        }
+        for (limit, by) in [
+            ("memory", limits.enforced_by.mem),
+            ("sm", limits.enforced_by.sm),
+        ] {
+            let mut l = l.clone();
+            l.push(("limit", limit.to_string()));
+            l.push(("by", by.to_string()));
+            e.gauge(
+                    "muxflow_offline_limit_enforced_by",
+                    "1 per limit of the offline job, labelled with who enforces it: driver (MPS SM partition or MPS v3 namespace), kernel (cgroup dmem.max), xcuda (xCUDA and MPS client variables, policed) or policed.",
+                )
+                .sample(&l, 1.0);
+        }
+    }
+    let (claims, files) = job_claims(ns, job.job_id);
+    let counters = [
+        (
+            "muxflow_xcuda_launches_total",
+            "Kernel launches xCUDA saw in the offline job.",
+            claims.launches.map(|v| v as f64),
+        ),
+        (
+            "muxflow_xcuda_delayed_launches_total",
+            "Launches xCUDA delayed to give the online job the GPU.",
+            claims.delayed.map(|v| v as f64),
+        ),
+        (
+            "muxflow_xcuda_delay_seconds_total",
+            "Time xCUDA held the offline job's launches back.",
+            claims.delay_ms.map(|v| v as f64 / 1000.0),
+        ),
+        (
+            "muxflow_xcuda_oom_refusals_total",
+            "Allocations xCUDA refused for going over the job's memory cap.",
+            claims.oom.map(|v| v as f64),
+        ),
+    ];
+    // Not in the job report: summed here from xCUDA's files.
+    let released: u64 = files
+        .iter()
+        .filter(|(n, _)| n.starts_with("xcuda."))
+        .filter_map(|(_, t)| {
+            muxflow::records::report::claim_u64("released", last_kv_line(t)?.get("released")?)
+        })
+        .fold(0u64, u64::saturating_add);
+    e.counter(
+        "muxflow_xcuda_graceful_releases_total",
+        "Processes of the offline job whose GPU contexts xCUDA released on SIGTERM or SIGINT.",
+    )
+    .sample(&l, released as f64);
+    for (name, help, value) in counters {
+        if let Some(v) = value {
+            e.counter(name, help).sample(&l, v);
+        }
+    }
 }
 
 /// Writes the node's textfile and job-mapping files where the config says;

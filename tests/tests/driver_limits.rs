@@ -65,11 +65,6 @@ impl Drop for Dmem<'_> {
     }
 }
 
-/// The doctor's `dmem` line for `node`.
-fn doctor_dmem(c: &Cluster, node: &str) -> String {
-    doctor_line(c, node, "dmem")
-}
-
 /// The doctor's line `name` for `node`.
 fn doctor_line(c: &Cluster, node: &str, name: &str) -> String {
     let out = Command::new(target().join("muxflow-doctor"))
@@ -85,6 +80,34 @@ fn doctor_line(c: &Cluster, node: &str, name: &str) -> String {
         .find(|l| l.contains(&format!(" {name}: ")))
         .unwrap_or_else(|| panic!("no {name} line:\n{text}"))
         .to_string()
+}
+
+/// `node`'s doctor line `name`, which must begin with `start`.
+fn doctor_says(c: &Cluster, node: &str, name: &str, start: &str) -> String {
+    let line = doctor_line(c, node, name);
+    assert!(line.starts_with(start), "{line}");
+    line
+}
+
+/// Every GPU of `node` without its MPS daemon, so that the control daemon
+/// version a test sets next is what the daemons of its jobs report.
+fn quiet(c: &Cluster, node: &str) {
+    for g in 0..2 {
+        c.wait_mps_daemon_gone(node, g, WAIT);
+    }
+}
+
+/// `{prefix}online` on one of `node`'s GPUs (5 % of the SMs, 1000 MiB),
+/// settled healthy by the health check under a quick config: the online job,
+/// its GPU and that config.
+fn settled_online(c: &Cluster, node: &str, prefix: &str) -> (u32, u32, PathBuf) {
+    let cfg = c.health_config(
+        &format!("{prefix}health"),
+        "min_dwell_s = 1\nrecovery_quiet_s = 1",
+    );
+    let (online, gpu) = c.online_workload(&format!("{prefix}online"), node, 0.05, 1000);
+    c.settle_healthy(&cfg, node, gpu, 1000);
+    (online, gpu, cfg)
 }
 
 /// A job script: prints who enforces its limits (its limits file, which
@@ -132,14 +155,9 @@ fn with_dmem_the_kernel_refuses_an_allocation_past_the_cap_of_a_job_without_xcud
     let _cancel = CancelNamed(&c, "mfd-");
     let node = "node2";
     let _dmem = Dmem::on(&c, node);
-    let doctor = doctor_dmem(&c, node);
-    assert!(
-        doctor.starts_with("ok   dmem: used: ") && doctor.contains("on 2 of the node's 2 GPUs"),
-        "{doctor}"
-    );
-    let cfg = c.health_config("dmem-on", "min_dwell_s = 1\nrecovery_quiet_s = 1");
-    let (online, gpu) = c.online_workload("mfd-online", node, 0.05, 1000);
-    c.settle_healthy(&cfg, node, gpu, 1000);
+    let doctor = doctor_says(&c, node, "dmem", "ok   dmem: used: ");
+    assert!(doctor.contains("on 2 of the node's 2 GPUs"), "{doctor}");
+    let (online, gpu, _) = settled_online(&c, node, "mfd-");
 
     // A job that keeps its limits runs as before, under the kernel's cap.
     let good = c.offline_as_nobody(
@@ -205,14 +223,13 @@ fn without_dmem_nothing_is_written_the_cap_is_xcudas_and_the_police_evict_the_at
     let node = "node2";
     // Off, as a node without the controller is (and as the other test leaves it).
     Dmem::set(&c, node, false);
-    let doctor = doctor_dmem(&c, node);
-    assert!(
-        doctor.starts_with("ok   dmem: absent: no cgroup v2 dmem controller"),
-        "{doctor}"
+    doctor_says(
+        &c,
+        node,
+        "dmem",
+        "ok   dmem: absent: no cgroup v2 dmem controller",
     );
-    let cfg = c.health_config("dmem-off", "min_dwell_s = 1\nrecovery_quiet_s = 1");
-    let (online, gpu) = c.online_workload("mfn-online", node, 0.05, 1000);
-    c.settle_healthy(&cfg, node, gpu, 1000);
+    let (online, gpu, _) = settled_online(&c, node, "mfn-");
     let (bad, out) = attack_past_the_cap(&c, "mfn-attack", node, gpu);
     assert!(
         out.contains("enforced_by_mem=xcuda enforced_by_sm=xcuda"),
@@ -316,18 +333,11 @@ fn with_static_partitions_the_driver_holds_a_job_without_xcuda_to_its_sms() {
     let c = Cluster::get();
     let _cancel = CancelNamed(&c, "mfp-");
     let node = "node3";
-    for g in 0..2 {
-        c.wait_mps_daemon_gone(node, g, WAIT);
-    }
+    quiet(&c, node);
     let _on = Partitions::on(&c, "13010");
-    let doctor = doctor_line(&c, node, "sm partitions");
-    assert!(
-        doctor.starts_with("ok   sm partitions: used (control daemon 13010)"),
-        "{doctor}"
-    );
-    let cfg = c.health_config("parts-on", "min_dwell_s = 1\nrecovery_quiet_s = 1");
-    let (online, gpu) = c.online_workload("mfp-online", node, 0.05, 1000);
-    c.settle_healthy(&cfg, node, gpu, 1000);
+    let start = "ok   sm partitions: used (control daemon 13010)";
+    doctor_says(&c, node, "sm partitions", start);
+    let (online, gpu, _) = settled_online(&c, node, "mfp-");
     let control = c.mps_log(node, gpu, "control.log");
     assert!(control.contains("static_partitioning=true"), "{control}");
     // The simulated H100: 132 SMs in 33 chunks of 4. The online job keeps
@@ -407,17 +417,11 @@ fn with_an_older_daemon_sm_partitions_are_ignored_and_the_share_is_xcudas() {
     let c = Cluster::get();
     let _cancel = CancelNamed(&c, "mfq-");
     let node = "node3";
-    for g in 0..2 {
-        c.wait_mps_daemon_gone(node, g, WAIT);
-    }
+    quiet(&c, node);
     let _on = Partitions::on(&c, "none");
-    let doctor = doctor_line(&c, node, "sm partitions");
-    assert!(
-        doctor.starts_with("ok   sm partitions: absent (a control daemon that prints no version")
-            && doctor.contains("is set and ignored here"),
-        "{doctor}"
-    );
-    let cfg = c.health_config("parts-off", "min_dwell_s = 1\nrecovery_quiet_s = 1");
+    let start = "ok   sm partitions: absent (a control daemon that prints no version";
+    let doctor = doctor_says(&c, node, "sm partitions", start);
+    assert!(doctor.contains("is set and ignored here"), "{doctor}");
     // The GPU's MPS logs outlive its daemons: count only this test's commands.
     let partition_commands = |g| {
         c.mps_log(node, g, "commands.log")
@@ -425,8 +429,7 @@ fn with_an_older_daemon_sm_partitions_are_ignored_and_the_share_is_xcudas() {
             .count()
     };
     let before = [partition_commands(0), partition_commands(1)];
-    let (online, gpu) = c.online_workload("mfq-online", node, 0.05, 1000);
-    c.settle_healthy(&cfg, node, gpu, 1000);
+    let (online, gpu, _) = settled_online(&c, node, "mfq-");
     let control = c.mps_log(node, gpu, "control.log");
     assert!(control.contains("static_partitioning=false"), "{control}");
     let good = c.offline_as_nobody(
@@ -496,18 +499,15 @@ fn with_mps_v3_routing_by_cgroup_the_daemon_holds_a_job_without_xcuda_to_its_nam
     let c = Cluster::get();
     let _cancel = CancelNamed(&c, "mfv-");
     let node = "node3";
-    for g in 0..2 {
-        c.wait_mps_daemon_gone(node, g, WAIT);
-    }
+    quiet(&c, node);
     let _v = MpsVersion::set(&c, "13050");
-    let doctor = doctor_line(&c, node, "mps v3");
-    assert!(
-        doctor.starts_with("ok   mps v3: used (control daemon 13050)"),
-        "{doctor}"
+    doctor_says(
+        &c,
+        node,
+        "mps v3",
+        "ok   mps v3: used (control daemon 13050)",
     );
-    let cfg = c.health_config("ns-on", "min_dwell_s = 1\nrecovery_quiet_s = 1");
-    let (online, gpu) = c.online_workload("mfv-online", node, 0.05, 1000);
-    c.settle_healthy(&cfg, node, gpu, 1000);
+    let (online, gpu, cfg) = settled_online(&c, node, "mfv-");
     let control = c.mps_log(node, gpu, "control.log");
     assert!(
         control.contains("protocol=3, cgroup_routing=true"),
@@ -628,24 +628,17 @@ fn with_mps_v3_routing_by_socket_only_namespaces_are_not_used_and_the_police_evi
     let c = Cluster::get();
     let _cancel = CancelNamed(&c, "mfw-");
     let node = "node3";
-    for g in 0..2 {
-        c.wait_mps_daemon_gone(node, g, WAIT);
-    }
+    quiet(&c, node);
     // r615: v3 whose namespaces a job could leave by its pipe directory.
     let _v = MpsVersion::set(&c, "13040");
-    let doctor = doctor_line(&c, node, "mps v3");
-    assert!(
-        doctor.starts_with("ok   mps v3: present (control daemon 13040), not used"),
-        "{doctor}"
-    );
-    let cfg = c.health_config("ns-off", "min_dwell_s = 1\nrecovery_quiet_s = 1");
+    let start = "ok   mps v3: present (control daemon 13040), not used";
+    doctor_says(&c, node, "mps v3", start);
     let before = [0, 1].map(|g| {
         c.mps_log(node, g, "commands.log")
             .matches("namespace")
             .count()
     });
-    let (online, gpu) = c.online_workload("mfw-online", node, 0.05, 1000);
-    c.settle_healthy(&cfg, node, gpu, 1000);
+    let (online, gpu, _) = settled_online(&c, node, "mfw-");
     let control = c.mps_log(node, gpu, "control.log");
     assert!(control.contains("protocol=2"), "{control}");
     let workload = format!("online --rate 20 --duration 30 --alloc-mib {PAST_CAP_MIB}");
@@ -701,13 +694,9 @@ fn a_v3_daemon_the_health_check_restarts_gets_the_offline_jobs_namespaces_again(
     let c = Cluster::get();
     let _cancel = CancelNamed(&c, "mfr-");
     let node = "node3";
-    for g in 0..2 {
-        c.wait_mps_daemon_gone(node, g, WAIT);
-    }
+    quiet(&c, node);
     let _v = MpsVersion::set(&c, "13050");
-    let cfg = c.health_config("ns-restart", "min_dwell_s = 1\nrecovery_quiet_s = 1");
-    let (online, gpu) = c.online_workload("mfr-online", node, 0.05, 1000);
-    c.settle_healthy(&cfg, node, gpu, 1000);
+    let (online, gpu, cfg) = settled_online(&c, node, "mfr-");
     // The job's first process runs until the daemon dies; its second waits
     // for the test's word that the daemon is back.
     let go = c.scratch("mfr-go").join("go");
