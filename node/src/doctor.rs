@@ -443,7 +443,27 @@ pub fn check_executable(name: &'static str, path: &Path, setting: &str) -> Check
 /// Everything, for node `node` with `config`, the slurm.conf `slurm_conf`
 /// and the installed `slurmd -V` answer.
 pub fn run(config: &Config, node: &str, slurm_conf: &Path, slurmd_v: &str) -> Vec<Check> {
-    let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
+    let mut checks = Vec::new();
+    slurm_checks(&mut checks, config, node, slurm_conf, slurmd_v);
+    gpu_checks(&mut checks, config);
+    directory_checks(&mut checks, config);
+    checks
+}
+
+/// A file's text, empty where it cannot be read (its check says what is missing).
+fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_default()
+}
+
+/// Slurm's side: plugstack.conf and its includes, the release the build is
+/// for, the Prolog/Epilog/health wiring, gres.conf.
+fn slurm_checks(
+    checks: &mut Vec<Check>,
+    config: &Config,
+    node: &str,
+    slurm_conf: &Path,
+    slurmd_v: &str,
+) {
     let conf_dir = slurm_conf.parent().unwrap_or(Path::new("/"));
     let conf = conf_values(&read(slurm_conf));
     let rel = |v: Option<&String>, default: &str| {
@@ -454,7 +474,6 @@ pub fn run(config: &Config, node: &str, slurm_conf: &Path, slurmd_v: &str) -> Ve
             conf_dir.join(p)
         }
     };
-    let mut checks = Vec::new();
 
     // plugstack.conf and its plugstack.conf.d/ includes.
     let plugstack = rel(conf.get("plugstackconfig"), "plugstack.conf");
@@ -514,7 +533,11 @@ pub fn run(config: &Config, node: &str, slurm_conf: &Path, slurmd_v: &str) -> Ve
             "write gres.conf (etc/gres-muxflow prints it)",
         ),
     });
+}
 
+/// The GPUs' side: the MPS control program, NVML, MPS v3, the driver's and
+/// kernel's mechanisms, SM partitions, each GPU's multi-user mode.
+fn gpu_checks(checks: &mut Vec<Check>, config: &Config) {
     checks.push(check_executable(
         "mps control",
         config.paths.mps_control.as_path(),
@@ -572,7 +595,7 @@ pub fn run(config: &Config, node: &str, slurm_conf: &Path, slurmd_v: &str) -> Ve
     ));
     checks.push(check_sm_partitions(
         config.mps.sm_partitions,
-        crate::gpu_caps::mps_control_version(config),
+        version,
         lowest_cc,
         &without_static,
     ));
@@ -587,6 +610,11 @@ pub fn run(config: &Config, node: &str, slurm_conf: &Path, slurmd_v: &str) -> Ve
             mps.mode_note().as_deref(),
         ));
     }
+}
+
+/// xCUDA and the state, pipe and log directories: root-owned, not writable
+/// by users.
+fn directory_checks(checks: &mut Vec<Check>, config: &Config) {
     let xcuda = config.paths.xcuda_library.as_path();
     checks.push(check_root_owned("xcuda", xcuda, &chain(xcuda)));
     for (name, dir) in [
@@ -605,7 +633,6 @@ pub fn run(config: &Config, node: &str, slurm_conf: &Path, slurmd_v: &str) -> Ve
         }
         checks.push(c);
     }
-    checks
 }
 
 /// GPU `gpu`'s MPS multi-user mode: whether jobs of different users can

@@ -233,47 +233,9 @@ pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
         return Ok(());
     }
     let mut recorded = Vec::new();
-    for &HeldSlots { gpu, count } in &held {
-        let mut lock = state.lock_gpu(gpu)?;
-        // An offline job takes `count` free slots of the GPU (as many as
-        // Slurm gave it), under the lock: two Prologs never pick the same
-        // one, so the parts of the jobs there never add up to more than the
-        // GPU's budget (muxflow::policy::share::offline_slot_share).
-        let mut on_gpu = state.jobs(gpu).unwrap_or_default();
-        let per_gpu = config.policy.offline_per_gpu;
-        let pick = |on_gpu: &[JobRecord]| match job.mode {
-            Mode::Online => Some(Vec::new()),
-            Mode::Offline => free_offline_slots(on_gpu, job.id, per_gpu, count),
-        };
-        let mut slots = pick(&on_gpu);
-        if slots.is_none() {
-            // Slurm gave this job the slots: a record holding them for a job
-            // Slurm no longer runs here is one whose Epilog never ran.
-            drop(lock);
-            let others = on_gpu.iter().map(|r| r.job_id).filter(|&id| id != job.id);
-            if let Err(e) = forget_those_gone(config, &state, &job.node, &others.collect()) {
-                tracing::warn!(job = job.id, gpu, "{e:#}");
-            }
-            lock = state.lock_gpu(gpu)?;
-            on_gpu = state.jobs(gpu).unwrap_or_default();
-            slots = pick(&on_gpu);
-        }
-        let Some(slots) = slots else {
-            drop(lock);
-            let others: Vec<&JobRecord> = on_gpu
-                .iter()
-                .filter(|r| r.mode == Mode::Offline && r.job_id != job.id)
-                .collect();
-            let taken: usize = others.iter().map(|r| r.slots.len().max(1)).sum();
-            let r = Refusal {
-                code: "no_slot".into(),
-                why: format!(
-                    "offline job {} refused on {}: it holds {count} of GPU {gpu}'s offline slots, but {} offline jobs there already hold {taken} of its {per_gpu} ([policy] offline_per_gpu); gres.conf gives it more mfslot records than muxflow.toml allows (muxflow-doctor checks them).",
-                    job.id,
-                    job.node,
-                    others.len(),
-                ),
-            };
+    for &slots in &held {
+        if let Some(r) = record_on_gpu(config, &state, &job, slots, &mut recorded)? {
+            // Nothing of the job stays behind on the GPUs recorded so far.
             refuse(config, &state, &job, &r, &prior);
             for &g in &recorded {
                 let lock = state.lock_gpu(g)?;
@@ -281,91 +243,14 @@ pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
                 state.remove_job(&lock, g, job.id)?;
             }
             return Ok(());
-        };
-        let daemon = daemon_to_start(config, gpu);
-        match daemon.ensure_running(|| crate::gpu_caps::compute_capability(config, gpu)) {
-            Ok(r) if r.started => {
-                tracing::info!(gpu, pipe = %daemon.pipe_dir().display(), mode = ?r.mode, "started the MPS control daemon")
-            }
-            Ok(_) => {}
-            // The job still runs (without MPS its CUDA calls go to the GPU directly).
-            Err(e) => tracing::error!(
-                job = job.id,
-                gpu,
-                "cannot start the MPS control daemon: {e}"
-            ),
         }
-        let record = JobRecord {
-            job_id: job.id,
-            mode: job.mode,
-            uid: job.uid,
-            slots,
-        };
-        if let Err(e) = state.add_job(&lock, gpu, &record) {
-            // The plugin finds no record and tells the user why (it checks
-            // the space itself); the health step still runs and publishes.
-            let why = state.space_problem().unwrap_or_else(|| e.to_string());
-            anyhow::bail!("cannot record job {} on GPU {gpu}: {why} ({e})", job.id);
-        }
-        tracing::info!(job = job.id, gpu, mode = %job.mode, slots = ?record.slots, "recorded muxflow job");
-        if job.mode == Mode::Offline && daemon.runs_static_partitions() {
-            // Every client of a daemon in static mode needs a partition: an
-            // offline job that cannot have one does not run here.
-            if let Err(why) = give_partition(config, &state, &lock, &job, gpu, &daemon) {
-                drop(lock);
-                let r = Refusal {
-                    code: "no_sm_partition".into(),
-                    why: format!(
-                        "offline job {} refused on {}: GPU {gpu}'s MPS daemon runs static SM partitions and the job cannot have one: {why}",
-                        job.id, job.node
-                    ),
-                };
-                refuse(config, &state, &job, &r, &prior);
-                for g in recorded.iter().copied().chain([gpu]) {
-                    let lock = state.lock_gpu(g)?;
-                    drop_namespace(config, &state, &lock, g, job.id);
-                    state.remove_job(&lock, g, job.id)?;
-                }
-                return Ok(());
-            }
-        }
-        if job.mode == Mode::Offline && daemon.protocol() == Protocol::V3 {
-            give_namespace(config, &state, &lock, &job, gpu, &daemon);
-        }
-        if job.mode == Mode::Offline {
-            // Found per job: a node's kernel or driver may change between
-            // jobs. The plugin writes the cap into the job's cgroup at its
-            // first step, where the cap is fixed (muxflow::node::dmem).
-            let region = crate::gpu_caps::dmem_region(config, gpu);
-            if let Err(e) = state.set_dmem_region(&lock, gpu, region.as_deref()) {
-                tracing::warn!(
-                    job = job.id,
-                    gpu,
-                    "cannot record the GPU's dmem region: {e}"
-                );
-            }
-        }
-        recorded.push(gpu);
     }
     bound_job_files(&state, &job);
     if job.mode == Mode::Online {
         make_room(config, &state, &job, &gpus);
         // After the offline jobs it requeued have gone (their partitions
         // with them): a daemon in static mode needs one for this job too.
-        for &gpu in &gpus {
-            let daemon = MpsDaemon::for_gpu(config, gpu);
-            if !daemon.runs_static_partitions() {
-                continue;
-            }
-            let lock = state.lock_gpu(gpu)?;
-            if let Err(why) = give_partition(config, &state, &lock, &job, gpu, &daemon) {
-                tracing::error!(
-                    job = job.id,
-                    gpu,
-                    "online job has no static SM partition, so its CUDA calls fail on this GPU's MPS daemon (static partitioning mode): {why}"
-                );
-            }
-        }
+        give_online_partitions(config, &state, &job, &gpus)?;
     }
     if job.mode == Mode::Offline {
         remove_limits_files(&state, job.id);
@@ -373,6 +258,143 @@ pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
         match crate::config_path() {
             Some(path) => crate::police::spawn_watcher(path, job.id),
             None => tracing::error!(job = job.id, "muxflow-police not started: no config path"),
+        }
+    }
+    Ok(())
+}
+
+/// Records `job` on GPU `gpu` with its slots there, the GPU's MPS daemon
+/// started, and an offline job's partition, namespace and dmem region;
+/// `recorded` gains the GPU once its record is written. A refusal when the
+/// job cannot run there (the caller undoes what `recorded` holds).
+fn record_on_gpu(
+    config: &Config,
+    state: &NodeState,
+    job: &Job,
+    HeldSlots { gpu, count }: HeldSlots,
+    recorded: &mut Vec<u32>,
+) -> Result<Option<Refusal>> {
+    let mut lock = state.lock_gpu(gpu)?;
+    // An offline job takes `count` free slots of the GPU (as many as
+    // Slurm gave it), under the lock: two Prologs never pick the same
+    // one, so the parts of the jobs there never add up to more than the
+    // GPU's budget (muxflow::policy::share::offline_slot_share).
+    let mut on_gpu = state.jobs(gpu).unwrap_or_default();
+    let per_gpu = config.policy.offline_per_gpu;
+    let pick = |on_gpu: &[JobRecord]| match job.mode {
+        Mode::Online => Some(Vec::new()),
+        Mode::Offline => free_offline_slots(on_gpu, job.id, per_gpu, count),
+    };
+    let mut slots = pick(&on_gpu);
+    if slots.is_none() {
+        // Slurm gave this job the slots: a record holding them for a job
+        // Slurm no longer runs here is one whose Epilog never ran.
+        drop(lock);
+        let others = on_gpu.iter().map(|r| r.job_id).filter(|&id| id != job.id);
+        if let Err(e) = forget_those_gone(config, state, &job.node, &others.collect()) {
+            tracing::warn!(job = job.id, gpu, "{e:#}");
+        }
+        lock = state.lock_gpu(gpu)?;
+        on_gpu = state.jobs(gpu).unwrap_or_default();
+        slots = pick(&on_gpu);
+    }
+    let Some(slots) = slots else {
+        let others: Vec<&JobRecord> = on_gpu
+            .iter()
+            .filter(|r| r.mode == Mode::Offline && r.job_id != job.id)
+            .collect();
+        let taken: usize = others.iter().map(|r| r.slots.len().max(1)).sum();
+        return Ok(Some(Refusal {
+            code: "no_slot".into(),
+            why: format!(
+                "offline job {} refused on {}: it holds {count} of GPU {gpu}'s offline slots, but {} offline jobs there already hold {taken} of its {per_gpu} ([policy] offline_per_gpu); gres.conf gives it more mfslot records than muxflow.toml allows (muxflow-doctor checks them).",
+                job.id,
+                job.node,
+                others.len(),
+            ),
+        }));
+    };
+    let daemon = daemon_to_start(config, gpu);
+    match daemon.ensure_running(|| crate::gpu_caps::compute_capability(config, gpu)) {
+        Ok(r) if r.started => {
+            tracing::info!(gpu, pipe = %daemon.pipe_dir().display(), mode = ?r.mode, "started the MPS control daemon")
+        }
+        Ok(_) => {}
+        // The job still runs (without MPS its CUDA calls go to the GPU directly).
+        Err(e) => tracing::error!(
+            job = job.id,
+            gpu,
+            "cannot start the MPS control daemon: {e}"
+        ),
+    }
+    let record = JobRecord {
+        job_id: job.id,
+        mode: job.mode,
+        uid: job.uid,
+        slots,
+    };
+    if let Err(e) = state.add_job(&lock, gpu, &record) {
+        // The plugin finds no record and tells the user why (it checks
+        // the space itself); the health step still runs and publishes.
+        let why = state.space_problem().unwrap_or_else(|| e.to_string());
+        anyhow::bail!("cannot record job {} on GPU {gpu}: {why} ({e})", job.id);
+    }
+    recorded.push(gpu);
+    tracing::info!(job = job.id, gpu, mode = %job.mode, slots = ?record.slots, "recorded muxflow job");
+    if job.mode == Mode::Online {
+        return Ok(None);
+    }
+    if daemon.runs_static_partitions() {
+        // Every client of a daemon in static mode needs a partition: an
+        // offline job that cannot have one does not run here.
+        if let Err(why) = give_partition(config, state, &lock, job, gpu, &daemon) {
+            return Ok(Some(Refusal {
+                code: "no_sm_partition".into(),
+                why: format!(
+                    "offline job {} refused on {}: GPU {gpu}'s MPS daemon runs static SM partitions and the job cannot have one: {why}",
+                    job.id, job.node
+                ),
+            }));
+        }
+    }
+    if daemon.protocol() == Protocol::V3 {
+        give_namespace(config, state, &lock, job, gpu, &daemon);
+    }
+    // Found per job: a node's kernel or driver may change between jobs.
+    // The plugin writes the cap into the job's cgroup at its first step,
+    // where the cap is fixed (muxflow::node::dmem).
+    let region = crate::gpu_caps::dmem_region(config, gpu);
+    if let Err(e) = state.set_dmem_region(&lock, gpu, region.as_deref()) {
+        tracing::warn!(
+            job = job.id,
+            gpu,
+            "cannot record the GPU's dmem region: {e}"
+        );
+    }
+    Ok(None)
+}
+
+/// An online job's static SM partition on each of its GPUs whose daemon
+/// runs in static mode; a GPU where it cannot have one is logged (the job
+/// is not refused: it owns the GPU).
+fn give_online_partitions(
+    config: &Config,
+    state: &NodeState,
+    job: &Job,
+    gpus: &[u32],
+) -> Result<()> {
+    for &gpu in gpus {
+        let daemon = MpsDaemon::for_gpu(config, gpu);
+        if !daemon.runs_static_partitions() {
+            continue;
+        }
+        let lock = state.lock_gpu(gpu)?;
+        if let Err(why) = give_partition(config, state, &lock, job, gpu, &daemon) {
+            tracing::error!(
+                job = job.id,
+                gpu,
+                "online job has no static SM partition, so its CUDA calls fail on this GPU's MPS daemon (static partitioning mode): {why}"
+            );
         }
     }
     Ok(())

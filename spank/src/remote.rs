@@ -7,7 +7,7 @@
 //! back to Slurm from `init`/`init_post_opt` (that drains the node): problems
 //! are logged to the slurmd log, and an offline step that cannot be protected
 //! is refused in `task_init` instead (the job fails, the node does not).
-//! A k-GPU offline job (issue 15) gets its first GPU's settings for the
+//! A k-GPU offline job gets its first GPU's settings for the
 //! step and, in `task_init`, each task its own GPU's (task i: GPU i mod k).
 //! `exit` of the batch step (root, job still running) writes the job's
 //! sharing figures into its AdminComment.
@@ -51,7 +51,7 @@ struct ReportContext {
     sm_pct: Option<u8>,
     mem_cap_mib: Option<u64>,
     partner: Option<u32>,
-    /// Other offline jobs on its GPUs at the start (issue 15: the report
+    /// Other offline jobs on its GPUs at the start (the report
     /// names them, `peers`).
     peers: Vec<u32>,
     stats_dir: Option<PathBuf>,
@@ -233,7 +233,7 @@ impl RemoteState {
             .stats_dir
             .clone()
             .expect("prepare made the stats directory");
-        // A k-GPU job (issue 15) is recorded on each of its GPUs. MPS runs one
+        // A k-GPU job is recorded on each of its GPUs. MPS runs one
         // server per GPU and a client attaches to one server, so each task
         // gets one GPU (its local task id modulo k): that GPU's pipe, SM share,
         // memory cap and limits. The step itself, and a 1-GPU job, get the
@@ -252,39 +252,7 @@ impl RemoteState {
             } else {
                 state.limits_dir()
             };
-            // The job's limits are fixed by its first step: a later step
-            // (srun) gets the same, so the node never polices a running
-            // process against limits it did not start with.
-            let (sm_pct, cap, enforced_by) = match JobLimits::read_trusted(&dir, ctx.job_id, 0) {
-                Ok((l, _)) if l.gpu == gpu => (l.sm_pct, l.mem_cap_mib, l.enforced_by),
-                _ => {
-                    // Its slots' part of the policy's share, for the GPU's
-                    // online job or (issue 15: idle GPUs take offline work)
-                    // for none.
-                    let share = state.offline_share(&config.policy, gpu, ctx.job_id)?;
-                    // A static SM partition or an MPS v3 namespace the
-                    // Prolog made holds the job to its SMs in the driver:
-                    // its share is theirs.
-                    let ns = state.mps_namespace(gpu, ctx.job_id);
-                    let (sm_pct, sm_by) = match (state.sm_partition(gpu, ctx.job_id), &ns) {
-                        (Some(p), _) => (p.percent(), Enforcer::Driver),
-                        (None, Some(ns)) => (ns.sm_pct, Enforcer::Driver),
-                        (None, None) => (share.sm_pct, Enforcer::Xcuda),
-                    };
-                    // The namespace's pinned limit is the cap the daemon holds.
-                    let ns_mem = ns.as_ref().and_then(|n| n.mem_mib);
-                    let cap = ns_mem.or(share.mem_cap_mib);
-                    let mem_by = match kernel_cap(config, state, ctx.job_id, gpu, cap) {
-                        Enforcer::Xcuda if ns_mem.is_some() => Enforcer::Driver,
-                        by => by,
-                    };
-                    let enforced_by = EnforcedBy {
-                        mem: mem_by,
-                        sm: sm_by,
-                    };
-                    (sm_pct, cap, enforced_by)
-                }
-            };
+            let (sm_pct, cap, enforced_by) = job_limits_on(config, state, &dir, ctx.job_id, gpu)?;
             if n == 0 {
                 ctx.sm_pct = Some(sm_pct);
                 ctx.mem_cap_mib = cap;
@@ -335,30 +303,9 @@ impl RemoteState {
                 // steps and older readers look up).
                 write_limits(&state.limits_dir(), &limits, &stop, gid)?;
             }
-            per_gpu.push(vec![
-                ("CUDA_VISIBLE_DEVICES", Some(gpu.to_string())),
-                (
-                    "CUDA_MPS_PIPE_DIRECTORY",
-                    Some(mps::pipe_dir(config, gpu).to_string_lossy().into_owned()),
-                ),
-                (
-                    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
-                    Some(sm_pct.to_string()),
-                ),
-                // The client sees one device (CUDA_VISIBLE_DEVICES): device 0.
-                (
-                    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
-                    cap.map(|mib| format!("0={mib}M")),
-                ),
-                (
-                    muxflow::node::sm_partition::ENV,
-                    state.sm_partition(gpu, ctx.job_id).map(|p| p.id),
-                ),
-                (
-                    xcuda_env::LIMITS_DIR,
-                    Some(dir.to_string_lossy().into_owned()),
-                ),
-            ]);
+            per_gpu.push(client_env(
+                config, state, ctx.job_id, gpu, sm_pct, cap, &dir,
+            ));
         }
         for var in xcuda_env::ALL {
             unset(spank, var);
@@ -871,4 +818,84 @@ fn partner(state: &NodeState, gpu: u32, job_id: u32, mode: Mode) -> Option<u32> 
     jobs.into_iter()
         .find(|j| j.mode != mode && j.job_id != job_id)
         .map(|j| j.job_id)
+}
+
+/// The SM share, memory cap and enforcers of offline job `job_id` on GPU
+/// `gpu`. Fixed by the job's first step (its limits file in `dir`): a later
+/// step (srun) gets the same, so the node never polices a running process
+/// against limits it did not start with.
+fn job_limits_on(
+    config: &Config,
+    state: &NodeState,
+    dir: &Path,
+    job_id: u32,
+    gpu: u32,
+) -> anyhow::Result<(u8, Option<u64>, EnforcedBy)> {
+    Ok(match JobLimits::read_trusted(dir, job_id, 0) {
+        Ok((l, _)) if l.gpu == gpu => (l.sm_pct, l.mem_cap_mib, l.enforced_by),
+        _ => {
+            // Its slots' part of the policy's share, for the GPU's
+            // online job or, on an idle GPU, for none.
+            let share = state.offline_share(&config.policy, gpu, job_id)?;
+            // A static SM partition or an MPS v3 namespace the
+            // Prolog made holds the job to its SMs in the driver:
+            // its share is theirs.
+            let ns = state.mps_namespace(gpu, job_id);
+            let (sm_pct, sm_by) = match (state.sm_partition(gpu, job_id), &ns) {
+                (Some(p), _) => (p.percent(), Enforcer::Driver),
+                (None, Some(ns)) => (ns.sm_pct, Enforcer::Driver),
+                (None, None) => (share.sm_pct, Enforcer::Xcuda),
+            };
+            // The namespace's pinned limit is the cap the daemon holds.
+            let ns_mem = ns.as_ref().and_then(|n| n.mem_mib);
+            let cap = ns_mem.or(share.mem_cap_mib);
+            let mem_by = match kernel_cap(config, state, job_id, gpu, cap) {
+                Enforcer::Xcuda if ns_mem.is_some() => Enforcer::Driver,
+                by => by,
+            };
+            let enforced_by = EnforcedBy {
+                mem: mem_by,
+                sm: sm_by,
+            };
+            (sm_pct, cap, enforced_by)
+        }
+    })
+}
+
+/// The variables a client of GPU `gpu`'s MPS server gets for offline job
+/// `job_id`: the device, the pipe, its SM share and memory cap, its SM
+/// partition, where its limits file is (None: unset).
+fn client_env(
+    config: &Config,
+    state: &NodeState,
+    job_id: u32,
+    gpu: u32,
+    sm_pct: u8,
+    cap: Option<u64>,
+    dir: &Path,
+) -> Vec<(&'static str, Option<String>)> {
+    vec![
+        ("CUDA_VISIBLE_DEVICES", Some(gpu.to_string())),
+        (
+            "CUDA_MPS_PIPE_DIRECTORY",
+            Some(mps::pipe_dir(config, gpu).to_string_lossy().into_owned()),
+        ),
+        (
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+            Some(sm_pct.to_string()),
+        ),
+        // The client sees one device (CUDA_VISIBLE_DEVICES): device 0.
+        (
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+            cap.map(|mib| format!("0={mib}M")),
+        ),
+        (
+            muxflow::node::sm_partition::ENV,
+            state.sm_partition(gpu, job_id).map(|p| p.id),
+        ),
+        (
+            xcuda_env::LIMITS_DIR,
+            Some(dir.to_string_lossy().into_owned()),
+        ),
+    ]
 }
