@@ -1,5 +1,5 @@
 //! The simulated driver's entry points, one function each, with the C
-//! signature the one list declares (`xcuda/src/abi.rs`): the exports in
+//! signature the one list declares (`cuda-abi/src/lib.rs`): the exports in
 //! `lib.rs` are generated from that list and call these, so a signature
 //! that differs from the list does not compile.
 #![allow(clippy::missing_safety_doc, non_snake_case, clippy::too_many_arguments)]

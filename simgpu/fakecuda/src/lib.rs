@@ -111,7 +111,7 @@ const fn is_lookup(name: &str) -> bool {
 }
 
 /// The exports, generated from the one entry-point list (`cuda_entry_points!`
-/// in xcuda/src/abi.rs): each calls its implementation in [`imp`].
+/// in cuda-abi/src/lib.rs): each calls its implementation in [`imp`].
 macro_rules! cuda_exports {
     ($( {$name:ident, $base:literal, $since:literal, $pt:literal, $action:ident $(( $($aa:tt)* ))?, ( $($arg:ident : $ty:ty),* $(,)? )} )*) => {
         #[allow(non_camel_case_types, clippy::upper_case_acronyms)]

@@ -10,7 +10,7 @@
 //! every completed step, so a test can tell whether a completed step was
 //! lost: after a stop, the checkpoint must hold the last completed step.
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use muxflow_simgpu::abi::fnty;
 use muxflow_simgpu::cudaload::{self, Driver, ProcAddress};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
@@ -33,71 +33,79 @@ struct Cli {
 #[derive(Subcommand)]
 enum Mode {
     /// Latency-critical service: requests at a fixed rate, each a few kernels.
-    Online {
-        #[arg(long, default_value_t = 200.0)]
-        rate: f64,
-        /// Request arrivals: every 1/rate s, or a Poisson process (exponential
-        /// gaps of mean 1/rate, from --seed: the same sequence every run).
-        #[arg(long, value_enum, default_value_t = Arrivals::Fixed)]
-        arrivals: Arrivals,
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-        /// Seconds; runs until signalled when absent.
-        #[arg(long)]
-        duration: Option<f64>,
-        #[arg(long, default_value_t = 3)]
-        kernels: u32,
-        #[arg(long, default_value_t = 300)]
-        kernel_us: u64,
-        #[arg(long, default_value_t = 64)]
-        blocks: u32,
-        /// Memory held for the whole run (model weights, KV cache), MiB.
-        #[arg(long, default_value_t = 0)]
-        alloc_mib: u64,
-        /// Wait for each request with cuCtxSynchronize (what PyTorch's
-        /// torch.cuda.synchronize() calls) instead of cuStreamSynchronize.
-        #[arg(long)]
-        ctx_sync: bool,
-        #[arg(long, default_value_t = 0)]
-        device: c_int,
-    },
+    Online(Online),
     /// Best-effort trainer: back-to-back steps of many kernels plus allocations.
-    Offline {
-        #[arg(long)]
-        duration: Option<f64>,
-        #[arg(long, default_value_t = 20)]
-        kernels_per_step: u32,
-        #[arg(long, default_value_t = 500)]
-        kernel_us: u64,
-        #[arg(long, default_value_t = 132)]
-        blocks: u32,
-        /// Persistent allocation (weights), MiB; each step also allocates and frees a quarter of it.
-        #[arg(long, default_value_t = 256)]
-        alloc_mib: u64,
-        /// Replay each step as a captured CUDA graph (cuGraphLaunch).
-        #[arg(long)]
-        graph: bool,
-        /// Host time after each step (data loading, the framework), us: a
-        /// trainer that leaves the GPU idle part of the time, as the real
-        /// one of real-gpu/README.md (40 % busy alone).
-        #[arg(long, default_value_t = 0)]
-        host_us: u64,
-        #[arg(long, default_value_t = 0)]
-        device: c_int,
-        /// Checkpoint file: resumed from at start (`step=N`), written on a
-        /// `--checkpoint-on` signal after the weights' device-to-host copy.
-        #[arg(long)]
-        checkpoint: Option<std::path::PathBuf>,
-        /// Signals that make the trainer checkpoint (repeatable).
-        #[arg(long, value_enum)]
-        checkpoint_on: Vec<CheckpointSignal>,
-        /// Rewritten with `step=N` after every completed step.
-        #[arg(long)]
-        progress: Option<std::path::PathBuf>,
-        /// Ignore SIGTERM (SIG_IGN), as some launchers do.
-        #[arg(long)]
-        ignore_sigterm: bool,
-    },
+    Offline(Offline),
+}
+
+// The service's options (its help text is `Mode::Online`'s).
+#[derive(Args)]
+struct Online {
+    #[arg(long, default_value_t = 200.0)]
+    rate: f64,
+    /// Request arrivals: every 1/rate s, or a Poisson process (exponential
+    /// gaps of mean 1/rate, from --seed: the same sequence every run).
+    #[arg(long, value_enum, default_value_t = Arrivals::Fixed)]
+    arrivals: Arrivals,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Seconds; runs until signalled when absent.
+    #[arg(long)]
+    duration: Option<f64>,
+    #[arg(long, default_value_t = 3)]
+    kernels: u32,
+    #[arg(long, default_value_t = 300)]
+    kernel_us: u64,
+    #[arg(long, default_value_t = 64)]
+    blocks: u32,
+    /// Memory held for the whole run (model weights, KV cache), MiB.
+    #[arg(long, default_value_t = 0)]
+    alloc_mib: u64,
+    /// Wait for each request with cuCtxSynchronize (what PyTorch's
+    /// torch.cuda.synchronize() calls) instead of cuStreamSynchronize.
+    #[arg(long)]
+    ctx_sync: bool,
+    #[arg(long, default_value_t = 0)]
+    device: c_int,
+}
+
+// The trainer's options (its help text is `Mode::Offline`'s).
+#[derive(Args)]
+struct Offline {
+    #[arg(long)]
+    duration: Option<f64>,
+    #[arg(long, default_value_t = 20)]
+    kernels_per_step: u32,
+    #[arg(long, default_value_t = 500)]
+    kernel_us: u64,
+    #[arg(long, default_value_t = 132)]
+    blocks: u32,
+    /// Persistent allocation (weights), MiB; each step also allocates and frees a quarter of it.
+    #[arg(long, default_value_t = 256)]
+    alloc_mib: u64,
+    /// Replay each step as a captured CUDA graph (cuGraphLaunch).
+    #[arg(long)]
+    graph: bool,
+    /// Host time after each step (data loading, the framework), us: a
+    /// trainer that leaves the GPU idle part of the time, as the real
+    /// one of real-gpu/README.md (40 % busy alone).
+    #[arg(long, default_value_t = 0)]
+    host_us: u64,
+    #[arg(long, default_value_t = 0)]
+    device: c_int,
+    /// Checkpoint file: resumed from at start (`step=N`), written on a
+    /// `--checkpoint-on` signal after the weights' device-to-host copy.
+    #[arg(long)]
+    checkpoint: Option<std::path::PathBuf>,
+    /// Signals that make the trainer checkpoint (repeatable).
+    #[arg(long, value_enum)]
+    checkpoint_on: Vec<CheckpointSignal>,
+    /// Rewritten with `step=N` after every completed step.
+    #[arg(long)]
+    progress: Option<std::path::PathBuf>,
+    /// Ignore SIGTERM (SIG_IGN), as some launchers do.
+    #[arg(long)]
+    ignore_sigterm: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -287,306 +295,341 @@ fn pct(sorted: &[f64], q: f64) -> f64 {
 
 fn main() {
     let cli = Cli::parse();
+    install_handlers(&cli.mode);
+    let (flags, device) = match &cli.mode {
+        Mode::Online(o) => (0, o.device),
+        // The trainer exercises the per-thread-default-stream (_ptsz) variants.
+        Mode::Offline(o) => (cudaload::PER_THREAD_DEFAULT_STREAM, o.device),
+    };
+    let mut run = Run {
+        cu: load(flags),
+        ctx: std::ptr::null_mut(),
+        start: Instant::now(),
+        report: String::new(),
+        allocs: Vec::new(),
+    };
+    let result = run.context(device).and_then(|module| match &cli.mode {
+        Mode::Online(o) => run.online(module, o),
+        Mode::Offline(o) => run.offline(module, o),
+    });
+    std::process::exit(run.finish(result, device));
+}
+
+/// SIGTERM and SIGINT stop the run; SIGUSR1 warns a trainer that
+/// checkpoints on it; `--ignore-sigterm` ignores SIGTERM.
+fn install_handlers(mode: &Mode) {
     // SAFETY: installing handlers that only store to an atomic.
     unsafe {
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
-        if let Mode::Offline {
-            checkpoint_on,
-            ignore_sigterm,
-            ..
-        } = &cli.mode
-        {
-            if checkpoint_on.contains(&CheckpointSignal::Usr1) {
+        if let Mode::Offline(o) = mode {
+            if o.checkpoint_on.contains(&CheckpointSignal::Usr1) {
                 libc::signal(libc::SIGUSR1, on_warning as *const () as libc::sighandler_t);
             }
-            if *ignore_sigterm {
+            if o.ignore_sigterm {
                 libc::signal(libc::SIGTERM, libc::SIG_IGN);
             }
         }
     }
-    let (flags, device) = match &cli.mode {
-        Mode::Online { device, .. } => (0, *device),
-        // The trainer exercises the per-thread-default-stream (_ptsz) variants.
-        Mode::Offline { device, .. } => (cudaload::PER_THREAD_DEFAULT_STREAM, *device),
-    };
-    let cu = load(flags);
-    let mut ctx: H = std::ptr::null_mut();
-    let start = Instant::now();
-    let mut report = String::new();
-    let mut allocs: Vec<u64> = Vec::new();
-    // SAFETY: every call below goes to entry points resolved for their exact signatures.
-    let result = unsafe {
-        (|| -> Result<(), Failed> {
-            ok((cu.retain)(&mut ctx, device), "cuDevicePrimaryCtxRetain")?;
-            ok((cu.set_current)(ctx), "cuCtxSetCurrent")?;
-            let mut module: H = std::ptr::null_mut();
+}
+
+/// One run: the driver, the context, what it holds, and its report line.
+struct Run {
+    cu: Cuda,
+    ctx: H,
+    start: Instant,
+    /// The `key=value` report (empty until a mode's loop ended).
+    report: String,
+    /// Held for the whole run; freed at the graceful exit.
+    allocs: Vec<u64>,
+}
+
+// SAFETY (for the `unsafe` blocks below): every call goes to entry points
+// resolved for their exact signatures.
+impl Run {
+    /// The device's primary context, made current; the module loaded.
+    fn context(&mut self, device: c_int) -> Result<H, Failed> {
+        let cu = &self.cu;
+        let mut module: H = std::ptr::null_mut();
+        // SAFETY: see the impl; valid out-pointers.
+        unsafe {
+            ok(
+                (cu.retain)(&mut self.ctx, device),
+                "cuDevicePrimaryCtxRetain",
+            )?;
+            ok((cu.set_current)(self.ctx), "cuCtxSetCurrent")?;
             ok(
                 (cu.module_load_data)(&mut module, c"simgpu".as_ptr() as *const c_void),
                 "cuModuleLoadData",
             )?;
-            let done = |d: Option<f64>| {
-                STOP.load(Ordering::SeqCst) || d.is_some_and(|d| start.elapsed().as_secs_f64() >= d)
+        }
+        Ok(module)
+    }
+
+    /// Signalled, or `duration` seconds gone since the start.
+    fn done(&self, duration: Option<f64>) -> bool {
+        STOP.load(Ordering::SeqCst)
+            || duration.is_some_and(|d| self.start.elapsed().as_secs_f64() >= d)
+    }
+
+    /// The kernel of `kernel_us` microseconds.
+    fn kernel(&self, module: H, kernel_us: u64) -> Result<H, Failed> {
+        let name = CString::new(format!("sim_kernel_{kernel_us}us")).unwrap();
+        let mut f: H = std::ptr::null_mut();
+        // SAFETY: see the impl; a valid out-pointer and name.
+        unsafe {
+            ok(
+                (self.cu.get_function)(&mut f, module, name.as_ptr()),
+                "cuModuleGetFunction",
+            )?;
+        }
+        Ok(f)
+    }
+
+    /// `n` launches of `f` (`blocks` blocks of `threads`) on the default stream.
+    fn launch(&self, f: H, n: u32, blocks: u32, threads: u32) -> Result<(), Failed> {
+        let null = std::ptr::null_mut();
+        for _ in 0..n {
+            // SAFETY: see the impl; valid arguments.
+            let rc = unsafe {
+                (self.cu.launch)(
+                    f,
+                    blocks,
+                    1,
+                    1,
+                    threads,
+                    1,
+                    1,
+                    0,
+                    null,
+                    null.cast(),
+                    null.cast(),
+                )
             };
-            match cli.mode {
-                Mode::Online {
-                    rate,
-                    arrivals,
-                    seed,
-                    duration,
-                    kernels,
-                    kernel_us,
-                    blocks,
-                    alloc_mib,
-                    ctx_sync,
-                    ..
-                } => {
-                    let name = CString::new(format!("sim_kernel_{kernel_us}us")).unwrap();
-                    let mut f: H = std::ptr::null_mut();
-                    ok(
-                        (cu.get_function)(&mut f, module, name.as_ptr()),
-                        "cuModuleGetFunction",
-                    )?;
-                    if alloc_mib > 0 {
-                        let mut held = 0u64;
-                        ok(
-                            (cu.alloc)(&mut held, (alloc_mib << 20) as usize),
-                            "cuMemAlloc",
-                        )?;
-                        allocs.push(held);
-                    }
-                    let mut lat = Vec::new();
-                    let mut schedule = Schedule::new(arrivals, rate, seed);
-                    let mut res = Ok(());
-                    while !done(duration) {
-                        let due = start + Duration::from_secs_f64(schedule.due());
-                        let now = Instant::now();
-                        if due > now {
-                            std::thread::sleep((due - now).min(Duration::from_millis(50)));
-                            continue;
-                        }
-                        let r = (|| {
-                            for _ in 0..kernels {
-                                ok(
-                                    (cu.launch)(
-                                        f,
-                                        blocks,
-                                        1,
-                                        1,
-                                        128,
-                                        1,
-                                        1,
-                                        0,
-                                        std::ptr::null_mut(),
-                                        std::ptr::null_mut(),
-                                        std::ptr::null_mut(),
-                                    ),
-                                    "cuLaunchKernel",
-                                )?;
-                            }
-                            if ctx_sync {
-                                ok((cu.ctx_sync)(), "cuCtxSynchronize")
-                            } else {
-                                ok(
-                                    (cu.stream_sync)(std::ptr::null_mut()),
-                                    "cuStreamSynchronize",
-                                )
-                            }
-                        })();
-                        if r.is_err() {
-                            res = r;
-                            break;
-                        }
-                        lat.push(due.elapsed().as_secs_f64() * 1e3);
-                        schedule.advance();
-                    }
-                    let el = start.elapsed().as_secs_f64();
-                    let n = lat.len();
-                    lat.sort_by(|a, b| a.total_cmp(b));
-                    report = format!(
-                        "mode=online requests={n} rps={:.1} p50_ms={:.3} p99_ms={:.3} elapsed_s={el:.2}",
-                        n as f64 / el,
-                        pct(&lat, 0.5),
-                        pct(&lat, 0.99)
-                    );
-                    res
-                }
-                Mode::Offline {
-                    duration,
-                    kernels_per_step,
-                    kernel_us,
-                    blocks,
-                    alloc_mib,
-                    graph,
-                    checkpoint,
-                    checkpoint_on,
-                    progress,
-                    host_us,
-                    ..
-                } => {
-                    let name = CString::new(format!("sim_kernel_{kernel_us}us")).unwrap();
-                    let mut f: H = std::ptr::null_mut();
-                    ok(
-                        (cu.get_function)(&mut f, module, name.as_ptr()),
-                        "cuModuleGetFunction",
-                    )?;
-                    let mib = 1u64 << 20;
-                    let mut weights = 0u64;
-                    ok(
-                        (cu.alloc)(&mut weights, (alloc_mib * mib) as usize),
-                        "cuMemAlloc",
-                    )?;
-                    allocs.push(weights);
-                    let step_bytes = (alloc_mib * mib / 4).max(mib);
-                    let null = std::ptr::null_mut();
-                    // One training step's kernels (captured once with --graph).
-                    let launch_step = || -> Result<(), Failed> {
-                        for _ in 0..kernels_per_step {
-                            ok(
-                                (cu.launch)(
-                                    f,
-                                    blocks,
-                                    1,
-                                    1,
-                                    256,
-                                    1,
-                                    1,
-                                    0,
-                                    null,
-                                    std::ptr::null_mut(),
-                                    std::ptr::null_mut(),
-                                ),
-                                "cuLaunchKernel",
-                            )?;
-                        }
-                        Ok(())
-                    };
-                    let mut exec: H = null;
-                    if graph {
-                        ok((cu.begin_capture)(null, 0), "cuStreamBeginCapture")?;
-                        launch_step()?;
-                        let mut g: H = null;
-                        ok((cu.end_capture)(null, &mut g), "cuStreamEndCapture")?;
-                        ok(
-                            (cu.instantiate)(&mut exec, g, 0),
-                            "cuGraphInstantiateWithFlags",
-                        )?;
-                    }
-                    let resumed = checkpoint.as_deref().map_or(0, read_step);
-                    let mut steps = resumed;
-                    let mut res = Ok(());
-                    // The weights to the host, then the step counter: a
-                    // checkpoint exists only if the copy succeeded.
-                    let save = |steps: u64| -> Result<(), Failed> {
-                        let Some(path) = &checkpoint else {
-                            return Ok(());
-                        };
-                        let mut host = vec![0u8; 4096];
-                        ok(
-                            (cu.dtoh)(host.as_mut_ptr() as *mut c_void, weights, host.len()),
-                            "cuMemcpyDtoH (checkpoint)",
-                        )?;
-                        write_step(path, steps);
-                        Ok(())
-                    };
-                    let mut saved_on_warning = false;
-                    while !done(duration) {
-                        if WARNED.load(Ordering::SeqCst) {
-                            if !saved_on_warning {
-                                res = save(steps);
-                                if res.is_err() {
-                                    break;
-                                }
-                                saved_on_warning = true;
-                            }
-                            // Checkpointed: no step from now on is saved, so none is taken.
-                            std::thread::sleep(Duration::from_millis(20));
-                            continue;
-                        }
-                        let r = (|| {
-                            let mut act = 0u64;
-                            ok(
-                                (cu.alloc_async)(&mut act, step_bytes as usize, null),
-                                "cuMemAllocAsync",
-                            )?;
-                            if graph {
-                                ok((cu.graph_launch)(exec, null), "cuGraphLaunch")?;
-                            } else {
-                                launch_step()?;
-                            }
-                            ok((cu.free_async)(act, null), "cuMemFreeAsync")?;
-                            ok((cu.stream_sync)(null), "cuStreamSynchronize")
-                        })();
-                        if r.is_err() {
-                            res = r;
-                            break;
-                        }
-                        steps += 1;
-                        if let Some(p) = &progress {
-                            write_step(p, steps);
-                        }
-                        if host_us > 0 {
-                            std::thread::sleep(Duration::from_micros(host_us));
-                        }
-                    }
-                    if res.is_ok()
-                        && STOP.load(Ordering::SeqCst)
-                        && checkpoint_on.contains(&CheckpointSignal::Term)
-                    {
-                        res = save(steps);
-                    }
-                    let el = start.elapsed().as_secs_f64();
-                    report = format!(
-                        "mode=offline steps={steps} resumed={resumed} steps_per_s={:.2} peak_mib={} elapsed_s={el:.2}",
-                        (steps - resumed) as f64 / el,
-                        alloc_mib + step_bytes / mib
-                    );
-                    res
-                }
+            ok(rc, "cuLaunchKernel")?;
+        }
+        Ok(())
+    }
+
+    /// Takes `bytes` for the whole run.
+    fn hold(&mut self, bytes: u64) -> Result<u64, Failed> {
+        let mut p = 0u64;
+        // SAFETY: see the impl; a valid out-pointer.
+        ok(
+            unsafe { (self.cu.alloc)(&mut p, bytes as usize) },
+            "cuMemAlloc",
+        )?;
+        self.allocs.push(p);
+        Ok(p)
+    }
+
+    /// The service: requests on `o`'s schedule, each `kernels` launches and
+    /// a synchronize; the latency counts from when the request was due.
+    fn online(&mut self, module: H, o: &Online) -> Result<(), Failed> {
+        let f = self.kernel(module, o.kernel_us)?;
+        if o.alloc_mib > 0 {
+            self.hold(o.alloc_mib << 20)?;
+        }
+        let mut lat = Vec::new();
+        let mut schedule = Schedule::new(o.arrivals, o.rate, o.seed);
+        let mut res = Ok(());
+        while !self.done(o.duration) {
+            let due = self.start + Duration::from_secs_f64(schedule.due());
+            let now = Instant::now();
+            if due > now {
+                std::thread::sleep((due - now).min(Duration::from_millis(50)));
+                continue;
             }
-        })()
-    };
-    // Graceful exit: synchronize, free, release the context.
-    // SAFETY: entry points resolved above; failures here are reported, not fatal.
-    let code = unsafe {
-        match result {
-            Ok(()) => {
-                let _ = (cu.ctx_sync)();
-                for a in allocs {
-                    let _ = (cu.free)(a);
-                }
-                if !ctx.is_null() {
-                    let _ = (cu.release)(device);
-                }
-                println!("{report}");
-                // muxflow's plugin names this file: the figures reach the
-                // job's AdminComment.
-                if let Some(path) = std::env::var_os("MUXFLOW_JOB_REPORT") {
-                    if let Err(e) = std::fs::write(&path, format!("{report}\n")) {
-                        eprintln!(
-                            "muxflow-workload: cannot write {}: {e}",
-                            path.to_string_lossy()
-                        );
+            let r = self.launch(f, o.kernels, o.blocks, 128).and_then(|()| {
+                // SAFETY: see the impl; the default stream.
+                unsafe {
+                    if o.ctx_sync {
+                        ok((self.cu.ctx_sync)(), "cuCtxSynchronize")
+                    } else {
+                        ok(
+                            (self.cu.stream_sync)(std::ptr::null_mut()),
+                            "cuStreamSynchronize",
+                        )
                     }
                 }
-                0
+            });
+            if r.is_err() {
+                res = r;
+                break;
             }
-            Err(Failed(rc, what)) => {
-                let mut n: *const c_char = std::ptr::null();
-                (cu.err_name)(rc, &mut n);
-                let name = if n.is_null() {
-                    "?".into()
-                } else {
-                    CStr::from_ptr(n).to_string_lossy().into_owned()
-                };
-                eprintln!("muxflow-workload: {what} failed: {name} ({rc})");
-                println!(
-                    "{report}{}error={name} code={rc} call={what}",
-                    if report.is_empty() { "" } else { " " }
-                );
-                1
+            lat.push(due.elapsed().as_secs_f64() * 1e3);
+            schedule.advance();
+        }
+        let el = self.start.elapsed().as_secs_f64();
+        let n = lat.len();
+        lat.sort_by(|a, b| a.total_cmp(b));
+        self.report = format!(
+            "mode=online requests={n} rps={:.1} p50_ms={:.3} p99_ms={:.3} elapsed_s={el:.2}",
+            n as f64 / el,
+            pct(&lat, 0.5),
+            pct(&lat, 0.99)
+        );
+        res
+    }
+
+    /// The trainer: weights held, then steps (each an activation allocated
+    /// and freed around the step's kernels) until done; checkpoints as
+    /// `--checkpoint-on` says.
+    fn offline(&mut self, module: H, o: &Offline) -> Result<(), Failed> {
+        let f = self.kernel(module, o.kernel_us)?;
+        let mib = 1u64 << 20;
+        let weights = self.hold(o.alloc_mib * mib)?;
+        let step_bytes = (o.alloc_mib * mib / 4).max(mib);
+        // One training step's kernels, captured once with --graph.
+        let exec = if o.graph {
+            Some(self.capture_step(f, o)?)
+        } else {
+            None
+        };
+        let resumed = o.checkpoint.as_deref().map_or(0, read_step);
+        let mut steps = resumed;
+        let mut res = Ok(());
+        let mut saved_on_warning = false;
+        while !self.done(o.duration) {
+            if WARNED.load(Ordering::SeqCst) {
+                if !saved_on_warning {
+                    res = self.save(o, weights, steps);
+                    if res.is_err() {
+                        break;
+                    }
+                    saved_on_warning = true;
+                }
+                // Checkpointed: no step from now on is saved, so none is taken.
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            }
+            let r = self.step(f, o, exec, step_bytes);
+            if r.is_err() {
+                res = r;
+                break;
+            }
+            steps += 1;
+            if let Some(p) = &o.progress {
+                write_step(p, steps);
+            }
+            if o.host_us > 0 {
+                std::thread::sleep(Duration::from_micros(o.host_us));
             }
         }
-    };
-    std::process::exit(code);
+        if res.is_ok()
+            && STOP.load(Ordering::SeqCst)
+            && o.checkpoint_on.contains(&CheckpointSignal::Term)
+        {
+            res = self.save(o, weights, steps);
+        }
+        let el = self.start.elapsed().as_secs_f64();
+        self.report = format!(
+            "mode=offline steps={steps} resumed={resumed} steps_per_s={:.2} peak_mib={} elapsed_s={el:.2}",
+            (steps - resumed) as f64 / el,
+            o.alloc_mib + step_bytes / mib
+        );
+        res
+    }
+
+    /// One step's kernels captured into a graph and instantiated.
+    fn capture_step(&self, f: H, o: &Offline) -> Result<H, Failed> {
+        let cu = &self.cu;
+        let null = std::ptr::null_mut();
+        let (mut g, mut exec): (H, H) = (null, null);
+        // SAFETY: see the impl; valid out-pointers.
+        unsafe {
+            ok((cu.begin_capture)(null, 0), "cuStreamBeginCapture")?;
+            self.launch(f, o.kernels_per_step, o.blocks, 256)?;
+            ok((cu.end_capture)(null, &mut g), "cuStreamEndCapture")?;
+            ok(
+                (cu.instantiate)(&mut exec, g, 0),
+                "cuGraphInstantiateWithFlags",
+            )?;
+        }
+        Ok(exec)
+    }
+
+    /// One training step: the activation allocated, the step's kernels (or
+    /// its graph), the activation freed, the stream synchronized.
+    fn step(&self, f: H, o: &Offline, exec: Option<H>, step_bytes: u64) -> Result<(), Failed> {
+        let cu = &self.cu;
+        let null = std::ptr::null_mut();
+        let mut act = 0u64;
+        // SAFETY: see the impl; valid arguments.
+        unsafe {
+            ok(
+                (cu.alloc_async)(&mut act, step_bytes as usize, null),
+                "cuMemAllocAsync",
+            )?;
+            match exec {
+                Some(exec) => ok((cu.graph_launch)(exec, null), "cuGraphLaunch")?,
+                None => self.launch(f, o.kernels_per_step, o.blocks, 256)?,
+            }
+            ok((cu.free_async)(act, null), "cuMemFreeAsync")?;
+            ok((cu.stream_sync)(null), "cuStreamSynchronize")
+        }
+    }
+
+    /// The weights to the host, then the step counter: a checkpoint exists
+    /// only if the copy succeeded. Nothing without `--checkpoint`.
+    fn save(&self, o: &Offline, weights: u64, steps: u64) -> Result<(), Failed> {
+        let Some(path) = &o.checkpoint else {
+            return Ok(());
+        };
+        let mut host = vec![0u8; 4096];
+        // SAFETY: see the impl; a host buffer of the length given.
+        let rc = unsafe { (self.cu.dtoh)(host.as_mut_ptr() as *mut c_void, weights, host.len()) };
+        ok(rc, "cuMemcpyDtoH (checkpoint)")?;
+        write_step(path, steps);
+        Ok(())
+    }
+
+    /// Graceful exit: synchronize, free, release the context, print the
+    /// report (and write it where muxflow's plugin says); or report the
+    /// failed call. The exit code.
+    fn finish(self, result: Result<(), Failed>, device: c_int) -> i32 {
+        let cu = &self.cu;
+        let report = &self.report;
+        // SAFETY: see the impl; failures here are reported, not fatal.
+        unsafe {
+            match result {
+                Ok(()) => {
+                    let _ = (cu.ctx_sync)();
+                    for &a in &self.allocs {
+                        let _ = (cu.free)(a);
+                    }
+                    if !self.ctx.is_null() {
+                        let _ = (cu.release)(device);
+                    }
+                    println!("{report}");
+                    // muxflow's plugin names this file: the figures reach the
+                    // job's AdminComment.
+                    if let Some(path) = std::env::var_os("MUXFLOW_JOB_REPORT") {
+                        if let Err(e) = std::fs::write(&path, format!("{report}\n")) {
+                            eprintln!(
+                                "muxflow-workload: cannot write {}: {e}",
+                                path.to_string_lossy()
+                            );
+                        }
+                    }
+                    0
+                }
+                Err(Failed(rc, what)) => {
+                    let mut n: *const c_char = std::ptr::null();
+                    (cu.err_name)(rc, &mut n);
+                    let name = if n.is_null() {
+                        "?".into()
+                    } else {
+                        CStr::from_ptr(n).to_string_lossy().into_owned()
+                    };
+                    eprintln!("muxflow-workload: {what} failed: {name} ({rc})");
+                    println!(
+                        "{report}{}error={name} code={rc} call={what}",
+                        if report.is_empty() { "" } else { " " }
+                    );
+                    1
+                }
+            }
+        }
+    }
 }
