@@ -593,7 +593,7 @@ pub fn offline_jobs_to_requeue(online_job: u32, on_gpus: &[(u32, Vec<JobRecord>)
     out
 }
 
-/// An online job landed on GPUs that run offline jobs (issue 15: idle GPUs
+/// An online job landed on GPUs that run offline jobs (idle GPUs
 /// take offline work): put those back in the queue, held, for the matcher
 /// to place again under the usual policy, and wait (bounded) until their
 /// Epilog has run, so their memory is free before the online job starts.

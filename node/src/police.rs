@@ -394,7 +394,7 @@ fn record_partner_load(ns: &NodeState, job: u32, sm_pct: u32) {
 }
 
 /// Adds the other offline jobs recorded on `gpu` now to the job's measured
-/// `peers` (issue 15: the matcher must know which runs shared a GPU with
+/// `peers` (the matcher must know which runs shared a GPU with
 /// other offline jobs). The caller holds the GPU's lock.
 fn record_peers(ns: &NodeState, job: u32, gpu: u32) {
     let others: Vec<u32> = ns

@@ -107,10 +107,10 @@ pub struct Input {
     pub now_s: u64,
     pub metrics: Option<Metrics>,
     pub fault: bool,
-    /// Only offline jobs run on the GPU (an idle GPU took offline work,
-    /// issue 15): the load is their own, not contention with an online
-    /// job, so it moves no state (faults still do). Otherwise an offline
-    /// job that saturates the GPU alone would turn it Overloaded and pause
+    /// Only offline jobs run on the GPU (an idle GPU took offline work):
+    /// the load is their own, not contention with an online job, so it
+    /// moves no state (faults still do). Otherwise an offline job that
+    /// saturates the GPU alone would turn it Overloaded and pause
     /// itself. A GPU with no muxflow job at all keeps its load readings:
     /// someone else's load keeps offline work off it.
     pub offline_only: bool,

@@ -102,7 +102,7 @@ pub fn offline_share(budget: u64, jobs: u32) -> u64 {
 }
 
 /// `slots` of `per_gpu` equal parts of a GPU's offline `budget` (`[policy]
-/// offline_per_gpu` > 1, issue 15): `budget × slots / per_gpu`, rounded
+/// offline_per_gpu` > 1): `budget × slots / per_gpu`, rounded
 /// down, so jobs holding different slots never exceed the budget together.
 /// The one split of both budgets — the SM percentage
 /// ([`offline_sm_percent`]) and the memory cap, MiB

@@ -304,7 +304,7 @@ pub fn path(dir: &Path, job_id: u32) -> PathBuf {
     dir.join(job_id.to_string())
 }
 
-/// Where a k-GPU job's limits for its GPU `gpu` live (issue 15): the same
+/// Where a k-GPU job's limits for its GPU `gpu` live: the same
 /// file form in `<dir>/g<gpu>/`, root-owned like `dir`. Each of the job's
 /// tasks gets the directory of its own GPU as its limits directory, so
 /// xCUDA reads its GPU's cap; `<dir>/<job>` holds the first GPU's, as for
