@@ -204,7 +204,7 @@ impl Sim<'_> {
         self.online_ids = (0..self.sc.gpus.len() as u32)
             .filter(|&g| self.online[g as usize].is_some())
             .collect();
-        self.sums.online = self.online_ids.len();
+        self.tally.sums.online = self.online_ids.len();
         changed.sort_unstable();
         changed.dedup();
         self.refresh(&changed);
@@ -293,9 +293,9 @@ impl Sim<'_> {
         let lost = done - kept;
         rt.remaining_s += lost;
         let gpus = f64::from(job.gpus);
-        self.acc.work -= lost * gpus;
+        self.tally.acc.work -= lost * gpus;
         if job.gpus > 1 {
-            self.acc.gang_work -= lost * gpus;
+            self.tally.acc.gang_work -= lost * gpus;
         }
         churn.requeues += 1;
         churn.lost_gpu_hours.0 += lost * gpus / 3600.0;
@@ -320,7 +320,7 @@ impl Sim<'_> {
         let busy = !self.gpus[g as usize].offline.is_empty();
         debug_assert!(owner.is_none() || !busy, "a replica lands on a freed GPU");
         if had && busy {
-            self.sums.lent -= 1;
+            self.tally.sums.lent -= 1;
         }
         self.online[g as usize] = owner;
         let rt = &mut self.gpus[g as usize];

@@ -64,7 +64,7 @@ impl Sim<'_> {
                     .iter()
                     .any(|&j| self.jobs[j as usize].speed > 0.0)
             {
-                self.health_violations += 1;
+                self.tally.health_violations += 1;
             }
         }
     }

@@ -49,9 +49,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use muxflow::config::Policy;
 use muxflow::policy::health::{Fsm, HealthState, Solo};
 use muxflow::records::published::GpuPublished;
-use muxflow_matcher::predict::{Model, Run};
 use muxflow_matcher::reader::{ClusterState, GpuState, Names};
-use muxflow_matcher::round_cache::RoundCache;
 
 use crate::engine::EventQueue;
 use crate::model::{self, GpuRates};
@@ -63,8 +61,8 @@ pub use policy::PolicyKind;
 pub use rounds::scaled_matcher;
 
 use autoscale::Scaling;
-use outcome::{Integrals, Sums, LATENCY_BINS};
-use rounds::Failures;
+use outcome::Tally;
+use rounds::Learning;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Ev {
@@ -185,16 +183,8 @@ struct Sim<'a> {
     slot_free: BTreeSet<u32>,
     queue: BTreeSet<u32>,
     next_arrival: usize,
-    sums: Sums,
-    acc: Integrals,
-    last_s: f64,
-    latency_hist: Vec<f64>,
-    jct: Vec<f64>,
-    queue_s: Vec<f64>,
-    finished: u64,
-    gang_finished: u64,
-    timeline: Vec<HourRow>,
-    hour_acc: Integrals,
+    /// What the replay counts toward its outcome.
+    tally: Tally,
     // muxflow
     state: ClusterState,
     state_index: Vec<usize>,
@@ -206,39 +196,13 @@ struct Sim<'a> {
     pending_unsorted: bool,
     node_index: BTreeMap<String, u32>,
     first_gpu: Vec<u32>,
-    runs: Vec<Run>,
-    model: Model,
-    trained_on_runs: usize,
-    rounds: u64,
-    round_s: f64,
-    /// The daemon's round cache, for the learned model's rounds and the
-    /// oracle's; `epoch` names the learned model (retrained: a new one;
-    /// failures since are each job's key, [`LearnedNow`]).
-    round_cache: RoundCache,
-    oracle_cache: RoundCache,
-    epoch: u64,
-    pred_err: f64,
-    pred_n: u64,
-    pair_true: f64,
-    pair_oracle: f64,
-    oom: u64,
-    peer_runs: u64,
-    refused: u64,
-    health_violations: u64,
+    /// What the matcher has learned, and its round caches.
+    learning: Learning,
+    /// Measure the rounds' wall time.
     timing: bool,
-    learn: bool,
     /// xCUDA's protection on each GPU (muxflow policies).
     protection: Vec<model::Protection>,
-    /// (job name, online partner) pairs whose placement failed at start since
-    /// the model was last trained: not proposed again before it learns
-    /// them ([`LearnedNow`]). The daemon retrains every round, so a
-    /// failure is in its next round's model; the replay retrains more
-    /// rarely and must not propose the pair again meanwhile.
-    failed_since_training: Failures,
-    /// Per job name, the largest memory cap a start failed under since the
-    /// model was trained: its need is above it (what the model learns
-    /// from such a run, `Profile::peak_mib`).
-    needs_above_since_training: BTreeMap<String, u64>,
+    /// Simulated seconds replayed, for the progress bar.
     progress: &'a AtomicU64,
 }
 
@@ -275,7 +239,7 @@ pub fn run(
         match ev {
             Ev::End => {
                 let hours = (sc.end_s / 3600.0).ceil() as u32;
-                if (sim.timeline.len() as u32) < hours {
+                if (sim.tally.timeline.len() as u32) < hours {
                     sim.hour(hours);
                 }
                 break;
@@ -349,16 +313,7 @@ impl<'a> Sim<'a> {
             online_ids,
             queue: BTreeSet::new(),
             next_arrival: 0,
-            sums: Sums::default(),
-            acc: Integrals::default(),
-            last_s: 0.0,
-            latency_hist: vec![0.0; LATENCY_BINS],
-            jct: Vec::new(),
-            queue_s: Vec::new(),
-            finished: 0,
-            gang_finished: 0,
-            timeline: Vec::new(),
-            hour_acc: Integrals::default(),
+            tally: Tally::default(),
             state: ClusterState::default(),
             state_index: vec![usize::MAX; n],
             names: Names::from_config(&cfg.slurm),
@@ -376,31 +331,13 @@ impl<'a> Sim<'a> {
                 .map(|(i, s)| (s.clone(), i as u32))
                 .collect(),
             first_gpu,
-            runs: Vec::new(),
-            model: Model::default(),
-            trained_on_runs: 0,
-            rounds: 0,
-            round_s: 0.0,
-            round_cache: RoundCache::default(),
-            oracle_cache: RoundCache::default(),
-            epoch: 0,
-            pred_err: 0.0,
-            pred_n: 0,
-            pair_true: 0.0,
-            pair_oracle: 0.0,
-            oom: 0,
-            peer_runs: 0,
-            refused: 0,
-            health_violations: 0,
+            learning: Learning::new(!opts.default_predictor),
             timing: opts.timing,
-            learn: !opts.default_predictor,
             protection: {
                 let by_model = crate::protection::per_model(&opts.protection, &sc.models)
                     .expect("sim/data/protection.toml has every mode (sim's tests read it)");
                 sc.gpus.iter().map(|g| by_model[g.model as usize]).collect()
             },
-            failed_since_training: Failures::default(),
-            needs_above_since_training: BTreeMap::new(),
             progress,
         };
         if kind.is_muxflow() {
@@ -431,33 +368,17 @@ impl<'a> Sim<'a> {
                 });
             }
         }
-        sim.sums.online = sim.online_ids.len();
+        sim.tally.sums.online = sim.online_ids.len();
         let all: Vec<u32> = (0..n as u32).collect();
         sim.refresh(&all);
         sim
     }
 
+    /// The hourly step at hour `h`: the last hour's timeline row, then the
+    /// load of the next (services scale to it under `--autoscale`).
     fn hour(&mut self, h: u32) {
         if h > 0 {
-            let a = self.acc;
-            let p = self.hour_acc;
-            let n = self.sc.gpus.len().max(1) as f64;
-            let n_on = self.online_ids.len().max(1) as f64;
-            self.timeline.push(HourRow {
-                hour: h - 1,
-                gpu_util: (a.util - p.util) / 3600.0 / n,
-                sm_activity: (a.sm - p.sm) / 3600.0 / n,
-                online_gpu_util: match self.scaling {
-                    Some(_) => (a.util_online - p.util_online) / (a.online - p.online).max(1e-9),
-                    None => (a.util_online - p.util_online) / 3600.0 / n_on,
-                },
-                online_load: self.load,
-                offline_running: self.sums.running,
-                offline_waiting: self.queue.len(),
-                offline_finished: self.finished,
-                lent_gpus: (a.lent - p.lent) / 3600.0,
-            });
-            self.hour_acc = a;
+            self.record_hour(h - 1);
             self.progress.fetch_add(3600, Ordering::Relaxed);
         }
         if f64::from(h) * 3600.0 >= self.sc.end_s {

@@ -11,7 +11,7 @@ use super::autoscale::Churn;
 use super::{PolicyKind, Sim};
 
 /// Bins of the online latency factor histogram: 0.001 wide from 1.0.
-pub(super) const LATENCY_BINS: usize = 9001;
+const LATENCY_BINS: usize = 9001;
 const LATENCY_BIN: f64 = 0.001;
 
 /// `v` to `decimals` decimals, never "-0".
@@ -192,9 +192,69 @@ pub(super) struct Sums {
     pub(super) online: usize,
 }
 
-impl Sim<'_> {
+/// What a replay counts toward its [`Outcome`] as it goes.
+#[derive(Debug, Clone)]
+pub(super) struct Tally {
+    /// The integrands now, and their integrals up to `last_s`.
+    pub(super) sums: Sums,
+    pub(super) acc: Integrals,
+    pub(super) last_s: f64,
+    /// The integrals when the last hour ended, and the hours so far.
+    pub(super) hour_acc: Integrals,
+    pub(super) timeline: Vec<HourRow>,
+    /// Seconds of online GPU-time at each latency factor bin.
+    pub(super) latency_hist: Vec<f64>,
+    /// Finished jobs' completion times, and every start's wait.
+    pub(super) jct: Vec<f64>,
+    pub(super) queue_s: Vec<f64>,
+    pub(super) finished: u64,
+    pub(super) gang_finished: u64,
+    pub(super) health_violations: u64,
+    /// muxflow: the rounds and their wall time, the predictor's error and
+    /// pairs scored, the true worth of the learned round's placements and
+    /// of the oracle's, and the placements that failed at once, ran beside
+    /// other offline jobs, or Slurm would refuse.
+    pub(super) rounds: u64,
+    pub(super) round_s: f64,
+    pub(super) pred_err: f64,
+    pub(super) pred_n: u64,
+    pub(super) pair_true: f64,
+    pub(super) pair_oracle: f64,
+    pub(super) oom: u64,
+    pub(super) peer_runs: u64,
+    pub(super) refused: u64,
+}
+
+impl Default for Tally {
+    fn default() -> Tally {
+        Tally {
+            sums: Sums::default(),
+            acc: Integrals::default(),
+            last_s: 0.0,
+            hour_acc: Integrals::default(),
+            timeline: Vec::new(),
+            latency_hist: vec![0.0; LATENCY_BINS],
+            jct: Vec::new(),
+            queue_s: Vec::new(),
+            finished: 0,
+            gang_finished: 0,
+            health_violations: 0,
+            rounds: 0,
+            round_s: 0.0,
+            pred_err: 0.0,
+            pred_n: 0,
+            pair_true: 0.0,
+            pair_oracle: 0.0,
+            oom: 0,
+            peer_runs: 0,
+            refused: 0,
+        }
+    }
+}
+
+impl Tally {
     /// Integrates the current rates up to `t`.
-    pub(super) fn advance(&mut self, t: f64) {
+    fn integrate(&mut self, t: f64) {
         let dt = t - self.last_s;
         if dt > 0.0 {
             let s = &self.sums;
@@ -210,15 +270,45 @@ impl Sim<'_> {
             a.online += s.online as f64 * dt;
             self.last_s = t;
         }
+    }
+}
+
+impl Sim<'_> {
+    /// Integrates the current rates up to `t`.
+    pub(super) fn advance(&mut self, t: f64) {
+        self.tally.integrate(t);
         self.now = t;
+    }
+
+    /// The timeline's row of hour `h`, just ended.
+    pub(super) fn record_hour(&mut self, h: u32) {
+        let a = self.tally.acc;
+        let p = self.tally.hour_acc;
+        let n = self.sc.gpus.len().max(1) as f64;
+        let n_on = self.online_ids.len().max(1) as f64;
+        self.tally.timeline.push(HourRow {
+            hour: h,
+            gpu_util: (a.util - p.util) / 3600.0 / n,
+            sm_activity: (a.sm - p.sm) / 3600.0 / n,
+            online_gpu_util: match self.scaling {
+                Some(_) => (a.util_online - p.util_online) / (a.online - p.online).max(1e-9),
+                None => (a.util_online - p.util_online) / 3600.0 / n_on,
+            },
+            online_load: self.load,
+            offline_running: self.tally.sums.running,
+            offline_waiting: self.queue.len(),
+            offline_finished: self.tally.finished,
+            lent_gpus: (a.lent - p.lent) / 3600.0,
+        });
+        self.tally.hour_acc = a;
     }
 
     /// Sums again from the GPUs (keeps floating-point drift from piling up).
     pub(super) fn resum(&mut self) {
         let mut s = Sums {
-            lent: self.sums.lent,
-            running: self.sums.running,
-            online: self.sums.online,
+            lent: self.tally.sums.lent,
+            running: self.tally.sums.running,
+            online: self.tally.sums.online,
             ..Sums::default()
         };
         for (g, rt) in self.gpus.iter().enumerate() {
@@ -239,7 +329,7 @@ impl Sim<'_> {
                 }
             }
         }
-        self.sums = s;
+        self.tally.sums = s;
     }
 
     pub(super) fn outcome(mut self) -> Outcome {
@@ -248,13 +338,13 @@ impl Sim<'_> {
             let g = self.online_ids[i] as usize;
             let rt = &self.gpus[g];
             if rt.rates.latency > 0.0 {
-                self.latency_hist[latency_bin(rt.rates.latency)] += end - rt.latency_since;
+                self.tally.latency_hist[latency_bin(rt.rates.latency)] += end - rt.latency_since;
             }
         }
         let n = self.sc.gpus.len().max(1) as f64;
         let n_on = self.online_ids.len().max(1) as f64;
         let t = end.max(1e-9);
-        let a = self.acc;
+        let a = self.tally.acc;
         // Per online GPU-second: a whole replay's worth of each online GPU
         // when services hold their GPUs, the GPU-seconds replicas held
         // them when they scale.
@@ -266,7 +356,7 @@ impl Sim<'_> {
                 v / t / n_on
             }
         };
-        self.jct.sort_by(f64::total_cmp);
+        self.tally.jct.sort_by(f64::total_cmp);
         let mux = self.kind.is_muxflow();
         Outcome {
             policy: self.kind,
@@ -275,42 +365,42 @@ impl Sim<'_> {
             mem_util: Fixed(a.mem / t / n),
             online_gpu_util: Fixed(per_online(a.util_online)),
             online_gpu_sm_activity: Fixed(per_online(a.sm_online)),
-            online_latency_p50: Fixed(hist_quantile(&self.latency_hist, 0.5)),
-            online_latency_p99: Fixed(hist_quantile(&self.latency_hist, 0.99)),
-            offline_jct_mean_s: mean(&self.jct).map(Fixed),
-            offline_jct_p50_s: quantile(&self.jct, 0.5).map(Fixed),
-            offline_jct_p90_s: quantile(&self.jct, 0.9).map(Fixed),
-            offline_queue_mean_s: mean(&self.queue_s).map(Fixed),
+            online_latency_p50: Fixed(hist_quantile(&self.tally.latency_hist, 0.5)),
+            online_latency_p99: Fixed(hist_quantile(&self.tally.latency_hist, 0.99)),
+            offline_jct_mean_s: mean(&self.tally.jct).map(Fixed),
+            offline_jct_p50_s: quantile(&self.tally.jct, 0.5).map(Fixed),
+            offline_jct_p90_s: quantile(&self.tally.jct, 0.9).map(Fixed),
+            offline_queue_mean_s: mean(&self.tally.queue_s).map(Fixed),
             offline_gpu_hours: Fixed(a.work / 3600.0),
-            offline_finished: self.finished,
+            offline_finished: self.tally.finished,
             lent_gpu_hours: Fixed(a.lent / 3600.0),
-            rounds: mux.then_some(self.rounds),
-            round_total_s: (mux && self.timing).then_some(Fixed(self.round_s)),
-            predictor_mae: (mux && self.pred_n > 0)
-                .then(|| Fixed(self.pred_err / self.pred_n as f64)),
-            pairing_vs_oracle: (mux && self.pair_oracle > 0.0)
-                .then(|| Fixed(self.pair_true / self.pair_oracle)),
+            rounds: mux.then_some(self.tally.rounds),
+            round_total_s: (mux && self.timing).then_some(Fixed(self.tally.round_s)),
+            predictor_mae: (mux && self.tally.pred_n > 0)
+                .then(|| Fixed(self.tally.pred_err / self.tally.pred_n as f64)),
+            pairing_vs_oracle: (mux && self.tally.pair_oracle > 0.0)
+                .then(|| Fixed(self.tally.pair_true / self.tally.pair_oracle)),
             offline_arrived: self.next_arrival as u64,
-            offline_running_end: self.sums.running as u64,
+            offline_running_end: self.tally.sums.running as u64,
             offline_waiting_end: self.queue.len() as u64,
-            oom_starts: mux.then_some(self.oom),
-            peer_runs: mux.then_some(self.peer_runs),
-            refused_placements: mux.then_some(self.refused),
+            oom_starts: mux.then_some(self.tally.oom),
+            peer_runs: mux.then_some(self.tally.peer_runs),
+            refused_placements: mux.then_some(self.tally.refused),
             offline_short_of_gpus: self.jobs.iter().filter(|j| j.short).count() as u64,
             gang_arrived: self.sc.jobs[..self.next_arrival]
                 .iter()
                 .filter(|j| j.gpus > 1)
                 .count() as u64,
-            gang_finished: self.gang_finished,
+            gang_finished: self.tally.gang_finished,
             gang_gpu_hours: Fixed(a.gang_work / 3600.0),
             churn: self.scaling.map(|s| s.churn.ended(a.online)),
-            jct_s: self.jct,
-            queue_s: self.queue_s,
+            jct_s: self.tally.jct,
+            queue_s: self.tally.queue_s,
             capacity_gpu_hours: n * end / 3600.0,
             busy_gpu_hours: a.util / 3600.0,
-            health_violations: self.health_violations,
-            timeline: self.timeline,
-            latency_hist: self.latency_hist,
+            health_violations: self.tally.health_violations,
+            timeline: self.tally.timeline,
+            latency_hist: self.tally.latency_hist,
         }
     }
 }

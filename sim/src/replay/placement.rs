@@ -167,7 +167,8 @@ impl Sim<'_> {
         let job = &mut self.jobs[j as usize];
         if !job.started {
             job.started = true;
-            self.queue_s
+            self.tally
+                .queue_s
                 .push(self.now - self.sc.jobs[j as usize].arrival_s);
         }
         job.short |= short;
@@ -178,7 +179,7 @@ impl Sim<'_> {
         job.peers.clear();
         let gs: Vec<u32> = seats.iter().map(|s| s.g).collect();
         job.seats = seats;
-        self.sums.running += 1;
+        self.tally.sums.running += 1;
         for &g in &gs {
             self.idle_free.remove(&g);
             self.slot_free.remove(&g);
@@ -196,12 +197,12 @@ impl Sim<'_> {
             let rt = &self.gpus[g as usize];
             let on_gpu = rt.offline.len() as u32;
             if rt.fsm.is_some_and(|f| !f.state.accepts_offline()) {
-                self.health_violations += 1;
+                self.tally.health_violations += 1;
             }
             // Lent: GPUs owned by online work holding offline work (one
             // however many jobs it holds).
             if online && on_gpu == 1 {
-                self.sums.lent += 1;
+                self.tally.sums.lent += 1;
             }
             self.publish(g);
             // Force new speeds even if the rates look unchanged.
@@ -242,7 +243,7 @@ impl Sim<'_> {
         // Taken, not cleared: a finished job keeps no allocation.
         let gs: Vec<u32> = std::mem::take(&mut job.seats).iter().map(|s| s.g).collect();
         job.version += 1;
-        self.sums.running -= 1;
+        self.tally.sums.running -= 1;
         for &g in &gs {
             let online = self.online[g as usize].is_some();
             let rt = &mut self.gpus[g as usize];
@@ -253,7 +254,7 @@ impl Sim<'_> {
             self.publish(g);
             if online {
                 if now_free {
-                    self.sums.lent -= 1;
+                    self.tally.sums.lent -= 1;
                 }
                 if self.kind.shares() && !self.kind.is_muxflow() {
                     self.slot_free.insert(g);
@@ -278,11 +279,13 @@ impl Sim<'_> {
         let gs = self.stop(j);
         self.jobs[j as usize].finished = true;
         self.jobs[j as usize].remaining_s = 0.0;
-        self.finished += 1;
+        self.tally.finished += 1;
         if self.sc.jobs[j as usize].gpus > 1 {
-            self.gang_finished += 1;
+            self.tally.gang_finished += 1;
         }
-        self.jct.push(self.now - self.sc.jobs[j as usize].arrival_s);
+        self.tally
+            .jct
+            .push(self.now - self.sc.jobs[j as usize].arrival_s);
         self.fill(&gs);
     }
 

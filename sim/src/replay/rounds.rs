@@ -9,9 +9,10 @@ use std::time::Instant;
 use muxflow::config::Policy;
 use muxflow::records::report::{add_peers, GangGpu, JobReport};
 use muxflow::Mode;
-use muxflow_matcher::predict::{runs_from_sacct, GpuTerms, JobTerms, Model, Seat};
+use muxflow_matcher::predict::{runs_from_sacct, GpuTerms, JobTerms, Model, Run, Seat};
 use muxflow_matcher::reader::{GpuState, PendingJob, SacctComment, SacctJob, SacctTime};
 use muxflow_matcher::round::{plan_cached, Action, Decision, IdleSlot, Plan, Predictor};
+use muxflow_matcher::round_cache::RoundCache;
 
 use super::oracle::Truth;
 use super::{JobSeat, Sim};
@@ -43,7 +44,7 @@ impl Sim<'_> {
             return;
         }
         let (chosen, oracle) = self.plan_rounds();
-        self.rounds += 1;
+        self.tally.rounds += 1;
         for d in oracle
             .decisions
             .iter()
@@ -53,7 +54,8 @@ impl Sim<'_> {
                 // Every placement, idle GPUs' too: the two rounds may put
                 // different numbers of jobs beside online jobs, and a
                 // ratio over the shared ones alone could pass 1.
-                self.pair_oracle += gs.len() as f64 * self.true_speed_on(d.job - 1, &gs, &d.slots);
+                self.tally.pair_oracle +=
+                    gs.len() as f64 * self.true_speed_on(d.job - 1, &gs, &d.slots);
             }
         }
         for d in chosen
@@ -101,18 +103,13 @@ impl Sim<'_> {
     /// `pairing_vs_oracle`) on the same state, side by side, one core
     /// each; a retrained model, when one is due, replaces the current one.
     fn plan_rounds(&mut self) -> (Plan, Plan) {
-        // The daemon retrains every round on its whole history; here the
-        // model is retrained when the history grew by a tenth (it moves
-        // little in between), which keeps a week's replay fast.
-        let n = self.runs.len();
-        let retrain = self.learn
-            && n > self.trained_on_runs
-            && (n - self.trained_on_runs) * 10 >= self.trained_on_runs.max(10);
+        let n = self.learning.runs.len();
+        let retrain = self.learning.retrain_due();
         // The oracle's weights change only with the state and the jobs
         // running on each GPU (its key): one epoch. The oracle reads no
         // model, so a retraining runs beside its round, not before it.
-        let mut chosen_cache = std::mem::take(&mut self.round_cache);
-        let mut oracle_cache = std::mem::take(&mut self.oracle_cache);
+        let mut chosen_cache = std::mem::take(&mut self.learning.round_cache);
+        let mut oracle_cache = std::mem::take(&mut self.learning.oracle_cache);
         let (no_failed, no_needs) = (Failures::default(), BTreeMap::new());
         let this = &*self;
         let (chosen, oracle, chosen_s, trained) = std::thread::scope(|s| {
@@ -127,7 +124,7 @@ impl Sim<'_> {
                     0,
                 )
             });
-            let trained = retrain.then(|| Model::train(&this.runs));
+            let trained = retrain.then(|| Model::train(&this.learning.runs));
             // What the daemon's next round knows: a new model has learned
             // the failures since the last one.
             let learned = match &trained {
@@ -137,9 +134,9 @@ impl Sim<'_> {
                     needs_above: &no_needs,
                 },
                 None => LearnedNow {
-                    model: &this.model,
-                    failed: &this.failed_since_training,
-                    needs_above: &this.needs_above_since_training,
+                    model: &this.learning.model,
+                    failed: &this.learning.failed_since_training,
+                    needs_above: &this.learning.needs_above_since_training,
                 },
             };
             let started = Instant::now();
@@ -150,23 +147,19 @@ impl Sim<'_> {
                 &this.matcher,
                 &this.names,
                 &mut chosen_cache,
-                this.epoch + u64::from(retrain),
+                this.learning.epoch + u64::from(retrain),
             );
             let chosen_s = started.elapsed().as_secs_f64();
             let oracle = oracle.join().expect("the oracle's round");
             (chosen, oracle, chosen_s, trained)
         });
-        self.round_cache = chosen_cache;
-        self.oracle_cache = oracle_cache;
+        self.learning.round_cache = chosen_cache;
+        self.learning.oracle_cache = oracle_cache;
         if let Some(model) = trained {
-            self.model = model;
-            self.trained_on_runs = n;
-            self.failed_since_training.clear();
-            self.needs_above_since_training.clear();
-            self.epoch += 1;
+            self.learning.trained(model, n);
         }
         if self.timing {
-            self.round_s += chosen_s;
+            self.tally.round_s += chosen_s;
         }
         (chosen, oracle)
     }
@@ -178,12 +171,12 @@ impl Sim<'_> {
         let idle = gs.iter().any(|&g| self.online[g as usize].is_none());
         // A gang is worth k × its slowest GPU's speed, as in the round.
         let truth = self.true_speed_on(j, gs, &d.slots);
-        self.pair_true += gs.len() as f64 * truth;
+        self.tally.pair_true += gs.len() as f64 * truth;
         // The predictor's error counts the pairs only: on an idle GPU
         // the round predicts the solo speed, 1 by definition.
         if !idle {
-            self.pred_err += (d.predicted.unwrap_or(0.0) - truth).abs();
-            self.pred_n += 1;
+            self.tally.pred_err += (d.predicted.unwrap_or(0.0) - truth).abs();
+            self.tally.pred_n += 1;
         }
     }
 
@@ -194,7 +187,7 @@ impl Sim<'_> {
     fn place(&mut self, d: &Decision, gs: &[u32]) {
         let j = d.job - 1;
         if !gs.iter().all(|&g| self.allowed(j, g)) {
-            self.refused += 1;
+            self.tally.refused += 1;
             return;
         }
         let mut fails = false;
@@ -216,7 +209,7 @@ impl Sim<'_> {
             return;
         }
         // Its allocations hit the memory cap at once on one of its GPUs.
-        self.oom += 1;
+        self.tally.oom += 1;
         rt.run_start_s = self.now;
         rt.run_remaining_s = rt.remaining_s;
         rt.peers.clear();
@@ -253,12 +246,13 @@ impl Sim<'_> {
         let name = &self.sc.tasks[job.task as usize].name;
         if let (false, Some(svc)) = (starts, self.online[g as usize].as_ref()) {
             if pair.is_none() {
-                self.failed_since_training.insert(name, svc.job_id);
+                self.learning.failed_since_training.insert(name, svc.job_id);
             }
         }
         // Over its cap: a need above it.
         if let (false, true, Some(c)) = (starts, over_cap, cap) {
             let need = self
+                .learning
                 .needs_above_since_training
                 .entry(name.clone())
                 .or_default();
@@ -318,7 +312,7 @@ impl Sim<'_> {
             .flat_map(|s| &self.gpus[s.g as usize].offline)
             .map(|&k| self.sc.jobs[k as usize].id);
         add_peers(&mut peers, Some(job.id), now);
-        self.peer_runs += u64::from(!peers.is_empty());
+        self.tally.peer_runs += u64::from(!peers.is_empty());
         let report = JobReport {
             mode: Some(Mode::Offline),
             node: Some(self.sc.nodes[gpu.node as usize].clone()),
@@ -369,7 +363,7 @@ impl Sim<'_> {
             ..SacctJob::default()
         });
         let listing: Vec<SacctJob> = std::iter::once(sacct).chain(partner).collect();
-        self.runs.extend(runs_from_sacct(&listing));
+        self.learning.runs.extend(runs_from_sacct(&listing));
     }
 }
 
@@ -432,8 +426,72 @@ impl Failures {
     }
 }
 
+/// What `muxflow`'s matcher has learned: the runs parsed back from the
+/// finished jobs' records, the model trained on them, and what failed
+/// since, with the round caches that depend on it.
+pub(super) struct Learning {
+    /// Off with `--default-predictor`: the default model throughout.
+    learn: bool,
+    pub(super) runs: Vec<Run>,
+    model: Model,
+    trained_on_runs: usize,
+    /// The daemon's round cache, for the learned model's rounds and the
+    /// oracle's; `epoch` names the learned model (retrained: a new one;
+    /// failures since are each job's key, [`LearnedNow`]).
+    round_cache: RoundCache,
+    oracle_cache: RoundCache,
+    epoch: u64,
+    /// (job name, online partner) pairs whose placement failed at start
+    /// since the model was last trained: not proposed again before it
+    /// learns them ([`LearnedNow`]). The daemon retrains every round, so a
+    /// failure is in its next round's model; the replay retrains more
+    /// rarely and must not propose the pair again meanwhile.
+    failed_since_training: Failures,
+    /// Per job name, the largest memory cap a start failed under since the
+    /// model was trained: its need is above it (what the model learns
+    /// from such a run, `Profile::peak_mib`).
+    needs_above_since_training: BTreeMap<String, u64>,
+}
+
+impl Learning {
+    pub(super) fn new(learn: bool) -> Learning {
+        Learning {
+            learn,
+            runs: Vec::new(),
+            model: Model::default(),
+            trained_on_runs: 0,
+            round_cache: RoundCache::default(),
+            oracle_cache: RoundCache::default(),
+            epoch: 0,
+            failed_since_training: Failures::default(),
+            needs_above_since_training: BTreeMap::new(),
+        }
+    }
+
+    /// Whether this round retrains: the daemon retrains every round on its
+    /// whole history; here the model is retrained when the history grew by
+    /// a tenth (it moves little in between), which keeps a week's replay
+    /// fast.
+    fn retrain_due(&self) -> bool {
+        let n = self.runs.len();
+        self.learn
+            && n > self.trained_on_runs
+            && (n - self.trained_on_runs) * 10 >= self.trained_on_runs.max(10)
+    }
+
+    /// `model`, trained on the first `runs` runs, replaces the model: a new
+    /// epoch, nothing failed since.
+    fn trained(&mut self, model: Model, runs: usize) {
+        self.model = model;
+        self.trained_on_runs = runs;
+        self.failed_since_training.clear();
+        self.needs_above_since_training.clear();
+        self.epoch += 1;
+    }
+}
+
 /// The production model, less the pairs that failed at start since it was
-/// trained ([`Sim::failed_since_training`]): what the daemon's next round
+/// trained ([`Learning::failed_since_training`]): what the daemon's next round
 /// would know.
 struct LearnedNow<'a> {
     model: &'a Model,

@@ -121,7 +121,7 @@ impl Sim<'_> {
         if new == old {
             return false;
         }
-        let s = &mut self.sums;
+        let s = &mut self.tally.sums;
         s.util += new.util - old.util;
         s.sm += new.sm - old.sm;
         s.mem += new.mem - old.mem;
@@ -130,7 +130,8 @@ impl Sim<'_> {
             s.sm_online += new.sm - old.sm;
             if new.latency != old.latency {
                 if old.latency > 0.0 {
-                    self.latency_hist[latency_bin(old.latency)] += self.now - rt.latency_since;
+                    self.tally.latency_hist[latency_bin(old.latency)] +=
+                        self.now - rt.latency_since;
                 }
                 rt.latency_since = self.now;
             }
@@ -199,9 +200,9 @@ impl Sim<'_> {
             return;
         }
         // Work done counts each of its GPUs (GPU-hours, as k workers did).
-        self.sums.speed += (speed - job.speed) * gpus;
+        self.tally.sums.speed += (speed - job.speed) * gpus;
         if gpus > 1.0 {
-            self.sums.gang_speed += (speed - job.speed) * gpus;
+            self.tally.sums.gang_speed += (speed - job.speed) * gpus;
         }
         job.speed = speed;
         job.version += 1;
