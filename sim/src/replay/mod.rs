@@ -47,9 +47,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use muxflow::config::Policy;
-use muxflow::policy::health::{Fsm, HealthState, Solo};
-use muxflow::records::published::GpuPublished;
-use muxflow_matcher::reader::{ClusterState, GpuState, Names};
+use muxflow::policy::health::{Fsm, Solo};
+use muxflow_matcher::reader::{ClusterState, Names};
 
 use crate::engine::EventQueue;
 use crate::model::{self, GpuRates};
@@ -341,32 +340,7 @@ impl<'a> Sim<'a> {
             progress,
         };
         if kind.is_muxflow() {
-            for g in 0..n as u32 {
-                let gpu = &sc.gpus[g as usize];
-                let svc = sc.online[g as usize].as_ref();
-                if svc.is_some() {
-                    sim.gpus[g as usize].fsm = Some(Fsm::new(0));
-                }
-                sim.state_index[g as usize] = sim.state.gpus.len();
-                sim.state.gpus.push(GpuState {
-                    node: sc.nodes[gpu.node as usize].clone(),
-                    index: gpu.index,
-                    published: GpuPublished {
-                        index: gpu.index,
-                        state: HealthState::Healthy,
-                        solo_sm_pct: None,
-                        online_mem_mib: None,
-                        mem_mib: gpu.mem_mib,
-                        offline: 0,
-                        multiuser: true,
-                    },
-                    // Empty: an idle GPU, the round's solo candidate.
-                    online_jobs: svc.map(|s| s.job_id).into_iter().collect(),
-                    slots_used: 0,
-                    offline_jobs: 0,
-                    owners: Vec::new(),
-                });
-            }
+            sim.enter_gpus();
         }
         sim.tally.sums.online = sim.online_ids.len();
         let all: Vec<u32> = (0..n as u32).collect();

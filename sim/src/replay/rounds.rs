@@ -7,6 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use muxflow::config::Policy;
+use muxflow::policy::health::{Fsm, HealthState};
+use muxflow::records::published::GpuPublished;
 use muxflow::records::report::{add_peers, GangGpu, JobReport};
 use muxflow::Mode;
 use muxflow_matcher::predict::{runs_from_sacct, GpuTerms, JobTerms, Model, Run, Seat};
@@ -267,6 +269,39 @@ impl Sim<'_> {
             ..JobSeat::on(g, pair)
         };
         (seat, starts)
+    }
+
+    /// Every GPU into the round's state as its node first publishes it
+    /// (healthy, nothing measured alone yet; an idle GPU with no online
+    /// job), and a health state machine on each online one.
+    pub(super) fn enter_gpus(&mut self) {
+        let sc = self.sc;
+        for g in 0..sc.gpus.len() as u32 {
+            let gpu = &sc.gpus[g as usize];
+            let svc = sc.online[g as usize].as_ref();
+            if svc.is_some() {
+                self.gpus[g as usize].fsm = Some(Fsm::new(0));
+            }
+            self.state_index[g as usize] = self.state.gpus.len();
+            self.state.gpus.push(GpuState {
+                node: sc.nodes[gpu.node as usize].clone(),
+                index: gpu.index,
+                published: GpuPublished {
+                    index: gpu.index,
+                    state: HealthState::Healthy,
+                    solo_sm_pct: None,
+                    online_mem_mib: None,
+                    mem_mib: gpu.mem_mib,
+                    offline: 0,
+                    multiuser: true,
+                },
+                // Empty: an idle GPU, the round's solo candidate.
+                online_jobs: svc.map(|s| s.job_id).into_iter().collect(),
+                slots_used: 0,
+                offline_jobs: 0,
+                owners: Vec::new(),
+            });
+        }
     }
 
     /// The scenario's GPUs a placing decision names.
