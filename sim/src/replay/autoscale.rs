@@ -81,17 +81,17 @@ impl Churn {
 pub(super) struct Scaling {
     /// Per service: its replicas at the daily peak, those running (in start
     /// order) and those stopped (last stopped last).
-    pub(super) peak: Vec<u32>,
-    pub(super) running: Vec<Vec<u32>>,
-    pub(super) stopped: Vec<Vec<u32>>,
+    peak: Vec<u32>,
+    running: Vec<Vec<u32>>,
+    stopped: Vec<Vec<u32>>,
     /// Per service, the load each running replica carries (fraction of a
     /// replica's at the peak).
     pub(super) load: Vec<f64>,
     /// Per replica, its GPUs while it runs.
-    pub(super) on: Vec<Vec<u32>>,
+    on: Vec<Vec<u32>>,
     /// Per GPU, its replica's service while one runs there.
     pub(super) service_of: Vec<Option<u32>>,
-    pub(super) next_job_id: u32,
+    next_job_id: u32,
     pub(super) churn: Churn,
 }
 
@@ -235,7 +235,7 @@ impl Sim<'_> {
     /// `gres/gpu`, so Slurm sees its GPU as free and may land there; under
     /// the other policies it holds its GPU, and Slurm preempts it only
     /// when no node has k GPUs free of it.
-    pub(super) fn slurm_place(&self, r: u32) -> Option<Vec<u32>> {
+    fn slurm_place(&self, r: u32) -> Option<Vec<u32>> {
         let rep = &self.sc.replicas[r as usize];
         let k = rep.gpus.len();
         let passes: &[bool] = if self.kind.is_muxflow() {
@@ -271,7 +271,7 @@ impl Sim<'_> {
     /// the grace), and it waits again. Returns how long the replica waits
     /// for it: the warning's checkpoint (when it takes one) and its exit.
     /// The GPUs it frees go to `freed` (a gang's others are free now).
-    pub(super) fn requeue(&mut self, j: u32, churn: &mut Churn, freed: &mut Vec<u32>) -> f64 {
+    fn requeue(&mut self, j: u32, churn: &mut Churn, freed: &mut Vec<u32>) -> f64 {
         if self.kind.is_muxflow() {
             let seats = self.jobs[j as usize].seats.clone();
             self.report(j, &seats, false);
@@ -312,7 +312,7 @@ impl Sim<'_> {
     /// offline work) or takes it back (`None`; its offline jobs run on
     /// alone): the sums, the free sets, the health state and what the
     /// round sees follow.
-    pub(super) fn set_owner(&mut self, g: u32, owner: Option<Service>) {
+    fn set_owner(&mut self, g: u32, owner: Option<Service>) {
         // Out of the sums under its old ownership (the latency histogram
         // closes its interval); the next refresh adds it back.
         self.apply_rates(g, GpuRates::default());

@@ -212,7 +212,7 @@ impl Sim<'_> {
     }
 
     /// What GPU `g`'s offline jobs hold, in the round's state.
-    pub(super) fn publish(&mut self, g: u32) {
+    fn publish(&mut self, g: u32) {
         if let Some(&k) = self
             .state_index
             .get(g as usize)
@@ -227,7 +227,7 @@ impl Sim<'_> {
     }
 
     /// The offline slots GPU `g`'s running jobs hold.
-    pub(super) fn slots_held(&self, g: u32) -> u32 {
+    fn slots_held(&self, g: u32) -> u32 {
         self.gpus[g as usize]
             .offline
             .iter()

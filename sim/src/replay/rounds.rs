@@ -26,12 +26,12 @@ const LAUNCHES_PER_STEP: f64 = 40.0;
 impl Sim<'_> {
     /// The normalized speed job `j` would really get on GPU `g` (0 when it
     /// cannot run there).
-    pub(super) fn true_speed(&self, j: u32, g: u32, slots: u32) -> f64 {
+    fn true_speed(&self, j: u32, g: u32, slots: u32) -> f64 {
         Truth { sim: self }.speed(j, g, slots).unwrap_or(0.0)
     }
 
     /// The true speed of job `j` on GPUs `gs` together: its slowest's.
-    pub(super) fn true_speed_on(&self, j: u32, gs: &[u32], slots: &[u32]) -> f64 {
+    fn true_speed_on(&self, j: u32, gs: &[u32], slots: &[u32]) -> f64 {
         gs.iter()
             .zip(slots)
             .map(|(&g, &s)| self.true_speed(j, g, s))
@@ -305,7 +305,7 @@ impl Sim<'_> {
     }
 
     /// The scenario's GPUs a placing decision names.
-    pub(super) fn gpus_of(&self, d: &Decision) -> Option<Vec<u32>> {
+    fn gpus_of(&self, d: &Decision) -> Option<Vec<u32>> {
         let node = d.node.as_ref()?;
         let gs: Vec<u32> = d
             .gpus
@@ -596,5 +596,41 @@ impl Predictor for LearnedNow<'_> {
         let h = (self.failed.partners_of(&job.name))
             .fold(0xcbf2_9ce4_8422_2325, |h, p| fnv(h, u64::from(p)));
         fnv(h, self.needs_above.get(&job.name).map_or(u64::MAX, |&c| c))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_are_kept_by_name_and_by_partner() {
+        let mut f = Failures::default();
+        f.insert("a", 7);
+        f.insert("a", 3);
+        f.insert("b", 7);
+        assert_eq!(f.partners_of("a").collect::<Vec<_>>(), [3, 7]);
+        assert_eq!(f.partners_of("b").collect::<Vec<_>>(), [7]);
+        assert_eq!(f.partners_of("c").count(), 0);
+        assert_eq!(f.partners, BTreeSet::from([3, 7]));
+        f.clear();
+        assert_eq!(f.partners_of("a").count(), 0);
+        assert!(f.partners.is_empty());
+    }
+
+    #[test]
+    fn the_update_bound_keeps_the_daemons_rate_per_hour() {
+        let m = muxflow::config::Matcher {
+            interval_s: 60,
+            max_updates_per_round: 200,
+            ..muxflow::config::Matcher::default()
+        };
+        let at_900 = scaled_matcher(&m, 900.0, false);
+        assert_eq!(at_900.max_updates_per_round, 3000);
+        assert_eq!(at_900.pricing_budget_ms, 600_000);
+        // Never below one update a round; no pricing with candidates only.
+        let fast = scaled_matcher(&m, 0.1, true);
+        assert_eq!(fast.max_updates_per_round, 1);
+        assert_eq!(fast.pricing_budget_ms, 0);
     }
 }

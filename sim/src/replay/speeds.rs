@@ -8,7 +8,7 @@ use super::{Ev, JobSeat, PolicyKind, Sim};
 use crate::model::{self, gpu_rates, GpuRates, OfflineSide, OnlineSide, SlotJob, OFFLINE_SM};
 
 impl Sim<'_> {
-    pub(super) fn online_side(&self, g: u32) -> Option<OnlineSide> {
+    fn online_side(&self, g: u32) -> Option<OnlineSide> {
         let gpu = &self.sc.gpus[g as usize];
         let load = match &self.scaling {
             Some(sc) => sc.service_of[g as usize].map_or(self.load, |s| sc.load[s as usize]),
@@ -32,7 +32,7 @@ impl Sim<'_> {
 
     /// The speed GPU `g`'s model gives each of its offline jobs (a gang's
     /// seat there), and the online latency factor they leave.
-    pub(super) fn local_speeds(&self, g: u32) -> (Vec<f64>, f64) {
+    fn local_speeds(&self, g: u32) -> (Vec<f64>, f64) {
         let rt = &self.gpus[g as usize];
         let online = self.online_side(g);
         if self.kind.is_muxflow() {
@@ -94,7 +94,7 @@ impl Sim<'_> {
 
     /// GPU `g`'s rates from its jobs' seats: each job counts at its own
     /// (slowest-seat) speed, as a gang's faster GPUs wait for its slowest.
-    pub(super) fn rates_of(&self, g: u32) -> GpuRates {
+    fn rates_of(&self, g: u32) -> GpuRates {
         let rt = &self.gpus[g as usize];
         let gpu = &self.sc.gpus[g as usize];
         let sides: Vec<OfflineSide> = rt
