@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Parser;
 use muxflow_sim::input::Source;
-use muxflow_sim::output::{self, InputFigures, PolicyFigures};
+use muxflow_sim::output::{self, InputFigures};
 use muxflow_sim::{Inputs, PolicyKind, RunOptions, Settings};
 
 #[derive(Debug, Parser)]
@@ -230,7 +230,6 @@ fn main() -> anyhow::Result<()> {
         work.join().expect("the replay panicked")
     });
 
-    let figures: Vec<PolicyFigures> = outcomes.iter().map(PolicyFigures::of).collect();
     let names = [
         &inputs.nodes.name,
         &inputs.trace.name,
@@ -250,9 +249,9 @@ fn main() -> anyhow::Result<()> {
             .with_context(|| format!("writing the plot {}", path.display()))?;
     }
     if cli.json {
-        println!("{}", output::json(&figures, &input_figures));
+        println!("{}", output::json(&outcomes, &input_figures));
     } else {
-        print!("{}", output::table(&figures, &input_figures));
+        print!("{}", output::table(&outcomes, &input_figures));
     }
     Ok(())
 }

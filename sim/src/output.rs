@@ -6,124 +6,8 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::replay::Outcome;
+use crate::replay::{round, Churn, Fixed, Outcome};
 use crate::scenario::{Scenario, Settings};
-
-fn round(v: f64, decimals: i32) -> f64 {
-    let f = 10f64.powi(decimals);
-    let r = (v * f).round() / f;
-    if r == 0.0 {
-        0.0 // no "-0"
-    } else {
-        r
-    }
-}
-
-/// Quantile of sorted values (nearest rank); `None` when empty.
-pub fn quantile(sorted: &[f64], q: f64) -> Option<f64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let k = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    Some(sorted[k - 1])
-}
-
-fn mean(v: &[f64]) -> Option<f64> {
-    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
-}
-
-/// One policy in `--json` (field names are the stable interface).
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct PolicyFigures {
-    pub name: String,
-    pub gpu_util: f64,
-    pub sm_activity: f64,
-    pub mem_util: f64,
-    pub online_gpu_util: f64,
-    pub online_gpu_sm_activity: f64,
-    pub online_latency_p50: f64,
-    pub online_latency_p99: f64,
-    pub offline_jct_mean_s: Option<f64>,
-    pub offline_jct_p50_s: Option<f64>,
-    pub offline_jct_p90_s: Option<f64>,
-    pub offline_queue_mean_s: Option<f64>,
-    pub offline_gpu_hours: f64,
-    pub offline_finished: u64,
-    pub lent_gpu_hours: f64,
-    pub rounds: Option<u64>,
-    pub round_total_s: Option<f64>,
-    pub predictor_mae: Option<f64>,
-    pub pairing_vs_oracle: Option<f64>,
-    pub offline_arrived: u64,
-    pub offline_running_end: u64,
-    pub offline_waiting_end: u64,
-    pub offline_oom_starts: Option<u64>,
-    pub offline_peer_runs: Option<u64>,
-    pub offline_refused_placements: Option<u64>,
-    pub offline_short_of_gpus: u64,
-    pub gang_arrived: u64,
-    pub gang_finished: u64,
-    pub gang_gpu_hours: f64,
-    /// `--autoscale` (null without): replicas started, those that waited
-    /// for offline work to leave their GPUs, the wait (mean over every
-    /// start, and longest), replica-hours no node could take, offline
-    /// requeues and the work they lost.
-    pub online_replica_starts: Option<u64>,
-    pub online_starts_delayed: Option<u64>,
-    pub online_start_delay_mean_s: Option<f64>,
-    pub online_start_delay_max_s: Option<f64>,
-    pub online_replica_hours_short: Option<u64>,
-    pub offline_requeues: Option<u64>,
-    pub offline_lost_gpu_hours: Option<f64>,
-}
-
-impl PolicyFigures {
-    pub fn of(o: &Outcome) -> PolicyFigures {
-        let r4 = |v: f64| round(v, 4);
-        let r1 = |v: f64| round(v, 1);
-        PolicyFigures {
-            name: o.policy.name().to_string(),
-            gpu_util: r4(o.gpu_util),
-            sm_activity: r4(o.sm_activity),
-            mem_util: r4(o.mem_util),
-            online_gpu_util: r4(o.online_gpu_util),
-            online_gpu_sm_activity: r4(o.online_gpu_sm_activity),
-            online_latency_p50: r4(o.online_latency_p50),
-            online_latency_p99: r4(o.online_latency_p99),
-            offline_jct_mean_s: mean(&o.jct_s).map(r1),
-            offline_jct_p50_s: quantile(&o.jct_s, 0.5).map(r1),
-            offline_jct_p90_s: quantile(&o.jct_s, 0.9).map(r1),
-            offline_queue_mean_s: mean(&o.queue_s).map(r1),
-            offline_gpu_hours: r1(o.offline_gpu_hours),
-            offline_finished: o.offline_finished,
-            lent_gpu_hours: r1(o.lent_gpu_hours),
-            rounds: o.rounds,
-            round_total_s: o.round_total_s.map(|v| round(v, 3)),
-            predictor_mae: o.predictor_mae.map(r4),
-            pairing_vs_oracle: o.pairing_vs_oracle.map(r4),
-            offline_arrived: o.offline_arrived,
-            offline_running_end: o.offline_running_end,
-            offline_waiting_end: o.offline_waiting_end,
-            offline_oom_starts: o.oom_starts,
-            offline_peer_runs: o.peer_runs,
-            offline_refused_placements: o.refused_placements,
-            offline_short_of_gpus: o.offline_short_of_gpus,
-            gang_arrived: o.gang_arrived,
-            gang_finished: o.gang_finished,
-            gang_gpu_hours: r1(o.gang_gpu_hours),
-            online_replica_starts: o.churn.as_ref().map(|c| c.replica_starts),
-            online_starts_delayed: o.churn.as_ref().map(|c| c.starts_delayed),
-            online_start_delay_mean_s: o
-                .churn
-                .as_ref()
-                .map(|c| round(c.start_delay_total_s / (c.replica_starts.max(1) as f64), 3)),
-            online_start_delay_max_s: o.churn.as_ref().map(|c| round(c.start_delay_max_s, 3)),
-            online_replica_hours_short: o.churn.as_ref().map(|c| c.replica_hours_short),
-            offline_requeues: o.churn.as_ref().map(|c| c.requeues),
-            offline_lost_gpu_hours: o.churn.as_ref().map(|c| r1(c.lost_gpu_hours)),
-        }
-    }
-}
 
 /// `inputs` in `--json`: what was replayed.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -191,16 +75,32 @@ impl InputFigures {
 
 #[derive(Debug, Clone, Serialize)]
 struct Json<'a> {
-    policies: &'a [PolicyFigures],
+    policies: &'a [Outcome],
     inputs: &'a InputFigures,
 }
 
-pub fn json(policies: &[PolicyFigures], inputs: &InputFigures) -> String {
+pub fn json(policies: &[Outcome], inputs: &InputFigures) -> String {
     serde_json::to_string_pretty(&Json { policies, inputs }).expect("figures serialize")
 }
 
+/// A row of the table: its label and a policy's cell.
+type Row = (&'static str, Box<dyn Fn(&Outcome) -> String>);
+
+/// A figure as printed (`-` where it does not apply).
+fn shown<const D: i32>(v: Option<Fixed<D>>, f: impl Fn(f64) -> String) -> String {
+    v.map_or("-".to_string(), |v| f(v.shown()))
+}
+
+fn pct<const D: i32>(v: Fixed<D>) -> String {
+    format!("{:.1}%", v.shown() * 100.0)
+}
+
+fn count(v: Option<u64>) -> String {
+    v.map_or("-".into(), |v| v.to_string())
+}
+
 /// The table: one row per figure, one column per policy.
-pub fn table(policies: &[PolicyFigures], inputs: &InputFigures) -> String {
+pub fn table(policies: &[Outcome], inputs: &InputFigures) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -215,12 +115,31 @@ pub fn table(policies: &[PolicyFigures], inputs: &InputFigures) -> String {
         inputs.offline_mean_runtime_s,
         inputs.seed
     );
-    let pct = |v: f64| format!("{:.1}%", v * 100.0);
-    let x = |v: f64| format!("x{v:.3}");
-    let opt = |v: Option<f64>, f: &dyn Fn(f64) -> String| v.map_or("-".to_string(), f);
+    let mut rows = figure_rows();
+    // --autoscale: what services coming and going cost.
+    if policies.iter().any(|p| p.churn.is_some()) {
+        rows.extend(churn_rows());
+    }
+    let _ = write!(s, "{:<32}", "");
+    for p in policies {
+        let _ = write!(s, " {:>13}", p.policy.name());
+    }
+    s.push('\n');
+    for (label, f) in &rows {
+        let _ = write!(s, "{label:<32}");
+        for p in policies {
+            let _ = write!(s, " {:>13}", f(p));
+        }
+        s.push('\n');
+    }
+    s
+}
+
+/// The table's rows of every replay.
+fn figure_rows() -> Vec<Row> {
+    let x = |v: Fixed<4>| format!("x{:.3}", v.shown());
     let secs = |v: f64| format!("{v:.0}");
-    type Row<'a> = (&'a str, Box<dyn Fn(&PolicyFigures) -> String + 'a>);
-    let rows: Vec<Row> = vec![
+    vec![
         ("GPU utilization (all GPUs)", Box::new(|p| pct(p.gpu_util))),
         ("SM activity (all GPUs)", Box::new(|p| pct(p.sm_activity))),
         ("GPU memory used / total", Box::new(|p| pct(p.mem_util))),
@@ -234,31 +153,31 @@ pub fn table(policies: &[PolicyFigures], inputs: &InputFigures) -> String {
         ),
         (
             "online latency factor p50",
-            Box::new(|p| x(p.online_latency_p50)),
+            Box::new(move |p| x(p.online_latency_p50)),
         ),
         (
             "online latency factor p99",
-            Box::new(|p| x(p.online_latency_p99)),
+            Box::new(move |p| x(p.online_latency_p99)),
         ),
         (
             "offline JCT mean, s",
-            Box::new(|p| opt(p.offline_jct_mean_s, &secs)),
+            Box::new(move |p| shown(p.offline_jct_mean_s, secs)),
         ),
         (
             "offline JCT p50, s",
-            Box::new(|p| opt(p.offline_jct_p50_s, &secs)),
+            Box::new(move |p| shown(p.offline_jct_p50_s, secs)),
         ),
         (
             "offline JCT p90, s",
-            Box::new(|p| opt(p.offline_jct_p90_s, &secs)),
+            Box::new(move |p| shown(p.offline_jct_p90_s, secs)),
         ),
         (
             "offline queueing mean, s",
-            Box::new(|p| opt(p.offline_queue_mean_s, &secs)),
+            Box::new(move |p| shown(p.offline_queue_mean_s, secs)),
         ),
         (
             "offline work done, GPU-h",
-            Box::new(|p| format!("{:.0}", p.offline_gpu_hours)),
+            Box::new(|p| format!("{:.0}", p.offline_gpu_hours.shown())),
         ),
         (
             "offline jobs finished",
@@ -274,27 +193,24 @@ pub fn table(policies: &[PolicyFigures], inputs: &InputFigures) -> String {
         ),
         (
             "lent to offline, GPU-h",
-            Box::new(|p| format!("{:.0}", p.lent_gpu_hours)),
+            Box::new(|p| format!("{:.0}", p.lent_gpu_hours.shown())),
         ),
-        (
-            "matcher rounds",
-            Box::new(|p| p.rounds.map_or("-".into(), |r| r.to_string())),
-        ),
+        ("matcher rounds", Box::new(|p| count(p.rounds))),
         (
             "matcher time total, s",
-            Box::new(|p| opt(p.round_total_s, &|v| format!("{v:.2}"))),
+            Box::new(|p| shown(p.round_total_s, |v| format!("{v:.2}"))),
         ),
         (
             "predictor MAE",
-            Box::new(|p| opt(p.predictor_mae, &|v| format!("{v:.3}"))),
+            Box::new(|p| shown(p.predictor_mae, |v| format!("{v:.3}"))),
         ),
         (
             "pairing vs oracle",
-            Box::new(|p| opt(p.pairing_vs_oracle, &|v| format!("{v:.3}"))),
+            Box::new(|p| shown(p.pairing_vs_oracle, |v| format!("{v:.3}"))),
         ),
         (
             "placements failed (memory)",
-            Box::new(|p| p.offline_oom_starts.map_or("-".into(), |r| r.to_string())),
+            Box::new(|p| count(p.oom_starts)),
         ),
         (
             "gang jobs (k GPUs) arrived/done",
@@ -302,63 +218,50 @@ pub fn table(policies: &[PolicyFigures], inputs: &InputFigures) -> String {
         ),
         (
             "gang work done, GPU-h",
-            Box::new(|p| format!("{:.0}", p.gang_gpu_hours)),
+            Box::new(|p| format!("{:.0}", p.gang_gpu_hours.shown())),
         ),
         (
             "jobs on fewer GPUs than asked",
             Box::new(|p| p.offline_short_of_gpus.to_string()),
         ),
-    ];
-    // --autoscale: what services coming and going cost.
-    let mut rows = rows;
-    if policies.iter().any(|p| p.online_replica_starts.is_some()) {
-        let n = |v: Option<u64>| v.map_or("-".into(), |v| v.to_string());
-        let churn: Vec<Row> = vec![
-            (
-                "online replicas started",
-                Box::new(move |p| n(p.online_replica_starts)),
-            ),
-            (
-                "  waited for offline to leave",
-                Box::new(move |p| n(p.online_starts_delayed)),
-            ),
-            (
-                "  start delay mean / max, s",
-                Box::new(
-                    |p| match (p.online_start_delay_mean_s, p.online_start_delay_max_s) {
-                        (Some(a), Some(b)) => format!("{a:.2}/{b:.1}"),
-                        _ => "-".into(),
-                    },
+    ]
+}
+
+/// The table's rows of `--autoscale`: what services coming and going
+/// cost (`-` for a policy without).
+fn churn_rows() -> Vec<Row> {
+    let n = |f: fn(&Churn) -> u64| move |p: &Outcome| count(p.churn.as_ref().map(f));
+    vec![
+        ("online replicas started", Box::new(n(|c| c.replica_starts))),
+        (
+            "  waited for offline to leave",
+            Box::new(n(|c| c.starts_delayed)),
+        ),
+        (
+            "  start delay mean / max, s",
+            Box::new(|p| match &p.churn {
+                Some(c) => format!(
+                    "{:.2}/{:.1}",
+                    c.start_delay_mean_s.shown(),
+                    c.start_delay_max_s.shown()
                 ),
-            ),
-            (
-                "  replica-hours with no GPU",
-                Box::new(move |p| n(p.online_replica_hours_short)),
-            ),
-            (
-                "offline requeues (replicas)",
-                Box::new(move |p| n(p.offline_requeues)),
-            ),
-            (
-                "offline work lost, GPU-h",
-                Box::new(|p| opt(p.offline_lost_gpu_hours, &|v| format!("{v:.1}"))),
-            ),
-        ];
-        rows.extend(churn);
-    }
-    let _ = write!(s, "{:<32}", "");
-    for p in policies {
-        let _ = write!(s, " {:>13}", p.name);
-    }
-    s.push('\n');
-    for (label, f) in &rows {
-        let _ = write!(s, "{label:<32}");
-        for p in policies {
-            let _ = write!(s, " {:>13}", f(p));
-        }
-        s.push('\n');
-    }
-    s
+                None => "-".into(),
+            }),
+        ),
+        (
+            "  replica-hours with no GPU",
+            Box::new(n(|c| c.replica_hours_short)),
+        ),
+        ("offline requeues (replicas)", Box::new(n(|c| c.requeues))),
+        (
+            "offline work lost, GPU-h",
+            Box::new(|p| {
+                shown(p.churn.as_ref().map(|c| c.lost_gpu_hours), |v| {
+                    format!("{v:.1}")
+                })
+            }),
+        ),
+    ]
 }
 
 /// `--timeline`: one row per policy and simulated hour.
@@ -480,19 +383,4 @@ pub fn plot_svg(outcomes: &[Outcome]) -> Result<String, String> {
         root.present().map_err(|e| e.to_string())?;
     }
     Ok(svg)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn quantiles_are_nearest_rank() {
-        let v = [1.0, 2.0, 3.0, 4.0];
-        assert_eq!(quantile(&v, 0.5), Some(2.0));
-        assert_eq!(quantile(&v, 0.9), Some(4.0));
-        assert_eq!(quantile(&v, 0.0), Some(1.0));
-        assert_eq!(quantile(&[], 0.5), None);
-        assert_eq!(round(-0.00001, 4).to_string(), "0");
-    }
 }

@@ -29,7 +29,8 @@
 use muxflow::records::report::JobReport;
 use muxflow::Mode;
 use muxflow_matcher::predict::{
-    default_prediction, estimate, pairing_quality, runs_from_sacct, Model, RowColMeans, DEFAULT_MEM,
+    default_prediction, estimate, pairing_quality, runs_from_sacct, Model, RowColMeans, Run,
+    DEFAULT_MEM,
 };
 use muxflow_matcher::reader::{SacctComment, SacctJob};
 use rand::seq::SliceRandom;
@@ -119,144 +120,11 @@ pub fn run(pairs: &Pairs, observed: f64, seeds: u64) -> Result<Report, String> {
     let (mut n_off, mut n_on) = (0, 0);
     for seed in 1..=seeds {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let mut types: Vec<u16> = (0..n as u16).collect();
-        types.shuffle(&mut rng);
-        let (online, offline) = types.split_at(n / 2);
-        // More offline than online types when odd: assign the other way.
-        let (online, offline) = if offline.len() > online.len() {
-            (offline, online)
-        } else {
-            (online, offline)
-        };
-        (n_off, n_on) = (offline.len(), online.len());
-        let mut all: Vec<(usize, usize)> = (0..offline.len())
-            .flat_map(|i| (0..online.len()).map(move |k| (i, k)))
-            .collect();
-        all.shuffle(&mut rng);
-        let take = ((observed * all.len() as f64).round() as usize).clamp(1, all.len());
-        let mut seen = vec![false; offline.len() * online.len()];
-        for &(i, k) in &all[..take] {
-            seen[i * online.len() + k] = true;
-        }
-        let name = |t: u16| pairs.types[t as usize].clone();
-        let x = |i: usize, k: usize| pairs.speed(offline[i], online[k]);
-        // The history: online services (running) and offline runs.
-        let mut listing: Vec<SacctJob> = online
-            .iter()
-            .enumerate()
-            .map(|(k, &t)| SacctJob {
-                job_id: k as u32 + 1,
-                name: name(t),
-                user: "svc".into(),
-                ..SacctJob::default()
-            })
-            .collect();
-        let mut id = 1000;
-        let launches_per_step: Vec<f64> =
-            offline.iter().map(|_| rng.gen_range(10.0..200.0)).collect();
-        for &(i, k) in &all[..take] {
-            for _ in 0..RUNS_PER_PAIR {
-                let load = crate::model::diurnal_load(rng.gen_range(0..24));
-                let noise: f64 = rng.gen_range(0.97..1.03);
-                let report = match x(i, k) {
-                    Some(xv) => {
-                        let rate = pairs.solo[offline[i] as usize]
-                            * launches_per_step[i]
-                            * (1.0 - load * (1.0 - xv))
-                            * noise;
-                        JobReport {
-                            mode: Some(Mode::Offline),
-                            sm_pct: Some(SHARE_PCT),
-                            partner: Some(k as u32 + 1),
-                            partner_load_pct: Some((load * 100.0).round() as u8),
-                            run_s: Some(RUN_S),
-                            launches: Some((rate * RUN_S as f64).round() as u64),
-                            ..JobReport::default()
-                        }
-                    }
-                    None => JobReport {
-                        mode: Some(Mode::Offline),
-                        sm_pct: Some(SHARE_PCT),
-                        partner: Some(k as u32 + 1),
-                        run_s: Some(5),
-                        oom: Some(1),
-                        ..JobReport::default()
-                    },
-                };
-                id += 1;
-                listing.push(SacctJob {
-                    job_id: id,
-                    name: name(offline[i]),
-                    user: "train".into(),
-                    comment: SacctComment {
-                        administrator: Some(report.encode()),
-                    },
-                    ..SacctJob::default()
-                });
-            }
-        }
-        let runs = runs_from_sacct(&listing);
-        let model = Model::train(&runs);
-        let rc = RowColMeans::fit(&estimate(&runs).pairs);
-        let job = |i: usize| ("train".to_string(), name(offline[i]));
-        let svc = |k: usize| ("svc".to_string(), name(online[k]));
-        let share = f64::from(SHARE_PCT) / 100.0;
-        let model_at = |i: usize, k: usize| {
-            model
-                .predict_pair(&job(i), &svc(k), share, DEFAULT_MEM)
-                .map_or((0.01, 0.0), |e| (e.mean, e.sd))
-        };
-        type Pred<'a> = Box<dyn Fn(usize, usize) -> f64 + 'a>;
-        let predictors: [Pred; 3] = [
-            Box::new(|_, _| default_prediction(share)),
-            Box::new(|i, k| rc.predict(&job(i), &svc(k))),
-            Box::new(|i, k| model_at(i, k).0),
-        ];
-        let hidden: Vec<(usize, usize, f64)> = all[take..]
-            .iter()
-            .filter_map(|&(i, k)| Some((i, k, x(i, k)?)))
-            .collect();
-        let h = hidden.len().max(1) as f64;
-        for (acc, f) in sums.iter_mut().zip(&predictors) {
-            acc.0 += hidden
-                .iter()
-                .map(|&(i, k, t)| (f(i, k) - t).abs())
-                .sum::<f64>()
-                / h;
-            acc.1 += pairing_quality(
-                offline.len(),
-                online.len(),
-                &|i, k| x(i, k).map(|_| f(i, k)),
-                &|i, k| x(i, k),
-            );
-        }
-        sd += hidden
-            .iter()
-            .map(|&(i, k, _)| model_at(i, k).1)
-            .sum::<f64>()
-            / h;
-        let truth: Vec<Vec<Option<f64>>> = (0..offline.len())
-            .map(|i| (0..online.len()).map(|k| x(i, k)).collect())
-            .collect();
-        for (acc, &rank) in ceil.iter_mut().zip(&CEILING_RANKS) {
-            let fit = low_rank_fit(&truth, rank);
-            let (mut err, mut cnt) = (0.0, 0usize);
-            for (i, row) in truth.iter().enumerate() {
-                for (k, t) in row.iter().enumerate() {
-                    if let Some(t) = t {
-                        err += (fit[i][k] - t).abs();
-                        cnt += 1;
-                    }
-                }
-            }
-            acc.0 += err / cnt.max(1) as f64;
-            acc.1 += pairing_quality(
-                offline.len(),
-                online.len(),
-                &|i, k| x(i, k).map(|_| fit[i][k]),
-                &|i, k| x(i, k),
-            );
-        }
+        let split = Split::draw(n, observed, &mut rng);
+        (n_off, n_on) = (split.offline.len(), split.online.len());
+        let listing = split.history(pairs, &mut rng);
+        sd += split.score_predictors(pairs, &runs_from_sacct(&listing), &mut sums);
+        split.score_ceilings(pairs, &mut ceil);
     }
     let s = seeds as f64;
     let names = ["default", "row-col means", "model"];
@@ -286,6 +154,188 @@ pub fn run(pairs: &Pairs, observed: f64, seeds: u64) -> Result<Report, String> {
             })
             .collect(),
     })
+}
+
+/// One seed's split of the job types into an online and an offline half,
+/// and its offline × online pairs (indices into the halves) in random
+/// order: the first `take` observed, the others hidden.
+struct Split {
+    online: Vec<u16>,
+    offline: Vec<u16>,
+    all: Vec<(usize, usize)>,
+    take: usize,
+}
+
+impl Split {
+    fn draw(n: usize, observed: f64, rng: &mut ChaCha8Rng) -> Split {
+        let mut types: Vec<u16> = (0..n as u16).collect();
+        types.shuffle(rng);
+        let (online, offline) = types.split_at(n / 2);
+        // More offline than online types when odd: assign the other way.
+        let (online, offline) = if offline.len() > online.len() {
+            (offline, online)
+        } else {
+            (online, offline)
+        };
+        let mut all: Vec<(usize, usize)> = (0..offline.len())
+            .flat_map(|i| (0..online.len()).map(move |k| (i, k)))
+            .collect();
+        all.shuffle(rng);
+        let take = ((observed * all.len() as f64).round() as usize).clamp(1, all.len());
+        Split {
+            online: online.to_vec(),
+            offline: offline.to_vec(),
+            all,
+            take,
+        }
+    }
+
+    fn name(&self, pairs: &Pairs, t: u16) -> String {
+        pairs.types[t as usize].clone()
+    }
+
+    /// The true throughput of offline type `i` beside online type `k`.
+    fn x(&self, pairs: &Pairs, i: usize, k: usize) -> Option<f64> {
+        pairs.speed(self.offline[i], self.online[k])
+    }
+
+    /// The history: online services (running) and the offline runs of the
+    /// observed pairs, as sacct lists them.
+    fn history(&self, pairs: &Pairs, rng: &mut ChaCha8Rng) -> Vec<SacctJob> {
+        let mut listing: Vec<SacctJob> = self
+            .online
+            .iter()
+            .enumerate()
+            .map(|(k, &t)| SacctJob {
+                job_id: k as u32 + 1,
+                name: self.name(pairs, t),
+                user: "svc".into(),
+                ..SacctJob::default()
+            })
+            .collect();
+        let mut id = 1000;
+        let launches_per_step: Vec<f64> = self
+            .offline
+            .iter()
+            .map(|_| rng.gen_range(10.0..200.0))
+            .collect();
+        for &(i, k) in &self.all[..self.take] {
+            for _ in 0..RUNS_PER_PAIR {
+                let load = crate::model::diurnal_load(rng.gen_range(0..24));
+                let noise: f64 = rng.gen_range(0.97..1.03);
+                let report = match self.x(pairs, i, k) {
+                    Some(xv) => {
+                        let rate = pairs.solo[self.offline[i] as usize]
+                            * launches_per_step[i]
+                            * (1.0 - load * (1.0 - xv))
+                            * noise;
+                        JobReport {
+                            mode: Some(Mode::Offline),
+                            sm_pct: Some(SHARE_PCT),
+                            partner: Some(k as u32 + 1),
+                            partner_load_pct: Some((load * 100.0).round() as u8),
+                            run_s: Some(RUN_S),
+                            launches: Some((rate * RUN_S as f64).round() as u64),
+                            ..JobReport::default()
+                        }
+                    }
+                    None => JobReport {
+                        mode: Some(Mode::Offline),
+                        sm_pct: Some(SHARE_PCT),
+                        partner: Some(k as u32 + 1),
+                        run_s: Some(5),
+                        oom: Some(1),
+                        ..JobReport::default()
+                    },
+                };
+                id += 1;
+                listing.push(SacctJob {
+                    job_id: id,
+                    name: self.name(pairs, self.offline[i]),
+                    user: "train".into(),
+                    comment: SacctComment {
+                        administrator: Some(report.encode()),
+                    },
+                    ..SacctJob::default()
+                });
+            }
+        }
+        listing
+    }
+
+    /// Scores the default, row-col means and the model trained on `runs`
+    /// on the hidden pairs, adding each one's (MAE, pairing) to `sums`;
+    /// returns the model's mean predicted sd on them.
+    fn score_predictors(&self, pairs: &Pairs, runs: &[Run], sums: &mut [(f64, f64); 3]) -> f64 {
+        let model = Model::train(runs);
+        let rc = RowColMeans::fit(&estimate(runs).pairs);
+        let job = |i: usize| ("train".to_string(), self.name(pairs, self.offline[i]));
+        let svc = |k: usize| ("svc".to_string(), self.name(pairs, self.online[k]));
+        let x = |i: usize, k: usize| self.x(pairs, i, k);
+        let share = f64::from(SHARE_PCT) / 100.0;
+        let model_at = |i: usize, k: usize| {
+            model
+                .predict_pair(&job(i), &svc(k), share, DEFAULT_MEM)
+                .map_or((0.01, 0.0), |e| (e.mean, e.sd))
+        };
+        type Pred<'a> = Box<dyn Fn(usize, usize) -> f64 + 'a>;
+        let predictors: [Pred; 3] = [
+            Box::new(|_, _| default_prediction(share)),
+            Box::new(|i, k| rc.predict(&job(i), &svc(k))),
+            Box::new(|i, k| model_at(i, k).0),
+        ];
+        let hidden: Vec<(usize, usize, f64)> = self.all[self.take..]
+            .iter()
+            .filter_map(|&(i, k)| Some((i, k, x(i, k)?)))
+            .collect();
+        let h = hidden.len().max(1) as f64;
+        for (acc, f) in sums.iter_mut().zip(&predictors) {
+            acc.0 += hidden
+                .iter()
+                .map(|&(i, k, t)| (f(i, k) - t).abs())
+                .sum::<f64>()
+                / h;
+            acc.1 += pairing_quality(
+                self.offline.len(),
+                self.online.len(),
+                &|i, k| x(i, k).map(|_| f(i, k)),
+                &|i, k| x(i, k),
+            );
+        }
+        hidden
+            .iter()
+            .map(|&(i, k, _)| model_at(i, k).1)
+            .sum::<f64>()
+            / h
+    }
+
+    /// Scores the ceiling fits (every pair of the split, true values),
+    /// adding each one's (MAE, pairing) to `ceil`.
+    fn score_ceilings(&self, pairs: &Pairs, ceil: &mut [(f64, f64); CEILING_RANKS.len()]) {
+        let x = |i: usize, k: usize| self.x(pairs, i, k);
+        let truth: Vec<Vec<Option<f64>>> = (0..self.offline.len())
+            .map(|i| (0..self.online.len()).map(|k| x(i, k)).collect())
+            .collect();
+        for (acc, &rank) in ceil.iter_mut().zip(&CEILING_RANKS) {
+            let fit = low_rank_fit(&truth, rank);
+            let (mut err, mut cnt) = (0.0, 0usize);
+            for (i, row) in truth.iter().enumerate() {
+                for (k, t) in row.iter().enumerate() {
+                    if let Some(t) = t {
+                        err += (fit[i][k] - t).abs();
+                        cnt += 1;
+                    }
+                }
+            }
+            acc.0 += err / cnt.max(1) as f64;
+            acc.1 += pairing_quality(
+                self.offline.len(),
+                self.online.len(),
+                &|i, k| x(i, k).map(|_| fit[i][k]),
+                &|i, k| x(i, k),
+            );
+        }
+    }
 }
 
 /// Ranks of the ceiling fits: 0 is job mean + partner mean (additive).

@@ -78,18 +78,18 @@ fn a_replica_landing_on_an_idle_gpu_costs_the_work_since_the_checkpoint() {
     let o = replay(&sc, PolicyKind::Exclusive, &muxflow::Config::default(), &s);
     let c = churn(&o);
     assert_eq!(c.requeues, 1);
-    close(c.lost_gpu_hours * 3600.0, 1000.0, "lost work, s");
+    close(c.lost_gpu_hours.0 * 3600.0, 1000.0, "lost work, s");
     // Work done: 36,000 s before the requeue, less the 1,000 s lost, and
     // 3,600 s after 23:00.
     close(
-        o.offline_gpu_hours * 3600.0,
+        o.offline_gpu_hours.0 * 3600.0,
         36_000.0 - 1000.0 + 3600.0,
         "work, s",
     );
     // One replica started (10:00), and it waited for the job's exit.
     assert_eq!((c.replica_starts, c.replica_stops), (1, 2));
     assert_eq!(c.starts_delayed, 1);
-    close(c.start_delay_max_s, REQUEUE_EXIT_S, "delay");
+    close(c.start_delay_max_s.0, REQUEUE_EXIT_S, "delay");
     assert_eq!(c.replica_hours_short, 0);
     assert_eq!((o.offline_finished, o.offline_running_end), (0, 1));
     // Online GPU-hours: one replica all day, the other 10:00 to 23:00.
@@ -106,9 +106,9 @@ fn checkpoint_on_requeue_saves_the_work_and_costs_the_replica_its_save() {
     let o = replay(&sc, PolicyKind::Exclusive, &muxflow::Config::default(), &s);
     let c = churn(&o);
     assert_eq!(c.requeues, 1);
-    close(c.lost_gpu_hours, 0.0, "lost");
-    close(o.offline_gpu_hours * 3600.0, 36_000.0 + 3600.0, "work, s");
-    close(c.start_delay_max_s, 20.0 + REQUEUE_EXIT_S, "delay");
+    close(c.lost_gpu_hours.0, 0.0, "lost");
+    close(o.offline_gpu_hours.0 * 3600.0, 36_000.0 + 3600.0, "work, s");
+    close(c.start_delay_max_s.0, 20.0 + REQUEUE_EXIT_S, "delay");
 
     // A save longer than the grace does not finish: the periodic
     // checkpoint's loss, and the replica waits the whole grace.
@@ -119,8 +119,8 @@ fn checkpoint_on_requeue_saves_the_work_and_costs_the_replica_its_save() {
     let (sc, s) = scenario(too_slow);
     let o = replay(&sc, PolicyKind::Exclusive, &muxflow::Config::default(), &s);
     let c = churn(&o);
-    close(c.lost_gpu_hours * 3600.0, 1000.0, "lost, s");
-    close(c.start_delay_max_s, 25.0 + REQUEUE_EXIT_S, "delay");
+    close(c.lost_gpu_hours.0 * 3600.0, 1000.0, "lost, s");
+    close(c.start_delay_max_s.0, 25.0 + REQUEUE_EXIT_S, "delay");
 }
 
 #[test]
@@ -130,7 +130,7 @@ fn without_autoscale_services_hold_their_gpus() {
     let o = replay(&sc, PolicyKind::Exclusive, &muxflow::Config::default(), &s);
     assert!(o.churn.is_none());
     // No idle GPU ever: the job never starts.
-    assert_eq!(o.offline_gpu_hours, 0.0);
+    assert_eq!(o.offline_gpu_hours.0, 0.0);
 }
 
 /// Under muxflow on two 1-GPU nodes (the service's replicas on n1 and
@@ -148,13 +148,13 @@ fn under_muxflow_the_requeued_job_goes_back_to_the_round() {
     let c = churn(&o);
     assert_eq!(o.queue_s, [1800.0]);
     assert_eq!((c.requeues, c.starts_delayed), (1, 1));
-    close(c.lost_gpu_hours * 3600.0, 6200.0, "lost work, s");
+    close(c.lost_gpu_hours.0 * 3600.0, 6200.0, "lost work, s");
     close(
-        o.offline_gpu_hours * 3600.0,
+        o.offline_gpu_hours.0 * 3600.0,
         34_200.0 - 6200.0 + 3600.0,
         "work, s",
     );
-    close(c.start_delay_max_s, REQUEUE_EXIT_S, "delay");
+    close(c.start_delay_max_s.0, REQUEUE_EXIT_S, "delay");
     assert_eq!(o.oom_starts, Some(2));
     assert_eq!(o.offline_running_end, 1);
 }
@@ -197,15 +197,15 @@ fn a_gang_is_requeued_whole_and_loses_on_each_of_its_gpus() {
     );
     let c = churn(&o);
     assert_eq!(c.requeues, 1);
-    close(c.lost_gpu_hours * 3600.0, 2.0 * 4400.0, "lost GPU-s");
+    close(c.lost_gpu_hours.0 * 3600.0, 2.0 * 4400.0, "lost GPU-s");
     close(
-        o.offline_gpu_hours * 3600.0,
+        o.offline_gpu_hours.0 * 3600.0,
         2.0 * (32_400.0 - 4400.0),
         "work, GPU-s",
     );
     close(
-        o.gang_gpu_hours,
-        o.offline_gpu_hours,
+        o.gang_gpu_hours.0,
+        o.offline_gpu_hours.0,
         "all of it the gang's",
     );
     assert_eq!(o.offline_short_of_gpus, 0);

@@ -93,12 +93,12 @@ fn a_two_gpu_job_runs_on_both_gpus_of_its_node_at_the_slower_ones_speed() {
         close(o.jct_s[0], start + 3600.0 / speed, p);
         assert_eq!(o.queue_s, vec![start], "{p}");
         // Work counts both GPUs: 2 × 1 h.
-        close(o.offline_gpu_hours, 2.0, p);
-        close(o.gang_gpu_hours, 2.0, p);
+        close(o.offline_gpu_hours.0, 2.0, p);
+        close(o.gang_gpu_hours.0, 2.0, p);
         assert_eq!((o.gang_arrived, o.gang_finished), (1, 1), "{p}");
         // GPU 0 (online) held it the whole run; GPU 1 too: its offline
         // utilization is the job's (0.9 × speed), not 0.9 alone.
-        close(o.lent_gpu_hours, 3600.0 / speed / 3600.0, p);
+        close(o.lent_gpu_hours.0, 3600.0 / speed / 3600.0, p);
         assert_eq!(o.offline_short_of_gpus, 0, "{p}");
     }
     // exclusive: one idle GPU on the node: the 2-GPU job never starts (all
@@ -108,7 +108,7 @@ fn a_two_gpu_job_runs_on_both_gpus_of_its_node_at_the_slower_ones_speed() {
         (o.offline_finished, o.offline_waiting_end, o.queue_s.len()),
         (0, 1, 0)
     );
-    assert_eq!((o.offline_gpu_hours, o.lent_gpu_hours), (0.0, 0.0));
+    assert_eq!((o.offline_gpu_hours.0, o.lent_gpu_hours.0), (0.0, 0.0));
     assert_eq!(o.offline_short_of_gpus, 0);
 }
 
@@ -136,10 +136,10 @@ fn a_gang_takes_gpus_of_one_node_only_and_waits_for_them() {
             continue;
         }
         assert_eq!(o.offline_finished, 1, "{p}");
-        close(o.offline_gpu_hours, 2.0, p);
+        close(o.offline_gpu_hours.0, 2.0, p);
         // One online GPU held it, for its whole run (at most a day).
         let run_h = (o.jct_s[0] - o.queue_s[0]) / 3600.0;
-        close(o.lent_gpu_hours, run_h, p);
+        close(o.lent_gpu_hours.0, run_h, p);
     }
 }
 
@@ -177,10 +177,10 @@ fn a_gang_that_cannot_start_on_one_of_its_gpus_is_requeued_whole() {
             "{p}"
         );
         assert!(o.queue_s.is_empty(), "{p}: it never ran");
-        assert_eq!(o.offline_gpu_hours, 0.0, "{p}");
-        assert_eq!(o.lent_gpu_hours, 0.0, "{p}");
-        close(o.gpu_util, alone.gpu_util, p);
-        close(o.mem_util, alone.mem_util, p);
+        assert_eq!(o.offline_gpu_hours.0, 0.0, "{p}");
+        assert_eq!(o.lent_gpu_hours.0, 0.0, "{p}");
+        close(o.gpu_util.0, alone.gpu_util.0, p);
+        close(o.mem_util.0, alone.mem_util.0, p);
         assert_eq!(o.offline_short_of_gpus, 0, "{p}");
     }
 }
@@ -208,11 +208,11 @@ fn a_health_pause_on_one_gpu_pauses_the_whole_gang() {
     );
     // Paused, it does no work on either GPU: its work is 2 × what it did.
     let done_h = if gated.jct_s.is_empty() {
-        gated.gang_gpu_hours
+        gated.gang_gpu_hours.0
     } else {
         2.0
     };
-    close(gated.offline_gpu_hours, done_h, "gated work");
+    close(gated.offline_gpu_hours.0, done_h, "gated work");
     assert_eq!(gated.offline_short_of_gpus, 0);
 }
 
@@ -246,7 +246,7 @@ fn no_policy_runs_a_job_on_fewer_gpus_than_it_asked_for() {
         );
         assert!(o.gang_finished > 0, "{p}: some gang ran");
         assert!(
-            o.gang_gpu_hours > 0.0 && o.gang_gpu_hours < o.offline_gpu_hours,
+            o.gang_gpu_hours.0 > 0.0 && o.gang_gpu_hours.0 < o.offline_gpu_hours.0,
             "{p}"
         );
     }

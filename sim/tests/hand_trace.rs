@@ -74,32 +74,32 @@ fn check(o: &Outcome, w: &Want) {
     let online_util = 0.55 * ONLINE_PEAK_UTIL * T + seg(&w.on_gpu0, 0.9);
     let online_sm = 0.55 * ONLINE_PEAK_SM * T + seg(&w.on_gpu0, 0.5);
     close(
-        o.gpu_util,
+        o.gpu_util.0,
         (online_util + seg(&w.on_gpu1, 0.9)) / (2.0 * T),
         "gpu_util",
         p,
     );
     close(
-        o.sm_activity,
+        o.sm_activity.0,
         (online_sm + seg(&w.on_gpu1, 0.5)) / (2.0 * T),
         "sm_activity",
         p,
     );
     close(
-        o.mem_util,
+        o.mem_util.0,
         (M * T + M * time(&w.on_gpu0) + M * time(&w.on_gpu1)) / (2.0 * T),
         "mem_util",
         p,
     );
-    close(o.online_gpu_util, online_util / T, "online_gpu_util", p);
+    close(o.online_gpu_util.0, online_util / T, "online_gpu_util", p);
     close(
-        o.online_gpu_sm_activity,
+        o.online_gpu_sm_activity.0,
         online_sm / T,
         "online_gpu_sm_activity",
         p,
     );
-    close(o.online_latency_p50, w.latency_p50, "latency p50", p);
-    close(o.online_latency_p99, w.latency_p99, "latency p99", p);
+    close(o.online_latency_p50.0, w.latency_p50, "latency p50", p);
+    close(o.online_latency_p99.0, w.latency_p99, "latency p99", p);
     assert_eq!(o.jct_s.len(), w.jct.len(), "{p}: finished");
     for (a, b) in o.jct_s.iter().zip(&w.jct) {
         close(*a, *b, "jct", p);
@@ -108,7 +108,7 @@ fn check(o: &Outcome, w: &Want) {
     for (a, b) in o.queue_s.iter().zip(&w.queue) {
         close(*a, *b, "queueing", p);
     }
-    close(o.offline_gpu_hours, 3.0, "offline GPU-hours", p);
+    close(o.offline_gpu_hours.0, 3.0, "offline GPU-hours", p);
     assert_eq!(
         (
             o.offline_arrived,
@@ -120,17 +120,17 @@ fn check(o: &Outcome, w: &Want) {
         "{p}: arrived, finished, running, waiting"
     );
     close(
-        o.lent_gpu_hours,
+        o.lent_gpu_hours.0,
         time(&w.on_gpu0) / 3600.0,
         "lent GPU-hours",
         p,
     );
     assert_eq!(o.rounds, w.rounds, "{p}: rounds");
-    match (o.predictor_mae, w.predictor_mae) {
+    match (o.predictor_mae.map(|v| v.0), w.predictor_mae) {
         (Some(a), Some(b)) => close(a, b, "predictor MAE", p),
         (a, b) => assert_eq!(a, b, "{p}: predictor MAE"),
     }
-    match (o.pairing_vs_oracle, w.pairing) {
+    match (o.pairing_vs_oracle.map(|v| v.0), w.pairing) {
         (Some(a), Some(b)) => close(a, b, "pairing", p),
         (a, b) => assert_eq!(a, b, "{p}: pairing"),
     }
@@ -234,7 +234,7 @@ fn a_lower_sm_ceiling_in_the_production_policy_slows_the_offline_job() {
         "muxflow, ceiling 20",
     );
     assert!(capped.jct_s[1] > base.jct_s[1] * 2.0);
-    assert!(capped.lent_gpu_hours > base.lent_gpu_hours);
+    assert!(capped.lent_gpu_hours.0 > base.lent_gpu_hours.0);
     // The other policies do not read [policy]: unchanged.
     let ts = |cfg: &muxflow::Config| replay(&sc, PolicyKind::TimeSharing, cfg, &settings).jct_s;
     assert_eq!(ts(&cfg), ts(&muxflow::Config::default()));
@@ -260,5 +260,5 @@ fn the_health_fsm_pauses_offline_work_when_the_production_thresholds_say_so() {
         gated.jct_s,
         base.jct_s
     );
-    assert!(gated.online_latency_p99 <= base.online_latency_p99);
+    assert!(gated.online_latency_p99.0 <= base.online_latency_p99.0);
 }

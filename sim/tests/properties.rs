@@ -120,12 +120,12 @@ proptest! {
             // K offline jobs per GPU: each at most its speed alone.
             let per_gpu = f64::from(kind.offline_per_gpu());
             prop_assert!(o.busy_gpu_hours <= gpus * hours + eps, "{kind:?}: busy {} > capacity", o.busy_gpu_hours);
-            prop_assert!(o.offline_gpu_hours <= per_gpu * gpus * hours + eps, "{kind:?}: work over capacity");
-            prop_assert!(o.lent_gpu_hours <= sc.online_gpus as f64 * hours + eps);
-            for v in [o.gpu_util, o.sm_activity, o.mem_util, o.online_gpu_util, o.online_gpu_sm_activity] {
+            prop_assert!(o.offline_gpu_hours.0 <= per_gpu * gpus * hours + eps, "{kind:?}: work over capacity");
+            prop_assert!(o.lent_gpu_hours.0 <= sc.online_gpus as f64 * hours + eps);
+            for v in [o.gpu_util.0, o.sm_activity.0, o.mem_util.0, o.online_gpu_util.0, o.online_gpu_sm_activity.0] {
                 prop_assert!((0.0..=1.0 + eps).contains(&v), "{kind:?}: a fraction out of range: {v}");
             }
-            prop_assert!(o.online_latency_p50 >= 1.0 && o.online_latency_p99 >= o.online_latency_p50);
+            prop_assert!(o.online_latency_p50.0 >= 1.0 && o.online_latency_p99.0 >= o.online_latency_p50.0);
             prop_assert_eq!(
                 o.offline_arrived,
                 o.offline_finished + o.offline_running_end + o.offline_waiting_end,
@@ -137,7 +137,7 @@ proptest! {
             // Gangs (a 2- to 4-GPU task is one job): all or nothing.
             prop_assert_eq!(o.offline_short_of_gpus, 0, "{:?}", kind);
             if kind == PolicyKind::Exclusive {
-                prop_assert_eq!(o.lent_gpu_hours, 0.0);
+                prop_assert_eq!(o.lent_gpu_hours.0, 0.0);
             }
             // Services that scale: a requeue loses at most one checkpoint
             // interval on each of its (at most 4) GPUs, nothing when the
@@ -146,10 +146,10 @@ proptest! {
             prop_assert_eq!(o.churn.is_some(), t.settings.autoscale);
             if let Some(c) = &o.churn {
                 let ck = &t.settings.checkpoint;
-                prop_assert!(c.lost_gpu_hours >= 0.0);
-                prop_assert!(c.lost_gpu_hours * 3600.0 <= c.requeues as f64 * ck.interval_s * 4.0 + eps);
+                prop_assert!(c.lost_gpu_hours.0 >= 0.0);
+                prop_assert!(c.lost_gpu_hours.0 * 3600.0 <= c.requeues as f64 * ck.interval_s * 4.0 + eps);
                 if ck.on_requeue {
-                    prop_assert_eq!(c.lost_gpu_hours, 0.0);
+                    prop_assert_eq!(c.lost_gpu_hours.0, 0.0);
                 }
                 prop_assert!(c.online_gpu_hours <= sc.online_gpus as f64 * hours + eps);
                 prop_assert!(c.starts_delayed <= c.replica_starts);
