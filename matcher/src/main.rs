@@ -239,7 +239,7 @@ fn round(
     }
     let runs = history.runs();
     if kept.runs.as_ref() != Some(&runs) {
-        kept.model = Model::retrain(&runs, &kept.model);
+        kept.model = Model::train(&runs);
         kept.runs = Some(runs);
         kept.epoch += 1;
     }

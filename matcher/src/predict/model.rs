@@ -168,16 +168,6 @@ pub struct Model {
     /// Range of (share, mem, rate) over the training pairs: the regression
     /// is not extrapolated beyond what it was fitted on.
     pub(super) seen_range_features: [(f64, f64); 3],
-    /// The completion's regularization and how many pairs it was chosen
-    /// on (0: not chosen by cross-validation, too few pairs).
-    pub(super) lambda: Lambda,
-}
-
-/// A regularization chosen by cross-validation, and on how many pairs.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub(super) struct Lambda {
-    pub(super) value: f64,
-    pub(super) chosen_on: usize,
 }
 
 impl Model {
@@ -186,26 +176,7 @@ impl Model {
         Model::from_estimates(&estimate(runs))
     }
 
-    /// Trains on the runs' estimates again, keeping `previous`'s
-    /// regularization until the pairs have doubled since it was chosen: the
-    /// cross-validation that chooses it is 24 of a training's 25 fits, and
-    /// a history that grew by less than its own size moves it little (the
-    /// daemon retrains whenever its history changes, the replay whenever it
-    /// grew by a tenth).
-    pub fn retrain(runs: &[Run], previous: &Model) -> Model {
-        let e = estimate(runs);
-        let kept = previous.lambda;
-        let keep = kept.chosen_on > 0 && e.pairs.len() < 2 * kept.chosen_on;
-        Model::fit_estimates(&e, keep.then_some(kept))
-    }
-
     pub fn from_estimates(e: &Estimates) -> Model {
-        Model::fit_estimates(e, None)
-    }
-
-    /// The model of `e`, with the regularization `lambda` where given
-    /// (chosen by cross-validation otherwise).
-    fn fit_estimates(e: &Estimates, lambda: Option<Lambda>) -> Model {
         let mut m = Model {
             profiles: e.profiles.clone(),
             trained_on: e.pairs.len(),
@@ -256,10 +227,9 @@ impl Model {
             .map(|(p, &(j, k))| (j, k, p.x - m.raw(p.share, p.mem, p.rate), w(p)))
             .collect();
         m.jobs = vec![Side::default(); m.job_index.len()];
-        m.lambda =
-            lambda.unwrap_or_else(|| choose_lambda(&obs, m.jobs.len(), m.partner_index.len()));
-        m.partners = SideIndex::of(&obs, m.jobs.len(), m.partner_index.len())
-            .fit(&mut m.jobs, m.lambda.value);
+        let lambda = choose_lambda(&obs, m.jobs.len(), m.partner_index.len());
+        m.partners =
+            SideIndex::of(&obs, m.jobs.len(), m.partner_index.len()).fit(&mut m.jobs, lambda);
         // How far the completion is from the pairs it was fitted on, and
         // the side features alone; the out-of-sample error is larger.
         type Residual = (u32, u32, f64, f64);
@@ -540,14 +510,10 @@ impl Model {
     }
 }
 
-/// The regularization with the least error on held-out folds of `obs`
-/// (the largest, not chosen, when there are too few for the folds).
-pub(super) fn choose_lambda(obs: &[(u32, u32, f64, f64)], jobs: usize, partners: usize) -> Lambda {
+/// The regularization with the least error on held-out folds of `obs`.
+pub(super) fn choose_lambda(obs: &[(u32, u32, f64, f64)], jobs: usize, partners: usize) -> f64 {
     if obs.len() < 2 * FOLDS {
-        return Lambda {
-            value: LAMBDAS[LAMBDAS.len() - 1],
-            chosen_on: 0,
-        };
+        return LAMBDAS[LAMBDAS.len() - 1];
     }
     // Each fold's split and index are the same for every lambda: built once.
     let folds: Vec<_> = (0..FOLDS)
@@ -607,15 +573,10 @@ pub(super) fn choose_lambda(obs: &[(u32, u32, f64, f64)], jobs: usize, partners:
             }
         }
     });
-    let value = errs
-        .iter()
+    errs.iter()
         .zip(LAMBDAS)
         .min_by(|a, b| a.0.total_cmp(b.0))
-        .map_or(1.0, |(_, l)| l);
-    Lambda {
-        value,
-        chosen_on: obs.len(),
-    }
+        .map_or(1.0, |(_, l)| l)
 }
 
 /// Residuals `(job, partner, r, weight)` listed per job and per partner,

@@ -662,36 +662,3 @@ fn a_partner_sacct_did_not_list_is_found_by_its_job_id() {
     // progress = σ(1 − load·d): 500 at 0.3, 380 at 0.9 → σ = 560, x = 0.64.
     assert!((e.mean - 0.64).abs() < 0.08, "{e:?}");
 }
-
-#[test]
-fn a_retraining_keeps_the_regularization_until_the_pairs_have_doubled() {
-    let runs = synthetic_runs(60, 12, 7);
-    let pairs = |n: usize| estimate(&runs[..n]).pairs.len();
-    let first = Model::train(&runs[..runs.len() / 4]);
-    let chosen = first.lambda;
-    assert!(chosen.chosen_on > 0, "{chosen:?}");
-    assert_eq!(chosen.chosen_on, first.trained_on);
-    let lengths: Vec<usize> = (runs.len() / 4..=runs.len()).step_by(8).collect();
-    // More pairs than the choice saw, fewer than twice as many: kept.
-    let grown = *lengths
-        .iter()
-        .rev()
-        .find(|&&n| pairs(n) < 2 * chosen.chosen_on)
-        .unwrap();
-    let kept = Model::retrain(&runs[..grown], &first);
-    assert!(kept.trained_on > first.trained_on, "{grown}");
-    assert_eq!(kept.lambda, chosen);
-    // Twice as many or more: chosen again, on all of them, as a first
-    // training would.
-    let doubled = *lengths
-        .iter()
-        .find(|&&n| pairs(n) >= 2 * chosen.chosen_on)
-        .expect("the history doubles its pairs");
-    let again = Model::retrain(&runs[..doubled], &kept);
-    assert_eq!(again.lambda.chosen_on, again.trained_on);
-    assert_eq!(again.lambda, Model::train(&runs[..doubled]).lambda);
-    assert_eq!(
-        Model::retrain(&runs, &Model::default()).lambda,
-        Model::train(&runs).lambda
-    );
-}
