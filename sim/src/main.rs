@@ -97,6 +97,9 @@ struct Cli {
     /// xCUDA's protection under the muxflow policies, as the closed loop measured it on the simulated GPU (sim/data/protection.toml): measured (each GPU by its model: T4 and A10 as t4-like, the others as h100-like), none (the unprotected pairs), t4-like or h100-like (every GPU).
     #[arg(long, default_value = "measured")]
     protection: muxflow_sim::protection::Choice,
+    /// muxflow's pairing vs oracle over every this many matcher rounds: the oracle's round (the true values) costs as much as the learned one and decides nothing (1: every round).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
+    oracle_every: u32,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -221,6 +224,7 @@ fn main() -> anyhow::Result<()> {
         default_predictor: cli.default_predictor,
         candidates_only: cli.candidates_only,
         protection: cli.protection.clone(),
+        oracle_every: cli.oracle_every,
     };
     let outcomes = std::thread::scope(|s| {
         let work = s.spawn(|| {

@@ -172,5 +172,14 @@ proptest! {
         prop_assert!(o.busy_gpu_hours <= gpus * hours + 1e-6);
         let again = muxflow_sim::prepare(&inputs, &t.settings).expect("prepared once");
         prop_assert_eq!(&o, &priced(&again), "priced rounds: not deterministic");
+        // The oracle decides nothing: planned beside every third round
+        // only, the outcome is the same but for the pairing it measures.
+        let every = |n| {
+            let opts = RunOptions { oracle_every: n, ..RunOptions::default() };
+            run(&sc, PolicyKind::Muxflow, &cfg, &t.settings, &opts, &AtomicU64::new(0))
+        };
+        let (all, mut third) = (every(1), every(3));
+        third.pairing_vs_oracle = all.pairing_vs_oracle;
+        prop_assert_eq!(&third, &all, "the oracle's rounds changed the replay");
     }
 }

@@ -160,6 +160,11 @@ pub struct RunOptions {
     /// xCUDA's protection under muxflow: measured per GPU mode by default
     /// ([`crate::protection`]).
     pub protection: crate::protection::Choice,
+    /// `muxflow`: the oracle's round (the true values, only for
+    /// `pairing_vs_oracle`) beside every this many learned rounds, and the
+    /// ratio over those rounds (0 or 1: every round). It costs as much as
+    /// the learned round, and decides nothing.
+    pub oracle_every: u32,
 }
 
 struct Sim<'a> {
@@ -199,6 +204,8 @@ struct Sim<'a> {
     learning: Learning,
     /// Measure the rounds' wall time.
     timing: bool,
+    /// [`RunOptions::oracle_every`], at least 1.
+    oracle_every: u32,
     /// xCUDA's protection on each GPU (muxflow policies).
     protection: Vec<model::Protection>,
     /// Simulated seconds replayed, for the progress bar.
@@ -332,6 +339,7 @@ impl<'a> Sim<'a> {
             first_gpu,
             learning: Learning::new(!opts.default_predictor),
             timing: opts.timing,
+            oracle_every: opts.oracle_every.max(1),
             protection: {
                 let by_model = crate::protection::per_model(&opts.protection, &sc.models)
                     .expect("sim/data/protection.toml has every mode (sim's tests read it)");

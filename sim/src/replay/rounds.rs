@@ -39,17 +39,18 @@ impl Sim<'_> {
     }
 
     /// A matcher round: the pending jobs brought up to date, the learned
-    /// model's round and the oracle's planned, both scored, and the
-    /// learned round's placements started.
+    /// model's round planned (and the oracle's, on a sampled round), its
+    /// placements scored and started.
     pub(super) fn round(&mut self) {
         if !self.prune_pending() {
             return;
         }
-        let (chosen, oracle) = self.plan_rounds();
+        let sampled = self.tally.rounds.is_multiple_of(u64::from(self.oracle_every));
+        let (chosen, oracle) = self.plan_rounds(sampled);
         self.tally.rounds += 1;
         for d in oracle
-            .decisions
             .iter()
+            .flat_map(|p| &p.decisions)
             .filter(|d| d.action == Action::Place)
         {
             if let Some(gs) = self.gpus_of(d) {
@@ -68,7 +69,7 @@ impl Sim<'_> {
             let Some(gs) = self.gpus_of(d) else {
                 continue;
             };
-            self.score(d, &gs);
+            self.score(d, &gs, sampled);
             if d.update.is_none() {
                 continue; // deferred by max_updates_per_round
             }
@@ -101,10 +102,11 @@ impl Sim<'_> {
                 .is_some()
     }
 
-    /// The learned model's round and the oracle's (the true values, for
-    /// `pairing_vs_oracle`) on the same state, side by side, one core
-    /// each; a retrained model, when one is due, replaces the current one.
-    fn plan_rounds(&mut self) -> (Plan, Plan) {
+    /// The learned model's round and, when `sampled`, the oracle's (the
+    /// true values, for `pairing_vs_oracle`) on the same state, side by
+    /// side, one core each; a retrained model, when one is due, replaces
+    /// the current one.
+    fn plan_rounds(&mut self, sampled: bool) -> (Plan, Option<Plan>) {
         let n = self.learning.runs.len();
         let retrain = self.learning.retrain_due();
         // The oracle's weights change only with the state and the jobs
@@ -116,15 +118,17 @@ impl Sim<'_> {
         let this = &*self;
         let (chosen, oracle, chosen_s, trained) = std::thread::scope(|s| {
             let oracle = s.spawn(|| {
-                plan_cached(
-                    &this.state,
-                    &Truth { sim: this },
-                    &this.cfg.policy,
-                    &this.matcher,
-                    &this.names,
-                    &mut oracle_cache,
-                    0,
-                )
+                sampled.then(|| {
+                    plan_cached(
+                        &this.state,
+                        &Truth { sim: this },
+                        &this.cfg.policy,
+                        &this.matcher,
+                        &this.names,
+                        &mut oracle_cache,
+                        0,
+                    )
+                })
             });
             let trained = retrain.then(|| Model::train(&this.learning.runs));
             // What the daemon's next round knows: a new model has learned
@@ -167,13 +171,16 @@ impl Sim<'_> {
     }
 
     /// Scores the learned round's placement `d` on GPUs `gs` against the
-    /// truth: its part of `pairing_vs_oracle` and the predictor's error.
-    fn score(&mut self, d: &Decision, gs: &[u32]) {
+    /// truth: the predictor's error, and on a round the oracle planned too
+    /// (`sampled`), its part of `pairing_vs_oracle`.
+    fn score(&mut self, d: &Decision, gs: &[u32], sampled: bool) {
         let j = d.job - 1;
         let idle = gs.iter().any(|&g| self.online[g as usize].is_none());
         // A gang is worth k × its slowest GPU's speed, as in the round.
         let truth = self.true_speed_on(j, gs, &d.slots);
-        self.tally.pair_true += gs.len() as f64 * truth;
+        if sampled {
+            self.tally.pair_true += gs.len() as f64 * truth;
+        }
         // The predictor's error counts the pairs only: on an idle GPU
         // the round predicts the solo speed, 1 by definition.
         if !idle {
