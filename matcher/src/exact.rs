@@ -419,191 +419,251 @@ fn price<S: Scores>(
     opts: &ExactOptions,
     stats: &mut PricingStats,
 ) -> Vec<Edge> {
-    let (jobs, gpus) = (s.jobs(), s.gpus());
-    let (u, p) = (&sol.duals.job, &sol.duals.gpu);
-    let cap = opts.per_job.max(1);
-    let mut out = Vec::new();
-
-    // Columns with no reference (changed GPUs, pending columns) are scanned
-    // whole; a finite price drop is priced from the rows' side below.
-    let cols: Vec<u32> = (0..gpus as u32)
-        .filter(|&g| r.rp[g as usize] == i64::MAX)
-        .collect();
-    let is_edge = |j: u32, g: u32| {
-        edges
-            .binary_search_by_key(&(j, g), |e| (e.job, e.gpu))
-            .is_ok()
+    let pass = Pass {
+        s,
+        edges,
+        u: &sol.duals.job,
+        p: &sol.duals.gpu,
+        cap: opts.per_job.max(1),
+        threads: opts.threads,
     };
-    // A column with more violated pairs than it may add stays pending (its
-    // reference unknown) and is scanned again at the next pass, when its
-    // price has moved; otherwise its pairs raise the rows' references.
-    let parts = parallel(&cols, opts.threads, |chunk| {
-        let mut ru = vec![i64::MIN; jobs];
-        let mut found = Vec::new();
-        let mut pending = Vec::new();
-        let mut hits = Vec::new();
-        let mut values = Vec::with_capacity(jobs);
-        for &g in chunk {
-            let pg = p[g as usize];
-            for j in 0..jobs as u32 {
-                if let Some(w) = s.weight(j, g) {
-                    let v = w - pg;
-                    values.push((j, v));
-                    if v > u[j as usize] && !is_edge(j, g) {
-                        hits.push((v - u[j as usize], j));
-                    }
-                }
-            }
-            if keep_best(&mut hits, cap) == i64::MIN {
-                for &(j, v) in &values {
-                    ru[j as usize] = ru[j as usize].max(v);
-                }
-            } else {
-                pending.push(g);
-            }
-            values.clear();
-            found.extend(hits.drain(..).map(|(rc, j)| Edge {
-                job: j,
-                gpu: g,
-                weight: rc + pg + u[j as usize],
-            }));
-        }
-        (ru, found, pending)
-    });
-    let mut pending = Vec::new();
-    for (ru, found, pend) in parts {
-        for (a, b) in r.ru.iter_mut().zip(ru) {
-            *a = (*a).max(b);
-        }
-        out.extend(found);
-        pending.extend(pend);
-    }
-    // Price drops since the reference, largest first.
-    let mut drops: Vec<(i64, u32)> = (0..gpus as u32)
-        .filter(|&g| p[g as usize] < r.rp[g as usize] && r.rp[g as usize] != i64::MAX)
-        .map(|g| (r.rp[g as usize] - p[g as usize], g))
-        .collect();
-    drops.sort_unstable_by_key(|&(d, g)| (std::cmp::Reverse(d), g));
-    let max_drop = drops.first().map_or(0, |d| d.0);
-    // The reference prices become the current ones (pending columns stay
-    // unknown): raising one keeps the invariant; a drop is paid for below.
-    r.rp.copy_from_slice(p);
-    for g in pending {
-        r.rp[g as usize] = i64::MAX;
-    }
-    stats.cols += cols.len() as u64;
-    stats.scored += (cols.len() * jobs) as u64;
-
-    // Rows: a full scan where the dual fell below the reference; where it
-    // is above by a margin m, only the GPUs whose price fell by more than m
-    // can hold a violated pair (a full scan all the same when they are
-    // many: it prices a GPU for less than a pair bound costs).
-    let rows: Vec<(u32, bool)> = (0..jobs as u32)
-        .filter_map(|j| {
-            let (uj, ru) = (u[j as usize], r.ru[j as usize]);
-            let margin = uj.saturating_sub(ru);
-            if uj < ru {
-                Some((j, true))
-            } else if margin < max_drop {
-                let many = drops.partition_point(|&(d, _)| d > margin) > gpus / DROPS_FOR_FULL_SCAN;
-                Some((j, many))
-            } else {
-                None
-            }
-        })
-        .collect();
-    // Rows not scanned keep the invariant at the lowered prices by taking
-    // on the largest drop (their margin covers it).
-    for (j, ru) in r.ru.iter_mut().enumerate() {
-        let (uj, v) = (u[j], *ru);
-        if uj >= v && uj.saturating_sub(v) >= max_drop {
-            *ru = v.saturating_add(max_drop);
-        }
-    }
-    let (rp, ru_old) = (&r.rp, &r.ru);
-    let parts = parallel(&rows, opts.threads, |chunk| {
-        let mut sc = Scratch {
-            mark: vec![false; gpus],
-            hits: Vec::new(),
-        };
-        let mut found = Vec::new();
-        let mut ru = Vec::with_capacity(chunk.len());
-        let mut scored = 0u64;
-        for &(j, full) in chunk {
-            let lo = edges.partition_point(|e| e.job < j);
-            let hi = lo + edges[lo..].partition_point(|e| e.job == j);
-            let row_edges = &edges[lo..hi];
-            let uj = u[j as usize];
-            let v = if full {
-                price_row(
-                    s,
-                    rp,
-                    j,
-                    uj,
-                    row_edges,
-                    cap,
-                    &mut sc,
-                    &mut found,
-                    &mut scored,
-                )
-            } else {
-                let base = ru_old[j as usize];
-                let margin = uj.saturating_sub(base);
-                let mut ru_new = base;
-                for &(d, g) in &drops {
-                    if d <= margin {
-                        ru_new = ru_new.max(base + d);
-                        break;
-                    }
-                    // The pair's bound first: it rules most pairs out
-                    // (an edge of the graph among them only raises the
-                    // reference, which stays an upper bound).
-                    match s.pair_bound(j, g) {
-                        None => continue,
-                        Some(pb) if pb.saturating_sub(p[g as usize]) <= uj => {
-                            ru_new = ru_new.max(pb.saturating_sub(p[g as usize]));
-                            continue;
-                        }
-                        Some(_) => {}
-                    }
-                    if row_edges.binary_search_by_key(&g, |e| e.gpu).is_ok() {
-                        continue;
-                    }
-                    scored += 1;
-                    if let Some(w) = s.weight(j, g) {
-                        let v = w - p[g as usize];
-                        if v > uj {
-                            sc.hits.push((v, g));
-                        } else {
-                            ru_new = ru_new.max(v);
-                        }
-                    }
-                }
-                ru_new = ru_new.max(keep_best(&mut sc.hits, cap));
-                found.extend(sc.hits.drain(..).map(|(v, g)| Edge {
-                    job: j,
-                    gpu: g,
-                    weight: v + p[g as usize],
-                }));
-                ru_new
-            };
-            ru.push((j, v));
-        }
-        (ru, found, scored)
-    });
-    for (ru, found, scored) in parts {
-        for (j, v) in ru {
-            r.ru[j as usize] = v;
-        }
-        out.extend(found);
-        stats.scored += scored;
-    }
-    stats.rows += rows.len() as u64;
+    let (mut out, drops) = pass.columns(r, stats);
+    pass.rows(r, &drops, stats, &mut out);
     stats.passes += 1;
     out.sort_unstable_by_key(|e| (e.job, e.gpu));
     out.dedup_by_key(|e| (e.job, e.gpu));
     stats.added += out.len();
     out
+}
+
+/// What one pricing pass reads: the scores, the graph (sorted by job,
+/// GPU), the solution's duals (`u` the jobs', `p` the GPUs' prices), the
+/// pairs a row or column may add, the workers.
+struct Pass<'a, S> {
+    s: &'a S,
+    edges: &'a [Edge],
+    u: &'a [i64],
+    p: &'a [i64],
+    cap: usize,
+    threads: usize,
+}
+
+impl<S: Scores> Pass<'_, S> {
+    /// The columns with no reference (changed GPUs, pending columns),
+    /// scanned whole; then the reference prices become the current ones.
+    /// The pairs found, and the price drops since the reference, largest
+    /// first (a finite drop is priced from the rows' side).
+    fn columns(&self, r: &mut Reference, stats: &mut PricingStats) -> (Vec<Edge>, Vec<(i64, u32)>) {
+        let (s, u, p, cap) = (self.s, self.u, self.p, self.cap);
+        let (jobs, gpus) = (s.jobs(), s.gpus());
+        let mut out = Vec::new();
+        let cols: Vec<u32> = (0..gpus as u32)
+            .filter(|&g| r.rp[g as usize] == i64::MAX)
+            .collect();
+        let is_edge = |j: u32, g: u32| {
+            self.edges
+                .binary_search_by_key(&(j, g), |e| (e.job, e.gpu))
+                .is_ok()
+        };
+        // A column with more violated pairs than it may add stays pending (its
+        // reference unknown) and is scanned again at the next pass, when its
+        // price has moved; otherwise its pairs raise the rows' references.
+        let parts = parallel(&cols, self.threads, |chunk| {
+            let mut ru = vec![i64::MIN; jobs];
+            let mut found = Vec::new();
+            let mut pending = Vec::new();
+            let mut hits = Vec::new();
+            let mut values = Vec::with_capacity(jobs);
+            for &g in chunk {
+                let pg = p[g as usize];
+                for j in 0..jobs as u32 {
+                    if let Some(w) = s.weight(j, g) {
+                        let v = w - pg;
+                        values.push((j, v));
+                        if v > u[j as usize] && !is_edge(j, g) {
+                            hits.push((v - u[j as usize], j));
+                        }
+                    }
+                }
+                if keep_best(&mut hits, cap) == i64::MIN {
+                    for &(j, v) in &values {
+                        ru[j as usize] = ru[j as usize].max(v);
+                    }
+                } else {
+                    pending.push(g);
+                }
+                values.clear();
+                found.extend(hits.drain(..).map(|(rc, j)| Edge {
+                    job: j,
+                    gpu: g,
+                    weight: rc + pg + u[j as usize],
+                }));
+            }
+            (ru, found, pending)
+        });
+        let mut pending = Vec::new();
+        for (ru, found, pend) in parts {
+            for (a, b) in r.ru.iter_mut().zip(ru) {
+                *a = (*a).max(b);
+            }
+            out.extend(found);
+            pending.extend(pend);
+        }
+        // Price drops since the reference, largest first.
+        let mut drops: Vec<(i64, u32)> = (0..gpus as u32)
+            .filter(|&g| p[g as usize] < r.rp[g as usize] && r.rp[g as usize] != i64::MAX)
+            .map(|g| (r.rp[g as usize] - p[g as usize], g))
+            .collect();
+        drops.sort_unstable_by_key(|&(d, g)| (std::cmp::Reverse(d), g));
+        // The reference prices become the current ones (pending columns stay
+        // unknown): raising one keeps the invariant; a drop is paid for below.
+        r.rp.copy_from_slice(p);
+        for g in pending {
+            r.rp[g as usize] = i64::MAX;
+        }
+        stats.cols += cols.len() as u64;
+        stats.scored += (cols.len() * jobs) as u64;
+        (out, drops)
+    }
+
+    /// Rows: a full scan where the dual fell below the reference; where it
+    /// is above by a margin m, only the GPUs whose price fell by more than m
+    /// can hold a violated pair (a full scan all the same when they are
+    /// many: it prices a GPU for less than a pair bound costs). Adds the
+    /// pairs found to `out`.
+    fn rows(
+        &self,
+        r: &mut Reference,
+        drops: &[(i64, u32)],
+        stats: &mut PricingStats,
+        out: &mut Vec<Edge>,
+    ) {
+        let (s, u, edges, cap) = (self.s, self.u, self.edges, self.cap);
+        let (jobs, gpus) = (s.jobs(), s.gpus());
+        let max_drop = drops.first().map_or(0, |d| d.0);
+        let rows: Vec<(u32, bool)> = (0..jobs as u32)
+            .filter_map(|j| {
+                let (uj, ru) = (u[j as usize], r.ru[j as usize]);
+                let margin = uj.saturating_sub(ru);
+                if uj < ru {
+                    Some((j, true))
+                } else if margin < max_drop {
+                    let many =
+                        drops.partition_point(|&(d, _)| d > margin) > gpus / DROPS_FOR_FULL_SCAN;
+                    Some((j, many))
+                } else {
+                    None
+                }
+            })
+            .collect();
+        // Rows not scanned keep the invariant at the lowered prices by taking
+        // on the largest drop (their margin covers it).
+        for (j, ru) in r.ru.iter_mut().enumerate() {
+            let (uj, v) = (u[j], *ru);
+            if uj >= v && uj.saturating_sub(v) >= max_drop {
+                *ru = v.saturating_add(max_drop);
+            }
+        }
+        let (rp, ru_old) = (&r.rp, &r.ru);
+        let parts = parallel(&rows, self.threads, |chunk| {
+            let mut sc = Scratch {
+                mark: vec![false; gpus],
+                hits: Vec::new(),
+            };
+            let mut found = Vec::new();
+            let mut ru = Vec::with_capacity(chunk.len());
+            let mut scored = 0u64;
+            for &(j, full) in chunk {
+                let lo = edges.partition_point(|e| e.job < j);
+                let hi = lo + edges[lo..].partition_point(|e| e.job == j);
+                let row_edges = &edges[lo..hi];
+                let uj = u[j as usize];
+                let v = if full {
+                    price_row(
+                        s,
+                        rp,
+                        j,
+                        uj,
+                        row_edges,
+                        cap,
+                        &mut sc,
+                        &mut found,
+                        &mut scored,
+                    )
+                } else {
+                    let base = ru_old[j as usize];
+                    let mut ru_new =
+                        self.dropped_columns(j, base, drops, row_edges, &mut sc, &mut scored);
+                    ru_new = ru_new.max(keep_best(&mut sc.hits, cap));
+                    found.extend(sc.hits.drain(..).map(|(v, g)| Edge {
+                        job: j,
+                        gpu: g,
+                        weight: v + self.p[g as usize],
+                    }));
+                    ru_new
+                };
+                ru.push((j, v));
+            }
+            (ru, found, scored)
+        });
+        for (ru, found, scored) in parts {
+            for (j, v) in ru {
+                r.ru[j as usize] = v;
+            }
+            out.extend(found);
+            stats.scored += scored;
+        }
+        stats.rows += rows.len() as u64;
+    }
+
+    /// Row j above its reference `base` by a margin: prices only the GPUs
+    /// whose price fell by more than it (`drops`, largest first), the
+    /// violated pairs into `sc.hits`; returns the row's new reference
+    /// before those hits.
+    fn dropped_columns(
+        &self,
+        j: u32,
+        base: i64,
+        drops: &[(i64, u32)],
+        row_edges: &[Edge],
+        sc: &mut Scratch,
+        scored: &mut u64,
+    ) -> i64 {
+        let (s, p) = (self.s, self.p);
+        let uj = self.u[j as usize];
+        let margin = uj.saturating_sub(base);
+        let mut ru_new = base;
+        for &(d, g) in drops {
+            if d <= margin {
+                ru_new = ru_new.max(base + d);
+                break;
+            }
+            // The pair's bound first: it rules most pairs out
+            // (an edge of the graph among them only raises the
+            // reference, which stays an upper bound).
+            match s.pair_bound(j, g) {
+                None => continue,
+                Some(pb) if pb.saturating_sub(p[g as usize]) <= uj => {
+                    ru_new = ru_new.max(pb.saturating_sub(p[g as usize]));
+                    continue;
+                }
+                Some(_) => {}
+            }
+            if row_edges.binary_search_by_key(&g, |e| e.gpu).is_ok() {
+                continue;
+            }
+            *scored += 1;
+            if let Some(w) = s.weight(j, g) {
+                let v = w - p[g as usize];
+                if v > uj {
+                    sc.hits.push((v, g));
+                } else {
+                    ru_new = ru_new.max(v);
+                }
+            }
+        }
+        ru_new
+    }
 }
 
 /// Merges sorted, disjoint edge lists.

@@ -606,6 +606,63 @@ pub struct PendingJob {
     pub need: NodeRoom,
 }
 
+/// What the running jobs say of each (node, GPU index).
+#[derive(Default)]
+struct Held {
+    /// Online jobs there.
+    online: BTreeMap<(String, u32), Vec<u32>>,
+    /// Held as gres/gpu by any running job.
+    gpu_held: BTreeSet<(String, u32)>,
+    /// Owners of the muxflow jobs running there.
+    owners_on: BTreeMap<(String, u32), BTreeSet<Owner>>,
+}
+
+/// Offline slots per GPU index in a gres list (entries of one type added
+/// up).
+fn slots_by_index(gres: &str, names: &Names) -> BTreeMap<u32, u32> {
+    let mut typed: BTreeMap<u32, u32> = BTreeMap::new();
+    for g in parse_gres(gres)
+        .into_iter()
+        .filter(|g| g.name == names.offline_gres && g.count > 0)
+    {
+        if let Some(i) = g.kind.as_deref().and_then(slot_index) {
+            let c = typed.entry(i).or_default();
+            *c = c.saturating_add(u32::try_from(g.count).unwrap_or(u32::MAX));
+        }
+    }
+    typed
+}
+
+/// A pending offline job's record: the typed slots Slurm keeps for it, the
+/// GPUs it asked for, what its AdminComment says.
+fn pending_job(j: &SqueueJob, comment: Option<&AdminComment>, names: &Names) -> PendingJob {
+    // Per GPU index the slots asked for.
+    let typed = slots_by_index(&j.tres_per_node, names);
+    let slot_gpus: Vec<u32> = typed.keys().copied().collect();
+    let slots: Vec<u32> = typed.values().copied().collect();
+    // The count job_submit.lua (or the matcher's placement)
+    // wrote; a record that lost it (the Prolog's refusal, the
+    // end-of-run report) still has the typed slots Slurm keeps.
+    let asked = job_gpus(comment);
+    let gpus = asked.max(slot_gpus.len() as u32).max(1);
+    PendingJob {
+        id: j.job_id,
+        user: j.user_name.clone(),
+        account: j.account.clone(),
+        name: j.name.clone(),
+        required_nodes: j.required_nodes.clone(),
+        slot_gpus,
+        gpus,
+        slots,
+        held: j.state_reason.starts_with("JobHeld"),
+        waiting: (j.state_reason == ADMIN_HOLD)
+            .then(|| comment?.waiting())
+            .flatten(),
+        refusals: comment.map_or(0, AdminComment::refusals),
+        need: tres_need(&j.tres_req_str),
+    }
+}
+
 /// Everything one round needs, read from Slurm.
 #[derive(Debug, Clone, Default)]
 pub struct ClusterState {
@@ -633,98 +690,9 @@ pub struct ClusterState {
 impl ClusterState {
     pub fn build(jobs: &[SqueueJob], nodes: &[SinfoNode], names: &Names) -> ClusterState {
         let mut st = ClusterState::default();
-        // (node, gpu) -> online jobs
-        let mut online: BTreeMap<(String, u32), Vec<u32>> = BTreeMap::new();
-        // (node, gpu) held as gres/gpu by any running job.
-        let mut gpu_held: BTreeSet<(String, u32)> = BTreeSet::new();
-        // (node, gpu) -> owners of the muxflow jobs running there.
-        let mut owners_on: BTreeMap<(String, u32), BTreeSet<Owner>> = BTreeMap::new();
+        let mut held = Held::default();
         for j in jobs {
-            // The job's AdminComment, parsed once for all it says.
-            let comment = AdminComment::parse(&j.admin_comment).ok();
-            let mode = comment.as_ref().and_then(AdminComment::mode);
-            let running = has_state(&j.job_state, "RUNNING");
-            if running {
-                for (node, detail) in expand_hostlist(&j.nodes).iter().zip(&j.gres_detail) {
-                    for g in parse_gres(detail).into_iter().filter(|g| g.name == "gpu") {
-                        for i in g.indices {
-                            gpu_held.insert((node.clone(), i));
-                        }
-                    }
-                }
-            }
-            match (mode, running) {
-                (Some(Mode::Online), true) => {
-                    // One gres_detail entry per node of the allocation.
-                    let hosts = expand_hostlist(&j.nodes);
-                    for (node, detail) in hosts.iter().zip(&j.gres_detail) {
-                        for g in parse_gres(detail).into_iter().filter(|g| g.name == "gpu") {
-                            for i in g.indices {
-                                online.entry((node.clone(), i)).or_default().push(j.job_id);
-                                owners_on
-                                    .entry((node.clone(), i))
-                                    .or_default()
-                                    .insert(j.owner());
-                            }
-                        }
-                    }
-                }
-                (Some(Mode::Offline), true) => {
-                    let hosts = expand_hostlist(&j.nodes);
-                    for (node, detail) in hosts.iter().zip(&j.gres_detail) {
-                        for g in parse_gres(detail)
-                            .into_iter()
-                            .filter(|g| g.name == names.offline_gres && g.count > 0)
-                        {
-                            if let Some(i) = g.kind.as_deref().and_then(slot_index) {
-                                st.running_offline.push((j.job_id, node.clone(), i));
-                                owners_on
-                                    .entry((node.clone(), i))
-                                    .or_default()
-                                    .insert(j.owner());
-                            }
-                        }
-                    }
-                }
-                (Some(Mode::Offline), false) if has_state(&j.job_state, "PENDING") => {
-                    // Per GPU index the slots asked for (entries of one
-                    // type added up).
-                    let mut typed: BTreeMap<u32, u32> = BTreeMap::new();
-                    for g in parse_gres(&j.tres_per_node)
-                        .into_iter()
-                        .filter(|g| g.name == names.offline_gres && g.count > 0)
-                    {
-                        if let Some(i) = g.kind.as_deref().and_then(slot_index) {
-                            let c = typed.entry(i).or_default();
-                            *c = c.saturating_add(u32::try_from(g.count).unwrap_or(u32::MAX));
-                        }
-                    }
-                    let slot_gpus: Vec<u32> = typed.keys().copied().collect();
-                    let slots: Vec<u32> = typed.values().copied().collect();
-                    // The count job_submit.lua (or the matcher's placement)
-                    // wrote; a record that lost it (the Prolog's refusal, the
-                    // end-of-run report) still has the typed slots Slurm keeps.
-                    let asked = job_gpus(comment.as_ref());
-                    let gpus = asked.max(slot_gpus.len() as u32).max(1);
-                    st.pending.push(PendingJob {
-                        id: j.job_id,
-                        user: j.user_name.clone(),
-                        account: j.account.clone(),
-                        name: j.name.clone(),
-                        required_nodes: j.required_nodes.clone(),
-                        slot_gpus,
-                        gpus,
-                        slots,
-                        held: j.state_reason.starts_with("JobHeld"),
-                        waiting: (j.state_reason == ADMIN_HOLD)
-                            .then(|| comment.as_ref()?.waiting())
-                            .flatten(),
-                        refusals: comment.as_ref().map_or(0, AdminComment::refusals),
-                        need: tres_need(&j.tres_req_str),
-                    });
-                }
-                _ => {}
-            }
+            st.read_job(j, names, &mut held);
         }
         st.pending.sort_by_key(|p| p.id);
         // Offline jobs per (node, GPU) from squeue: one entry per job and GPU.
@@ -733,89 +701,149 @@ impl ClusterState {
             *offline_on.entry((node.clone(), *i)).or_default() += 1;
         }
         for n in nodes {
-            // Slots held per GPU: the node counts each type's slots in use
-            // (N records of one type with `offline_per_gpu` = N).
-            let mut used: BTreeMap<u32, u32> = BTreeMap::new();
-            for g in parse_gres(&n.gres_used)
-                .into_iter()
-                .filter(|g| g.name == names.offline_gres && g.count > 0)
-            {
-                if let Some(i) = g.kind.as_deref().and_then(slot_index) {
-                    let c = used.entry(i).or_default();
-                    *c = c.saturating_add(u32::try_from(g.count).unwrap_or(u32::MAX));
-                }
-            }
-            // A GPU no running job holds as gres/gpu (muxflow's or not) is
-            // idle. squeue's gres_detail names the indices; the node's
-            // gres_used only counts them (22.05 prints `gpu:1`, no IDX):
-            // when it counts more than squeue named, some job's GPUs are
-            // unknown and none of the node's GPUs is taken for idle.
-            let used_gpus: u64 = parse_gres(&n.gres_used)
-                .into_iter()
-                .filter(|g| g.name == "gpu")
-                .map(|g| g.count)
-                .sum();
-            let named = gpu_held
-                .range((n.name.clone(), 0)..=(n.name.clone(), u32::MAX))
-                .count();
-            let idle_known = used_gpus <= named as u64;
-            let has_online = online.keys().any(|(node, _)| node == &n.name);
-            if let Some(room) = n.free_room() {
-                st.node_room.insert(n.name.clone(), room);
-            }
-            let published = match published::decode(&n.extra) {
-                Ok(p) => p,
-                Err(e) => {
-                    if has_online {
-                        st.notes.push(format!(
-                            "node {}: no usable muxflow Extra ({e}); its GPUs get no offline job",
-                            n.name
-                        ));
-                    }
-                    continue;
-                }
-            };
-            if node_unusable(n) {
-                if has_online {
-                    st.notes.push(format!(
-                        "node {}: state {}; skipped",
-                        n.name,
-                        n.state.join("+")
-                    ));
-                }
-                continue;
-            }
-            for p in published {
-                let jobs_there = offline_on
-                    .get(&(n.name.clone(), p.index))
-                    .copied()
-                    .unwrap_or(0);
-                let online_jobs = match online.get(&(n.name.clone(), p.index)) {
-                    Some(jobs) => jobs.clone(),
-                    // Held by a job muxflow does not manage: not ours to share.
-                    None if !idle_known || gpu_held.contains(&(n.name.clone(), p.index)) => {
-                        continue
-                    }
-                    None => Vec::new(),
-                };
-                let owners = owners_on
-                    .get(&(n.name.clone(), p.index))
-                    .map(|u| u.iter().cloned().collect())
-                    .unwrap_or_default();
-                st.gpus.push(GpuState {
-                    node: n.name.clone(),
-                    index: p.index,
-                    owners,
-                    slots_used: used.get(&p.index).copied().unwrap_or(0).max(jobs_there),
-                    offline_jobs: jobs_there,
-                    online_jobs,
-                    published: p,
-                });
-            }
+            st.read_node(n, names, &held, &offline_on);
         }
         st.gpus
             .sort_by(|a, b| (&a.node, a.index).cmp(&(&b.node, b.index)));
         st
+    }
+
+    /// One squeue job: the GPUs it holds, and as a muxflow job its place
+    /// (online or offline, running) or its pending record.
+    fn read_job(&mut self, j: &SqueueJob, names: &Names, held: &mut Held) {
+        // The job's AdminComment, parsed once for all it says.
+        let comment = AdminComment::parse(&j.admin_comment).ok();
+        let mode = comment.as_ref().and_then(AdminComment::mode);
+        let running = has_state(&j.job_state, "RUNNING");
+        if running {
+            for (node, detail) in expand_hostlist(&j.nodes).iter().zip(&j.gres_detail) {
+                for g in parse_gres(detail).into_iter().filter(|g| g.name == "gpu") {
+                    for i in g.indices {
+                        held.gpu_held.insert((node.clone(), i));
+                    }
+                }
+            }
+        }
+        match (mode, running) {
+            (Some(Mode::Online), true) => {
+                // One gres_detail entry per node of the allocation.
+                let hosts = expand_hostlist(&j.nodes);
+                for (node, detail) in hosts.iter().zip(&j.gres_detail) {
+                    for g in parse_gres(detail).into_iter().filter(|g| g.name == "gpu") {
+                        for i in g.indices {
+                            held.online
+                                .entry((node.clone(), i))
+                                .or_default()
+                                .push(j.job_id);
+                            held.owners_on
+                                .entry((node.clone(), i))
+                                .or_default()
+                                .insert(j.owner());
+                        }
+                    }
+                }
+            }
+            (Some(Mode::Offline), true) => {
+                let hosts = expand_hostlist(&j.nodes);
+                for (node, detail) in hosts.iter().zip(&j.gres_detail) {
+                    for g in parse_gres(detail)
+                        .into_iter()
+                        .filter(|g| g.name == names.offline_gres && g.count > 0)
+                    {
+                        if let Some(i) = g.kind.as_deref().and_then(slot_index) {
+                            self.running_offline.push((j.job_id, node.clone(), i));
+                            held.owners_on
+                                .entry((node.clone(), i))
+                                .or_default()
+                                .insert(j.owner());
+                        }
+                    }
+                }
+            }
+            (Some(Mode::Offline), false) if has_state(&j.job_state, "PENDING") => {
+                self.pending.push(pending_job(j, comment.as_ref(), names));
+            }
+            _ => {}
+        }
+    }
+
+    /// One sinfo node: its free room, and its GPUs that are idle or run an
+    /// online job muxflow manages, as its Extra publishes them.
+    fn read_node(
+        &mut self,
+        n: &SinfoNode,
+        names: &Names,
+        held: &Held,
+        offline_on: &BTreeMap<(String, u32), u32>,
+    ) {
+        // Slots held per GPU: the node counts each type's slots in use
+        // (N records of one type with `offline_per_gpu` = N).
+        let used = slots_by_index(&n.gres_used, names);
+        // A GPU no running job holds as gres/gpu (muxflow's or not) is
+        // idle. squeue's gres_detail names the indices; the node's
+        // gres_used only counts them (22.05 prints `gpu:1`, no IDX):
+        // when it counts more than squeue named, some job's GPUs are
+        // unknown and none of the node's GPUs is taken for idle.
+        let used_gpus: u64 = parse_gres(&n.gres_used)
+            .into_iter()
+            .filter(|g| g.name == "gpu")
+            .map(|g| g.count)
+            .sum();
+        let named = held
+            .gpu_held
+            .range((n.name.clone(), 0)..=(n.name.clone(), u32::MAX))
+            .count();
+        let idle_known = used_gpus <= named as u64;
+        let has_online = held.online.keys().any(|(node, _)| node == &n.name);
+        if let Some(room) = n.free_room() {
+            self.node_room.insert(n.name.clone(), room);
+        }
+        let published = match published::decode(&n.extra) {
+            Ok(p) => p,
+            Err(e) => {
+                if has_online {
+                    self.notes.push(format!(
+                        "node {}: no usable muxflow Extra ({e}); its GPUs get no offline job",
+                        n.name
+                    ));
+                }
+                return;
+            }
+        };
+        if node_unusable(n) {
+            if has_online {
+                self.notes.push(format!(
+                    "node {}: state {}; skipped",
+                    n.name,
+                    n.state.join("+")
+                ));
+            }
+            return;
+        }
+        for p in published {
+            let at = (n.name.clone(), p.index);
+            let jobs_there = offline_on.get(&at).copied().unwrap_or(0);
+            let online_jobs = match held.online.get(&at) {
+                Some(jobs) => jobs.clone(),
+                // Held by a job muxflow does not manage: not ours to share.
+                None if !idle_known || held.gpu_held.contains(&at) => continue,
+                None => Vec::new(),
+            };
+            let owners = held
+                .owners_on
+                .get(&at)
+                .map(|u| u.iter().cloned().collect())
+                .unwrap_or_default();
+            self.gpus.push(GpuState {
+                node: n.name.clone(),
+                index: p.index,
+                owners,
+                slots_used: used.get(&p.index).copied().unwrap_or(0).max(jobs_there),
+                offline_jobs: jobs_there,
+                online_jobs,
+                published: p,
+            });
+        }
     }
 
     /// GPUs that may take a new offline job: Healthy, with fewer than

@@ -228,6 +228,67 @@ pub(crate) struct Matched {
     pub full_graph: bool,
 }
 
+/// One round as the cache reads it: `jobs` and their
+/// [`crate::round::Predictor::job_key`]s, `open[c]` column c's position in
+/// the state's GPUs, `col_room[c]` its node's room, `score` the round's
+/// weights (job, column), `candidates(js)` the candidate graph of jobs `js`
+/// (ascending; the edges name the round's jobs), which a cold round starts
+/// from and a changed job's row is seeded with; `opts` and `budget` the
+/// pricing's; `scored_once`: `score` looks most pairs up (no rows kept
+/// scored).
+pub(crate) struct CacheRound<'a, C> {
+    pub epoch: u64,
+    pub jobs: &'a [&'a PendingJob],
+    pub job_keys: &'a [u64],
+    pub open: &'a [usize],
+    pub col_room: &'a [Option<NodeRoom>],
+    pub score: &'a Score<'a>,
+    pub candidates: C,
+    pub opts: &'a ExactOptions,
+    pub budget: Option<std::time::Duration>,
+    pub scored_once: bool,
+}
+
+impl<C> CacheRound<'_, C> {
+    /// The rows worth keeping scored: none where `score` is a lookup
+    /// already (scored once per column class), keeping rows scored would
+    /// only copy them.
+    fn dense_rows(&self, js: &[u32]) -> Vec<u32> {
+        if self.scored_once {
+            Vec::new()
+        } else {
+            js.to_vec()
+        }
+    }
+}
+
+/// The round's open columns on the state's GPUs: each GPU's node room
+/// (`None`: not open), its column (`u32::MAX`: none), the open GPUs in
+/// order.
+struct Columns {
+    room: Vec<Option<Option<NodeRoom>>>,
+    col_open: Vec<u32>,
+    live: Vec<u32>,
+}
+
+impl Columns {
+    fn of<C>(n: usize, round: &CacheRound<'_, C>) -> Columns {
+        let mut room: Vec<Option<Option<NodeRoom>>> = vec![None; n];
+        let mut col_open = vec![u32::MAX; n];
+        for (c, &i) in round.open.iter().enumerate() {
+            room[i] = Some(round.col_room[c]);
+            col_open[i] = c as u32;
+        }
+        let mut live: Vec<u32> = round.open.iter().map(|&i| i as u32).collect();
+        live.sort_unstable();
+        Columns {
+            room,
+            col_open,
+            live,
+        }
+    }
+}
+
 /// The round's jobs and open GPUs on the cache's rows and columns.
 struct Slotted<'a> {
     /// Row -> the round's job (`u32::MAX`: none).
@@ -409,187 +470,187 @@ impl RoundCache {
         self.inc = None;
     }
 
-    /// The 1-GPU jobs' matching of a round: `jobs` and their
-    /// [`crate::round::Predictor::job_key`]s, `open[c]` column c's position
-    /// in the state's GPUs, `col_room[c]` its node's room, `score` the
-    /// round's weights (job, column), `candidates(js)` the candidate graph
-    /// of jobs `js` (ascending; the edges name the round's jobs), which a
-    /// cold round starts from and a changed job's row is seeded with;
-    /// `scored_once`: `score` looks most pairs up (no rows kept scored).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn matching(
-        &mut self,
-        epoch: u64,
-        jobs: &[&PendingJob],
-        job_keys: &[u64],
-        open: &[usize],
-        col_room: &[Option<NodeRoom>],
-        score: &Score,
-        candidates: impl Fn(&[u32], &Score) -> Vec<Edge>,
-        opts: &ExactOptions,
-        budget: Option<std::time::Duration>,
-        scored_once: bool,
-    ) -> Matched {
-        // Where `score` is a lookup already (scored once per column class),
-        // keeping rows scored would only copy them.
-        let dense_rows = |js: &[u32]| if scored_once { Vec::new() } else { js.to_vec() };
-        let n = self.seen.gpus.len();
-        let mut room: Vec<Option<Option<NodeRoom>>> = vec![None; n];
-        let mut col_open = vec![u32::MAX; n];
-        for (c, &i) in open.iter().enumerate() {
-            room[i] = Some(col_room[c]);
-            col_open[i] = c as u32;
-        }
-        let mut live: Vec<u32> = open.iter().map(|&i| i as u32).collect();
-        live.sort_unstable();
+    /// The 1-GPU jobs' matching of `round` (see [`CacheRound`]):
+    /// incremental from the last round where it is warm and little
+    /// changed, else cold; either way kept for the next.
+    pub(crate) fn matching<C>(&mut self, round: &CacheRound<'_, C>) -> Matched
+    where
+        C: Fn(&[u32], &Score) -> Vec<Edge>,
+    {
+        let cols = Columns::of(self.seen.gpus.len(), round);
         let warm = self.inc.is_some()
-            && self.epoch == epoch
+            && self.epoch == round.epoch
             && !self.gpus_moved
             && !self.order_moved
-            && self.col_room.len() == n;
-        let slotted = if warm { self.rows_for(jobs) } else { None };
-        let (row_job, kind) = match slotted {
-            Some(row_job) => {
-                let mut row_of_job = vec![u32::MAX; jobs.len()];
-                for (r, &j) in row_job.iter().enumerate() {
-                    if j != u32::MAX {
-                        row_of_job[j as usize] = r as u32;
-                    }
-                }
-                let changed_rows: Vec<u32> = (0..row_job.len() as u32)
-                    .filter(|&r| {
-                        let j = row_job[r as usize];
-                        match (&self.row_key[r as usize], j) {
-                            (None, u32::MAX) => false,
-                            (Some(k), j) if j != u32::MAX => {
-                                !k.matches(jobs[j as usize], job_keys[j as usize])
-                            }
-                            _ => true,
-                        }
-                    })
-                    .collect();
-                let changed_cols: Vec<u32> = (0..n as u32)
-                    .filter(|&c| {
-                        let c = c as usize;
-                        room[c] != self.col_room[c] || (room[c].is_some() && self.gpu_changed[c])
-                    })
-                    .collect();
-                let one_in = self.cold_when_changed_one_in;
-                if changed_cols.len() as u64 * one_in > live.len().max(1) as u64
-                    || changed_rows.len() as u64 * one_in > jobs.len().max(1) as u64
-                {
-                    (Vec::new(), RoundKind::Cold)
-                } else {
-                    let s = Slotted {
-                        row_job: row_job.clone(),
-                        col_open: col_open.clone(),
-                        live: live.clone(),
-                        score,
-                    };
-                    // Changed jobs start from their candidate lists.
-                    let mut changed_jobs: Vec<u32> = changed_rows
-                        .iter()
-                        .map(|&r| row_job[r as usize])
-                        .filter(|&j| j != u32::MAX)
-                        .collect();
-                    changed_jobs.sort_unstable();
-                    let dense = Dense::fill(
-                        &dense_rows(&changed_jobs),
-                        jobs.len(),
-                        open.len(),
-                        score,
-                        opts.threads,
-                    );
-                    let score = &|j: u32, c: u32| dense.get(j, c).unwrap_or_else(|| score(j, c));
-                    let mut seed: Vec<Edge> = candidates(&changed_jobs, score)
-                        .into_iter()
-                        .map(|e| Edge {
-                            job: row_of_job[e.job as usize],
-                            gpu: open[e.gpu as usize] as u32,
-                            weight: e.weight,
-                        })
-                        .collect();
-                    seed.sort_unstable_by_key(|e| (e.job, e.gpu));
-                    // The budget counts pricing's own time, as the cold
-                    // round's does (from after its candidates and solve).
-                    let opts = &opts.restarted(budget);
-                    self.inc.as_mut().expect("warm").update_seeded(
-                        &s,
-                        &changed_rows,
-                        &changed_cols,
-                        &seed,
-                        opts,
-                    );
-                    for &r in &changed_rows {
-                        let j = row_job[r as usize];
-                        self.row_key[r as usize] = (j != u32::MAX)
-                            .then(|| RowKey::of(jobs[j as usize], job_keys[j as usize]));
-                    }
-                    (row_job, RoundKind::Incremental)
-                }
-            }
-            None => (Vec::new(), RoundKind::Cold),
-        };
-        let row_job = if kind == RoundKind::Cold {
-            // Rows in the round's order, spare ones after.
-            let spare = (jobs.len() / 4).max(SPARE_ROWS);
-            let mut row_job: Vec<u32> = (0..jobs.len() as u32).collect();
-            row_job.resize(jobs.len() + spare, u32::MAX);
-            let s = Slotted {
-                row_job: row_job.clone(),
-                col_open: col_open.clone(),
-                live,
-                score,
-            };
-            let all: Vec<u32> = (0..jobs.len() as u32).collect();
-            let dense = Dense::fill(
-                &dense_rows(&all),
-                jobs.len(),
-                open.len(),
-                score,
-                opts.threads,
-            );
-            let score = &|j: u32, c: u32| dense.get(j, c).unwrap_or_else(|| score(j, c));
-            let s = Slotted { score, ..s };
-            let mut edges: Vec<Edge> = candidates(&all, score)
-                .into_iter()
-                .map(|e| Edge {
-                    gpu: open[e.gpu as usize] as u32,
-                    ..e
-                })
-                .collect();
-            edges.sort_unstable_by_key(|e| (e.job, e.gpu));
-            let sol = solve_with(s.jobs(), s.gpus(), &edges, &SolveOptions::default())
-                .expect("candidate edges are in range, positive and unique");
-            let opts = &opts.restarted(budget);
-            self.inc = Some(Incremental::from_solution(&s, edges, sol, opts));
-            self.row_key = row_job
-                .iter()
-                .map(|&j| {
-                    (j != u32::MAX).then(|| RowKey::of(jobs[j as usize], job_keys[j as usize]))
-                })
-                .collect();
-            row_job
+            && self.col_room.len() == cols.room.len();
+        let slotted = if warm {
+            self.rows_for(round.jobs)
         } else {
-            row_job
+            None
         };
-        self.epoch = epoch;
+        let incremental = slotted.and_then(|row_job| self.incremental(round, &cols, row_job));
+        let (row_job, kind) = match incremental {
+            Some(row_job) => (row_job, RoundKind::Incremental),
+            None => (self.cold_round(round, &cols), RoundKind::Cold),
+        };
+        self.epoch = round.epoch;
         self.gpus_moved = false;
         self.order_moved = false;
         self.gpu_changed.iter_mut().for_each(|c| *c = false);
-        self.col_room = room;
         self.row_of = row_job
             .iter()
             .enumerate()
             .filter(|(_, &j)| j != u32::MAX)
-            .map(|(r, &j)| (jobs[j as usize].id, r as u32))
+            .map(|(r, &j)| (round.jobs[j as usize].id, r as u32))
             .collect();
         match kind {
             RoundKind::Incremental => self.incremental += 1,
             _ => self.cold += 1,
         }
         self.last = kind;
-        // Back to the round's indices.
+        let matched = self.in_round_indices(&row_job, &cols.col_open);
+        self.col_room = cols.room;
+        matched
+    }
+
+    /// The incremental round on the last round's rows `row_job`, or `None`
+    /// where too much changed (a cold round then).
+    fn incremental<C>(
+        &mut self,
+        round: &CacheRound<'_, C>,
+        cols: &Columns,
+        row_job: Vec<u32>,
+    ) -> Option<Vec<u32>>
+    where
+        C: Fn(&[u32], &Score) -> Vec<Edge>,
+    {
+        let (jobs, job_keys, score) = (round.jobs, round.job_keys, round.score);
+        let mut row_of_job = vec![u32::MAX; jobs.len()];
+        for (r, &j) in row_job.iter().enumerate() {
+            if j != u32::MAX {
+                row_of_job[j as usize] = r as u32;
+            }
+        }
+        let changed_rows: Vec<u32> = (0..row_job.len() as u32)
+            .filter(|&r| {
+                let j = row_job[r as usize];
+                match (&self.row_key[r as usize], j) {
+                    (None, u32::MAX) => false,
+                    (Some(k), j) if j != u32::MAX => {
+                        !k.matches(jobs[j as usize], job_keys[j as usize])
+                    }
+                    _ => true,
+                }
+            })
+            .collect();
+        let room = &cols.room;
+        let changed_cols: Vec<u32> = (0..room.len() as u32)
+            .filter(|&c| {
+                let c = c as usize;
+                room[c] != self.col_room[c] || (room[c].is_some() && self.gpu_changed[c])
+            })
+            .collect();
+        let one_in = self.cold_when_changed_one_in;
+        if changed_cols.len() as u64 * one_in > cols.live.len().max(1) as u64
+            || changed_rows.len() as u64 * one_in > jobs.len().max(1) as u64
+        {
+            return None;
+        }
+        let s = Slotted {
+            row_job: row_job.clone(),
+            col_open: cols.col_open.clone(),
+            live: cols.live.clone(),
+            score,
+        };
+        // Changed jobs start from their candidate lists.
+        let mut changed_jobs: Vec<u32> = changed_rows
+            .iter()
+            .map(|&r| row_job[r as usize])
+            .filter(|&j| j != u32::MAX)
+            .collect();
+        changed_jobs.sort_unstable();
+        let dense = Dense::fill(
+            &round.dense_rows(&changed_jobs),
+            jobs.len(),
+            round.open.len(),
+            score,
+            round.opts.threads,
+        );
+        let score = &|j: u32, c: u32| dense.get(j, c).unwrap_or_else(|| score(j, c));
+        let mut seed: Vec<Edge> = (round.candidates)(&changed_jobs, score)
+            .into_iter()
+            .map(|e| Edge {
+                job: row_of_job[e.job as usize],
+                gpu: round.open[e.gpu as usize] as u32,
+                weight: e.weight,
+            })
+            .collect();
+        seed.sort_unstable_by_key(|e| (e.job, e.gpu));
+        // The budget counts pricing's own time, as the cold
+        // round's does (from after its candidates and solve).
+        let opts = &round.opts.restarted(round.budget);
+        self.inc.as_mut().expect("warm").update_seeded(
+            &s,
+            &changed_rows,
+            &changed_cols,
+            &seed,
+            opts,
+        );
+        for &r in &changed_rows {
+            let j = row_job[r as usize];
+            self.row_key[r as usize] =
+                (j != u32::MAX).then(|| RowKey::of(jobs[j as usize], job_keys[j as usize]));
+        }
+        Some(row_job)
+    }
+
+    /// A cold round: rows in the round's order, spare ones after; its
+    /// rows' jobs.
+    fn cold_round<C>(&mut self, round: &CacheRound<'_, C>, cols: &Columns) -> Vec<u32>
+    where
+        C: Fn(&[u32], &Score) -> Vec<Edge>,
+    {
+        let (jobs, job_keys, score) = (round.jobs, round.job_keys, round.score);
+        let spare = (jobs.len() / 4).max(SPARE_ROWS);
+        let mut row_job: Vec<u32> = (0..jobs.len() as u32).collect();
+        row_job.resize(jobs.len() + spare, u32::MAX);
+        let s = Slotted {
+            row_job: row_job.clone(),
+            col_open: cols.col_open.clone(),
+            live: cols.live.clone(),
+            score,
+        };
+        let all: Vec<u32> = (0..jobs.len() as u32).collect();
+        let dense = Dense::fill(
+            &round.dense_rows(&all),
+            jobs.len(),
+            round.open.len(),
+            score,
+            round.opts.threads,
+        );
+        let score = &|j: u32, c: u32| dense.get(j, c).unwrap_or_else(|| score(j, c));
+        let s = Slotted { score, ..s };
+        let mut edges: Vec<Edge> = (round.candidates)(&all, score)
+            .into_iter()
+            .map(|e| Edge {
+                gpu: round.open[e.gpu as usize] as u32,
+                ..e
+            })
+            .collect();
+        edges.sort_unstable_by_key(|e| (e.job, e.gpu));
+        let sol = solve_with(s.jobs(), s.gpus(), &edges, &SolveOptions::default())
+            .expect("candidate edges are in range, positive and unique");
+        let opts = &round.opts.restarted(round.budget);
+        self.inc = Some(Incremental::from_solution(&s, edges, sol, opts));
+        self.row_key = row_job
+            .iter()
+            .map(|&j| (j != u32::MAX).then(|| RowKey::of(jobs[j as usize], job_keys[j as usize])))
+            .collect();
+        row_job
+    }
+
+    /// The kept matching back in the round's indices.
+    fn in_round_indices(&self, row_job: &[u32], col_open: &[u32]) -> Matched {
         let exact = self.inc.as_ref().expect("solved").exact();
         let mut edges: Vec<Edge> = exact
             .edges

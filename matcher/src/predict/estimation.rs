@@ -65,11 +65,41 @@ pub(super) struct Obs {
 
 /// Estimates solo speeds and pair throughputs from `runs` (module docs).
 pub fn estimate(runs: &[Run]) -> Estimates {
-    // Runs grouped by job: hashed, then the groups in key order (a tree
-    // compared both strings of every run's key at each level).
+    let mut out = Estimates::default();
+    let by_job = group_runs(runs, &mut out.partner_ids);
+    // One name per partner: the resolved one wherever any run resolved it
+    // (read by reference: the map goes back into `out` at the end).
+    let names = std::mem::take(&mut out.partner_ids);
+    let mut spread = Spread::default();
+    for (key, job_runs) in by_job {
+        estimate_job(key, &job_runs, &names, &mut out, &mut spread);
+    }
+    out.run_sd = if spread.dof > 0 {
+        (spread.sq / spread.dof as f64).sqrt()
+    } else {
+        0.05
+    };
+    out.partner_ids = names;
+    out
+}
+
+/// Single runs around their pair's curve: the sum of squares and the
+/// degrees of freedom, over every job's pairs in turn.
+#[derive(Default)]
+struct Spread {
+    sq: f64,
+    dof: usize,
+}
+
+/// Runs grouped by job, in key order (hashed, then the groups sorted: a
+/// tree compared both strings of every run's key at each level); each
+/// partner's job id into `partner_ids`.
+fn group_runs<'r>(
+    runs: &'r [Run],
+    partner_ids: &mut BTreeMap<u32, JobKey>,
+) -> Vec<(&'r JobKey, Vec<&'r Run>)> {
     let mut group_of: std::collections::HashMap<&JobKey, usize> = Default::default();
     let mut by_job: Vec<(&JobKey, Vec<&Run>)> = Vec::new();
-    let mut out = Estimates::default();
     for r in runs {
         let g = *group_of.entry(&r.key).or_insert_with(|| {
             by_job.push((&r.key, Vec::new()));
@@ -77,7 +107,7 @@ pub fn estimate(runs: &[Run]) -> Estimates {
         });
         by_job[g].1.push(r);
         if let (Some(id), Some(k)) = (r.report.partner, &r.partner_key) {
-            out.partner_ids.insert(id, k.clone());
+            partner_ids.insert(id, k.clone());
         }
     }
     // A partner the listing did not resolve (sacct may not list a running
@@ -85,136 +115,144 @@ pub fn estimate(runs: &[Run]) -> Estimates {
     // id still finds the pair.
     for r in runs {
         if let Some(id) = r.report.partner {
-            out.partner_ids
+            partner_ids
                 .entry(id)
                 .or_insert_with(|| unresolved_partner(id));
         }
     }
-    // One name per partner: the resolved one wherever any run resolved it
-    // (read by reference: the map goes back into `out` at the end).
-    let names = std::mem::take(&mut out.partner_ids);
-    let canonical = |r: &Run| canonical_partner(&names, r);
-    let (mut sq, mut dof) = (0.0, 0usize);
     drop(group_of);
     by_job.sort_unstable_by(|a, b| a.0.cmp(b.0));
-    for (key, job_runs) in by_job {
-        let mut prof = Profile {
-            runs: job_runs.len(),
-            ..Profile::default()
-        };
-        for r in &job_runs {
-            prof.peak_mib = prof.peak_mib.max(trusted_peak_mib(&r.report));
-            if failed_for_memory(&r.report) && beside_its_partner_only(&r.report) {
-                if let Some(p) = canonical(r) {
-                    out.infeasible.insert((key.clone(), p.clone()));
-                }
-            } else if failed_for_memory(&r.report) && !r.report.peers.is_empty() {
-                // Beside other offline jobs it had its part of the room: not
-                // the pair's failure, but it needs more than that cap.
-                let needs = r.report.mem_cap_mib.map(|c| c.saturating_add(1));
-                prof.peak_mib = prof.peak_mib.max(needs);
-                prof.beside_offline_fail += 1.0;
-            }
-        }
-        prof.peer_runs = job_runs
-            .iter()
-            .filter(|r| !r.report.peers.is_empty())
-            .count();
-        prof.beside_offline_fail /= (prof.peer_runs + 1) as f64;
-        let signal = if job_runs
-            .iter()
-            .any(|r| progress(&r.report, Signal::StepsPerS).is_some())
-        {
-            Signal::StepsPerS
-        } else {
-            Signal::LaunchesPerS
-        };
-        let mut partners: Vec<JobKey> = Vec::new();
-        let mut obs: Vec<Obs> = Vec::new();
-        for r in job_runs
-            .iter()
-            .filter(|r| beside_its_partner_only(&r.report))
-        {
-            let Some(p) = progress(&r.report, signal) else {
-                continue;
-            };
-            let partner = if r.report.partner.is_some() {
-                let k = canonical(r).expect("has a partner");
-                Some(match partners.iter().position(|x| x == k) {
-                    Some(i) => i,
-                    None => {
-                        partners.push(k.clone());
-                        partners.len() - 1
-                    }
-                })
-            } else {
-                None
-            };
-            let mem = match (trusted_peak_mib(&r.report), r.report.mem_cap_mib) {
-                (Some(pk), Some(c)) if c > 0 => (pk as f64 / c as f64).min(1.0),
-                _ => DEFAULT_MEM,
-            };
-            obs.push(Obs {
-                partner,
-                load: partner_load(&r.report),
-                p,
-                share: r
-                    .report
-                    .sm_pct
-                    .map_or(1.0, |s| f64::from(s.min(100)) / 100.0),
-                mem,
-            });
-        }
-        if obs.is_empty() {
-            out.profiles.insert(key.clone(), prof);
-            continue;
-        }
-        prof.signal = Some(signal);
-        // Other offline jobs on its GPU slow its launches too.
-        let rates: Vec<f64> = job_runs
-            .iter()
-            .filter(|r| r.report.peers.is_empty())
-            .filter_map(|r| progress(&r.report, Signal::LaunchesPerS))
-            .collect();
-        prof.launch_rate =
-            (!rates.is_empty()).then(|| rates.iter().sum::<f64>() / rates.len() as f64);
-        let rate = rate_feature(prof.launch_rate);
-        let alone: Vec<f64> = obs
-            .iter()
-            .filter(|o| o.partner.is_none())
-            .map(|o| o.p)
-            .collect();
-        prof.alone_runs = alone.len();
-        let (sigma, d) = fit_solo(&obs, partners.len(), alone);
-        prof.solo = Some(sigma);
-        prof.beside_offline =
-            beside_offline_factor(&job_runs, signal, sigma, &partners, &d, &names);
-        for (k, partner) in partners.into_iter().enumerate() {
-            let mine: Vec<&Obs> = obs.iter().filter(|o| o.partner == Some(k)).collect();
-            let n = mine.len() as f64;
-            for o in &mine {
-                sq += (o.p / sigma - (1.0 - o.load * d[k])).powi(2);
-            }
-            dof += mine.len().saturating_sub(1);
-            out.pairs.push(PairObs {
-                job: key.clone(),
-                partner,
-                x: (1.0 - d[k]).clamp(0.0, 1.2),
-                runs: mine.len(),
-                share: mine.iter().map(|o| o.share).sum::<f64>() / n,
-                mem: mine.iter().map(|o| o.mem).sum::<f64>() / n,
-                rate,
-            });
-        }
-        out.profiles.insert(key.clone(), prof);
-    }
-    out.run_sd = if dof > 0 {
-        (sq / dof as f64).sqrt()
-    } else {
-        0.05
+    by_job
+}
+
+/// One job's profile and pairs from its runs, into `out`.
+fn estimate_job(
+    key: &JobKey,
+    job_runs: &[&Run],
+    names: &BTreeMap<u32, JobKey>,
+    out: &mut Estimates,
+    spread: &mut Spread,
+) {
+    let canonical = |r: &Run| canonical_partner(names, r);
+    let mut prof = Profile {
+        runs: job_runs.len(),
+        ..Profile::default()
     };
-    out.partner_ids = names;
-    out
+    for r in job_runs {
+        prof.peak_mib = prof.peak_mib.max(trusted_peak_mib(&r.report));
+        if failed_for_memory(&r.report) && beside_its_partner_only(&r.report) {
+            if let Some(p) = canonical(r) {
+                out.infeasible.insert((key.clone(), p.clone()));
+            }
+        } else if failed_for_memory(&r.report) && !r.report.peers.is_empty() {
+            // Beside other offline jobs it had its part of the room: not
+            // the pair's failure, but it needs more than that cap.
+            let needs = r.report.mem_cap_mib.map(|c| c.saturating_add(1));
+            prof.peak_mib = prof.peak_mib.max(needs);
+            prof.beside_offline_fail += 1.0;
+        }
+    }
+    prof.peer_runs = job_runs
+        .iter()
+        .filter(|r| !r.report.peers.is_empty())
+        .count();
+    prof.beside_offline_fail /= (prof.peer_runs + 1) as f64;
+    let signal = if job_runs
+        .iter()
+        .any(|r| progress(&r.report, Signal::StepsPerS).is_some())
+    {
+        Signal::StepsPerS
+    } else {
+        Signal::LaunchesPerS
+    };
+    let (partners, obs) = observations(job_runs, signal, names);
+    if obs.is_empty() {
+        out.profiles.insert(key.clone(), prof);
+        return;
+    }
+    prof.signal = Some(signal);
+    // Other offline jobs on its GPU slow its launches too.
+    let rates: Vec<f64> = job_runs
+        .iter()
+        .filter(|r| r.report.peers.is_empty())
+        .filter_map(|r| progress(&r.report, Signal::LaunchesPerS))
+        .collect();
+    prof.launch_rate = (!rates.is_empty()).then(|| rates.iter().sum::<f64>() / rates.len() as f64);
+    let rate = rate_feature(prof.launch_rate);
+    let alone: Vec<f64> = obs
+        .iter()
+        .filter(|o| o.partner.is_none())
+        .map(|o| o.p)
+        .collect();
+    prof.alone_runs = alone.len();
+    let (sigma, d) = fit_solo(&obs, partners.len(), alone);
+    prof.solo = Some(sigma);
+    prof.beside_offline = beside_offline_factor(job_runs, signal, sigma, &partners, &d, names);
+    for (k, partner) in partners.into_iter().enumerate() {
+        let mine: Vec<&Obs> = obs.iter().filter(|o| o.partner == Some(k)).collect();
+        let n = mine.len() as f64;
+        for o in &mine {
+            spread.sq += (o.p / sigma - (1.0 - o.load * d[k])).powi(2);
+        }
+        spread.dof += mine.len().saturating_sub(1);
+        out.pairs.push(PairObs {
+            job: key.clone(),
+            partner,
+            x: (1.0 - d[k]).clamp(0.0, 1.2),
+            runs: mine.len(),
+            share: mine.iter().map(|o| o.share).sum::<f64>() / n,
+            mem: mine.iter().map(|o| o.mem).sum::<f64>() / n,
+            rate,
+        });
+    }
+    out.profiles.insert(key.clone(), prof);
+}
+
+/// The job's runs beside its partner only (or alone) with a progress
+/// reading in `signal`: its partners, numbered in order of first run, and
+/// one observation per run.
+fn observations(
+    job_runs: &[&Run],
+    signal: Signal,
+    names: &BTreeMap<u32, JobKey>,
+) -> (Vec<JobKey>, Vec<Obs>) {
+    let mut partners: Vec<JobKey> = Vec::new();
+    let mut obs: Vec<Obs> = Vec::new();
+    for r in job_runs
+        .iter()
+        .filter(|r| beside_its_partner_only(&r.report))
+    {
+        let Some(p) = progress(&r.report, signal) else {
+            continue;
+        };
+        let partner = if r.report.partner.is_some() {
+            let k = canonical_partner(names, r).expect("has a partner");
+            Some(match partners.iter().position(|x| x == k) {
+                Some(i) => i,
+                None => {
+                    partners.push(k.clone());
+                    partners.len() - 1
+                }
+            })
+        } else {
+            None
+        };
+        let mem = match (trusted_peak_mib(&r.report), r.report.mem_cap_mib) {
+            (Some(pk), Some(c)) if c > 0 => (pk as f64 / c as f64).min(1.0),
+            _ => DEFAULT_MEM,
+        };
+        obs.push(Obs {
+            partner,
+            load: partner_load(&r.report),
+            p,
+            share: r
+                .report
+                .sm_pct
+                .map_or(1.0, |s| f64::from(s.min(100)) / 100.0),
+            mem,
+        });
+    }
+    (partners, obs)
 }
 
 /// The one name of run `r`'s partner ([`estimate`]'s `names`).
