@@ -45,7 +45,10 @@ impl Sim<'_> {
         if !self.prune_pending() {
             return;
         }
-        let sampled = self.tally.rounds.is_multiple_of(u64::from(self.oracle_every));
+        let sampled = self
+            .tally
+            .rounds
+            .is_multiple_of(u64::from(self.oracle_every));
         let (chosen, oracle) = self.plan_rounds(sampled);
         self.tally.rounds += 1;
         for d in oracle
