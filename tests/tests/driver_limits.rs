@@ -110,6 +110,15 @@ fn settled_online(c: &Cluster, node: &str, prefix: &str) -> (u32, u32, PathBuf) 
     (online, gpu, cfg)
 }
 
+/// Ends the test's online job and waits for its GPU's MPS daemon to go
+/// (the next test sets the version its daemon reports); no node drained.
+fn end_online(c: &Cluster, node: &str, gpu: u32, online: u32) {
+    c.scancel(&[online]);
+    c.wait(online, WAIT);
+    c.wait_mps_daemon_gone(node, gpu, WAIT);
+    c.assert_no_drain();
+}
+
 /// A job script: prints who enforces its limits (its limits file, which
 /// the job's group may read), runs `shell`, then the workload.
 fn script(c: &Cluster, shell: &str, workload: &str) -> String {
@@ -405,10 +414,7 @@ fn with_static_partitions_the_driver_holds_a_job_without_xcuda_to_its_sms() {
     c.wait(none, WAIT);
     wait_removed(&c, node, gpu, 2);
     assert_eq!(c.job_field(online, "JobState"), "RUNNING");
-    c.scancel(&[online]);
-    c.wait(online, WAIT);
-    c.wait_mps_daemon_gone(node, gpu, WAIT);
-    c.assert_no_drain();
+    end_online(&c, node, gpu, online);
 }
 
 #[test]
@@ -455,10 +461,7 @@ fn with_an_older_daemon_sm_partitions_are_ignored_and_the_share_is_xcudas() {
         before[gpu as usize],
         "no partition made"
     );
-    c.scancel(&[online]);
-    c.wait(online, WAIT);
-    c.wait_mps_daemon_gone(node, gpu, WAIT);
-    c.assert_no_drain();
+    end_online(&c, node, gpu, online);
 }
 
 /// The attack on a v3 node: xCUDA and the MPS client limits gone, every SM
@@ -616,10 +619,7 @@ fn with_mps_v3_routing_by_cgroup_the_daemon_holds_a_job_without_xcuda_to_its_nam
         "deleted by muxflow"
     );
     assert_eq!(c.job_field(online, "JobState"), "RUNNING");
-    c.scancel(&[online]);
-    c.wait(online, WAIT);
-    c.wait_mps_daemon_gone(node, gpu, WAIT);
-    c.assert_no_drain();
+    end_online(&c, node, gpu, online);
 }
 
 #[test]
@@ -678,10 +678,7 @@ fn with_mps_v3_routing_by_socket_only_namespaces_are_not_used_and_the_police_evi
         before[gpu as usize],
         "no namespace made"
     );
-    c.scancel(&[online]);
-    c.wait(online, WAIT);
-    c.wait_mps_daemon_gone(node, gpu, WAIT);
-    c.assert_no_drain();
+    end_online(&c, node, gpu, online);
 }
 
 /// A daemon the health check starts again has no namespaces: it makes
@@ -760,8 +757,5 @@ fn a_v3_daemon_the_health_check_restarts_gets_the_offline_jobs_namespaces_again(
         assert!(start.elapsed() < WAIT, "{name} outlived its job");
         std::thread::sleep(Duration::from_millis(200));
     }
-    c.scancel(&[online]);
-    c.wait(online, WAIT);
-    c.wait_mps_daemon_gone(node, gpu, WAIT);
-    c.assert_no_drain();
+    end_online(&c, node, gpu, online);
 }
