@@ -120,8 +120,9 @@ impl Sim<'_> {
         let (no_failed, no_needs) = (Failures::default(), BTreeMap::new());
         let this = &*self;
         let (chosen, oracle, chosen_s, trained) = std::thread::scope(|s| {
-            let oracle = s.spawn(|| {
-                sampled.then(|| {
+            // Only on a sampled round: no thread for the others.
+            let oracle = sampled.then(|| {
+                s.spawn(|| {
                     plan_cached(
                         &this.state,
                         &Truth { sim: this },
@@ -159,7 +160,7 @@ impl Sim<'_> {
                 this.learning.epoch + u64::from(retrain),
             );
             let chosen_s = started.elapsed().as_secs_f64();
-            let oracle = oracle.join().expect("the oracle's round");
+            let oracle = oracle.map(|o| o.join().expect("the oracle's round"));
             (chosen, oracle, chosen_s, trained)
         });
         self.learning.round_cache = chosen_cache;
