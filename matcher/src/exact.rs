@@ -374,38 +374,42 @@ fn price_row<S: Scores>(
     ru
 }
 
+/// Pairs of work (items × each item's `cost`) below which `parallel` runs
+/// inline: a worker's start (tens of µs) costs more than it saves there.
+const PARALLEL_MIN_PAIRS: usize = 16 << 10;
+
 /// Runs `work` over `items` on up to `threads` workers (interleaved blocks)
-/// and returns the workers' results.
+/// and returns the workers' results; `cost`: pairs each item scans (a
+/// replay round's few dozen rows each span about a thousand GPUs).
 pub(crate) fn parallel<T: Send, I: Sync>(
     items: &[I],
     threads: usize,
+    cost: usize,
     work: impl Fn(&[I]) -> T + Sync,
 ) -> Vec<T> {
-    // Threads pay off from a few dozen full rows on.
-    let threads = if items.len() < 64 { 1 } else { threads.max(1) };
+    let threads = if items.len() < 2 || items.len().saturating_mul(cost) < PARALLEL_MIN_PAIRS {
+        1
+    } else {
+        threads.clamp(1, items.len())
+    };
     if threads == 1 {
         return vec![work(items)];
     }
-    let chunks: Vec<&[I]> = items.chunks(128).collect();
-    std::thread::scope(|sc| {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                let (chunks, work) = (&chunks, &work);
-                sc.spawn(move || {
-                    chunks
-                        .iter()
-                        .skip(t)
-                        .step_by(threads)
-                        .map(|c| work(c))
-                        .collect::<Vec<T>>()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().expect("pricing worker panicked"))
-            .collect()
+    // Blocks of up to 128 items, at least four per worker where there are
+    // enough items, so that uneven items even out.
+    let block = items.len().div_ceil(threads * 4).clamp(1, 128);
+    let chunks: Vec<&[I]> = items.chunks(block).collect();
+    crate::workers::each(threads, |t| {
+        chunks
+            .iter()
+            .skip(t)
+            .step_by(threads)
+            .map(|c| work(c))
+            .collect::<Vec<T>>()
     })
+    .into_iter()
+    .flatten()
+    .collect()
 }
 
 /// One pricing pass: columns whose price fell below the reference, then
@@ -468,7 +472,7 @@ impl<S: Scores> Pass<'_, S> {
         // A column with more violated pairs than it may add stays pending (its
         // reference unknown) and is scanned again at the next pass, when its
         // price has moved; otherwise its pairs raise the rows' references.
-        let parts = parallel(&cols, self.threads, |chunk| {
+        let parts = parallel(&cols, self.threads, jobs, |chunk| {
             let mut ru = vec![i64::MIN; jobs];
             let mut found = Vec::new();
             let mut pending = Vec::new();
@@ -565,7 +569,7 @@ impl<S: Scores> Pass<'_, S> {
             }
         }
         let (rp, ru_old) = (&r.rp, &r.ru);
-        let parts = parallel(&rows, self.threads, |chunk| {
+        let parts = parallel(&rows, self.threads, gpus, |chunk| {
             let mut sc = Scratch {
                 mark: vec![false; gpus],
                 hits: Vec::new(),

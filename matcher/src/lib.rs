@@ -69,6 +69,7 @@ pub mod solver;
 #[cfg(any(test, feature = "bench"))]
 pub mod synth;
 pub mod weights;
+pub(crate) mod workers;
 
 pub use prune::{prune_candidates, prune_scored, spread_scored};
 pub use solver::{

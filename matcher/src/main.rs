@@ -243,7 +243,9 @@ fn round(
         kept.runs = Some(runs);
         kept.epoch += 1;
     }
-    let mut plan = plan_cached(
+    // The cache keeps the plan too: this round's copy takes the update
+    // failures' words.
+    let mut plan = std::sync::Arc::unwrap_or_clone(plan_cached(
         &state,
         &kept.model,
         &config.policy,
@@ -251,7 +253,7 @@ fn round(
         &names,
         &mut kept.cache,
         kept.epoch,
-    );
+    ));
     tracing::debug!(kind = ?kept.cache.last, "round solved");
     if !dry_run {
         for d in &mut plan.decisions {

@@ -148,20 +148,12 @@ where
         return scan(0, jobs);
     }
     let block = jobs.div_ceil(threads);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                let (lo, hi) = ((t * block).min(jobs), ((t + 1) * block).min(jobs));
-                let scan = &scan;
-                s.spawn(move || scan(lo, hi))
-            })
-            .collect();
-        let mut out = Vec::with_capacity(jobs * k);
-        for h in handles {
-            out.extend(h.join().expect("pruning worker panicked"));
-        }
-        out
+    crate::workers::each(threads, |t| {
+        scan((t * block).min(jobs), ((t + 1) * block).min(jobs))
     })
+    .into_iter()
+    .flatten()
+    .collect()
 }
 
 /// GPUs sampled to order jobs by strength before the full scan.
@@ -298,21 +290,13 @@ where
     }
     let threads = threads.clamp(1, jobs);
     let block = jobs.div_ceil(threads);
-    let best: Vec<i64> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                let strength = &strength;
-                s.spawn(move || {
-                    let (lo, hi) = ((t * block).min(jobs), ((t + 1) * block).min(jobs));
-                    (lo..hi).map(|j| strength(j as u32)).collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().expect("pruning worker panicked"))
-            .collect()
-    });
+    let best: Vec<i64> = crate::workers::each(threads, |t| {
+        let (lo, hi) = ((t * block).min(jobs), ((t + 1) * block).min(jobs));
+        (lo..hi).map(|j| strength(j as u32)).collect::<Vec<_>>()
+    })
+    .into_iter()
+    .flatten()
+    .collect();
     // Strongest job first: its sampled best weight, then its index.
     let mut order: Vec<u32> = (0..jobs as u32).collect();
     order.sort_unstable_by_key(|&j| (std::cmp::Reverse(best[j as usize]), j));
@@ -336,23 +320,10 @@ where
         }
         out
     };
-    let mut all = if threads == 1 {
-        work(0)
-    } else {
-        std::thread::scope(|s| {
-            let handles: Vec<_> = (0..threads)
-                .map(|t| {
-                    let work = &work;
-                    s.spawn(move || work(t))
-                })
-                .collect();
-            let mut all = Vec::new();
-            for h in handles {
-                all.extend(h.join().expect("pruning worker panicked"));
-            }
-            all
-        })
-    };
+    let mut all: Vec<Edge> = crate::workers::each(threads, work)
+        .into_iter()
+        .flatten()
+        .collect();
     all.sort_unstable_by_key(|e| (e.job, e.gpu));
     all.dedup_by_key(|e| (e.job, e.gpu));
     all

@@ -78,6 +78,7 @@
 //! when every call copied the queue, 4.0–5.5 s in 3 replayed days after).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use crate::exact::{ExactOptions, Incremental, RowScan, Scores};
 use crate::reader::{ClusterState, NodeRoom, PendingJob};
@@ -171,7 +172,7 @@ pub struct RoundCache {
     inc: Option<Incremental>,
     /// The last call's plan when it is final (pricing done or not asked
     /// for): what a call with the same inputs returns.
-    memo: Option<Plan>,
+    memo: Option<Arc<Plan>>,
     /// Rounds of each kind so far.
     pub cold: u64,
     pub incremental: u64,
@@ -298,6 +299,8 @@ struct Slotted<'a> {
     /// The columns with an open GPU.
     live: Vec<u32>,
     score: &'a Score<'a>,
+    /// Rows scored once this round, read without calling `score`.
+    dense: Option<&'a Dense>,
 }
 
 /// A round's weights, (job, column) in the round's indices.
@@ -328,7 +331,7 @@ impl Dense {
                 w: Vec::new(),
             };
         }
-        let parts = crate::exact::parallel(js, threads, |chunk| {
+        let parts = crate::exact::parallel(js, threads, cols, |chunk| {
             let mut w = Vec::with_capacity(chunk.len() * cols);
             for &j in chunk {
                 w.extend((0..cols as u32).map(|c| score(j, c).unwrap_or(i64::MIN)));
@@ -351,12 +354,15 @@ impl Dense {
 
     #[inline]
     fn get(&self, j: u32, c: u32) -> Option<Option<i64>> {
-        let r = *self.at.get(j as usize)?;
-        if r == u32::MAX {
-            return None;
-        }
-        let v = self.w[r as usize * self.cols + c as usize];
+        let v = self.row(j)?[c as usize];
         Some((v != i64::MIN).then_some(v))
+    }
+
+    /// Job j's row (`i64::MIN`: not feasible), if it was scored.
+    #[inline]
+    fn row(&self, j: u32) -> Option<&[i64]> {
+        let r = *self.at.get(j as usize)?;
+        (r != u32::MAX).then(|| &self.w[r as usize * self.cols..(r as usize + 1) * self.cols])
     }
 }
 
@@ -373,7 +379,10 @@ impl Scores for Slotted<'_> {
         if j == u32::MAX || o == u32::MAX {
             return None;
         }
-        (self.score)(j, o)
+        match self.dense.and_then(|d| d.get(j, o)) {
+            Some(w) => w,
+            None => (self.score)(j, o),
+        }
     }
     /// Only live columns; an empty row scores nothing.
     fn scan_row(
@@ -386,6 +395,20 @@ impl Scores for Slotted<'_> {
         let mut scan = RowScan::NOTHING;
         let j = self.row_job[r as usize];
         if j == u32::MAX {
+            return scan;
+        }
+        // A scored row: an array read per pair instead of a call.
+        if let Some(row) = self.dense.and_then(|d| d.row(j)) {
+            for &c in &self.live {
+                let w = row[self.col_open[c as usize] as usize];
+                scan.offer(
+                    c,
+                    (w != i64::MIN).then_some(w),
+                    price[c as usize],
+                    floor,
+                    visit,
+                );
+            }
             return scan;
         }
         for &c in &self.live {
@@ -405,7 +428,7 @@ impl RoundCache {
         state: &ClusterState,
         keys: Vec<u64>,
         epoch: u64,
-    ) -> Option<Plan> {
+    ) -> Option<Arc<Plan>> {
         let seen = &mut self.seen;
         let mut same = epoch == self.seen_epoch && seen.gpus.len() == state.gpus.len();
         if seen.gpus.len() != state.gpus.len() {
@@ -455,14 +478,14 @@ impl RoundCache {
         let plan = self.memo.take().filter(|_| same)?;
         self.reused += 1;
         self.last = RoundKind::Reused;
-        self.memo = Some(plan.clone());
+        self.memo = Some(Arc::clone(&plan));
         Some(plan)
     }
 
     /// Keeps this call's plan for [`RoundCache::observe`] when `final_`
     /// (a round whose pricing was cut goes on at the next call).
-    pub(crate) fn remember(&mut self, plan: &Plan, final_: bool) {
-        self.memo = final_.then(|| plan.clone());
+    pub(crate) fn remember(&mut self, plan: &Arc<Plan>, final_: bool) {
+        self.memo = final_.then(|| Arc::clone(plan));
     }
 
     /// Forgets the matching (a cold round next).
@@ -561,6 +584,7 @@ impl RoundCache {
             col_open: cols.col_open.clone(),
             live: cols.live.clone(),
             score,
+            dense: None,
         };
         // Changed jobs start from their candidate lists.
         let mut changed_jobs: Vec<u32> = changed_rows
@@ -619,6 +643,7 @@ impl RoundCache {
             col_open: cols.col_open.clone(),
             live: cols.live.clone(),
             score,
+            dense: None,
         };
         let all: Vec<u32> = (0..jobs.len() as u32).collect();
         let dense = Dense::fill(
@@ -629,7 +654,11 @@ impl RoundCache {
             round.opts.threads,
         );
         let score = &|j: u32, c: u32| dense.get(j, c).unwrap_or_else(|| score(j, c));
-        let s = Slotted { score, ..s };
+        let s = Slotted {
+            score,
+            dense: Some(&dense),
+            ..s
+        };
         let mut edges: Vec<Edge> = (round.candidates)(&all, score)
             .into_iter()
             .map(|e| Edge {

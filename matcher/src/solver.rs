@@ -561,23 +561,15 @@ fn run_components(components: &[Component], opts: &SolveOptions) -> Vec<LocalRes
         assigned[t].push(i);
     }
     let mut results: Vec<Option<LocalResult>> = (0..components.len()).map(|_| None).collect();
-    std::thread::scope(|s| {
-        let handles: Vec<_> = assigned
+    let solved = crate::workers::each(threads, |t| {
+        assigned[t]
             .iter()
-            .map(|ids| {
-                s.spawn(move || {
-                    ids.iter()
-                        .map(|&i| (i, Lap::new(&components[i]).run(opts.arr_steps_per_job)))
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        for h in handles {
-            for (i, r) in h.join().expect("matching worker panicked") {
-                results[i] = Some(r);
-            }
-        }
+            .map(|&i| (i, Lap::new(&components[i]).run(opts.arr_steps_per_job)))
+            .collect::<Vec<_>>()
     });
+    for (i, r) in solved.into_iter().flatten() {
+        results[i] = Some(r);
+    }
     results
         .into_iter()
         .map(|r| r.expect("every component solved"))

@@ -400,7 +400,7 @@ impl Cluster {
     /// outside their candidates at the current prices).
     pub fn full_graph_bound(&self, duals: &crate::solver::Duals, threads: usize) -> (i128, usize) {
         let rows: Vec<u32> = (0..self.jobs.len() as u32).collect();
-        let raised = crate::exact::parallel(&rows, threads, |chunk| {
+        let raised = crate::exact::parallel(&rows, threads, self.gpus.len(), |chunk| {
             let (mut sum, mut count) = (0i128, 0usize);
             for &j in chunk {
                 let mut best = duals.job[j as usize];
@@ -429,7 +429,7 @@ impl Cluster {
     /// duals over every pair for less with these bounds.
     pub fn certificate_pass(&self, duals: &crate::solver::Duals, threads: usize) -> (u64, u64) {
         let rows: Vec<u32> = (0..self.jobs.len() as u32).collect();
-        crate::exact::parallel(&rows, threads, |chunk| {
+        crate::exact::parallel(&rows, threads, self.gpus.len(), |chunk| {
             let (mut violated, mut scored) = (0u64, 0u64);
             for &j in chunk {
                 let floor = duals.job[j as usize];

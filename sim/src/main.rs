@@ -13,6 +13,9 @@ use muxflow_sim::input::Source;
 use muxflow_sim::output::{self, InputFigures};
 use muxflow_sim::{Inputs, PolicyKind, RunOptions, Settings};
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Debug, Parser)]
 #[command(
     version,

@@ -552,27 +552,16 @@ pub(super) fn choose_lambda(obs: &[(u32, u32, f64, f64)], jobs: usize, partners:
     // The lambdas are independent: spread over the solver's workers (the
     // retraining holds up the daemon's round and the replay's).
     let threads = crate::solver::SolveOptions::default().threads.max(1);
-    let mut errs = [0.0; LAMBDAS.len()];
-    std::thread::scope(|s| {
-        let err = &err;
-        let mut parts: Vec<_> = errs.chunks_mut(LAMBDAS.len().div_ceil(threads)).collect();
-        let last = parts.pop();
-        let mut at = 0;
-        for part in parts {
-            let from = at;
-            at += part.len();
-            s.spawn(move || {
-                for (e, &l) in part.iter_mut().zip(&LAMBDAS[from..]) {
-                    *e = err(l);
-                }
-            });
-        }
-        if let Some(part) = last {
-            for (e, &l) in part.iter_mut().zip(&LAMBDAS[at..]) {
-                *e = err(l);
-            }
-        }
-    });
+    let per = LAMBDAS.len().div_ceil(threads);
+    let errs: Vec<f64> = crate::workers::each(threads, |t| {
+        LAMBDAS[(t * per).min(LAMBDAS.len())..((t + 1) * per).min(LAMBDAS.len())]
+            .iter()
+            .map(|&l| err(l))
+            .collect::<Vec<_>>()
+    })
+    .into_iter()
+    .flatten()
+    .collect();
     errs.iter()
         .zip(LAMBDAS)
         .min_by(|a, b| a.0.total_cmp(b.0))

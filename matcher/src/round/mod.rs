@@ -106,6 +106,8 @@ mod splits;
 #[cfg(test)]
 mod tests;
 
+use std::sync::Arc;
+
 use muxflow::config::{Matcher, Policy};
 
 use crate::reader::{ClusterState, Names, NodeRoom, Owner, PendingJob};
@@ -191,7 +193,7 @@ pub fn plan_cached<P: Predictor>(
     names: &Names,
     cache: &mut RoundCache,
     epoch: u64,
-) -> Plan {
+) -> Arc<Plan> {
     let keys: Vec<u64> = state
         .gpus
         .iter()
@@ -201,7 +203,14 @@ pub fn plan_cached<P: Predictor>(
     if let Some(p) = cache.observe(state, keys, epoch) {
         return p;
     }
-    let p = plan_with(state, model, policy, matcher, names, Some((cache, epoch)));
+    let p = Arc::new(plan_with(
+        state,
+        model,
+        policy,
+        matcher,
+        names,
+        Some((cache, epoch)),
+    ));
     let final_ = p.summary.full_graph || matcher.pricing_budget_ms == 0;
     cache.remember(&p, final_);
     p

@@ -4,6 +4,7 @@
 //! and learned), and the AdminComment records the predictor learns from.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Instant;
 
 use muxflow::config::Policy;
@@ -109,7 +110,7 @@ impl Sim<'_> {
     /// true values, for `pairing_vs_oracle`) on the same state, side by
     /// side, one core each; a retrained model, when one is due, replaces
     /// the current one.
-    fn plan_rounds(&mut self, sampled: bool) -> (Plan, Option<Plan>) {
+    fn plan_rounds(&mut self, sampled: bool) -> (Arc<Plan>, Option<Arc<Plan>>) {
         let n = self.learning.runs.len();
         let retrain = self.learning.retrain_due();
         // The oracle's weights change only with the state and the jobs
