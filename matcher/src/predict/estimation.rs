@@ -70,12 +70,30 @@ pub fn estimate(runs: &[Run]) -> Estimates {
     // One name per partner: the resolved one wherever any run resolved it
     // (read by reference: the map goes back into `out` at the end).
     let names = std::mem::take(&mut out.partner_ids);
+    // Jobs are independent: contiguous blocks of them on the workers (the
+    // retraining holds up the daemon's round and the replay's), merged in
+    // job order, so the estimates are those of one pass over the jobs.
+    let threads = crate::solver::SolveOptions::default().threads.max(1);
+    let block = by_job.len().div_ceil(threads).max(1);
+    let parts = crate::workers::each(threads, |t| {
+        let (mut part, mut spread) = (Estimates::default(), Spread::default());
+        for (key, job_runs) in by_job.iter().skip(t * block).take(block) {
+            estimate_job(key, job_runs, &names, &mut part, &mut spread);
+        }
+        (part, spread)
+    });
     let mut spread = Spread::default();
-    for (key, job_runs) in by_job {
-        estimate_job(key, &job_runs, &names, &mut out, &mut spread);
+    for (mut part, s) in parts {
+        out.profiles.append(&mut part.profiles);
+        out.pairs.append(&mut part.pairs);
+        out.infeasible.append(&mut part.infeasible);
+        spread.terms.extend(s.terms);
+        spread.dof += s.dof;
     }
+    // Summed in job order from zero: the same sum as one pass's.
+    let sq = spread.terms.iter().fold(0.0, |sq, t| sq + t);
     out.run_sd = if spread.dof > 0 {
-        (spread.sq / spread.dof as f64).sqrt()
+        (sq / spread.dof as f64).sqrt()
     } else {
         0.05
     };
@@ -83,11 +101,11 @@ pub fn estimate(runs: &[Run]) -> Estimates {
     out
 }
 
-/// Single runs around their pair's curve: the sum of squares and the
-/// degrees of freedom, over every job's pairs in turn.
+/// Single runs around their pair's curve: the squares, in the order of
+/// the jobs and their pairs, and the degrees of freedom.
 #[derive(Default)]
 struct Spread {
-    sq: f64,
+    terms: Vec<f64>,
     dof: usize,
 }
 
@@ -192,7 +210,9 @@ fn estimate_job(
         let mine: Vec<&Obs> = obs.iter().filter(|o| o.partner == Some(k)).collect();
         let n = mine.len() as f64;
         for o in &mine {
-            spread.sq += (o.p / sigma - (1.0 - o.load * d[k])).powi(2);
+            spread
+                .terms
+                .push((o.p / sigma - (1.0 - o.load * d[k])).powi(2));
         }
         spread.dof += mine.len().saturating_sub(1);
         out.pairs.push(PairObs {
