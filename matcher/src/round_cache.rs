@@ -251,15 +251,18 @@ pub(crate) struct CacheRound<'a, C> {
 }
 
 impl<C> CacheRound<'_, C> {
-    /// The rows worth keeping scored: none where `score` is a lookup
-    /// already (scored once per column class), keeping rows scored would
-    /// only copy them.
-    fn dense_rows(&self, js: &[u32]) -> Vec<u32> {
-        if self.scored_once {
-            Vec::new()
-        } else {
-            js.to_vec()
-        }
+    /// Jobs `js`'s rows scored once, where that pays: none where `score`
+    /// is a lookup already (scored once per column class), keeping rows
+    /// scored would only copy them.
+    fn scored_rows(&self, js: &[u32]) -> Dense {
+        let rows = if self.scored_once { &[][..] } else { js };
+        Dense::fill(
+            rows,
+            self.jobs.len(),
+            self.open.len(),
+            self.score,
+            self.opts.threads,
+        )
     }
 }
 
@@ -593,13 +596,7 @@ impl RoundCache {
             .filter(|&j| j != u32::MAX)
             .collect();
         changed_jobs.sort_unstable();
-        let dense = Dense::fill(
-            &round.dense_rows(&changed_jobs),
-            jobs.len(),
-            round.open.len(),
-            score,
-            round.opts.threads,
-        );
+        let dense = round.scored_rows(&changed_jobs);
         let score = &|j: u32, c: u32| dense.get(j, c).unwrap_or_else(|| score(j, c));
         let mut seed: Vec<Edge> = (round.candidates)(&changed_jobs, score)
             .into_iter()
@@ -638,26 +635,15 @@ impl RoundCache {
         let spare = (jobs.len() / 4).max(SPARE_ROWS);
         let mut row_job: Vec<u32> = (0..jobs.len() as u32).collect();
         row_job.resize(jobs.len() + spare, u32::MAX);
+        let all: Vec<u32> = (0..jobs.len() as u32).collect();
+        let dense = round.scored_rows(&all);
+        let score = &|j: u32, c: u32| dense.get(j, c).unwrap_or_else(|| score(j, c));
         let s = Slotted {
             row_job: row_job.clone(),
             col_open: cols.col_open.clone(),
             live: cols.live.clone(),
             score,
-            dense: None,
-        };
-        let all: Vec<u32> = (0..jobs.len() as u32).collect();
-        let dense = Dense::fill(
-            &round.dense_rows(&all),
-            jobs.len(),
-            round.open.len(),
-            score,
-            round.opts.threads,
-        );
-        let score = &|j: u32, c: u32| dense.get(j, c).unwrap_or_else(|| score(j, c));
-        let s = Slotted {
-            score,
             dense: Some(&dense),
-            ..s
         };
         let mut edges: Vec<Edge> = (round.candidates)(&all, score)
             .into_iter()
