@@ -147,13 +147,10 @@ where
     if threads == 1 {
         return scan(0, jobs);
     }
-    let block = jobs.div_ceil(threads);
-    crate::workers::each(threads, |t| {
-        scan((t * block).min(jobs), ((t + 1) * block).min(jobs))
-    })
-    .into_iter()
-    .flatten()
-    .collect()
+    crate::workers::blocks(jobs, threads, |r| scan(r.start, r.end))
+        .into_iter()
+        .flatten()
+        .collect()
 }
 
 /// GPUs sampled to order jobs by strength before the full scan.
@@ -289,10 +286,8 @@ where
         return Vec::new();
     }
     let threads = threads.clamp(1, jobs);
-    let block = jobs.div_ceil(threads);
-    let best: Vec<i64> = crate::workers::each(threads, |t| {
-        let (lo, hi) = ((t * block).min(jobs), ((t + 1) * block).min(jobs));
-        (lo..hi).map(|j| strength(j as u32)).collect::<Vec<_>>()
+    let best: Vec<i64> = crate::workers::blocks(jobs, threads, |r| {
+        r.map(|j| strength(j as u32)).collect::<Vec<_>>()
     })
     .into_iter()
     .flatten()

@@ -33,6 +33,20 @@ pub(crate) fn each<T: Send>(n: usize, work: impl Fn(usize) -> T + Sync + Send) -
     pool().install(|| (0..n).into_par_iter().map(&work).collect())
 }
 
+/// `work(range)` for `n` items cut into `threads` contiguous blocks (the
+/// last ones may be short or empty), the results in block order.
+pub(crate) fn blocks<T: Send>(
+    n: usize,
+    threads: usize,
+    work: impl Fn(std::ops::Range<usize>) -> T + Sync + Send,
+) -> Vec<T> {
+    let threads = threads.max(1);
+    let block = n.div_ceil(threads);
+    each(threads, |t| {
+        work((t * block).min(n)..((t + 1) * block).min(n))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -42,6 +56,8 @@ mod tests {
         assert_eq!(each(0, |t| t), Vec::<usize>::new());
         assert_eq!(each(1, |t| t * 10), [0]);
         assert_eq!(each(5, |t| t * 10), [0, 10, 20, 30, 40]);
+        assert_eq!(blocks(5, 2, |r| r), [0..3, 3..5]);
+        assert_eq!(blocks(1, 3, |r| r), [0..1, 1..1, 1..1]);
     }
 
     #[test]

@@ -74,10 +74,9 @@ pub fn estimate(runs: &[Run]) -> Estimates {
     // retraining holds up the daemon's round and the replay's), merged in
     // job order, so the estimates are those of one pass over the jobs.
     let threads = crate::solver::SolveOptions::default().threads.max(1);
-    let block = by_job.len().div_ceil(threads).max(1);
-    let parts = crate::workers::each(threads, |t| {
+    let parts = crate::workers::blocks(by_job.len(), threads, |r| {
         let (mut part, mut spread) = (Estimates::default(), Spread::default());
-        for (key, job_runs) in by_job.iter().skip(t * block).take(block) {
+        for (key, job_runs) in &by_job[r] {
             estimate_job(key, job_runs, &names, &mut part, &mut spread);
         }
         (part, spread)

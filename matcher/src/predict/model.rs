@@ -552,12 +552,8 @@ pub(super) fn choose_lambda(obs: &[(u32, u32, f64, f64)], jobs: usize, partners:
     // The lambdas are independent: spread over the solver's workers (the
     // retraining holds up the daemon's round and the replay's).
     let threads = crate::solver::SolveOptions::default().threads.max(1);
-    let per = LAMBDAS.len().div_ceil(threads);
-    let errs: Vec<f64> = crate::workers::each(threads, |t| {
-        LAMBDAS[(t * per).min(LAMBDAS.len())..((t + 1) * per).min(LAMBDAS.len())]
-            .iter()
-            .map(|&l| err(l))
-            .collect::<Vec<_>>()
+    let errs: Vec<f64> = crate::workers::blocks(LAMBDAS.len(), threads, |r| {
+        LAMBDAS[r].iter().map(|&l| err(l)).collect::<Vec<_>>()
     })
     .into_iter()
     .flatten()
