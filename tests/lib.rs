@@ -947,17 +947,36 @@ impl Cluster {
         mut done: impl FnMut() -> bool,
     ) -> String {
         let start = Instant::now();
+        // What every step decided, so a failure shows how the GPUs got to
+        // where they are, not only the last step.
+        // (message without its timestamp, first seen at, times seen)
+        let mut history: Vec<(String, f64, u32)> = Vec::new();
         loop {
             let log = self.health_step(config, node);
             if done() {
                 return log;
             }
-            assert!(
-                start.elapsed() < Duration::from_secs(60),
-                "never reached: {what}; published {:?}\nlast step:\n{log}\n{}",
-                self.published(node),
-                self.node_picture(config, node)
-            );
+            let at = start.elapsed().as_secs_f64();
+            for line in log.lines().filter(|l| {
+                l.contains(" WARN ") || l.contains(" ERROR ") || l.contains("health changed")
+            }) {
+                let message = line.split_once(' ').map_or(line, |(_, m)| m).trim();
+                match history.iter_mut().find(|(m, _, _)| m == message) {
+                    Some((_, _, n)) => *n += 1,
+                    None => history.push((message.to_string(), at, 1)),
+                }
+            }
+            if start.elapsed() >= Duration::from_secs(60) {
+                let history: String = history
+                    .iter()
+                    .map(|(m, at, n)| format!("+{at:.1}s ({n}x) {m}\n"))
+                    .collect();
+                panic!(
+                    "never reached: {what}; published {:?}\nwarnings and changes of every step:\n{history}\nlast step:\n{log}\n{}",
+                    self.published(node),
+                    self.node_picture(config, node)
+                );
+            }
             std::thread::sleep(Duration::from_millis(300));
         }
     }

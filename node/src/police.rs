@@ -20,6 +20,10 @@
 //! | `mem_limit` | its `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` is missing or above the job's cap |
 //! | `mem_used` | NVML reports it using more GPU memory than the job's cap |
 //!
+//! A client of the GPU's MPS daemon that belongs to no running job is a
+//! straggler (`no_job`): it escaped its job's process tree, so it outlived
+//! the job, and it is evicted whatever its job was (see [`police_gpu`]).
+//!
 //! The environment checked is `/proc/<pid>/environ`: what the process
 //! started with, which is what the MPS client library read at its start
 //! (the settings are fixed then). A process can overwrite that memory
@@ -194,23 +198,46 @@ pub fn pinned_limit_mib(value: &str) -> Option<u64> {
     Some(bytes.div_ceil(1 << 20))
 }
 
-/// A process to evict: (pid, job, why, its MPS server, the writer telling
-/// it why).
-type Eviction = (u32, u32, Verdict, Option<u32>, Option<std::process::Child>);
+/// A process the node terminated: which, of which job (None: of no
+/// running job, a straggler), and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Terminated {
+    pub pid: u32,
+    pub job: Option<u32>,
+    pub verdict: Verdict,
+}
 
-/// Polices every process of an offline job on GPU `gpu`; returns the
-/// processes terminated: (pid, job, why).
+/// A process to evict: what it is and why, its MPS server, the writer
+/// telling it why.
+type Eviction = (Terminated, Option<u32>, Option<std::process::Child>);
+
+/// The code of a straggler: an MPS client of the GPU's daemon that belongs
+/// to no running Slurm job.
+pub const NO_JOB: &str = "no_job";
+
+/// Polices every process of an offline job on GPU `gpu`, and evicts the
+/// GPU's stragglers; returns the processes terminated.
+///
+/// A straggler is a client of muxflow's MPS daemon (which only jobs' steps
+/// reach) that belongs to no running job: it escaped its job's process tree
+/// (a double fork, or a fork while Slurm was killing the step), so Slurm's
+/// `proctrack/linuxproc` did not end it with its job, and nothing else
+/// would: its job's limits and watcher are gone, and the daemon runs on for
+/// the GPU's other jobs.
 pub fn police_gpu(
     config: &Config,
     ns: &NodeState,
     mps: &MpsDaemon,
     gpu: u32,
     nvml_processes: &[Process],
-) -> Vec<(u32, u32, Verdict)> {
+) -> Vec<Terminated> {
     let procfs = &Procfs::default();
     // The limits files are root's (muxflow's node programs run as root).
     let owner = 0;
     let limits_dir = ns.limits_dir();
+    // MPS clients of this GPU's servers: pid -> server (none without a
+    // daemon: nothing is asked then).
+    let clients = mps_clients(mps);
     let any_offline = std::fs::read_dir(&limits_dir)
         .map(|d| {
             d.flatten().any(|e| {
@@ -220,11 +247,9 @@ pub fn police_gpu(
             })
         })
         .unwrap_or(false);
-    if !any_offline {
+    if !any_offline && clients.is_empty() {
         return Vec::new();
     }
-    // MPS clients of this GPU's servers: pid -> server.
-    let clients = mps_clients(mps);
     let used: BTreeMap<u32, Option<u64>> =
         nvml_processes.iter().map(|p| (p.pid, p.used_mib)).collect();
     let pids: BTreeSet<u32> = clients.keys().chain(used.keys()).copied().collect();
@@ -235,8 +260,34 @@ pub fn police_gpu(
     let mut peaks: BTreeMap<u32, u64> = BTreeMap::new();
     for pid in pids {
         let Some(job) = procfs.job_of(pid) else {
+            if let Some(&server) = clients.get(&pid) {
+                let terminated = Terminated {
+                    pid,
+                    job: None,
+                    verdict: Verdict {
+                        code: NO_JOB,
+                        reason: "it belongs to no running Slurm job (it outlived its job)".into(),
+                    },
+                };
+                let message = format!(
+                    "muxflow: process {pid} is evicted from GPU {gpu} (MPS terminate_client) \
+                     by the node: {}; a process must end with its job",
+                    terminated.verdict.reason
+                );
+                tracing::warn!(gpu, pid, code = NO_JOB, "{message}");
+                let writer = tell_process(
+                    procfs,
+                    pid,
+                    &message,
+                    Duration::from_millis(config.mps.command_timeout_ms),
+                );
+                evict.push((terminated, Some(server), writer));
+            }
             continue;
         };
+        if !any_offline {
+            continue;
+        }
         // A k-GPU job's limits for this GPU, else the job's (1-GPU) file.
         let gang_dir = muxflow::records::limits::gpu_dir(&limits_dir, gpu);
         let limits = match JobLimits::read_trusted(&gang_dir, job, owner)
@@ -296,15 +347,22 @@ pub fn police_gpu(
             &message,
             Duration::from_millis(config.mps.command_timeout_ms),
         );
-        evict.push((pid, job, verdict, facts.mps_server, writer));
+        let terminated = Terminated {
+            pid,
+            job: Some(job),
+            verdict,
+        };
+        evict.push((terminated, facts.mps_server, writer));
     }
     // Each told process gets its message before its eviction, unless its
     // stderr does not drain: one short wait for all of them together, so
     // a full pipe never holds the GPU's lock or the next eviction.
     let writers: Vec<&mut std::process::Child> =
-        evict.iter_mut().filter_map(|e| e.4.as_mut()).collect();
+        evict.iter_mut().filter_map(|e| e.2.as_mut()).collect();
     wait_briefly(writers, TELL_WAIT);
-    for (pid, job, verdict, server, writer) in evict {
+    for (terminated, server, writer) in evict {
+        let Terminated { pid, job, verdict } = &terminated;
+        let (pid, job) = (*pid, *job);
         if let Some(mut child) = writer {
             // Reaped by its own thread (killed by `timeout` at the latest).
             std::thread::spawn(move || {
@@ -322,11 +380,13 @@ pub fn police_gpu(
             }
         };
         if let Err(e) = done {
-            tracing::error!(gpu, pid, job, code = verdict.code, "cannot terminate: {e}");
+            tracing::error!(gpu, pid, ?job, code = verdict.code, "cannot terminate: {e}");
             continue;
         }
-        record(ns, job, pid, &verdict);
-        out.push((pid, job, verdict));
+        if let Some(job) = job {
+            record(ns, job, pid, verdict);
+        }
+        out.push(terminated);
     }
     for (job, mib) in peaks {
         record_peak(ns, job, mib);
@@ -626,12 +686,12 @@ pub fn watch(config: &Config, job: u32, node: Option<&str>) -> anyhow::Result<()
                 publish_offline_procs(&ns, &procfs, gpu, &processes);
             }
             let mps = MpsDaemon::for_gpu(config, gpu);
-            for (pid, of_job, verdict) in police_gpu(config, &ns, &mps, gpu, &processes) {
+            for t in police_gpu(config, &ns, &mps, gpu, &processes) {
                 tracing::warn!(
-                    job = of_job,
-                    pid,
+                    job = ?t.job,
+                    pid = t.pid,
                     gpu,
-                    code = verdict.code,
+                    code = t.verdict.code,
                     "muxflow-police: terminated a process out of bounds"
                 );
             }

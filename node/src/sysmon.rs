@@ -319,8 +319,8 @@ fn step_gpu(
     }
 
     if let Some(r) = reading {
-        for (_, _, verdict) in crate::police::police_gpu(config, ns, &mps, gpu, &r.processes) {
-            rec.count(&format!("policed.{}", verdict.code));
+        for t in crate::police::police_gpu(config, ns, &mps, gpu, &r.processes) {
+            rec.count(&format!("policed.{}", t.verdict.code));
         }
         record_sample(&mut rec, r, &jobs, now, config.health.history_len);
     }

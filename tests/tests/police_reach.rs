@@ -8,8 +8,12 @@
 //!   cancelled once `[health] police_cancel_after` (3) of its processes
 //!   were, with the reason in its AdminComment.
 //! * A killed muxflow-police is started again by the next health check.
+//! * A trainer that outlived its job (it escaped the job's process tree, so
+//!   `proctrack/linuxproc` did not end it) is evicted from the GPU by the
+//!   next health check, while the online job there runs on.
 //!
-//! The tests use different nodes, so they can run in parallel.
+//! The tests use different nodes (node2, node4, node3), so they can run in
+//! parallel.
 
 use std::time::Duration;
 
@@ -124,6 +128,76 @@ fn a_killed_watcher_is_started_again_by_the_next_health_check() {
     assert_eq!(watchers(offline).len(), 1, "{:?}", watchers(offline));
     c.scancel(&[offline, online]);
     c.wait(offline, WAIT);
+    c.sim_load(node, gpu, 0.0);
+    c.assert_no_drain();
+}
+
+/// Whether process `pid` runs (exists and is no zombie: a container's init
+/// may not reap the straggler it inherited).
+fn runs(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        let state = stat
+            .rsplit_once(')')
+            .map_or("", |(_, rest)| rest.trim_start());
+        !state.starts_with('Z') && !state.starts_with('X')
+    })
+}
+
+#[test]
+fn a_trainer_that_outlives_its_job_is_evicted_by_the_next_health_check() {
+    let c = Cluster::get();
+    let node = "node3";
+    const PREFIX: &str = "mfg-";
+    c.cancel_named(PREFIX);
+    let _cancel = muxflow_tests::CancelNamed(&c, PREFIX);
+    let cfg = c.health_config("police-straggler", "min_dwell_s = 1\nrecovery_quiet_s = 1");
+    let (online, gpu) = c.online_workload(&format!("{PREFIX}online"), node, 0.05, 1000);
+    c.settle_healthy(&cfg, node, gpu, 1000);
+    // The batch script ends while its trainer runs on in the background, in
+    // a session of its own: reparented to init and out of the job's process
+    // group, the trainer is out of linuxproc's reach.
+    let script = format!(
+        "#!/bin/sh\nsetsid {} &\necho straggler-pid=$!\nsleep 3\n",
+        c.workload("offline --duration 120 --alloc-mib 256")
+    );
+    let offline = c.offline_as_nobody(&format!("{PREFIX}offline"), node, gpu, &script);
+    let out = c.wait_output(offline, "straggler-pid=", WAIT);
+    let pid: u32 = muxflow_tests::kv(&out, "straggler-pid")
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("{out}"));
+    let end = c.wait(offline, WAIT);
+    assert_eq!(end.state, "COMPLETED", "{end:?}: {out}");
+    // The Epilog's step may already have evicted it; else a health step does.
+    let start = std::time::Instant::now();
+    let mut logs = String::new();
+    while runs(pid) {
+        assert!(
+            start.elapsed() < WAIT,
+            "the straggler {pid} still runs on the GPU:\n{logs}\n{}",
+            c.node_picture(&cfg, node)
+        );
+        logs += &c.health_step(&cfg, node);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // muxflow ended it (not Slurm: then this test would show nothing), and
+    // told it why on its own stderr, the job's output.
+    let evicted = format!("process {pid} is evicted from GPU {gpu}");
+    let node_log = std::fs::read_to_string(c.dir.join(format!("log/muxflow-{node}.log"))).unwrap();
+    assert!(
+        node_log
+            .lines()
+            .any(|l| l.contains(&evicted) && l.contains("no running Slurm job")),
+        "{logs}\n{node_log}"
+    );
+    let told = c.output_or_empty(offline);
+    assert!(
+        told.contains(&evicted) && told.contains("a process must end with its job"),
+        "{told}"
+    );
+    // The online job was not touched.
+    assert_eq!(c.job_field(online, "JobState"), "RUNNING");
+    c.scancel(&[online]);
+    c.wait(online, WAIT);
     c.sim_load(node, gpu, 0.0);
     c.assert_no_drain();
 }
