@@ -22,7 +22,8 @@
 //!
 //! A client of the GPU's MPS daemon that belongs to no running job is a
 //! straggler (`no_job`): it escaped its job's process tree, so it outlived
-//! the job, and it is evicted whatever its job was (see [`police_gpu`]).
+//! the job, and it is evicted once the job it names is no longer recorded
+//! on the GPU (see [`police_gpu`]).
 //!
 //! The environment checked is `/proc/<pid>/environ`: what the process
 //! started with, which is what the MPS client library read at its start
@@ -219,11 +220,12 @@ pub const NO_JOB: &str = "no_job";
 /// GPU's stragglers; returns the processes terminated.
 ///
 /// A straggler is a client of muxflow's MPS daemon (which only jobs' steps
-/// reach) that belongs to no running job: it escaped its job's process tree
-/// (a double fork, or a fork while Slurm was killing the step), so Slurm's
-/// `proctrack/linuxproc` did not end it with its job, and nothing else
-/// would: its job's limits and watcher are gone, and the daemon runs on for
-/// the GPU's other jobs.
+/// reach) that belongs to no running job step and whose job, as its
+/// `SLURM_JOB_ID` names it, is not recorded on the GPU: it escaped its job's
+/// process tree (a double fork, or a fork while Slurm was killing the
+/// step), so Slurm's `proctrack/linuxproc` did not end it with its job, and
+/// nothing else would: its job's limits and watcher are gone, and the
+/// daemon runs on for the GPU's other jobs.
 pub fn police_gpu(
     config: &Config,
     ns: &NodeState,
@@ -258,9 +260,26 @@ pub fn police_gpu(
     let mut out = Vec::new();
     let mut evict: Vec<Eviction> = Vec::new();
     let mut peaks: BTreeMap<u32, u64> = BTreeMap::new();
+    // The jobs recorded on the GPU (under the caller's lock of it).
+    let recorded: BTreeSet<u32> = ns
+        .jobs(gpu)
+        .unwrap_or_default()
+        .iter()
+        .map(|j| j.job_id)
+        .collect();
     for pid in pids {
         let Some(job) = procfs.job_of(pid) else {
-            if let Some(&server) = clients.get(&pid) {
+            if let Some(&server) = clients.get(&pid).filter(|_| {
+                // Left alone while the job it names is still on the GPU: a
+                // running job's child that left its tree (daemonized) goes
+                // when that job does. The name is the process's own to set,
+                // so it only ever buys time until a recorded job ends.
+                let named = environ(procfs, pid, &["SLURM_JOB_ID"]);
+                !named
+                    .get("SLURM_JOB_ID")
+                    .and_then(|j| j.parse::<u32>().ok())
+                    .is_some_and(|j| recorded.contains(&j))
+            }) {
                 let terminated = Terminated {
                     pid,
                     job: None,
@@ -307,7 +326,7 @@ pub fn police_gpu(
         };
         let facts = Facts {
             xcuda_mapped: xcuda.is_some_and(|id| maps_executable(procfs, pid, id)),
-            env: environ(procfs, pid),
+            env: environ(procfs, pid, &ENV_VARS),
             used_mib: used.get(&pid).copied().flatten(),
             mps_server: clients.get(&pid).copied(),
         };
@@ -877,13 +896,13 @@ fn maps_line_is(line: &str, lib: FileId) -> bool {
         && inode.parse::<u64>().ok() == Some(lib.inode)
 }
 
-/// The MPS variables of the process's starting environment.
-fn environ(procfs: &Procfs, pid: u32) -> BTreeMap<String, String> {
+/// The variables `keys` of the process's starting environment.
+fn environ(procfs: &Procfs, pid: u32, keys: &[&str]) -> BTreeMap<String, String> {
     let bytes = std::fs::read(procfs.path(pid, "environ")).unwrap_or_default();
     bytes
         .split(|b| *b == 0)
         .filter_map(|v| std::str::from_utf8(v).ok()?.split_once('='))
-        .filter(|(k, _)| ENV_VARS.contains(k))
+        .filter(|(k, _)| keys.contains(k))
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect()
 }

@@ -674,13 +674,22 @@ fn attribute_termination(ns: &NodeState, gpu: u32, client: Option<u32>, jobs: &[
 }
 
 /// New complete lines of one MPS log since the recorded offset. A file
-/// that shrank (rotated, recreated) is read from its start.
+/// that shrank (rotated, recreated) is read from its start. A record
+/// without an offset for the log (the GPU seen for the first time, or its
+/// record lost or replaced) starts at the log's end: what is there is
+/// history, acted on before or by nobody's record, and acting on it again
+/// would mark the GPU faulty for an old fault. A log not written yet
+/// starts at 0: all it will hold is new.
 fn scan_log(dir: &Path, name: &str, offsets: &mut BTreeMap<String, u64>) -> Vec<String> {
     let Ok(mut f) = std::fs::File::open(dir.join(name)) else {
+        offsets.insert(name.into(), 0);
         return Vec::new();
     };
     let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-    let mut off = offsets.get(name).copied().unwrap_or(0);
+    let Some(mut off) = offsets.get(name).copied() else {
+        offsets.insert(name.into(), len);
+        return Vec::new();
+    };
     if off > len {
         off = 0;
     }
@@ -724,6 +733,18 @@ mod tests {
         );
         std::fs::write(&log, "new\n").unwrap();
         assert_eq!(scan_log(tmp.path(), "server.log", &mut offs), ["new"]);
+    }
+
+    #[test]
+    fn a_fresh_record_skips_the_log_history_and_reads_what_comes_after() {
+        let tmp = tempfile::tempdir().unwrap();
+        let log = tmp.path().join("server.log");
+        std::fs::write(&log, "old fault\n").unwrap();
+        let mut offs = BTreeMap::new();
+        assert!(scan_log(tmp.path(), "server.log", &mut offs).is_empty());
+        let mut f = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+        writeln!(f, "new fault").unwrap();
+        assert_eq!(scan_log(tmp.path(), "server.log", &mut offs), ["new fault"]);
     }
 
     #[test]

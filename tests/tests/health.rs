@@ -429,6 +429,68 @@ fn mps_fault_line_evicts_the_offline_client_and_keeps_the_online_job() {
     c.assert_no_drain();
 }
 
+/// A GPU whose record is gone (the state directory wiped, a tmpfs after a
+/// reboot, a corrupt record replaced) starts reading its MPS server's log
+/// at the end: an old fault line there is history, not a new fault. A line
+/// written after that counts as before.
+#[test]
+fn a_fresh_record_does_not_act_on_old_mps_log_lines() {
+    let c = Cluster::get();
+    let cfg = c.health_config("freshrecord", DWELL);
+    let (node, gpu) = ("node2", 1);
+    let _node = hold_node(node);
+    let ns = NodeState::new(node_config(&cfg, node).paths.state_dir.as_path());
+    let mps = MpsDaemon::for_gpu(&node_config(&cfg, node), gpu);
+    let log = mps.log_dir().join("server.log");
+    let sticky =
+        "[2026-01-01 00:00:00.000 Server 1] The following clients have a sticky error set: 4242\n";
+    let append = |line: &str| {
+        std::fs::create_dir_all(mps.log_dir()).unwrap();
+        let mut text = std::fs::read_to_string(&log).unwrap_or_default();
+        text.push_str(line);
+        std::fs::write(&log, text).unwrap();
+    };
+    c.health_step(&cfg, node);
+    append(sticky);
+    std::fs::remove_file(ns.gpu_dir(gpu).join("record.json")).unwrap();
+    let step = c.health_step(&cfg, node);
+    assert_ne!(
+        ns.health(gpu).unwrap(),
+        Some(HealthState::Faulty),
+        "an old line marked the GPU faulty:\n{step}"
+    );
+    assert_eq!(
+        counter(&record(&ns, gpu), "rule.mps_client_sticky_error"),
+        0
+    );
+    // A new line is a new fault.
+    append(sticky);
+    expect(
+        &c,
+        &cfg,
+        node,
+        gpu,
+        HealthState::Faulty,
+        "after a new fault line",
+    );
+    assert_eq!(
+        counter(&record(&ns, gpu), "rule.mps_client_sticky_error"),
+        1
+    );
+    pass(2);
+    expect(
+        &c,
+        &cfg,
+        node,
+        gpu,
+        HealthState::Recovering,
+        "quiet after it",
+    );
+    pass(3);
+    expect(&c, &cfg, node, gpu, HealthState::Healthy, "healthy again");
+    c.assert_no_drain();
+}
+
 #[test]
 fn xid_event_evicts_the_offline_client_and_keeps_the_online_job() {
     let c = Cluster::get();
