@@ -260,48 +260,46 @@ pub fn police_gpu(
     let mut out = Vec::new();
     let mut evict: Vec<Eviction> = Vec::new();
     let mut peaks: BTreeMap<u32, u64> = BTreeMap::new();
-    // The jobs recorded on the GPU (under the caller's lock of it).
-    let recorded: BTreeSet<u32> = ns
-        .jobs(gpu)
-        .unwrap_or_default()
-        .iter()
-        .map(|j| j.job_id)
-        .collect();
+    // The jobs recorded on the GPU (under the caller's lock of it), read
+    // only if a process of no job is found.
+    let recorded = std::cell::OnceCell::new();
     for pid in pids {
         let Some(job) = procfs.job_of(pid) else {
-            if let Some(&server) = clients.get(&pid).filter(|_| {
-                // Left alone while the job it names is still on the GPU: a
-                // running job's child that left its tree (daemonized) goes
-                // when that job does. The name is the process's own to set,
-                // so it only ever buys time until a recorded job ends.
-                let named = environ(procfs, pid, &["SLURM_JOB_ID"]);
-                !named
-                    .get("SLURM_JOB_ID")
-                    .and_then(|j| j.parse::<u32>().ok())
-                    .is_some_and(|j| recorded.contains(&j))
-            }) {
-                let terminated = Terminated {
-                    pid,
-                    job: None,
-                    verdict: Verdict {
-                        code: NO_JOB,
-                        reason: "it belongs to no running Slurm job (it outlived its job)".into(),
-                    },
-                };
-                let message = format!(
-                    "muxflow: process {pid} is evicted from GPU {gpu} (MPS terminate_client) \
-                     by the node: {}; a process must end with its job",
-                    terminated.verdict.reason
-                );
-                tracing::warn!(gpu, pid, code = NO_JOB, "{message}");
-                let writer = tell_process(
-                    procfs,
-                    pid,
-                    &message,
-                    Duration::from_millis(config.mps.command_timeout_ms),
-                );
-                evict.push((terminated, Some(server), writer));
+            let Some(&server) = clients.get(&pid) else {
+                continue;
+            };
+            let recorded = recorded.get_or_init(|| {
+                ns.jobs(gpu)
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|j| j.job_id)
+                    .collect::<BTreeSet<u32>>()
+            });
+            if names_a_recorded_job(procfs, pid, recorded) {
+                continue;
             }
+            let verdict = Verdict {
+                code: NO_JOB,
+                reason: "it belongs to no running Slurm job (it outlived its job)".into(),
+            };
+            let message = format!(
+                "muxflow: process {pid} is evicted from GPU {gpu} (MPS terminate_client) \
+                 by the node: {}; a process must end with its job",
+                verdict.reason
+            );
+            let terminated = Terminated {
+                pid,
+                job: None,
+                verdict,
+            };
+            evict.push(announce(
+                config,
+                procfs,
+                gpu,
+                terminated,
+                Some(server),
+                &message,
+            ));
             continue;
         };
         if !any_offline {
@@ -358,20 +356,19 @@ pub fn police_gpu(
              an offline job must run with the limits muxflow gives it",
             verdict.reason
         );
-        tracing::warn!(gpu, pid, job, code = verdict.code, "{message}");
-        // Told first: once evicted, the process may exit at once.
-        let writer = tell_process(
-            procfs,
-            pid,
-            &message,
-            Duration::from_millis(config.mps.command_timeout_ms),
-        );
         let terminated = Terminated {
             pid,
             job: Some(job),
             verdict,
         };
-        evict.push((terminated, facts.mps_server, writer));
+        evict.push(announce(
+            config,
+            procfs,
+            gpu,
+            terminated,
+            facts.mps_server,
+            &message,
+        ));
     }
     // Each told process gets its message before its eviction, unless its
     // stderr does not drain: one short wait for all of them together, so
@@ -411,6 +408,44 @@ pub fn police_gpu(
         record_peak(ns, job, mib);
     }
     out
+}
+
+/// Logs why `t` is terminated and tells the process, before its eviction:
+/// once evicted, it may exit at once.
+fn announce(
+    config: &Config,
+    procfs: &Procfs,
+    gpu: u32,
+    t: Terminated,
+    server: Option<u32>,
+    message: &str,
+) -> Eviction {
+    tracing::warn!(
+        gpu,
+        pid = t.pid,
+        job = t.job,
+        code = t.verdict.code,
+        "{message}"
+    );
+    let writer = tell_process(
+        procfs,
+        t.pid,
+        message,
+        Duration::from_millis(config.mps.command_timeout_ms),
+    );
+    (t, server, writer)
+}
+
+/// Whether a process of no job step names (`SLURM_JOB_ID`) a job still
+/// recorded on the GPU: then it is left alone, so a running job's child
+/// that left its tree (daemonized) goes when that job does. The name is
+/// the process's own to set, so it only ever buys time until a recorded
+/// job ends.
+fn names_a_recorded_job(procfs: &Procfs, pid: u32, recorded: &BTreeSet<u32>) -> bool {
+    environ(procfs, pid, &["SLURM_JOB_ID"])
+        .get("SLURM_JOB_ID")
+        .and_then(|j| j.parse::<u32>().ok())
+        .is_some_and(|j| recorded.contains(&j))
 }
 
 /// How long a process NVML lists outside MPS gets to show up as a client
