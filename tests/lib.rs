@@ -617,6 +617,20 @@ impl Cluster {
         self.dir.join(rel.replace("{node}", node))
     }
 
+    /// The UUID of `node`'s simulated GPU `gpu` (what NVML reports).
+    pub fn gpu_uuid(&self, node: &str, gpu: u32) -> String {
+        let path = self.node_path(
+            &format!("sim/state/nodes/{{node}}/gpus/{gpu}/config.toml"),
+            node,
+        );
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix("uuid = "))
+            .map(|v| v.trim_matches('"').to_string())
+            .unwrap_or_else(|| panic!("no uuid in {}", path.display()))
+    }
+
     /// A job script line that runs the simulated-GPU workload with `args`,
     /// printing its pid first (`pid=N`) so tests can find it in MPS logs.
     pub fn workload(&self, args: &str) -> String {

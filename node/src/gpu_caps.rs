@@ -3,7 +3,7 @@
 //! Asked only when a daemon is started, so a Prolog on a GPU whose daemon
 //! already runs pays nothing for it.
 
-use muxflow::node::mps::ComputeCapability;
+use muxflow::node::mps::{ComputeCapability, DeviceFacts};
 use muxflow::Config;
 use nvml_wrapper::Nvml;
 
@@ -32,21 +32,31 @@ fn read_device<T>(
 /// GPU `gpu`'s compute capability; None when NVML cannot say (logged: the
 /// daemon is then started with the multi-user flag and its exit decides).
 pub fn compute_capability(config: &Config, gpu: u32) -> Option<ComputeCapability> {
-    let cc = read_device(
+    device_facts(config, gpu).cc
+}
+
+/// What starting GPU `gpu`'s MPS daemon needs to know of it (one NVML
+/// session; what NVML cannot say is None, logged).
+pub fn device_facts(config: &Config, gpu: u32) -> DeviceFacts {
+    let read = read_device(
         config,
         gpu,
-        "cannot tell whether the GPU supports multi-user MPS",
-        |d| d.cuda_compute_capability(),
-    )?;
-    Some(ComputeCapability {
-        major: u32::try_from(cc.major).unwrap_or(0),
-        minor: u32::try_from(cc.minor).unwrap_or(0),
-    })
+        "cannot tell the GPU's UUID and compute capability to its MPS daemon",
+        |d| Ok((d.uuid().ok(), d.cuda_compute_capability().ok())),
+    );
+    let (uuid, cc) = read.unwrap_or_default();
+    DeviceFacts {
+        uuid,
+        cc: cc.map(|cc| ComputeCapability {
+            major: u32::try_from(cc.major).unwrap_or(0),
+            minor: u32::try_from(cc.minor).unwrap_or(0),
+        }),
+    }
 }
 
 /// GPU `gpu`'s UUID (`GPU-…`), which MPS's partition commands name it by.
 pub fn uuid(config: &Config, gpu: u32) -> Option<String> {
-    read_device(config, gpu, "cannot name the GPU to MPS", |d| d.uuid())
+    device_facts(config, gpu).uuid
 }
 
 /// Whether a daemon started now for GPU `gpu` can run static SM partitions:
@@ -94,9 +104,20 @@ pub fn mps_protocol_wanted(config: &Config) -> muxflow::node::mps_v3::Protocol {
 pub fn mps_control_version(config: &Config) -> Option<u32> {
     let mut c = muxflow::node::process::command(config.paths.mps_control.as_path());
     c.arg("-v");
-    let out =
-        muxflow::node::process::run(c, None, std::time::Duration::from_secs(5), false).ok()?;
-    parse_mps_version(&format!("{}{}", out.stdout, out.stderr))
+    let out = muxflow::node::process::run(
+        c,
+        None,
+        std::time::Duration::from_secs(5),
+        muxflow::node::process::Output::Collect,
+    )
+    .ok()?;
+    // A binary without `-v` prints that it does not know it, and its help,
+    // and may exit 0: no version then, whatever numbers the help holds.
+    let said = format!("{}{}", out.stdout, out.stderr);
+    if muxflow::node::mps::says_unrecognized(&said) {
+        return None;
+    }
+    parse_mps_version(&said)
 }
 
 /// The first number in `text` that reads as NVIDIA's CUDA version number

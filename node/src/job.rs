@@ -315,7 +315,7 @@ fn record_on_gpu(
         }));
     };
     let daemon = daemon_to_start(config, gpu);
-    match daemon.ensure_running(|| crate::gpu_caps::compute_capability(config, gpu)) {
+    match daemon.ensure_running(|| crate::gpu_caps::device_facts(config, gpu)) {
         Ok(r) if r.started => {
             tracing::info!(gpu, pipe = %daemon.pipe_dir().display(), mode = ?r.mode, "started the MPS control daemon")
         }

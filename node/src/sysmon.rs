@@ -366,7 +366,7 @@ fn police_daemon(
                 "the MPS control daemon is gone ({e}); starting it again for the muxflow jobs on the GPU"
             );
             let start = crate::job::daemon_to_start(config, gpu);
-            match start.ensure_running(|| crate::gpu_caps::compute_capability(config, gpu)) {
+            match start.ensure_running(|| crate::gpu_caps::device_facts(config, gpu)) {
                 Ok(_) => {
                     tracing::warn!(gpu, "MPS control daemon restarted");
                     let state = NodeState::new(config.paths.state_dir.as_path());
@@ -560,7 +560,7 @@ fn restart_mps(
     // the next Prolog starts it.
     if !ns.jobs(gpu)?.is_empty() {
         crate::job::daemon_to_start(config, gpu)
-            .ensure_running(|| crate::gpu_caps::compute_capability(config, gpu))?;
+            .ensure_running(|| crate::gpu_caps::device_facts(config, gpu))?;
         crate::job::restore_namespaces(config, ns, gpu);
     }
     Ok(true)

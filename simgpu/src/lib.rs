@@ -23,6 +23,7 @@ pub mod shared;
 pub mod state;
 pub mod telemetry;
 pub mod testing;
+pub mod visible;
 
 pub use config::GpuConfig;
 pub use shared::{now_ns, SharedGpu};

@@ -29,6 +29,9 @@ use std::path::{Path, PathBuf};
 /// NVIDIA's documented flag for multi-user server mode (MPS docs,
 /// "Provisioning sequence"): clients of every user share one root server.
 pub const MULTIUSER_FLAG: &str = "-multiuser-server";
+/// Every spelling of it the 13000 binary accepted (its help lists `-M,
+/// --multiuser-server`; the documented one started a daemon too).
+pub const MULTIUSER_FLAGS: [&str; 3] = [MULTIUSER_FLAG, "-M", "--multiuser-server"];
 /// MPS v3's multi-user flags (MPS v3 Interface: "-m, --multiuser").
 pub const V3_MULTIUSER_FLAGS: [&str; 2] = ["-m", "--multiuser"];
 /// The control daemon version with MPS v3 (`-p 3`; CUDA 13.4, r615) and
@@ -39,6 +42,8 @@ pub const V3_CGROUP_ROUTING_MIN_VERSION: u32 = 13050;
 /// Static SM partitioning mode (`-S`, `--static-partitioning`; MPS docs,
 /// Legacy MPS v2 Interface): set at the daemon's start only.
 pub const STATIC_FLAGS: [&str; 2] = ["-S", "--static-partitioning"];
+/// The control daemon version with static partitioning (CUDA 13.1).
+pub const STATIC_MIN_VERSION: u32 = 13010;
 /// The partition a client binds to, by the id `sm_partition add` printed.
 pub const ENV_PARTITION: &str = "CUDA_MPS_SM_PARTITION";
 pub const ENV_PIPE: &str = "CUDA_MPS_PIPE_DIRECTORY";
@@ -46,6 +51,7 @@ pub const ENV_LOG: &str = "CUDA_MPS_LOG_DIRECTORY";
 pub const ENV_PCT: &str = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE";
 pub const ENV_MEM: &str = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT";
 pub const ENV_PRIO: &str = "CUDA_MPS_CLIENT_PRIORITY";
+pub const ENV_VISIBLE: &str = "CUDA_VISIBLE_DEVICES";
 
 /// Parses "8G", "512M", "1024K", "4096" (bytes) — binary units like MPS.
 pub fn parse_size(s: &str) -> Option<u64> {
@@ -199,6 +205,17 @@ pub fn connect(
     }
 }
 
+/// The `CUDA_VISIBLE_DEVICES` the daemon of `pipe_dir` was started with
+/// (None: unset), which decides what its clients see (`crate::visible`).
+pub fn daemon_devices(pipe_dir: &Path, pid: i32) -> std::io::Result<Option<String>> {
+    let r = request(pipe_dir, &format!("@devices {pid}"))?;
+    match r.split_whitespace().collect::<Vec<_>>().as_slice() {
+        ["devices", "-"] => Ok(None),
+        ["devices", spec] => Ok(Some(spec.to_string())),
+        _ => Err(std::io::Error::other(format!("bad MPS reply {r:?}"))),
+    }
+}
+
 pub fn terminated_marker(pipe_dir: &Path, pid: i32) -> PathBuf {
     pipe_dir.join("terminated").join(pid.to_string())
 }
@@ -332,6 +349,9 @@ pub struct Daemon {
     pub static_partitioning: bool,
     /// The GPUs it may partition (its visible devices).
     pub devices: Vec<Device>,
+    /// The `CUDA_VISIBLE_DEVICES` it was started with (None: unset): its
+    /// clients see those devices, renumbered from 0 (`crate::visible`).
+    pub visible: Option<String>,
     partitions: Vec<Partition>,
     next_partition: u32,
     default_pct: Option<u32>,
@@ -383,6 +403,7 @@ impl Daemon {
             servers: Vec::new(),
             static_partitioning: false,
             devices: Vec::new(),
+            visible: std::env::var(ENV_VISIBLE).ok(),
             partitions: Vec::new(),
             next_partition: 1,
             // SAFETY: getpid has no preconditions.
@@ -543,6 +564,7 @@ impl Daemon {
                 let part = (*part != "-").then_some(*part);
                 self.connect(pid, peer.uid, part)
             }
+            ["@devices", _] => format!("devices {}\n", self.visible.as_deref().unwrap_or("-")),
             ["@disconnect", _] => {
                 if let Some(s) = self.servers.iter().find(|s| s.clients.contains(&pid)) {
                     let spid = s.pid;
@@ -910,8 +932,10 @@ impl Daemon {
             None => {
                 // Not multi-user: another user's busy server makes this client wait.
                 if let Some(i) = self.servers.iter().position(|s| !s.clients.is_empty()) {
+                    // The words of driver 580's daemon (seen on an H200),
+                    // which real-gpu/two-users reads.
                     self.control_log(&format!(
-                        "NEW CLIENT {pid} from user {uid}: Server {} of user {} is busy; client waits",
+                        "NEW CLIENT {pid} from user {uid}: Server is not ready, push client to pending list (server {} of user {} is busy)",
                         self.servers[i].pid, self.servers[i].uid
                     ));
                     return "wait\n".into();

@@ -143,7 +143,7 @@ impl SlurmClient {
             c.env("SLURM_CONF", conf);
         }
         c.args(args);
-        let out = process::run(c, None, self.timeout, false)?;
+        let out = process::run(c, None, self.timeout, process::Output::Collect)?;
         if out.success {
             Ok(out.stdout)
         } else {

@@ -37,8 +37,9 @@ pub struct RemoteState {
     refusal: Option<String>,
     /// Set in the batch step of a muxflow job: what `exit` reports.
     report: Option<ReportContext>,
-    /// A k-GPU offline job: per GPU (in ascending order), the variables a
-    /// task on it gets (`None`: unset); task i takes entry i mod k.
+    /// A muxflow job on k GPUs: per GPU (in ascending order), the
+    /// variables a task on it gets (`None`: unset); task i takes entry i
+    /// mod k, at `task_init`, after Slurm set the task's own.
     task_env: Vec<Vec<(&'static str, Option<String>)>>,
 }
 
@@ -151,11 +152,18 @@ impl RemoteState {
             }
             anyhow::bail!(why);
         };
-        set(
-            spank,
-            "CUDA_MPS_PIPE_DIRECTORY",
-            mps::pipe_dir(&config, gpu).to_string_lossy().as_ref(),
-        );
+        // The device and the pipe of its GPU's daemon (a k-GPU job's task
+        // gets its own GPU's below: one MPS server per GPU).
+        apply(spank, &device_env(&config, gpu));
+        if mode == Mode::Online {
+            // Again per task, just before exec: Slurm puts its own
+            // CUDA_VISIBLE_DEVICES (the node's index) into an online job's
+            // tasks, which the GPU's daemon would not recognise.
+            self.task_env = match state.job_gpus(job_id)? {
+                g if g.is_empty() => vec![device_env(&config, gpu)],
+                g => g.iter().map(|&g| device_env(&config, g)).collect(),
+            };
+        }
         set(
             spank,
             "CUDA_MPS_CLIENT_PRIORITY",
@@ -311,15 +319,13 @@ impl RemoteState {
             unset(spank, var);
         }
         apply(spank, &per_gpu[0]);
-        if gang {
-            self.task_env = per_gpu;
-        }
+        self.task_env = per_gpu;
         preload_xcuda(spank, xcuda);
         Ok(())
     }
 
     /// Per task, as the user: refuse an offline step that cannot be
-    /// protected; a k-GPU job's task gets its own GPU's settings.
+    /// protected; a task gets its own GPU's settings.
     pub fn task_init(&self, spank: &mut SpankHandle) -> Result<(), Refused> {
         if let Some(why) = &self.refusal {
             return Err(Refused(why.clone()));
@@ -862,6 +868,22 @@ fn job_limits_on(
     })
 }
 
+/// The variables every client of GPU `gpu`'s MPS daemon gets: its pipe, and
+/// the device as that daemon shows it ([`mps::MpsDaemon::client_device`]:
+/// the GPU's UUID, never the node's index, which the daemon renumbers).
+fn device_env(config: &Config, gpu: u32) -> Vec<(&'static str, Option<String>)> {
+    vec![
+        (
+            "CUDA_VISIBLE_DEVICES",
+            Some(mps::MpsDaemon::for_gpu(config, gpu).client_device()),
+        ),
+        (
+            "CUDA_MPS_PIPE_DIRECTORY",
+            Some(mps::pipe_dir(config, gpu).to_string_lossy().into_owned()),
+        ),
+    ]
+}
+
 /// The variables a client of GPU `gpu`'s MPS server gets for offline job
 /// `job_id`: the device, the pipe, its SM share and memory cap, its SM
 /// partition, where its limits file is (None: unset).
@@ -874,17 +896,13 @@ fn client_env(
     cap: Option<u64>,
     dir: &Path,
 ) -> Vec<(&'static str, Option<String>)> {
-    vec![
-        ("CUDA_VISIBLE_DEVICES", Some(gpu.to_string())),
-        (
-            "CUDA_MPS_PIPE_DIRECTORY",
-            Some(mps::pipe_dir(config, gpu).to_string_lossy().into_owned()),
-        ),
+    let mut env = device_env(config, gpu);
+    env.extend([
         (
             "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
             Some(sm_pct.to_string()),
         ),
-        // The client sees one device (CUDA_VISIBLE_DEVICES): device 0.
+        // The client sees one device, its daemon's, as device 0.
         (
             "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
             cap.map(|mib| format!("0={mib}M")),
@@ -897,5 +915,6 @@ fn client_env(
             xcuda_env::LIMITS_DIR,
             Some(dir.to_string_lossy().into_owned()),
         ),
-    ]
+    ]);
+    env
 }

@@ -188,6 +188,28 @@ impl ServerMode {
     }
 }
 
+/// What NVML says of a GPU, as far as starting its daemon needs it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeviceFacts {
+    /// The compute capability (None: NVML could not say).
+    pub cc: Option<ComputeCapability>,
+    /// The UUID (`GPU-…`), which the daemon and its clients name the GPU
+    /// by (None: NVML could not say; the index is used).
+    pub uuid: Option<String>,
+}
+
+/// A `CUDA_VISIBLE_DEVICES` entry that is a GPU or MIG UUID.
+pub fn is_uuid(device: &str) -> bool {
+    device.starts_with("GPU-") || device.starts_with("MIG-")
+}
+
+/// Does a control daemon's output say it does not know an option? (The
+/// 13000 binary: `Unrecognized option`, then its help, exit status 0.)
+pub fn says_unrecognized(output: &str) -> bool {
+    let lower = output.to_ascii_lowercase();
+    lower.contains("unrecognized option") || lower.contains("unknown option")
+}
+
 /// What [`MpsDaemon::ensure_running`] found or did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Running {
@@ -255,22 +277,19 @@ impl MpsDaemon {
         // Nothing from the caller's environment reaches the daemon.
         let mut c = process::command(&self.control);
         c.env_remove("SLURM_CONF")
-            .env("CUDA_VISIBLE_DEVICES", self.gpu.to_string())
             .env("CUDA_MPS_PIPE_DIRECTORY", &self.pipe_dir)
             .env("CUDA_MPS_LOG_DIRECTORY", &self.log_dir);
         c
     }
 
     /// Starts the daemon unless it already runs, in multi-user mode where
-    /// [`ServerMode::plan`] allows (`cc`: asked only when a daemon is to be
-    /// started, the GPU's compute capability when NVML gives it). A daemon that refuses the multi-user flag is started
-    /// again without it, so jobs of one user still get MPS; the mode it
-    /// runs in is returned and remembered for [`Self::serves_all_users`].
-    /// Callers serialise this per GPU (the GPU lock of `node_state`).
-    pub fn ensure_running(
-        &self,
-        cc: impl FnOnce() -> Option<ComputeCapability>,
-    ) -> Result<Running, MpsError> {
+    /// [`ServerMode::plan`] allows (`facts`: asked only when a daemon is to
+    /// be started, what NVML says of the GPU). A daemon that refuses the
+    /// multi-user flag is started again without it, so jobs of one user
+    /// still get MPS; the mode it runs in is returned and remembered for
+    /// [`Self::serves_all_users`]. Callers serialise this per GPU (the GPU
+    /// lock of `node_state`).
+    pub fn ensure_running(&self, facts: impl FnOnce() -> DeviceFacts) -> Result<Running, MpsError> {
         if self.is_running() {
             let mode = match self.serves_all_users() {
                 Some(true) => ServerMode::MultiUser,
@@ -281,15 +300,16 @@ impl MpsDaemon {
                 mode,
             });
         }
-        self.start_daemon(cc())
+        self.start_daemon(&facts())
     }
 
-    /// Starts the daemon (none runs), `cc` the GPU's compute capability.
-    fn start_daemon(&self, cc: Option<ComputeCapability>) -> Result<Running, MpsError> {
+    /// Starts the daemon (none runs) for the GPU `facts` describes.
+    fn start_daemon(&self, facts: &DeviceFacts) -> Result<Running, MpsError> {
         for dir in [&self.pipe_dir, &self.log_dir] {
             create_private_dir(dir)?;
         }
-        let mut mode = ServerMode::plan(self.multiuser, cc);
+        self.remember_device(facts);
+        let mut mode = ServerMode::plan(self.multiuser, facts.cc);
         if self.start_protocol == Protocol::V3 {
             // Anything a v3 start refuses: today's v2 daemon instead.
             if let Err(said) = self.start(mode.is_multiuser())? {
@@ -297,7 +317,7 @@ impl MpsDaemon {
                     gpu = self.gpu,
                     "the MPS control daemon refused to start as MPS v3 ({said}); starting it as MPS v2, so offline jobs get no namespace"
                 );
-                return self.clone().with_protocol(Protocol::V2).start_daemon(cc);
+                return self.clone().with_protocol(Protocol::V2).start_daemon(facts);
             }
         } else if mode.is_multiuser() {
             if let Err(said) = self.start(true)? {
@@ -319,17 +339,6 @@ impl MpsDaemon {
             }
         }
         self.remember_mode(&mode);
-        let start = Instant::now();
-        while !self.is_running() {
-            if start.elapsed() > self.timeout {
-                return Err(MpsError::NotStarted {
-                    gpu: self.gpu,
-                    timeout: self.timeout,
-                    log_dir: self.log_dir.clone(),
-                });
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
         if self.start_protocol == Protocol::V3 {
             if let Err(e) = self.send_text(&mps_v3::server_create()) {
                 // Today's path rather than none: the jobs keep MPS v2.
@@ -339,7 +348,7 @@ impl MpsDaemon {
                     mps_v3::server_create()
                 );
                 self.quit()?;
-                return self.clone().with_protocol(Protocol::V2).start_daemon(cc);
+                return self.clone().with_protocol(Protocol::V2).start_daemon(facts);
             }
         }
         Ok(Running {
@@ -348,11 +357,15 @@ impl MpsDaemon {
         })
     }
 
-    /// `nvidia-cuda-mps-control -d [-multiuser-server]`: Ok(Err(what it
-    /// said)) when it exits non-zero.
+    /// `nvidia-cuda-mps-control -d [flags]`, the GPU named as the daemon
+    /// is to see it ([`Self::remember_device`]): Ok(Err(what it said)) when
+    /// no daemon came up. Judged by what the daemon does — its control
+    /// socket answering — not by the exit status: the 13000 binary prints
+    /// `Unrecognized option` and its help for a flag it lacks, and exits 0.
     fn start(&self, multiuser: bool) -> Result<Result<(), String>, MpsError> {
         let mut c = self.command();
-        c.arg("-d");
+        c.arg("-d")
+            .env("CUDA_VISIBLE_DEVICES", self.daemon_device());
         match (self.start_protocol, multiuser) {
             (Protocol::V3, true) => {
                 c.args(mps_v3::PROTOCOL_ARGS).arg(mps_v3::MULTIUSER_FLAG);
@@ -368,9 +381,40 @@ impl MpsDaemon {
         if self.static_partitions {
             c.arg(crate::node::sm_partition::STATIC_FLAG);
         }
-        let out = process::run(c, None, self.timeout, true)?;
+        let said_file = self.log_dir.join("muxflow-start.out");
+        let out = std::fs::File::create(&said_file).map_err(|source| MpsError::Dir {
+            dir: self.log_dir.clone(),
+            source,
+        })?;
+        let args: Vec<String> = c
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let out = process::run(c, None, self.timeout, process::Output::Detached(out))?;
+        let said = std::fs::read_to_string(&said_file).unwrap_or_default();
+        let first = |text: &str| {
+            crate::text::shorten(
+                text.lines()
+                    .find(|l| !l.trim().is_empty())
+                    .unwrap_or("")
+                    .trim(),
+            )
+        };
+        if says_unrecognized(&said) {
+            return Ok(Err(format!(
+                "'{}' printed '{}' (an option this daemon does not have)",
+                args.join(" "),
+                first(&said)
+            )));
+        }
         if out.success {
-            return Ok(Ok(()));
+            let start = Instant::now();
+            while start.elapsed() <= self.timeout {
+                if self.is_running() {
+                    return Ok(Ok(()));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
         }
         // The daemon says why in its control log, not on a terminal.
         let log = std::fs::read_to_string(self.log_dir.join("control.log")).unwrap_or_default();
@@ -380,10 +424,66 @@ impl MpsDaemon {
             .find(|l| !l.trim().is_empty())
             .unwrap_or("");
         Ok(Err(format!(
-            "exit status non-zero; last line of {}: '{}'",
+            "{}, no control daemon answered within {:?}; it printed '{}'; last line of {}: '{}'",
+            if out.success {
+                "exit status 0"
+            } else {
+                "exit status non-zero"
+            },
+            self.timeout,
+            first(&said),
             self.log_dir.join("control.log").display(),
             crate::text::shorten(last.trim())
         )))
+    }
+
+    /// Where muxflow notes the device it gave the daemon (root-owned log
+    /// directory): the GPU's UUID, or its index where NVML gave no UUID.
+    fn device_file(&self) -> PathBuf {
+        self.log_dir.join("muxflow-device")
+    }
+
+    fn remember_device(&self, facts: &DeviceFacts) {
+        let device = match &facts.uuid {
+            Some(uuid) => uuid.clone(),
+            None => {
+                tracing::warn!(
+                    gpu = self.gpu,
+                    "NVML gives no UUID for the GPU: its MPS control daemon is started with CUDA_VISIBLE_DEVICES={} and its clients are given device 0",
+                    self.gpu
+                );
+                self.gpu.to_string()
+            }
+        };
+        if let Err(e) = std::fs::write(self.device_file(), format!("{device}\n")) {
+            tracing::warn!(gpu = self.gpu, "cannot note the MPS daemon's device: {e}");
+        }
+    }
+
+    /// What the daemon's `CUDA_VISIBLE_DEVICES` is: the noted device, else
+    /// the GPU's index.
+    fn daemon_device(&self) -> String {
+        std::fs::read_to_string(self.device_file())
+            .ok()
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty())
+            .unwrap_or_else(|| self.gpu.to_string())
+    }
+
+    /// The `CUDA_VISIBLE_DEVICES` a client of this daemon gets: the GPU's
+    /// UUID where the daemon was given it, else `0`. The daemon shows its
+    /// clients only its own device, renumbered to 0, so the node's index
+    /// (1..7 on an 8-GPU node) would name a device the server lacks
+    /// (NVIDIA, MPS docs, Appendix: Environment Variables). The UUID names
+    /// the same device through the server and, were the daemon down,
+    /// without it; `0` is right only through the server.
+    pub fn client_device(&self) -> String {
+        let device = self.daemon_device();
+        if is_uuid(&device) {
+            device
+        } else {
+            "0".into()
+        }
     }
 
     /// Where muxflow notes the mode it started the daemon in (root-owned
@@ -519,7 +619,12 @@ impl MpsDaemon {
         if is_changing(command) {
             self.note_own_command(command);
         }
-        let out = process::run(self.command(), Some(command), self.timeout, false)?;
+        let out = process::run(
+            self.command(),
+            Some(command),
+            self.timeout,
+            process::Output::Collect,
+        )?;
         if out.success {
             Ok(out.stdout.trim().to_string())
         } else {
@@ -713,6 +818,75 @@ mod tests {
         ComputeCapability { major, minor }
     }
 
+    const UUID: &str = "GPU-51a0c0de-0000-4000-8000-000001000003";
+
+    fn facts(major: u32, minor: u32) -> DeviceFacts {
+        DeviceFacts {
+            cc: Some(cc(major, minor)),
+            uuid: Some(UUID.into()),
+        }
+    }
+
+    /// The control daemon of driver 580 (binary 13000), as seen on an
+    /// H200: a flag it lacks gets `Unrecognized option`, its help and exit
+    /// status 0, and no daemon. muxflow must see that nothing started and
+    /// fall back; the daemon and its clients name the GPU by UUID.
+    #[test]
+    fn a_flag_the_daemon_prints_help_for_is_refused_though_it_exits_0() {
+        for (uuid, want_daemon, want_client) in [
+            (Some(UUID), UUID, UUID),
+            // No UUID from NVML: the index for the daemon, 0 for its clients.
+            (None, "3", "0"),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let mut config = fake_control(dir.path(), false);
+            let control = dir.path().join("nvidia-cuda-mps-control");
+            let script = r#"#!/bin/sh
+if [ "$1" = -d ]; then
+  for a in "$@"; do
+    case "$a" in -d|-multiuser-server) ;; *)
+      echo "Unrecognized option: $a"; echo "Usage: nvidia-cuda-mps-control [OPTION]"; exit 0;;
+    esac
+  done
+  echo "$* cvd=$CUDA_VISIBLE_DEVICES" >> "$CUDA_MPS_LOG_DIRECTORY/started-with"
+  : > "$CUDA_MPS_PIPE_DIRECTORY/control"
+  exit 0
+fi
+read line
+exit 0
+"#;
+            crate::test_support::write_executable(&control, script);
+            config.paths.mps_control = crate::config::AbsPath::new(&control).unwrap();
+            let mps = MpsDaemon::for_gpu(&config, 3).with_protocol(Protocol::V3);
+            let r = mps
+                .ensure_running(|| DeviceFacts {
+                    cc: Some(cc(9, 0)),
+                    uuid: uuid.map(String::from),
+                })
+                .unwrap();
+            assert!(r.started && r.mode.is_multiuser(), "{r:?}");
+            let started = std::fs::read_to_string(mps.log_dir().join("started-with")).unwrap();
+            // `-p 3` printed help: started again as v2, with the flag.
+            assert_eq!(started, format!("-d -multiuser-server cvd={want_daemon}\n"));
+            assert_eq!(mps.client_device(), want_client);
+        }
+        // A daemon that never comes up is an error that says what it printed.
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = fake_control(dir.path(), false);
+        let control = dir.path().join("nvidia-cuda-mps-control");
+        crate::test_support::write_executable(&control, "#!/bin/sh\necho starting\nexit 0\n");
+        config.paths.mps_control = crate::config::AbsPath::new(&control).unwrap();
+        config.mps.command_timeout_ms = 200;
+        let e = MpsDaemon::for_gpu(&config, 0)
+            .ensure_running(|| facts(9, 0))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("no control daemon answered") && e.contains("starting"),
+            "{e}"
+        );
+    }
+
     #[test]
     fn the_daemon_runs_multi_user_only_where_asked_and_supported() {
         let cases = [
@@ -786,7 +960,7 @@ exit 0
             let config = fake_control(dir.path(), refuse);
             let mps = MpsDaemon::for_gpu(&config, 0);
             assert_eq!(mps.serves_all_users(), None, "nothing started yet");
-            let r = mps.ensure_running(|| Some(cc(9, 0))).unwrap();
+            let r = mps.ensure_running(|| facts(9, 0)).unwrap();
             assert!(r.started);
             assert_eq!(r.mode.is_multiuser(), want_multi, "refuse={refuse}");
             if let ServerMode::SingleUser(SingleUser::Refused(said)) = &r.mode {
@@ -798,7 +972,7 @@ exit 0
             assert_eq!(mps.serves_all_users(), Some(want_multi));
             assert_eq!(mps.published_mode(None), want_multi);
             // Found running next time: nothing started again.
-            assert!(!mps.ensure_running(|| None).unwrap().started);
+            assert!(!mps.ensure_running(DeviceFacts::default).unwrap().started);
         }
     }
 
@@ -828,7 +1002,7 @@ exit 0
             crate::test_support::write_executable(&control, &script);
             config.paths.mps_control = crate::config::AbsPath::new(&control).unwrap();
             let mps = MpsDaemon::for_gpu(&config, 0).with_protocol(Protocol::V3);
-            let r = mps.ensure_running(|| Some(cc(9, 0))).unwrap();
+            let r = mps.ensure_running(|| facts(9, 0)).unwrap();
             assert!(r.started && r.mode.is_multiuser());
             let started = std::fs::read_to_string(mps.log_dir().join("started-with")).unwrap();
             let sent = std::fs::read_to_string(mps.log_dir().join("sent")).unwrap();
@@ -902,7 +1076,7 @@ exit 0
         // Nothing started: published from the plan (the config alone).
         assert!(mps.published_mode(None));
         assert!(!mps.published_mode(Some(cc(6, 1))));
-        let r = mps.ensure_running(|| Some(cc(6, 1))).unwrap();
+        let r = mps.ensure_running(|| facts(6, 1)).unwrap();
         assert_eq!(
             r.mode,
             ServerMode::SingleUser(SingleUser::GpuTooOld(cc(6, 1)))

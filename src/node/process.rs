@@ -43,14 +43,23 @@ pub fn command(program: &Path) -> Command {
     c
 }
 
+/// Where a program's stdout and stderr go.
+#[derive(Debug)]
+pub enum Output {
+    /// Read into [`Finished`].
+    Collect,
+    /// Into this file, not collected: a daemonizing program keeps them
+    /// open, and the caller reads what it said from the file.
+    Detached(std::fs::File),
+}
+
 /// Runs `cmd`, feeding `input` (plus a newline) on stdin, and waits for it,
-/// killing it after `timeout`. With `detached`, stdout/stderr are not
-/// collected (a daemonizing program keeps them open).
+/// killing it after `timeout`.
 pub fn run(
     mut cmd: Command,
     input: Option<&str>,
     timeout: Duration,
-    detached: bool,
+    output: Output,
 ) -> Result<Finished, RunError> {
     let program = PathBuf::from(cmd.get_program());
     let args = cmd
@@ -59,11 +68,20 @@ pub fn run(
         .collect::<Vec<_>>()
         .join(" ");
     cmd.stdin(Stdio::piped());
-    if detached {
-        cmd.stdout(Stdio::null()).stderr(Stdio::null());
-    } else {
-        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-    }
+    let detached = match output {
+        Output::Detached(file) => {
+            let err = file.try_clone().map_err(|source| RunError::Spawn {
+                program: program.clone(),
+                source,
+            })?;
+            cmd.stdout(file).stderr(err);
+            true
+        }
+        Output::Collect => {
+            cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+            false
+        }
+    };
     let mut child = cmd.spawn().map_err(|source| RunError::Spawn {
         program: program.clone(),
         source,
@@ -120,7 +138,7 @@ mod tests {
         let mut c = command(Path::new("/bin/sh"));
         c.arg("-c")
             .arg("read x; echo \"got $x HOME=$HOME\"; echo err >&2");
-        let f = run(c, Some("hello"), Duration::from_secs(10), false).unwrap();
+        let f = run(c, Some("hello"), Duration::from_secs(10), Output::Collect).unwrap();
         assert!(f.success);
         assert_eq!(f.stdout.trim(), "got hello HOME=");
         assert_eq!(f.stderr.trim(), "err");
@@ -130,13 +148,13 @@ mod tests {
     fn times_out_and_reports_failure() {
         let mut c = command(Path::new("/bin/sleep"));
         c.arg("30");
-        let e = run(c, None, Duration::from_millis(100), false).unwrap_err();
+        let e = run(c, None, Duration::from_millis(100), Output::Collect).unwrap_err();
         assert!(e.to_string().contains("timed out"), "{e}");
         let f = run(
             command(Path::new("/bin/false")),
             None,
             Duration::from_secs(10),
-            false,
+            Output::Collect,
         )
         .unwrap();
         assert!(!f.success);
@@ -145,7 +163,7 @@ mod tests {
                 command(Path::new("/nonexistent/x")),
                 None,
                 Duration::from_secs(1),
-                false
+                Output::Collect
             ),
             Err(RunError::Spawn { .. })
         ));

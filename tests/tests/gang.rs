@@ -136,9 +136,11 @@ fn a_two_gpu_offline_job_runs_as_a_gang_each_task_on_its_own_gpu() {
     };
     let (t0, t1) = (task(0), task(1));
     let field = |line: &str, k: &str| kv(line, k).unwrap_or_default();
-    // Task i on GPU i: its own device, MPS server and limits.
+    // Task i on GPU i: its own device (by UUID: each GPU's daemon shows
+    // its one device as 0, so the node's index 1 would name nothing),
+    // MPS server and limits.
     for (line, g) in [(&t0, 0u32), (&t1, 1)] {
-        assert_eq!(field(line, "cvd"), g.to_string(), "{line}");
+        assert_eq!(field(line, "cvd"), c.gpu_uuid(NODE, g), "{line}");
         assert!(field(line, "pipe").ends_with(&format!("/{g}")), "{line}");
         assert!(field(line, "limits").ends_with(&format!("/g{g}")), "{line}");
         assert!(field(line, "mem").starts_with("0="), "{line}");

@@ -21,7 +21,7 @@ use muxflow_simgpu::codes::cu;
 use muxflow_simgpu::model::{self, Launch};
 use muxflow_simgpu::mps::{self, ConnectReply, Grant, MemLimits};
 use muxflow_simgpu::shared::{now_ns, SharedGpu};
-use muxflow_simgpu::{state, GpuConfig, SimDir};
+use muxflow_simgpu::{state, visible, GpuConfig, SimDir};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, CString};
@@ -134,26 +134,17 @@ fn load() -> Result<Proc, u32> {
         eprintln!("{e}");
         cu::NO_DEVICE
     })?;
-    let order: Vec<u32> = match std::env::var("CUDA_VISIBLE_DEVICES") {
-        Ok(v) => v
-            .split(',')
-            .map(|s| s.trim().parse::<u32>())
-            .take_while(|r| r.is_ok()) // like the driver: stop at the first invalid entry
-            .flatten()
-            .collect(),
-        Err(_) => dir.gpus.iter().map(|g| g.index).collect(),
-    };
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() };
     let mut devs = Vec::new();
-    for i in order {
-        let Some(cfg) = dir.gpus.iter().find(|g| g.index == i).cloned() else {
-            break;
-        };
-        let gpu = dir.open_gpu(i).map_err(|e| {
+    for i in visible_devices(&dir, pid) {
+        let cfg = dir.gpus[i].clone();
+        let gpu = dir.open_gpu(cfg.index).map_err(|e| {
             eprintln!("{e}");
             cu::NO_DEVICE
         })?;
         devs.push(Dev {
-            sim_index: i,
+            sim_index: cfg.index,
             cfg,
             gpu,
         });
@@ -165,8 +156,7 @@ fn load() -> Result<Proc, u32> {
     Ok(Proc {
         dir,
         devs,
-        // SAFETY: getpid has no preconditions.
-        pid: unsafe { libc::getpid() },
+        pid,
         local: Mutex::new(Local {
             next: 0x1000,
             objs: HashMap::new(),
@@ -182,6 +172,23 @@ fn load() -> Result<Proc, u32> {
             mps: None,
         }),
     })
+}
+
+/// The node's GPUs (positions in `dir.gpus`) this process sees, in its
+/// ordinal order: through its MPS daemon's renumbering where its pipe
+/// directory has a daemon, else its own `CUDA_VISIBLE_DEVICES`
+/// (`muxflow_simgpu::visible`).
+fn visible_devices(dir: &SimDir, pid: i32) -> Vec<usize> {
+    let uuids: Vec<&str> = dir.gpus.iter().map(|g| g.uuid.as_str()).collect();
+    let client = std::env::var(mps::ENV_VISIBLE).ok();
+    let daemon = std::env::var_os(mps::ENV_PIPE)
+        .map(PathBuf::from)
+        .filter(|p| mps::socket_path(p).exists())
+        .and_then(|p| mps::daemon_devices(&p, pid).ok());
+    match daemon {
+        Some(d) => visible::through_mps(d.as_deref(), client.as_deref(), &uuids),
+        None => visible::resolve(client.as_deref(), &uuids),
+    }
 }
 
 pub fn init() -> R<()> {

@@ -1,0 +1,127 @@
+//! Devices as MPS numbers them, on GPU 1 of a node (the dev cluster's
+//! simulated driver and control daemon renumber as NVIDIA documents: a
+//! daemon shows its clients only its own devices, from 0; a client naming
+//! the node's index 1 finds no device there).
+//!
+//! An online job of one user and an offline job of another share GPU 1 of
+//! a node: both are clients of that GPU's daemon, and each is given the
+//! GPU's UUID, the one name that means the same device through the daemon
+//! and without it. (A 2-GPU gang, one task per GPU: `gang.rs`.)
+
+use std::time::Duration;
+
+use muxflow_tests::{kv, CancelNamed, Cluster};
+
+const PREFIX: &str = "mfd-";
+const NODE: &str = "node3";
+const ONLINE_USER: &str = "daemon";
+const OFFLINE_USER: &str = "nobody";
+const WAIT: Duration = Duration::from_secs(90);
+
+#[test]
+fn an_online_and_another_users_offline_job_share_gpu_1_named_by_its_uuid() {
+    let c = Cluster::get();
+    c.cancel_named(PREFIX);
+    let _cancel = CancelNamed(&c, PREFIX);
+    c.wait_all_gpus_healthy();
+
+    // GPU 0 taken by a plain job, so Slurm gives the online job GPU 1.
+    let hold = c
+        .sbatch(
+            &[
+                "--gres=gpu:1",
+                "-w",
+                NODE,
+                "--job-name",
+                &format!("{PREFIX}hold"),
+            ],
+            "#!/bin/sh\nexec sleep 600\n",
+        )
+        .unwrap();
+    c.wait_running(hold, WAIT);
+    assert_eq!(c.gres_detail(hold), "gpu:1(IDX:0)");
+
+    let online_script = format!(
+        "#!/bin/sh\necho cvd=$CUDA_VISIBLE_DEVICES\n{}\n",
+        c.workload("online --rate 20")
+    );
+    let online = c
+        .sbatch_as(
+            ONLINE_USER,
+            &[
+                "--muxflow=online",
+                "--gres=gpu:1",
+                "-w",
+                NODE,
+                "--job-name",
+                &format!("{PREFIX}online"),
+            ],
+            &online_script,
+        )
+        .unwrap_or_else(|e| panic!("sbatch as {ONLINE_USER}: {e}"));
+    c.wait_running(online, WAIT);
+    assert_eq!(c.gres_detail(online), "gpu:1(IDX:1)");
+    c.wait_output(online, "pid=", WAIT);
+    let uuid = c.gpu_uuid(NODE, 1);
+
+    let offline_script = format!(
+        "#!/bin/sh\necho cvd=$CUDA_VISIBLE_DEVICES mem=$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT\n{}\n",
+        c.workload("offline --duration 3 --kernels-per-step 4 --kernel-us 200")
+    );
+    let offline = c
+        .sbatch_as(
+            OFFLINE_USER,
+            &[
+                "--muxflow=offline",
+                "--job-name",
+                &format!("{PREFIX}offline"),
+            ],
+            &offline_script,
+        )
+        .unwrap_or_else(|e| panic!("sbatch as {OFFLINE_USER}: {e}"));
+    c.place(offline, NODE, 1);
+    let end = c.wait(offline, WAIT);
+    let out = c.output_or_empty(offline);
+    assert_eq!(end.state, "COMPLETED", "{end:?}\n{out}");
+    let line = |out: &str, key: &str| -> String {
+        out.lines()
+            .find_map(|l| kv(l, key))
+            .unwrap_or_else(|| panic!("no {key}= in:\n{out}"))
+    };
+    assert_eq!(line(&out, "cvd"), uuid, "{out}");
+    assert!(
+        line(&out, "mem").starts_with("0="),
+        "the cap names device 0: {out}"
+    );
+    assert!(
+        out.contains("mode=offline steps=") && !out.contains("error="),
+        "{out}"
+    );
+    let offline_pid = line(&out, "pid");
+    let control = c.mps_log(NODE, 1, "control.log");
+    assert!(
+        control.contains(&format!(
+            "NEW CLIENT {offline_pid} from user 65534: Server already exists"
+        )),
+        "the offline client did not join the online job's server:\n{control}"
+    );
+
+    // The online job served on beside it, as a client of the same daemon.
+    let online_out = c.output_or_empty(online);
+    assert_eq!(line(&online_out, "cvd"), uuid, "{online_out}");
+    let online_pid = line(&online_out, "pid");
+    let server = c.mps_log(NODE, 1, "server.log");
+    assert!(
+        server.contains(&format!("New client {online_pid} connected")),
+        "the online job is no client of GPU 1's server:\n{server}"
+    );
+    c.scancel(&[online]);
+    let end = c.wait(online, WAIT);
+    let online_out = c.output_or_empty(online);
+    assert!(
+        online_out.contains("mode=online") && !online_out.contains("error="),
+        "{end:?}\n{online_out}"
+    );
+    c.scancel(&[hold]);
+    c.assert_no_drain();
+}
