@@ -601,7 +601,14 @@ fn gpu_checks(checks: &mut Vec<Check>, config: &Config) {
     ));
     for gpu in gpus {
         let mps = MpsDaemon::for_gpu(config, gpu);
-        let cc = crate::gpu_caps::compute_capability(config, gpu);
+        let facts = crate::gpu_caps::device_facts(config, gpu);
+        checks.push(check_mps_device(
+            gpu,
+            facts.uuid.as_deref(),
+            mps.noted_device().as_deref(),
+            mps.is_running(),
+        ));
+        let cc = facts.cc;
         checks.push(check_multiuser(
             gpu,
             config.mps.multiuser,
@@ -655,7 +662,7 @@ pub fn check_multiuser(
     match (&plan, running) {
         (ServerMode::MultiUser, Some(true)) => Check::ok(
             "mps multiuser",
-            format!("GPU {gpu}: the daemon runs with {MULTIUSER_FLAG} ({cc_words}): jobs of different users share it"),
+            format!("GPU {gpu}: the daemon runs with {MULTIUSER_FLAG}, by its command line ({cc_words}): jobs of different users share it"),
         ),
         (ServerMode::MultiUser, None) => Check::ok(
             "mps multiuser",
@@ -674,6 +681,46 @@ pub fn check_multiuser(
         (ServerMode::SingleUser(why), _) => Check::ok(
             "mps multiuser",
             format!("GPU {gpu}: one user at a time ({why}): the matcher pairs only jobs of one user here"),
+        ),
+    }
+}
+
+/// The `mps device` line of GPU `gpu`: how its daemon and its clients name
+/// it. `nvml`: the GPU's UUID now; `noted`: the device muxflow gave the
+/// daemon it last started ([`MpsDaemon::noted_device`]); `running`: a
+/// daemon answers. A daemon renumbers its devices from 0, so both sides
+/// must name the GPU by UUID (or the client by 0); a daemon started for
+/// another UUID than NVML's serves another GPU than the one jobs are
+/// placed on.
+pub fn check_mps_device(gpu: u32, nvml: Option<&str>, noted: Option<&str>, running: bool) -> Check {
+    let name = "mps device";
+    let state = if running { "runs" } else { "ran last" };
+    match (noted, nvml) {
+        (Some(n), Some(u)) if muxflow::node::mps::is_uuid(n) && n != u => Check::fail(
+            name,
+            format!("GPU {gpu}: its daemon {state} for {n}, but NVML names GPU {gpu} {u} (GPUs renumbered or replaced): its jobs would run on another GPU"),
+            "stop that daemon while its GPU has no job (echo quit | nvidia-cuda-mps-control with its CUDA_MPS_PIPE_DIRECTORY): the next job's Prolog starts it for the GPU's UUID",
+        ),
+        (Some(n), _) if muxflow::node::mps::is_uuid(n) => Check::ok(
+            name,
+            format!("GPU {gpu}: its daemon {state} with CUDA_VISIBLE_DEVICES={n}; every client (online, offline, each task of a gang) is given {n}"),
+        ),
+        (Some(n), _) => Check::ok(
+            name,
+            format!("GPU {gpu}: NVML gave no UUID when its daemon started, so it {state} with CUDA_VISIBLE_DEVICES={n} and shows that GPU as device 0; clients are given 0"),
+        ),
+        (None, _) if running => Check::ok(
+            name,
+            format!("GPU {gpu}: a daemon muxflow did not note (started by hand or by an older muxflow, with the GPU's index): it shows its GPU as device 0, and clients are given 0; stopped while the GPU has no job, the next Prolog starts it by UUID"),
+        ),
+        (None, Some(u)) => Check::ok(
+            name,
+            format!("GPU {gpu}: no daemon yet; the first Prolog starts it with CUDA_VISIBLE_DEVICES={u}, and every client is given {u}"),
+        ),
+        (None, None) => Check::fail(
+            name,
+            format!("GPU {gpu}: NVML gives no UUID: its daemon would be started by index, and a client outside MPS would be given device 0, another GPU"),
+            "check the NVIDIA driver (nvidia-smi -L lists each GPU's UUID) or paths.nvml_library",
         ),
     }
 }
@@ -755,9 +802,10 @@ pub fn check_sm_partitions(
     lowest_cc: Option<ComputeCapability>,
     without_static: &[u32],
 ) -> Check {
-    let v = version.map_or("a control daemon that prints no version".to_string(), |v| {
-        format!("control daemon {v}")
-    });
+    let v = version.map_or(
+        "a control daemon whose -v names no version".to_string(),
+        |v| format!("control daemon {v}, by its -v"),
+    );
     let there = version.is_some_and(|v| v >= SM_PARTITIONS_MIN_VERSION)
         && lowest_cc.is_some_and(|c| c.major >= 8);
     let name = "sm partitions";
@@ -807,25 +855,25 @@ pub fn check_mps_v3(version: Option<u32>, sm_partitions: bool, not_v3: &[u32]) -
             name,
             format!(
                 "absent ({}; namespaces need {MIN_VERSION}+, routing by cgroup {CGROUP_ROUTING_MIN_VERSION}+): an offline job's limits are its MPS client variables' and xCUDA's (policed), or the kernel's (dmem)",
-                version.map_or("a control daemon that prints no version".to_string(), |v| format!("control daemon {v}"))
+                version.map_or("a control daemon whose -v names no version".to_string(), |v| format!("control daemon {v}, by its -v"))
             ),
         ),
         Support::SocketRouting(v) => Check::ok(
             name,
-            format!("present (control daemon {v}), not used: it routes clients by socket only, so a job could leave its namespace by its CUDA_MPS_PIPE_DIRECTORY (routing by cgroup needs {CGROUP_ROUTING_MIN_VERSION}+)"),
+            format!("present (control daemon {v}, by its -v), not used: it routes clients by socket only, so a job could leave its namespace by its CUDA_MPS_PIPE_DIRECTORY (routing by cgroup needs {CGROUP_ROUTING_MIN_VERSION}+)"),
         ),
         Support::CgroupRouting(v) if sm_partitions => Check::ok(
             name,
-            format!("present (control daemon {v}), not used: [mps] sm_partitions is set, and static partitions run on an MPS v2 daemon"),
+            format!("present (control daemon {v}, by its -v), not used: [mps] sm_partitions is set, and static partitions run on an MPS v2 daemon"),
         ),
         Support::CgroupRouting(v) if !not_v3.is_empty() => Check::fail(
             name,
-            format!("present (control daemon {v}), but the daemon of GPU {not_v3:?} runs MPS v2: its offline jobs get no namespace (their limits stay the MPS client variables' and xCUDA's, policed)"),
+            format!("present (control daemon {v}, by its -v), but the daemon of GPU {not_v3:?} runs MPS v2: its offline jobs get no namespace (their limits stay the MPS client variables' and xCUDA's, policed)"),
             "stop that daemon while its GPU has no job (echo quit | nvidia-cuda-mps-control with its CUDA_MPS_PIPE_DIRECTORY): the next job's Prolog starts it with -p 3; if it falls back again, the Prolog's log says what the daemon refused",
         ),
         Support::CgroupRouting(v) => Check::ok(
             name,
-            format!("used (control daemon {v}): daemons start with -p 3; each offline job gets a namespace routed by its cgroup whose pinned memory limit and thread percentage the daemon holds (enforced_by_mem=driver, enforced_by_sm=driver)"),
+            format!("used (control daemon {v}, by its -v): daemons start with -p 3; each offline job gets a namespace routed by its cgroup whose pinned memory limit and thread percentage the daemon holds (enforced_by_mem=driver, enforced_by_sm=driver)"),
         ),
     }
 }
@@ -833,6 +881,39 @@ pub fn check_mps_v3(version: Option<u32>, sm_partitions: bool, not_v3: &[u32]) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mps_device_lines_name_the_uuid_or_fail_a_daemon_of_another_gpu() {
+        let (a, b) = ("GPU-aaaa", "GPU-bbbb");
+        let c = check_mps_device(1, Some(a), Some(a), true);
+        assert!(
+            c.fix.is_none() && c.detail.contains("CUDA_VISIBLE_DEVICES=GPU-aaaa"),
+            "{c:?}"
+        );
+        let c = check_mps_device(1, Some(b), Some(a), true);
+        assert!(
+            c.fix.is_some() && c.detail.contains("NVML names GPU 1 GPU-bbbb"),
+            "{c:?}"
+        );
+        let c = check_mps_device(1, Some(a), Some("1"), true);
+        assert!(
+            c.fix.is_none() && c.detail.contains("clients are given 0"),
+            "{c:?}"
+        );
+        let c = check_mps_device(1, Some(a), None, false);
+        assert!(
+            c.fix.is_none()
+                && c.detail
+                    .contains("first Prolog starts it with CUDA_VISIBLE_DEVICES=GPU-aaaa"),
+            "{c:?}"
+        );
+        let c = check_mps_device(1, Some(a), None, true);
+        assert!(
+            c.fix.is_none() && c.detail.contains("did not note"),
+            "{c:?}"
+        );
+        assert!(check_mps_device(1, None, None, false).fix.is_some());
+    }
 
     #[test]
     fn driver_mechanisms_are_named_present_or_absent() {
@@ -869,7 +950,7 @@ mod tests {
                 false,
                 vec![],
                 true,
-                "absent (a control daemon that prints no version",
+                "absent (a control daemon whose -v names no version",
             ),
             (
                 "13.1",
@@ -885,7 +966,7 @@ mod tests {
                 false,
                 vec![],
                 true,
-                "present (control daemon 13040), not used: it routes clients by socket only",
+                "present (control daemon 13040, by its -v), not used: it routes clients by socket only",
             ),
             (
                 "r620, partitions asked for",
@@ -909,7 +990,7 @@ mod tests {
                 false,
                 vec![],
                 true,
-                "used (control daemon 13050)",
+                "used (control daemon 13050, by its -v)",
             ),
         ];
         for (case, version, parts, not_v3, passes, want) in cases {
@@ -932,7 +1013,7 @@ mod tests {
                 h100,
                 vec![],
                 true,
-                "used (control daemon 13010)",
+                "used (control daemon 13010, by its -v)",
             ),
             (
                 "off",
@@ -941,7 +1022,7 @@ mod tests {
                 h100,
                 vec![],
                 true,
-                "available (control daemon 13040, Ampere or newer), off",
+                "available (control daemon 13040, by its -v, Ampere or newer), off",
             ),
             (
                 "old daemon",
@@ -959,7 +1040,7 @@ mod tests {
                 h100,
                 vec![],
                 true,
-                "absent (a control daemon that prints no version",
+                "absent (a control daemon whose -v names no version",
             ),
             (
                 "Turing",

@@ -460,14 +460,20 @@ impl MpsDaemon {
         }
     }
 
-    /// What the daemon's `CUDA_VISIBLE_DEVICES` is: the noted device, else
-    /// the GPU's index.
-    fn daemon_device(&self) -> String {
+    /// The device muxflow last gave this GPU's daemon (`CUDA_VISIBLE_DEVICES`:
+    /// a UUID, or the index where NVML gave none); None when it never
+    /// started one (or an older muxflow did, which gave the index).
+    pub fn noted_device(&self) -> Option<String> {
         std::fs::read_to_string(self.device_file())
             .ok()
             .map(|t| t.trim().to_string())
             .filter(|t| !t.is_empty())
-            .unwrap_or_else(|| self.gpu.to_string())
+    }
+
+    /// What the daemon's `CUDA_VISIBLE_DEVICES` is: the noted device, else
+    /// the GPU's index.
+    fn daemon_device(&self) -> String {
+        self.noted_device().unwrap_or_else(|| self.gpu.to_string())
     }
 
     /// The `CUDA_VISIBLE_DEVICES` a client of this daemon gets: the GPU's

@@ -266,7 +266,7 @@ impl Pair {
             cmd.args(args)
                 .env("LD_LIBRARY_PATH", c.sim_lib_dir())
                 .env("MUXFLOW_SIM_NODE", node)
-                .env("CUDA_VISIBLE_DEVICES", gpu.to_string())
+                .env("CUDA_VISIBLE_DEVICES", mps.client_device())
                 .env("CUDA_MPS_PIPE_DIRECTORY", mps.pipe_dir())
                 .env("SLURM_JOB_ID", job.to_string())
                 .stdout(Stdio::piped())

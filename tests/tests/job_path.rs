@@ -96,9 +96,10 @@ fn online_and_offline_share_one_daemon_and_report_to_sacct() {
         Some("1"),
         "overrides the user's 0"
     );
+    // The GPU by UUID: its MPS daemon shows it as device 0.
     assert_eq!(
         env_value(env, "CUDA_VISIBLE_DEVICES"),
-        Some(gpu.to_string())
+        Some(c.gpu_uuid(node, gpu))
     );
     let pct: u8 = env_value(env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
         .unwrap()

@@ -2,7 +2,8 @@
 //!
 //! * An offline job's process on a GPU it was not placed on, tried as the
 //!   unprivileged user `nobody`: it picks the node's other GPU itself (its
-//!   own `CUDA_VISIBLE_DEVICES`) and relaunches there in a loop. The job's
+//!   own `CUDA_VISIBLE_DEVICES`, without its MPS daemon, which shows only
+//!   its own GPU) and relaunches there in a loop. The job's
 //!   muxflow-police watches every GPU of the node, so each launch is
 //!   stopped within its interval, not at the next health check; the job is
 //!   cancelled once `[health] police_cancel_after` (3) of its processes
@@ -33,7 +34,7 @@ fn a_job_relaunching_on_another_gpu_is_stopped_each_time_and_cancelled_at_the_li
     let other = 1 - gpu;
     // Ten tries of 60 s each on the other GPU: unpoliced, this runs 10 min.
     let script = format!(
-        "#!/bin/sh\nfor i in 1 2 3 4 5 6 7 8 9 10; do\n\
+        "#!/bin/sh\nunset CUDA_MPS_PIPE_DIRECTORY\nfor i in 1 2 3 4 5 6 7 8 9 10; do\n\
          CUDA_VISIBLE_DEVICES={other} {}\necho try-$i-exit=$?\ndone\n",
         c.workload("offline --duration 60 --alloc-mib 256")
     );
