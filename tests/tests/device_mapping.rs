@@ -125,3 +125,35 @@ fn an_online_and_another_users_offline_job_share_gpu_1_named_by_its_uuid() {
     c.scancel(&[hold]);
     c.assert_no_drain();
 }
+
+/// `real-gpu/device-names` on the simulated GPU: its cases, its parsing and
+/// its verdict, tested here so that the run on a lent GPU can be believed.
+#[test]
+fn the_device_names_check_runs_on_the_simulated_gpu() {
+    let c = Cluster::get();
+    let out = c.scratch("device-names");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../real-gpu/device-names");
+    let mut cmd = std::process::Command::new(script);
+    cmd.arg("--out").arg(&out).arg("--sim").arg(&c.dir);
+    let (ok, stdout, stderr) = c.run(cmd);
+    assert!(ok, "{stdout}{stderr}");
+    let last = stdout.lines().last().unwrap_or_default();
+    assert_eq!(
+        last, "device_names=done gpus=2 gpu1_checked=yes as_documented=yes",
+        "{stdout}{stderr}"
+    );
+    let cases = std::fs::read_to_string(out.join("device-names.txt")).unwrap();
+    for (case, reached) in [
+        ("gpu1-uuid", "yes"),
+        ("gpu1-zero", "yes"),
+        ("gpu1-unset", "yes"),
+        ("gpu1-index", "no"),
+        ("gpu0-other", "no"),
+    ] {
+        let line = cases
+            .lines()
+            .find(|l| l.starts_with(&format!("case={case} ")))
+            .unwrap_or_else(|| panic!("no case {case}:\n{cases}"));
+        assert_eq!(kv(line, "reached").as_deref(), Some(reached), "{line}");
+    }
+}
