@@ -157,3 +157,42 @@ fn the_device_names_check_runs_on_the_simulated_gpu() {
         assert_eq!(kv(line, "reached").as_deref(), Some(reached), "{line}");
     }
 }
+
+/// `real-gpu/two-users` on the simulated GPU: "shared" and "serialized"
+/// come from the control log's own lines (a client that joined the
+/// running server, one pushed to the pending list), not from timings, and
+/// a flag the daemon prints its help for is not taken as present.
+#[test]
+fn the_two_users_check_judges_by_the_control_log() {
+    let c = Cluster::get();
+    let out = c.scratch("two-users");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../real-gpu/two-users");
+    let mut cmd = std::process::Command::new(script);
+    cmd.arg("--out")
+        .arg(&out)
+        .arg("--sim")
+        .arg(&c.dir)
+        .args(["--duration", "3"]);
+    let (ok, stdout, stderr) = c.run(cmd);
+    assert!(ok, "{stdout}{stderr}");
+    let last = stdout.lines().last().unwrap_or_default();
+    assert_eq!(
+        (
+            kv(last, "multiuser_shared"),
+            kv(last, "single_user_serialized")
+        ),
+        (Some("yes".into()), Some("yes".into())),
+        "{stdout}{stderr}"
+    );
+    let versions = stdout
+        .lines()
+        .find(|l| l.starts_with("case=versions "))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    // Whatever version the simulation has, a flag is present only where
+    // the daemon came up with it.
+    assert_eq!(
+        kv(versions, "multiuser_flag").as_deref(),
+        Some("yes"),
+        "{versions}"
+    );
+}

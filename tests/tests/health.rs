@@ -242,7 +242,8 @@ impl Pair {
     ) -> Pair {
         let cfg = node_config(config, node);
         let mps = MpsDaemon::for_gpu(&cfg, gpu);
-        mps.ensure_running(muxflow::node::mps::DeviceFacts::default).unwrap();
+        mps.ensure_running(muxflow::node::mps::DeviceFacts::default)
+            .unwrap();
         let ns = NodeState::new(cfg.paths.state_dir.as_path());
         let jobs: Vec<u32> = (base..=base + offline).collect();
         {
