@@ -73,7 +73,7 @@ fn a_daemonized_process_of_a_running_job_is_kept_and_evicted_once_the_job_ended(
     let done = scratch.join("done");
     let script = format!(
         "#!/bin/sh\necho cgroup=$(grep '^0::' /proc/self/cgroup)\n\
-         env -u SLURM_JOB_ID -u SLURM_JOBID setsid sh -c '{} & echo daemon-pid=$!' </dev/null\n\
+         (env -u SLURM_JOB_ID -u SLURM_JOBID setsid {} </dev/null & echo daemon-pid=$!)\n\
          while [ ! -e {} ]; do sleep 0.2; done\n",
         c.workload("offline --duration 120 --alloc-mib 256"),
         done.display()
