@@ -23,7 +23,11 @@ fn names_by_sluid(c: &Cluster) -> bool {
     let mut cmd = c.cmd("scontrol");
     cmd.arg("--version");
     let (_, out, _) = c.run(cmd);
-    let version = out.split_whitespace().nth(1).unwrap_or_default().to_string();
+    let version = out
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or_default()
+        .to_string();
     let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
     (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (26, 5)
 }
@@ -68,8 +72,11 @@ fn a_daemonized_process_of_a_running_job_is_kept_and_evicted_once_the_job_ended(
     // of the job's process tree and its environment, still in its cgroup.
     // The job then runs on until /tmp/…/done appears.
     let scratch = c.scratch("cgroup-daemon");
-    std::fs::set_permissions(&scratch, std::os::unix::fs::PermissionsExt::from_mode(0o777))
-        .unwrap();
+    std::fs::set_permissions(
+        &scratch,
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
     let done = scratch.join("done");
     let script = format!(
         "#!/bin/sh\necho cgroup=$(grep '^0::' /proc/self/cgroup)\n\
@@ -157,8 +164,11 @@ fn the_dmem_cap_is_written_to_the_job_directory_the_release_names() {
     let (online, gpu) = c.online_workload(&format!("{PREFIX}online"), node, 0.05, 1000);
     c.settle_healthy(&cfg, node, gpu, 1000);
     let scratch = c.scratch("cgroup-dmem");
-    std::fs::set_permissions(&scratch, std::os::unix::fs::PermissionsExt::from_mode(0o777))
-        .unwrap();
+    std::fs::set_permissions(
+        &scratch,
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
     let done = scratch.join("done");
     let script = format!(
         "#!/bin/sh\necho cgroup=$(grep '^0::' /proc/self/cgroup)\n\
@@ -175,8 +185,8 @@ fn the_dmem_cap_is_written_to_the_job_directory_the_release_names() {
         .join(format!("sim/state/nodes/{node}/cgroup"))
         .join(Path::new(dir.trim_start_matches('/')))
         .join("dmem.max");
-    let text = std::fs::read_to_string(&max)
-        .unwrap_or_else(|e| panic!("{}: {e}\n{out}", max.display()));
+    let text =
+        std::fs::read_to_string(&max).unwrap_or_else(|e| panic!("{}: {e}\n{out}", max.display()));
     let bytes: u64 = text
         .split_whitespace()
         .nth(1)
