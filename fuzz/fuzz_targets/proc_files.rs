@@ -13,7 +13,8 @@ fuzz_target!(|data: &[u8]| {
     let _ = jobproc::parse_stat(text);
     let _ = jobproc::real_uid(text);
     let _ = jobproc::job_in_stepd_title(text);
-    let _ = jobproc::job_in_cgroup(text);
+    let _ = jobproc::job_in_v1_cgroup(text);
+    let _ = jobproc::job_dir_in_cgroup(text);
     let codes = limits::policed_codes(text);
     assert!(codes
         .iter()

@@ -10,13 +10,18 @@
 //!
 //! Guesses (simgpu/README.md, "The dmem model"): the region name
 //! (`drm/<bus id>/vram0`, the kernel's DRM form; NVIDIA's is undocumented);
-//! which cgroup a process is in (here: Slurm's `job_<N>` under
-//! `system.slice/slurmstepd.scope`, N from the process's nearest root
-//! `slurmstepd: [N.x]` ancestor, as proctrack/linuxproc groups processes;
-//! the kernel uses the real cgroup membership); the failure
+//! the failure
 //! (`CUDA_ERROR_OUT_OF_MEMORY` from the allocation, as TTM's failed charge
 //! would surface through a driver); and the count (this process's own
 //! allocations against the limit, not the whole cgroup's).
+//!
+//! Which cgroup a process is in is the kernel's own answer: the `0::` path
+//! of its `/proc/<pid>/cgroup`. The dev cluster puts each step's processes
+//! in real cgroup v2 directories laid out and named as its Slurm release's
+//! cgroup/v2 plugin does (`job_<N>`, or the SLUID on 26.05; scripts/devcluster)
+//! and runs each node's slurmd in a cgroup namespace rooted at the node's
+//! directory, so the path reads as on a real node; the limit is then found
+//! by membership, as the kernel finds it, whatever the directory's name.
 
 use std::path::{Path, PathBuf};
 
@@ -77,8 +82,8 @@ pub fn limit_in(text: &str, region: &str) -> Option<u64> {
     })
 }
 
-/// The Slurm job process `pid` runs in, as the simulated kernel groups it:
-/// its nearest ancestor whose comm is `slurmstepd`, real uid 0, titled
+/// The Slurm job process `pid` runs in by its process tree: its nearest
+/// ancestor whose comm is `slurmstepd`, real uid 0, titled
 /// `slurmstepd: [N.<step>]`. None outside a job.
 pub fn job_of(pid: u32) -> Option<u32> {
     let read = |pid: u32, f: &str| std::fs::read_to_string(format!("/proc/{pid}/{f}")).ok();
@@ -119,21 +124,42 @@ pub fn job_of(pid: u32) -> Option<u32> {
     None
 }
 
+/// Process `pid`'s cgroup v2, as the kernel writes it in the `0::` line of
+/// `/proc/<pid>/cgroup` (`/system.slice/slurmstepd.scope/job_7/step_0/user/task_0`).
+pub fn cgroup_of(pid: u32) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(str::to_string)
+}
+
+/// The limit on `region` the cgroups from `cgroup` (a path from the root)
+/// up to the root's child set in the tree under `root`: the lowest of
+/// their `dmem.max` lines (the kernel charges every ancestor), None when
+/// none sets one.
+pub fn limit_in_tree(root: &Path, cgroup: &str, region: &str) -> Option<u64> {
+    let parts: Vec<&str> = cgroup
+        .split('/')
+        .filter(|c| !c.is_empty() && *c != "." && *c != "..")
+        .collect();
+    (1..=parts.len())
+        .filter_map(|n| {
+            let max = root.join(parts[..n].join("/")).join("dmem.max");
+            limit_in(&std::fs::read_to_string(max).ok()?, region)
+        })
+        .min()
+}
+
 /// The simulated kernel's limit on process `pid`'s allocations on `cfg`'s
-/// GPU: its job cgroup's `dmem.max` for the GPU's region, when the node's
-/// kernel has the controller. None: no limit.
+/// GPU: the `dmem.max` for the GPU's region of its cgroup or an ancestor,
+/// when the node's kernel has the controller. None: no limit.
 pub fn limit_for(node_dir: &Path, cfg: &GpuConfig, pid: u32) -> Option<u64> {
     let root = cgroup_root(node_dir);
     let controllers = std::fs::read_to_string(root.join("cgroup.controllers")).ok()?;
     if !controllers.split_whitespace().any(|c| c == "dmem") {
         return None;
     }
-    let job = job_of(pid)?;
-    let max = root
-        .join(JOBS_PARENT)
-        .join(format!("job_{job}"))
-        .join("dmem.max");
-    limit_in(&std::fs::read_to_string(max).ok()?, &region(cfg))
+    limit_in_tree(&root, &cgroup_of(pid)?, &region(cfg))
 }
 
 #[cfg(test)]
@@ -157,6 +183,21 @@ mod tests {
             format!("drm/0000:18:00.0/vram0 {}\n", g0.memory_bytes())
         );
         assert_eq!(job_of(std::process::id()), None);
+        // A job cgroup of each release's name, with a step below it: the
+        // job's cap holds in the step, the lower of two caps wins.
+        let root = cgroup_root(d.path());
+        let r = region(&g0);
+        for job in ["job_7", "s0KQ4ZD3BV2N1M"] {
+            let dir = root.join(JOBS_PARENT).join(job);
+            std::fs::create_dir_all(dir.join("step_0/user")).unwrap();
+            std::fs::write(dir.join("dmem.max"), format!("{r} 1073741824\n")).unwrap();
+            let task = format!("/{JOBS_PARENT}/{job}/step_0/user/task_0");
+            assert_eq!(limit_in_tree(&root, &task, &r), Some(1 << 30), "{job}");
+            std::fs::write(dir.join("step_0/dmem.max"), format!("{r} 4096\n")).unwrap();
+            assert_eq!(limit_in_tree(&root, &task, &r), Some(4096), "{job}");
+            assert_eq!(limit_in_tree(&root, "/", &r), None);
+            assert_eq!(limit_in_tree(&root, "/user.slice", &r), None);
+        }
         disable(d.path()).unwrap();
         assert!(!cgroup_root(d.path()).join("cgroup.controllers").exists());
     }

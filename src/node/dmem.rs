@@ -21,9 +21,9 @@ use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-/// Where Slurm's cgroup/v2 plugin puts a job's cgroup under the cgroup
+/// Where Slurm's cgroup/v2 plugin puts the job cgroups under the cgroup
 /// root when slurmstepd's own `/proc/self/cgroup` does not say (Slurm's
-/// cgroup_v2 documentation: `system.slice/slurmstepd.scope/job_<id>`).
+/// cgroup_v2 documentation: `system.slice/slurmstepd.scope`).
 pub const SLURM_JOBS_PARENT: &str = "system.slice/slurmstepd.scope";
 
 /// The regions `dmem.capacity` lists: (name, bytes); lines that do not
@@ -93,21 +93,22 @@ pub fn region_of(regions: &[(String, u64)], bus_id: &str) -> Option<String> {
 }
 
 /// Job `job_id`'s cgroup under `cgroup_root`: the part of slurmstepd's own
-/// cgroup (`self_cgroup`, the text of its `/proc/self/cgroup`) up to its
-/// `job_<id>` component, else Slurm's default place ([`SLURM_JOBS_PARENT`]).
+/// cgroup (`self_cgroup`, the text of the job's slurmstepd's
+/// `/proc/self/cgroup`) up to its job directory, whichever name the Slurm
+/// release gives it ([`crate::node::jobproc`]: `job_<id>`, or the SLUID on
+/// 26.05); else `job_<id>` in Slurm's default place ([`SLURM_JOBS_PARENT`]),
+/// which holds where cgroup.conf has `CgroupJobIdPaths=yes` or the release
+/// is older than 26.05. A SLUID does not name the job: it is taken as this
+/// job's only because the text is the job's own slurmstepd's.
 /// Pure; the caller checks the directory is there and root's.
 pub fn job_cgroup(cgroup_root: &Path, self_cgroup: &str, job_id: u32) -> PathBuf {
-    let want = format!("job_{job_id}");
-    let from_self = self_cgroup
-        .lines()
-        .filter_map(|l| l.strip_prefix("0::"))
-        .find_map(|path| {
-            let parts: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
-            let at = parts.iter().position(|c| *c == want)?;
-            Some(parts[..=at].join("/"))
-        });
-    let rel = from_self.unwrap_or_else(|| format!("{SLURM_JOBS_PARENT}/{want}"));
-    cgroup_root.join(rel)
+    use crate::node::jobproc::{job_dir_in_cgroup, JobDirName};
+    let rel = match job_dir_in_cgroup(self_cgroup) {
+        Some(dir) if dir.name == JobDirName::Id(job_id) => dir.path,
+        Some(dir) if matches!(dir.name, JobDirName::Sluid(_)) => dir.path,
+        _ => format!("{SLURM_JOBS_PARENT}/job_{job_id}"),
+    };
+    cgroup_root.join(rel.trim_start_matches('/'))
 }
 
 /// The `dmem.max` line for `bytes` of `region`.
@@ -292,6 +293,11 @@ mod tests {
                 "/sys/fs/cgroup/system.slice/slurmstepd.scope/job_31",
             ),
             (
+                "0::/system.slice/slurmstepd.scope/s0KQ4ZD3BV2N1M/step_batch/slurm\n",
+                31,
+                "/sys/fs/cgroup/system.slice/slurmstepd.scope/s0KQ4ZD3BV2N1M",
+            ),
+            (
                 "4:memory:/slurm/uid_0/job_31/step_0\n1:name=systemd:/\n",
                 31,
                 "/sys/fs/cgroup/system.slice/slurmstepd.scope/job_31",
@@ -328,6 +334,37 @@ mod tests {
             limit_in(&std::fs::read_to_string(max).unwrap(), region),
             Some(1 << 30)
         );
+    }
+
+    /// Slurm 26.05's default layout: the job directory is the SLUID that
+    /// slurmstepd's own cgroup names; the cap lands there, not in a
+    /// `job_<id>` directory.
+    #[test]
+    fn root_caps_a_sluid_named_job_cgroup_and_reads_the_cap_back() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path();
+        let parent = root.join(SLURM_JOBS_PARENT);
+        let region = "drm/0000:18:00.0/vram0";
+        let own = format!("0::/{SLURM_JOBS_PARENT}/s0KQ4ZD3BV2N1M/step_batch/slurm\n");
+        let err = cap_job(root, &own, 9, region, 1 << 30).unwrap_err();
+        assert!(
+            matches!(&err, DmemError::NoJobCgroup { path, .. } if path.ends_with("s0KQ4ZD3BV2N1M")),
+            "{err}"
+        );
+        std::fs::create_dir_all(parent.join("s0KQ4ZD3BV2N1M")).unwrap();
+        std::fs::write(parent.join("cgroup.controllers"), "cpu memory dmem\n").unwrap();
+        if nix_uid() != 0 {
+            let err = cap_job(root, &own, 9, region, 1 << 30).unwrap_err();
+            assert!(matches!(err, DmemError::Untrusted { .. }), "{err}");
+            return;
+        }
+        let max = cap_job(root, &own, 9, region, 1 << 30).unwrap();
+        assert_eq!(max, parent.join("s0KQ4ZD3BV2N1M/dmem.max"));
+        assert_eq!(
+            limit_in(&std::fs::read_to_string(max).unwrap(), region),
+            Some(1 << 30)
+        );
+        assert!(!parent.join("job_9").exists());
     }
 
     fn nix_uid() -> u32 {

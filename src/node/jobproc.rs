@@ -3,10 +3,13 @@
 //! (`SLURM_JOB_ID` is the user's to set).
 //!
 //! Two sources, the first that answers wins:
-//! * the job cgroup (`proctrack/cgroup`, `task/cgroup`): a path component
-//!   `job_<N>` in `/proc/<pid>/cgroup`. Slurm creates these root-owned; a
-//!   user process cannot move itself out of them.
-//! * the process tree (`proctrack/linuxproc`, the dev cluster): the nearest
+//! * the job cgroup (`proctrack/cgroup`, `task/cgroup`): Slurm creates it
+//!   root-owned and a user process cannot move itself out of it. Its name
+//!   is not the job id on every release (below), so the job is the one of
+//!   the root `slurmstepd` living in the same job cgroup, whose title names
+//!   it. A process left in the cgroup of a job whose steps have all ended
+//!   (no slurmstepd there any more) belongs to no job.
+//! * the process tree (`proctrack/linuxproc`, or no cgroup v2): the nearest
 //!   ancestor whose comm is `slurmstepd` and whose real uid is 0, whose
 //!   title is `slurmstepd: [<N>.<step>]`. comm comes from the executed
 //!   file's name and a real uid of 0 excludes a user's setuid programs, so
@@ -14,6 +17,29 @@
 //!   (double fork, reparented to init) belongs to no job here, as it does
 //!   for linuxproc itself: it gets no job's settings, and the node treats it
 //!   as a process of no job.
+//!
+//! How Slurm names the cgroups (its sources, `src/plugins/cgroup/v2/cgroup_v2.c`,
+//! `cgroup_p_step_create`): under slurmd's scope (by default
+//! `system.slice/slurmstepd.scope`) a job directory, in it `step_<step>`
+//! (`step_batch`, `step_extern`, `step_interactive`, `step_0`, …; before
+//! 26.05 a het component adds `+<n>`), in that `slurm` (slurmstepd itself)
+//! and `user/task_<i>` (the tasks).
+//!
+//! | release | job directory |
+//! |---|---|
+//! | 22.05, 24.11, 25.05, 25.11 | `job_<id>` |
+//! | 26.05, `CgroupJobIdPaths=yes` in cgroup.conf | `job_<id>` |
+//! | 26.05, default | the job's SLUID as `print_sluid` writes it (`src/common/sluid.c`): `s` and 13 Crockford base-32 characters, e.g. `s0KQ4ZD3BV2N1M` |
+//!
+//! cgroup v1 (`src/plugins/cgroup/v1/xcgroup.c`) names `job_<id>` under
+//! `slurm/uid_<uid>` on every one of these releases; its hierarchies are
+//! read by that name.
+//!
+//! slurmstepd's title did not change: `_set_job_log_prefix`
+//! (`src/slurmd/slurmstepd/slurmstepd.c`) writes `[<id>.<step>]` from
+//! `log_build_step_id_str`, which prints the numeric job id whenever the
+//! step has one (the SLUID only where it has none), on 22.05 through
+//! 26.05; from 24.05 a step manager appends ` stepmgr` inside the brackets.
 
 use std::path::{Path, PathBuf};
 
@@ -50,8 +76,14 @@ impl Procfs {
 
     /// The job process `pid` belongs to, or None.
     pub fn job_of(&self, pid: u32) -> Option<u32> {
-        if let Some(job) = self.read(pid, "cgroup").and_then(|t| job_in_cgroup(&t)) {
-            return Some(job);
+        if let Some(cgroup) = self.read(pid, "cgroup") {
+            let job = match job_dir_in_cgroup(&cgroup) {
+                Some(dir) => self.job_in_dir(&dir.path),
+                None => job_in_v1_cgroup(&cgroup),
+            };
+            if job.is_some() {
+                return job;
+            }
         }
         let mut pid = pid;
         for _ in 0..MAX_DEPTH {
@@ -73,20 +105,36 @@ impl Procfs {
 impl Procfs {
     /// Whether a root `slurmstepd` of job `job` runs on this host.
     pub fn stepd_of_job_runs(&self, job: u32) -> bool {
-        let Ok(entries) = std::fs::read_dir(&self.root) else {
-            return false;
-        };
-        entries
+        self.root_stepds().any(|(_, j)| j == job)
+    }
+
+    /// The job of the root `slurmstepd` in job cgroup `dir` (a cgroup v2
+    /// path as `/proc/<pid>/cgroup` writes it).
+    fn job_in_dir(&self, dir: &str) -> Option<u32> {
+        self.root_stepds().find_map(|(pid, job)| {
+            let text = self.read(pid, "cgroup")?;
+            let own = job_dir_in_cgroup(&text)?;
+            (own.path == dir).then_some(job)
+        })
+    }
+
+    /// Every process whose comm is `slurmstepd`, of real uid 0, with the job
+    /// its title names: (pid, job).
+    fn root_stepds(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        std::fs::read_dir(&self.root)
+            .into_iter()
+            .flatten()
             .flatten()
             .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-            .any(|pid| {
-                self.read(pid, "comm")
-                    .is_some_and(|c| c.trim() == "slurmstepd")
-                    && self.read(pid, "status").and_then(|s| real_uid(&s)) == Some(0)
-                    && self
-                        .read(pid, "cmdline")
-                        .and_then(|c| job_in_stepd_title(&c))
-                        == Some(job)
+            .filter_map(|pid| {
+                // comm first: one small read per process, the rest only for
+                // slurmstepd.
+                if self.read(pid, "comm")?.trim() != "slurmstepd"
+                    || real_uid(&self.read(pid, "status")?) != Some(0)
+                {
+                    return None;
+                }
+                Some((pid, job_in_stepd_title(&self.read(pid, "cmdline")?)?))
             })
     }
 }
@@ -119,14 +167,71 @@ pub fn job_in_stepd_title(cmdline: &str) -> Option<u32> {
     inner.split('.').next()?.parse().ok()
 }
 
-/// A `job_<N>` component of any hierarchy in `/proc/<pid>/cgroup`.
-pub fn job_in_cgroup(cgroup: &str) -> Option<u32> {
-    cgroup.lines().find_map(|l| {
-        let path = l.splitn(3, ':').nth(2)?;
-        Path::new(path)
-            .components()
-            .find_map(|c| c.as_os_str().to_str()?.strip_prefix("job_")?.parse().ok())
+/// What a Slurm job cgroup is named by: its job id or its SLUID.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobDirName {
+    /// `job_<id>`.
+    Id(u32),
+    /// `s` and 13 base-32 characters (Slurm 26.05's default).
+    Sluid(String),
+}
+
+/// A Slurm job cgroup found in a cgroup v2 path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobDir {
+    /// From the cgroup root to the job directory, as `/proc/<pid>/cgroup`
+    /// writes it (`/system.slice/slurmstepd.scope/job_7`).
+    pub path: String,
+    pub name: JobDirName,
+}
+
+/// The characters of a SLUID after its `s` (`cb32map` in Slurm's
+/// `src/common/sluid.c`: Crockford's base 32, upper case).
+const SLUID_DIGITS: &str = "0123456789ABCDEFGHJKMNPQRSTVWXYZ";
+
+/// A job directory's name as Slurm writes it: `job_<id>` or a SLUID.
+pub fn job_dir_name(name: &str) -> Option<JobDirName> {
+    if let Some(id) = name.strip_prefix("job_") {
+        // Digits only: `parse` would take a leading '+'.
+        return (!id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| id.parse().ok().map(JobDirName::Id))?;
+    }
+    let digits = name.strip_prefix('s')?;
+    (digits.len() == 13 && digits.chars().all(|c| SLUID_DIGITS.contains(c)))
+        .then(|| JobDirName::Sluid(name.to_string()))
+}
+
+/// The Slurm job cgroup of a cgroup v2 path (the `0::` line of
+/// `/proc/<pid>/cgroup`): the component named as [`job_dir_name`] says
+/// that is followed by a `step_<step>` component, as Slurm's cgroup/v2
+/// plugin lays them out on every release.
+pub fn job_dir_in_cgroup(cgroup: &str) -> Option<JobDir> {
+    let path = cgroup.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let parts: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
+    parts.windows(2).enumerate().find_map(|(at, pair)| {
+        let name = job_dir_name(pair[0])?;
+        pair[1].starts_with("step_").then(|| JobDir {
+            path: format!("/{}", parts[..=at].join("/")),
+            name,
+        })
     })
+}
+
+/// A `job_<N>` component of a cgroup v1 hierarchy in `/proc/<pid>/cgroup`
+/// (Slurm's cgroup/v1 plugin: `/slurm/uid_<uid>/job_<N>/step_<step>`).
+pub fn job_in_v1_cgroup(cgroup: &str) -> Option<u32> {
+    cgroup
+        .lines()
+        .filter(|l| !l.starts_with("0::"))
+        .find_map(|l| {
+            let path = l.splitn(3, ':').nth(2)?;
+            Path::new(path).components().find_map(|c| {
+                match job_dir_name(c.as_os_str().to_str()?)? {
+                    JobDirName::Id(n) => Some(n),
+                    JobDirName::Sluid(_) => None,
+                }
+            })
+        })
 }
 
 #[cfg(test)]
@@ -150,23 +255,96 @@ mod tests {
         assert_eq!(job_in_stepd_title("slurmstepd: [7.0]"), Some(7));
         assert_eq!(job_in_stepd_title("slurmstepd"), None);
         assert_eq!(
-            job_in_cgroup("0::/system.slice/slurmstepd.scope/job_31/step_0/user/task_0\n"),
-            Some(31)
+            job_in_stepd_title("slurmstepd: [12.batch stepmgr]\0"),
+            Some(12)
         );
         assert_eq!(
-            job_in_cgroup("4:memory:/slurm/uid_1000/job_8/step_batch\n1:cpu:/\n"),
+            job_in_v1_cgroup("4:memory:/slurm/uid_1000/job_8/step_batch\n1:cpu:/\n"),
             Some(8)
         );
         assert_eq!(
-            job_in_cgroup("0::/user.slice\n4:memory:/process_api/ab\n"),
+            job_in_v1_cgroup("0::/system.slice/slurmstepd.scope/job_31/step_0\n"),
+            None,
+            "cgroup v2 is read by its slurmstepd"
+        );
+        assert_eq!(
+            job_in_v1_cgroup("0::/user.slice\n4:memory:/process_api/ab\n"),
             None
         );
     }
 
-    /// A fake /proc: (pid, comm, ppid, real uid, cmdline).
+    #[test]
+    fn job_directories_read_as_each_release_names_them() {
+        use JobDirName::{Id, Sluid};
+        // (what, the 0:: line, the job directory found)
+        for (what, cgroup, want) in [
+            (
+                "22.05-25.11, 26.05 with CgroupJobIdPaths=yes",
+                "0::/system.slice/slurmstepd.scope/job_31/step_0/user/task_0",
+                Some(("/system.slice/slurmstepd.scope/job_31", Id(31))),
+            ),
+            (
+                "26.05: the SLUID",
+                "0::/system.slice/slurmstepd.scope/s0KQ4ZD3BV2N1M/step_batch/slurm",
+                Some((
+                    "/system.slice/slurmstepd.scope/s0KQ4ZD3BV2N1M",
+                    Sluid("s0KQ4ZD3BV2N1M".into()),
+                )),
+            ),
+            (
+                "a multiple-slurmd scope",
+                "0::/system.slice/node1_slurmstepd.scope/job_7/step_extern/user",
+                Some(("/system.slice/node1_slurmstepd.scope/job_7", Id(7))),
+            ),
+            (
+                "not followed by a step",
+                "0::/system.slice/slurmstepd.scope/s0KQ4ZD3BV2N1M",
+                None,
+            ),
+            (
+                "SLUID digits exclude I, L, O, U",
+                "0::/x/s0KQ4ZD3BV2NIM/step_0",
+                None,
+            ),
+            (
+                "lower case is not print_sluid's",
+                "0::/x/s0kq4zd3bv2n1m/step_0",
+                None,
+            ),
+            ("12 digits", "0::/x/s0KQ4ZD3BV2N1/step_0", None),
+            ("a sign is no job id", "0::/x/job_+7/step_0", None),
+            (
+                "a user slice",
+                "0::/user.slice/user-1000.slice/session-3.scope",
+                None,
+            ),
+            ("cgroup v1 only", "4:memory:/slurm/uid_0/job_8/step_0", None),
+        ] {
+            let got = job_dir_in_cgroup(&format!("{cgroup}\n"));
+            let want = want.map(|(path, name)| JobDir {
+                path: path.to_string(),
+                name,
+            });
+            assert_eq!(got, want, "{what}");
+        }
+    }
+
+    /// A fake /proc: (pid, comm, ppid, real uid, cmdline), every process
+    /// in the root cgroup.
     fn procfs(procs: &[(u32, &str, u32, u32, &str)]) -> (tempfile::TempDir, Procfs) {
+        let procs: Vec<_> = procs
+            .iter()
+            .map(|&(pid, comm, ppid, uid, cmdline)| (pid, comm, ppid, uid, cmdline, "/"))
+            .collect();
+        procfs_in_cgroups(&procs)
+    }
+
+    /// A fake /proc: (pid, comm, ppid, real uid, cmdline, cgroup v2 path).
+    fn procfs_in_cgroups(
+        procs: &[(u32, &str, u32, u32, &str, &str)],
+    ) -> (tempfile::TempDir, Procfs) {
         let tmp = tempfile::tempdir().unwrap();
-        for (pid, comm, ppid, uid, cmdline) in procs {
+        for (pid, comm, ppid, uid, cmdline, cgroup) in procs {
             let d = tmp.path().join(pid.to_string());
             std::fs::create_dir_all(&d).unwrap();
             std::fs::write(d.join("stat"), format!("{pid} ({comm}) S {ppid} 0 0")).unwrap();
@@ -176,11 +354,73 @@ mod tests {
             )
             .unwrap();
             std::fs::write(d.join("cmdline"), cmdline).unwrap();
-            std::fs::write(d.join("cgroup"), "0::/\n").unwrap();
+            std::fs::write(d.join("cgroup"), format!("1:name=systemd:/\n0::{cgroup}\n")).unwrap();
             std::fs::write(d.join("comm"), format!("{comm}\n")).unwrap();
         }
         let p = Procfs::at(tmp.path());
         (tmp, p)
+    }
+
+    /// Each release's cgroup v2 layout (the job directory's name):
+    /// processes of a running job, in its cgroup but out of its process
+    /// tree, belong to it; those left in the cgroup of a job whose
+    /// slurmstepd is gone, and a user's forgeries, belong to none.
+    #[test]
+    fn a_process_in_a_job_cgroup_is_the_job_of_the_slurmstepd_there() {
+        for (release, running, finished) in [
+            ("22.05", "job_41", "job_40"),
+            ("24.11", "job_41", "job_40"),
+            ("25.11", "job_41", "job_40"),
+            ("26.05 CgroupJobIdPaths=yes", "job_41", "job_40"),
+            ("26.05", "s0KQ4ZD3BV2N1M", "s0KQ4ZD3BV2N0Z"),
+        ] {
+            let scope = "/system.slice/slurmstepd.scope";
+            let cg = |job: &str, rest: &str| format!("{scope}/{job}/{rest}");
+            let batch = cg(running, "step_batch/slurm");
+            let task = cg(running, "step_batch/user/task_0");
+            let extern_ = cg(running, "step_extern/slurm");
+            let gone = cg(finished, "step_batch/user/task_0");
+            let forged = format!("{scope}/s1111111111111/step_0/slurm");
+            let (_tmp, p) = procfs_in_cgroups(&[
+                (10, "slurmstepd", 1, 0, "slurmstepd: [41.batch]\0", &batch),
+                (
+                    11,
+                    "slurmstepd",
+                    1,
+                    0,
+                    "slurmstepd: [41.extern]\0",
+                    &extern_,
+                ),
+                (12, "slurm_script", 10, 1000, "/bin/sh\0", &task),
+                // Daemonized (setsid, double fork): reparented to init,
+                // still in the job's cgroup.
+                (13, "python", 1, 1000, "python\0serve.py\0", &task),
+                // Left behind by job 40, whose steps all ended.
+                (20, "python", 1, 1000, "python\0train.py\0", &gone),
+                // A user's process titled as a slurmstepd of job 40 in job
+                // 40's cgroup: not root's.
+                (21, "slurmstepd", 1, 1000, "slurmstepd: [40.0]\0", &gone),
+                // In no job cgroup and out of every tree.
+                (30, "python", 1, 1000, "python\0", "/user.slice"),
+                (31, "python", 1, 1000, "python\0", &forged),
+            ]);
+            for (pid, want, what) in [
+                (12, Some(41), "the batch script"),
+                (13, Some(41), "a daemonized child of the running job"),
+                (20, None, "a straggler of the finished job"),
+                (21, None, "a user's forged slurmstepd"),
+                (30, None, "a process of no job"),
+                (
+                    31,
+                    None,
+                    "a directory named like a SLUID with no slurmstepd",
+                ),
+            ] {
+                assert_eq!(p.job_of(pid), want, "{release}: {what}");
+            }
+            assert!(p.stepd_of_job_runs(41), "{release}");
+            assert!(!p.stepd_of_job_runs(40), "{release}");
+        }
     }
 
     #[test]
