@@ -36,6 +36,9 @@ struct Job {
     node: String,
     mode: Mode,
     uid: u32,
+    /// The job's SLUID where slurmd gives one (Slurm 26.05's
+    /// `SLURM_JOB_SLUID`): the name of its cgroup there by default.
+    sluid: Option<String>,
 }
 
 fn job(env: &JobEnv) -> Result<Option<Job>> {
@@ -58,6 +61,7 @@ fn job(env: &JobEnv) -> Result<Option<Job>> {
         node,
         mode,
         uid,
+        sluid: std::env::var("SLURM_JOB_SLUID").ok(),
     }))
 }
 
@@ -441,6 +445,23 @@ fn give_partition(
         .map_err(|e| e.to_string())
 }
 
+/// Job `job`'s cgroup as its release names it, for the namespace the
+/// daemon routes its clients by ([`muxflow::node::dmem::job_cgroup_for_prolog`];
+/// `CgroupJobIdPaths` from the cgroup.conf beside the node's slurm.conf).
+fn job_cgroup(config: &Config, job: &Job) -> String {
+    use muxflow::config::slurm_conf;
+    let cgroup_conf = slurm_conf::conf_dir(slurm_conf::discover().as_deref()).join("cgroup.conf");
+    let id_paths = std::fs::read_to_string(cgroup_conf)
+        .map(|t| muxflow::node::dmem::job_id_paths(&t))
+        .unwrap_or(false);
+    muxflow::node::dmem::job_cgroup_for_prolog(
+        config.paths.cgroup_root.as_path(),
+        job.id,
+        job.sluid.as_deref(),
+        id_paths,
+    )
+}
+
 /// Makes offline job `job`'s MPS v3 namespace on GPU `gpu` (its daemon
 /// speaks v3, which muxflow starts only where it routes clients by cgroup)
 /// with the job's share, and records it for the plugin and the Epilog.
@@ -459,8 +480,12 @@ fn give_namespace(
         .offline_share(&config.policy, gpu, job.id)
         .map_err(|e| e.to_string())
         .and_then(|share| {
-            let ns =
-                muxflow::node::mps_v3::Namespace::for_job(job.id, share.mem_cap_mib, share.sm_pct);
+            let ns = muxflow::node::mps_v3::Namespace::for_job(
+                job.id,
+                &job_cgroup(config, job),
+                share.mem_cap_mib,
+                share.sm_pct,
+            );
             daemon.create_namespace(&ns).map_err(|e| e.to_string())?;
             if let Err(e) = state.set_mps_namespace(lock, gpu, job.id, &ns) {
                 // Unrecorded, the Epilog would not find it: take it away.

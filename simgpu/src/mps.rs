@@ -216,6 +216,15 @@ pub fn daemon_devices(pipe_dir: &Path, pid: i32) -> std::io::Result<Option<Strin
     }
 }
 
+/// Is cgroup `cg` the cgroup `bound` or one below it (paths from the root)?
+fn cgroup_within(cg: &str, bound: &str) -> bool {
+    let bound = bound.trim_end_matches('/');
+    !bound.is_empty()
+        && cg
+            .strip_prefix(bound)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+}
+
 pub fn terminated_marker(pipe_dir: &Path, pid: i32) -> PathBuf {
     pipe_dir.join("terminated").join(pid.to_string())
 }
@@ -807,15 +816,24 @@ impl Daemon {
 
     /// The namespace a client of the main socket is routed to on a v3
     /// daemon that routes by cgroup: the one bound to the client's cgroup
-    /// (the simulated kernel's: simgpu/src/dmem.rs), else none (its
-    /// server's default namespace).
+    /// or one above it (its `/proc/<pid>/cgroup`; a host without cgroup v2
+    /// for the dev cluster: the `job_<id>` of its job by process tree),
+    /// else none (its server's default namespace).
     fn routed(&self, pid: i32) -> Option<&Namespace> {
         let v3 = self.v3.as_ref().filter(|v| v.cgroup_routing)?;
-        let job = crate::dmem::job_of(u32::try_from(pid).ok()?)?;
-        let cgroup = format!("/{}/job_{job}", crate::dmem::JOBS_PARENT);
-        v3.namespaces
-            .iter()
-            .find(|n| n.cgroup.as_deref() == Some(cgroup.as_str()))
+        let pid = u32::try_from(pid).ok()?;
+        let by_cgroup = crate::dmem::cgroup_of(pid).and_then(|cg| {
+            v3.namespaces
+                .iter()
+                .find(|n| n.cgroup.as_deref().is_some_and(|b| cgroup_within(&cg, b)))
+        });
+        by_cgroup.or_else(|| {
+            let job = crate::dmem::job_of(pid)?;
+            let cgroup = format!("/{}/job_{job}", crate::dmem::JOBS_PARENT);
+            v3.namespaces
+                .iter()
+                .find(|n| n.cgroup.as_deref() == Some(cgroup.as_str()))
+        })
     }
 
     /// `sm_partition add <device UUID> <number of chunks>`: `Partition
@@ -1103,6 +1121,16 @@ mod tests {
         let (r, _) = sd.handle(&format!("sm_partition rm {uuid} {uuid}/p2"), me);
         assert_eq!(r, format!("Partition {uuid}/p2 removed\n"));
         assert!(sd.handle("lspart", me).0.contains("free chunks 9,"));
+    }
+
+    #[test]
+    fn a_cgroup_is_within_its_own_and_its_ancestors_only() {
+        let job = "/system.slice/slurmstepd.scope/s43DM8HQPPH900";
+        assert!(cgroup_within(job, job));
+        assert!(cgroup_within(&format!("{job}/step_0/user/task_0"), job));
+        assert!(!cgroup_within(&format!("{job}0/step_0"), job));
+        assert!(!cgroup_within("/system.slice", job));
+        assert!(!cgroup_within(job, ""));
     }
 
     #[test]

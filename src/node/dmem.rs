@@ -111,6 +111,44 @@ pub fn job_cgroup(cgroup_root: &Path, self_cgroup: &str, job_id: u32) -> PathBuf
     cgroup_root.join(rel.trim_start_matches('/'))
 }
 
+/// Job `job_id`'s cgroup directory (from the cgroup root) as its Prolog
+/// must name it, before the job's slurmstepd may exist: a directory
+/// already there under `cgroup_root` (the job's or its extern step's),
+/// else what the release writes — the SLUID slurmd gave the Prolog (26.05:
+/// `SLURM_JOB_SLUID`, checked to be one) unless cgroup.conf sets
+/// `CgroupJobIdPaths=yes` (`job_id_paths`), else `job_<id>`.
+pub fn job_cgroup_for_prolog(
+    cgroup_root: &Path,
+    job_id: u32,
+    sluid: Option<&str>,
+    job_id_paths: bool,
+) -> String {
+    use crate::node::jobproc::{job_dir_name, JobDirName};
+    let by_id = format!("job_{job_id}");
+    let sluid = sluid.filter(|s| matches!(job_dir_name(s), Some(JobDirName::Sluid(_))));
+    let parent = cgroup_root.join(SLURM_JOBS_PARENT);
+    let name = match sluid {
+        Some(s) if parent.join(s).is_dir() => s.to_string(),
+        _ if parent.join(&by_id).is_dir() => by_id,
+        Some(s) if !job_id_paths => s.to_string(),
+        _ => by_id,
+    };
+    format!("/{SLURM_JOBS_PARENT}/{name}")
+}
+
+/// Does cgroup.conf's text set `CgroupJobIdPaths=yes` (Slurm 26.05: job
+/// cgroups named `job_<id>` rather than by SLUID)? Keys are
+/// case-insensitive, as Slurm reads them.
+pub fn job_id_paths(cgroup_conf: &str) -> bool {
+    cgroup_conf.lines().any(|l| {
+        let l = l.split('#').next().unwrap_or("").trim();
+        l.split_once('=').is_some_and(|(k, v)| {
+            k.trim().eq_ignore_ascii_case("CgroupJobIdPaths")
+                && v.trim().eq_ignore_ascii_case("yes")
+        })
+    })
+}
+
 /// The `dmem.max` line for `bytes` of `region`.
 pub fn max_line(region: &str, bytes: u64) -> String {
     format!("{region} {bytes}\n")
@@ -208,6 +246,52 @@ fn write_once(path: &Path, text: &str) -> Result<(), DmemError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_prolog_names_the_job_cgroup_as_the_release_will() {
+        let root = tempfile::tempdir().unwrap();
+        let sluid = "s43DM8HQPPH900";
+        let at = |name: &str| format!("/{SLURM_JOBS_PARENT}/{name}");
+        // Nothing there yet: 26.05's SLUID, unless CgroupJobIdPaths=yes.
+        assert_eq!(
+            job_cgroup_for_prolog(root.path(), 7, Some(sluid), false),
+            at(sluid)
+        );
+        assert_eq!(
+            job_cgroup_for_prolog(root.path(), 7, Some(sluid), true),
+            at("job_7")
+        );
+        // Older releases give no SLUID; text that is none is not taken.
+        assert_eq!(
+            job_cgroup_for_prolog(root.path(), 7, None, false),
+            at("job_7")
+        );
+        assert_eq!(
+            job_cgroup_for_prolog(root.path(), 7, Some("../x"), false),
+            at("job_7")
+        );
+        // A directory already there wins.
+        std::fs::create_dir_all(root.path().join(SLURM_JOBS_PARENT).join("job_7")).unwrap();
+        assert_eq!(
+            job_cgroup_for_prolog(root.path(), 7, Some(sluid), false),
+            at("job_7")
+        );
+        std::fs::create_dir_all(root.path().join(SLURM_JOBS_PARENT).join(sluid)).unwrap();
+        assert_eq!(
+            job_cgroup_for_prolog(root.path(), 7, Some(sluid), true),
+            at(sluid)
+        );
+    }
+
+    #[test]
+    fn cgroup_conf_says_job_id_paths() {
+        assert!(job_id_paths(
+            "CgroupPlugin=cgroup/v2\ncgroupjobidpaths = Yes\n"
+        ));
+        assert!(!job_id_paths("CgroupJobIdPaths=no\n"));
+        assert!(!job_id_paths("#CgroupJobIdPaths=yes\n"));
+        assert!(!job_id_paths(""));
+    }
 
     #[test]
     fn capacity_and_max_read_as_the_kernel_writes_them() {

@@ -1057,7 +1057,8 @@ exit 0
         config.paths.mps_control = crate::config::AbsPath::new(&control).unwrap();
         let mps = MpsDaemon::for_gpu(&config, 0).with_protocol(Protocol::V3);
         std::fs::create_dir_all(mps.log_dir()).unwrap();
-        let ns = mps_v3::Namespace::for_job(9, Some(1024), 30);
+        let ns =
+            mps_v3::Namespace::for_job(9, "/system.slice/slurmstepd.scope/job_9", Some(1024), 30);
         let e = mps.create_namespace(&ns).unwrap_err().to_string();
         assert!(e.contains("Unknown option --cgroup"), "{e}");
         let sent = std::fs::read_to_string(mps.log_dir().join("sent")).unwrap();

@@ -203,13 +203,13 @@ pub struct Namespace {
 }
 
 impl Namespace {
-    /// Job `job_id`'s namespace with its share: its cgroup where Slurm's
-    /// cgroup/v2 plugin puts it ([`crate::node::dmem::SLURM_JOBS_PARENT`]).
-    pub fn for_job(job_id: u32, mem_mib: Option<u64>, sm_pct: u8) -> Namespace {
-        let cgroup = crate::node::dmem::job_cgroup(Path::new("/"), "", job_id);
+    /// Job `job_id`'s namespace with its share, bound to its cgroup
+    /// (`cgroup`, from the cgroup root, as the release names it:
+    /// [`crate::node::dmem::job_cgroup_for_prolog`]).
+    pub fn for_job(job_id: u32, cgroup: &str, mem_mib: Option<u64>, sm_pct: u8) -> Namespace {
         Namespace {
             name: name(job_id),
-            cgroup: cgroup.display().to_string(),
+            cgroup: cgroup.to_string(),
             mem_mib,
             sm_pct: sm_pct.clamp(1, 100),
             priority: OFFLINE_PRIORITY,
@@ -309,7 +309,7 @@ mod tests {
 
     #[test]
     fn a_jobs_namespace_holds_its_share_routed_by_its_cgroup() {
-        let ns = Namespace::for_job(12, Some(4096), 30);
+        let ns = Namespace::for_job(12, "/system.slice/slurmstepd.scope/job_12", Some(4096), 30);
         assert_eq!(ns.name, "job_12");
         assert_eq!(ns.cgroup, "/system.slice/slurmstepd.scope/job_12");
         assert_eq!(create(&ns), "namespace create job_12 --server=muxflow");
@@ -322,7 +322,7 @@ mod tests {
             "namespace set job_12 --server=muxflow --cgroup=/system.slice/slurmstepd.scope/job_12"
         );
         assert_eq!(Namespace::decode(&ns.encode()), Some(ns.clone()));
-        let no_cap = Namespace::for_job(3, None, 0);
+        let no_cap = Namespace::for_job(3, "/system.slice/slurmstepd.scope/job_3", None, 0);
         assert_eq!(no_cap.sm_pct, 1);
         assert!(!set_limits(&no_cap).contains("pinned"));
         assert_eq!(Namespace::decode(&no_cap.encode()), Some(no_cap));
