@@ -642,6 +642,24 @@ impl Cluster {
     }
 }
 
+/// Whether process `pid` runs (exists and is no zombie: a container's init
+/// may not reap the straggler it inherited).
+pub fn process_runs(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        let state = stat
+            .rsplit_once(')')
+            .map_or("", |(_, rest)| rest.trim_start());
+        !state.starts_with('Z') && !state.starts_with('X')
+    })
+}
+
+/// Makes `dir` writable by every user (a job of `nobody` writes there).
+pub fn open_to_all(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777))
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+}
+
 /// Cancels the jobs whose names start with its prefix when dropped, so a
 /// test's long-running jobs go however the test ends.
 pub struct CancelNamed<'a>(pub &'a Cluster, pub &'static str);

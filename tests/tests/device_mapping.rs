@@ -131,12 +131,7 @@ fn an_online_and_another_users_offline_job_share_gpu_1_named_by_its_uuid() {
 #[test]
 fn the_device_names_check_runs_on_the_simulated_gpu() {
     let c = Cluster::get();
-    let out = c.scratch("device-names");
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../real-gpu/device-names");
-    let mut cmd = std::process::Command::new(script);
-    cmd.arg("--out").arg(&out).arg("--sim").arg(&c.dir);
-    let (ok, stdout, stderr) = c.run(cmd);
-    assert!(ok, "{stdout}{stderr}");
+    let (out, stdout, stderr) = real_gpu_script(&c, "device-names", &[]);
     let last = stdout.lines().last().unwrap_or_default();
     assert_eq!(
         last, "device_names=done gpus=2 gpu1_checked=yes as_documented=yes",
@@ -165,16 +160,7 @@ fn the_device_names_check_runs_on_the_simulated_gpu() {
 #[test]
 fn the_two_users_check_judges_by_the_control_log() {
     let c = Cluster::get();
-    let out = c.scratch("two-users");
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../real-gpu/two-users");
-    let mut cmd = std::process::Command::new(script);
-    cmd.arg("--out")
-        .arg(&out)
-        .arg("--sim")
-        .arg(&c.dir)
-        .args(["--duration", "3"]);
-    let (ok, stdout, stderr) = c.run(cmd);
-    assert!(ok, "{stdout}{stderr}");
+    let (_, stdout, stderr) = real_gpu_script(&c, "two-users", &["--duration", "3"]);
     let last = stdout.lines().last().unwrap_or_default();
     assert_eq!(
         (
@@ -195,4 +181,22 @@ fn the_two_users_check_judges_by_the_control_log() {
         Some("yes"),
         "{versions}"
     );
+}
+
+/// Runs `real-gpu/<name> --out <scratch> --sim <the dev cluster> <args>`,
+/// which must succeed: (its output directory, stdout, stderr).
+fn real_gpu_script(c: &Cluster, name: &str, args: &[&str]) -> (std::path::PathBuf, String, String) {
+    let out = c.scratch(name);
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../real-gpu")
+        .join(name);
+    let mut cmd = std::process::Command::new(script);
+    cmd.arg("--out")
+        .arg(&out)
+        .arg("--sim")
+        .arg(&c.dir)
+        .args(args);
+    let (ok, stdout, stderr) = c.run(cmd);
+    assert!(ok, "{name}: {stdout}{stderr}");
+    (out, stdout, stderr)
 }

@@ -48,16 +48,6 @@ fn job_dir_of(c: &Cluster, out: &str, job: u32) -> String {
     dir.path
 }
 
-/// Whether process `pid` runs (exists and is no zombie).
-fn runs(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        let state = stat
-            .rsplit_once(')')
-            .map_or("", |(_, rest)| rest.trim_start());
-        !state.starts_with('Z') && !state.starts_with('X')
-    })
-}
-
 #[test]
 fn a_daemonized_process_of_a_running_job_is_kept_and_evicted_once_the_job_ended() {
     let c = Cluster::get();
@@ -72,11 +62,7 @@ fn a_daemonized_process_of_a_running_job_is_kept_and_evicted_once_the_job_ended(
     // of the job's process tree and its environment, still in its cgroup.
     // The job then runs on until /tmp/…/done appears.
     let scratch = c.scratch("cgroup-daemon");
-    std::fs::set_permissions(
-        &scratch,
-        std::os::unix::fs::PermissionsExt::from_mode(0o777),
-    )
-    .unwrap();
+    muxflow_tests::open_to_all(&scratch);
     let done = scratch.join("done");
     let script = format!(
         "#!/bin/sh\necho cgroup=$(grep '^0::' /proc/self/cgroup)\n\
@@ -101,7 +87,7 @@ fn a_daemonized_process_of_a_running_job_is_kept_and_evicted_once_the_job_ended(
     }
     let evicted = format!("process {pid} is evicted from GPU {gpu}");
     assert!(
-        runs(pid) && !logs.contains(&evicted),
+        muxflow_tests::process_runs(pid) && !logs.contains(&evicted),
         "the running job's process {pid} was evicted:\n{logs}\n{}",
         c.node_picture(&cfg, node)
     );
@@ -111,7 +97,7 @@ fn a_daemonized_process_of_a_running_job_is_kept_and_evicted_once_the_job_ended(
     let end = c.wait(offline, WAIT);
     assert_eq!(end.state, "COMPLETED", "{end:?}: {out}");
     let start = Instant::now();
-    while runs(pid) {
+    while muxflow_tests::process_runs(pid) {
         assert!(
             start.elapsed() < WAIT,
             "the straggler {pid} still runs:\n{logs}\n{}",
@@ -164,11 +150,7 @@ fn the_dmem_cap_is_written_to_the_job_directory_the_release_names() {
     let (online, gpu) = c.online_workload(&format!("{PREFIX}online"), node, 0.05, 1000);
     c.settle_healthy(&cfg, node, gpu, 1000);
     let scratch = c.scratch("cgroup-dmem");
-    std::fs::set_permissions(
-        &scratch,
-        std::os::unix::fs::PermissionsExt::from_mode(0o777),
-    )
-    .unwrap();
+    muxflow_tests::open_to_all(&scratch);
     let done = scratch.join("done");
     let script = format!(
         "#!/bin/sh\necho cgroup=$(grep '^0::' /proc/self/cgroup)\n\

@@ -133,17 +133,6 @@ fn a_killed_watcher_is_started_again_by_the_next_health_check() {
     c.assert_no_drain();
 }
 
-/// Whether process `pid` runs (exists and is no zombie: a container's init
-/// may not reap the straggler it inherited).
-fn runs(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        let state = stat
-            .rsplit_once(')')
-            .map_or("", |(_, rest)| rest.trim_start());
-        !state.starts_with('Z') && !state.starts_with('X')
-    })
-}
-
 #[test]
 fn a_trainer_that_outlives_its_job_is_evicted_by_the_next_health_check() {
     let c = Cluster::get();
@@ -171,7 +160,7 @@ fn a_trainer_that_outlives_its_job_is_evicted_by_the_next_health_check() {
     // The Epilog's step may already have evicted it; else a health step does.
     let start = std::time::Instant::now();
     let mut logs = String::new();
-    while runs(pid) {
+    while muxflow_tests::process_runs(pid) {
         assert!(
             start.elapsed() < WAIT,
             "the straggler {pid} still runs on the GPU:\n{logs}\n{}",
