@@ -216,13 +216,21 @@ pub fn daemon_devices(pipe_dir: &Path, pid: i32) -> std::io::Result<Option<Strin
     }
 }
 
-/// Is cgroup `cg` the cgroup `bound` or one below it (paths from the root)?
+/// Is cgroup `cg` the cgroup `bound` or one below it? Both are paths as a
+/// cgroup namespace shows them; the dev cluster runs each slurmd in a
+/// namespace of its own, so a daemon started outside it (a test's own
+/// health step) sees the job's path with that namespace's root before it:
+/// `bound` may start at any component of `cg`.
 fn cgroup_within(cg: &str, bound: &str) -> bool {
     let bound = bound.trim_end_matches('/');
-    !bound.is_empty()
-        && cg
-            .strip_prefix(bound)
-            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    if bound.is_empty() || !bound.starts_with('/') {
+        return false;
+    }
+    // `bound` starts with '/': every match starts at a component.
+    cg.match_indices(bound).any(|(i, _)| {
+        let rest = &cg[i + bound.len()..];
+        rest.is_empty() || rest.starts_with('/')
+    })
 }
 
 pub fn terminated_marker(pipe_dir: &Path, pid: i32) -> PathBuf {
@@ -1131,6 +1139,15 @@ mod tests {
         assert!(!cgroup_within(&format!("{job}0/step_0"), job));
         assert!(!cgroup_within("/system.slice", job));
         assert!(!cgroup_within(job, ""));
+        // Seen from outside the dev cluster's namespace of the node.
+        assert!(cgroup_within(
+            &format!("/muxdev-26800/node3{job}/step_0"),
+            job
+        ));
+        assert!(!cgroup_within(
+            &format!("/muxdev-26800/node3{job}x/step_0"),
+            job
+        ));
     }
 
     #[test]

@@ -26,7 +26,6 @@
 //! socket routing alone a job picks another namespace by its
 //! `CUDA_MPS_PIPE_DIRECTORY`, which is the job's to change.
 
-
 /// The lowest control daemon with MPS v3 (CUDA 13.4, driver r615).
 pub const MIN_VERSION: u32 = 13040;
 /// The lowest control daemon that routes clients by cgroup (driver r620;

@@ -344,7 +344,7 @@ fn with_static_partitions_the_driver_holds_a_job_without_xcuda_to_its_sms() {
     let node = "node3";
     quiet(&c, node);
     let _on = Partitions::on(&c, "13010");
-    let start = "ok   sm partitions: used (control daemon 13010)";
+    let start = "ok   sm partitions: used (control daemon 13010, by its -v)";
     doctor_says(&c, node, "sm partitions", start);
     let (online, gpu, _) = settled_online(&c, node, "mfp-");
     let control = c.mps_log(node, gpu, "control.log");
@@ -425,7 +425,7 @@ fn with_an_older_daemon_sm_partitions_are_ignored_and_the_share_is_xcudas() {
     let node = "node3";
     quiet(&c, node);
     let _on = Partitions::on(&c, "none");
-    let start = "ok   sm partitions: absent (a control daemon that prints no version";
+    let start = "ok   sm partitions: absent (a control daemon whose -v names no version";
     let doctor = doctor_says(&c, node, "sm partitions", start);
     assert!(doctor.contains("is set and ignored here"), "{doctor}");
     // The GPU's MPS logs outlive its daemons: count only this test's commands.
@@ -508,7 +508,7 @@ fn with_mps_v3_routing_by_cgroup_the_daemon_holds_a_job_without_xcuda_to_its_nam
         &c,
         node,
         "mps v3",
-        "ok   mps v3: used (control daemon 13050)",
+        "ok   mps v3: used (control daemon 13050, by its -v)",
     );
     let (online, gpu, cfg) = settled_online(&c, node, "mfv-");
     let control = c.mps_log(node, gpu, "control.log");
@@ -631,7 +631,7 @@ fn with_mps_v3_routing_by_socket_only_namespaces_are_not_used_and_the_police_evi
     quiet(&c, node);
     // r615: v3 whose namespaces a job could leave by its pipe directory.
     let _v = MpsVersion::set(&c, "13040");
-    let start = "ok   mps v3: present (control daemon 13040), not used";
+    let start = "ok   mps v3: present (control daemon 13040, by its -v), not used";
     doctor_says(&c, node, "mps v3", start);
     let before = [0, 1].map(|g| {
         c.mps_log(node, g, "commands.log")
