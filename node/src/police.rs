@@ -728,8 +728,15 @@ pub fn watch(config: &Config, job: u32, node: Option<&str>) -> anyhow::Result<()
                 })
                 .flatten();
             // The measured file is also written by the health steps: under
-            // the GPU's lock.
-            let lock = ns.lock_gpu(gpu)?;
+            // the GPU's lock. One held past its bound skips this GPU for
+            // one pass, not the job's whole watch.
+            let lock = match ns.lock_gpu(gpu) {
+                Ok(lock) => lock,
+                Err(e) => {
+                    tracing::warn!(job, gpu, "muxflow-police: {e}");
+                    continue;
+                }
+            };
             if own {
                 if let Some(sm) = partner_sm {
                     record_partner_load(&ns, job, sm);

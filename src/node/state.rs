@@ -273,7 +273,9 @@ impl NodeState {
     }
 
     /// Lock files of older versions (in directories users can read, 0644):
-    /// nothing takes them any more.
+    /// nothing takes them any more, and a user could hold them. Removed when
+    /// the lock directory is made and at every node-wide lock (an older
+    /// binary still running may have made them again).
     fn remove_legacy_locks(&self) {
         let _ = fs::remove_file(self.dir.join("node.lock"));
         let _ = fs::remove_file(self.dir.join("sampler.lock"));
@@ -391,9 +393,9 @@ impl NodeState {
     /// lock (for state of the whole node: what was published, the kernel
     /// log cursor). Never taken while a GPU lock is held.
     pub fn lock_node(&self) -> Result<NodeLock, StateError> {
-        Ok(NodeLock {
-            _file: self.lock_bounded("node")?,
-        })
+        let file = self.lock_bounded("node")?;
+        self.remove_legacy_locks();
+        Ok(NodeLock { _file: file })
     }
 
     pub fn health_file(&self, gpu: u32) -> PathBuf {
@@ -962,7 +964,7 @@ mod tests {
     }
 
     #[test]
-    fn older_lock_files_go_when_the_lock_directory_is_made() {
+    fn older_lock_files_go() {
         let tmp = tempfile::tempdir().unwrap();
         let ns = NodeState::new(tmp.path());
         for old in [
