@@ -23,7 +23,7 @@
 //! A client of the GPU's MPS daemon that belongs to no running job is a
 //! straggler (`no_job`): it escaped its job's process tree, so it outlived
 //! the job, and it is evicted once the job it names is no longer recorded
-//! on the GPU (see [`police_gpu`]).
+//! on the GPU for its own user (see [`police_gpu`]).
 //!
 //! The environment checked is `/proc/<pid>/environ`: what the process
 //! started with, which is what the MPS client library read at its start
@@ -221,7 +221,7 @@ pub const NO_JOB: &str = "no_job";
 ///
 /// A straggler is a client of muxflow's MPS daemon (which only jobs' steps
 /// reach) that belongs to no running job step and whose job, as its
-/// `SLURM_JOB_ID` names it, is not recorded on the GPU: it escaped its job's
+/// `SLURM_JOB_ID` names it, is not recorded on the GPU for its own user: it escaped its job's
 /// process tree (a double fork, or a fork while Slurm was killing the
 /// step), so Slurm's `proctrack/linuxproc` did not end it with its job, and
 /// nothing else would: its job's limits and watcher are gone, and the
@@ -272,8 +272,8 @@ pub fn police_gpu(
                 ns.jobs(gpu)
                     .unwrap_or_default()
                     .iter()
-                    .map(|j| j.job_id)
-                    .collect::<BTreeSet<u32>>()
+                    .map(|j| (j.job_id, j.uid))
+                    .collect::<BTreeMap<u32, u32>>()
             });
             if names_a_recorded_job(procfs, pid, recorded) {
                 continue;
@@ -441,11 +441,33 @@ fn announce(
 /// that left its tree (daemonized) goes when that job does. The name is
 /// the process's own to set, so it only ever buys time until a recorded
 /// job ends.
-fn names_a_recorded_job(procfs: &Procfs, pid: u32, recorded: &BTreeSet<u32>) -> bool {
+/// Whether process `pid` names, in its own `SLURM_JOB_ID`, a job recorded
+/// on the GPU (`recorded`: job -> uid) of its own user. The name is the
+/// process's to write: another user's job (the GPU's online job, say)
+/// would shelter it for that job's whole run.
+fn names_a_recorded_job(procfs: &Procfs, pid: u32, recorded: &BTreeMap<u32, u32>) -> bool {
+    let Some((uid, _)) = process_ids(procfs, pid) else {
+        return false;
+    };
     environ(procfs, pid, &["SLURM_JOB_ID"])
         .get("SLURM_JOB_ID")
         .and_then(|j| j.parse::<u32>().ok())
-        .is_some_and(|j| recorded.contains(&j))
+        .is_some_and(|j| recorded.get(&j) == Some(&uid))
+}
+
+/// Process `pid`'s real uid and gid (`/proc/<pid>/status`).
+fn process_ids(procfs: &Procfs, pid: u32) -> Option<(u32, u32)> {
+    let status = std::fs::read_to_string(procfs.path(pid, "status")).ok()?;
+    let id = |key: &str| -> Option<u32> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    };
+    Some((id("Uid:")?, id("Gid:")?))
 }
 
 /// How long a process NVML lists outside MPS gets to show up as a client
@@ -964,19 +986,7 @@ fn tell_process(
     limit: Duration,
 ) -> Option<std::process::Child> {
     use std::io::Write;
-    let status = std::fs::read_to_string(procfs.path(pid, "status")).unwrap_or_default();
-    let id = |key: &str| -> Option<u32> {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(key))?
-            .split_whitespace()
-            .next()?
-            .parse()
-            .ok()
-    };
-    let (Some(uid), Some(gid)) = (id("Uid:"), id("Gid:")) else {
-        return None;
-    };
+    let (uid, gid) = process_ids(procfs, pid)?;
     let mut cmd = muxflow::node::process::command(Path::new(TIMEOUT));
     // Seconds, as coreutils reads a duration (no "ms" suffix).
     cmd.args([
@@ -1082,6 +1092,58 @@ mod tests {
         let cancelled = three + &line(CANCELLED, 0);
         assert_eq!(cancel_reason(&cancelled, 3), None, "once only");
         assert_eq!(cancel_reason("", 1), None);
+    }
+
+    #[test]
+    fn a_straggler_is_sheltered_only_by_a_recorded_job_of_its_own_user() {
+        let tmp = tempfile::tempdir().unwrap();
+        let procfs = Procfs::at(tmp.path());
+        // The GPU's jobs: 10 of uid 1001 (online), 11 of uid 1002.
+        let recorded = BTreeMap::from([(10, 1001), (11, 1002)]);
+        // (what, its uid, its SLURM_JOB_ID, sheltered?)
+        let rows = [
+            (
+                "its own user's job, still recorded",
+                Some(1002),
+                Some("11"),
+                true,
+            ),
+            (
+                "another user's job (the online one)",
+                Some(1002),
+                Some("10"),
+                false,
+            ),
+            ("a job no longer recorded", Some(1002), Some("12"), false),
+            ("no job named", Some(1002), None, false),
+            ("a name that is no job id", Some(1002), Some("11x"), false),
+            (
+                "a process already gone (no status)",
+                None,
+                Some("11"),
+                false,
+            ),
+        ];
+        for (pid, (what, uid, job, sheltered)) in (100u32..).zip(rows) {
+            let dir = tmp.path().join(pid.to_string());
+            std::fs::create_dir_all(&dir).unwrap();
+            if let Some(uid) = uid {
+                std::fs::write(
+                    dir.join("status"),
+                    format!(
+                        "Name:\tx\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nGid:\t100\t100\t100\t100\n"
+                    ),
+                )
+                .unwrap();
+            }
+            let env = job.map_or(String::new(), |j| format!("SLURM_JOB_ID={j}\0"));
+            std::fs::write(dir.join("environ"), format!("HOME=/\0{env}")).unwrap();
+            assert_eq!(
+                names_a_recorded_job(&procfs, pid, &recorded),
+                sheltered,
+                "{what}"
+            );
+        }
     }
 
     #[test]
