@@ -24,6 +24,7 @@ use muxflow::node::mps_v3::Protocol;
 use muxflow::node::state::{free_offline_slots, JobRecord, NodeState};
 use muxflow::policy::health::HealthState;
 use muxflow::records::admin_comment::AdminComment;
+use muxflow::records::online_page;
 use muxflow::records::placement::refused_admin_comment;
 use muxflow::{Config, Mode};
 use muxflow_slurm::cli::{HeldSlots, OfflineJob, Scontrol};
@@ -247,6 +248,7 @@ pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
     }
     bound_job_files(&state, &job);
     if job.mode == Mode::Online {
+        bound_online_pages(&state, &job, &gpus)?;
         make_room(config, &state, &job, &gpus);
         // After the offline jobs it requeued have gone (their partitions
         // with them): a daemon in static mode needs one for this job too.
@@ -763,7 +765,7 @@ fn bound_job_files(state: &NodeState, job: &Job) {
         if let Some(parent) = dir.parent() {
             std::fs::create_dir_all(parent)?;
         }
-        muxflow::node::user_tree::mount_bounded(&dir, job.uid, gid, JOB_FILES)
+        muxflow::node::user_tree::mount_bounded(&dir, job.uid, gid, 0o700, JOB_FILES)
     })();
     if let Err(e) = made {
         tracing::warn!(
@@ -771,6 +773,49 @@ fn bound_job_files(state: &NodeState, job: &Job) {
             "cannot bound the job's own directory {} ({e}); it is a plain directory on the state filesystem",
             dir.display()
         );
+    }
+}
+
+/// Gives the online job's page on each of its GPUs a filesystem of its own
+/// (root's, 0755, [`online_page::PAGE_FS_MIB`]), made anew: the plugin
+/// creates the page there, owned by the job's user, who can then grow it
+/// only that far. Without a mount (none allowed here) the page lives in a
+/// plain directory on the state filesystem, and the node log says so.
+fn bound_online_pages(state: &NodeState, job: &Job, gpus: &[u32]) -> Result<()> {
+    let bounds = muxflow::node::user_tree::Bounds {
+        mib: online_page::PAGE_FS_MIB,
+        inodes: online_page::PAGE_FS_INODES,
+    };
+    for &gpu in gpus {
+        let _lock = state.lock_gpu(gpu)?;
+        let dir = online_page::gpu_dir(state.dir(), gpu);
+        let made = (|| -> std::io::Result<()> {
+            remove_online_page(&dir)?;
+            if let Some(parent) = dir.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            muxflow::node::user_tree::mount_bounded(&dir, 0, 0, 0o755, bounds)
+        })();
+        if let Err(e) = made {
+            tracing::warn!(
+                job = job.id,
+                gpu,
+                "cannot bound the GPU's online page {} ({e}); it is a plain directory on the state filesystem",
+                dir.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Removes a GPU's online page directory `dir` (detaching its filesystem),
+/// or the page file an older version kept at that path.
+fn remove_online_page(dir: &std::path::Path) -> std::io::Result<()> {
+    match std::fs::symlink_metadata(dir) {
+        Ok(m) if m.is_dir() => muxflow::node::user_tree::remove(dir),
+        Ok(_) => std::fs::remove_file(dir),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
     }
 }
 
@@ -809,7 +854,16 @@ fn forget(config: &Config, state: &NodeState, job_id: u32) -> Result<()> {
             state.forget_sm_partition(&lock, gpu, job_id);
         }
         drop_namespace(config, state, &lock, gpu, job_id);
-        if state.jobs(gpu)?.is_empty() {
+        let left = state.jobs(gpu)?;
+        if !left.iter().any(|j| j.mode == Mode::Online) {
+            // The page speaks for no one now: it goes with its job, and
+            // its writer's user keeps nothing of the state directory.
+            let page = online_page::gpu_dir(state.dir(), gpu);
+            if let Err(e) = remove_online_page(&page) {
+                tracing::warn!(job = job_id, gpu, "cannot remove {}: {e}", page.display());
+            }
+        }
+        if left.is_empty() {
             stop_daemon(&MpsDaemon::for_gpu(config, gpu));
         }
     }
