@@ -1007,6 +1007,54 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_online_page_is_bounded_and_whatever_was_left_at_its_path_goes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let state = NodeState::new(tmp.path());
+        let job = Job {
+            id: 9,
+            node: "n".into(),
+            mode: Mode::Online,
+            uid: 1000,
+        };
+        // (what an earlier run left at the GPU's page path)
+        let rows: [(&str, fn(&std::path::Path)); 3] = [
+            ("nothing", |_| {}),
+            ("an older version's page file", |d| {
+                std::fs::create_dir_all(d.parent().unwrap()).unwrap();
+                std::fs::write(d, [0u8; 64]).unwrap();
+            }),
+            ("a page directory with a page grown large", |d| {
+                std::fs::create_dir_all(d).unwrap();
+                std::fs::write(d.join("page"), vec![0u8; 1 << 20]).unwrap();
+            }),
+        ];
+        for (what, leave) in rows {
+            let dir = online_page::gpu_dir(state.dir(), 0);
+            leave(&dir);
+            bound_online_pages(&state, &job, &[0]).unwrap();
+            let m = std::fs::symlink_metadata(&dir).unwrap();
+            assert!(m.is_dir(), "{what}");
+            assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "{what}");
+            online_page::create(&online_page::path(state.dir(), 0), 1000, 1000).unwrap();
+            // A mount is not allowed everywhere (a container, not root):
+            // there the directory is a plain one.
+            let mounted = std::fs::read_to_string("/proc/self/mounts")
+                .unwrap()
+                .contains(&format!(" {} tmpfs ", dir.display()));
+            if mounted {
+                let mut f = std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(online_page::path(state.dir(), 0))
+                    .unwrap();
+                let grown = std::io::Write::write_all(&mut f, &vec![0u8; 2 << 20]);
+                assert!(grown.is_err(), "{what}: the page grew past its filesystem");
+            }
+            remove_online_page(&dir).unwrap();
+            assert!(!dir.exists(), "{what}");
+        }
+    }
+
+    #[test]
     fn squeue_job_lists_read_as_ids_and_anything_else_is_refused() {
         let ids = parse_job_ids("12\n 345 \n\n").unwrap();
         assert_eq!(ids.into_iter().collect::<Vec<_>>(), [12, 345]);
