@@ -1006,6 +1006,9 @@ fn remove_limits_files(state: &NodeState, job_id: u32) {
 mod tests {
     use super::*;
 
+    /// What an earlier run left at a path.
+    type Leave = fn(&std::path::Path);
+
     #[test]
     fn an_online_page_is_bounded_and_whatever_was_left_at_its_path_goes() {
         let tmp = tempfile::tempdir().unwrap();
@@ -1017,7 +1020,7 @@ mod tests {
             uid: 1000,
         };
         // (what an earlier run left at the GPU's page path)
-        let rows: [(&str, fn(&std::path::Path)); 3] = [
+        let rows: [(&str, Leave); 3] = [
             ("nothing", |_| {}),
             ("an older version's page file", |d| {
                 std::fs::create_dir_all(d.parent().unwrap()).unwrap();

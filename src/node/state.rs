@@ -850,10 +850,13 @@ mod tests {
         assert!(!ns.gpu_dir(0).join("lock").exists());
     }
 
+    /// What an earlier run left at a path.
+    type Leave = fn(&Path);
+
     #[test]
     fn a_lock_file_others_could_open_is_replaced_not_waited_for() {
         // Each row: how the file at the lock's path was left, by whom.
-        let rows: [(&str, fn(&Path)); 3] = [
+        let rows: [(&str, Leave); 3] = [
             ("mode 0644 (a user may hold it open)", |p| {
                 File::create(p).unwrap();
                 fs::set_permissions(p, fs::Permissions::from_mode(0o644)).unwrap();
