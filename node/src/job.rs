@@ -990,6 +990,7 @@ fn remove_limits_files(state: &NodeState, job_id: u32) {
         state.policed_file(job_id),
         state.terminated_by_other_file(job_id),
         state.measured_file(job_id),
+        state.evicted_file(job_id),
     ]
     .into_iter()
     .chain(gang_files)

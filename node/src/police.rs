@@ -1047,26 +1047,55 @@ fn mps_clients(mps: &MpsDaemon) -> BTreeMap<u32, u32> {
     clients
 }
 
-/// Whether the node already terminated process `pid` of job `job`.
+/// Whether the node already terminated process `pid` of job `job`: for
+/// its limits (the policed file), or itself, for the GPU's health (the
+/// evicted file; such a process, still exiting, is no longer a client of
+/// a daemon restarted meanwhile, and is not the job's fault).
 fn already_policed(ns: &NodeState, job: u32, pid: u32) -> bool {
-    std::fs::read_to_string(ns.policed_file(job)).is_ok_and(|t| {
-        t.lines()
-            .any(|l| l.split_whitespace().nth(1) == Some(&format!("pid={pid}")))
-    })
+    [ns.policed_file(job), ns.evicted_file(job)]
+        .iter()
+        .any(|path| {
+            std::fs::read_to_string(path).is_ok_and(|t| {
+                t.lines()
+                    .any(|l| l.split_whitespace().nth(1) == Some(&format!("pid={pid}")))
+            })
+        })
 }
 
 /// Appends `code pid reason` to the job's policed file (root, 0644).
 fn record(ns: &NodeState, job: u32, pid: u32, verdict: &Verdict) {
+    append_line(
+        job,
+        &ns.policed_file(job),
+        &format!("{} pid={pid} {}\n", verdict.code, verdict.reason),
+    );
+}
+
+/// The code of a process the node evicted for its GPU's health.
+pub const GPU_HEALTH: &str = "gpu_health";
+
+/// Notes that the node evicted process `pid` of job `job` for its GPU's
+/// health (the job's evicted file, root, 0644): the police leave it to
+/// exit, and the job is not blamed for it.
+pub fn record_health_eviction(ns: &NodeState, job: u32, pid: u32, why: &str) {
+    append_line(
+        job,
+        &ns.evicted_file(job),
+        &format!("{GPU_HEALTH} pid={pid} {why}\n"),
+    );
+}
+
+/// Appends `line` to `path`, a root file of job `job` (0644, never
+/// through a link); a failure is logged.
+fn append_line(job: u32, path: &Path, line: &str) {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let path = ns.policed_file(job);
-    let line = format!("{} pid={pid} {}\n", verdict.code, verdict.reason);
     let res = std::fs::OpenOptions::new()
         .append(true)
         .create(true)
         .mode(0o644)
         .custom_flags(libc::O_NOFOLLOW)
-        .open(&path)
+        .open(path)
         .and_then(|mut f| f.write_all(line.as_bytes()));
     if let Err(e) = res {
         tracing::error!(job, "{}: {e}", path.display());
@@ -1092,6 +1121,21 @@ mod tests {
         let cancelled = three + &line(CANCELLED, 0);
         assert_eq!(cancel_reason(&cancelled, 3), None, "once only");
         assert_eq!(cancel_reason("", 1), None);
+    }
+
+    #[test]
+    fn a_process_the_node_evicted_for_the_gpus_health_is_left_to_exit_unblamed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ns = NodeState::new(tmp.path());
+        std::fs::create_dir_all(ns.limits_dir()).unwrap();
+        assert!(!already_policed(&ns, 5, 42));
+        record_health_eviction(&ns, 5, 42, "evicted from GPU 0 for the GPU's health");
+        assert!(already_policed(&ns, 5, 42), "left to exit");
+        assert!(!already_policed(&ns, 5, 43), "another process");
+        assert!(!already_policed(&ns, 6, 42), "another job");
+        // Nothing the job is blamed for (its AdminComment's `policed=`),
+        // nothing that counts towards cancelling it.
+        assert!(!ns.policed_file(5).exists());
     }
 
     #[test]

@@ -511,7 +511,7 @@ pub fn process_job(pid: u32) -> (Option<u32>, Option<Mode>) {
 /// returns how many.
 fn evict_offline(
     mps: &MpsDaemon,
-    _ns: &NodeState,
+    ns: &NodeState,
     gpu: u32,
     jobs: &[JobRecord],
 ) -> anyhow::Result<usize> {
@@ -524,6 +524,14 @@ fn evict_offline(
             if process_mode(client, jobs) == Some(Mode::Offline) {
                 mps.terminate_client(server, client)?;
                 tracing::warn!(gpu, server, client, "terminated offline MPS client");
+                if let (Some(job), _) = process_job(client) {
+                    crate::police::record_health_eviction(
+                        ns,
+                        job,
+                        client,
+                        &format!("evicted from GPU {gpu} for the GPU's health"),
+                    );
+                }
                 n += 1;
             }
         }

@@ -17,6 +17,7 @@
 //! <state_dir>/limits/<jobid>        an offline job's limits (root, 0644; crate::records::limits)
 //! <state_dir>/limits/<jobid>.policed  why the node terminated one of its processes
 //! <state_dir>/limits/<jobid>.measured  its peak GPU memory as NVML showed it
+//! <state_dir>/limits/<jobid>.evicted  its processes the node evicted for the GPU's health
 //! <state_dir>/refused/<jobid>      why the Prolog refused an offline job (the plugin
 //!                                  refuses the job's tasks with this text)
 //! ```
@@ -707,6 +708,12 @@ impl NodeState {
     /// termination), for its AdminComment.
     pub fn policed_file(&self, job_id: u32) -> PathBuf {
         self.limits_dir().join(format!("{job_id}.policed"))
+    }
+
+    /// The processes of job `job_id` the node evicted for its GPU's health
+    /// (one line each), which the police leave to exit.
+    pub fn evicted_file(&self, job_id: u32) -> PathBuf {
+        self.limits_dir().join(format!("{job_id}.evicted"))
     }
 
     /// The `terminate_client` commands muxflow did not send that ended an
