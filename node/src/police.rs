@@ -341,7 +341,7 @@ pub fn police_gpu(
         if verdict.code == "not_mps" && !outside_mps_after_grace(procfs, mps, pid) {
             continue;
         }
-        if already_policed(ns, job, pid) {
+        if already_policed(ns, job, pid) || evicted_for_health_lately(ns, job, pid) {
             // Terminated before; it stays listed until it exits (MPS lists
             // an evicted client until then) and can no longer use the GPU.
             tracing::debug!(gpu, pid, job, "already terminated");
@@ -1047,19 +1047,44 @@ fn mps_clients(mps: &MpsDaemon) -> BTreeMap<u32, u32> {
     clients
 }
 
-/// Whether the node already terminated process `pid` of job `job`: for
-/// its limits (the policed file), or itself, for the GPU's health (the
-/// evicted file; such a process, still exiting, is no longer a client of
-/// a daemon restarted meanwhile, and is not the job's fault).
+/// Whether the node already terminated process `pid` of job `job` for its
+/// limits (the job's policed file).
 fn already_policed(ns: &NodeState, job: u32, pid: u32) -> bool {
-    [ns.policed_file(job), ns.evicted_file(job)]
-        .iter()
-        .any(|path| {
-            std::fs::read_to_string(path).is_ok_and(|t| {
-                t.lines()
-                    .any(|l| l.split_whitespace().nth(1) == Some(&format!("pid={pid}")))
-            })
-        })
+    names_pid(&ns.policed_file(job), pid, |_| true)
+}
+
+/// How long a process the node evicted for its GPU's health is left to
+/// exit: it is then no client of the daemon restarted meanwhile, and
+/// judged as outside MPS it would be killed and its job blamed. One still
+/// on the GPU after this is judged as any other.
+const HEALTH_EVICTION_GRACE: Duration = Duration::from_secs(10);
+
+/// Whether the node evicted process `pid` of job `job` for its GPU's health
+/// within [`HEALTH_EVICTION_GRACE`] (the job's evicted file).
+fn evicted_for_health_lately(ns: &NodeState, job: u32, pid: u32) -> bool {
+    let now = unix_now_s();
+    names_pid(&ns.evicted_file(job), pid, |line| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix("at="))
+            .and_then(|t| t.parse::<u64>().ok())
+            .is_some_and(|at| now.saturating_sub(at) <= HEALTH_EVICTION_GRACE.as_secs())
+    })
+}
+
+/// Whether a line of the file at `path` names `pid` (its second word,
+/// `pid=<pid>`) and passes `also`.
+fn names_pid(path: &Path, pid: u32, also: impl Fn(&str) -> bool) -> bool {
+    let want = format!("pid={pid}");
+    std::fs::read_to_string(path).is_ok_and(|t| {
+        t.lines()
+            .any(|l| l.split_whitespace().nth(1) == Some(want.as_str()) && also(l))
+    })
+}
+
+fn unix_now_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// Appends `code pid reason` to the job's policed file (root, 0644).
@@ -1076,12 +1101,12 @@ pub const GPU_HEALTH: &str = "gpu_health";
 
 /// Notes that the node evicted process `pid` of job `job` for its GPU's
 /// health (the job's evicted file, root, 0644): the police leave it to
-/// exit, and the job is not blamed for it.
+/// exit for [`HEALTH_EVICTION_GRACE`], and the job is not blamed for it.
 pub fn record_health_eviction(ns: &NodeState, job: u32, pid: u32, why: &str) {
     append_line(
         job,
         &ns.evicted_file(job),
-        &format!("{GPU_HEALTH} pid={pid} {why}\n"),
+        &format!("{GPU_HEALTH} pid={pid} at={} {why}\n", unix_now_s()),
     );
 }
 
@@ -1128,14 +1153,23 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let ns = NodeState::new(tmp.path());
         std::fs::create_dir_all(ns.limits_dir()).unwrap();
-        assert!(!already_policed(&ns, 5, 42));
+        assert!(!evicted_for_health_lately(&ns, 5, 42));
         record_health_eviction(&ns, 5, 42, "evicted from GPU 0 for the GPU's health");
-        assert!(already_policed(&ns, 5, 42), "left to exit");
-        assert!(!already_policed(&ns, 5, 43), "another process");
-        assert!(!already_policed(&ns, 6, 42), "another job");
+        assert!(evicted_for_health_lately(&ns, 5, 42), "left to exit");
+        assert!(!evicted_for_health_lately(&ns, 5, 43), "another process");
+        assert!(!evicted_for_health_lately(&ns, 6, 42), "another job");
         // Nothing the job is blamed for (its AdminComment's `policed=`),
         // nothing that counts towards cancelling it.
+        assert!(!already_policed(&ns, 5, 42));
         assert!(!ns.policed_file(5).exists());
+        // Still on the GPU long after: judged as any other process.
+        let old = unix_now_s() - HEALTH_EVICTION_GRACE.as_secs() - 1;
+        std::fs::write(
+            ns.evicted_file(7),
+            format!("{GPU_HEALTH} pid=42 at={old} evicted from GPU 0\n"),
+        )
+        .unwrap();
+        assert!(!evicted_for_health_lately(&ns, 7, 42));
     }
 
     #[test]
