@@ -248,7 +248,7 @@ pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
     }
     bound_job_files(&state, &job);
     if job.mode == Mode::Online {
-        bound_online_pages(&state, &job, &gpus)?;
+        bound_online_pages(&state, &job, &gpus);
         make_room(config, &state, &job, &gpus);
         // After the offline jobs it requeued have gone (their partitions
         // with them): a daemon in static mode needs one for this job too.
@@ -781,21 +781,25 @@ fn bound_job_files(state: &NodeState, job: &Job) {
 /// creates the page there, owned by the job's user, who can then grow it
 /// only that far. Without a mount (none allowed here) the page lives in a
 /// plain directory on the state filesystem, and the node log says so.
-fn bound_online_pages(state: &NodeState, job: &Job, gpus: &[u32]) -> Result<()> {
+fn bound_online_pages(state: &NodeState, job: &Job, gpus: &[u32]) {
     let bounds = muxflow::node::user_tree::Bounds {
         mib: online_page::PAGE_FS_MIB,
         inodes: online_page::PAGE_FS_INODES,
     };
     for &gpu in gpus {
-        let _lock = state.lock_gpu(gpu)?;
         let dir = online_page::gpu_dir(state.dir(), gpu);
-        let made = (|| -> std::io::Result<()> {
-            remove_online_page(&dir)?;
-            if let Some(parent) = dir.parent() {
-                std::fs::create_dir_all(parent)?;
-            }
-            muxflow::node::user_tree::mount_bounded(&dir, 0, 0, 0o755, bounds)
-        })();
+        // Under the GPU's lock: the Epilog of the job before may be
+        // removing it.
+        let made = state
+            .lock_gpu(gpu)
+            .map_err(std::io::Error::other)
+            .and_then(|_lock| {
+                remove_online_page(&dir)?;
+                if let Some(parent) = dir.parent() {
+                    std::fs::create_dir_all(parent)?;
+                }
+                muxflow::node::user_tree::mount_bounded(&dir, 0, 0, 0o755, bounds)
+            });
         if let Err(e) = made {
             tracing::warn!(
                 job = job.id,
@@ -805,7 +809,6 @@ fn bound_online_pages(state: &NodeState, job: &Job, gpus: &[u32]) -> Result<()> 
             );
         }
     }
-    Ok(())
 }
 
 /// Removes a GPU's online page directory `dir` (detaching its filesystem),
@@ -1035,7 +1038,7 @@ mod tests {
         for (what, leave) in rows {
             let dir = online_page::gpu_dir(state.dir(), 0);
             leave(&dir);
-            bound_online_pages(&state, &job, &[0]).unwrap();
+            bound_online_pages(&state, &job, &[0]);
             let m = std::fs::symlink_metadata(&dir).unwrap();
             assert!(m.is_dir(), "{what}");
             assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "{what}");
