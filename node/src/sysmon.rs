@@ -637,8 +637,10 @@ pub const CONTROL_LOG_MAX_BYTES: u64 = 8 << 20;
 
 /// Empties the GPU's control log when it is past [`CONTROL_LOG_MAX_BYTES`]
 /// (what it held was read by the step just before); the daemon's next
-/// lines start it again. A command echoed in the instant between that read
-/// and this goes unnoticed.
+/// lines start it again (a daemon writing without `O_APPEND` leaves a hole
+/// up to its offset: no disk blocks, and past the bound it is emptied
+/// again). A command echoed in the instant between that read and this goes
+/// unnoticed.
 fn bound_control_log(log_dir: &Path, gpu: u32, rec: &mut GpuRecord) {
     use std::os::unix::fs::OpenOptionsExt;
     let path = log_dir.join("control.log");
