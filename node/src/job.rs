@@ -24,6 +24,7 @@ use muxflow::node::mps_v3::Protocol;
 use muxflow::node::state::{free_offline_slots, JobRecord, NodeState};
 use muxflow::policy::health::HealthState;
 use muxflow::records::admin_comment::AdminComment;
+use muxflow::records::online_page;
 use muxflow::records::placement::refused_admin_comment;
 use muxflow::{Config, Mode};
 use muxflow_slurm::cli::{HeldSlots, OfflineJob, Scontrol};
@@ -251,6 +252,7 @@ pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
     }
     bound_job_files(&state, &job);
     if job.mode == Mode::Online {
+        bound_online_pages(&state, &job, &gpus);
         make_room(config, &state, &job, &gpus);
         // After the offline jobs it requeued have gone (their partitions
         // with them): a daemon in static mode needs one for this job too.
@@ -788,7 +790,7 @@ fn bound_job_files(state: &NodeState, job: &Job) {
         if let Some(parent) = dir.parent() {
             std::fs::create_dir_all(parent)?;
         }
-        muxflow::node::user_tree::mount_bounded(&dir, job.uid, gid, JOB_FILES)
+        muxflow::node::user_tree::mount_bounded(&dir, job.uid, gid, 0o700, JOB_FILES)
     })();
     if let Err(e) = made {
         tracing::warn!(
@@ -796,6 +798,52 @@ fn bound_job_files(state: &NodeState, job: &Job) {
             "cannot bound the job's own directory {} ({e}); it is a plain directory on the state filesystem",
             dir.display()
         );
+    }
+}
+
+/// Gives the online job's page on each of its GPUs a filesystem of its own
+/// (root's, 0755, [`online_page::PAGE_FS_MIB`]), made anew: the plugin
+/// creates the page there, owned by the job's user, who can then grow it
+/// only that far. Without a mount (none allowed here) the page lives in a
+/// plain directory on the state filesystem, and the node log says so.
+fn bound_online_pages(state: &NodeState, job: &Job, gpus: &[u32]) {
+    let bounds = muxflow::node::user_tree::Bounds {
+        mib: online_page::PAGE_FS_MIB,
+        inodes: online_page::PAGE_FS_INODES,
+    };
+    for &gpu in gpus {
+        let dir = online_page::gpu_dir(state.dir(), gpu);
+        // Under the GPU's lock: the Epilog of the job before may be
+        // removing it.
+        let made = state
+            .lock_gpu(gpu)
+            .map_err(std::io::Error::other)
+            .and_then(|_lock| {
+                remove_online_page(&dir)?;
+                if let Some(parent) = dir.parent() {
+                    std::fs::create_dir_all(parent)?;
+                }
+                muxflow::node::user_tree::mount_bounded(&dir, 0, 0, 0o755, bounds)
+            });
+        if let Err(e) = made {
+            tracing::warn!(
+                job = job.id,
+                gpu,
+                "cannot bound the GPU's online page {} ({e}); it is a plain directory on the state filesystem",
+                dir.display()
+            );
+        }
+    }
+}
+
+/// Removes a GPU's online page directory `dir` (detaching its filesystem),
+/// or the page file an older version kept at that path.
+fn remove_online_page(dir: &std::path::Path) -> std::io::Result<()> {
+    match std::fs::symlink_metadata(dir) {
+        Ok(m) if m.is_dir() => muxflow::node::user_tree::remove(dir),
+        Ok(_) => std::fs::remove_file(dir),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
     }
 }
 
@@ -834,7 +882,16 @@ fn forget(config: &Config, state: &NodeState, job_id: u32) -> Result<()> {
             state.forget_sm_partition(&lock, gpu, job_id);
         }
         drop_namespace(config, state, &lock, gpu, job_id);
-        if state.jobs(gpu)?.is_empty() {
+        let left = state.jobs(gpu)?;
+        if !left.iter().any(|j| j.mode == Mode::Online) {
+            // The page speaks for no one now: it goes with its job, and
+            // its writer's user keeps nothing of the state directory.
+            let page = online_page::gpu_dir(state.dir(), gpu);
+            if let Err(e) = remove_online_page(&page) {
+                tracing::warn!(job = job_id, gpu, "cannot remove {}: {e}", page.display());
+            }
+        }
+        if left.is_empty() {
             stop_daemon(&MpsDaemon::for_gpu(config, gpu));
         }
     }
@@ -961,6 +1018,7 @@ fn remove_limits_files(state: &NodeState, job_id: u32) {
         state.policed_file(job_id),
         state.terminated_by_other_file(job_id),
         state.measured_file(job_id),
+        state.evicted_file(job_id),
     ]
     .into_iter()
     .chain(gang_files)
@@ -976,6 +1034,57 @@ fn remove_limits_files(state: &NodeState, job_id: u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What an earlier run left at a path.
+    type Leave = fn(&std::path::Path);
+
+    #[test]
+    fn an_online_page_is_bounded_and_whatever_was_left_at_its_path_goes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let state = NodeState::new(tmp.path());
+        let job = Job {
+            id: 9,
+            node: "n".into(),
+            mode: Mode::Online,
+            uid: 1000,
+        };
+        // (what an earlier run left at the GPU's page path)
+        let rows: [(&str, Leave); 3] = [
+            ("nothing", |_| {}),
+            ("an older version's page file", |d| {
+                std::fs::create_dir_all(d.parent().unwrap()).unwrap();
+                std::fs::write(d, [0u8; 64]).unwrap();
+            }),
+            ("a page directory with a page grown large", |d| {
+                std::fs::create_dir_all(d).unwrap();
+                std::fs::write(d.join("page"), vec![0u8; 1 << 20]).unwrap();
+            }),
+        ];
+        for (what, leave) in rows {
+            let dir = online_page::gpu_dir(state.dir(), 0);
+            leave(&dir);
+            bound_online_pages(&state, &job, &[0]);
+            let m = std::fs::symlink_metadata(&dir).unwrap();
+            assert!(m.is_dir(), "{what}");
+            assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "{what}");
+            online_page::create(&online_page::path(state.dir(), 0), 1000, 1000).unwrap();
+            // A mount is not allowed everywhere (a container, not root):
+            // there the directory is a plain one.
+            let mounted = std::fs::read_to_string("/proc/self/mounts")
+                .unwrap()
+                .contains(&format!(" {} tmpfs ", dir.display()));
+            if mounted {
+                let mut f = std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(online_page::path(state.dir(), 0))
+                    .unwrap();
+                let grown = std::io::Write::write_all(&mut f, &vec![0u8; 2 << 20]);
+                assert!(grown.is_err(), "{what}: the page grew past its filesystem");
+            }
+            remove_online_page(&dir).unwrap();
+            assert!(!dir.exists(), "{what}");
+        }
+    }
 
     #[test]
     fn squeue_job_lists_read_as_ids_and_anything_else_is_refused() {

@@ -5,6 +5,14 @@
 //!
 //! The log is `/dev/kmsg` (one `prio,seq,usec,flags;text` record per read,
 //! EAGAIN at the end) or a regular file of such lines (the simulated GPU's).
+//!
+//! **What counts as an Xid.** Any user can make the kernel log text of their
+//! choosing: in a user namespace, `mount -t tmpfs -o '<text>'` logs
+//! `tmpfs: Unknown parameter '<text>'`, with the kernel's own facility. An
+//! Xid is therefore only a record of the kernel facility (userspace
+//! writers of `/dev/kmsg` never get it) whose text the NVIDIA module itself
+//! began with `NVRM: Xid (PCI:<address>): <n>`; the marker anywhere else in
+//! a record is someone's echo.
 //! The cursor (boot id + next sequence number) lives in the node's state
 //! directory, taken and advanced under the node lock so two concurrent runs
 //! never act on the same record twice.
@@ -49,17 +57,45 @@ pub struct Cursor {
     pub next: u64,
 }
 
-/// `prio,seq,usec,flags;text` -> (seq, text). Continuation lines (a leading
-/// space: the record's key=value dictionary) and other text give None.
-pub fn parse_record(line: &str) -> Option<(u64, &str)> {
-    let (head, text) = line.split_once(';')?;
-    let seq = head.split(',').nth(1)?.parse().ok()?;
-    Some((seq, text.trim_end()))
+/// One record of the kernel log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub seq: u64,
+    /// The syslog facility (the record's priority over 8): 0 only for the
+    /// kernel's own messages.
+    pub facility: u32,
+    pub text: String,
 }
 
-/// `NVRM: Xid (PCI:0000:18:00): 31, pid=…` -> ((0, 0x18, 0), 31).
+/// The syslog facility of the kernel's own messages.
+const KERNEL_FACILITY: u32 = 0;
+
+/// `prio,seq,usec,flags;text` -> the record. Continuation lines (a leading
+/// space: the record's key=value dictionary) and other text give None.
+pub fn parse_record(line: &str) -> Option<Record> {
+    let (head, text) = line.split_once(';')?;
+    let mut fields = head.split(',');
+    let prio: u32 = fields.next()?.parse().ok()?;
+    let seq = fields.next()?.parse().ok()?;
+    Some(Record {
+        seq,
+        facility: prio >> 3,
+        text: text.trim_end().to_string(),
+    })
+}
+
+/// The Xid `record` reports, if it is one the driver logged: of the kernel
+/// facility, its text starting with the driver's marker ([`parse_xid`]).
+pub fn record_xid(record: &Record) -> Option<(Pci, u64)> {
+    (record.facility == KERNEL_FACILITY)
+        .then(|| parse_xid(&record.text))
+        .flatten()
+}
+
+/// `NVRM: Xid (PCI:0000:18:00): 31, pid=…` -> ((0, 0x18, 0), 31), only
+/// where the text starts so (the module's own line, not an echo of it).
 pub fn parse_xid(text: &str) -> Option<(Pci, u64)> {
-    let rest = &text[text.find("NVRM: Xid (PCI:")? + "NVRM: Xid (PCI:".len()..];
+    let rest = text.strip_prefix("NVRM: Xid (PCI:")?;
     let (addr, rest) = rest.split_once("): ")?;
     let mut parts = addr.split(':').map(|p| u32::from_str_radix(p, 16).ok());
     let pci = match (parts.next(), parts.next(), parts.next(), parts.next()) {
@@ -72,8 +108,8 @@ pub fn parse_xid(text: &str) -> Option<(Pci, u64)> {
     Some((pci, digits.parse().ok()?))
 }
 
-/// Every (seq, text) record in the log, oldest first.
-pub fn read_records(path: &Path) -> std::io::Result<Vec<(u64, String)>> {
+/// Every record in the log, oldest first.
+pub fn read_records(path: &Path) -> std::io::Result<Vec<Record>> {
     let mut f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
@@ -88,8 +124,8 @@ pub fn read_records(path: &Path) -> std::io::Result<Vec<(u64, String)>> {
                 Ok(0) => break,
                 Ok(n) => {
                     let text = String::from_utf8_lossy(&buf[..n]);
-                    if let Some((seq, t)) = text.lines().next().and_then(parse_record) {
-                        records.push((seq, t.to_string()));
+                    if let Some(r) = text.lines().next().and_then(parse_record) {
+                        records.push(r);
                     }
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
@@ -101,11 +137,7 @@ pub fn read_records(path: &Path) -> std::io::Result<Vec<(u64, String)>> {
     } else {
         let mut text = String::new();
         f.read_to_string(&mut text)?;
-        records.extend(
-            text.lines()
-                .filter_map(parse_record)
-                .map(|(s, t)| (s, t.to_string())),
-        );
+        records.extend(text.lines().filter_map(parse_record));
     }
     Ok(records)
 }
@@ -115,11 +147,11 @@ pub fn read_records(path: &Path) -> std::io::Result<Vec<(u64, String)>> {
 /// handled, or not, before muxflow was installed. A new boot, or a log that
 /// restarted below the cursor, is read from its start.
 pub fn select_new(
-    records: &[(u64, String)],
+    records: &[Record],
     cursor: Option<&Cursor>,
     boot_id: &str,
 ) -> (Vec<KernelXid>, Cursor) {
-    let last = records.iter().map(|(s, _)| *s).max();
+    let last = records.iter().map(|r| r.seq).max();
     let next_after = last.map_or(0, |l| l + 1);
     let from = match cursor {
         None => next_after,
@@ -129,10 +161,10 @@ pub fn select_new(
     };
     let xids = records
         .iter()
-        .filter(|(s, _)| *s >= from)
-        .filter_map(|(seq, text)| {
-            parse_xid(text).map(|(pci, xid)| KernelXid {
-                seq: *seq,
+        .filter(|r| r.seq >= from)
+        .filter_map(|r| {
+            record_xid(r).map(|(pci, xid)| KernelXid {
+                seq: r.seq,
                 pci,
                 xid,
             })
@@ -222,11 +254,54 @@ mod tests {
     }
 
     #[test]
+    fn only_the_drivers_own_records_are_xids() {
+        // (name, record as /dev/kmsg gives it, an Xid?)
+        let rows = [
+            ("the driver's", format!("3,10,1,-;{LOST}"), true),
+            (
+                "the driver's, another level",
+                format!("4,11,1,-;{APP}"),
+                true,
+            ),
+            (
+                "echoed by tmpfs from a user namespace's mount option",
+                "3,12,1,-;tmpfs: Unknown parameter 'NVRM: Xid (PCI:0000:9a:00): 79'".into(),
+                false,
+            ),
+            (
+                "a process named like the marker (15 characters, the most a name holds)",
+                "6,13,1,-;NVRM: Xid (PCI:[4242]: segfault at 0 ip 0 sp 0 error 4".into(),
+                false,
+            ),
+            (
+                "written to /dev/kmsg from userspace (never the kernel facility)",
+                format!("11,14,1,-;{LOST}"),
+                false,
+            ),
+            (
+                "syslog's daemon facility",
+                format!("27,15,1,-;{LOST}"),
+                false,
+            ),
+            ("after a leading space", format!("3,16,1,-; {LOST}"), false),
+        ];
+        for (name, line, xid) in rows {
+            let record = parse_record(&line).unwrap();
+            assert_eq!(record_xid(&record).is_some(), xid, "{name}");
+        }
+    }
+
+    #[test]
     fn parses_kmsg_records() {
         assert_eq!(
             parse_record(&format!("3,1042,8123456789,-;{APP}")),
-            Some((1042, APP))
+            Some(Record {
+                seq: 1042,
+                facility: 0,
+                text: APP.into()
+            })
         );
+        assert_eq!(parse_record("14,7,1,-;x").unwrap().facility, 1);
         assert_eq!(parse_record(" DEVICE=+pci:0000:3b:00.0"), None);
         assert_eq!(parse_record("garbage"), None);
     }
@@ -247,13 +322,19 @@ mod tests {
         }
         assert!(!records.is_empty(), "a booted kernel has logged something");
         assert!(
-            records.windows(2).all(|w| w[0].0 < w[1].0),
+            records.windows(2).all(|w| w[0].seq < w[1].seq),
             "sequence numbers increase"
         );
     }
 
-    fn recs(list: &[(u64, &str)]) -> Vec<(u64, String)> {
-        list.iter().map(|(s, t)| (*s, t.to_string())).collect()
+    fn recs(list: &[(u64, &str)]) -> Vec<Record> {
+        list.iter()
+            .map(|(s, t)| Record {
+                seq: *s,
+                facility: KERNEL_FACILITY,
+                text: t.to_string(),
+            })
+            .collect()
     }
 
     #[test]

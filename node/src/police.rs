@@ -23,7 +23,7 @@
 //! A client of the GPU's MPS daemon that belongs to no running job is a
 //! straggler (`no_job`): it escaped its job's process tree, so it outlived
 //! the job, and it is evicted once the job it names is no longer recorded
-//! on the GPU (see [`police_gpu`]).
+//! on the GPU for its own user (see [`police_gpu`]).
 //!
 //! The environment checked is `/proc/<pid>/environ`: what the process
 //! started with, which is what the MPS client library read at its start
@@ -221,7 +221,7 @@ pub const NO_JOB: &str = "no_job";
 ///
 /// A straggler is a client of muxflow's MPS daemon (which only jobs' steps
 /// reach) that belongs to no running job step and whose job, as its
-/// `SLURM_JOB_ID` names it, is not recorded on the GPU: it escaped its job's
+/// `SLURM_JOB_ID` names it, is not recorded on the GPU for its own user: it escaped its job's
 /// process tree (a double fork, or a fork while Slurm was killing the
 /// step), so Slurm's `proctrack/linuxproc` did not end it with its job, and
 /// nothing else would: its job's limits and watcher are gone, and the
@@ -272,8 +272,8 @@ pub fn police_gpu(
                 ns.jobs(gpu)
                     .unwrap_or_default()
                     .iter()
-                    .map(|j| j.job_id)
-                    .collect::<BTreeSet<u32>>()
+                    .map(|j| (j.job_id, j.uid))
+                    .collect::<BTreeMap<u32, u32>>()
             });
             if names_a_recorded_job(procfs, pid, recorded) {
                 continue;
@@ -341,7 +341,7 @@ pub fn police_gpu(
         if verdict.code == "not_mps" && !outside_mps_after_grace(procfs, mps, pid) {
             continue;
         }
-        if already_policed(ns, job, pid) {
+        if already_policed(ns, job, pid) || evicted_for_health_lately(ns, job, pid) {
             // Terminated before; it stays listed until it exits (MPS lists
             // an evicted client until then) and can no longer use the GPU.
             tracing::debug!(gpu, pid, job, "already terminated");
@@ -441,11 +441,33 @@ fn announce(
 /// that left its tree (daemonized) goes when that job does. The name is
 /// the process's own to set, so it only ever buys time until a recorded
 /// job ends.
-fn names_a_recorded_job(procfs: &Procfs, pid: u32, recorded: &BTreeSet<u32>) -> bool {
+/// Whether process `pid` names, in its own `SLURM_JOB_ID`, a job recorded
+/// on the GPU (`recorded`: job -> uid) of its own user. The name is the
+/// process's to write: another user's job (the GPU's online job, say)
+/// would shelter it for that job's whole run.
+fn names_a_recorded_job(procfs: &Procfs, pid: u32, recorded: &BTreeMap<u32, u32>) -> bool {
+    let Some((uid, _)) = process_ids(procfs, pid) else {
+        return false;
+    };
     environ(procfs, pid, &["SLURM_JOB_ID"])
         .get("SLURM_JOB_ID")
         .and_then(|j| j.parse::<u32>().ok())
-        .is_some_and(|j| recorded.contains(&j))
+        .is_some_and(|j| recorded.get(&j) == Some(&uid))
+}
+
+/// Process `pid`'s real uid and gid (`/proc/<pid>/status`).
+fn process_ids(procfs: &Procfs, pid: u32) -> Option<(u32, u32)> {
+    let status = std::fs::read_to_string(procfs.path(pid, "status")).ok()?;
+    let id = |key: &str| -> Option<u32> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    };
+    Some((id("Uid:")?, id("Gid:")?))
 }
 
 /// How long a process NVML lists outside MPS gets to show up as a client
@@ -728,8 +750,15 @@ pub fn watch(config: &Config, job: u32, node: Option<&str>) -> anyhow::Result<()
                 })
                 .flatten();
             // The measured file is also written by the health steps: under
-            // the GPU's lock.
-            let lock = ns.lock_gpu(gpu)?;
+            // the GPU's lock. One held past its bound skips this GPU for
+            // one pass, not the job's whole watch.
+            let lock = match ns.lock_gpu(gpu) {
+                Ok(lock) => lock,
+                Err(e) => {
+                    tracing::warn!(job, gpu, "muxflow-police: {e}");
+                    continue;
+                }
+            };
             if own {
                 if let Some(sm) = partner_sm {
                     record_partner_load(&ns, job, sm);
@@ -957,19 +986,7 @@ fn tell_process(
     limit: Duration,
 ) -> Option<std::process::Child> {
     use std::io::Write;
-    let status = std::fs::read_to_string(procfs.path(pid, "status")).unwrap_or_default();
-    let id = |key: &str| -> Option<u32> {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(key))?
-            .split_whitespace()
-            .next()?
-            .parse()
-            .ok()
-    };
-    let (Some(uid), Some(gid)) = (id("Uid:"), id("Gid:")) else {
-        return None;
-    };
+    let (uid, gid) = process_ids(procfs, pid)?;
     let mut cmd = muxflow::node::process::command(Path::new(TIMEOUT));
     // Seconds, as coreutils reads a duration (no "ms" suffix).
     cmd.args([
@@ -1030,26 +1047,80 @@ fn mps_clients(mps: &MpsDaemon) -> BTreeMap<u32, u32> {
     clients
 }
 
-/// Whether the node already terminated process `pid` of job `job`.
+/// Whether the node already terminated process `pid` of job `job` for its
+/// limits (the job's policed file).
 fn already_policed(ns: &NodeState, job: u32, pid: u32) -> bool {
-    std::fs::read_to_string(ns.policed_file(job)).is_ok_and(|t| {
-        t.lines()
-            .any(|l| l.split_whitespace().nth(1) == Some(&format!("pid={pid}")))
+    names_pid(&ns.policed_file(job), pid, |_| true)
+}
+
+/// How long a process the node evicted for its GPU's health is left to
+/// exit: it is then no client of the daemon restarted meanwhile, and
+/// judged as outside MPS it would be killed and its job blamed. One still
+/// on the GPU after this is judged as any other.
+const HEALTH_EVICTION_GRACE: Duration = Duration::from_secs(10);
+
+/// Whether the node evicted process `pid` of job `job` for its GPU's health
+/// within [`HEALTH_EVICTION_GRACE`] (the job's evicted file).
+fn evicted_for_health_lately(ns: &NodeState, job: u32, pid: u32) -> bool {
+    let now = unix_now_s();
+    names_pid(&ns.evicted_file(job), pid, |line| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix("at="))
+            .and_then(|t| t.parse::<u64>().ok())
+            .is_some_and(|at| now.saturating_sub(at) <= HEALTH_EVICTION_GRACE.as_secs())
     })
+}
+
+/// Whether a line of the file at `path` names `pid` (its second word,
+/// `pid=<pid>`) and passes `also`.
+fn names_pid(path: &Path, pid: u32, also: impl Fn(&str) -> bool) -> bool {
+    let want = format!("pid={pid}");
+    std::fs::read_to_string(path).is_ok_and(|t| {
+        t.lines()
+            .any(|l| l.split_whitespace().nth(1) == Some(want.as_str()) && also(l))
+    })
+}
+
+fn unix_now_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// Appends `code pid reason` to the job's policed file (root, 0644).
 fn record(ns: &NodeState, job: u32, pid: u32, verdict: &Verdict) {
+    append_line(
+        job,
+        &ns.policed_file(job),
+        &format!("{} pid={pid} {}\n", verdict.code, verdict.reason),
+    );
+}
+
+/// The code of a process the node evicted for its GPU's health.
+pub const GPU_HEALTH: &str = "gpu_health";
+
+/// Notes that the node evicted process `pid` of job `job` for its GPU's
+/// health (the job's evicted file, root, 0644): the police leave it to
+/// exit for [`HEALTH_EVICTION_GRACE`], and the job is not blamed for it.
+pub fn record_health_eviction(ns: &NodeState, job: u32, pid: u32, why: &str) {
+    append_line(
+        job,
+        &ns.evicted_file(job),
+        &format!("{GPU_HEALTH} pid={pid} at={} {why}\n", unix_now_s()),
+    );
+}
+
+/// Appends `line` to `path`, a root file of job `job` (0644, never
+/// through a link); a failure is logged.
+fn append_line(job: u32, path: &Path, line: &str) {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let path = ns.policed_file(job);
-    let line = format!("{} pid={pid} {}\n", verdict.code, verdict.reason);
     let res = std::fs::OpenOptions::new()
         .append(true)
         .create(true)
         .mode(0o644)
         .custom_flags(libc::O_NOFOLLOW)
-        .open(&path)
+        .open(path)
         .and_then(|mut f| f.write_all(line.as_bytes()));
     if let Err(e) = res {
         tracing::error!(job, "{}: {e}", path.display());
@@ -1075,6 +1146,82 @@ mod tests {
         let cancelled = three + &line(CANCELLED, 0);
         assert_eq!(cancel_reason(&cancelled, 3), None, "once only");
         assert_eq!(cancel_reason("", 1), None);
+    }
+
+    #[test]
+    fn a_process_the_node_evicted_for_the_gpus_health_is_left_to_exit_unblamed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ns = NodeState::new(tmp.path());
+        std::fs::create_dir_all(ns.limits_dir()).unwrap();
+        assert!(!evicted_for_health_lately(&ns, 5, 42));
+        record_health_eviction(&ns, 5, 42, "evicted from GPU 0 for the GPU's health");
+        assert!(evicted_for_health_lately(&ns, 5, 42), "left to exit");
+        assert!(!evicted_for_health_lately(&ns, 5, 43), "another process");
+        assert!(!evicted_for_health_lately(&ns, 6, 42), "another job");
+        // Nothing the job is blamed for (its AdminComment's `policed=`),
+        // nothing that counts towards cancelling it.
+        assert!(!already_policed(&ns, 5, 42));
+        assert!(!ns.policed_file(5).exists());
+        // Still on the GPU long after: judged as any other process.
+        let old = unix_now_s() - HEALTH_EVICTION_GRACE.as_secs() - 1;
+        std::fs::write(
+            ns.evicted_file(7),
+            format!("{GPU_HEALTH} pid=42 at={old} evicted from GPU 0\n"),
+        )
+        .unwrap();
+        assert!(!evicted_for_health_lately(&ns, 7, 42));
+    }
+
+    #[test]
+    fn a_straggler_is_sheltered_only_by_a_recorded_job_of_its_own_user() {
+        let tmp = tempfile::tempdir().unwrap();
+        let procfs = Procfs::at(tmp.path());
+        // The GPU's jobs: 10 of uid 1001 (online), 11 of uid 1002.
+        let recorded = BTreeMap::from([(10, 1001), (11, 1002)]);
+        // (what, its uid, its SLURM_JOB_ID, sheltered?)
+        let rows = [
+            (
+                "its own user's job, still recorded",
+                Some(1002),
+                Some("11"),
+                true,
+            ),
+            (
+                "another user's job (the online one)",
+                Some(1002),
+                Some("10"),
+                false,
+            ),
+            ("a job no longer recorded", Some(1002), Some("12"), false),
+            ("no job named", Some(1002), None, false),
+            ("a name that is no job id", Some(1002), Some("11x"), false),
+            (
+                "a process already gone (no status)",
+                None,
+                Some("11"),
+                false,
+            ),
+        ];
+        for (pid, (what, uid, job, sheltered)) in (100u32..).zip(rows) {
+            let dir = tmp.path().join(pid.to_string());
+            std::fs::create_dir_all(&dir).unwrap();
+            if let Some(uid) = uid {
+                std::fs::write(
+                    dir.join("status"),
+                    format!(
+                        "Name:\tx\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nGid:\t100\t100\t100\t100\n"
+                    ),
+                )
+                .unwrap();
+            }
+            let env = job.map_or(String::new(), |j| format!("SLURM_JOB_ID={j}\0"));
+            std::fs::write(dir.join("environ"), format!("HOME=/\0{env}")).unwrap();
+            assert_eq!(
+                names_a_recorded_job(&procfs, pid, &recorded),
+                sheltered,
+                "{what}"
+            );
+        }
     }
 
     #[test]

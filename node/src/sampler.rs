@@ -8,7 +8,7 @@
 //! **Lifecycle.** The node programs that run as root anyway start it:
 //! every health step (Prolog, Epilog, HealthCheckProgram) and
 //! `muxflow-police` call [`ensure`], which is idempotent — one sampler per
-//! state directory, held by a flock on `<state_dir>/sampler.lock` (which
+//! state directory, held by a flock on `<state_dir>/locks/sampler` (which
 //! also names its pid) — and marks the sampler wanted (the lock file's
 //! mtime). It exits once no muxflow job has been recorded on the node and
 //! nothing has asked for it for `health.sampler_linger_s`; killed (also
@@ -28,24 +28,22 @@
 //! It writes only under `paths.state_dir` (root's), never through a
 //! symlink; its pages are 0644, so jobs read them and only root writes.
 
-use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
-use muxflow::node::state::{open_lock_file, NodeState};
+use muxflow::node::state::{same_file, try_flock, NodeState};
 use muxflow::policy::health::GPM_MIN_GAP;
 use muxflow::records::sm_page::{self, Page};
 use muxflow::Config;
 use nvml_wrapper::gpm::GpmSample;
 use nvml_wrapper::{Device, Nvml};
 
-/// The sampler's lock (and pid) file in the state directory.
-pub const LOCK_FILE: &str = "sampler.lock";
+/// The sampler's lock (and pid) file, in the state directory's root-only
+/// lock directory.
+pub const LOCK_FILE: &str = "sampler";
 /// How often the sampler checks whether it is still needed.
 const CHECK_EVERY: Duration = Duration::from_secs(1);
 /// The variables a sampler inherits from the program that starts it: the
@@ -55,7 +53,7 @@ const CHECK_EVERY: Duration = Duration::from_secs(1);
 const KEPT_ENV: [&str; 3] = ["MUXFLOW_LOG", "MUXFLOW_SIM_DIR", "MUXFLOW_SIM_NODE"];
 
 pub fn lock_path(ns: &NodeState) -> PathBuf {
-    ns.dir().join(LOCK_FILE)
+    ns.lock_path(LOCK_FILE)
 }
 
 /// The GPU's page, where the sampler writes and the steps read.
@@ -63,29 +61,17 @@ pub fn page_path(ns: &NodeState, gpu: u32) -> PathBuf {
     ns.gpu_dir(gpu).join(sm_page::FILE_NAME)
 }
 
-/// Takes `op | LOCK_NB` on `file`; false when another process holds it.
-fn try_flock(file: &File, op: libc::c_int) -> std::io::Result<bool> {
-    // SAFETY: flock on a descriptor `file` owns for the whole call.
-    if unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) } == 0 {
-        return Ok(true);
-    }
-    let e = std::io::Error::last_os_error();
-    if e.kind() == std::io::ErrorKind::WouldBlock {
-        Ok(false)
-    } else {
-        Err(e)
-    }
-}
-
 /// The pid of the node's running sampler; None when none runs.
 pub fn running(ns: &NodeState) -> Option<u32> {
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(lock_path(ns))
-        .ok()?;
-    if try_flock(&file, libc::LOCK_SH).ok()? {
-        return None; // free: nobody holds it (released when `file` closes)
+    if !lock_path(ns).exists() {
+        return None;
+    }
+    if ns
+        .try_lock(LOCK_FILE, libc::LOCK_SH, Duration::ZERO)
+        .ok()?
+        .is_some()
+    {
+        return None; // free: nobody holds it (released when dropped)
     }
     std::fs::read_to_string(lock_path(ns))
         .ok()?
@@ -101,21 +87,21 @@ pub fn running(ns: &NodeState) -> Option<u32> {
 pub fn ensure(config: &Config, node: &str) -> Option<Child> {
     let ns = NodeState::new(config.paths.state_dir.as_path());
     let path = lock_path(&ns);
-    let held = std::fs::create_dir_all(ns.dir())
-        .and_then(|()| open_lock_file(&path))
+    let held = ns
+        .open_lock(LOCK_FILE)
+        .map_err(|e| e.to_string())
         .and_then(|f| {
             // Wanted now: the sampler counts its idle time from here.
-            f.set_modified(SystemTime::now())?;
-            try_flock(&f, libc::LOCK_EX).map(|free| !free)
+            f.set_modified(SystemTime::now())
+                .and_then(|()| try_flock(&f, libc::LOCK_EX))
+                .map(|free| !free)
+                .map_err(|e| format!("{}: {e}", path.display()))
         });
     match held {
         Ok(true) => return None,
         Ok(false) => {} // free (and released again when the file closed)
         Err(e) => {
-            tracing::error!(
-                "SM activity sampler: {}: {e}; steps go without SM activity",
-                path.display()
-            );
+            tracing::error!("SM activity sampler: {e}; steps go without SM activity");
             return None;
         }
     }
@@ -221,15 +207,6 @@ impl<'n> Gpu<'n> {
     }
 }
 
-/// Whether `path` still names the open `file`.
-fn same_file(file: &File, path: &Path) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    match (file.metadata(), std::fs::symlink_metadata(path)) {
-        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
-        _ => false,
-    }
-}
-
 /// Whether any muxflow job is recorded on the node; an unreadable registry
 /// counts as one (the sampler stays rather than leave a job without it).
 fn jobs_on_node(ns: &NodeState) -> bool {
@@ -246,12 +223,10 @@ fn jobs_on_node(ns: &NodeState) -> bool {
 pub fn run(config: &Config) -> anyhow::Result<()> {
     let ns = NodeState::new(config.paths.state_dir.as_path());
     let path = lock_path(&ns);
-    std::fs::create_dir_all(ns.dir()).with_context(|| ns.dir().display().to_string())?;
-    let mut lock = open_lock_file(&path).with_context(|| path.display().to_string())?;
-    if !try_flock(&lock, libc::LOCK_EX).with_context(|| path.display().to_string())? {
+    let Some(mut lock) = ns.try_lock(LOCK_FILE, libc::LOCK_EX, Duration::ZERO)? else {
         tracing::debug!("another SM activity sampler runs; exiting");
         return Ok(());
-    }
+    };
     lock.set_len(0)?;
     writeln!(lock, "{}", std::process::id())?;
 

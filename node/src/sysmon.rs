@@ -511,7 +511,7 @@ pub fn process_job(pid: u32) -> (Option<u32>, Option<Mode>) {
 /// returns how many.
 fn evict_offline(
     mps: &MpsDaemon,
-    _ns: &NodeState,
+    ns: &NodeState,
     gpu: u32,
     jobs: &[JobRecord],
 ) -> anyhow::Result<usize> {
@@ -524,6 +524,14 @@ fn evict_offline(
             if process_mode(client, jobs) == Some(Mode::Offline) {
                 mps.terminate_client(server, client)?;
                 tracing::warn!(gpu, server, client, "terminated offline MPS client");
+                if let (Some(job), _) = process_job(client) {
+                    crate::police::record_health_eviction(
+                        ns,
+                        job,
+                        client,
+                        &format!("evicted from GPU {gpu} for the GPU's health"),
+                    );
+                }
                 n += 1;
             }
         }
@@ -618,6 +626,51 @@ fn notice_foreign_commands(
             }
         }
     }
+    bound_control_log(mps.log_dir(), gpu, rec);
+}
+
+/// The control log's size past which the health step empties it once read.
+/// The daemon echoes every command into it, users' too, and NVIDIA's
+/// daemon caps nothing: 1,000 long commands add megabytes in a fraction of
+/// a second.
+pub const CONTROL_LOG_MAX_BYTES: u64 = 8 << 20;
+
+/// Empties the GPU's control log when it is past [`CONTROL_LOG_MAX_BYTES`]
+/// (what it held was read by the step just before); the daemon's next
+/// lines start it again (a daemon writing without `O_APPEND` leaves a hole
+/// up to its offset: no disk blocks, and past the bound it is emptied
+/// again). A command echoed in the instant between that read and this goes
+/// unnoticed.
+fn bound_control_log(log_dir: &Path, gpu: u32, rec: &mut GpuRecord) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = log_dir.join("control.log");
+    let Ok(file) = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(&path)
+    else {
+        return;
+    };
+    let Ok(meta) = file.metadata() else {
+        return;
+    };
+    let len = meta.len();
+    if !meta.is_file() || len <= CONTROL_LOG_MAX_BYTES {
+        return;
+    }
+    match file.set_len(0) {
+        Ok(()) => {
+            rec.log_offsets.insert("control.log".into(), 0);
+            rec.count("bounded.control_log");
+            tracing::warn!(
+                gpu,
+                bytes = len,
+                "emptied {}: past {CONTROL_LOG_MAX_BYTES} bytes (commands echoed into it)",
+                path.display()
+            );
+        }
+        Err(e) => tracing::error!(gpu, "cannot empty {}: {e}", path.display()),
+    }
 }
 
 /// Says whose client a foreign `terminate_client` ended and who could have
@@ -680,6 +733,9 @@ fn attribute_termination(ns: &NodeState, gpu: u32, client: Option<u32>, jobs: &[
 /// history, acted on before or by nobody's record, and acting on it again
 /// would mark the GPU faulty for an old fault. A log not written yet
 /// starts at 0: all it will hold is new.
+/// The most of a log one step reads (see [`scan_log`]).
+const SCAN_MAX_BYTES: u64 = 16 << 20;
+
 fn scan_log(dir: &Path, name: &str, offsets: &mut BTreeMap<String, u64>) -> Vec<String> {
     let Ok(mut f) = std::fs::File::open(dir.join(name)) else {
         offsets.insert(name.into(), 0);
@@ -693,18 +749,39 @@ fn scan_log(dir: &Path, name: &str, offsets: &mut BTreeMap<String, u64>) -> Vec<
     if off > len {
         off = 0;
     }
+    // A backlog past the bound (a log flooded between two steps) is read
+    // from its last SCAN_MAX_BYTES: a step's memory stays bounded.
+    let skipped = len - off > SCAN_MAX_BYTES;
+    if skipped {
+        tracing::warn!(
+            "{}: {} bytes since the last step; reading only the last {SCAN_MAX_BYTES}",
+            dir.join(name).display(),
+            len - off
+        );
+        off = len - SCAN_MAX_BYTES;
+    }
     if off == len || f.seek(SeekFrom::Start(off)).is_err() {
         offsets.insert(name.into(), off);
         return Vec::new();
     }
     let mut buf = Vec::new();
-    if f.read_to_end(&mut buf).is_err() {
+    // Up to the length seen: what comes while reading is the next step's.
+    if (&mut f).take(len - off).read_to_end(&mut buf).is_err() {
         return Vec::new();
     }
     // Only whole lines: a line being written is read next time.
     let whole = buf.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
     offsets.insert(name.into(), off + whole as u64);
-    String::from_utf8_lossy(&buf[..whole])
+    // Started mid-line: that line's head is gone.
+    let first = if skipped {
+        buf[..whole]
+            .iter()
+            .position(|b| *b == b'\n')
+            .map_or(whole, |i| i + 1)
+    } else {
+        0
+    };
+    String::from_utf8_lossy(&buf[first..whole])
         .lines()
         .map(str::to_string)
         .collect()
@@ -733,6 +810,41 @@ mod tests {
         );
         std::fs::write(&log, "new\n").unwrap();
         assert_eq!(scan_log(tmp.path(), "server.log", &mut offs), ["new"]);
+    }
+
+    #[test]
+    fn a_flooded_log_is_read_from_its_tail_and_the_control_log_emptied() {
+        let tmp = tempfile::tempdir().unwrap();
+        let log = tmp.path().join("control.log");
+        std::fs::write(&log, "").unwrap();
+        let mut rec = GpuRecord::new(0);
+        assert!(scan_log(tmp.path(), "control.log", &mut rec.log_offsets).is_empty());
+        // A flood between two steps, then one command.
+        let line = format!("Cmd:get_server_list {}\n", "x".repeat(1000));
+        let flood = line.repeat((SCAN_MAX_BYTES as usize / line.len()) + 100);
+        std::fs::write(&log, format!("{flood}Cmd:quit\n")).unwrap();
+        let lines = scan_log(tmp.path(), "control.log", &mut rec.log_offsets);
+        assert_eq!(lines.last().map(String::as_str), Some("Cmd:quit"));
+        assert!(
+            lines.iter().all(|l| l.starts_with("Cmd:")),
+            "whole lines only"
+        );
+        assert!(
+            lines.iter().map(|l| l.len() + 1).sum::<usize>() as u64 <= SCAN_MAX_BYTES,
+            "at most the bound read"
+        );
+        // Past its bound once read: emptied, and read from its start next.
+        bound_control_log(tmp.path(), 0, &mut rec);
+        assert_eq!(std::fs::metadata(&log).unwrap().len(), 0);
+        assert_eq!(rec.log_offsets.get("control.log"), Some(&0));
+        std::fs::write(&log, "Cmd:quit\n").unwrap();
+        assert_eq!(
+            scan_log(tmp.path(), "control.log", &mut rec.log_offsets),
+            ["Cmd:quit"]
+        );
+        // Below it: left alone.
+        bound_control_log(tmp.path(), 0, &mut rec);
+        assert_eq!(std::fs::metadata(&log).unwrap().len(), 9);
     }
 
     #[test]

@@ -1,7 +1,6 @@
 //! muxflow's state on one node, under `paths.state_dir` (root-owned):
 //!
 //! ```text
-//! <state_dir>/gpu<i>/lock          flock: one writer per GPU at a time
 //! <state_dir>/gpu<i>/state         health state word (healthy, busy, …)
 //! <state_dir>/gpu<i>/jobs/<jobid>  one file per muxflow job on the GPU (key=value)
 //! <state_dir>/gpu<i>/facts         what the SM and memory policies need (key=value)
@@ -9,11 +8,16 @@
 //!                                  (crate::node::offline_procs)
 //! <state_dir>/gpu<i>/sm_activity   the node sampler's last SM activity reading
 //!                                  (crate::records::sm_page; no lock: replaced whole)
-//! <state_dir>/sampler.lock         flock and pid of the node's muxflow-sampler
+//! <state_dir>/locks/               root only (0700): every lock file, 0600
+//!       gpu<i>                     flock: one writer per GPU at a time
+//!       node                       flock: node-wide state (published, kernel log cursor)
+//!       sampler                    flock and pid of the node's muxflow-sampler
+//!       police-<jobid>             flock: held by the job's muxflow-police
 //! <state_dir>/xcuda/<jobid>/       xCUDA counters of an offline job (owned by its user)
 //! <state_dir>/limits/<jobid>        an offline job's limits (root, 0644; crate::records::limits)
 //! <state_dir>/limits/<jobid>.policed  why the node terminated one of its processes
 //! <state_dir>/limits/<jobid>.measured  its peak GPU memory as NVML showed it
+//! <state_dir>/limits/<jobid>.evicted  its processes the node evicted for the GPU's health
 //! <state_dir>/refused/<jobid>      why the Prolog refused an offline job (the plugin
 //!                                  refuses the job's tasks with this text)
 //! ```
@@ -24,8 +28,9 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use crate::policy::health::HealthState;
 use crate::policy::share::GpuFacts;
@@ -42,6 +47,13 @@ pub enum StateError {
     },
     #[error("{path}: {message}")]
     Corrupt { path: PathBuf, message: String },
+    #[error("{path}: still held by another process after {waited:?}; giving up this time")]
+    LockBusy { path: PathBuf, waited: Duration },
+}
+
+/// Job `job_id`'s police claim, a lock file name.
+fn police_lock(job_id: u32) -> String {
+    format!("police-{job_id}")
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StateError + '_ {
@@ -82,42 +94,62 @@ pub struct GpuLock {
 }
 
 /// An offline job's muxflow-police holds this for its life (flock on
-/// `<dir>/police/<job>.lock`): a health step that can take it knows no
+/// `<dir>/locks/police-<job>`): a health step that can take it knows no
 /// watcher runs for the job. Released on drop and when the holder dies.
 pub struct PoliceClaim {
     _file: File,
 }
 
-/// Held node-wide lock (flock on `<dir>/node.lock`), released on drop.
+/// Held node-wide lock (flock on `<dir>/locks/node`), released on drop.
 pub struct NodeLock {
     _file: File,
 }
 
-/// Opens (creating, 0644) a lock file of the state directory, never
-/// through a symlink: a lock root takes must be root's own file.
-pub fn open_lock_file(path: &Path) -> std::io::Result<File> {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o644)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
+/// The directory of every lock file, root's alone (0700): `flock` works on
+/// any descriptor, read-only too, so a lock file a user can open is a lock
+/// the user can hold against root.
+pub const LOCK_DIR: &str = "locks";
+
+/// How long a node program waits for a lock another root program holds
+/// (the GPU's, the node's) before it gives up with [`StateError::LockBusy`]:
+/// longer than any step holds one, shorter than Slurm's Prolog and health
+/// check timeouts, so a hung holder costs a step, never a job or the node.
+pub const LOCK_WAIT: Duration = Duration::from_secs(20);
+
+/// The effective uid, which owns every lock file.
+pub fn euid() -> u32 {
+    // SAFETY: geteuid cannot fail and touches no memory.
+    unsafe { libc::geteuid() }
 }
 
-/// Opens `path` (never through a symlink) and takes an exclusive flock.
-fn lock_file(path: &Path) -> Result<File, StateError> {
-    let file = open_lock_file(path).map_err(io(path))?;
-    // SAFETY: flock on a file descriptor this function owns.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
-    if rc != 0 {
-        return Err(StateError::Io {
-            path: path.to_path_buf(),
-            source: std::io::Error::last_os_error(),
-        });
+/// Takes `op | LOCK_NB` (LOCK_EX or LOCK_SH) on `file`; false when another
+/// process holds it.
+pub fn try_flock(file: &File, op: libc::c_int) -> std::io::Result<bool> {
+    // SAFETY: flock on a descriptor `file` owns for the whole call.
+    if unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) } == 0 {
+        return Ok(true);
     }
-    Ok(file)
+    let e = std::io::Error::last_os_error();
+    if e.kind() == std::io::ErrorKind::WouldBlock {
+        Ok(false)
+    } else {
+        Err(e)
+    }
+}
+
+/// Whether `meta` is a lock file only this uid can open: a regular file of
+/// its own, no permission for group or others.
+fn private_to_me(meta: &fs::Metadata) -> bool {
+    meta.file_type().is_file() && meta.uid() == euid() && meta.mode() & 0o077 == 0
+}
+
+/// Whether `file` is still the file at `path` (a lock file replaced or
+/// removed while this process waited for it locks nothing).
+pub fn same_file(file: &File, path: &Path) -> bool {
+    match (file.metadata(), fs::symlink_metadata(path)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
 }
 
 /// The state directory of one node.
@@ -210,47 +242,161 @@ impl NodeState {
         self.dir.join(format!("gpu{gpu}"))
     }
 
-    /// Blocks until this process holds GPU `gpu`'s lock.
+    /// The root-only lock directory, made (0700) if missing and made
+    /// private again if its mode was loosened; refused when it is not a
+    /// directory of this uid (a link, or another user's).
+    fn lock_dir(&self) -> Result<PathBuf, StateError> {
+        fs::create_dir_all(&self.dir).map_err(io(&self.dir))?;
+        let dir = self.dir.join(LOCK_DIR);
+        let made = match fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
+            Err(e) => return Err(io(&dir)(e)),
+        };
+        let meta = fs::symlink_metadata(&dir).map_err(io(&dir))?;
+        if !meta.is_dir() || meta.uid() != euid() {
+            return Err(StateError::Corrupt {
+                path: dir,
+                message: format!(
+                    "not a directory of uid {}: its locks could be anyone's; \
+                     remove it (the node programs make it again)",
+                    euid()
+                ),
+            });
+        }
+        if meta.mode() & 0o077 != 0 {
+            fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).map_err(io(&dir))?;
+        }
+        if made {
+            self.remove_legacy_locks();
+        }
+        Ok(dir)
+    }
+
+    /// Lock files of older versions (in directories users can read, 0644):
+    /// nothing takes them any more, and a user could hold them. Removed when
+    /// the lock directory is made and at every node-wide lock (an older
+    /// binary still running may have made them again).
+    fn remove_legacy_locks(&self) {
+        let _ = fs::remove_file(self.dir.join("node.lock"));
+        let _ = fs::remove_file(self.dir.join("sampler.lock"));
+        if let Ok(gpus) = self.gpus() {
+            for gpu in gpus {
+                let _ = fs::remove_file(self.gpu_dir(gpu).join("lock"));
+            }
+        }
+        let _ = fs::remove_dir_all(self.dir.join("police"));
+    }
+
+    /// The path of lock file `name` (in [`LOCK_DIR`]).
+    pub fn lock_path(&self, name: &str) -> PathBuf {
+        self.dir.join(LOCK_DIR).join(name)
+    }
+
+    /// Opens (creating, 0600) lock file `name`: in the root-only lock
+    /// directory, never through a link, never waiting on a FIFO. One that
+    /// is not this uid's private regular file (a link, another owner, a
+    /// mode others could open it by) may be open in another user's process:
+    /// it is removed and made anew.
+    pub fn open_lock(&self, name: &str) -> Result<File, StateError> {
+        let path = self.lock_dir()?.join(name);
+        for _ in 0..3 {
+            let opened = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+                .open(&path);
+            match opened {
+                Ok(file) if file.metadata().is_ok_and(|m| private_to_me(&m)) => return Ok(file),
+                Ok(_) => {}
+                // A link in the final component.
+                Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {}
+                Err(e) => return Err(io(&path)(e)),
+            }
+            match fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io(&path)(e)),
+            }
+        }
+        Err(StateError::Corrupt {
+            path,
+            message: "not a private lock file, and could not be replaced".into(),
+        })
+    }
+
+    /// Takes `op` (LOCK_EX or LOCK_SH) on lock file `name`, waiting at most
+    /// `wait` (zero: not at all); None when another process still holds it.
+    pub fn try_lock(
+        &self,
+        name: &str,
+        op: libc::c_int,
+        wait: Duration,
+    ) -> Result<Option<File>, StateError> {
+        let deadline = Instant::now() + wait;
+        let mut pause = Duration::from_millis(1);
+        loop {
+            let file = self.open_lock(name)?;
+            let path = self.lock_path(name);
+            loop {
+                if try_flock(&file, op).map_err(io(&path))? {
+                    break;
+                }
+                let now = Instant::now();
+                if now >= deadline {
+                    return Ok(None);
+                }
+                std::thread::sleep(pause.min(deadline - now));
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
+            if same_file(&file, &path) {
+                return Ok(Some(file));
+            }
+        }
+    }
+
+    /// Lock file `name`, waiting for it at most [`LOCK_WAIT`].
+    fn lock_bounded(&self, name: &str) -> Result<File, StateError> {
+        self.try_lock(name, libc::LOCK_EX, LOCK_WAIT)?
+            .ok_or_else(|| StateError::LockBusy {
+                path: self.lock_path(name),
+                waited: LOCK_WAIT,
+            })
+    }
+
+    /// Waits (at most [`LOCK_WAIT`]) until this process holds GPU `gpu`'s
+    /// lock.
     pub fn lock_gpu(&self, gpu: u32) -> Result<GpuLock, StateError> {
         let dir = self.gpu_dir(gpu);
         fs::create_dir_all(&dir).map_err(io(&dir))?;
         Ok(GpuLock {
-            _file: lock_file(&dir.join("lock"))?,
+            _file: self.lock_bounded(&format!("gpu{gpu}"))?,
         })
     }
 
     /// Takes job `job_id`'s police claim without waiting; None when a
     /// process (its muxflow-police) holds it.
     pub fn try_claim_police(&self, job_id: u32) -> Result<Option<PoliceClaim>, StateError> {
-        let dir = self.dir.join("police");
-        fs::create_dir_all(&dir).map_err(io(&dir))?;
-        let path = dir.join(format!("{job_id}.lock"));
-        let file = open_lock_file(&path).map_err(io(&path))?;
-        // SAFETY: flock on a file descriptor this function owns.
-        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if rc == 0 {
-            return Ok(Some(PoliceClaim { _file: file }));
-        }
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            return Ok(None);
-        }
-        Err(StateError::Io { path, source: e })
+        Ok(self
+            .try_lock(&police_lock(job_id), libc::LOCK_EX, Duration::ZERO)?
+            .map(|file| PoliceClaim { _file: file }))
     }
 
     /// Removes job `job_id`'s police claim file (its Epilog).
     pub fn remove_police_claim(&self, job_id: u32) {
-        let _ = fs::remove_file(self.dir.join("police").join(format!("{job_id}.lock")));
+        let _ = fs::remove_file(self.lock_path(&police_lock(job_id)));
     }
 
-    /// Blocks until this process holds the node-wide lock (`node.lock`, for
-    /// state of the whole node: what was published, the kernel log cursor).
-    /// Never taken while a GPU lock is held.
+    /// Waits (at most [`LOCK_WAIT`]) until this process holds the node-wide
+    /// lock (for state of the whole node: what was published, the kernel
+    /// log cursor). Never taken while a GPU lock is held.
     pub fn lock_node(&self) -> Result<NodeLock, StateError> {
-        fs::create_dir_all(&self.dir).map_err(io(&self.dir))?;
-        Ok(NodeLock {
-            _file: lock_file(&self.dir.join("node.lock"))?,
-        })
+        let file = self.lock_bounded("node")?;
+        self.remove_legacy_locks();
+        Ok(NodeLock { _file: file })
     }
 
     pub fn health_file(&self, gpu: u32) -> PathBuf {
@@ -564,6 +710,12 @@ impl NodeState {
         self.limits_dir().join(format!("{job_id}.policed"))
     }
 
+    /// The processes of job `job_id` the node evicted for its GPU's health
+    /// (one line each), which the police leave to exit.
+    pub fn evicted_file(&self, job_id: u32) -> PathBuf {
+        self.limits_dir().join(format!("{job_id}.evicted"))
+    }
+
     /// The `terminate_client` commands muxflow did not send that ended an
     /// MPS client of job `job_id` (one line each), for its AdminComment.
     pub fn terminated_by_other_file(&self, job_id: u32) -> PathBuf {
@@ -673,6 +825,181 @@ impl NodeState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
+
+    fn mode_of(path: &Path) -> u32 {
+        fs::symlink_metadata(path).unwrap().mode() & 0o7777
+    }
+
+    #[test]
+    fn lock_files_are_private_in_a_private_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ns = NodeState::new(tmp.path().join("state"));
+        let _gpu = ns.lock_gpu(0).unwrap();
+        let _node = ns.lock_node().unwrap();
+        let _police = ns.try_claim_police(7).unwrap().unwrap();
+        assert_eq!(mode_of(&ns.dir().join(LOCK_DIR)), 0o700);
+        for name in ["gpu0", "node", "police-7"] {
+            let meta = fs::symlink_metadata(ns.lock_path(name)).unwrap();
+            assert_eq!(
+                (meta.mode() & 0o7777, meta.uid()),
+                (0o600, euid()),
+                "{name}"
+            );
+        }
+        // Nothing else in the lock directory, no lock file outside it.
+        let mut names: Vec<String> = fs::read_dir(ns.dir().join(LOCK_DIR))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["gpu0", "node", "police-7"]);
+        assert!(!ns.gpu_dir(0).join("lock").exists());
+    }
+
+    /// What an earlier run left at a path.
+    type Leave = fn(&Path);
+
+    #[test]
+    fn a_lock_file_others_could_open_is_replaced_not_waited_for() {
+        // Each row: how the file at the lock's path was left, by whom.
+        let rows: [(&str, Leave); 3] = [
+            ("mode 0644 (a user may hold it open)", |p| {
+                File::create(p).unwrap();
+                fs::set_permissions(p, fs::Permissions::from_mode(0o644)).unwrap();
+            }),
+            ("a link to a file elsewhere", |p| {
+                let target = p.parent().unwrap().join("../../elsewhere");
+                fs::write(&target, "kept").unwrap();
+                std::os::unix::fs::symlink(&target, p).unwrap();
+            }),
+            ("a FIFO (opening it would block)", |p| {
+                let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+                // SAFETY: a valid NUL-terminated path.
+                assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0);
+            }),
+        ];
+        for (name, leave) in rows {
+            let tmp = tempfile::tempdir().unwrap();
+            let ns = NodeState::new(tmp.path().join("state"));
+            drop(ns.lock_node().unwrap());
+            let path = ns.lock_path("gpu0");
+            leave(&path);
+            // Whoever holds the old file (here: this test) holds nothing
+            // root waits for.
+            let held = OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&path)
+                .ok();
+            if let Some(f) = &held {
+                let _ = try_flock(f, libc::LOCK_EX);
+            }
+            let start = Instant::now();
+            let lock = ns.lock_gpu(0).unwrap();
+            assert!(start.elapsed() < Duration::from_secs(1), "{name}");
+            let meta = fs::symlink_metadata(&path).unwrap();
+            assert!(meta.file_type().is_file(), "{name}");
+            assert_eq!(meta.mode() & 0o777, 0o600, "{name}");
+            assert!(same_file(&lock._file, &path), "{name}");
+            if name.starts_with("a link") {
+                let target = tmp.path().join("elsewhere");
+                assert_eq!(fs::read_to_string(target).unwrap(), "kept", "{name}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_lock_directory_is_made_private_again_or_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ns = NodeState::new(tmp.path().join("state"));
+        drop(ns.lock_node().unwrap());
+        let dir = ns.dir().join(LOCK_DIR);
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+        drop(ns.lock_node().unwrap());
+        assert_eq!(mode_of(&dir), 0o700, "loosened: made private again");
+
+        fs::remove_dir_all(&dir).unwrap();
+        let elsewhere = tmp.path().join("elsewhere");
+        fs::create_dir(&elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &dir).unwrap();
+        let e = ns.lock_node().err().expect("a link is refused");
+        assert!(e.to_string().contains("not a directory of uid"), "{e}");
+        assert_eq!(fs::read_dir(&elsewhere).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_held_lock_is_waited_for_a_bounded_time() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ns = NodeState::new(tmp.path());
+        let held = ns.lock_gpu(0).unwrap();
+        // flock belongs to the open file: a second open of this process
+        // waits like another process would.
+        let start = Instant::now();
+        let wait = Duration::from_millis(200);
+        assert!(ns.try_lock("gpu0", libc::LOCK_EX, wait).unwrap().is_none());
+        assert!(start.elapsed() >= wait);
+        assert!(start.elapsed() < wait * 5);
+        assert!(ns.try_claim_police(3).unwrap().is_some());
+        drop(held);
+        assert!(ns.try_lock("gpu0", libc::LOCK_EX, wait).unwrap().is_some());
+        let e = StateError::LockBusy {
+            path: ns.lock_path("gpu0"),
+            waited: LOCK_WAIT,
+        };
+        assert!(
+            e.to_string()
+                .contains("still held by another process after 20s"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_lock_file_removed_while_waited_for_is_taken_anew() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ns = Arc::new(NodeState::new(tmp.path()));
+        let claim = ns.try_claim_police(5).unwrap().unwrap();
+        let waiter = {
+            let ns = Arc::clone(&ns);
+            std::thread::spawn(move || {
+                ns.try_lock("police-5", libc::LOCK_EX, Duration::from_secs(5))
+            })
+        };
+        std::thread::sleep(Duration::from_millis(100));
+        // The Epilog removes the claim, then its old holder ends.
+        ns.remove_police_claim(5);
+        drop(claim);
+        let file = waiter.join().unwrap().unwrap().expect("taken");
+        assert!(same_file(&file, &ns.lock_path("police-5")));
+    }
+
+    #[test]
+    fn older_lock_files_go() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ns = NodeState::new(tmp.path());
+        for old in [
+            "node.lock",
+            "sampler.lock",
+            "gpu0/lock",
+            "gpu1/lock",
+            "police/12.lock",
+        ] {
+            let p = tmp.path().join(old);
+            fs::create_dir_all(p.parent().unwrap()).unwrap();
+            File::create(&p).unwrap();
+        }
+        drop(ns.lock_gpu(0).unwrap());
+        for old in [
+            "node.lock",
+            "sampler.lock",
+            "gpu0/lock",
+            "gpu1/lock",
+            "police",
+        ] {
+            assert!(!tmp.path().join(old).exists(), "{old}");
+        }
+        assert!(tmp.path().join("gpu1").is_dir(), "a GPU's directory stays");
+    }
 
     #[test]
     fn jobs_and_health_round_trip() {

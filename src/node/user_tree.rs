@@ -1,6 +1,7 @@
 //! Directories a job's user writes in, under a root-owned parent (the
-//! xCUDA statistics and report files of a job): bounded while the job runs,
-//! removed by root afterwards without trusting what the user left there.
+//! xCUDA statistics and report files of a job, an online job's page):
+//! bounded while the job runs, removed by root afterwards without trusting
+//! what the user left there.
 //!
 //! * [`mount_bounded`]: a small tmpfs of the user's (bytes and inodes
 //!   capped) at the directory, so whatever the user writes there cannot fill
@@ -25,10 +26,10 @@ pub struct Bounds {
     pub inodes: u64,
 }
 
-/// Mounts a tmpfs of `bounds` at `dir` (created if missing, mode 0700,
-/// owned by `uid`:`gid`). An error leaves `dir` as it was (the caller may
-/// fall back to a plain directory).
-pub fn mount_bounded(dir: &Path, uid: u32, gid: u32, bounds: Bounds) -> io::Result<()> {
+/// Mounts a tmpfs of `bounds` at `dir` (created if missing, its root
+/// owned by `uid`:`gid` with `mode`). An error leaves `dir` as it was (the
+/// caller may fall back to a plain directory).
+pub fn mount_bounded(dir: &Path, uid: u32, gid: u32, mode: u32, bounds: Bounds) -> io::Result<()> {
     match std::fs::create_dir(dir) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
@@ -36,7 +37,7 @@ pub fn mount_bounded(dir: &Path, uid: u32, gid: u32, bounds: Bounds) -> io::Resu
     }
     let target = cstring(dir.as_os_str())?;
     let options = CString::new(format!(
-        "size={}m,nr_inodes={},mode=0700,uid={uid},gid={gid}",
+        "size={}m,nr_inodes={},mode={mode:04o},uid={uid},gid={gid}",
         bounds.mib, bounds.inodes
     ))
     .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;

@@ -13,10 +13,15 @@
 //! service's work is taken in). The offline gates read the deviation
 //! `window / baseline - 1` ([`Page::reading`]) and brake on it.
 //!
-//! **Trust boundary.** The page of GPU `g` is `<state_dir>/online/<g>`, in
-//! a directory of root not writable by others. The plugin (root, at the
+//! **Trust boundary.** The page of GPU `g` is `<state_dir>/online/<g>/page`,
+//! in a directory of root not writable by others. The plugin (root, at the
 //! online step's start) creates it anew, owned by the online job's user,
-//! mode 0644: that user (and root) may write it, nobody else. A reader
+//! mode 0644: that user (and root) may write it, nobody else. The
+//! directory is a tmpfs of [`PAGE_FS_MIB`] the online job's Prolog mounts
+//! and its Epilog detaches: the page cannot grow past it, and it dies with
+//! the job (a process of the job left behind writes into a filesystem no
+//! reader sees). Where the Prolog may not mount, it is a plain directory
+//! (unbounded), still removed with the job. A reader
 //! trusts a page only there: the directory checked as root's, the file a
 //! regular one (no symlink followed), not writable by group or others, its
 //! record whole (magic, checksum). So an offline job of another user cannot
@@ -63,10 +68,25 @@ pub fn now_ns() -> u64 {
     (ts.tv_sec as u64).saturating_mul(1_000_000_000) + ts.tv_nsec as u64
 }
 
-/// The page of GPU `gpu` under the node's state directory.
+/// The page of GPU `gpu` under the node's state directory, in the GPU's
+/// own page directory ([`gpu_dir`]).
 pub fn path(state_dir: &Path, gpu: u32) -> PathBuf {
+    gpu_dir(state_dir, gpu).join("page")
+}
+
+/// The directory of GPU `gpu`'s page (root, 0755): a small filesystem of
+/// its own for the GPU's online job, made by its Prolog and removed when
+/// it ends ([`PAGE_FS_MIB`]).
+pub fn gpu_dir(state_dir: &Path, gpu: u32) -> PathBuf {
     dir(state_dir).join(gpu.to_string())
 }
+
+/// What a GPU's page directory holds at most (a tmpfs): the page is one
+/// 64-byte record, so its owner can grow it this far and no further, and
+/// only on its own GPU's.
+pub const PAGE_FS_MIB: u64 = 1;
+/// Inodes of a page directory: the page and the one it is renamed from.
+pub const PAGE_FS_INODES: u64 = 8;
 
 /// Where the plugin writes an online job's xCUDA settings (the limits-file
 /// form of [`crate::records::limits`], role `online`): beside, not inside, the

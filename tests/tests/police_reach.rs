@@ -11,10 +11,11 @@
 //! * A killed muxflow-police is started again by the next health check.
 //! * A trainer that outlived its job (it escaped the job's process tree, so
 //!   `proctrack/linuxproc` did not end it) is evicted from the GPU by the
-//!   next health check, while the online job there runs on.
+//!   next health check, while the online job there runs on; also when it
+//!   names, in its own `SLURM_JOB_ID`, another user's job on the GPU.
 //!
-//! The tests use different nodes (node2, node4, node3), so they can run in
-//! parallel.
+//! The tests use different nodes (node2, node4, node3, node1), so they can
+//! run in parallel.
 
 use std::time::Duration;
 
@@ -135,22 +136,39 @@ fn a_killed_watcher_is_started_again_by_the_next_health_check() {
 
 #[test]
 fn a_trainer_that_outlives_its_job_is_evicted_by_the_next_health_check() {
+    straggler_is_evicted("node3", "mfg-", false);
+}
+
+/// The same straggler naming, in its own `SLURM_JOB_ID`, the online job of
+/// another user (root's here) still running on the GPU: that job's record
+/// shelters only its own user's processes.
+#[test]
+fn a_trainer_naming_another_users_job_is_evicted_all_the_same() {
+    straggler_is_evicted("node1", "mfb-", true);
+}
+
+/// An offline job of `nobody` on `node` leaves a trainer behind (naming the
+/// online job beside it when `borrow`); a health step evicts it.
+fn straggler_is_evicted(node: &str, prefix: &'static str, borrow: bool) {
     let c = Cluster::get();
-    let node = "node3";
-    const PREFIX: &str = "mfg-";
-    c.cancel_named(PREFIX);
-    let _cancel = muxflow_tests::CancelNamed(&c, PREFIX);
+    c.cancel_named(prefix);
+    let _cancel = muxflow_tests::CancelNamed(&c, prefix);
     let cfg = c.health_config("police-straggler", "min_dwell_s = 1\nrecovery_quiet_s = 1");
-    let (online, gpu) = c.online_workload(&format!("{PREFIX}online"), node, 0.05, 1000);
+    let (online, gpu) = c.online_workload(&format!("{prefix}online"), node, 0.05, 1000);
     c.settle_healthy(&cfg, node, gpu, 1000);
     // The batch script ends while its trainer runs on in the background, in
     // a session of its own: reparented to init and out of the job's process
     // group, the trainer is out of linuxproc's reach.
+    let borrowed = if borrow {
+        format!("SLURM_JOB_ID={online} ")
+    } else {
+        String::new()
+    };
     let script = format!(
-        "#!/bin/sh\nsetsid {} &\necho straggler-pid=$!\nsleep 3\n",
+        "#!/bin/sh\n{borrowed}setsid {} &\necho straggler-pid=$!\nsleep 3\n",
         c.workload("offline --duration 120 --alloc-mib 256")
     );
-    let offline = c.offline_as_nobody(&format!("{PREFIX}offline"), node, gpu, &script);
+    let offline = c.offline_as_nobody(&format!("{prefix}offline"), node, gpu, &script);
     let out = c.wait_output(offline, "straggler-pid=", WAIT);
     let pid: u32 = muxflow_tests::kv(&out, "straggler-pid")
         .and_then(|p| p.parse().ok())

@@ -37,7 +37,7 @@ fn state(cfg: &Path, node: &str) -> NodeState {
 /// The pid of the sampler of `ns` if it runs: the pid its lock file names,
 /// alive (not a zombie) and a `muxflow-sampler`.
 fn sampler_pid(ns: &NodeState) -> Option<u32> {
-    let pid: u32 = std::fs::read_to_string(ns.dir().join("sampler.lock"))
+    let pid: u32 = std::fs::read_to_string(ns.lock_path("sampler"))
         .ok()?
         .trim()
         .parse()
