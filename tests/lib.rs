@@ -291,10 +291,30 @@ impl Cluster {
         self.sbatch_with(cmd, args, script)
     }
 
+    /// Whether the cluster's Slurm names job cgroups by SLUID (26.05, whose
+    /// default is not `CgroupJobIdPaths=yes`).
+    pub fn names_job_cgroups_by_sluid(&self) -> bool {
+        let mut cmd = self.cmd("scontrol");
+        cmd.arg("--version");
+        let (_, out, _) = self.run(cmd);
+        let version = out
+            .split_whitespace()
+            .nth(1)
+            .unwrap_or_default()
+            .to_string();
+        let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+        (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (26, 5)
+    }
+
     /// The plugin's path and config, as the cluster's plugstack.conf has them.
     pub fn plugstack_line(&self) -> (String, String) {
         let text = std::fs::read_to_string(self.dir.join("etc/plugstack.conf")).unwrap();
-        let mut words = text.split_whitespace();
+        // muxflow's line (the dev cluster's cgroup fixture may come first).
+        let line = text
+            .lines()
+            .find(|l| l.contains("spank_muxflow"))
+            .unwrap_or_else(|| panic!("no muxflow line in plugstack.conf:\n{text}"));
+        let mut words = line.split_whitespace();
         let _required = words.next();
         let plugin = words.next().expect("plugin path").to_string();
         let config = words

@@ -599,13 +599,24 @@ fn with_mps_v3_routing_by_cgroup_the_daemon_holds_a_job_without_xcuda_to_its_nam
     );
     assert!(sm_pct < 100, "{report:?}");
     assert_eq!(kv(&attach, "priority").as_deref(), Some("1"), "{attach}");
+    // Bound to the job's cgroup as the release names it.
     let commands = c.mps_log(node, gpu, "commands.log");
-    assert!(
-        commands.contains(&format!(
-            "namespace set {name} --server=muxflow --cgroup=/system.slice/slurmstepd.scope/job_{bad}"
-        )),
-        "{commands}"
-    );
+    let bound = commands
+        .lines()
+        .find_map(|l| {
+            let marker = format!(
+                "namespace set {name} --server=muxflow --cgroup=/system.slice/slurmstepd.scope/"
+            );
+            l.split_once(&marker).map(|(_, dir)| dir)
+        })
+        .unwrap_or_else(|| panic!("no cgroup binding of {name}:\n{commands}"));
+    match muxflow::node::jobproc::job_dir_name(bound.trim()) {
+        Some(muxflow::node::jobproc::JobDirName::Sluid(_)) if c.names_job_cgroups_by_sluid() => {}
+        Some(muxflow::node::jobproc::JobDirName::Id(id)) if !c.names_job_cgroups_by_sluid() => {
+            assert_eq!(id, bad, "{commands}")
+        }
+        other => panic!("{bound}: {other:?}\n{commands}"),
+    }
     c.wait(bad, WAIT);
     // Its Epilog deleted it; the daemon (kept by the online job) has none.
     let start = Instant::now();

@@ -17,21 +17,6 @@ use muxflow_tests::{kv, CancelNamed, Cluster};
 
 const WAIT: Duration = Duration::from_secs(60);
 
-/// Whether the cluster's Slurm names job cgroups by SLUID (26.05, whose
-/// default is not `CgroupJobIdPaths=yes`).
-fn names_by_sluid(c: &Cluster) -> bool {
-    let mut cmd = c.cmd("scontrol");
-    cmd.arg("--version");
-    let (_, out, _) = c.run(cmd);
-    let version = out
-        .split_whitespace()
-        .nth(1)
-        .unwrap_or_default()
-        .to_string();
-    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
-    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (26, 5)
-}
-
 /// The job directory a job's `0::` cgroup line (printed as `cgroup=…`)
 /// names, checked against the release's naming for job `job`.
 fn job_dir_of(c: &Cluster, out: &str, job: u32) -> String {
@@ -40,7 +25,7 @@ fn job_dir_of(c: &Cluster, out: &str, job: u32) -> String {
         .find_map(|l| l.strip_prefix("cgroup="))
         .unwrap_or_else(|| panic!("no cgroup line:\n{out}"));
     let dir = job_dir_in_cgroup(line).unwrap_or_else(|| panic!("no job cgroup in {line}"));
-    match (&dir.name, names_by_sluid(c)) {
+    match (&dir.name, c.names_job_cgroups_by_sluid()) {
         (JobDirName::Sluid(_), true) => {}
         (JobDirName::Id(id), false) => assert_eq!(*id, job, "{line}"),
         (name, sluid) => panic!("{line}: {name:?}, but the release names by SLUID: {sluid}"),
