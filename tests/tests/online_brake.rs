@@ -129,7 +129,8 @@ fn the_brake_reacts_to_the_online_jobs_slowdown_with_the_clock_flat() {
 
     // Counting mode publishes: a page of the job's user with windows.
     let state_dir = c.node_state(&config, NODE).dir().to_path_buf();
-    let page = online_page::path(&state_dir, gpu);
+    // As the node sees it: the Prolog mounts the page's filesystem there.
+    let page = c.node_view(NODE, &online_page::path(&state_dir, gpu));
     wait_until("the online job's first window on its page", || {
         online_page::read_trusted(&page, 0)
             .ok()
