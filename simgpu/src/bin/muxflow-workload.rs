@@ -67,6 +67,14 @@ struct Online {
     ctx_sync: bool,
     #[arg(long, default_value_t = 0)]
     device: c_int,
+    /// Appends `<due, Unix s> <latency ms>` for every request served, so
+    /// that a caller can cut the run into measuring windows.
+    #[arg(long)]
+    latency_log: Option<std::path::PathBuf>,
+    /// While this file exists, requests falling due are dropped (neither
+    /// served nor logged): the service is paused without a backlog.
+    #[arg(long)]
+    pause_file: Option<std::path::PathBuf>,
 }
 
 // The trainer's options (its help text is `Mode::Offline`'s).
@@ -433,11 +441,33 @@ impl Run {
         let mut lat = Vec::new();
         let mut schedule = Schedule::new(o.arrivals, o.rate, o.seed);
         let mut res = Ok(());
+        let mut log = match &o.latency_log {
+            Some(path) => Some(std::io::LineWriter::new(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .unwrap_or_else(|e| {
+                        eprintln!("muxflow-workload: --latency-log {}: {e}", path.display());
+                        std::process::exit(2)
+                    }),
+            )),
+            None => None,
+        };
+        // Instants have no epoch: the log's times are Unix times of the start plus the offset.
+        let start_unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64())
+            - self.start.elapsed().as_secs_f64();
         while !self.done(o.duration) {
             let due = self.start + Duration::from_secs_f64(schedule.due());
             let now = Instant::now();
             if due > now {
                 std::thread::sleep((due - now).min(Duration::from_millis(50)));
+                continue;
+            }
+            if o.pause_file.as_ref().is_some_and(|p| p.exists()) {
+                schedule.advance();
                 continue;
             }
             let r = self.launch(f, o.kernels, o.blocks, 128).and_then(|()| {
@@ -457,7 +487,12 @@ impl Run {
                 res = r;
                 break;
             }
-            lat.push(due.elapsed().as_secs_f64() * 1e3);
+            let ms = due.elapsed().as_secs_f64() * 1e3;
+            lat.push(ms);
+            if let Some(w) = log.as_mut() {
+                use std::io::Write;
+                let _ = writeln!(w, "{:.6} {ms:.3}", start_unix + schedule.due());
+            }
             schedule.advance();
         }
         let el = self.start.elapsed().as_secs_f64();
