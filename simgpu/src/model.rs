@@ -28,8 +28,9 @@
 //! * Dispatch queue (`h200-like` only): a kernel does not start while work
 //!   another process put on the GPU ahead of it is in flight. Lower-priority
 //!   work running at its start holds `resident_wait` x its remaining time
-//!   (MPS priority dispatches pending blocks first but never preempts the
-//!   resident ones); lower-priority work not yet started holds nothing;
+//!   when the kernel does not fit in the SMs it leaves free (MPS priority
+//!   dispatches pending blocks first but never preempts the resident
+//!   ones); lower-priority work not yet started holds nothing;
 //!   work of the same priority holds `queue_wait` x its remaining time,
 //!   queued or running (the hardware serves equal priorities in order).
 //!   So what an offline job keeps in flight, not only what it launches
@@ -160,12 +161,13 @@ pub fn shared_path(
     1.0 + p.shared_path_slowdown * o
 }
 
-/// When a kernel of process `pid` at priority `prio`, ready at `ready`,
-/// starts: after the part of other processes' in-flight work that the
-/// dispatch queue serves first (see the module doc). The latest such end
-/// counts, not their sum: what was ahead drains in parallel.
+/// When a kernel of process `pid` at priority `prio` demanding `d` SMs,
+/// ready at `ready`, starts: after the part of other processes' in-flight
+/// work that the dispatch queue serves first (see the module doc). The
+/// latest such end counts, not their sum: what was ahead drains in parallel.
 pub fn dispatch_start(
     p: &ModelParams,
+    d: u32,
     prio: u32,
     pid: i32,
     kernels: &[KernelSpan],
@@ -174,12 +176,21 @@ pub fn dispatch_start(
     if p.resident_wait <= 0.0 && p.queue_wait <= 0.0 {
         return ready;
     }
+    let others = |k: &&KernelSpan| k.pid != pid && k.end_ns > ready;
+    let running: u64 = kernels
+        .iter()
+        .filter(others)
+        .filter(|k| k.start_ns <= ready)
+        .map(|k| k.sms as u64)
+        .sum();
+    // Room beside what runs: its blocks start at once, resident or not.
+    let fits = d as u64 + running <= p.sm_count as u64;
     kernels
         .iter()
-        .filter(|k| k.pid != pid && k.end_ns > ready)
+        .filter(others)
         .map(|k| {
             let share = match k.priority.cmp(&prio) {
-                std::cmp::Ordering::Greater if k.start_ns <= ready => p.resident_wait,
+                std::cmp::Ordering::Greater if k.start_ns <= ready && !fits => p.resident_wait,
                 std::cmp::Ordering::Equal => p.queue_wait,
                 _ => 0.0,
             };
@@ -210,8 +221,8 @@ pub fn plan(
     power_activity: f64,
 ) -> KernelSpan {
     let ready = l.now_ns.max(l.stream_tail_ns);
-    let start = dispatch_start(p, l.priority, l.pid, kernels, ready);
     let d = demand(p, l.blocks, l.cap_sms);
+    let start = dispatch_start(p, d, l.priority, l.pid, kernels, ready);
     let full = l.blocks.clamp(1, p.sm_count as u64) as f64;
     let capped_solo = l.solo_ns as f64 * full / d as f64;
     let dur = capped_solo
@@ -631,14 +642,24 @@ mod tests {
             ),
             ("finished before it was ready", vec![k(0, 1, 1, 2)], MS),
         ];
+        // The online kernel wants 100 SMs; the offline one holds 58 (44 %).
         for (name, running, want) in cases {
-            assert_eq!(dispatch_start(&p, 0, 1, running, MS), *want, "{name}");
+            assert_eq!(dispatch_start(&p, 100, 0, 1, running, MS), *want, "{name}");
         }
+        // Room beside the offline kernel (26 SMs at a 20 % share): no wait.
+        let narrow = KernelSpan {
+            sms: 26,
+            ..k(0, 5, 1, 2)
+        };
+        assert_eq!(dispatch_start(&p, 100, 0, 1, &[narrow], MS), MS);
         // A lower-priority kernel does not wait for the online one: it fills
         // the SMs left free (the share and shared-path terms slow it).
-        assert_eq!(dispatch_start(&p, 1, 2, &[k(0, 5, 0, 1)], MS), MS);
+        assert_eq!(dispatch_start(&p, 58, 1, 2, &[k(0, 5, 0, 1)], MS), MS);
         // The other modes have no dispatch queue.
         c.model = GpuModel::H100Like;
-        assert_eq!(dispatch_start(&c.model(), 0, 1, &[k(0, 5, 1, 2)], MS), MS);
+        assert_eq!(
+            dispatch_start(&c.model(), 100, 0, 1, &[k(0, 5, 1, 2)], MS),
+            MS
+        );
     }
 }
