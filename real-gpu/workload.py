@@ -14,7 +14,8 @@ offline trainer, and a check of xCUDA's memory cap. Each prints one
                                 falling due are dropped (real-gpu/lab).
   offline                       ResNet-50 training steps back to back (fp16
                                 autocast, SGD), steps/s over --duration;
-                                --progress F rewrites `step=N` after each step.
+                                --progress F rewrites `step=N` after each step;
+                                no step starts while --pause-file exists.
   captest --cap-mib C           allocations under a cap of C MiB (run with
                                 xCUDA preloaded): inside it, beyond it, after a free.
 """
@@ -147,6 +148,9 @@ def offline(a):
     wait_for_start(a)
     steps, t = 0, time.perf_counter()
     while time.perf_counter() - t < a.duration and not stop:
+        if a.pause_file and os.path.exists(a.pause_file):
+            time.sleep(0.005)
+            continue
         step()
         torch.cuda.synchronize()
         steps += 1
@@ -199,7 +203,8 @@ def main():
     p.add_argument("--batch", type=int)
     p.add_argument("--model", choices=["resnet50", "bert"], default="resnet50", help="online: the service")
     p.add_argument("--latency-log", help="online: append `<due, Unix s> <latency ms>` per request")
-    p.add_argument("--pause-file", help="online: drop requests falling due while this file exists")
+    p.add_argument("--pause-file", help="online: drop requests falling due while this file exists; "
+                   "offline: start no step while it exists")
     p.add_argument("--progress", help="offline: rewrite `step=N` here after every step")
     p.add_argument("--cap-mib", type=int, default=2048)
     p.add_argument("--start-at", type=float, help="Unix time at which to start measuring")

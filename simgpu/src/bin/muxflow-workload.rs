@@ -114,6 +114,11 @@ struct Offline {
     /// Ignore SIGTERM (SIG_IGN), as some launchers do.
     #[arg(long)]
     ignore_sigterm: bool,
+    /// While this file exists, no step starts (checked between steps): the
+    /// trainer is paused without stopping the process, which could hold
+    /// the simulated GPU's lock.
+    #[arg(long)]
+    pause_file: Option<std::path::PathBuf>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -185,7 +190,10 @@ extern "C" fn on_warning(_: c_int) {
 
 /// Writes `step=N` to `path` atomically (a temp file renamed over it).
 fn write_step(path: &std::path::Path, step: u64) {
-    let tmp = path.with_extension("tmp");
+    // Appended, not with_extension: `progress-0.3-a` and `progress-0.3-b`
+    // would share one temporary file.
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
     if let Err(e) =
         std::fs::write(&tmp, format!("step={step}\n")).and_then(|()| std::fs::rename(&tmp, path))
     {
@@ -536,6 +544,10 @@ impl Run {
                 }
                 // Checkpointed: no step from now on is saved, so none is taken.
                 std::thread::sleep(Duration::from_millis(20));
+                continue;
+            }
+            if o.pause_file.as_ref().is_some_and(|p| p.exists()) {
+                std::thread::sleep(Duration::from_millis(5));
                 continue;
             }
             let r = self.step(f, o, exec, step_bytes);
