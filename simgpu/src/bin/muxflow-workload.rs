@@ -449,8 +449,8 @@ impl Run {
         let mut lat = Vec::new();
         let mut schedule = Schedule::new(o.arrivals, o.rate, o.seed);
         let mut res = Ok(());
-        let mut log = match &o.latency_log {
-            Some(path) => Some(std::io::LineWriter::new(
+        let mut log = o.latency_log.as_ref().map(|path| {
+            std::io::LineWriter::new(
                 std::fs::OpenOptions::new()
                     .create(true)
                     .append(true)
@@ -459,9 +459,8 @@ impl Run {
                         eprintln!("muxflow-workload: --latency-log {}: {e}", path.display());
                         std::process::exit(2)
                     }),
-            )),
-            None => None,
-        };
+            )
+        });
         // Instants have no epoch: the log's times are Unix times of the start plus the offset.
         let start_unix = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
