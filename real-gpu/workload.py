@@ -3,12 +3,19 @@
 offline trainer, and a check of xCUDA's memory cap. Each prints one
 `key=value` line starting `mode=`.
 
-  online  --rate R | --load L   ResNet-50 inference (fp16, batch --batch),
-                                Poisson arrivals from --seed, open loop:
-                                latency counts the wait behind earlier requests.
-                                --load L sets the rate to L / (solo service time).
+  online  --rate R | --load L   inference (fp16, batch --batch) of --model:
+                                resnet50 (torchvision) or bert (a BERT-base
+                                encoder, random weights, 128 tokens), Poisson
+                                arrivals from --seed, open loop: latency counts
+                                the wait behind earlier requests. --load L sets
+                                the rate to L / (solo service time).
+                                --latency-log F appends `<due, Unix s> <ms>` per
+                                request; while --pause-file exists, requests
+                                falling due are dropped (real-gpu/lab).
   offline                       ResNet-50 training steps back to back (fp16
-                                autocast, SGD), steps/s over --duration.
+                                autocast, SGD), steps/s over --duration;
+                                --progress F rewrites `step=N` after each step;
+                                no step starts while --pause-file exists.
   captest --cap-mib C           allocations under a cap of C MiB (run with
                                 xCUDA preloaded): inside it, beyond it, after a free.
 """
@@ -43,19 +50,35 @@ def model(train):
     return m
 
 
-def online(a):
+def service(a):
+    """The online model and one batch of input for it."""
     import torch
 
+    if a.model == "bert":
+        import transformers
+
+        # BERT-base's shape (12 layers, hidden 768, 12 heads) with random
+        # weights: what matters here is its kernels, not what it learned.
+        m = transformers.BertModel(transformers.BertConfig()).cuda().half().eval()
+        x = torch.randint(0, m.config.vocab_size, (a.batch, 128), device="cuda")
+        return (lambda: m(input_ids=x)), m
     m = model(train=False)
     x = torch.randn(a.batch, 3, 224, 224, device="cuda", dtype=torch.half)
     x = x.to(memory_format=torch.channels_last)
+    return (lambda: m(x)), m
+
+
+def online(a):
+    import torch
+
+    run, _m = service(a)
     with torch.inference_mode():
         for _ in range(30):
-            m(x)
+            run()
         torch.cuda.synchronize()
         t = time.perf_counter()
         for _ in range(50):
-            m(x)
+            run()
             torch.cuda.synchronize()
         service_s = (time.perf_counter() - t) / 50
         rate = a.rate if a.rate else a.load / service_s
@@ -67,15 +90,23 @@ def online(a):
                 break
             arrivals.append(t)
         lat = []
+        print(f"mode=online-ready rate={rate:.2f} service_ms={service_s * 1e3:.3f}", flush=True)
         wait_for_start(a)
+        log = open(a.latency_log, "a", buffering=1) if a.latency_log else None
         t0 = time.perf_counter()
+        t0_unix = time.time()
         for at in arrivals:
             wait = at - (time.perf_counter() - t0)
             if wait > 0:
                 time.sleep(wait)
-            m(x)
+            if a.pause_file and os.path.exists(a.pause_file):
+                continue
+            run()
             torch.cuda.synchronize()
             lat.append(time.perf_counter() - t0 - at)
+            if log:
+                log.write(f"{t0_unix + at:.6f} {lat[-1] * 1e3:.3f}\n")
+    lat = lat or [0.0]
     lat.sort()
 
     def q(p):
@@ -117,9 +148,16 @@ def offline(a):
     wait_for_start(a)
     steps, t = 0, time.perf_counter()
     while time.perf_counter() - t < a.duration and not stop:
+        if a.pause_file and os.path.exists(a.pause_file):
+            time.sleep(0.005)
+            continue
         step()
         torch.cuda.synchronize()
         steps += 1
+        if a.progress:
+            with open(a.progress + ".tmp", "w") as f:
+                f.write(f"step={steps}\n")
+            os.replace(a.progress + ".tmp", a.progress)
     if stop:
         tmp = a.checkpoint + ".tmp"
         torch.save({"model": m.state_dict(), "opt": opt.state_dict(), "step": steps}, tmp)
@@ -163,6 +201,11 @@ def main():
     p.add_argument("--load", type=float, default=0.5)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--batch", type=int)
+    p.add_argument("--model", choices=["resnet50", "bert"], default="resnet50", help="online: the service")
+    p.add_argument("--latency-log", help="online: append `<due, Unix s> <latency ms>` per request")
+    p.add_argument("--pause-file", help="online: drop requests falling due while this file exists; "
+                   "offline: start no step while it exists")
+    p.add_argument("--progress", help="offline: rewrite `step=N` here after every step")
     p.add_argument("--cap-mib", type=int, default=2048)
     p.add_argument("--start-at", type=float, help="Unix time at which to start measuring")
     p.add_argument("--checkpoint", help="offline: on SIGTERM save the model and step here, then exit 0")

@@ -97,7 +97,7 @@ struct Cli {
     /// Matcher rounds exact on their candidate graphs only, each one cold (no pricing, no round cache; default: priced out over every (job, GPU) pair, incremental, as the daemon's).
     #[arg(long)]
     candidates_only: bool,
-    /// xCUDA's protection under the muxflow policies, as the closed loop measured it on the simulated GPU (sim/data/protection.toml): measured (each GPU by its model: T4 and A10 as t4-like, the others as h100-like), none (the unprotected pairs), t4-like or h100-like (every GPU).
+    /// xCUDA's protection under the muxflow policies, as the closed loop measured it on the simulated GPU (sim/data/protection.toml): measured (each GPU by its model: T4 and A10 as t4-like, the others as h200-like), none (the unprotected pairs), t4-like, h100-like or h200-like (every GPU).
     #[arg(long, default_value = "measured")]
     protection: muxflow_sim::protection::Choice,
     /// muxflow's pairing vs oracle over every this many matcher rounds: the oracle's round (the true values) costs as much as the learned one and decides nothing (1: every round).

@@ -1,14 +1,16 @@
 //! xCUDA's protection per GPU, from the closed loop's measurements
 //! (`data/protection.toml`, written by `scripts/closed-loop` on the
-//! simulated GPU's two contention modes): what the replay's muxflow
-//! policies apply to each GPU ([`crate::model::Protection`]).
+//! simulated GPU's contention modes): what the replay's muxflow policies
+//! apply to each GPU ([`crate::model::Protection`]).
 //!
 //! Which mode a GPU stands for is a model choice, stated here: T4 and A10
 //! (70–150 W inference boards, the kind MuxFlow's clock trigger was made
 //! for) are `t4-like`; every other model — P100, V100 and the trace's
-//! anonymized G2/G3 — `h100-like` (on big boards sharing slows the service
-//! with the clock flat, as the H100 run in real-gpu/README.md showed; no
-//! run on those exact boards says more).
+//! anonymized G2/G3 — `h200-like`, the big-GPU mode fitted to a real GPU's
+//! sharing (an H200: the clock flat, the service slowed ×1.8–2.1 at p50;
+//! simgpu/README.md). `h100-like`, the kinder mode it replaced here, stays
+//! selectable with `--protection h100-like`; no run on those exact boards
+//! says more.
 
 use std::collections::BTreeMap;
 
@@ -31,7 +33,7 @@ pub enum Choice {
     Measured,
     /// None: the unprotected pairs.
     None,
-    /// Every GPU as this mode (`t4-like`, `h100-like`).
+    /// Every GPU as this mode (`t4-like`, `h100-like`, `h200-like`).
     Mode(String),
 }
 
@@ -100,7 +102,7 @@ pub fn of_mode(mode: &str) -> Result<Protection, ProtectionError> {
 pub fn mode_of_model(model: &str) -> &'static str {
     match model {
         "T4" | "A10" => "t4-like",
-        _ => "h100-like",
+        _ => "h200-like",
     }
 }
 
@@ -123,7 +125,9 @@ mod tests {
     #[test]
     fn every_mode_of_the_file_gives_muxflows_protection() {
         let modes = modes();
-        assert!(modes.contains(&"t4-like".to_string()) && modes.contains(&"h100-like".to_string()));
+        for mode in ["t4-like", "h100-like", "h200-like"] {
+            assert!(modes.contains(&mode.to_string()), "{mode}: {modes:?}");
+        }
         for m in &modes {
             let p = of_mode(m).unwrap();
             assert!((0.0..=1.0).contains(&p.latency_excess_left), "{m}");
@@ -143,7 +147,7 @@ mod tests {
         let models = vec!["T4".to_string(), "V100M16".to_string()];
         let p = per_model(&Choice::Measured, &models).unwrap();
         assert_eq!(p[0], of_mode("t4-like").unwrap());
-        assert_eq!(p[1], of_mode("h100-like").unwrap());
+        assert_eq!(p[1], of_mode("h200-like").unwrap());
         assert_eq!(
             per_model(&Choice::None, &models).unwrap(),
             vec![Protection::NONE; 2]

@@ -187,16 +187,18 @@ fn a_gang_that_cannot_start_on_one_of_its_gpus_is_requeued_whole() {
 
 #[test]
 fn a_health_pause_on_one_gpu_pauses_the_whole_gang() {
-    // [health] overloaded_enter_utilization = 50: the shared GPU 0 turns
-    // Overloaded at the check after the start and pauses offline work;
+    // [health] overloaded_enter_utilization = 40, under the shared GPU 0's
+    // utilization (which follows the V100's protected offline speed in
+    // sim/data/protection.toml): it turns Overloaded at the check after
+    // the start and pauses offline work;
     // the job's task on the idle GPU 1 (no health gate there) waits with
     // it, so the job ends later than ungated, and nothing progresses where
     // paused (health_violations counts that).
     let sc = scenario("n1,2,V100M16\n", PAIRS, vec![gang(1, 0.0, 3600.0, 2)]);
     let mut cfg = muxflow::Config::default();
     let base = replay(&sc, PolicyKind::Muxflow, &cfg, &settings());
-    cfg.health.overloaded_enter_utilization = Percent::new(50).unwrap();
-    cfg.health.overloaded_exit_utilization = Percent::new(40).unwrap();
+    cfg.health.overloaded_enter_utilization = Percent::new(40).unwrap();
+    cfg.health.overloaded_exit_utilization = Percent::new(30).unwrap();
     let gated = replay(&sc, PolicyKind::Muxflow, &cfg, &settings());
     assert_eq!(gated.health_violations, 0);
     assert_eq!(base.jct_s.len(), 1);

@@ -186,7 +186,7 @@ fn every_metric_of_every_policy_matches_the_hand_computation() {
     // so the job runs at 0.5 × xCUDA's measured offline speed on the V100
     // (its mode's row of sim/data/protection.toml), the service at
     // 1 + (2 − 1) × the latency excess it leaves. The GPU stays Healthy
-    // (utilization ≤ 57%, SM ≤ 30%, memory 80%). The predictor has no
+    // (utilization ≤ 44%, SM ≤ 30%, memory 80%). The predictor has no
     // history: the default min(1, 0.8 / 0.5) = 1.0, off by 0.5875, as
     // fast as alone on the idle GPU 1 (1.0), so the tie goes to the shared
     // GPU: job 1 beside the service, job 2 alone (the idle GPU's prediction
@@ -242,16 +242,17 @@ fn a_lower_sm_ceiling_in_the_production_policy_slows_the_offline_job() {
 
 #[test]
 fn the_health_fsm_pauses_offline_work_when_the_production_thresholds_say_so() {
-    // [health] overloaded_enter_utilization = 50 (exit 40): the shared GPU
-    // reads 0.325 × 61.5 + 0.9 × 41.25 = 57% at the check after the start,
+    // [health] overloaded_enter_utilization = 40 (exit 30): the shared GPU
+    // reads 0.325 × 61.5 + 0.9 × 50 × the V100's protected offline speed
+    // (0.54, sim/data/protection.toml) = 44% at the check after the start,
     // so it turns Overloaded and the job pauses; alone it reads 20%, so it
     // calms (Recovering) and the job runs again: the job spends part of
     // its time paused and finishes later, and the service is alone then.
     let (sc, settings) = scenario();
     let mut cfg = muxflow::Config::default();
     let base = replay(&sc, PolicyKind::Muxflow, &cfg, &settings);
-    cfg.health.overloaded_enter_utilization = Percent::new(50).unwrap();
-    cfg.health.overloaded_exit_utilization = Percent::new(40).unwrap();
+    cfg.health.overloaded_enter_utilization = Percent::new(40).unwrap();
+    cfg.health.overloaded_exit_utilization = Percent::new(30).unwrap();
     let gated = replay(&sc, PolicyKind::Muxflow, &cfg, &settings);
     assert_eq!(gated.health_violations, 0);
     assert!(

@@ -51,7 +51,7 @@ fn the_protection_file_reads_and_agrees_with_its_runs() {
             .unwrap();
     let doc: toml::Table = toml::from_str(&text).unwrap();
     let raw: Raw = doc["raw"].clone().try_into().unwrap();
-    for mode in ["t4-like", "h100-like"] {
+    for mode in ["t4-like", "h100-like", "h200-like"] {
         let runs: Vec<BTreeMap<&str, &str>> = raw
             .lines
             .iter()

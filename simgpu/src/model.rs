@@ -25,6 +25,16 @@
 //!   `1 + shared_path_slowdown x min(1, O / sm_count)`, `O` the SM demand of
 //!   other processes' kernels running at its start plus external load,
 //!   whatever their priority (MPS priority orders block dispatch, not DRAM).
+//! * Dispatch queue (`h200-like` only): a kernel does not start while work
+//!   another process put on the GPU ahead of it is in flight. Lower-priority
+//!   work running at its start holds `resident_wait` x its remaining time
+//!   when the kernel does not fit in the SMs it leaves free (MPS priority
+//!   dispatches pending blocks first but never preempts the resident
+//!   ones); lower-priority work not yet started holds nothing;
+//!   work of the same priority holds `queue_wait` x its remaining time,
+//!   queued or running (the hardware serves equal priorities in order).
+//!   So what an offline job keeps in flight, not only what it launches
+//!   next, decides how long an online kernel waits.
 //! * Utilization over a window = fraction of the window with any kernel
 //!   running, combined with external load `L` as an independent busy fraction:
 //!   `u + L - u*L`. SM activity = SMs demanded by kernels, averaged over the
@@ -42,6 +52,12 @@ pub struct ModelParams {
     pub window_ns: u64,
     /// Slowdown per unit of other processes' SM demand (0: none, t4-like).
     pub shared_path_slowdown: f64,
+    /// Share of a running lower-priority kernel's remaining time that a
+    /// kernel waits before it starts (0: no dispatch queue).
+    pub resident_wait: f64,
+    /// Share of the remaining time of same-priority work in flight (queued
+    /// or running) that a kernel waits before it starts.
+    pub queue_wait: f64,
 }
 
 /// One kernel's interval on the GPU.
@@ -145,6 +161,44 @@ pub fn shared_path(
     1.0 + p.shared_path_slowdown * o
 }
 
+/// When a kernel of process `pid` at priority `prio` demanding `d` SMs,
+/// ready at `ready`, starts: after the part of other processes' in-flight
+/// work that the dispatch queue serves first (see the module doc). The
+/// latest such end counts, not their sum: what was ahead drains in parallel.
+pub fn dispatch_start(
+    p: &ModelParams,
+    d: u32,
+    prio: u32,
+    pid: i32,
+    kernels: &[KernelSpan],
+    ready: u64,
+) -> u64 {
+    if p.resident_wait <= 0.0 && p.queue_wait <= 0.0 {
+        return ready;
+    }
+    let others = |k: &&KernelSpan| k.pid != pid && k.end_ns > ready;
+    let running: u64 = kernels
+        .iter()
+        .filter(others)
+        .filter(|k| k.start_ns <= ready)
+        .map(|k| k.sms as u64)
+        .sum();
+    // Room beside what runs: its blocks start at once, resident or not.
+    let fits = d as u64 + running <= p.sm_count as u64;
+    kernels
+        .iter()
+        .filter(others)
+        .map(|k| {
+            let share = match k.priority.cmp(&prio) {
+                std::cmp::Ordering::Greater if k.start_ns <= ready && !fits => p.resident_wait,
+                std::cmp::Ordering::Equal => p.queue_wait,
+                _ => 0.0,
+            };
+            ready + (share.clamp(0.0, 1.0) * (k.end_ns - ready) as f64) as u64
+        })
+        .fold(ready, u64::max)
+}
+
 /// A launch request.
 #[derive(Debug, Clone, Copy)]
 pub struct Launch {
@@ -166,8 +220,9 @@ pub fn plan(
     ext: ExternalLoad,
     power_activity: f64,
 ) -> KernelSpan {
-    let start = l.now_ns.max(l.stream_tail_ns);
+    let ready = l.now_ns.max(l.stream_tail_ns);
     let d = demand(p, l.blocks, l.cap_sms);
+    let start = dispatch_start(p, d, l.priority, l.pid, kernels, ready);
     let full = l.blocks.clamp(1, p.sm_count as u64) as f64;
     let capped_solo = l.solo_ns as f64 * full / d as f64;
     let dur = capped_solo
@@ -544,5 +599,67 @@ mod tests {
         // The h100-like clock stays at its maximum at any activity.
         assert_eq!(clock_mhz(&h100, 1.0), h100.max_clock_mhz as f64);
         assert!(clock_mhz(&t4, 1.0) < t4.max_clock_mhz as f64);
+    }
+
+    /// The h200-like dispatch queue, one row per case: when an online
+    /// kernel (priority 0, ready at 1 ms) starts beside another process's
+    /// work. What is in flight decides it, not only what runs.
+    #[test]
+    fn the_dispatch_queue_table() {
+        use crate::config::{GpuConfig, GpuModel, H200_QUEUE_WAIT, H200_RESIDENT_WAIT};
+        let mut c = GpuConfig::h100_like(0, 0);
+        c.model = GpuModel::H200Like;
+        let p = c.model();
+        let k = |start_ms: u64, end_ms: u64, priority: u32, pid: i32| KernelSpan {
+            start_ns: start_ms * MS,
+            end_ns: end_ms * MS,
+            sms: 58,
+            priority,
+            pid,
+        };
+        let at = |ms: f64| (ms * MS as f64) as u64;
+        let cases: &[(&str, Vec<KernelSpan>, u64)] = &[
+            ("nothing in flight", vec![], MS),
+            (
+                "own kernel running: the stream tail says",
+                vec![k(0, 5, 0, 1)],
+                MS,
+            ),
+            (
+                "offline (priority 1) running until 5 ms: part of its resident blocks",
+                vec![k(0, 5, 1, 2)],
+                at(1.0 + H200_RESIDENT_WAIT * 4.0),
+            ),
+            (
+                "offline queued behind it (not started): priority goes first",
+                vec![k(0, 5, 1, 2), k(5, 9, 1, 2)],
+                at(1.0 + H200_RESIDENT_WAIT * 4.0),
+            ),
+            (
+                "no priority: in-flight work of the same priority, queued too",
+                vec![k(0, 5, 0, 2), k(5, 9, 0, 2)],
+                at(1.0 + H200_QUEUE_WAIT * 8.0),
+            ),
+            ("finished before it was ready", vec![k(0, 1, 1, 2)], MS),
+        ];
+        // The online kernel wants 100 SMs; the offline one holds 58 (44 %).
+        for (name, running, want) in cases {
+            assert_eq!(dispatch_start(&p, 100, 0, 1, running, MS), *want, "{name}");
+        }
+        // Room beside the offline kernel (26 SMs at a 20 % share): no wait.
+        let narrow = KernelSpan {
+            sms: 26,
+            ..k(0, 5, 1, 2)
+        };
+        assert_eq!(dispatch_start(&p, 100, 0, 1, &[narrow], MS), MS);
+        // A lower-priority kernel does not wait for the online one: it fills
+        // the SMs left free (the share and shared-path terms slow it).
+        assert_eq!(dispatch_start(&p, 58, 1, 2, &[k(0, 5, 0, 1)], MS), MS);
+        // The other modes have no dispatch queue.
+        c.model = GpuModel::H100Like;
+        assert_eq!(
+            dispatch_start(&c.model(), 100, 0, 1, &[k(0, 5, 1, 2)], MS),
+            MS
+        );
     }
 }

@@ -67,6 +67,14 @@ struct Online {
     ctx_sync: bool,
     #[arg(long, default_value_t = 0)]
     device: c_int,
+    /// Appends `<due, Unix s> <latency ms>` for every request served, so
+    /// that a caller can cut the run into measuring windows.
+    #[arg(long)]
+    latency_log: Option<std::path::PathBuf>,
+    /// While this file exists, requests falling due are dropped (neither
+    /// served nor logged): the service is paused without a backlog.
+    #[arg(long)]
+    pause_file: Option<std::path::PathBuf>,
 }
 
 // The trainer's options (its help text is `Mode::Offline`'s).
@@ -106,6 +114,11 @@ struct Offline {
     /// Ignore SIGTERM (SIG_IGN), as some launchers do.
     #[arg(long)]
     ignore_sigterm: bool,
+    /// While this file exists, no step starts (checked between steps): the
+    /// trainer is paused without stopping the process, which could hold
+    /// the simulated GPU's lock.
+    #[arg(long)]
+    pause_file: Option<std::path::PathBuf>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -177,7 +190,10 @@ extern "C" fn on_warning(_: c_int) {
 
 /// Writes `step=N` to `path` atomically (a temp file renamed over it).
 fn write_step(path: &std::path::Path, step: u64) {
-    let tmp = path.with_extension("tmp");
+    // Appended, not with_extension: `progress-0.3-a` and `progress-0.3-b`
+    // would share one temporary file.
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
     if let Err(e) =
         std::fs::write(&tmp, format!("step={step}\n")).and_then(|()| std::fs::rename(&tmp, path))
     {
@@ -433,11 +449,32 @@ impl Run {
         let mut lat = Vec::new();
         let mut schedule = Schedule::new(o.arrivals, o.rate, o.seed);
         let mut res = Ok(());
+        let mut log = o.latency_log.as_ref().map(|path| {
+            std::io::LineWriter::new(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .unwrap_or_else(|e| {
+                        eprintln!("muxflow-workload: --latency-log {}: {e}", path.display());
+                        std::process::exit(2)
+                    }),
+            )
+        });
+        // Instants have no epoch: the log's times are Unix times of the start plus the offset.
+        let start_unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64())
+            - self.start.elapsed().as_secs_f64();
         while !self.done(o.duration) {
             let due = self.start + Duration::from_secs_f64(schedule.due());
             let now = Instant::now();
             if due > now {
                 std::thread::sleep((due - now).min(Duration::from_millis(50)));
+                continue;
+            }
+            if o.pause_file.as_ref().is_some_and(|p| p.exists()) {
+                schedule.advance();
                 continue;
             }
             let r = self.launch(f, o.kernels, o.blocks, 128).and_then(|()| {
@@ -457,7 +494,12 @@ impl Run {
                 res = r;
                 break;
             }
-            lat.push(due.elapsed().as_secs_f64() * 1e3);
+            let ms = due.elapsed().as_secs_f64() * 1e3;
+            lat.push(ms);
+            if let Some(w) = log.as_mut() {
+                use std::io::Write;
+                let _ = writeln!(w, "{:.6} {ms:.3}", start_unix + schedule.due());
+            }
             schedule.advance();
         }
         let el = self.start.elapsed().as_secs_f64();
@@ -501,6 +543,10 @@ impl Run {
                 }
                 // Checkpointed: no step from now on is saved, so none is taken.
                 std::thread::sleep(Duration::from_millis(20));
+                continue;
+            }
+            if o.pause_file.as_ref().is_some_and(|p| p.exists()) {
+                std::thread::sleep(Duration::from_millis(5));
                 continue;
             }
             let r = self.step(f, o, exec, step_bytes);

@@ -35,8 +35,9 @@ enum Cmd {
         /// Telemetry window in ms.
         #[arg(long, default_value_t = 1000)]
         window_ms: u64,
-        /// Contention mode: t4-like (power capping) or h100-like (clock flat,
-        /// shared-path slowdown). simgpu/README.md, "The contention model".
+        /// Contention mode: t4-like (power capping), h100-like (clock flat,
+        /// shared-path slowdown) or h200-like (that, fitted to an H200, and a
+        /// dispatch queue). simgpu/README.md, "The contention model".
         #[arg(long, default_value = "t4-like")]
         model: muxflow_simgpu::config::GpuModel,
     },

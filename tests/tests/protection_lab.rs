@@ -1,0 +1,150 @@
+//! `real-gpu/lab`, the protection lab, on the dev cluster's simulated GPU
+//! (node1's GPU 0, switched to `h200-like` for the run and back): its
+//! cases, windows, statistics, parsing and figure, tested here so that the
+//! run on a lent GPU can be believed. Short windows: what is checked is the
+//! machinery, not the numbers' precision.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use muxflow_tests::{kv, Cluster};
+
+fn lab() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../real-gpu/lab")
+}
+
+fn number(line: &str, key: &str) -> f64 {
+    kv(line, key)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no number {key} in: {line}"))
+}
+
+#[test]
+fn the_lab_statistics_pass_their_own_tests() {
+    let c = Cluster::get();
+    let mut cmd = Command::new("python3");
+    cmd.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../real-gpu/test_labstats.py"));
+    let (ok, stdout, stderr) = c.run(cmd);
+    assert!(ok, "{stdout}{stderr}");
+}
+
+/// The plan the help promises: one block with four mechanisms (the queue
+/// not read by this xCUDA) fits the budget; two blocks do not; a GPU run
+/// refuses windows under 30 s.
+#[test]
+fn the_lab_plans_one_device_window() {
+    let c = Cluster::get();
+    let out = c.scratch("lab-plan");
+    let xcuda = std::env::var("MUXFLOW_XCUDA_LIBRARY").expect("source the dev cluster's env");
+    let bin = out.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::os::unix::fs::symlink(xcuda, bin.join("libmuxflow_xcuda.so")).unwrap();
+    let run = |extra: &[&str]| {
+        let mut cmd = Command::new(lab());
+        cmd.arg("--out")
+            .arg(&out)
+            .arg("--bin")
+            .arg(&bin)
+            .args(extra);
+        c.run(cmd)
+    };
+    let (ok, stdout, stderr) = run(&["--plan"]);
+    assert!(ok, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("1 block(s) x 3 repeats x 6 cases x 30 s windows: about 666 s")
+            && stdout.contains("not available: queue"),
+        "{stdout}"
+    );
+    let (ok, stdout, stderr) = run(&["--services", "resnet50,bert"]);
+    assert!(
+        !ok && stderr.contains("over --budget-s"),
+        "{stdout}{stderr}"
+    );
+    let (ok, _, stderr) = run(&["--window-s", "10", "--plan"]);
+    assert!(!ok && stderr.contains("at least 30 s on a GPU"), "{stderr}");
+}
+
+#[test]
+fn the_lab_runs_on_the_simulated_gpu() {
+    let c = Cluster::get();
+    let out = c.scratch("lab");
+    let mut cmd = Command::new(lab());
+    cmd.arg("--out").arg(&out).arg("--sim").arg(&c.dir).args([
+        "--loads",
+        "0.3",
+        "--mechanisms",
+        "none,mps,trigger,queue",
+        "--window-s",
+        "2",
+        "--warmup-s",
+        "1",
+        "--settle-s",
+        "0.5",
+        "--boot",
+        "200",
+    ]);
+    let (ok, stdout, stderr) = c.run(cmd);
+    assert!(ok, "{stdout}{stderr}");
+    let last = stdout.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with(
+            "lab=done sim=yes model=h200-like blocks=1 cases=6 windows=15 repeats=3 window_s=2 \
+             warmup_s=1 unavailable=queue interval=bootstrap95"
+        ),
+        "{stdout}{stderr}"
+    );
+    let results = std::fs::read_to_string(out.join("results.txt")).unwrap();
+    let case = |name: &str| {
+        results
+            .lines()
+            .find(|l| l.starts_with(&format!("case=resnet50-0.3/{name} ")))
+            .unwrap_or_else(|| panic!("no case {name}:\n{results}"))
+            .to_string()
+    };
+    // Every measured mechanism: three ratios and the trainer's fraction,
+    // each inside its interval (a small slack: the point is the geometric
+    // mean over repeats, the interval a bootstrap's percentiles).
+    for m in ["none", "mps", "trigger"] {
+        let line = case(m);
+        assert_eq!(kv(&line, "available").as_deref(), Some("yes"), "{line}");
+        assert!(number(&line, "requests") > 100.0, "{line}");
+        for q in ["p50", "p95", "p99", "trainer"] {
+            let x = if q == "trainer" {
+                number(&line, "trainer_of_solo")
+            } else {
+                number(&line, &format!("{q}_x"))
+            };
+            let (lo, hi) = (
+                number(&line, &format!("{q}_lo")),
+                number(&line, &format!("{q}_hi")),
+            );
+            assert!(
+                0.0 < lo && lo <= hi && lo * 0.9 <= x && x <= hi * 1.1,
+                "{q}: {lo} {x} {hi} in {line}"
+            );
+        }
+        assert!(number(&line, "trainer_of_solo") <= 1.2, "{line}");
+    }
+    // On h200-like, sharing unprotected (no priority, all SMs) costs the
+    // service: its median rises.
+    assert!(number(&case("none"), "p50_x") > 1.1, "{results}");
+    let queue = case("queue");
+    assert_eq!(kv(&queue, "available").as_deref(), Some("no"), "{queue}");
+    assert!(
+        kv(&queue, "reason").is_some_and(|r| r.starts_with("xcuda-ignores-MUXFLOW_XCUDA_QUEUE")),
+        "{queue}"
+    );
+    assert!(number(&case("solo"), "steps_per_s") > 10.0, "{results}");
+    assert!(number(&case("alone"), "p99_ms") > 0.0, "{results}");
+    let windows = std::fs::read_to_string(out.join("windows.txt")).unwrap();
+    assert_eq!(windows.lines().count(), 15, "{windows}");
+    let svg = std::fs::read_to_string(out.join("lab.svg")).unwrap();
+    assert!(
+        svg.starts_with("<svg") && svg.matches("<rect").count() == 3,
+        "{svg}"
+    );
+    // The simulated GPU is back in its own mode.
+    let cfg =
+        std::fs::read_to_string(c.dir.join("sim/state/nodes/node1/gpus/0/config.toml")).unwrap();
+    assert!(!cfg.contains("h200-like"), "{cfg}");
+}
