@@ -1047,6 +1047,7 @@ mod tests {
             node: "n".into(),
             mode: Mode::Online,
             uid: 1000,
+            sluid: None,
         };
         // (what an earlier run left at the GPU's page path)
         let rows: [(&str, Leave); 3] = [

@@ -20,6 +20,11 @@
 //! | `mem_limit` | its `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` is missing or above the job's cap |
 //! | `mem_used` | NVML reports it using more GPU memory than the job's cap |
 //!
+//! Any job on the node can name a GPU's pipe directory, whatever its own
+//! GPUs: a client of the GPU's MPS daemon whose job is neither the GPU's
+//! recorded online job nor an offline job placed there (a job that is not
+//! muxflow's, another GPU's online job) is evicted (`not_on_gpu`).
+//!
 //! A client of the GPU's MPS daemon that belongs to no running job is a
 //! straggler (`no_job`): it escaped its job's process tree, so it outlived
 //! the job, and it is evicted once the job it names is no longer recorded
@@ -268,13 +273,7 @@ pub fn police_gpu(
             let Some(&server) = clients.get(&pid) else {
                 continue;
             };
-            let recorded = recorded.get_or_init(|| {
-                ns.jobs(gpu)
-                    .unwrap_or_default()
-                    .iter()
-                    .map(|j| (j.job_id, j.uid))
-                    .collect::<BTreeMap<u32, u32>>()
-            });
+            let recorded = recorded.get_or_init(|| recorded_jobs(ns, gpu));
             if names_a_recorded_job(procfs, pid, recorded) {
                 continue;
             }
@@ -302,20 +301,22 @@ pub fn police_gpu(
             ));
             continue;
         };
-        if !any_offline {
-            continue;
-        }
         // A k-GPU job's limits for this GPU, else the job's (1-GPU) file.
         let gang_dir = muxflow::records::limits::gpu_dir(&limits_dir, gpu);
         let limits = match JobLimits::read_trusted(&gang_dir, job, owner)
             .or_else(|_| JobLimits::read_trusted(&limits_dir, job, owner))
         {
             Ok((l, _)) => l,
-            // Not an offline job of this node (online, or not muxflow's).
+            // Not an offline job of this node: an online job, or a job that
+            // is not muxflow's. Only the GPU's own jobs may be its clients.
             Err(muxflow::records::limits::LimitsError::Io { source, .. })
                 if source.kind() == std::io::ErrorKind::NotFound =>
             {
-                continue
+                let recorded = recorded.get_or_init(|| recorded_jobs(ns, gpu));
+                if let Some(server) = foreign_client(job, recorded, clients.get(&pid).copied()) {
+                    evict.extend(evict_foreign(config, procfs, ns, gpu, pid, job, server));
+                }
+                continue;
             }
             Err(e) => {
                 tracing::error!(gpu, pid, job, "cannot police: {e}");
@@ -408,6 +409,75 @@ pub fn police_gpu(
         record_peak(ns, job, mib);
     }
     out
+}
+
+/// The jobs recorded on GPU `gpu`: job -> uid. The caller holds the GPU's
+/// lock.
+fn recorded_jobs(ns: &NodeState, gpu: u32) -> BTreeMap<u32, u32> {
+    ns.jobs(gpu)
+        .unwrap_or_default()
+        .iter()
+        .map(|j| (j.job_id, j.uid))
+        .collect()
+}
+
+/// The server of a process of job `job` (no offline job of the node) that
+/// is a client of the GPU's daemon (`server`) although its job is not
+/// recorded on the GPU (`recorded`); None for the GPU's own jobs and for
+/// processes outside MPS (a job's GPU outside MPS is Slurm's, by its
+/// device cgroup).
+fn foreign_client(job: u32, recorded: &BTreeMap<u32, u32>, server: Option<u32>) -> Option<u32> {
+    server.filter(|_| !recorded.contains_key(&job))
+}
+
+/// The code of a client of the GPU's MPS daemon whose job is not the GPU's:
+/// neither its recorded online job nor an offline job placed there.
+pub const NOT_ON_GPU: &str = "not_on_gpu";
+
+/// Evicts process `pid` of job `job`, a client of `server` on GPU `gpu`
+/// although its job is not recorded there: it reached the GPU's pipe
+/// directory itself (any job on the node can name it, whatever device
+/// cgroups the site has). A muxflow job of the node (an online job of
+/// another GPU) gets the code in its AdminComment; another job's is logged
+/// and told only (the node keeps no files for jobs it does not run).
+fn evict_foreign(
+    config: &Config,
+    procfs: &Procfs,
+    ns: &NodeState,
+    gpu: u32,
+    pid: u32,
+    job: u32,
+    server: u32,
+) -> Option<Eviction> {
+    let muxflow_job = ns.find_job(job).ok().flatten().is_some();
+    if muxflow_job && already_policed(ns, job, pid) {
+        // Terminated before; listed by MPS until it exits.
+        return None;
+    }
+    let verdict = Verdict {
+        code: NOT_ON_GPU,
+        reason: format!(
+            "it belongs to job {job}, which is neither GPU {gpu}'s online job nor an offline job placed there"
+        ),
+    };
+    let message = format!(
+        "muxflow: process {pid} of job {job} is evicted from GPU {gpu} (MPS terminate_client) \
+         by the node: {}; only the GPU's own jobs may be clients of its MPS server",
+        verdict.reason
+    );
+    let terminated = Terminated {
+        pid,
+        job: muxflow_job.then_some(job),
+        verdict,
+    };
+    Some(announce(
+        config,
+        procfs,
+        gpu,
+        terminated,
+        Some(server),
+        &message,
+    ))
 }
 
 /// Logs why `t` is terminated and tells the process, before its eviction:
@@ -1170,6 +1240,27 @@ mod tests {
         )
         .unwrap();
         assert!(!evicted_for_health_lately(&ns, 7, 42));
+    }
+
+    #[test]
+    fn only_the_gpus_own_jobs_may_be_clients_of_its_daemon() {
+        // The GPU's jobs: 10 (online) and 11 (offline, placed here).
+        let recorded = BTreeMap::from([(10, 1001), (11, 1002)]);
+        // (what, its job, the server it is a client of, evicted?)
+        let rows = [
+            ("the GPU's online job", 10, Some(77), false),
+            ("an offline job placed here", 11, Some(77), false),
+            ("a plain job that named the pipe", 20, Some(77), true),
+            ("another GPU's online job", 21, Some(77), true),
+            ("a plain job outside MPS (Slurm's)", 20, None, false),
+        ];
+        for (what, job, server, evicted) in rows {
+            assert_eq!(
+                foreign_client(job, &recorded, server).is_some(),
+                evicted,
+                "{what}"
+            );
+        }
     }
 
     #[test]
