@@ -13,7 +13,7 @@
 //! |---|---|
 //! | `wrong_gpu` | it uses a GPU other than the one the job was placed on |
 //! | `not_mps` | it is on the GPU but not a client of the GPU's MPS server |
-//! | `no_xcuda` | xCUDA is not mapped in it (`/proc/<pid>/maps`) |
+//! | `no_xcuda` | xCUDA is not mapped in it (`/proc/<pid>/maps`), or it is but its start-up never ran there (no stats file naming the process's start) |
 //! | `priority` | it started with `CUDA_MPS_CLIENT_PRIORITY` other than 1 |
 //! | `sm_partition` | the job has a static SM partition and it started with another `CUDA_MPS_SM_PARTITION` |
 //! | `sm_pct` | its `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` is missing or above the job's |
@@ -66,6 +66,9 @@ use crate::nvml::Process;
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Facts {
     pub xcuda_mapped: bool,
+    /// xCUDA's start-up ran in it: its stats file names the process's
+    /// start ([`muxflow::records::report::xcuda_started`]).
+    pub xcuda_started: bool,
     /// The MPS variables it started with.
     pub env: BTreeMap<String, String>,
     /// GPU memory NVML attributes to it.
@@ -119,8 +122,14 @@ pub fn check(
     }
     if !facts.xcuda_mapped {
         return v(
-            "no_xcuda",
+            NO_XCUDA,
             "xCUDA is not loaded in it (LD_PRELOAD changed)".into(),
+        );
+    }
+    if !facts.xcuda_started {
+        return v(
+            NO_XCUDA,
+            "xCUDA's start-up did not run in it (the library is mapped, but never started)".into(),
         );
     }
     let env = |k: &str| facts.env.get(k).map(String::as_str);
@@ -180,6 +189,9 @@ pub fn check(
     }
     None
 }
+
+/// The code of a process without a running xCUDA.
+pub const NO_XCUDA: &str = "no_xcuda";
 
 /// Device 0's limit in `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` ("0=8G,1=512M"),
 /// in MiB (rounded up); None when absent or unreadable.
@@ -323,8 +335,10 @@ pub fn police_gpu(
                 continue;
             }
         };
+        let stats_dir = ns.xcuda_stats_dir(job);
         let facts = Facts {
             xcuda_mapped: xcuda.is_some_and(|id| maps_executable(procfs, pid, id)),
+            xcuda_started: xcuda_started(procfs, &stats_dir, pid),
             env: environ(procfs, pid, &ENV_VARS),
             used_mib: used.get(&pid).copied().flatten(),
             mps_server: clients.get(&pid).copied(),
@@ -340,6 +354,14 @@ pub fn police_gpu(
         // A process NVML saw before it showed in the server's list (it was
         // connecting) is not outside MPS: ask the server again first.
         if verdict.code == "not_mps" && !outside_mps_after_grace(procfs, mps, pid) {
+            continue;
+        }
+        // xCUDA starts right after the driver's cuInit, which attached the
+        // client: one caught in between is given a moment.
+        if verdict.code == NO_XCUDA
+            && facts.xcuda_mapped
+            && starts_xcuda_within_grace(procfs, &stats_dir, pid)
+        {
             continue;
         }
         if already_policed(ns, job, pid) || evicted_for_health_lately(ns, job, pid) {
@@ -538,6 +560,29 @@ fn process_ids(procfs: &Procfs, pid: u32) -> Option<(u32, u32)> {
             .ok()
     };
     Some((id("Uid:")?, id("Gid:")?))
+}
+
+/// Whether xCUDA's start-up ran in process `pid`, by its stats file in the
+/// job's stats directory `dir`.
+fn xcuda_started(procfs: &Procfs, dir: &Path, pid: u32) -> bool {
+    muxflow::node::offline_procs::ProcId::of(procfs, pid)
+        .is_some_and(|p| muxflow::records::report::xcuda_started(dir, pid, p.start_ticks))
+}
+
+/// How long a process that maps xCUDA gets to show that it started it.
+const XCUDA_START_GRACE: Duration = Duration::from_secs(1);
+
+/// Whether a process that maps xCUDA but has not shown its start-up shows
+/// it (or exits) within [`XCUDA_START_GRACE`]. Only on suspicion.
+fn starts_xcuda_within_grace(procfs: &Procfs, dir: &Path, pid: u32) -> bool {
+    let until = Instant::now() + XCUDA_START_GRACE;
+    while Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+        if xcuda_started(procfs, dir, pid) || !procfs.path(pid, "stat").exists() {
+            return true;
+        }
+    }
+    false
 }
 
 /// How long a process NVML lists outside MPS gets to show up as a client
@@ -1371,6 +1416,7 @@ mod tests {
     fn good() -> Facts {
         Facts {
             xcuda_mapped: true,
+            xcuda_started: true,
             env: [
                 ("CUDA_MPS_CLIENT_PRIORITY", "1"),
                 ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "30"),
@@ -1424,7 +1470,16 @@ mod tests {
             },
             Case {
                 name: "LD_PRELOAD unset",
-                change: |f| f.xcuda_mapped = false,
+                change: |f| {
+                    f.xcuda_mapped = false;
+                    f.xcuda_started = false;
+                },
+                gpu: 1,
+                code: Some("no_xcuda"),
+            },
+            Case {
+                name: "xCUDA mapped by another library, never started",
+                change: |f| f.xcuda_started = false,
                 gpu: 1,
                 code: Some("no_xcuda"),
             },

@@ -6,6 +6,9 @@
 //!   that point `CUDA_MPS_PIPE_DIRECTORY` at the pipe of root's online GPU,
 //!   priority 0 and every SM: both are evicted by the next health step and
 //!   told why; the online job runs on.
+//! * An offline job whose own preload maps one executable page of the real
+//!   xCUDA library in place of loading it: mapped, never started, it is
+//!   evicted as `no_xcuda` by its muxflow-police.
 
 use std::time::Duration;
 
@@ -97,6 +100,73 @@ fn clients_of_jobs_that_are_not_the_gpus_are_evicted() {
         );
     }
     // The online job was not touched.
+    assert_eq!(c.job_field(online, "JobState"), "RUNNING");
+    c.scancel(&[online]);
+    c.wait(online, WAIT);
+    c.sim_load(node, gpu, 0.0);
+    c.assert_no_drain();
+}
+
+/// A preload of the user's own that maps one executable page of the file
+/// `$MAP_ONLY` (the real xCUDA) and starts nothing of it.
+const MAP_ONLY_C: &str = r#"
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+__attribute__((constructor)) static void map_only(void) {
+    const char *path = getenv("MAP_ONLY");
+    int fd = path ? open(path, O_RDONLY) : -1;
+    if (fd >= 0)
+        mmap(0, 4096, PROT_READ | PROT_EXEC, MAP_PRIVATE, fd, 0);
+}
+"#;
+
+#[test]
+fn an_offline_process_that_only_maps_xcuda_is_evicted() {
+    let c = Cluster::get();
+    let node = "node2";
+    const PREFIX: &str = "mfm-";
+    c.cancel_named(PREFIX);
+    let _cancel = muxflow_tests::CancelNamed(&c, PREFIX);
+    let dir = c.scratch("map-only");
+    muxflow_tests::open_to_all(&dir);
+    std::fs::write(dir.join("map_only.c"), MAP_ONLY_C).unwrap();
+    let lib = dir.join("map_only.so");
+    let built = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&lib)
+        .arg(dir.join("map_only.c"))
+        .status()
+        .unwrap();
+    assert!(built.success());
+    let cfg = c.health_config("map-only", "min_dwell_s = 1\nrecovery_quiet_s = 1");
+    let (online, gpu) = c.online_workload(&format!("{PREFIX}online"), node, 0.05, 1000);
+    c.settle_healthy(&cfg, node, gpu, 1000);
+    // The job's MPS limits stay as the plugin set them: only xCUDA goes.
+    let script = format!(
+        "#!/bin/sh\nexport MAP_ONLY=$(printf %s \"$LD_PRELOAD\" | tr : '\\n' | grep xcuda | head -n 1)\n\
+         echo map-only=$MAP_ONLY\nexport LD_PRELOAD={}\n{}\necho workload-exit=$?\n",
+        lib.display(),
+        c.workload("offline --duration 120 --alloc-mib 256")
+    );
+    let offline = c.offline_as_nobody(&format!("{PREFIX}offline"), node, gpu, &script);
+    let out = c.wait_output(offline, "xCUDA's start-up did not run in it", WAIT);
+    let pid = muxflow_tests::kv(&out.replace('\n', " "), "pid").unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        out.contains(&format!(
+            "process {pid} of offline job {offline} is evicted"
+        )),
+        "{out}"
+    );
+    // It did map the real library (the old check passed it).
+    let map_only = muxflow_tests::kv(&out.replace('\n', " "), "map-only").unwrap_or_default();
+    assert!(map_only.ends_with("libmuxflow_xcuda.so"), "{out}");
+    c.wait(offline, WAIT);
+    let line = c.sacct_until(offline, "AdminComment", |l| l.contains("policed="));
+    let text = line.split('|').nth(1).unwrap();
+    let report =
+        muxflow::records::report::JobReport::decode(text).unwrap_or_else(|e| panic!("{e}: {line}"));
+    assert_eq!(report.policed.as_deref(), Some("no_xcuda"), "{line}");
     assert_eq!(c.job_field(online, "JobState"), "RUNNING");
     c.scancel(&[online]);
     c.wait(online, WAIT);
