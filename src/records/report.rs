@@ -262,9 +262,12 @@ pub const XCUDA_STARTED_KEY: &str = "started";
 /// (read as [`read_claim_files`] reads them): it tells a process that runs
 /// xCUDA from one that maps it, not from one that forges its file.
 pub fn xcuda_started(dir: &std::path::Path, pid: u32, start_ticks: u64) -> bool {
-    read_user_file(&xcuda_stats_file(dir, pid))
-        .and_then(|t| last_kv_line(&t)?.get(XCUDA_STARTED_KEY)?.parse::<u64>().ok())
-        == Some(start_ticks)
+    read_user_file(&xcuda_stats_file(dir, pid)).and_then(|t| {
+        last_kv_line(&t)?
+            .get(XCUDA_STARTED_KEY)?
+            .parse::<u64>()
+            .ok()
+    }) == Some(start_ticks)
 }
 
 fn read_user_file(path: &std::path::Path) -> Option<String> {
