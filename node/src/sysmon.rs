@@ -539,8 +539,35 @@ fn evict_offline(
     Ok(n)
 }
 
-/// Restarts the GPU's MPS daemon when no client that may be online is
-/// attached (a restart would take an online job down with it).
+/// Why the GPU's MPS daemon must not be restarted now, if it must not: an
+/// online job recorded on the GPU still runs (`job_runs`: its slurmstepd),
+/// or one of the daemon's live `clients` (pid, its job's mode) may be
+/// online. The records count as well as the daemon's list: after a `quit`
+/// someone else sent, the daemon started again lists none of the online
+/// job's processes, which still use the GPU.
+fn restart_blocked(
+    jobs: &[JobRecord],
+    job_runs: impl Fn(u32) -> bool,
+    clients: &[(u32, Option<Mode>)],
+) -> Option<String> {
+    if let Some(j) = jobs
+        .iter()
+        .find(|j| j.mode == Mode::Online && job_runs(j.job_id))
+    {
+        return Some(format!(
+            "online job {} is recorded on the GPU and runs",
+            j.job_id
+        ));
+    }
+    clients
+        .iter()
+        .find(|(_, mode)| *mode != Some(Mode::Offline))
+        .map(|(pid, _)| format!("client {pid}, which may be online, is attached"))
+}
+
+/// Restarts the GPU's MPS daemon when no online job runs on it and no
+/// client that may be online is attached (a restart would take an online
+/// job down with it).
 fn restart_mps(
     config: &Config,
     mps: &MpsDaemon,
@@ -551,17 +578,18 @@ fn restart_mps(
     if !mps.is_running() {
         return Ok(false);
     }
+    let procfs = muxflow::node::jobproc::Procfs::default();
+    let mut clients = Vec::new();
     for server in mps.server_pids()? {
         for client in mps.client_pids(server)? {
-            if !exited(client) && process_mode(client, jobs) != Some(Mode::Offline) {
-                tracing::info!(
-                    gpu,
-                    client,
-                    "MPS daemon not restarted: a client that may be online is attached"
-                );
-                return Ok(false);
+            if !exited(client) {
+                clients.push((client, process_mode(client, jobs)));
             }
         }
+    }
+    if let Some(why) = restart_blocked(jobs, |j| procfs.stepd_of_job_runs(j), &clients) {
+        tracing::info!(gpu, "MPS daemon not restarted: {why}");
+        return Ok(false);
     }
     mps.quit()?;
     // Started again only for the jobs still recorded on the GPU; otherwise
@@ -792,6 +820,70 @@ mod tests {
     use super::*;
     use muxflow::policy::health::Metrics;
     use std::io::Write;
+
+    #[test]
+    fn the_daemon_is_restarted_only_without_a_running_online_job_or_client() {
+        let job = |job_id, mode| JobRecord {
+            job_id,
+            mode,
+            uid: 1000,
+            slots: Vec::new(),
+        };
+        let online_and_offline = [job(1, Mode::Online), job(2, Mode::Offline)];
+        let offline_only = [job(2, Mode::Offline)];
+        // (what, the GPU's jobs, does job 1 run, the daemon's clients, blocked?)
+        let rows: [(&str, &[JobRecord], bool, &[(u32, Option<Mode>)], bool); 6] = [
+            (
+                "offline clients only",
+                &offline_only,
+                false,
+                &[(7, Some(Mode::Offline))],
+                false,
+            ),
+            (
+                "nothing attached, no online job",
+                &offline_only,
+                false,
+                &[],
+                false,
+            ),
+            (
+                "a running online job no longer listed (a foreign quit)",
+                &online_and_offline,
+                true,
+                &[(7, Some(Mode::Offline))],
+                true,
+            ),
+            (
+                "an online job whose step is gone",
+                &online_and_offline,
+                false,
+                &[],
+                false,
+            ),
+            (
+                "an online client listed",
+                &offline_only,
+                false,
+                &[(8, Some(Mode::Online))],
+                true,
+            ),
+            (
+                "a client of no known job",
+                &offline_only,
+                false,
+                &[(9, None)],
+                true,
+            ),
+        ];
+        for (what, jobs, runs, clients, blocked) in rows {
+            assert_eq!(
+                restart_blocked(jobs, |j| runs && j == 1, clients).is_some(),
+                blocked,
+                "{what}"
+            );
+        }
+    }
 
     #[test]
     fn log_scan_resumes_and_restarts_after_truncation() {

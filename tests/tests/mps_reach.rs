@@ -9,6 +9,9 @@
 //! * An offline job whose own preload maps one executable page of the real
 //!   xCUDA library in place of loading it: mapped, never started, it is
 //!   evicted as `no_xcuda` by its muxflow-police.
+//! * `quit` sent to an online GPU's daemon by another user: the health step
+//!   starts the daemon again, and a fatal fault after that does not
+//!   restart it under the online job, which its list no longer names.
 
 use std::time::Duration;
 
@@ -168,6 +171,78 @@ fn an_offline_process_that_only_maps_xcuda_is_evicted() {
         muxflow::records::report::JobReport::decode(text).unwrap_or_else(|e| panic!("{e}: {line}"));
     assert_eq!(report.policed.as_deref(), Some("no_xcuda"), "{line}");
     assert_eq!(c.job_field(online, "JobState"), "RUNNING");
+    c.scancel(&[online]);
+    c.wait(online, WAIT);
+    c.sim_load(node, gpu, 0.0);
+    c.assert_no_drain();
+}
+
+/// Sends `command` as `nobody` to the MPS control daemon of `pipe`.
+fn mps_command_as_nobody(c: &Cluster, pipe: &std::path::Path, command: &str) {
+    use std::io::Write;
+    let mut child = std::process::Command::new("runuser")
+        .args(["-u", "nobody", "--", "env"])
+        .arg(format!("CUDA_MPS_PIPE_DIRECTORY={}", pipe.display()))
+        .arg(c.dir.join("sim/bin/nvidia-cuda-mps-control"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(format!("{command}\n").as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{command}: {out:?}");
+}
+
+fn counter(c: &Cluster, cfg: &std::path::Path, node: &str, gpu: u32, key: &str) -> u64 {
+    let ns = c.node_state(cfg, node);
+    let text = std::fs::read_to_string(ns.gpu_dir(gpu).join("record.json")).unwrap();
+    let r: serde_json::Value = serde_json::from_str(&text).unwrap();
+    r["counters"][key].as_u64().unwrap_or(0)
+}
+
+#[test]
+fn a_foreign_quit_does_not_lead_to_a_restart_under_the_online_job() {
+    let c = Cluster::get();
+    let node = "node3";
+    const PREFIX: &str = "mfq-";
+    c.cancel_named(PREFIX);
+    let _cancel = muxflow_tests::CancelNamed(&c, PREFIX);
+    let cfg = c.health_config("foreign-quit", "min_dwell_s = 1\nrecovery_quiet_s = 1");
+    let (online, gpu) = c.online_workload(&format!("{PREFIX}online"), node, 0.05, 1000);
+    c.settle_healthy(&cfg, node, gpu, 1000);
+    let pipe = c
+        .node_path("var/run/muxflow/{node}/mps", node)
+        .join(gpu.to_string());
+    mps_command_as_nobody(&c, &pipe, "quit");
+    let restarted = counter(&c, &cfg, node, gpu, "action.restart_mps_daemon");
+    c.step_until(&cfg, node, "the daemon started again", || {
+        counter(&c, &cfg, node, gpu, "action.restart_mps_daemon") > restarted
+    });
+    let before = counter(&c, &cfg, node, gpu, "action.restart_mps");
+    let xids = counter(&c, &cfg, node, gpu, "rule.xid_fatal");
+    // A fatal Xid: the rule asks for a restart if no online client is attached.
+    c.sim_fault(node, gpu, &["xid", "48"]);
+    let log = c.step_until(&cfg, node, "the fatal Xid handled", || {
+        counter(&c, &cfg, node, gpu, "rule.xid_fatal") > xids
+    });
+    c.sim_fault(node, gpu, &["clear"]);
+    assert_eq!(
+        counter(&c, &cfg, node, gpu, "action.restart_mps"),
+        before,
+        "{log}"
+    );
+    assert!(
+        log.contains(&format!(
+            "online job {online} is recorded on the GPU and runs"
+        )),
+        "{log}"
+    );
     c.scancel(&[online]);
     c.wait(online, WAIT);
     c.sim_load(node, gpu, 0.0);
