@@ -269,6 +269,19 @@ pub fn police_gpu(
     if !any_offline && clients.is_empty() {
         return Vec::new();
     }
+    // Whose each client is, while it runs: a foreign terminate_client is
+    // usually read after the client and its job are gone.
+    let seen: Vec<(u32, crate::clients::Owner)> = clients
+        .keys()
+        .map(|&pid| {
+            let owner = crate::clients::Owner {
+                job: crate::sysmon::process_job(pid).0,
+                uid: process_ids(procfs, pid).map(|(uid, _)| uid),
+            };
+            (pid, owner)
+        })
+        .collect();
+    crate::clients::remember(ns, gpu, &seen, unix_now_s());
     let used: BTreeMap<u32, Option<u64>> =
         nvml_processes.iter().map(|p| (p.pid, p.used_mib)).collect();
     let pids: BTreeSet<u32> = clients.keys().chain(used.keys()).copied().collect();
@@ -808,6 +821,14 @@ pub fn watch(config: &Config, job: u32, node: Option<&str>) -> anyhow::Result<()
     let started = Instant::now();
     let mut stepd_seen = false;
     let mut sampler: Option<std::process::Child> = None;
+    // Where this watcher has read each of its GPUs' control logs (from
+    // their end when it starts).
+    let mut control_offsets: BTreeMap<u32, BTreeMap<String, u64>> = BTreeMap::new();
+    for gpu in ns.job_gpus(job)? {
+        let mps = MpsDaemon::for_gpu(config, gpu);
+        let offsets = control_offsets.entry(gpu).or_default();
+        crate::sysmon::scan_log(mps.log_dir(), "control.log", offsets);
+    }
     tracing::info!(job, ?interval, "muxflow-police: watching offline job");
     loop {
         std::thread::sleep(interval);
@@ -884,6 +905,10 @@ pub fn watch(config: &Config, job: u32, node: Option<&str>) -> anyhow::Result<()
                 publish_offline_procs(&ns, &procfs, gpu, &processes);
             }
             let mps = MpsDaemon::for_gpu(config, gpu);
+            if own {
+                let offsets = control_offsets.entry(gpu).or_default();
+                notice_terminations_of(&ns, &mps, gpu, job, offsets);
+            }
             for t in police_gpu(config, &ns, &mps, gpu, &processes) {
                 tracing::warn!(
                     job = ?t.job,
@@ -897,6 +922,53 @@ pub fn watch(config: &Config, job: u32, node: Option<&str>) -> anyhow::Result<()
         }
         // After the locks: a call to slurmctld must not hold up the GPUs.
         escalate(config, &ns, job);
+    }
+}
+
+/// A `terminate_client` someone other than muxflow sent to GPU `gpu`'s
+/// daemon that ended a client of job `job`, recorded for the job within the
+/// watcher's interval: while the job still runs, so its AdminComment says
+/// so (the health step reads the command too, but usually after the job's
+/// Epilog). Reads the control log from `offsets` (this watcher's own), and
+/// only its `Cmd:` echoes. muxflow's own evictions are known by their
+/// notes: the daemon's list of muxflow's commands, the job's policed and
+/// evicted files.
+fn notice_terminations_of(
+    ns: &NodeState,
+    mps: &MpsDaemon,
+    gpu: u32,
+    job: u32,
+    offsets: &mut BTreeMap<String, u64>,
+) {
+    let procfs = Procfs::default();
+    for line in crate::sysmon::scan_log(mps.log_dir(), "control.log", offsets) {
+        let Some(command) = crate::detector::control_command(&line) else {
+            continue;
+        };
+        let Some(pid) = terminated_client(command) else {
+            continue;
+        };
+        if mps.is_own_command(command)
+            || already_policed(ns, job, pid)
+            || names_pid(&ns.evicted_file(job), pid, |_| true)
+        {
+            continue;
+        }
+        let victim = procfs
+            .job_of(pid)
+            .or_else(|| crate::clients::recall(ns, gpu, pid).and_then(|o| o.job));
+        if victim == Some(job) {
+            let jobs = ns.jobs(gpu).unwrap_or_default();
+            crate::sysmon::attribute_termination(ns, gpu, Some(pid), &jobs);
+        }
+    }
+}
+
+/// The client a `terminate_client <server> <client>` command ends.
+fn terminated_client(command: &str) -> Option<u32> {
+    match command.split_whitespace().collect::<Vec<_>>()[..] {
+        ["terminate_client", _, client] => client.parse().ok(),
+        _ => None,
     }
 }
 

@@ -610,11 +610,10 @@ fn restart_mps(
 /// share is each client's own). The control log is read for nothing else:
 /// it records users' text (see `detector`).
 ///
-/// A `terminate_client` is attributed as far as it can be: the job and user
-/// of the client it ended (from the client's process while it lingers, or
-/// the GPU's one offline job), which gets it in its AdminComment
-/// (`terminated_by_other`), and the users with muxflow jobs on the GPU, one
-/// of whom (or an administrator) sent it. NVIDIA's daemon logs no sender.
+/// A `terminate_client` is attributed to the client it ended, not to a
+/// sender: the job and user of that client ([`attribute_termination`]),
+/// which gets it in its AdminComment (`terminated_by_other`). NVIDIA's
+/// daemon logs no sender, and anyone who reaches the socket can send it.
 fn notice_foreign_commands(
     ns: &NodeState,
     mps: &MpsDaemon,
@@ -701,45 +700,50 @@ fn bound_control_log(log_dir: &Path, gpu: u32, rec: &mut GpuRecord) {
     }
 }
 
-/// Says whose client a foreign `terminate_client` ended and who could have
-/// sent it; records it for the client's job.
-fn attribute_termination(ns: &NodeState, gpu: u32, client: Option<u32>, jobs: &[JobRecord]) {
-    // The client has usually exited by now: then its mode comes from the
-    // GPU's offline processes as root last listed them, and the job from
-    // the GPU's one job of that mode.
-    let listed_offline = || {
-        let path = ns.offline_procs_file(gpu);
-        let procs = muxflow::node::offline_procs::read_trusted(&path, 0).unwrap_or_default();
-        client.is_some_and(|pid| procs.iter().any(|p| p.pid == pid))
-    };
-    let only = |mode: Mode| match jobs.iter().filter(|j| j.mode == mode).collect::<Vec<_>>()[..] {
-        [one] => Some(one.job_id),
-        _ => None,
-    };
-    let victim = client.and_then(|pid| process_job(pid).0).or_else(|| {
-        only(if listed_offline() {
-            Mode::Offline
-        } else {
-            Mode::Online
-        })
-    });
-    let mut uids: Vec<u32> = jobs.iter().map(|j| j.uid).collect();
-    uids.sort_unstable();
-    uids.dedup();
-    let owner = victim.and_then(|v| jobs.iter().find(|j| j.job_id == v).map(|j| j.uid));
+/// Says whose client a foreign `terminate_client` ended, and records it for
+/// that job (its AdminComment's `terminated_by_other`, while it runs). The
+/// client is known by its process while it lingers, else by what the
+/// police noted of it while it ran ([`crate::clients`]), never guessed
+/// from the jobs on the GPU now. Who sent it is not known: NVIDIA's daemon
+/// names no sender, and anyone who can reach the GPU's socket can send it.
+pub fn attribute_termination(ns: &NodeState, gpu: u32, client: Option<u32>, jobs: &[JobRecord]) {
+    let noted = client.and_then(|pid| crate::clients::recall(ns, gpu, pid));
+    let victim = client
+        .and_then(|pid| process_job(pid).0)
+        .or(noted.and_then(|o| o.job));
+    let owner = victim
+        .and_then(|v| jobs.iter().find(|j| j.job_id == v).map(|j| j.uid))
+        .or(noted.and_then(|o| o.uid));
     tracing::warn!(
         gpu,
         client = ?client,
         job = ?victim,
         uid = ?owner,
-        users_on_gpu = ?uids,
-        "an MPS client was ended by a terminate_client muxflow did not send; NVIDIA's daemon names no sender: one of the users with jobs on the GPU, or an administrator"
+        "an MPS client was ended by a terminate_client muxflow did not send; NVIDIA's daemon names no sender: anyone who can reach the GPU's MPS socket (any user on the node) or an administrator"
     );
-    let Some(job) = victim else { return };
+    // Only for a job the node still runs: a forgotten job's files are gone
+    // with it, and a job that is not muxflow's has none.
+    if let (Some(job), Some(pid)) = (victim, client) {
+        if ns.find_job(job).ok().flatten().is_some() {
+            record_termination(ns, job, pid);
+        }
+    }
+}
+
+/// Notes in job `job`'s root-owned file that its client `pid` was ended by
+/// someone else; once per client (the watcher and the health step may both
+/// see the command).
+fn record_termination(ns: &NodeState, job: u32, pid: u32) {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let path = ns.terminated_by_other_file(job);
-    let line = format!("client={} users_on_gpu={uids:?}\n", client.unwrap_or(0));
+    let line = format!("client={pid} sender=unknown\n");
+    if std::fs::read_to_string(&path).is_ok_and(|t| {
+        t.lines()
+            .any(|l| l.split_whitespace().next() == Some(&format!("client={pid}")))
+    }) {
+        return;
+    }
     let written = std::fs::create_dir_all(ns.limits_dir()).and_then(|()| {
         std::fs::OpenOptions::new()
             .append(true)
@@ -764,7 +768,7 @@ fn attribute_termination(ns: &NodeState, gpu: u32, client: Option<u32>, jobs: &[
 /// The most of a log one step reads (see [`scan_log`]).
 const SCAN_MAX_BYTES: u64 = 16 << 20;
 
-fn scan_log(dir: &Path, name: &str, offsets: &mut BTreeMap<String, u64>) -> Vec<String> {
+pub(crate) fn scan_log(dir: &Path, name: &str, offsets: &mut BTreeMap<String, u64>) -> Vec<String> {
     let Ok(mut f) = std::fs::File::open(dir.join(name)) else {
         offsets.insert(name.into(), 0);
         return Vec::new();

@@ -12,6 +12,10 @@
 //! * `quit` sent to an online GPU's daemon by another user: the health step
 //!   starts the daemon again, and a fatal fault after that does not
 //!   restart it under the online job, which its list no longer names.
+//! * `terminate_client` sent by `nobody`, who has no job on the node, to
+//!   root's offline client: the job it ended is told in its AdminComment
+//!   (`terminated_by_other`) while it runs, and the node log names that
+//!   job and its user, and no sender.
 
 use std::time::Duration;
 
@@ -177,8 +181,9 @@ fn an_offline_process_that_only_maps_xcuda_is_evicted() {
     c.assert_no_drain();
 }
 
-/// Sends `command` as `nobody` to the MPS control daemon of `pipe`.
-fn mps_command_as_nobody(c: &Cluster, pipe: &std::path::Path, command: &str) {
+/// Sends `command` as `nobody` to the MPS control daemon of `pipe`;
+/// returns its answer.
+fn mps_command_as_nobody(c: &Cluster, pipe: &std::path::Path, command: &str) -> String {
     use std::io::Write;
     let mut child = std::process::Command::new("runuser")
         .args(["-u", "nobody", "--", "env"])
@@ -197,6 +202,7 @@ fn mps_command_as_nobody(c: &Cluster, pipe: &std::path::Path, command: &str) {
         .unwrap();
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{command}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 fn counter(c: &Cluster, cfg: &std::path::Path, node: &str, gpu: u32, key: &str) -> u64 {
@@ -243,6 +249,86 @@ fn a_foreign_quit_does_not_lead_to_a_restart_under_the_online_job() {
         )),
         "{log}"
     );
+    c.scancel(&[online]);
+    c.wait(online, WAIT);
+    c.sim_load(node, gpu, 0.0);
+    c.assert_no_drain();
+}
+
+#[test]
+fn a_terminate_client_from_anyone_is_recorded_for_the_job_it_ended() {
+    let c = Cluster::get();
+    let node = "node4";
+    const PREFIX: &str = "mft-";
+    c.cancel_named(PREFIX);
+    let _cancel = muxflow_tests::CancelNamed(&c, PREFIX);
+    let cfg = c.health_config("foreign-terminate", "min_dwell_s = 1\nrecovery_quiet_s = 1");
+    let (online, gpu) = c.online_workload(&format!("{PREFIX}online"), node, 0.05, 1000);
+    c.settle_healthy(&cfg, node, gpu, 1000);
+    // Root's offline job. Its batch step outlives its trainer by a few
+    // seconds, as a trainer's own teardown would: the record is made within
+    // muxflow-police's interval (1 s).
+    let script = format!(
+        "#!/bin/sh\n{}\necho workload-exit=$?\nsleep 3\n",
+        c.workload("offline --duration 120 --alloc-mib 256")
+    );
+    let victim = c
+        .sbatch(
+            &[
+                "--muxflow=offline",
+                "--job-name",
+                &format!("{PREFIX}offline"),
+            ],
+            &script,
+        )
+        .unwrap();
+    c.place(victim, node, gpu);
+    let out = c.wait_output(victim, "pid=", WAIT);
+    let pid = muxflow_tests::kv(&out.replace('\n', " "), "pid").unwrap_or_else(|| panic!("{out}"));
+    let pipe = c
+        .node_path("var/run/muxflow/{node}/mps", node)
+        .join(gpu.to_string());
+    // Attached: listed by the daemon's server.
+    let start = std::time::Instant::now();
+    let server = loop {
+        let servers = mps_command_as_nobody(&c, &pipe, "get_server_list");
+        let server = servers.split_whitespace().find(|s| {
+            mps_command_as_nobody(&c, &pipe, &format!("get_client_list {s}"))
+                .split_whitespace()
+                .any(|p| p == pid)
+        });
+        if let Some(s) = server {
+            break s.to_string();
+        }
+        assert!(start.elapsed() < WAIT, "{pid} never attached: {servers}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    // A trainer that has run a while (the police saw it as a client).
+    std::thread::sleep(Duration::from_secs(3));
+    mps_command_as_nobody(&c, &pipe, &format!("terminate_client {server} {pid}"));
+    let end = c.wait(victim, WAIT);
+    let out = c.output_or_empty(victim);
+    assert!(out.contains("workload-exit="), "{end:?}: {out}");
+    let line = c.sacct_until(victim, "AdminComment", |l| l.contains("mode="));
+    let text = line.split('|').nth(1).unwrap();
+    let report =
+        muxflow::records::report::JobReport::decode(text).unwrap_or_else(|e| panic!("{e}: {line}"));
+    assert_eq!(report.terminated_by_other, Some(1), "{line}");
+    // The node log names the job it ended and its user (root), no sender.
+    let node_log = std::fs::read_to_string(c.dir.join(format!("log/muxflow-{node}.log"))).unwrap();
+    let said = node_log
+        .lines()
+        .filter(|l| l.contains("terminate_client muxflow did not send"))
+        .collect::<Vec<_>>();
+    assert!(
+        said.iter()
+            .any(|l| l.contains(&format!("client=Some({pid})"))
+                && l.contains(&format!("job=Some({victim})"))
+                && l.contains("uid=Some(0)")
+                && l.contains("anyone who can reach")),
+        "{said:?}"
+    );
+    assert_eq!(c.job_field(online, "JobState"), "RUNNING");
     c.scancel(&[online]);
     c.wait(online, WAIT);
     c.sim_load(node, gpu, 0.0);
