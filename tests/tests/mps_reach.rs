@@ -225,8 +225,9 @@ fn a_foreign_quit_does_not_lead_to_a_restart_under_the_online_job() {
     let pipe = c
         .node_path("var/run/muxflow/{node}/mps", node)
         .join(gpu.to_string());
-    mps_command_as_nobody(&c, &pipe, "quit");
+    // Read first: a health step slurmd runs may restart the daemon too.
     let restarted = counter(&c, &cfg, node, gpu, "action.restart_mps_daemon");
+    mps_command_as_nobody(&c, &pipe, "quit");
     c.step_until(&cfg, node, "the daemon started again", || {
         counter(&c, &cfg, node, gpu, "action.restart_mps_daemon") > restarted
     });
