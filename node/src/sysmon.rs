@@ -835,8 +835,9 @@ mod tests {
         };
         let online_and_offline = [job(1, Mode::Online), job(2, Mode::Offline)];
         let offline_only = [job(2, Mode::Offline)];
+        type Clients<'a> = &'a [(u32, Option<Mode>)];
         // (what, the GPU's jobs, does job 1 run, the daemon's clients, blocked?)
-        let rows: [(&str, &[JobRecord], bool, &[(u32, Option<Mode>)], bool); 6] = [
+        let rows: [(&str, &[JobRecord], bool, Clients, bool); 6] = [
             (
                 "offline clients only",
                 &offline_only,
