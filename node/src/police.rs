@@ -369,18 +369,18 @@ pub fn police_gpu(
         if verdict.code == "not_mps" && !outside_mps_after_grace(procfs, mps, pid) {
             continue;
         }
+        if already_policed(ns, job, pid) || evicted_for_health_lately(ns, job, pid) {
+            // Terminated before; it stays listed until it exits (MPS lists
+            // an evicted client until then) and can no longer use the GPU.
+            tracing::debug!(gpu, pid, job, "already terminated");
+            continue;
+        }
         // xCUDA starts right after the driver's cuInit, which attached the
         // client: one caught in between is given a moment.
         if verdict.code == NO_XCUDA
             && facts.xcuda_mapped
             && starts_xcuda_within_grace(procfs, &stats_dir, pid)
         {
-            continue;
-        }
-        if already_policed(ns, job, pid) || evicted_for_health_lately(ns, job, pid) {
-            // Terminated before; it stays listed until it exits (MPS lists
-            // an evicted client until then) and can no longer use the GPU.
-            tracing::debug!(gpu, pid, job, "already terminated");
             continue;
         }
         let how = match facts.mps_server {
