@@ -220,7 +220,37 @@ fn a_foreign_quit_does_not_lead_to_a_restart_under_the_online_job() {
     c.cancel_named(PREFIX);
     let _cancel = muxflow_tests::CancelNamed(&c, PREFIX);
     let cfg = c.health_config("foreign-quit", "min_dwell_s = 1\nrecovery_quiet_s = 1");
-    let (online, gpu) = c.online_workload(&format!("{PREFIX}online"), node, 0.05, 1000);
+    // The service's step outlives its process (a supervisor would start
+    // it again): the job runs on whatever the quit did to its client.
+    for g in 0..2 {
+        c.sim_load(node, g, 0.05);
+    }
+    let script = format!(
+        "#!/bin/sh\n{}\necho online-exit=$?\nsleep 600\n",
+        c.workload("online --rate 20 --alloc-mib 1000")
+    );
+    let online = c
+        .sbatch(
+            &[
+                "--muxflow=online",
+                "--gres=gpu:1",
+                "-w",
+                node,
+                "--job-name",
+                &format!("{PREFIX}online"),
+            ],
+            &script,
+        )
+        .unwrap();
+    c.wait_running(online, WAIT);
+    c.wait_output(online, "pid=", WAIT);
+    let gres = c.gres_detail(online);
+    let gpu: u32 = gres
+        .strip_prefix("gpu:1(IDX:")
+        .and_then(|s| s.strip_suffix(')'))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("job {online}: GRES '{gres}'"));
+    c.sim_load(node, 1 - gpu, 0.0);
     c.settle_healthy(&cfg, node, gpu, 1000);
     let pipe = c
         .node_path("var/run/muxflow/{node}/mps", node)
@@ -250,6 +280,7 @@ fn a_foreign_quit_does_not_lead_to_a_restart_under_the_online_job() {
         )),
         "{log}"
     );
+    assert_eq!(c.job_field(online, "JobState"), "RUNNING");
     c.scancel(&[online]);
     c.wait(online, WAIT);
     c.sim_load(node, gpu, 0.0);
