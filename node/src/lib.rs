@@ -135,6 +135,7 @@ fn init_logging(config: Option<&Config>) {
     }
 }
 
+pub mod clients;
 pub mod detector;
 pub mod doctor;
 pub mod gpu_caps;

@@ -13,12 +13,17 @@
 //! |---|---|
 //! | `wrong_gpu` | it uses a GPU other than the one the job was placed on |
 //! | `not_mps` | it is on the GPU but not a client of the GPU's MPS server |
-//! | `no_xcuda` | xCUDA is not mapped in it (`/proc/<pid>/maps`) |
+//! | `no_xcuda` | xCUDA is not mapped in it (`/proc/<pid>/maps`), or it is but its start-up never ran there (no stats file naming the process's start) |
 //! | `priority` | it started with `CUDA_MPS_CLIENT_PRIORITY` other than 1 |
 //! | `sm_partition` | the job has a static SM partition and it started with another `CUDA_MPS_SM_PARTITION` |
 //! | `sm_pct` | its `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` is missing or above the job's |
 //! | `mem_limit` | its `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` is missing or above the job's cap |
 //! | `mem_used` | NVML reports it using more GPU memory than the job's cap |
+//!
+//! Any job on the node can name a GPU's pipe directory, whatever its own
+//! GPUs: a client of the GPU's MPS daemon whose job is neither the GPU's
+//! recorded online job nor an offline job placed there (a job that is not
+//! muxflow's, another GPU's online job) is evicted (`not_on_gpu`).
 //!
 //! A client of the GPU's MPS daemon that belongs to no running job is a
 //! straggler (`no_job`): it escaped its job's process tree, so it outlived
@@ -61,6 +66,9 @@ use crate::nvml::Process;
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Facts {
     pub xcuda_mapped: bool,
+    /// xCUDA's start-up ran in it: its stats file names the process's
+    /// start ([`muxflow::records::report::xcuda_started`]).
+    pub xcuda_started: bool,
     /// The MPS variables it started with.
     pub env: BTreeMap<String, String>,
     /// GPU memory NVML attributes to it.
@@ -114,8 +122,14 @@ pub fn check(
     }
     if !facts.xcuda_mapped {
         return v(
-            "no_xcuda",
+            NO_XCUDA,
             "xCUDA is not loaded in it (LD_PRELOAD changed)".into(),
+        );
+    }
+    if !facts.xcuda_started {
+        return v(
+            NO_XCUDA,
+            "xCUDA's start-up did not run in it (the library is mapped, but never started)".into(),
         );
     }
     let env = |k: &str| facts.env.get(k).map(String::as_str);
@@ -175,6 +189,9 @@ pub fn check(
     }
     None
 }
+
+/// The code of a process without a running xCUDA.
+pub const NO_XCUDA: &str = "no_xcuda";
 
 /// Device 0's limit in `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` ("0=8G,1=512M"),
 /// in MiB (rounded up); None when absent or unreadable.
@@ -252,6 +269,19 @@ pub fn police_gpu(
     if !any_offline && clients.is_empty() {
         return Vec::new();
     }
+    // Whose each client is, while it runs: a foreign terminate_client is
+    // usually read after the client and its job are gone.
+    let seen: Vec<(u32, crate::clients::Owner)> = clients
+        .keys()
+        .map(|&pid| {
+            let owner = crate::clients::Owner {
+                job: crate::sysmon::process_job(pid).0,
+                uid: process_ids(procfs, pid).map(|(uid, _)| uid),
+            };
+            (pid, owner)
+        })
+        .collect();
+    crate::clients::remember(ns, gpu, &seen, unix_now_s());
     let used: BTreeMap<u32, Option<u64>> =
         nvml_processes.iter().map(|p| (p.pid, p.used_mib)).collect();
     let pids: BTreeSet<u32> = clients.keys().chain(used.keys()).copied().collect();
@@ -268,13 +298,7 @@ pub fn police_gpu(
             let Some(&server) = clients.get(&pid) else {
                 continue;
             };
-            let recorded = recorded.get_or_init(|| {
-                ns.jobs(gpu)
-                    .unwrap_or_default()
-                    .iter()
-                    .map(|j| (j.job_id, j.uid))
-                    .collect::<BTreeMap<u32, u32>>()
-            });
+            let recorded = recorded.get_or_init(|| recorded_jobs(ns, gpu));
             if names_a_recorded_job(procfs, pid, recorded) {
                 continue;
             }
@@ -302,28 +326,32 @@ pub fn police_gpu(
             ));
             continue;
         };
-        if !any_offline {
-            continue;
-        }
         // A k-GPU job's limits for this GPU, else the job's (1-GPU) file.
         let gang_dir = muxflow::records::limits::gpu_dir(&limits_dir, gpu);
         let limits = match JobLimits::read_trusted(&gang_dir, job, owner)
             .or_else(|_| JobLimits::read_trusted(&limits_dir, job, owner))
         {
             Ok((l, _)) => l,
-            // Not an offline job of this node (online, or not muxflow's).
+            // Not an offline job of this node: an online job, or a job that
+            // is not muxflow's. Only the GPU's own jobs may be its clients.
             Err(muxflow::records::limits::LimitsError::Io { source, .. })
                 if source.kind() == std::io::ErrorKind::NotFound =>
             {
-                continue
+                let recorded = recorded.get_or_init(|| recorded_jobs(ns, gpu));
+                if let Some(server) = foreign_client(job, recorded, clients.get(&pid).copied()) {
+                    evict.extend(evict_foreign(config, procfs, ns, gpu, pid, job, server));
+                }
+                continue;
             }
             Err(e) => {
                 tracing::error!(gpu, pid, job, "cannot police: {e}");
                 continue;
             }
         };
+        let stats_dir = ns.xcuda_stats_dir(job);
         let facts = Facts {
             xcuda_mapped: xcuda.is_some_and(|id| maps_executable(procfs, pid, id)),
+            xcuda_started: xcuda_started(procfs, &stats_dir, pid),
             env: environ(procfs, pid, &ENV_VARS),
             used_mib: used.get(&pid).copied().flatten(),
             mps_server: clients.get(&pid).copied(),
@@ -345,6 +373,14 @@ pub fn police_gpu(
             // Terminated before; it stays listed until it exits (MPS lists
             // an evicted client until then) and can no longer use the GPU.
             tracing::debug!(gpu, pid, job, "already terminated");
+            continue;
+        }
+        // xCUDA starts right after the driver's cuInit, which attached the
+        // client: one caught in between is given a moment.
+        if verdict.code == NO_XCUDA
+            && facts.xcuda_mapped
+            && starts_xcuda_within_grace(procfs, &stats_dir, pid)
+        {
             continue;
         }
         let how = match facts.mps_server {
@@ -410,6 +446,75 @@ pub fn police_gpu(
     out
 }
 
+/// The jobs recorded on GPU `gpu`: job -> uid. The caller holds the GPU's
+/// lock.
+fn recorded_jobs(ns: &NodeState, gpu: u32) -> BTreeMap<u32, u32> {
+    ns.jobs(gpu)
+        .unwrap_or_default()
+        .iter()
+        .map(|j| (j.job_id, j.uid))
+        .collect()
+}
+
+/// The server of a process of job `job` (no offline job of the node) that
+/// is a client of the GPU's daemon (`server`) although its job is not
+/// recorded on the GPU (`recorded`); None for the GPU's own jobs and for
+/// processes outside MPS (a job's GPU outside MPS is Slurm's, by its
+/// device cgroup).
+fn foreign_client(job: u32, recorded: &BTreeMap<u32, u32>, server: Option<u32>) -> Option<u32> {
+    server.filter(|_| !recorded.contains_key(&job))
+}
+
+/// The code of a client of the GPU's MPS daemon whose job is not the GPU's:
+/// neither its recorded online job nor an offline job placed there.
+pub const NOT_ON_GPU: &str = "not_on_gpu";
+
+/// Evicts process `pid` of job `job`, a client of `server` on GPU `gpu`
+/// although its job is not recorded there: it reached the GPU's pipe
+/// directory itself (any job on the node can name it, whatever device
+/// cgroups the site has). A muxflow job of the node (an online job of
+/// another GPU) gets the code in its AdminComment; another job's is logged
+/// and told only (the node keeps no files for jobs it does not run).
+fn evict_foreign(
+    config: &Config,
+    procfs: &Procfs,
+    ns: &NodeState,
+    gpu: u32,
+    pid: u32,
+    job: u32,
+    server: u32,
+) -> Option<Eviction> {
+    let muxflow_job = ns.find_job(job).ok().flatten().is_some();
+    if muxflow_job && already_policed(ns, job, pid) {
+        // Terminated before; listed by MPS until it exits.
+        return None;
+    }
+    let verdict = Verdict {
+        code: NOT_ON_GPU,
+        reason: format!(
+            "it belongs to job {job}, which is neither GPU {gpu}'s online job nor an offline job placed there"
+        ),
+    };
+    let message = format!(
+        "muxflow: process {pid} of job {job} is evicted from GPU {gpu} (MPS terminate_client) \
+         by the node: {}; only the GPU's own jobs may be clients of its MPS server",
+        verdict.reason
+    );
+    let terminated = Terminated {
+        pid,
+        job: muxflow_job.then_some(job),
+        verdict,
+    };
+    Some(announce(
+        config,
+        procfs,
+        gpu,
+        terminated,
+        Some(server),
+        &message,
+    ))
+}
+
 /// Logs why `t` is terminated and tells the process, before its eviction:
 /// once evicted, it may exit at once.
 fn announce(
@@ -468,6 +573,29 @@ fn process_ids(procfs: &Procfs, pid: u32) -> Option<(u32, u32)> {
             .ok()
     };
     Some((id("Uid:")?, id("Gid:")?))
+}
+
+/// Whether xCUDA's start-up ran in process `pid`, by its stats file in the
+/// job's stats directory `dir`.
+fn xcuda_started(procfs: &Procfs, dir: &Path, pid: u32) -> bool {
+    muxflow::node::offline_procs::ProcId::of(procfs, pid)
+        .is_some_and(|p| muxflow::records::report::xcuda_started(dir, pid, p.start_ticks))
+}
+
+/// How long a process that maps xCUDA gets to show that it started it.
+const XCUDA_START_GRACE: Duration = Duration::from_secs(1);
+
+/// Whether a process that maps xCUDA but has not shown its start-up shows
+/// it (or exits) within [`XCUDA_START_GRACE`]. Only on suspicion.
+fn starts_xcuda_within_grace(procfs: &Procfs, dir: &Path, pid: u32) -> bool {
+    let until = Instant::now() + XCUDA_START_GRACE;
+    while Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+        if xcuda_started(procfs, dir, pid) || !procfs.path(pid, "stat").exists() {
+            return true;
+        }
+    }
+    false
 }
 
 /// How long a process NVML lists outside MPS gets to show up as a client
@@ -693,6 +821,14 @@ pub fn watch(config: &Config, job: u32, node: Option<&str>) -> anyhow::Result<()
     let started = Instant::now();
     let mut stepd_seen = false;
     let mut sampler: Option<std::process::Child> = None;
+    // Where this watcher has read each of its GPUs' control logs (from
+    // their end when it starts).
+    let mut control_offsets: BTreeMap<u32, BTreeMap<String, u64>> = BTreeMap::new();
+    for gpu in ns.job_gpus(job)? {
+        let mps = MpsDaemon::for_gpu(config, gpu);
+        let offsets = control_offsets.entry(gpu).or_default();
+        crate::sysmon::scan_log(mps.log_dir(), "control.log", offsets);
+    }
     tracing::info!(job, ?interval, "muxflow-police: watching offline job");
     loop {
         std::thread::sleep(interval);
@@ -769,6 +905,10 @@ pub fn watch(config: &Config, job: u32, node: Option<&str>) -> anyhow::Result<()
                 publish_offline_procs(&ns, &procfs, gpu, &processes);
             }
             let mps = MpsDaemon::for_gpu(config, gpu);
+            if own {
+                let offsets = control_offsets.entry(gpu).or_default();
+                notice_terminations_of(&ns, &mps, gpu, job, offsets);
+            }
             for t in police_gpu(config, &ns, &mps, gpu, &processes) {
                 tracing::warn!(
                     job = ?t.job,
@@ -782,6 +922,53 @@ pub fn watch(config: &Config, job: u32, node: Option<&str>) -> anyhow::Result<()
         }
         // After the locks: a call to slurmctld must not hold up the GPUs.
         escalate(config, &ns, job);
+    }
+}
+
+/// A `terminate_client` someone other than muxflow sent to GPU `gpu`'s
+/// daemon that ended a client of job `job`, recorded for the job within the
+/// watcher's interval: while the job still runs, so its AdminComment says
+/// so (the health step reads the command too, but usually after the job's
+/// Epilog). Reads the control log from `offsets` (this watcher's own), and
+/// only its `Cmd:` echoes. muxflow's own evictions are known by their
+/// notes: the daemon's list of muxflow's commands, the job's policed and
+/// evicted files.
+fn notice_terminations_of(
+    ns: &NodeState,
+    mps: &MpsDaemon,
+    gpu: u32,
+    job: u32,
+    offsets: &mut BTreeMap<String, u64>,
+) {
+    let procfs = Procfs::default();
+    for line in crate::sysmon::scan_log(mps.log_dir(), "control.log", offsets) {
+        let Some(command) = crate::detector::control_command(&line) else {
+            continue;
+        };
+        let Some(pid) = terminated_client(command) else {
+            continue;
+        };
+        if mps.is_own_command(command)
+            || already_policed(ns, job, pid)
+            || names_pid(&ns.evicted_file(job), pid, |_| true)
+        {
+            continue;
+        }
+        let victim = procfs
+            .job_of(pid)
+            .or_else(|| crate::clients::recall(ns, gpu, pid).and_then(|o| o.job));
+        if victim == Some(job) {
+            let jobs = ns.jobs(gpu).unwrap_or_default();
+            crate::sysmon::attribute_termination(ns, gpu, Some(pid), &jobs);
+        }
+    }
+}
+
+/// The client a `terminate_client <server> <client>` command ends.
+fn terminated_client(command: &str) -> Option<u32> {
+    match command.split_whitespace().collect::<Vec<_>>()[..] {
+        ["terminate_client", _, client] => client.parse().ok(),
+        _ => None,
     }
 }
 
@@ -1173,6 +1360,27 @@ mod tests {
     }
 
     #[test]
+    fn only_the_gpus_own_jobs_may_be_clients_of_its_daemon() {
+        // The GPU's jobs: 10 (online) and 11 (offline, placed here).
+        let recorded = BTreeMap::from([(10, 1001), (11, 1002)]);
+        // (what, its job, the server it is a client of, evicted?)
+        let rows = [
+            ("the GPU's online job", 10, Some(77), false),
+            ("an offline job placed here", 11, Some(77), false),
+            ("a plain job that named the pipe", 20, Some(77), true),
+            ("another GPU's online job", 21, Some(77), true),
+            ("a plain job outside MPS (Slurm's)", 20, None, false),
+        ];
+        for (what, job, server, evicted) in rows {
+            assert_eq!(
+                foreign_client(job, &recorded, server).is_some(),
+                evicted,
+                "{what}"
+            );
+        }
+    }
+
+    #[test]
     fn a_straggler_is_sheltered_only_by_a_recorded_job_of_its_own_user() {
         let tmp = tempfile::tempdir().unwrap();
         let procfs = Procfs::at(tmp.path());
@@ -1280,6 +1488,7 @@ mod tests {
     fn good() -> Facts {
         Facts {
             xcuda_mapped: true,
+            xcuda_started: true,
             env: [
                 ("CUDA_MPS_CLIENT_PRIORITY", "1"),
                 ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "30"),
@@ -1333,7 +1542,16 @@ mod tests {
             },
             Case {
                 name: "LD_PRELOAD unset",
-                change: |f| f.xcuda_mapped = false,
+                change: |f| {
+                    f.xcuda_mapped = false;
+                    f.xcuda_started = false;
+                },
+                gpu: 1,
+                code: Some("no_xcuda"),
+            },
+            Case {
+                name: "xCUDA mapped by another library, never started",
+                change: |f| f.xcuda_started = false,
                 gpu: 1,
                 code: Some("no_xcuda"),
             },

@@ -539,8 +539,35 @@ fn evict_offline(
     Ok(n)
 }
 
-/// Restarts the GPU's MPS daemon when no client that may be online is
-/// attached (a restart would take an online job down with it).
+/// Why the GPU's MPS daemon must not be restarted now, if it must not: an
+/// online job recorded on the GPU still runs (`job_runs`: its slurmstepd),
+/// or one of the daemon's live `clients` (pid, its job's mode) may be
+/// online. The records count as well as the daemon's list: after a `quit`
+/// someone else sent, the daemon started again lists none of the online
+/// job's processes, which still use the GPU.
+fn restart_blocked(
+    jobs: &[JobRecord],
+    job_runs: impl Fn(u32) -> bool,
+    clients: &[(u32, Option<Mode>)],
+) -> Option<String> {
+    if let Some(j) = jobs
+        .iter()
+        .find(|j| j.mode == Mode::Online && job_runs(j.job_id))
+    {
+        return Some(format!(
+            "online job {} is recorded on the GPU and runs",
+            j.job_id
+        ));
+    }
+    clients
+        .iter()
+        .find(|(_, mode)| *mode != Some(Mode::Offline))
+        .map(|(pid, _)| format!("client {pid}, which may be online, is attached"))
+}
+
+/// Restarts the GPU's MPS daemon when no online job runs on it and no
+/// client that may be online is attached (a restart would take an online
+/// job down with it).
 fn restart_mps(
     config: &Config,
     mps: &MpsDaemon,
@@ -551,17 +578,18 @@ fn restart_mps(
     if !mps.is_running() {
         return Ok(false);
     }
+    let procfs = muxflow::node::jobproc::Procfs::default();
+    let mut clients = Vec::new();
     for server in mps.server_pids()? {
         for client in mps.client_pids(server)? {
-            if !exited(client) && process_mode(client, jobs) != Some(Mode::Offline) {
-                tracing::info!(
-                    gpu,
-                    client,
-                    "MPS daemon not restarted: a client that may be online is attached"
-                );
-                return Ok(false);
+            if !exited(client) {
+                clients.push((client, process_mode(client, jobs)));
             }
         }
+    }
+    if let Some(why) = restart_blocked(jobs, |j| procfs.stepd_of_job_runs(j), &clients) {
+        tracing::info!(gpu, "MPS daemon not restarted: {why}");
+        return Ok(false);
     }
     mps.quit()?;
     // Started again only for the jobs still recorded on the GPU; otherwise
@@ -582,11 +610,10 @@ fn restart_mps(
 /// share is each client's own). The control log is read for nothing else:
 /// it records users' text (see `detector`).
 ///
-/// A `terminate_client` is attributed as far as it can be: the job and user
-/// of the client it ended (from the client's process while it lingers, or
-/// the GPU's one offline job), which gets it in its AdminComment
-/// (`terminated_by_other`), and the users with muxflow jobs on the GPU, one
-/// of whom (or an administrator) sent it. NVIDIA's daemon logs no sender.
+/// A `terminate_client` is attributed to the client it ended, not to a
+/// sender: the job and user of that client ([`attribute_termination`]),
+/// which gets it in its AdminComment (`terminated_by_other`). NVIDIA's
+/// daemon logs no sender, and anyone who reaches the socket can send it.
 fn notice_foreign_commands(
     ns: &NodeState,
     mps: &MpsDaemon,
@@ -673,45 +700,50 @@ fn bound_control_log(log_dir: &Path, gpu: u32, rec: &mut GpuRecord) {
     }
 }
 
-/// Says whose client a foreign `terminate_client` ended and who could have
-/// sent it; records it for the client's job.
-fn attribute_termination(ns: &NodeState, gpu: u32, client: Option<u32>, jobs: &[JobRecord]) {
-    // The client has usually exited by now: then its mode comes from the
-    // GPU's offline processes as root last listed them, and the job from
-    // the GPU's one job of that mode.
-    let listed_offline = || {
-        let path = ns.offline_procs_file(gpu);
-        let procs = muxflow::node::offline_procs::read_trusted(&path, 0).unwrap_or_default();
-        client.is_some_and(|pid| procs.iter().any(|p| p.pid == pid))
-    };
-    let only = |mode: Mode| match jobs.iter().filter(|j| j.mode == mode).collect::<Vec<_>>()[..] {
-        [one] => Some(one.job_id),
-        _ => None,
-    };
-    let victim = client.and_then(|pid| process_job(pid).0).or_else(|| {
-        only(if listed_offline() {
-            Mode::Offline
-        } else {
-            Mode::Online
-        })
-    });
-    let mut uids: Vec<u32> = jobs.iter().map(|j| j.uid).collect();
-    uids.sort_unstable();
-    uids.dedup();
-    let owner = victim.and_then(|v| jobs.iter().find(|j| j.job_id == v).map(|j| j.uid));
+/// Says whose client a foreign `terminate_client` ended, and records it for
+/// that job (its AdminComment's `terminated_by_other`, while it runs). The
+/// client is known by its process while it lingers, else by what the
+/// police noted of it while it ran ([`crate::clients`]), never guessed
+/// from the jobs on the GPU now. Who sent it is not known: NVIDIA's daemon
+/// names no sender, and anyone who can reach the GPU's socket can send it.
+pub fn attribute_termination(ns: &NodeState, gpu: u32, client: Option<u32>, jobs: &[JobRecord]) {
+    let noted = client.and_then(|pid| crate::clients::recall(ns, gpu, pid));
+    let victim = client
+        .and_then(|pid| process_job(pid).0)
+        .or(noted.and_then(|o| o.job));
+    let owner = victim
+        .and_then(|v| jobs.iter().find(|j| j.job_id == v).map(|j| j.uid))
+        .or(noted.and_then(|o| o.uid));
     tracing::warn!(
         gpu,
         client = ?client,
         job = ?victim,
         uid = ?owner,
-        users_on_gpu = ?uids,
-        "an MPS client was ended by a terminate_client muxflow did not send; NVIDIA's daemon names no sender: one of the users with jobs on the GPU, or an administrator"
+        "an MPS client was ended by a terminate_client muxflow did not send; NVIDIA's daemon names no sender: anyone who can reach the GPU's MPS socket (any user on the node) or an administrator"
     );
-    let Some(job) = victim else { return };
+    // Only for a job the node still runs: a forgotten job's files are gone
+    // with it, and a job that is not muxflow's has none.
+    if let (Some(job), Some(pid)) = (victim, client) {
+        if ns.find_job(job).ok().flatten().is_some() {
+            record_termination(ns, job, pid);
+        }
+    }
+}
+
+/// Notes in job `job`'s root-owned file that its client `pid` was ended by
+/// someone else; once per client (the watcher and the health step may both
+/// see the command).
+fn record_termination(ns: &NodeState, job: u32, pid: u32) {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let path = ns.terminated_by_other_file(job);
-    let line = format!("client={} users_on_gpu={uids:?}\n", client.unwrap_or(0));
+    let line = format!("client={pid} sender=unknown\n");
+    if std::fs::read_to_string(&path).is_ok_and(|t| {
+        t.lines()
+            .any(|l| l.split_whitespace().next() == Some(&format!("client={pid}")))
+    }) {
+        return;
+    }
     let written = std::fs::create_dir_all(ns.limits_dir()).and_then(|()| {
         std::fs::OpenOptions::new()
             .append(true)
@@ -736,7 +768,7 @@ fn attribute_termination(ns: &NodeState, gpu: u32, client: Option<u32>, jobs: &[
 /// The most of a log one step reads (see [`scan_log`]).
 const SCAN_MAX_BYTES: u64 = 16 << 20;
 
-fn scan_log(dir: &Path, name: &str, offsets: &mut BTreeMap<String, u64>) -> Vec<String> {
+pub(crate) fn scan_log(dir: &Path, name: &str, offsets: &mut BTreeMap<String, u64>) -> Vec<String> {
     let Ok(mut f) = std::fs::File::open(dir.join(name)) else {
         offsets.insert(name.into(), 0);
         return Vec::new();
@@ -792,6 +824,71 @@ mod tests {
     use super::*;
     use muxflow::policy::health::Metrics;
     use std::io::Write;
+
+    #[test]
+    fn the_daemon_is_restarted_only_without_a_running_online_job_or_client() {
+        let job = |job_id, mode| JobRecord {
+            job_id,
+            mode,
+            uid: 1000,
+            slots: Vec::new(),
+        };
+        let online_and_offline = [job(1, Mode::Online), job(2, Mode::Offline)];
+        let offline_only = [job(2, Mode::Offline)];
+        type Clients<'a> = &'a [(u32, Option<Mode>)];
+        // (what, the GPU's jobs, does job 1 run, the daemon's clients, blocked?)
+        let rows: [(&str, &[JobRecord], bool, Clients, bool); 6] = [
+            (
+                "offline clients only",
+                &offline_only,
+                false,
+                &[(7, Some(Mode::Offline))],
+                false,
+            ),
+            (
+                "nothing attached, no online job",
+                &offline_only,
+                false,
+                &[],
+                false,
+            ),
+            (
+                "a running online job no longer listed (a foreign quit)",
+                &online_and_offline,
+                true,
+                &[(7, Some(Mode::Offline))],
+                true,
+            ),
+            (
+                "an online job whose step is gone",
+                &online_and_offline,
+                false,
+                &[],
+                false,
+            ),
+            (
+                "an online client listed",
+                &offline_only,
+                false,
+                &[(8, Some(Mode::Online))],
+                true,
+            ),
+            (
+                "a client of no known job",
+                &offline_only,
+                false,
+                &[(9, None)],
+                true,
+            ),
+        ];
+        for (what, jobs, runs, clients, blocked) in rows {
+            assert_eq!(
+                restart_blocked(jobs, |j| runs && j == 1, clients).is_some(),
+                blocked,
+                "{what}"
+            );
+        }
+    }
 
     #[test]
     fn log_scan_resumes_and_restarts_after_truncation() {

@@ -690,6 +690,13 @@ impl MpsDaemon {
         }
     }
 
+    /// Whether a note of muxflow's own answers for `command` (as
+    /// [`Self::take_own_command`], without using it up: for readers other
+    /// than the health step).
+    pub fn is_own_command(&self, command: &str) -> bool {
+        std::fs::read_to_string(self.own_commands()).is_ok_and(|t| t.lines().any(|l| l == command))
+    }
+
     /// Did muxflow send this state-changing command (exactly this text),
     /// one not yet matched to the daemon's log? Each note of muxflow's
     /// answers for one `Cmd:` line only, and is used up by it: a user's

@@ -245,6 +245,31 @@ pub fn read_claim_files(dir: &std::path::Path) -> Vec<(String, String)> {
         .collect()
 }
 
+/// xCUDA's stats file of process `pid` in a job's stats directory.
+pub fn xcuda_stats_file(dir: &std::path::Path, pid: u32) -> std::path::PathBuf {
+    dir.join(format!("xcuda.{pid}"))
+}
+
+/// The key of xCUDA's stats line that names the process writing it by its
+/// start (`/proc/<pid>/stat`'s starttime, clock ticks since boot). xCUDA
+/// writes the file from its start-up on, so a process whose file names its
+/// own start ran that start-up; a process that only maps the library (or a
+/// later process given the same pid) has no such file.
+pub const XCUDA_STARTED_KEY: &str = "started";
+
+/// Whether `<dir>/xcuda.<pid>` says xCUDA's start-up ran in process `pid`
+/// that started at `start_ticks`. The file is the job's user's to write
+/// (read as [`read_claim_files`] reads them): it tells a process that runs
+/// xCUDA from one that maps it, not from one that forges its file.
+pub fn xcuda_started(dir: &std::path::Path, pid: u32, start_ticks: u64) -> bool {
+    read_user_file(&xcuda_stats_file(dir, pid)).and_then(|t| {
+        last_kv_line(&t)?
+            .get(XCUDA_STARTED_KEY)?
+            .parse::<u64>()
+            .ok()
+    }) == Some(start_ticks)
+}
+
 fn read_user_file(path: &std::path::Path) -> Option<String> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
@@ -506,6 +531,34 @@ impl JobReport {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn xcuda_started_only_where_its_file_names_the_process_start() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path();
+        std::fs::write(
+            super::xcuda_stats_file(dir, 42),
+            "launches=0 delayed=0 started=777\n",
+        )
+        .unwrap();
+        std::fs::write(super::xcuda_stats_file(dir, 43), "launches=5\n").unwrap();
+        std::os::unix::fs::symlink(
+            super::xcuda_stats_file(dir, 42),
+            super::xcuda_stats_file(dir, 44),
+        )
+        .unwrap();
+        // (what, pid, its start, started?)
+        let rows = [
+            ("its file names its start", 42, 777, true),
+            ("a later process given the same pid", 42, 900, false),
+            ("a file without the start (an older xCUDA)", 43, 777, false),
+            ("no file: the library mapped, never started", 45, 777, false),
+            ("a link to another process's file", 44, 777, false),
+        ];
+        for (what, pid, start, started) in rows {
+            assert_eq!(super::xcuda_started(dir, pid, start), started, "{what}");
+        }
+    }
+
     use super::*;
 
     fn full() -> JobReport {

@@ -53,6 +53,9 @@ fn start(first: bool) {
         return;
     }
     memcap();
+    // First: the file that names this process is the node's proof that
+    // xCUDA started in it (a library only mapped writes none).
+    write_stats();
     super::shutdown::install();
     // A forked child's inherited delay means nothing: open until its watcher says.
     gate().set(Mode::Delay(Duration::ZERO));

@@ -77,7 +77,8 @@ pub fn write_stats() {
     static WRITING: Mutex<()> = Mutex::new(());
     if let Some(dir) = &settings().env.stats_dir {
         let _w = WRITING.lock().unwrap_or_else(|e| e.into_inner());
-        if let Err(e) = stats::write(dir, std::process::id(), &counters()) {
+        let started = stats::own_start_ticks();
+        if let Err(e) = stats::write(dir, std::process::id(), &counters(), started) {
             if !LOGGED.swap(true, Relaxed) {
                 crate::log(format_args!("{e}"));
             }

@@ -1,6 +1,9 @@
 //! The per-process counter file `<stats dir>/xcuda.<pid>`: one line of
 //! `key=value`, replaced atomically (temp file in the same directory, then
-//! rename), so the plugin never reads half a file.
+//! rename), so the plugin never reads half a file. It also names the
+//! process by its start ([`muxflow::records::report::XCUDA_STARTED_KEY`]):
+//! written from xCUDA's start-up on, it is how the node tells a process
+//! that runs xCUDA from one that only maps the library.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -17,12 +20,23 @@ pub struct Counters {
 }
 
 impl Counters {
-    pub fn line(&self) -> String {
+    /// The file's line; `started`: the process's start, where known.
+    pub fn line(&self, started: Option<u64>) -> String {
+        let started = started.map_or(String::new(), |t| {
+            format!(" {}={t}", muxflow::records::report::XCUDA_STARTED_KEY)
+        });
         format!(
-            "launches={} delayed={} delay_us={} oom={} peak_bytes={} released={}\n",
+            "launches={} delayed={} delay_us={} oom={} peak_bytes={} released={}{started}\n",
             self.launches, self.delayed, self.delay_us, self.oom, self.peak_bytes, self.released
         )
     }
+}
+
+/// This process's start (`/proc/self/stat`'s starttime): read at each
+/// write, so a forked child's file names the child.
+pub fn own_start_ticks() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    muxflow::node::offline_procs::start_ticks(&stat)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -33,11 +47,11 @@ pub struct StatsError {
 }
 
 pub fn path(dir: &Path, pid: u32) -> PathBuf {
-    dir.join(format!("xcuda.{pid}"))
+    muxflow::records::report::xcuda_stats_file(dir, pid)
 }
 
-/// Replaces `<dir>/xcuda.<pid>` with `c`.
-pub fn write(dir: &Path, pid: u32, c: &Counters) -> Result<(), StatsError> {
+/// Replaces `<dir>/xcuda.<pid>` with `c` and the process's start.
+pub fn write(dir: &Path, pid: u32, c: &Counters, started: Option<u64>) -> Result<(), StatsError> {
     // Dot-prefixed: never matches the plugin's `xcuda.*`.
     let tmp = dir.join(format!(".xcuda.{pid}.tmp"));
     let dst = path(dir, pid);
@@ -46,7 +60,7 @@ pub fn write(dir: &Path, pid: u32, c: &Counters) -> Result<(), StatsError> {
         move |source| StatsError { path: p, source }
     };
     let mut f = std::fs::File::create(&tmp).map_err(err(&tmp))?;
-    f.write_all(c.line().as_bytes()).map_err(err(&tmp))?;
+    f.write_all(c.line(started).as_bytes()).map_err(err(&tmp))?;
     drop(f);
     std::fs::rename(&tmp, &dst).map_err(err(&dst))
 }
@@ -66,19 +80,22 @@ mod tests {
             peak_bytes: 1 << 20,
             released: 0,
         };
-        write(d.path(), 42, &c).unwrap();
+        write(d.path(), 42, &c, None).unwrap();
         c.launches = 6;
-        write(d.path(), 42, &c).unwrap();
+        write(d.path(), 42, &c, Some(777)).unwrap();
         let s = std::fs::read_to_string(path(d.path(), 42)).unwrap();
         assert_eq!(
             s,
-            "launches=6 delayed=2 delay_us=300 oom=1 peak_bytes=1048576 released=0\n"
+            "launches=6 delayed=2 delay_us=300 oom=1 peak_bytes=1048576 released=0 started=777\n"
         );
+        // What the node reads it as: this process, started then.
+        assert!(muxflow::records::report::xcuda_started(d.path(), 42, 777));
         let names: Vec<_> = std::fs::read_dir(d.path())
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
         assert_eq!(names, vec!["xcuda.42".to_string()]);
-        assert!(write(Path::new("/nonexistent/dir"), 1, &c).is_err());
+        assert!(write(Path::new("/nonexistent/dir"), 1, &c, None).is_err());
+        assert!(own_start_ticks().is_some());
     }
 }
