@@ -175,6 +175,9 @@ pub struct SqueueJob {
     /// The array it belongs to (0: not an array task).
     #[serde(deserialize_with = "number")]
     pub array_job_id: u32,
+    /// The task this record is (unset for a record of several tasks).
+    #[serde(deserialize_with = "number")]
+    pub array_task_id: u32,
     /// An array's record of tasks not yet split out (`0-7`, `1,3,5-7%2`);
     /// empty for a single task.
     #[serde(deserialize_with = "nullable")]
@@ -624,9 +627,9 @@ pub struct PendingJob {
     /// The CPUs and memory it asks for on its node (zero: not known, no
     /// limit).
     pub need: NodeRoom,
-    /// An array's record of pending tasks stands for its first task: the
-    /// round places that task alone (`JobId=<id>_<task>`, which Slurm splits
-    /// out as its own job), never the whole record.
+    /// The array's own record (its id the array's) stands for its first
+    /// pending task: the round places that task alone (`JobId=<id>_<task>`,
+    /// which Slurm splits out as a job of its own), never the whole array.
     pub array_task: Option<u32>,
     /// Why Slurm will not start it now, whatever its hints say: it gets no
     /// slot, and a slot it holds goes back to the pool.
@@ -790,7 +793,12 @@ fn pending_job(
             .flatten(),
         refusals: comment.map_or(0, AdminComment::refusals),
         need: tres_need(&j.tres_req_str),
-        array_task: first_array_task(&j.array_task_string).filter(|_| j.array_job_id != 0),
+        // The array's own record (its id is the array's): all its pending
+        // tasks, or its last one. Updating it by the plain id would change
+        // every task of the array (Slurm refuses Gres= then); split-out
+        // tasks have ids of their own.
+        array_task: (j.array_job_id != 0 && j.array_job_id == j.job_id)
+            .then(|| first_array_task(&j.array_task_string).unwrap_or(j.array_task_id)),
         unstartable: unstartable(j, comment, now_s),
     }
 }

@@ -595,11 +595,27 @@ fn data_parser_shapes_of_begin_time_dependency_hetjob_and_array() {
     let jobs = parse_squeue(&het).unwrap();
     let st = ClusterState::build_at(&jobs, &[], &names(), 1000);
     assert_eq!(st.pending[0].unstartable, Some(Unstartable::HetJob));
-    let arr = job(r#""array_task_string": "4-7%2""#).replace(
-        &format!(r#""array_job_id": {}"#, n(0)),
-        &format!(r#""array_job_id": {}"#, n(30)),
-    );
+    let arr = job(r#""array_task_string": "4-7%2""#)
+        .replace(&format!(r#""job_id": {}"#, n(30)), r#""job_id": 30"#)
+        .replace(
+            &format!(r#""array_job_id": {}"#, n(0)),
+            &format!(r#""array_job_id": {}"#, n(30)),
+        );
     let jobs = parse_squeue(&arr).unwrap();
     let st = ClusterState::build_at(&jobs, &[], &names(), 1000);
     assert_eq!(st.pending[0].slurm_id(), "30_4");
+    // The array's last pending task left in its own record, and a task
+    // split out as a job of its own.
+    let unset_task = r#""array_task_id": {"set": false, "infinite": false, "number": 0}"#;
+    let last = arr
+        .replace(
+            r#""array_task_string": "4-7%2""#,
+            r#""array_task_string": """#,
+        )
+        .replace(unset_task, &format!(r#""array_task_id": {}"#, n(7)));
+    let st = ClusterState::build_at(&parse_squeue(&last).unwrap(), &[], &names(), 1000);
+    assert_eq!(st.pending[0].slurm_id(), "30_7");
+    let split = last.replace(r#""job_id": 30"#, r#""job_id": 31"#);
+    let st = ClusterState::build_at(&parse_squeue(&split).unwrap(), &[], &names(), 1000);
+    assert_eq!(st.pending[0].slurm_id(), "31");
 }
