@@ -515,7 +515,12 @@ fn jobs_slurm_would_not_start_get_no_slot_and_give_theirs_back() {
         assert_eq!(d.action, r.action, "job {}: {d:?}", r.job);
         assert_eq!(d.waiting, r.waiting, "job {}: {d:?}", r.job);
         if let Some(want) = &r.update {
-            assert_eq!(d.update.as_ref().unwrap(), &[want.clone()], "job {}", r.job);
+            assert_eq!(
+                d.update.as_ref().unwrap(),
+                std::slice::from_ref(want),
+                "job {}",
+                r.job
+            );
         }
     }
     // The array's record is placed as its first pending task alone.

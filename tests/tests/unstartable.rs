@@ -200,7 +200,7 @@ fn a_requeued_job_gives_its_gpu_back_while_slurm_delays_it() {
     let (ok, out) = c.scontrol_as(USER, &["requeue", &requeued.to_string()]);
     assert!(ok, "requeue: {out}");
     let start = Instant::now();
-    while c.job_field(requeued, "JobState") != "PENDING" || c.gres_detail(requeued) != "" {
+    while c.job_field(requeued, "JobState") != "PENDING" || !c.gres_detail(requeued).is_empty() {
         assert!(start.elapsed() < Duration::from_secs(30), "not requeued");
         std::thread::sleep(Duration::from_millis(200));
     }
