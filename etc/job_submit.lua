@@ -33,7 +33,10 @@ job_desc.spank_job_env. Then:
            GPU); and a job no GPU node could ever hold (more GPUs, CPUs or
            memory on one node than any has: Slurm's own check does not see
            the GPUs taken out below; the matcher writes the nodes' shapes
-           each round to SHAPE_FILE). An offline job asking for N GPUs of its node (--gres=gpu:N,
+           each round to SHAPE_FILE); a heterogeneous job (its components
+           would be placed one by one, never started together); -H/--hold
+           (indistinguishable from the parking hold: use --begin, or hold
+           the job once placed). An offline job asking for N GPUs of its node (--gres=gpu:N,
            --gpus=N) is recorded as `gpus=N` and placed as a gang of N slots
            of one node; each of its tasks gets one of them.
   online   The job keeps its gres/gpu request and is tagged in AdminComment so
@@ -48,7 +51,8 @@ Only muxflow places offline work (on Slurm 22.05, checked on the dev cluster):
     may not add the offline slot to any job, nor change a muxflow offline
     job's slot, node list (ReqNodeList, ExcNodeList), features, preference
     or release its hold. The matcher runs as root or SlurmUser. Holding one's
-    own job stays allowed. Slurm 22.05 does not show a job_modify message to
+    own job stays allowed, and so does releasing one's own hold of a placed
+    job (the matcher leaves a job its owner holds alone until then). Slurm 22.05 does not show a job_modify message to
     the user (bug 14539): scontrol prints "Access/permission denied".
   * muxflow-matcher writes its placement into the AdminComment (only root,
     SlurmUser and admins can), and the Prolog refuses an offline job whose
@@ -186,6 +190,25 @@ end
 -- refused now rather than accepted and left pending (or started on less
 -- than asked).
 local function offline_refusal(job_desc)
+	-- Each component of a heterogeneous job comes here with its offset
+	-- (NO_VAL for other jobs). Refused rather than placed as a whole: Slurm
+	-- starts the components only together and on their own nodes, while
+	-- muxflow places each offline job on one GPU of one node as its own
+	-- job; components placed one by one would hold GPUs idle for good.
+	local het = job_desc.het_job_offset
+	if het ~= nil and het ~= NO_VAL then
+		return "a heterogeneous job (components separated by ':' or #SBATCH hetjob) cannot be used with "
+			.. "--muxflow=offline: Slurm starts its components only together, and muxflow places each offline job "
+			.. "on its own GPU. Submit each component as a job of its own (--dependency to order them), or submit "
+			.. "without --muxflow"
+	end
+	-- A hold at submit is priority 0, as is muxflow's own parking: the
+	-- matcher could not tell them apart and would release it.
+	if job_desc.priority == 0 then
+		return "-H/--hold cannot be used with --muxflow=offline: muxflow keeps an offline job held until it places "
+			.. "it. Submit without --hold; to start it later use --begin=<time>, or hold it once placed "
+			.. "(scontrol hold <id>, then scontrol release <id>): muxflow leaves a job its owner holds alone"
+	end
 	local shared = job_desc.shared
 	if shared ~= nil and shared ~= NO_VAL16 and shared ~= SHARED_OK then
 		return "--exclusive cannot be used with --muxflow=offline: an offline job shares its node and GPU "
@@ -445,6 +468,15 @@ local function is_offline_job(job_rec)
 	return c ~= nil and string.match(c, "^" .. TAG .. " " .. KEY_MODE .. "=" .. MODE_OFFLINE) ~= nil
 end
 
+-- Slurm's INFINITE (32-bit): job_desc.priority of `scontrol release`.
+local INFINITE = 4294967295
+
+-- Has the matcher placed the job (its placement in the AdminComment)?
+local function placed(job_rec)
+	local c = job_rec.admin_comment
+	return c ~= nil and string.match(c, " " .. KEY_PLACED .. "=[^ ]") ~= nil
+end
+
 local function denied(job_rec, modify_uid, what)
 	-- 22.05 discards log_user in job_modify (bug 14539): the log keeps the reason.
 	slurm.log_info(
@@ -481,8 +513,14 @@ function muxflow_job_modify(job_desc, job_rec, modify_uid)
 			return denied(job_rec, modify_uid, "change where it runs (" .. f .. ")")
 		end
 	end
-	-- Release is priority=INFINITE, hold priority=0; keeping one's job held is fine.
+	-- Release is priority=INFINITE, hold priority=0; keeping one's job held is
+	-- fine, and so is releasing one's own hold of a job muxflow placed (Slurm
+	-- lets its owner release only a user-level hold; a job not yet placed is
+	-- muxflow's to release).
 	local p = job_desc.priority
+	if p == INFINITE and placed(job_rec) then
+		return slurm.SUCCESS
+	end
 	if p ~= nil and p ~= NO_VAL and p ~= 0 then
 		return denied(job_rec, modify_uid, "release it or change its priority")
 	end

@@ -72,7 +72,7 @@ pub fn current(job: &PendingJob) -> Target {
 pub fn update_args(job: &PendingJob, target: &Target, names: &Names) -> Option<Vec<Vec<String>>> {
     match target {
         Target::Parked if job.held => None,
-        Target::Parked => Some(vec![vec!["hold".to_string(), job.id.to_string()]]),
+        Target::Parked => Some(vec![vec!["hold".to_string(), job.slurm_id()]]),
         t if *t == current(job) => None,
         Target::Gpus { node, gpus, slots } => {
             // Slurm 22.05 takes several typed slots of one GRES in one
@@ -83,18 +83,27 @@ pub fn update_args(job: &PendingJob, target: &Target, names: &Names) -> Option<V
                 .zip(slots)
                 .map(|(g, s)| format!("{}:g{g}:{s}", names.offline_gres))
                 .collect();
-            let mut calls = vec![vec![
+            let mut update = vec![
                 "update".to_string(),
-                format!("JobId={}", job.id),
+                format!("JobId={}", job.slurm_id()),
                 format!("ReqNodeList={node}"),
                 format!("Gres={}", gres.join(",")),
                 format!(
                     "AdminComment={}",
                     Placement::on(node, gpus).admin_comment(job.refusals)
                 ),
-            ]];
+            ];
+            let mut calls = Vec::new();
             if job.held {
-                calls.push(vec!["release".to_string(), job.id.to_string()]);
+                // The hold becomes an operator's before the placement is
+                // written: a user-level hold beside a placement is its
+                // owner's (reader::Unstartable::UserHold), and a matcher
+                // killed before the release must not leave one.
+                update.push("Priority=0".to_string());
+                calls.push(update);
+                calls.push(vec!["release".to_string(), job.slurm_id()]);
+            } else {
+                calls.push(update);
             }
             Some(calls)
         }
@@ -150,6 +159,8 @@ mod tests {
             waiting: None,
             refusals: 0,
             need: Default::default(),
+            array_task: None,
+            unstartable: None,
         }
     }
 
@@ -179,7 +190,8 @@ mod tests {
                     "JobId=7",
                     "ReqNodeList=node3",
                     "Gres=mfslot:g1:1",
-                    "AdminComment=muxflow:v1 mode=offline placed=node3:g1"
+                    "AdminComment=muxflow:v1 mode=offline placed=node3:g1",
+                    "Priority=0"
                 ],
                 vec!["release", "7"]
             ]
@@ -239,7 +251,8 @@ mod tests {
                 "JobId=7",
                 "ReqNodeList=node2",
                 "Gres=mfslot:g0:1,mfslot:g1:1",
-                "AdminComment=muxflow:v1 mode=offline gpus=2 placed=node2:g0,g1"
+                "AdminComment=muxflow:v1 mode=offline gpus=2 placed=node2:g0,g1",
+                "Priority=0"
             ]
         );
         let placed = PendingJob {
@@ -287,6 +300,23 @@ mod tests {
         };
         let call = note_args(&gang, Waiting::FreeNode, "t", 60).unwrap();
         assert!(call[3].contains(" gpus=3 waiting=free_node "), "{call:?}");
+    }
+
+    #[test]
+    fn an_arrays_record_is_placed_and_parked_as_its_first_task_alone() {
+        let n = names();
+        let t = Target::Gpus {
+            node: "node3".into(),
+            gpus: vec![1],
+            slots: vec![1],
+        };
+        let tasks = PendingJob {
+            array_task: Some(4),
+            ..held("", None)
+        };
+        let calls = update_args(&tasks, &t, &n).unwrap();
+        assert_eq!(calls[0][1], "JobId=7_4");
+        assert_eq!(calls[1], ["release", "7_4"]);
     }
 
     #[test]

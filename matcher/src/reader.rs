@@ -159,6 +159,29 @@ pub struct SqueueJob {
     /// `memory_per_node` stays unset or 0 when the default applies).
     #[serde(deserialize_with = "nullable")]
     pub tres_req_str: String,
+    /// 22.05's text beside `state_reason` (`job requeued in held state`).
+    #[serde(deserialize_with = "nullable")]
+    pub state_description: String,
+    /// The job's begin time, Unix seconds: `--begin`, or the delay Slurm
+    /// gives a requeued job (0: none; a held job without one shows 0).
+    #[serde(deserialize_with = "number")]
+    pub eligible_time: u64,
+    /// `afterok:12(unfulfilled)`; empty once satisfied (also while held).
+    #[serde(deserialize_with = "nullable")]
+    pub dependency: String,
+    /// The leader of its heterogeneous job (0: not one).
+    #[serde(deserialize_with = "number")]
+    pub het_job_id: u32,
+    /// The array it belongs to (0: not an array task).
+    #[serde(deserialize_with = "number")]
+    pub array_job_id: u32,
+    /// The task this record is (unset for a record of several tasks).
+    #[serde(deserialize_with = "number")]
+    pub array_task_id: u32,
+    /// An array's record of tasks not yet split out (`0-7`, `1,3,5-7%2`);
+    /// empty for a single task.
+    #[serde(deserialize_with = "nullable")]
+    pub array_task_string: String,
 }
 
 impl SqueueJob {
@@ -604,6 +627,110 @@ pub struct PendingJob {
     /// The CPUs and memory it asks for on its node (zero: not known, no
     /// limit).
     pub need: NodeRoom,
+    /// The array's own record (its id the array's) stands for its first
+    /// pending task: the round places that task alone (`JobId=<id>_<task>`,
+    /// which Slurm splits out as a job of its own), never the whole array.
+    pub array_task: Option<u32>,
+    /// Why Slurm will not start it now, whatever its hints say: it gets no
+    /// slot, and a slot it holds goes back to the pool.
+    pub unstartable: Option<Unstartable>,
+}
+
+/// Why Slurm will not start a pending job now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unstartable {
+    /// Its begin time (Unix seconds) is still ahead: `--begin`, or the
+    /// delay after a requeue (about two minutes).
+    BeginTime(u64),
+    /// Its dependency is not satisfied (yet, or ever).
+    Dependency,
+    /// A component of a heterogeneous job: Slurm starts the components
+    /// together only, and job_submit.lua refuses such offline jobs.
+    HetJob,
+    /// Its owner held it (`scontrol hold` on a placed job): left alone,
+    /// never released by the matcher, until its owner releases it.
+    UserHold,
+}
+
+impl Unstartable {
+    /// The reason a parked job shows, where it has one of its own (a
+    /// user's hold keeps its owner's reason, a heterogeneous job nothing).
+    pub fn waiting(self) -> Option<Waiting> {
+        match self {
+            Unstartable::BeginTime(_) => Some(Waiting::BeginTime),
+            Unstartable::Dependency => Some(Waiting::Dependency),
+            Unstartable::HetJob | Unstartable::UserHold => None,
+        }
+    }
+
+    /// The decision line's reason.
+    pub fn words(self) -> String {
+        match self {
+            Unstartable::BeginTime(at) => format!(
+                "not startable: its begin time (Unix {at}) is ahead (--begin, or Slurm's delay after a requeue); no slot kept for it"
+            ),
+            Unstartable::Dependency => {
+                "not startable: its dependency is not satisfied; no slot kept for it".to_string()
+            }
+            Unstartable::HetJob => {
+                "not placed: a heterogeneous job's component (Slurm starts the components together only)".to_string()
+            }
+            Unstartable::UserHold => {
+                "held by its owner: left out until its owner releases it".to_string()
+            }
+        }
+    }
+}
+
+/// Reason Slurm shows for a job held at user level (job_submit.lua's
+/// parking, `scontrol hold` by its owner, a requeue-hold).
+pub const USER_HOLD: &str = "JobHeldUser";
+
+/// Whether a dependency string (`afterok:12(unfulfilled),afterany:13(fulfilled)`,
+/// `?` between alternatives) lets the job start: every entry fulfilled, or
+/// one of the alternatives. Slurm empties it once satisfied.
+pub fn dependency_satisfied(dep: &str) -> bool {
+    let dep = dep.trim();
+    if dep.is_empty() || dep == "(null)" {
+        return true;
+    }
+    let fulfilled = |e: &str| e.trim().ends_with("(fulfilled)");
+    if dep.contains('?') {
+        dep.split('?').any(fulfilled)
+    } else {
+        dep.split(',').all(fulfilled)
+    }
+}
+
+/// The first task of an array record's task string (`3-7%2`, `1,4,9-12:3`).
+fn first_array_task(tasks: &str) -> Option<u32> {
+    let digits: String = tasks
+        .trim_start()
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
+}
+
+/// Why Slurm will not start pending job `j` at `now_s`, or None.
+fn unstartable(j: &SqueueJob, comment: Option<&AdminComment>, now_s: u64) -> Option<Unstartable> {
+    if j.het_job_id != 0 {
+        return Some(Unstartable::HetJob);
+    }
+    // A user-level hold on a job the matcher placed is its owner's: the
+    // matcher's placement of a held job turns the hold into an operator's
+    // first (hints::update_args), and muxflow's requeue-holds say so in
+    // the description and leave no placement.
+    if j.state_reason == USER_HOLD
+        && !j.state_description.contains("requeued")
+        && comment.and_then(AdminComment::placement).is_some()
+    {
+        return Some(Unstartable::UserHold);
+    }
+    if !dependency_satisfied(&j.dependency) {
+        return Some(Unstartable::Dependency);
+    }
+    (j.eligible_time > now_s).then_some(Unstartable::BeginTime(j.eligible_time))
 }
 
 /// What the running jobs say of each (node, GPU index).
@@ -633,9 +760,15 @@ fn slots_by_index(gres: &str, names: &Names) -> BTreeMap<u32, u32> {
     typed
 }
 
-/// A pending offline job's record: the typed slots Slurm keeps for it, the
-/// GPUs it asked for, what its AdminComment says.
-fn pending_job(j: &SqueueJob, comment: Option<&AdminComment>, names: &Names) -> PendingJob {
+/// A pending offline job's record at `now_s`: the typed slots Slurm keeps
+/// for it, the GPUs it asked for, what its AdminComment says, whether Slurm
+/// would start it now.
+fn pending_job(
+    j: &SqueueJob,
+    comment: Option<&AdminComment>,
+    names: &Names,
+    now_s: u64,
+) -> PendingJob {
     // Per GPU index the slots asked for.
     let typed = slots_by_index(&j.tres_per_node, names);
     let slot_gpus: Vec<u32> = typed.keys().copied().collect();
@@ -660,6 +793,13 @@ fn pending_job(j: &SqueueJob, comment: Option<&AdminComment>, names: &Names) -> 
             .flatten(),
         refusals: comment.map_or(0, AdminComment::refusals),
         need: tres_need(&j.tres_req_str),
+        // The array's own record (its id is the array's): all its pending
+        // tasks, or its last one. Updating it by the plain id would change
+        // every task of the array (Slurm refuses Gres= then); split-out
+        // tasks have ids of their own.
+        array_task: (j.array_job_id != 0 && j.array_job_id == j.job_id)
+            .then(|| first_array_task(&j.array_task_string).unwrap_or(j.array_task_id)),
+        unstartable: unstartable(j, comment, now_s),
     }
 }
 
@@ -688,11 +828,26 @@ pub struct ClusterState {
 }
 
 impl ClusterState {
+    /// The cluster as the listings show it now (the wall clock decides
+    /// which begin times are past).
     pub fn build(jobs: &[SqueueJob], nodes: &[SinfoNode], names: &Names) -> ClusterState {
+        let now_s = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        Self::build_at(jobs, nodes, names, now_s)
+    }
+
+    /// [`ClusterState::build`] at `now_s` (Unix seconds).
+    pub fn build_at(
+        jobs: &[SqueueJob],
+        nodes: &[SinfoNode],
+        names: &Names,
+        now_s: u64,
+    ) -> ClusterState {
         let mut st = ClusterState::default();
         let mut held = Held::default();
         for j in jobs {
-            st.read_job(j, names, &mut held);
+            st.read_job(j, names, &mut held, now_s);
         }
         st.pending.sort_by_key(|p| p.id);
         // Offline jobs per (node, GPU) from squeue: one entry per job and GPU.
@@ -710,7 +865,7 @@ impl ClusterState {
 
     /// One squeue job: the GPUs it holds, and as a muxflow job its place
     /// (online or offline, running) or its pending record.
-    fn read_job(&mut self, j: &SqueueJob, names: &Names, held: &mut Held) {
+    fn read_job(&mut self, j: &SqueueJob, names: &Names, held: &mut Held, now_s: u64) {
         // The job's AdminComment, parsed once for all it says.
         let comment = AdminComment::parse(&j.admin_comment).ok();
         let mode = comment.as_ref().and_then(AdminComment::mode);
@@ -761,7 +916,8 @@ impl ClusterState {
                 }
             }
             (Some(Mode::Offline), false) if has_state(&j.job_state, "PENDING") => {
-                self.pending.push(pending_job(j, comment.as_ref(), names));
+                self.pending
+                    .push(pending_job(j, comment.as_ref(), names, now_s));
             }
             _ => {}
         }
@@ -856,6 +1012,15 @@ impl ClusterState {
 }
 
 impl PendingJob {
+    /// How scontrol names it: `<id>`, or `<id>_<task>` for an array's
+    /// record of pending tasks (its first task alone).
+    pub fn slurm_id(&self) -> String {
+        match self.array_task {
+            Some(t) => format!("{}_{t}", self.id),
+            None => self.id.to_string(),
+        }
+    }
+
     pub fn owner(&self) -> Owner {
         Owner {
             user: self.user.clone(),
@@ -1081,6 +1246,68 @@ mod tests {
         let st = ClusterState::build(&parse_squeue(squeue).unwrap(), &[], &names);
         assert_eq!(st.pending[0].slot_gpus, vec![1]);
         assert!(st.pending[0].held);
+    }
+
+    #[test]
+    fn dependencies_let_a_job_start_once_satisfied() {
+        let cases = [
+            ("", true),
+            ("(null)", true),
+            ("afterok:12(unfulfilled)", false),
+            ("afterok:12(failed)", false),
+            ("afterok:12(fulfilled),afterany:13(unfulfilled)", false),
+            ("afterok:12(fulfilled),afterany:13(fulfilled)", true),
+            ("afterok:12(unfulfilled)?afterok:13(fulfilled)", true),
+            ("singleton(unfulfilled)", false),
+        ];
+        for (dep, ok) in cases {
+            assert_eq!(dependency_satisfied(dep), ok, "{dep}");
+        }
+    }
+
+    /// A user-level hold is its owner's only beside a placement, and not
+    /// when muxflow's own requeue-hold (the Prolog's refusal) made it.
+    #[test]
+    fn a_user_hold_is_told_from_parking_and_requeue_holds() {
+        let job = |reason: &str, desc: &str, comment: &str| SqueueJob {
+            job_id: 5,
+            job_state: vec!["PENDING".into()],
+            state_reason: reason.into(),
+            state_description: desc.into(),
+            admin_comment: comment.into(),
+            ..SqueueJob::default()
+        };
+        let cases = [
+            (
+                "parked at submit",
+                job(USER_HOLD, "", "muxflow:v1 mode=offline"),
+                None,
+            ),
+            (
+                "held by its owner once placed",
+                job(USER_HOLD, "", "muxflow:v1 mode=offline placed=n1:g0"),
+                Some(Unstartable::UserHold),
+            ),
+            (
+                "requeued held by the Prolog",
+                job(
+                    USER_HOLD,
+                    "job requeued in held state",
+                    "muxflow:v1 mode=offline placed=n1:g0 refused=not_placed",
+                ),
+                None,
+            ),
+            (
+                "parked by the matcher",
+                job(ADMIN_HOLD, "", "muxflow:v1 mode=offline waiting=free_gpu"),
+                None,
+            ),
+        ];
+        let names = Names::from_config(&muxflow::config::Slurm::default());
+        for (name, j, want) in cases {
+            let st = ClusterState::build_at(&[j], &[], &names, 0);
+            assert_eq!(st.pending[0].unstartable, want, "{name}");
+        }
     }
 
     #[test]

@@ -197,7 +197,9 @@ fn a_round_on_the_recording_places_the_parked_job_beside_the_online_job_not_on_t
                 "ReqNodeList=node1",
                 "Gres=mfslot:g0:1",
                 // The placement record the Prolog checks (only root/SlurmUser can write it).
-                "AdminComment=muxflow:v1 mode=offline placed=node1:g0"
+                "AdminComment=muxflow:v1 mode=offline placed=node1:g0",
+                // An operator's hold until the release.
+                "Priority=0"
             ],
             vec!["release", "17"]
         ]
@@ -428,4 +430,197 @@ fn both_releases_give_node_room_and_job_requests() {
             }
         );
     }
+}
+
+/// Slurm 22.05 JSON recorded from the dev cluster with jobs Slurm would not
+/// start now (`data/squeue-unstartable.json`, `data/sinfo-unstartable.json`,
+/// nothing edited; recorded at Unix 1795892105), all of user `nobody`:
+///
+/// * 13: an array's record of tasks 1-3 (task 0 was placed by hand as
+///   `13_0`, which Slurm split out as job 14, running on node3 GPU 0);
+/// * 15: `--begin=now+2hours`; 17: `--dependency=afterok:16` (16 a plain
+///   running job); 18: placed on node3 GPU 0, then held by its owner
+///   (`scontrol hold`); 19: placed on node4 GPU 1, started, then requeued by
+///   its owner (`PENDING (BeginTime)`, its hints kept).
+const RECORDED_AT: u64 = 1_795_892_105;
+
+fn unstartable_state(now_s: u64) -> ClusterState {
+    let jobs = parse_squeue(include_str!("data/squeue-unstartable.json")).unwrap();
+    let nodes = parse_sinfo(include_str!("data/sinfo-unstartable.json")).unwrap();
+    ClusterState::build_at(&jobs, &nodes, &names(), now_s)
+}
+
+#[test]
+fn jobs_slurm_would_not_start_get_no_slot_and_give_theirs_back() {
+    use muxflow::records::placement::Waiting;
+    use muxflow_matcher::reader::Unstartable;
+    let st = unstartable_state(RECORDED_AT);
+    let of = |id: u32| st.pending.iter().find(|p| p.id == id).unwrap();
+    struct Row {
+        job: u32,
+        unstartable: Option<Unstartable>,
+        action: Action,
+        waiting: Option<Waiting>,
+        update: Option<Vec<&'static str>>,
+    }
+    let rows = [
+        Row {
+            job: 13,
+            unstartable: None,
+            action: Action::Place,
+            waiting: None,
+            update: None,
+        },
+        Row {
+            job: 15,
+            unstartable: Some(Unstartable::BeginTime(1_795_899_296)),
+            action: Action::None,
+            waiting: Some(Waiting::BeginTime),
+            update: None,
+        },
+        Row {
+            job: 17,
+            unstartable: Some(Unstartable::Dependency),
+            action: Action::None,
+            waiting: Some(Waiting::Dependency),
+            update: None,
+        },
+        Row {
+            job: 18,
+            unstartable: Some(Unstartable::UserHold),
+            action: Action::None,
+            waiting: None,
+            update: None,
+        },
+        Row {
+            job: 19,
+            unstartable: Some(Unstartable::BeginTime(1_795_892_222)),
+            action: Action::Park,
+            waiting: Some(Waiting::BeginTime),
+            update: Some(vec!["hold", "19"]),
+        },
+    ];
+    assert_eq!(st.pending.len(), rows.len());
+    let model = Model::default();
+    let p = plan(
+        &st,
+        &model,
+        &muxflow::config::Policy::default(),
+        &muxflow::config::Matcher::default(),
+        &names(),
+    );
+    for r in &rows {
+        assert_eq!(of(r.job).unstartable, r.unstartable, "job {}", r.job);
+        let d = p.decisions.iter().find(|d| d.job == r.job).unwrap();
+        assert_eq!(d.action, r.action, "job {}: {d:?}", r.job);
+        assert_eq!(d.waiting, r.waiting, "job {}: {d:?}", r.job);
+        if let Some(want) = &r.update {
+            assert_eq!(
+                d.update.as_ref().unwrap(),
+                std::slice::from_ref(want),
+                "job {}",
+                r.job
+            );
+        }
+    }
+    // The array's record is placed as its first pending task alone.
+    assert_eq!(of(13).array_task, Some(1));
+    let d = p.decisions.iter().find(|d| d.job == 13).unwrap();
+    let calls = d.update.as_ref().unwrap();
+    assert_eq!(calls[0][1], "JobId=13_1", "{calls:?}");
+    assert_eq!(calls.last().unwrap(), &["release", "13_1"]);
+    // Requeued on node4 GPU 1, that GPU goes to the array's task 1 (the
+    // shared-GPU tie-break aside, every open GPU is alike here): what
+    // matters is that the requeued job's hint no longer holds it.
+    assert_eq!(
+        current(of(19)),
+        Target::Gpus {
+            node: "node4".into(),
+            gpus: vec![1],
+            slots: vec![1]
+        }
+    );
+    // Two hours later the begin time has passed: job 15 is a candidate.
+    let later = unstartable_state(1_795_899_296);
+    let p = plan(
+        &later,
+        &model,
+        &muxflow::config::Policy::default(),
+        &muxflow::config::Matcher::default(),
+        &names(),
+    );
+    let d = p.decisions.iter().find(|d| d.job == 15).unwrap();
+    assert_eq!(d.action, Action::Place, "{d:?}");
+}
+
+#[test]
+fn data_parser_shapes_of_begin_time_dependency_hetjob_and_array() {
+    use muxflow_matcher::reader::Unstartable;
+    // Field shapes of the 24.11 / 26.05 recordings (NO_VAL objects).
+    let n = |v: u64| format!(r#"{{"set": true, "infinite": false, "number": {v}}}"#);
+    let job = |extra: &str| {
+        format!(
+            r#"{{"jobs": [{{"job_id": {}, "job_state": ["PENDING"], "state_reason": "JobHeldAdmin",
+              "admin_comment": "muxflow:v1 mode=offline", "het_job_id": {}, "array_job_id": {},
+              "array_task_id": {{"set": false, "infinite": false, "number": 0}}, {extra}}}]}}"#,
+            n(30),
+            n(0),
+            n(0)
+        )
+    };
+    let read = |extra: &str| {
+        let jobs = parse_squeue(&job(extra)).unwrap();
+        ClusterState::build_at(&jobs, &[], &names(), 1000).pending[0].clone()
+    };
+    let cases = [
+        (
+            format!(r#""eligible_time": {}, "dependency": """#, n(2000)),
+            Some(Unstartable::BeginTime(2000)),
+        ),
+        (
+            format!(r#""eligible_time": {}, "dependency": """#, n(999)),
+            None,
+        ),
+        (
+            r#""eligible_time": {"set": false, "infinite": false, "number": 0}, "dependency": "afterany:12(unfulfilled)""#.to_string(),
+            Some(Unstartable::Dependency),
+        ),
+        (
+            r#""dependency": "afterok:12(failed)""#.to_string(),
+            Some(Unstartable::Dependency),
+        ),
+    ];
+    for (extra, want) in &cases {
+        assert_eq!(read(extra).unstartable, *want, "{extra}");
+    }
+    let het = job(r#""dependency": """#).replace(
+        &format!(r#""het_job_id": {}"#, n(0)),
+        &format!(r#""het_job_id": {}"#, n(30)),
+    );
+    let jobs = parse_squeue(&het).unwrap();
+    let st = ClusterState::build_at(&jobs, &[], &names(), 1000);
+    assert_eq!(st.pending[0].unstartable, Some(Unstartable::HetJob));
+    let arr = job(r#""array_task_string": "4-7%2""#)
+        .replace(&format!(r#""job_id": {}"#, n(30)), r#""job_id": 30"#)
+        .replace(
+            &format!(r#""array_job_id": {}"#, n(0)),
+            &format!(r#""array_job_id": {}"#, n(30)),
+        );
+    let jobs = parse_squeue(&arr).unwrap();
+    let st = ClusterState::build_at(&jobs, &[], &names(), 1000);
+    assert_eq!(st.pending[0].slurm_id(), "30_4");
+    // The array's last pending task left in its own record, and a task
+    // split out as a job of its own.
+    let unset_task = r#""array_task_id": {"set": false, "infinite": false, "number": 0}"#;
+    let last = arr
+        .replace(
+            r#""array_task_string": "4-7%2""#,
+            r#""array_task_string": """#,
+        )
+        .replace(unset_task, &format!(r#""array_task_id": {}"#, n(7)));
+    let st = ClusterState::build_at(&parse_squeue(&last).unwrap(), &[], &names(), 1000);
+    assert_eq!(st.pending[0].slurm_id(), "30_7");
+    let split = last.replace(r#""job_id": 30"#, r#""job_id": 31"#);
+    let st = ClusterState::build_at(&parse_squeue(&split).unwrap(), &[], &names(), 1000);
+    assert_eq!(st.pending[0].slurm_id(), "31");
 }

@@ -195,11 +195,12 @@ impl SlurmClient {
         node: &str,
         gres: &str,
     ) -> Result<OfflineJob, ScontrolError> {
-        let out = self.run(&["show", "job", "-d", &job_id.to_string()])?;
-        let slots = parse_offline_slots(&out, node, gres);
+        let all = self.run(&["show", "job", "-d", &job_id.to_string()])?;
+        let out = job_record(&all, job_id);
+        let slots = parse_offline_slots(out, node, gres);
         Ok(OfflineJob {
             // Forged slot lines make the whole record unreadable.
-            admin_comment: slots.as_ref().and_then(|_| parse_admin_comment(&out)),
+            admin_comment: slots.as_ref().and_then(|_| parse_admin_comment(out)),
             slots: slots.unwrap_or_default(),
         })
     }
@@ -372,6 +373,38 @@ pub fn parse_kill_wait(show_config: &str) -> Option<Duration> {
 /// Fields the user sets (job name, comment, output paths) may hold line
 /// breaks and so forge a line of their own: when more than one line reads
 /// `AdminComment=`, which is Slurm's cannot be told, and the answer is None.
+/// Job `job_id`'s own record in `scontrol show job` output. Asked for an
+/// array's id, scontrol lists every task of the array, one record each
+/// (`JobId=<task's id> ArrayJobId=<id> …`), the task whose id is the
+/// array's among them (its last task not split out): that record alone.
+/// Anything else — one record, or none or several starting `JobId=<id> ` —
+/// is returned whole, for the parsers to judge as before.
+pub fn job_record(show_job: &str, job_id: u32) -> &str {
+    let head = format!("JobId={job_id} ");
+    // Byte offsets of the lines that start a record.
+    let mut starts: Vec<usize> = Vec::new();
+    let mut at = 0;
+    for line in show_job.split_inclusive('\n') {
+        if line.starts_with("JobId=") {
+            starts.push(at);
+        }
+        at += line.len();
+    }
+    if starts.len() < 2 {
+        return show_job;
+    }
+    let ends = starts.iter().skip(1).copied().chain([show_job.len()]);
+    let mut own = starts
+        .iter()
+        .zip(ends)
+        .map(|(&a, b)| &show_job[a..b])
+        .filter(|r| r.starts_with(&head));
+    match (own.next(), own.next()) {
+        (Some(r), None) => r,
+        _ => show_job,
+    }
+}
+
 pub fn parse_admin_comment(show_job: &str) -> Option<String> {
     let mut lines = show_job
         .lines()
@@ -460,6 +493,26 @@ fn split_gres(list: &str) -> Vec<&str> {
 
 #[cfg(test)]
 mod tests {
+    /// `scontrol show job -d 323` of array 323 whose tasks 0 and 1 were
+    /// split out as jobs 324 and 325 (shortened from the dev cluster).
+    #[test]
+    fn an_arrays_own_id_reads_its_own_record_only() {
+        let out = "JobId=324 ArrayJobId=323 ArrayTaskId=0 JobName=x\n   AdminComment=muxflow:v1 mode=offline placed=node1:g0 \n     Nodes=node1 CPU_IDs=0 Mem=0 GRES=mfslot:g0:1(IDX:0)\n\n\
+JobId=325 ArrayJobId=323 ArrayTaskId=1 JobName=x\n   AdminComment=muxflow:v1 mode=offline placed=node1:g1 \n     Nodes=node1 CPU_IDs=1 Mem=0 GRES=mfslot:g1:1(IDX:1)\n\n\
+JobId=323 ArrayJobId=323 ArrayTaskId=2 JobName=x\n   AdminComment=muxflow:v1 mode=offline placed=node2:g0 \n\n";
+        let own = super::job_record(out, 323);
+        assert!(own.starts_with("JobId=323 "), "{own}");
+        assert_eq!(
+            super::parse_admin_comment(own).as_deref(),
+            Some("muxflow:v1 mode=offline placed=node2:g0")
+        );
+        assert_eq!(super::job_record(out, 324).lines().count(), 4);
+        // One record, or no record of that id: the whole output.
+        let one = "JobId=7 JobName=y\n   AdminComment=a\n";
+        assert_eq!(super::job_record(one, 7), one);
+        assert_eq!(super::job_record(out, 9), out);
+    }
+
     #[test]
     fn kill_wait_is_read_from_show_config() {
         let cfg = "KeepAliveTime           = SYSTEM_DEFAULT\nKillOnBadExit           = 0\nKillWait                = 30 sec\nLaunchParameters        = (null)\n";

@@ -55,10 +55,15 @@ pub enum Waiting {
     /// The GPUs it could use run jobs the site's `[policy] co_locate`
     /// keeps it apart from (another account's, another user's).
     CoLocateRule,
+    /// Slurm starts it no earlier than its begin time (`--begin`, or the
+    /// delay Slurm gives a requeued job): no slot is kept for it meanwhile.
+    BeginTime,
+    /// Its `--dependency` is not satisfied yet.
+    Dependency,
 }
 
 impl Waiting {
-    pub const ALL: [Waiting; 7] = [
+    pub const ALL: [Waiting; 9] = [
         Waiting::FreeGpu,
         Waiting::FreeNode,
         Waiting::FasterJobsFirst,
@@ -66,6 +71,8 @@ impl Waiting {
         Waiting::NodeRoom,
         Waiting::SameUserOnly,
         Waiting::CoLocateRule,
+        Waiting::BeginTime,
+        Waiting::Dependency,
     ];
 
     pub fn code(self) -> &'static str {
@@ -77,6 +84,8 @@ impl Waiting {
             Waiting::NodeRoom => "node_room",
             Waiting::SameUserOnly => "same_user_only",
             Waiting::CoLocateRule => "co_locate",
+            Waiting::BeginTime => "begin_time",
+            Waiting::Dependency => "dependency",
         }
     }
 
@@ -102,6 +111,12 @@ impl Waiting {
             }
             Waiting::CoLocateRule => {
                 "waiting for a GPU it may share: the free ones run jobs the site's co_locate rule keeps it apart from"
+            }
+            Waiting::BeginTime => {
+                "Slurm starts it no earlier than its begin time (--begin, or the delay after a requeue); no GPU is kept for it until then"
+            }
+            Waiting::Dependency => {
+                "its --dependency is not satisfied yet; no GPU is kept for it until it is"
             }
         }
     }

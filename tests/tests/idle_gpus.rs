@@ -152,8 +152,15 @@ fn offline_jobs_start_on_idle_gpus_and_leave_when_an_online_job_lands() {
         out.contains("offline-gone"),
         "the online job started while the offline job still ran: {out}"
     );
-    // The next round places it again (Slurm 22.05 keeps its typed slot, so
-    // on the same GPU index): beside the online job or on another idle GPU.
+    // Slurm delays a requeued job (BeginTime, about two minutes): no round
+    // gives it a slot meanwhile.
+    let round = c.matcher_once();
+    let d = decision(&round, victim);
+    assert_eq!(d["waiting"], "begin_time", "{round}");
+    // Once it may start, the next round places it again (Slurm 22.05 keeps
+    // its typed slot, so on the same GPU index): beside the online job or on
+    // another idle GPU.
+    c.start_now(victim);
     let round = c.matcher_once();
     let d = decision(&round, victim);
     assert_eq!(d["action"], "place", "{round}");

@@ -92,6 +92,8 @@ pub fn daemon_state(
                 waiting: None,
                 refusals: 0,
                 need: Default::default(),
+                array_task: None,
+                unstartable: None,
             }
         })
         .collect();

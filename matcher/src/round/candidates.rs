@@ -34,7 +34,8 @@ pub const HELD_JOBS_PER_OPEN_GPU: usize = 4;
 /// that turn order (a hinted job takes its user's turn but no place in the
 /// window), which is also the solver's: among jobs predicted as fast, the earlier in it
 /// wins, so equal jobs of several users share a round's placements turn
-/// by turn rather than going to the oldest ids.
+/// by turn rather than going to the oldest ids. Jobs Slurm would not start
+/// now ([`PendingJob::unstartable`]) are in neither list.
 pub fn considered_jobs(
     pending: &[PendingJob],
     open_slots: usize,
@@ -51,6 +52,10 @@ pub fn considered_jobs(
     // A user's jobs usually come in runs: the map is asked once per run.
     let mut last: Option<(&str, usize)> = None;
     for (i, j) in pending.iter().enumerate() {
+        // Slurm would not start it now: no place in the round at all.
+        if j.unstartable.is_some() {
+            continue;
+        }
         if j.held && !placeable(j) {
             unplaceable.push(i);
             continue;

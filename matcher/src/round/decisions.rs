@@ -131,6 +131,14 @@ impl<P: Predictor> Round<'_, P> {
             let (waiting, reason) = self.reach.short_of(job).expect("unplaceable");
             decisions.push(parked(job, reason, waiting));
         }
+        // Jobs Slurm would not start now: parked, so a slot they hold goes
+        // back to the pool (a user's hold is already a park and stays).
+        for job in &self.state.pending {
+            if let Some(why) = job.unstartable {
+                decisions
+                    .push(self.decision(job, (Target::Parked, None, why.words(), why.waiting())));
+            }
+        }
         self.beyond_the_window(&mut decisions);
         // The table by job id, whatever turn order the round scored them in.
         decisions.sort_by_key(|d| d.job);
@@ -287,6 +295,9 @@ impl<P: Predictor> Round<'_, P> {
         let mut in_window = vec![false; self.state.pending.len()];
         for &i in self.considered.iter().chain(&self.unplaceable) {
             in_window[i] = true;
+        }
+        for (w, job) in in_window.iter_mut().zip(&self.state.pending) {
+            *w |= job.unstartable.is_some();
         }
         for (job, _) in self
             .state

@@ -143,6 +143,8 @@ impl Sim<'_> {
                 refusals: 0,
                 // The traces name no CPU or memory request: GPUs only.
                 need: Default::default(),
+                array_task: None,
+                unstartable: None,
             });
             self.in_state[j as usize] = true;
         }

@@ -49,6 +49,8 @@ fn job(id: u32, name: &str, held: bool, req: &str, slot: Option<u32>) -> Pending
         waiting: None,
         refusals: 0,
         need: Default::default(),
+        array_task: None,
+        unstartable: None,
     }
 }
 

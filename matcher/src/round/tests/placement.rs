@@ -420,7 +420,8 @@ fn a_gang_takes_k_gpus_of_one_node_and_is_written_as_its_slots() {
         d[0].update.as_ref().unwrap()[0][3..],
         [
             "Gres=mfslot:g0:1,mfslot:g1:1",
-            "AdminComment=muxflow:v1 mode=offline gpus=2 placed=a:g0,g1"
+            "AdminComment=muxflow:v1 mode=offline gpus=2 placed=a:g0,g1",
+            "Priority=0"
         ]
     );
     // The 1-GPU job goes beside the online job (the tie rule) on b.
@@ -494,7 +495,8 @@ fn updates_are_bounded_parks_first_and_the_rest_deferred() {
                         "JobId=2",
                         "ReqNodeList=a",
                         "Gres=mfslot:g0:1",
-                        "AdminComment=muxflow:v1 mode=offline placed=a:g0"
+                        "AdminComment=muxflow:v1 mode=offline placed=a:g0",
+                        "Priority=0"
                     ],
                     &["release", "2"]
                 ])
