@@ -107,16 +107,6 @@ pub const DEFAULT_SD: f64 = 0.30;
 /// Exploration: the matcher adds `EXPLORE_SD × sd`, at most `EXPLORE_MAX`.
 pub const EXPLORE_SD: f64 = 0.25;
 pub const EXPLORE_MAX: f64 = 0.05;
-/// What a start that fails at once (a pair that cannot co-locate, a need
-/// above the slot's memory cap) costs, in normalized throughput of one
-/// start: the job was started where it cannot run and requeued, and its
-/// slot was kept from another job for a round. The matcher proposes a pair
-/// only where `(1 − p_fail) · mean > p_fail · FAILED_START_COST`
-/// ([`Estimate::worth_trying`]): a pair predicted at 1 with at most even
-/// odds of failing, one at 0.7 below 41%. Higher costs starve the jobs a
-/// failure-heavy pair table leaves few safe partners (they wait, and the
-/// rounds score them all) without failing much less (sim/README.md).
-pub const FAILED_START_COST: f64 = 1.0;
 const RIDGE: f64 = 1e-3;
 const FEATURES: usize = 7;
 /// The first `BASE_FEATURES` features are share and memory; the rest use

@@ -101,30 +101,14 @@ pub struct Estimate {
 }
 
 impl Estimate {
-    /// What the matcher maximizes: the expected throughput less the
-    /// expected cost of a failed start ([`FAILED_START_COST`]), with
-    /// bounded optimism.
+    /// What the matcher maximizes: the expected throughput with bounded
+    /// optimism.
     /// The bonus may lift it above 1: clamped at 1, a pair predicted near 1
     /// would tie with every untried one, and exploration would stop where
     /// the predictions are best.
     pub fn weight(&self) -> f64 {
-        (self.expected_gain() + (EXPLORE_SD * self.sd).min(EXPLORE_MAX))
+        ((1.0 - self.p_fail) * self.mean + (EXPLORE_SD * self.sd).min(EXPLORE_MAX))
             .clamp(0.01, 1.0 + EXPLORE_MAX)
-    }
-
-    /// Whether a start is worth its risk: the expected throughput
-    /// outweighs the expected cost of failing. A pair the history says
-    /// nothing for carries its job's and its partner's failure rates
-    /// (`p_fail`), so one failure moves every untried pair of that job and
-    /// of that partner: where failures are common, a job waits for an idle
-    /// GPU or a partner it is known to run beside rather than trying one
-    /// blind.
-    pub fn worth_trying(&self) -> bool {
-        self.expected_gain() > 0.0
-    }
-
-    fn expected_gain(&self) -> f64 {
-        (1.0 - self.p_fail) * self.mean - self.p_fail * FAILED_START_COST
     }
 }
 

@@ -9,7 +9,7 @@ use muxflow::policy::share::{offline_mem_cap_mib, offline_part, offline_sm_perce
 use muxflow::records::placement::Waiting;
 
 use super::Round;
-use crate::predict::{default_prediction, Estimate, GpuTerms, JobTerms, Model, Seat, DEFAULT_SD};
+use crate::predict::{default_prediction, GpuTerms, JobTerms, Model, Seat, DEFAULT_SD};
 use crate::reader::{GpuState, PendingJob};
 use crate::weights::quantize;
 
@@ -79,9 +79,7 @@ impl Predictor for Model {
     }
     #[inline]
     fn predict(&self, job: &JobTerms, gpu: &GpuTerms) -> Option<f64> {
-        self.predict_terms(job, gpu)
-            .filter(Estimate::worth_trying)
-            .map(|e| e.weight())
+        self.predict_terms(job, gpu).map(|e| e.weight())
     }
     fn estimate(&self, job: &JobTerms, gpu: &GpuTerms) -> Option<(f64, f64)> {
         self.predict_terms(job, gpu).map(|e| (e.mean, e.sd))
