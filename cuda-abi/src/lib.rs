@@ -139,13 +139,15 @@ pub mod cu {
 /// `pitch(out, pitch, width, height)`, `array(kind, out, descriptor,
 /// levels)`, `free(kind, handle)`, `cap(free, total)`,
 /// `retained`/`released`/`reset(device)`, `created`/`destroyed(ctx)`,
-/// `sync` (ends an online busy period: `muxflow_xcuda::state::online`); graph
+/// `gate` / `gate(stream, per-thread)` (the launch gate and the bounded
+/// offline queue on that stream: `muxflow_xcuda::state::queue`; bare: the
+/// legacy default stream), `sync` (ends an online busy period: `muxflow_xcuda::state::online`); graph
 /// memory (`muxflow_xcuda::state::graphmem`): `stream_alloc(size, out, stream,
 /// per-thread)`, `stream_free(ptr, stream, per-thread)`, `graph_alloc(graph,
 /// params)`, `graph_free(graph, ptr)`, `capture_begin(stream, per-thread)`,
 /// `capture_begin_to(stream, graph, per-thread)`, `capture_end(stream,
 /// graph out, per-thread)`, `instantiate(exec out, graph)`,
-/// `exec_update(exec, graph)`, `graph_launch(exec)` (gated too), `exec_destroyed(exec)`,
+/// `exec_update(exec, graph)`, `graph_launch(exec, stream, per-thread)` (gated too), `exec_destroyed(exec)`,
 /// `graph_destroyed(graph)`, `trim(device)`; `pass` (not hooked, on purpose; the
 /// driver's function may still be called by xCUDA itself). Every one
 /// returns a `CUresult`.
@@ -209,12 +211,12 @@ macro_rules! cuda_entry_points {
             {cuModuleLoadData, "cuModuleLoadData", 2000, false, pass, (m: *mut Handle, image: *const c_void)}
             {cuModuleUnload, "cuModuleUnload", 2000, false, pass, (m: Handle)}
             {cuModuleGetFunction, "cuModuleGetFunction", 2000, false, pass, (f: *mut Handle, m: Handle, name: *const c_char)}
-            {cuLaunchKernel, "cuLaunchKernel", 4000, false, gate, (f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shm: c_uint, s: Handle, p: *mut *mut c_void, e: *mut *mut c_void)}
-            {cuLaunchKernel_ptsz, "cuLaunchKernel", 7000, true, gate, (f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shm: c_uint, s: Handle, p: *mut *mut c_void, e: *mut *mut c_void)}
-            {cuLaunchKernelEx, "cuLaunchKernelEx", 11060, false, gate, (cfg: *const LaunchConfig, f: Handle, p: *mut *mut c_void, e: *mut *mut c_void)}
-            {cuLaunchKernelEx_ptsz, "cuLaunchKernelEx", 11060, true, gate, (cfg: *const LaunchConfig, f: Handle, p: *mut *mut c_void, e: *mut *mut c_void)}
-            {cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel", 9000, false, gate, (f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shm: c_uint, s: Handle, p: *mut *mut c_void)}
-            {cuLaunchCooperativeKernel_ptsz, "cuLaunchCooperativeKernel", 9000, true, gate, (f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shm: c_uint, s: Handle, p: *mut *mut c_void)}
+            {cuLaunchKernel, "cuLaunchKernel", 4000, false, gate(s, false), (f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shm: c_uint, s: Handle, p: *mut *mut c_void, e: *mut *mut c_void)}
+            {cuLaunchKernel_ptsz, "cuLaunchKernel", 7000, true, gate(s, true), (f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shm: c_uint, s: Handle, p: *mut *mut c_void, e: *mut *mut c_void)}
+            {cuLaunchKernelEx, "cuLaunchKernelEx", 11060, false, gate(cfg, false), (cfg: *const LaunchConfig, f: Handle, p: *mut *mut c_void, e: *mut *mut c_void)}
+            {cuLaunchKernelEx_ptsz, "cuLaunchKernelEx", 11060, true, gate(cfg, true), (cfg: *const LaunchConfig, f: Handle, p: *mut *mut c_void, e: *mut *mut c_void)}
+            {cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel", 9000, false, gate(s, false), (f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shm: c_uint, s: Handle, p: *mut *mut c_void)}
+            {cuLaunchCooperativeKernel_ptsz, "cuLaunchCooperativeKernel", 9000, true, gate(s, true), (f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shm: c_uint, s: Handle, p: *mut *mut c_void)}
             {cuStreamCreate, "cuStreamCreate", 2000, false, pass, (s: *mut Handle, flags: c_uint)}
             {cuStreamCreateWithPriority, "cuStreamCreateWithPriority", 5050, false, pass, (s: *mut Handle, flags: c_uint, prio: c_int)}
             {cuStreamDestroy_v2, "cuStreamDestroy", 4000, false, pass, (s: Handle)}
@@ -237,8 +239,8 @@ macro_rules! cuda_entry_points {
             {cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags", 11040, false, instantiate(e, g), (e: *mut Handle, g: Handle, flags: u64)}
             {cuGraphInstantiateWithParams, "cuGraphInstantiateWithParams", 12000, false, instantiate(e, g), (e: *mut Handle, g: Handle, params: *mut c_void)}
             {cuGraphInstantiateWithParams_ptsz, "cuGraphInstantiateWithParams", 12000, true, instantiate(e, g), (e: *mut Handle, g: Handle, params: *mut c_void)}
-            {cuGraphLaunch, "cuGraphLaunch", 10000, false, graph_launch(e), (e: Handle, s: Handle)}
-            {cuGraphLaunch_ptsz, "cuGraphLaunch", 10000, true, graph_launch(e), (e: Handle, s: Handle)}
+            {cuGraphLaunch, "cuGraphLaunch", 10000, false, graph_launch(e, s, false), (e: Handle, s: Handle)}
+            {cuGraphLaunch_ptsz, "cuGraphLaunch", 10000, true, graph_launch(e, s, true), (e: Handle, s: Handle)}
             {cuGraphExecUpdate, "cuGraphExecUpdate", 10020, false, exec_update(e, g), (e: Handle, g: Handle, err_node: *mut Handle, result: *mut c_int)}
             {cuGraphExecUpdate_v2, "cuGraphExecUpdate", 12000, false, exec_update(e, g), (e: Handle, g: Handle, result_info: *mut c_void)}
             {cuGraphExecDestroy, "cuGraphExecDestroy", 10000, false, exec_destroyed(e), (e: Handle)}
@@ -269,7 +271,7 @@ macro_rules! cuda_entry_points {
             {cuGraphAddMemFreeNode, "cuGraphAddMemFreeNode", 11040, false, graph_free(g, dptr), (node: *mut Handle, g: Handle, deps: *const Handle, n: usize, dptr: Dptr)}
             {cuLaunch, "cuLaunch", 2000, false, gate, (f: Handle)}
             {cuLaunchGrid, "cuLaunchGrid", 2000, false, gate, (f: Handle, w: c_int, h: c_int)}
-            {cuLaunchGridAsync, "cuLaunchGridAsync", 2000, false, gate, (f: Handle, w: c_int, h: c_int, s: Handle)}
+            {cuLaunchGridAsync, "cuLaunchGridAsync", 2000, false, gate(s, false), (f: Handle, w: c_int, h: c_int, s: Handle)}
             {cuLibraryLoadData, "cuLibraryLoadData", 12000, false, pass, (lib: *mut Handle, code: *const c_void, jo: *mut c_int, jv: *mut *mut c_void, nj: c_uint, lo: *mut c_int, lv: *mut *mut c_void, nl: c_uint)}
             {cuLibraryLoadFromFile, "cuLibraryLoadFromFile", 12000, false, pass, (lib: *mut Handle, file: *const c_char, jo: *mut c_int, jv: *mut *mut c_void, nj: c_uint, lo: *mut c_int, lv: *mut *mut c_void, nl: c_uint)}
             {cuLibraryGetKernel, "cuLibraryGetKernel", 12000, false, pass, (k: *mut Handle, lib: Handle, name: *const c_char)}

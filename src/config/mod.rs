@@ -377,6 +377,8 @@ impl Default for Policy {
 /// reading of its settings.
 pub const SAMPLE_INTERVAL_MS: std::ops::RangeInclusive<u64> = 1..=10_000;
 pub const MAX_DELAY_US: std::ops::RangeInclusive<u64> = 0..=10_000_000;
+/// `[xcuda] queue_inflight`: 0 (off) or a bound of launches in flight.
+pub const QUEUE_INFLIGHT: std::ops::RangeInclusive<u64> = 0..=1024;
 pub const DELAY_STEP_US: std::ops::RangeInclusive<u64> = 1..=1_000_000;
 
 /// xCUDA's launch gate.
@@ -405,6 +407,12 @@ pub struct Xcuda {
     /// at 0.36-0.41 of its speed, 0.04 x0.92-1.06 and 0.58-0.73, 0.06
     /// x1.01-1.63 and 0.73-0.84 (xcuda/README.md).
     pub online_brake_deviation: Fraction,
+    /// The bounded offline queue (xcuda/README.md): at most this many
+    /// launches of an offline thread in flight on a stream while the GPU's
+    /// online job is idle, and none new while it is busy unless its
+    /// measured slowdown allows; 0 leaves it off (the online trigger's
+    /// per-launch delay instead).
+    pub queue_inflight: u64,
 }
 
 impl Default for Xcuda {
@@ -418,6 +426,7 @@ impl Default for Xcuda {
             release_factor: Fraction(0.9),
             online_counting: true,
             online_brake_deviation: Fraction(0.04),
+            queue_inflight: 0,
         }
     }
 }
@@ -824,6 +833,14 @@ impl Config {
                 *MAX_DELAY_US.start(),
                 *MAX_DELAY_US.end(),
                 "at most 10 s in front of one launch",
+            ),
+            r(
+                "xcuda",
+                "queue_inflight",
+                x.queue_inflight,
+                *QUEUE_INFLIGHT.start(),
+                *QUEUE_INFLIGHT.end(),
+                "0 is off; a few launches (4 to 16) is the useful range",
             ),
             r(
                 "xcuda",

@@ -208,9 +208,48 @@ impl Record {
     }
 }
 
-/// Reads the page at `path` if it is trusted (see the module doc); `root`
-/// is the uid that must own its directory (0; tests pass their own).
-pub fn read_trusted(path: &Path, root: u32) -> Result<Record, PageError> {
+/// Where the busy line sits: right after the record.
+pub const BUSY_OFFSET: u64 = RECORD_BYTES as u64;
+/// The busy line: the start of the online job's current busy period
+/// (CLOCK_MONOTONIC ns; 0: idle) and its complement with a magic, so a
+/// torn read is told apart from a whole one. Written by the online job at
+/// each busy transition, one `pwrite` (the record's writer runs only every
+/// sample interval, far slower than a request).
+pub const BUSY_BYTES: usize = 16;
+const BUSY_MAGIC: u64 = u64::from_le_bytes(*b"MXFBUSY1");
+/// A busy period older than this is not a request being served: a writer
+/// stopped mid-period (or two threads' transitions crossed). It says idle.
+pub const BUSY_MAX_NS: u64 = 1_000_000_000;
+
+pub fn encode_busy(since_ns: u64) -> [u8; BUSY_BYTES] {
+    let mut out = [0u8; BUSY_BYTES];
+    out[..8].copy_from_slice(&since_ns.to_le_bytes());
+    out[8..].copy_from_slice(&(since_ns ^ BUSY_MAGIC).to_le_bytes());
+    out
+}
+
+/// The busy line's start of the current period (0: idle); None: torn or absent.
+pub fn decode_busy(b: &[u8; BUSY_BYTES]) -> Option<u64> {
+    let since = u64::from_le_bytes(b[..8].try_into().ok()?);
+    let check = u64::from_le_bytes(b[8..].try_into().ok()?);
+    (check == since ^ BUSY_MAGIC).then_some(since)
+}
+
+/// Is the online job busy at `now_ns`, by its record and busy line? A
+/// stale record (writer gone), a torn or missing line, or a period older
+/// than [`BUSY_MAX_NS`] all say no.
+pub fn busy_at(rec: &Record, line: Option<u64>, now_ns: u64) -> bool {
+    let fresh = now_ns.saturating_sub(rec.heartbeat_ns) <= STALE_NS;
+    match line {
+        Some(since) if fresh && since != 0 => now_ns.saturating_sub(since) <= BUSY_MAX_NS,
+        _ => false,
+    }
+}
+
+/// Opens the page at `path` for reading if it is trusted (see the module
+/// doc); `root` is the uid that must own its directory (0; tests pass
+/// their own). The file stays what was checked: the reader keeps it open.
+pub fn open_trusted(path: &Path, root: u32) -> Result<std::fs::File, PageError> {
     let untrusted = |why: String| PageError::Untrusted {
         path: path.to_path_buf(),
         why,
@@ -238,13 +277,34 @@ pub fn read_trusted(path: &Path, root: u32) -> Result<Record, PageError> {
             "must be a regular file not writable by group or others".into(),
         ));
     }
-    let mut b = [0u8; RECORD_BYTES];
-    f.read_exact_at(&mut b, 0).map_err(|_| PageError::Torn {
+    Ok(f)
+}
+
+/// The record and the busy line of an open page (one `pread`); the line is
+/// None when torn or not written yet.
+pub fn read_open(f: &std::fs::File, path: &Path) -> Result<(Record, Option<u64>), PageError> {
+    let torn = || PageError::Torn {
         path: path.to_path_buf(),
-    })?;
-    Record::decode(&b).ok_or_else(|| PageError::Torn {
-        path: path.to_path_buf(),
-    })
+    };
+    let mut b = [0u8; RECORD_BYTES + BUSY_BYTES];
+    let n = f.read_at(&mut b, 0).map_err(|_| torn())?;
+    if n < RECORD_BYTES {
+        return Err(torn());
+    }
+    let rec = Record::decode(b[..RECORD_BYTES].try_into().map_err(|_| torn())?).ok_or_else(torn)?;
+    let line = match n {
+        n if n >= RECORD_BYTES + BUSY_BYTES => {
+            decode_busy(b[RECORD_BYTES..].try_into().map_err(|_| torn())?)
+        }
+        _ => None,
+    };
+    Ok((rec, line))
+}
+
+/// Reads the page at `path` if it is trusted ([`open_trusted`]).
+pub fn read_trusted(path: &Path, root: u32) -> Result<Record, PageError> {
+    let f = open_trusted(path, root)?;
+    read_open(&f, path).map(|(rec, _)| rec)
 }
 
 /// Creates the page of an online job anew (as root): a fresh file owned by
@@ -281,6 +341,8 @@ pub fn create(path: &Path, uid: u32, gid: u32) -> Result<(), PageError> {
         .open(&tmp)
         .map_err(io(&tmp))?;
     f.write_all_at(&[0u8; RECORD_BYTES], 0).map_err(io(&tmp))?;
+    f.write_all_at(&encode_busy(0), BUSY_OFFSET)
+        .map_err(io(&tmp))?;
     std::os::unix::fs::fchown(&f, Some(uid), Some(gid)).map_err(io(&tmp))?;
     std::fs::rename(&tmp, path).map_err(io(path))
 }
@@ -341,6 +403,43 @@ mod tests {
     use super::*;
 
     const MS: u64 = 1_000_000;
+
+    #[test]
+    fn the_busy_line_says_busy_only_for_a_fresh_writer_and_a_recent_period() {
+        let now = 10_000 * MS;
+        let rec = Record {
+            heartbeat_ns: now - 10 * MS,
+            ..Record::default()
+        };
+        let line = |since| decode_busy(&encode_busy(since));
+        assert_eq!(line(now - 3 * MS), Some(now - 3 * MS));
+        let mut torn = encode_busy(now);
+        torn[3] ^= 1;
+        assert_eq!(decode_busy(&torn), None);
+        let cases: &[(&str, Record, Option<u64>, bool)] = &[
+            ("a period begun 3 ms ago", rec, line(now - 3 * MS), true),
+            ("idle", rec, line(0), false),
+            ("torn or missing line", rec, None, false),
+            (
+                "a period of 2 s is no request: a writer stopped mid-period",
+                rec,
+                line(now - 2000 * MS),
+                false,
+            ),
+            (
+                "the writer is gone",
+                Record {
+                    heartbeat_ns: now - 2000 * MS,
+                    ..rec
+                },
+                line(now - 3 * MS),
+                false,
+            ),
+        ];
+        for (name, r, l, want) in cases {
+            assert_eq!(busy_at(r, *l, now), *want, "{name}");
+        }
+    }
 
     #[test]
     fn a_record_round_trips_and_a_torn_one_is_refused() {

@@ -25,14 +25,17 @@ pub const ROLE: &str = "MUXFLOW_XCUDA_ROLE";
 /// online role, read by the gate in the offline role.
 pub const ONLINE_PAGE: &str = "MUXFLOW_XCUDA_ONLINE_PAGE";
 pub const ONLINE_BRAKE_DEVIATION: &str = "MUXFLOW_XCUDA_ONLINE_BRAKE_DEVIATION";
+/// The bounded offline queue's launches in flight (0: off).
+pub const QUEUE_INFLIGHT: &str = "MUXFLOW_XCUDA_QUEUE_INFLIGHT";
 /// The root-owned directory of the per-job limits files (see
 /// [`crate::records::limits`]); the only variable xCUDA reads inside a job, and only
 /// to find a file it then checks.
 pub const LIMITS_DIR: &str = "MUXFLOW_XCUDA_LIMITS_DIR";
 
 /// Every variable, for clearing user-set values.
-pub const ALL: [&str; 14] = [
+pub const ALL: [&str; 15] = [
     ROLE,
+    QUEUE_INFLIGHT,
     ONLINE_PAGE,
     ONLINE_BRAKE_DEVIATION,
     MEM_LIMIT_BYTES,
@@ -74,6 +77,9 @@ pub struct XcudaEnv {
     /// Brake when the online job's GPU time per launch is this much above
     /// its baseline (0.03: 3 %).
     pub online_brake_deviation: f64,
+    /// The bounded offline queue: launches in flight per stream while the
+    /// online job is idle; 0 = off.
+    pub queue_inflight: u32,
 }
 
 /// Which side of the GPU the process is on.
@@ -121,6 +127,7 @@ impl XcudaEnv {
             role: Role::Offline,
             online_page: None,
             online_brake_deviation: cfg.online_brake_deviation.get(),
+            queue_inflight: cfg.queue_inflight as u32,
         }
     }
 
@@ -139,6 +146,7 @@ impl XcudaEnv {
                 ONLINE_BRAKE_DEVIATION,
                 self.online_brake_deviation.to_string(),
             ),
+            (QUEUE_INFLIGHT, self.queue_inflight.to_string()),
         ];
         if let Some(m) = self.mem_limit_bytes {
             v.push((MEM_LIMIT_BYTES, m.to_string()));
@@ -215,6 +223,8 @@ impl XcudaEnv {
         ) as u8;
         let max_delay_us = num(MAX_DELAY_US, config::MAX_DELAY_US, d.max_delay_us);
         let delay_step_us = num(DELAY_STEP_US, config::DELAY_STEP_US, d.delay_step_us);
+        // A bad bound keeps the default (off: the per-launch brakes still work).
+        let queue_inflight = num(QUEUE_INFLIGHT, config::QUEUE_INFLIGHT, d.queue_inflight) as u32;
         let mut fraction = |var: &'static str, fallback: f64| -> f64 {
             let Some(v) = get(var) else {
                 return fallback;
@@ -276,6 +286,7 @@ impl XcudaEnv {
             role,
             online_page: path(ONLINE_PAGE),
             online_brake_deviation,
+            queue_inflight,
         };
         (env, problems)
     }

@@ -1294,7 +1294,7 @@ fn graph_memory_is_held_while_the_driver_may_commit_it() {
 
 #[test]
 fn sync_rows_end_the_online_busy_period() {
-    use muxflow::records::online_page::{Record, RECORD_BYTES};
+    use muxflow::records::online_page::{decode_busy, Record, BUSY_BYTES, RECORD_BYTES};
     use muxflow::records::xcuda_env::{MEM_LIMIT_BYTES, ONLINE_PAGE, ROLE};
     let sim = Sim::new();
     let cases: &[(&str, &[&str])] = &[
@@ -1348,8 +1348,15 @@ fn sync_rows_end_the_online_busy_period() {
         let (o, r) = run(c);
         assert!(o.status.success(), "{name}: {o:?}");
         assert!(!r.contains_key("error"), "{name}: {r:?}");
-        let bytes: [u8; RECORD_BYTES] = std::fs::read(&page).unwrap().try_into().unwrap();
+        let all = std::fs::read(&page).unwrap();
+        let bytes: [u8; RECORD_BYTES] = all[..RECORD_BYTES].try_into().unwrap();
         let rec = Record::decode(&bytes).unwrap_or_else(|| panic!("{name}: page never written"));
+        // The busy line after the record: written at each transition, idle
+        // once the last period ended.
+        let line: [u8; BUSY_BYTES] = all[RECORD_BYTES..]
+            .try_into()
+            .unwrap_or_else(|_| panic!("{name}: no busy line ({} bytes)", all.len()));
+        assert_eq!(decode_busy(&line), Some(0), "{name}");
         assert!(rec.launches > 0, "{name}: {rec:?}");
         assert!(
             rec.window_at_ns > 0 && rec.baseline_ns_per_launch > 0.0,
@@ -1427,4 +1434,98 @@ fn an_offline_gate_brakes_on_a_hurt_online_page_and_not_on_a_forged_one() {
         let s = sim.stats_of(pid).unwrap();
         assert_eq!(s["delayed"] > 0, brakes, "{name}: {s:?}");
     }
+}
+
+/// The bounded offline queue: with `queue_inflight` set, an offline job
+/// holds its launches while the online page's busy line says a request is
+/// being served and the online job is hurt, and runs (bounded, not held)
+/// while the line says idle. Without the setting the busy line changes
+/// nothing (the queue is off).
+#[test]
+fn the_offline_queue_holds_launches_while_the_online_job_serves_a_request() {
+    use muxflow::records::online_page::{encode_busy, now_ns, Record, BUSY_OFFSET};
+    use muxflow::records::xcuda_env::{ONLINE_PAGE, QUEUE_INFLIGHT};
+    use std::os::unix::fs::{FileExt, PermissionsExt};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let sim = Sim::new();
+    let dir = sim.root.join("online");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut steps = HashMap::new();
+    for (name, queue, busy) in [
+        ("queue on, online busy", Some("2"), true),
+        ("queue on, online idle", Some("2"), false),
+        ("queue off, online busy", None, true),
+    ] {
+        let page = dir.join("0");
+        let _ = std::fs::remove_file(&page);
+        std::fs::write(&page, Record::default().encode()).unwrap();
+        std::fs::set_permissions(&page, std::fs::Permissions::from_mode(0o644)).unwrap();
+        // An online job hurt (x1.5 its baseline), serving requests 45 ms of
+        // every 50 (busy), or idle throughout.
+        let stop = Arc::new(AtomicBool::new(false));
+        let writer = {
+            let (page, stop) = (page.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let f = std::fs::OpenOptions::new().write(true).open(&page).unwrap();
+                let (mut seq, t0) = (0, Instant::now());
+                while !stop.load(Ordering::SeqCst) {
+                    seq += 1;
+                    let now = now_ns();
+                    let r = Record {
+                        seq,
+                        heartbeat_ns: now,
+                        window_at_ns: now,
+                        window_ns_per_launch: 1.5e6,
+                        baseline_ns_per_launch: 1.0e6,
+                        launches: seq * 10,
+                    };
+                    f.write_all_at(&r.encode(), 0).unwrap();
+                    let serving = busy && t0.elapsed().as_millis() % 50 < 45;
+                    let since = if serving {
+                        now.saturating_sub(1_000_000)
+                    } else {
+                        0
+                    };
+                    f.write_all_at(&encode_busy(since), BUSY_OFFSET).unwrap();
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            })
+        };
+        let mut c = sim.workload(
+            &[
+                "offline",
+                "--duration",
+                "2",
+                "--kernels-per-step",
+                "4",
+                "--kernel-us",
+                "200",
+            ],
+            true,
+        );
+        c.env(ONLINE_PAGE, &page);
+        if let Some(q) = queue {
+            c.env(QUEUE_INFLIGHT, q);
+        }
+        let (o, r) = run(c);
+        stop.store(true, Ordering::SeqCst);
+        writer.join().unwrap();
+        assert!(o.status.success(), "{name}: {o:?}");
+        steps.insert(name, r["steps"].parse::<u64>().unwrap());
+    }
+    eprintln!("steps: {steps:?}");
+    let s = |n: &str| steps[n];
+    // Held while it serves: about a tenth of the steps (its idle tenth).
+    assert!(
+        s("queue on, online busy") * 4 < s("queue on, online idle"),
+        "{steps:?}"
+    );
+    // Bounded, not held: about the speed the per-launch brake leaves it
+    // without the queue (that one brakes on the hurt page too).
+    assert!(
+        s("queue on, online idle") * 2 > s("queue off, online busy"),
+        "{steps:?}"
+    );
 }

@@ -159,7 +159,14 @@ macro_rules! act {
         proc_address($sym, $pfn, $real($($a),*))
     };
     ($real:ident, ($($a:ident),*), gate) => {{
+        // cuLaunch/cuLaunchGrid: the legacy default stream.
         online::on_launch();
+        queued(std::ptr::null_mut(), false);
+        gate().pass(|| $real($($a),*))
+    }};
+    ($real:ident, ($($a:ident),*), gate($s:ident, $pt:literal)) => {{
+        online::on_launch();
+        queued($s.stream(), $pt);
         gate().pass(|| $real($($a),*))
     }};
     ($real:ident, ($($a:ident),*), sync) => { online::on_sync($real($($a),*)) };
@@ -206,8 +213,9 @@ macro_rules! act {
     ($real:ident, ($($a:ident),*), exec_update($e:ident, $g:ident)) => {
         graphmem().exec_updated(memcap(), $e.handle(), $g.handle(), current_device(), || $real($($a),*))
     };
-    ($real:ident, ($($a:ident),*), graph_launch($e:ident)) => {{
+    ($real:ident, ($($a:ident),*), graph_launch($e:ident, $s:ident, $pt:literal)) => {{
         online::on_launch();
+        queued($s, $pt);
         let rc = gate().pass(|| $real($($a),*));
         graphmem().launched(memcap(), $e.handle(), rc)
     }};
@@ -384,6 +392,56 @@ fn graph_alloc(
 fn own_call(cell: &OnceLock<usize>, name: &CStr) -> Option<usize> {
     let p = *cell.get_or_init(|| driver::driver_symbol(name));
     (p != 0).then_some(p)
+}
+
+/// The stream a launch goes to: its argument, or a launch config's.
+trait LaunchStream: Copy {
+    fn stream(self) -> Handle;
+}
+impl LaunchStream for Handle {
+    fn stream(self) -> Handle {
+        self
+    }
+}
+impl LaunchStream for *const crate::abi::LaunchConfig {
+    fn stream(self) -> Handle {
+        match self.is_null() {
+            true => std::ptr::null_mut(),
+            // SAFETY: a non-null launch config the caller passes to the
+            // driver, which reads it the same way.
+            false => unsafe { (*self).stream },
+        }
+    }
+}
+
+/// The bounded offline queue in front of a launch on stream `s`
+/// ([`crate::state::queue`]): one relaxed load while it is off.
+#[inline(always)]
+fn queued(s: Handle, pt: bool) {
+    crate::state::queue::admit(
+        s as usize,
+        pt,
+        || stream_empty(s, pt),
+        || gate().shutting_down(),
+    );
+}
+
+/// Has stream `s` nothing in flight (`cuStreamQuery`)? None when the
+/// driver cannot say (an error other than "not ready").
+fn stream_empty(s: Handle, pt: bool) -> Option<bool> {
+    static F: [OnceLock<usize>; 2] = [OnceLock::new(), OnceLock::new()];
+    let p = match pt {
+        false => own_call(&F[0], c"cuStreamQuery")?,
+        true => own_call(&F[1], c"cuStreamQuery_ptsz")?,
+    };
+    // SAFETY: the driver's cuStreamQuery(_ptsz), of the list's signature.
+    let f: crate::abi::fnty::cuStreamQuery = unsafe { std::mem::transmute(p) };
+    // SAFETY: the caller's stream, as it passed it to a launch.
+    match unsafe { f(s) } {
+        cu::SUCCESS => Some(true),
+        cu::NOT_READY => Some(false),
+        _ => None,
+    }
 }
 
 /// Does the driver say stream `s` is capturing (joined into a capture by an

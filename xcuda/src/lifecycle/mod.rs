@@ -7,6 +7,7 @@
 
 pub mod online_gate;
 pub mod publisher;
+pub mod queue_poll;
 pub mod shutdown;
 pub mod start;
 pub mod watcher;

@@ -12,11 +12,17 @@ use std::time::Duration;
 use muxflow::records::online_page::{self, Reading};
 
 use crate::state::online::{OnlineBrake, OnlineParams};
+use crate::state::queue::{self, BusyBound};
 use crate::state::Settings;
 
 pub struct OnlineGate {
     page: Option<PathBuf>,
     brake: OnlineBrake,
+    /// With the bounded queue on: its busy bound, which replaces the
+    /// per-launch delay of [`OnlineBrake`] (the queue holds the trainer off
+    /// the online job's requests; delaying its launches between them too
+    /// would only cost it speed).
+    bound: Option<BusyBound>,
     last_window_at: u64,
     last_launches: Option<u64>,
     logged: bool,
@@ -27,6 +33,8 @@ impl OnlineGate {
         OnlineGate {
             page: s.env.online_page.clone(),
             brake: OnlineBrake::new(OnlineParams::from_env(&s.env)),
+            bound: (s.env.queue_inflight > 0)
+                .then(|| BusyBound::new(s.env.online_brake_deviation, s.env.queue_inflight)),
             last_window_at: 0,
             last_launches: None,
             logged: false,
@@ -60,6 +68,14 @@ impl OnlineGate {
                 Some(Reading::Absent)
             }
         };
+        if let Some(bound) = self.bound.as_mut() {
+            let b = match reading {
+                Some(r) => bound.step(r),
+                None => bound.current(),
+            };
+            queue::set_busy_bound(b);
+            return clock_delay;
+        }
         let online = match reading {
             Some(r) => self.brake.step(r),
             None => self.brake.current(),

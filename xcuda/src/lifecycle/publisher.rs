@@ -38,7 +38,8 @@ fn run(s: &'static Settings) {
         .custom_flags(libc::O_NOFOLLOW)
         .open(path)
     {
-        Ok(f) => f,
+        // From now on the busy transitions write its busy line too.
+        Ok(f) => online::set_page(f),
         Err(e) => {
             crate::log(format_args!(
                 "online page {}: {e}; the online job is not measured",

@@ -59,6 +59,10 @@ fn start(first: bool) {
     super::shutdown::install();
     // A forked child's inherited delay means nothing: open until its watcher says.
     gate().set(Mode::Delay(Duration::ZERO));
+    crate::state::queue::enable(s.env.queue_inflight);
+    if crate::state::queue::enabled() {
+        super::queue_poll::spawn(s);
+    }
     // Health first, before the first launch can pass.
     super::watcher::apply_health(s, &mut false);
     super::watcher::spawn(s);
@@ -122,6 +126,7 @@ extern "C" fn in_forked_child() {
         FORK_HELD.with(|h| h.borrow_mut().clear());
         super::shutdown::after_fork_in_child();
         gate().after_fork();
+        crate::state::queue::after_fork();
         memcap().after_fork();
         graphmem().after_fork();
     });

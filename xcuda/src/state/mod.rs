@@ -9,6 +9,7 @@ pub mod gate;
 pub mod graphmem;
 pub mod memcap;
 pub mod online;
+pub mod queue;
 pub mod settings;
 pub mod stats;
 
@@ -58,11 +59,12 @@ pub fn count_release() {
 
 pub fn counters() -> Counters {
     let g = gate().counts();
+    let (held, held_us) = queue::held();
     let m = memcap();
     Counters {
         launches: g.launches,
-        delayed: g.delayed,
-        delay_us: g.delay_us,
+        delayed: g.delayed + held,
+        delay_us: g.delay_us + held_us,
         oom: m.refused(),
         peak_bytes: m.peak(),
         released: RELEASES.load(Relaxed),

@@ -38,10 +38,12 @@
 //! job sees its solo speed when an offline job arrives, so its baseline is
 //! a solo one even if it started beside offline work.
 
+use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::OnceLock;
 use std::time::Duration;
 
-use muxflow::records::online_page::Reading;
+use muxflow::records::online_page::{self, Reading};
 use muxflow::records::xcuda_env::XcudaEnv;
 
 /// Set once at start-up in the online role.
@@ -55,6 +57,27 @@ static BUSY_LAUNCHES: AtomicU64 = AtomicU64::new(0);
 const RING: usize = 256;
 static PERIOD_NS: [AtomicU64; RING] = [const { AtomicU64::new(0) }; RING];
 static ENDED: AtomicU64 = AtomicU64::new(0);
+
+/// The online page, once the publisher opened it: the busy transitions
+/// are written to its busy line from the launch and synchronize paths.
+static PAGE: OnceLock<std::fs::File> = OnceLock::new();
+
+/// Hands the opened page to the busy transitions (the publisher, once).
+pub fn set_page(f: std::fs::File) -> &'static std::fs::File {
+    PAGE.get_or_init(|| f)
+}
+
+/// Writes the busy line (0: idle); a failure only leaves it as it was (the
+/// readers then see a stale line, which says idle after
+/// [`online_page::BUSY_MAX_NS`]).
+fn publish_busy(since_ns: u64) {
+    if let Some(f) = PAGE.get() {
+        let _ = f.write_at(
+            &online_page::encode_busy(since_ns),
+            online_page::BUSY_OFFSET,
+        );
+    }
+}
 
 /// Switches the process to counting mode (start-up, online role).
 pub fn set_online() {
@@ -77,16 +100,13 @@ pub fn on_launch() {
 #[inline(never)]
 fn begin_busy() {
     let launches = super::gate().counts().launches;
+    let now = online_page::now_ns().max(1);
     if BUSY_SINCE
-        .compare_exchange(
-            0,
-            muxflow::records::online_page::now_ns().max(1),
-            Relaxed,
-            Relaxed,
-        )
+        .compare_exchange(0, now, Relaxed, Relaxed)
         .is_ok()
     {
         BUSY_LAUNCHES.store(launches, Relaxed);
+        publish_busy(now);
     }
 }
 
@@ -104,7 +124,8 @@ pub fn on_sync(rc: u32) -> u32 {
 fn end_busy() {
     let since = BUSY_SINCE.swap(0, Relaxed);
     if since != 0 {
-        let ns = muxflow::records::online_page::now_ns().saturating_sub(since);
+        publish_busy(0);
+        let ns = online_page::now_ns().saturating_sub(since);
         let launches = super::gate()
             .counts()
             .launches

@@ -1,0 +1,312 @@
+//! The bounded offline queue (xcuda/README.md, "The bounded offline
+//! queue"): an offline thread keeps at most `limit` launches in flight on a
+//! stream, and the limit falls to the busy bound while the GPU's online job
+//! is busy, so an online request waits at most behind what is already in
+//! flight (XSched's "progressive command launching", at the granularity an
+//! LD_PRELOAD layer has: whole kernels, a stream's emptiness).
+//!
+//! In flight is counted per thread and stream: the launches since the
+//! stream was last seen empty (`cuStreamQuery`). At the limit the thread
+//! waits until the stream drains or the limit rises (the online job went
+//! idle); a limit of 0 holds every launch until it rises. Two threads on
+//! one stream each count their own (up to twice the limit in flight);
+//! graph launches count as one launch each.
+//!
+//! The busy bound adapts to the online job's measured slowdown
+//! ([`BusyBound`], stepped per new window of the online page): halved when
+//! the online job is slowed, zero when hurt, one more launch while it runs
+//! at its baseline. So a service that a trickle does not hurt lets the
+//! trainer run beside its requests, and one it hurts holds it off them.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+use muxflow::records::online_page::Reading;
+
+/// No bound (the queue is off).
+pub const OFF: u32 = u32::MAX;
+/// A held launch looks at its stream and the limit again at once (yielding
+/// the CPU) for this long, then every [`POLL`]: a sleep costs its timer
+/// slack (50 us by default on Linux), as long as a short kernel, so a
+/// drain that ends soon is caught at once.
+const SPIN: Duration = Duration::from_micros(200);
+const POLL: Duration = Duration::from_micros(20);
+
+/// The limit every launch reads: [`OFF`], or launches in flight allowed now.
+static LIMIT: AtomicU32 = AtomicU32::new(OFF);
+/// The bound while the online job is idle (the setting) and while it is busy (adaptive).
+static IDLE_BOUND: AtomicU32 = AtomicU32::new(OFF);
+static BUSY_BOUND: AtomicU32 = AtomicU32::new(0);
+/// Launches that waited, and how long in all (ns), for the stats file.
+static HELD: AtomicU64 = AtomicU64::new(0);
+static HELD_NS: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// (stream, per-thread flag, launches since it was seen empty).
+    static MINE: Cell<(usize, bool, u32)> = const { Cell::new((0, false, 0)) };
+}
+
+/// Switches the queue on with `inflight` launches while the online job is
+/// idle (start-up; 0 leaves it off). Until the poller first reads the page
+/// the idle bound applies.
+pub fn enable(inflight: u32) {
+    if inflight == 0 {
+        return;
+    }
+    IDLE_BOUND.store(inflight, Relaxed);
+    BUSY_BOUND.store(0, Relaxed);
+    LIMIT.store(inflight, Relaxed);
+}
+
+pub fn enabled() -> bool {
+    IDLE_BOUND.load(Relaxed) != OFF
+}
+
+/// The poller's verdict: is the online job busy now? Sets the limit.
+pub fn set_online_busy(busy: bool) {
+    let idle = IDLE_BOUND.load(Relaxed);
+    if idle == OFF {
+        return;
+    }
+    let limit = match busy {
+        true => BUSY_BOUND.load(Relaxed).min(idle),
+        false => idle,
+    };
+    LIMIT.store(limit, Relaxed);
+}
+
+/// Is the limit now the busy one (the poller's last verdict)?
+pub fn limit_is_busy() -> bool {
+    let idle = IDLE_BOUND.load(Relaxed);
+    idle != OFF && LIMIT.load(Relaxed) != idle
+}
+
+/// The watcher's busy bound, from [`BusyBound`].
+pub fn set_busy_bound(b: u32) {
+    BUSY_BOUND.store(b, Relaxed);
+}
+
+/// (launches that waited, us waited in all): the stats file counts them
+/// with the gate's delayed launches (a wait put in front of a launch).
+pub fn held() -> (u64, u64) {
+    (HELD.load(Relaxed), HELD_NS.load(Relaxed) / 1000)
+}
+
+/// In a forked child (no poller runs there until its start-up): its own
+/// counts, and the idle bound, never an inherited hold.
+pub fn after_fork() {
+    HELD.store(0, Relaxed);
+    HELD_NS.store(0, Relaxed);
+    set_online_busy(false);
+}
+
+/// In front of a gated launch on `stream` (`pt`: the per-thread default
+/// stream's variant). `empty` asks the driver whether the stream has
+/// nothing in flight (None: it cannot say; then the limit alone decides,
+/// and a stream it cannot query is never held for its drain). `closing`:
+/// the gate began the graceful exit (stop holding; the gate refuses).
+#[inline(always)]
+pub fn admit(
+    stream: usize,
+    pt: bool,
+    empty: impl Fn() -> Option<bool>,
+    closing: impl Fn() -> bool,
+) {
+    if LIMIT.load(Relaxed) == OFF {
+        return;
+    }
+    admit_bounded(stream, pt, &empty, &closing);
+}
+
+#[cold]
+#[inline(never)]
+fn admit_bounded(
+    stream: usize,
+    pt: bool,
+    empty: &dyn Fn() -> Option<bool>,
+    closing: &dyn Fn() -> bool,
+) {
+    let (s, p, mut n) = MINE.with(Cell::get);
+    if (s, p) != (stream, pt) {
+        n = 0;
+    }
+    let mut start: Option<Instant> = None;
+    loop {
+        let limit = LIMIT.load(Relaxed);
+        if limit == OFF || n < limit || closing() {
+            break;
+        }
+        if limit > 0 && empty() != Some(false) {
+            n = 0;
+            break;
+        }
+        match start.get_or_insert_with(Instant::now).elapsed() < SPIN {
+            true => std::thread::yield_now(),
+            false => std::thread::sleep(POLL),
+        }
+    }
+    if let Some(t) = start {
+        HELD.fetch_add(1, Relaxed);
+        HELD_NS.fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
+    }
+    MINE.with(|m| m.set((stream, pt, n.saturating_add(1))));
+}
+
+/// The busy bound's law, one step per new window of the online page, with
+/// `b` = `online_brake_deviation`:
+///
+/// | reading | busy bound |
+/// |---|---|
+/// | first reading of an online job | 0 (hold during its requests) |
+/// | `dev >= 3b` (hurt) | 0 |
+/// | `b < dev < 3b` (slowed) | halved |
+/// | `b/3 < dev <= b` (dead band) | held |
+/// | `dev <= b/3`, or the online job idle | one more, up to the idle bound |
+/// | page says nothing | the idle bound (no online job to protect) |
+#[derive(Debug, Clone)]
+pub struct BusyBound {
+    deviation: f64,
+    idle: u32,
+    bound: u32,
+    engaged: bool,
+}
+
+impl BusyBound {
+    pub fn new(deviation: f64, idle: u32) -> BusyBound {
+        BusyBound {
+            deviation,
+            idle,
+            bound: idle,
+            engaged: false,
+        }
+    }
+
+    pub fn step(&mut self, r: Reading) -> u32 {
+        let b = self.deviation;
+        if r == Reading::Absent {
+            self.engaged = false;
+            self.bound = self.idle;
+            return self.bound;
+        }
+        if !std::mem::replace(&mut self.engaged, true) {
+            self.bound = 0;
+            return self.bound;
+        }
+        self.bound = match r {
+            Reading::Deviation(d) if d >= 3.0 * b => 0,
+            Reading::Deviation(d) if d > b => self.bound / 2,
+            Reading::Deviation(d) if d > b / 3.0 => self.bound,
+            _ => (self.bound + 1).min(self.idle),
+        };
+        self.bound
+    }
+
+    pub fn current(&self) -> u32 {
+        self.bound
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_busy_bound_as_a_table() {
+        let b = 0.04;
+        let rows: &[(&str, &[Reading], &[u32])] = &[
+            (
+                "an online job appears: hold during its requests, then one more per calm window",
+                &[
+                    Reading::Deviation(0.0),
+                    Reading::Deviation(0.0),
+                    Reading::Idle,
+                    Reading::Deviation(0.01),
+                ],
+                &[0, 1, 2, 3],
+            ),
+            (
+                "slowed halves, hurt holds, the dead band keeps",
+                &[
+                    Reading::Deviation(0.0),
+                    Reading::Deviation(0.0),
+                    Reading::Deviation(0.0),
+                    Reading::Deviation(0.0),
+                    Reading::Deviation(0.0),
+                    Reading::Deviation(0.06),
+                    Reading::Deviation(0.03),
+                    Reading::Deviation(0.2),
+                ],
+                &[0, 1, 2, 3, 4, 2, 2, 0],
+            ),
+            (
+                "never past the idle bound; no page: the idle bound",
+                &[
+                    Reading::Idle,
+                    Reading::Idle,
+                    Reading::Idle,
+                    Reading::Idle,
+                    Reading::Idle,
+                    Reading::Idle,
+                    Reading::Absent,
+                ],
+                &[0, 1, 2, 3, 4, 4, 4],
+            ),
+        ];
+        for (name, readings, want) in rows {
+            let mut q = BusyBound::new(b, 4);
+            let got: Vec<u32> = readings.iter().map(|r| q.step(*r)).collect();
+            assert_eq!(&got, want, "{name}");
+        }
+    }
+
+    // One test touches the process-wide limit: the others in this binary
+    // never enable the queue, so they see it off.
+    #[test]
+    fn a_thread_waits_at_the_limit_until_its_stream_drains_or_the_online_job_goes_idle() {
+        use std::sync::atomic::AtomicBool;
+        use std::sync::Arc;
+        enable(2);
+        let never = || false;
+        let busy_stream = || Some(false);
+        // Two launches pass; the third waits for the drain.
+        admit(7, false, busy_stream, never);
+        admit(7, false, busy_stream, never);
+        let drained = Arc::new(AtomicBool::new(false));
+        let d2 = drained.clone();
+        let t = Instant::now();
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                std::thread::sleep(Duration::from_millis(30));
+                d2.store(true, Relaxed);
+            });
+            admit(7, false, || Some(drained.load(Relaxed)), never);
+        });
+        assert!(t.elapsed() >= Duration::from_millis(30));
+        assert_eq!(held().0, 1);
+        // The online job busy with a bound of 0: held even on an empty
+        // stream, until it goes idle.
+        set_busy_bound(0);
+        set_online_busy(true);
+        let t = Instant::now();
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                std::thread::sleep(Duration::from_millis(30));
+                set_online_busy(false);
+            });
+            admit(7, false, || Some(true), never);
+            admit(7, false, || Some(true), never);
+        });
+        assert!(t.elapsed() >= Duration::from_millis(30));
+        assert_eq!(held().0, 2);
+        // A closing gate is never held here (the gate decides).
+        set_online_busy(true);
+        admit(7, false, || Some(true), || true);
+        set_online_busy(false);
+        // A stream the driver cannot query is not waited for.
+        admit(9, true, || None, never);
+        admit(9, true, || None, never);
+        admit(9, true, || None, never);
+        assert_eq!(held().0, 2);
+    }
+}
