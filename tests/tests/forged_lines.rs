@@ -106,7 +106,10 @@ fn a_line_break_in_a_muxflow_jobs_script_path_is_refused_at_submit() {
             args.push("--gres=gpu:1");
         }
         let (ok, stdout, err) = submit(&args);
-        assert!(!ok, "{mode}: a script path with a line break was accepted: job {stdout}");
+        assert!(
+            !ok,
+            "{mode}: a script path with a line break was accepted: job {stdout}"
+        );
         assert!(
             err.contains("muxflow:")
                 && err.contains("batch script path (Command=")
