@@ -363,6 +363,37 @@ local function control_character_refusal(field, code)
 	)
 end
 
+-- The batch script's path (sbatch's script argument; salloc's or srun's
+-- command), which slurmctld prints as `Command=` in `scontrol show job`,
+-- a line the node reads like the fields above. Slurm hands job_submit the
+-- command line as job_desc.argv (the path first; the table's first index
+-- has been 0). Returns the character's code; nil when the path has none.
+local function control_character_in_command(job_desc)
+	local argv = job_desc.argv
+	if type(argv) ~= "table" then
+		return nil
+	end
+	local path = argv[0] or argv[1]
+	if type(path) ~= "string" then
+		return nil
+	end
+	local at = string.find(path, "[%c]")
+	if at == nil then
+		return nil
+	end
+	return string.byte(path, at)
+end
+
+local function command_refusal(code)
+	return string.format(
+		"the job's batch script path (Command=, the script given to sbatch) holds a control character "
+			.. "(code %d, e.g. a line break in a directory's or the file's name): muxflow jobs' paths must be "
+			.. "printable, since the node reads the job as slurmctld prints it. Rename the directory or script, "
+			.. "or copy the script to a path without one and submit that",
+		code
+	)
+end
+
 -- Drops every gres:gpu request from a tres_per_node string: an offline job
 -- takes an offline slot, never a whole GPU.
 local function without_gpu(tres)
@@ -402,6 +433,11 @@ function muxflow_job_submit(job_desc)
 	local field, code = control_character_field(job_desc)
 	if field ~= nil then
 		slurm.log_user("muxflow: %s", control_character_refusal(field, code))
+		return slurm.ERROR
+	end
+	local command_code = control_character_in_command(job_desc)
+	if command_code ~= nil then
+		slurm.log_user("muxflow: %s", command_refusal(command_code))
 		return slurm.ERROR
 	end
 	if mode == MODE_OFFLINE then

@@ -260,11 +260,13 @@ pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
     }
     if job.mode == Mode::Offline {
         remove_limits_files(&state, job.id);
-        // The config this program runs with, for the watcher.
-        match crate::config_path() {
-            Some(path) => crate::police::spawn_watcher(path, job.id),
-            None => tracing::error!(job = job.id, "muxflow-police not started: no config path"),
-        }
+    }
+    // The config this program runs with, for the watcher: an offline job's
+    // polices it; an online job's records a foreign terminate_client of
+    // its clients while it runs.
+    match crate::config_path() {
+        Some(path) => crate::police::spawn_watcher(path, job.id),
+        None => tracing::error!(job = job.id, "muxflow-police not started: no config path"),
     }
     Ok(())
 }

@@ -269,19 +269,7 @@ pub fn police_gpu(
     if !any_offline && clients.is_empty() {
         return Vec::new();
     }
-    // Whose each client is, while it runs: a foreign terminate_client is
-    // usually read after the client and its job are gone.
-    let seen: Vec<(u32, crate::clients::Owner)> = clients
-        .keys()
-        .map(|&pid| {
-            let owner = crate::clients::Owner {
-                job: crate::sysmon::process_job(pid).0,
-                uid: process_ids(procfs, pid).map(|(uid, _)| uid),
-            };
-            (pid, owner)
-        })
-        .collect();
-    crate::clients::remember(ns, gpu, &seen, unix_now_s());
+    note_clients(ns, procfs, gpu, &clients);
     let used: BTreeMap<u32, Option<u64>> =
         nvml_processes.iter().map(|p| (p.pid, p.used_mib)).collect();
     let pids: BTreeSet<u32> = clients.keys().chain(used.keys()).copied().collect();
@@ -788,10 +776,14 @@ const NO_STEPD_GIVE_UP: Duration = Duration::from_secs(300);
 /// node's SM activity sampler running for node `node` ([`crate::sampler`]):
 /// xCUDA's gate reads its pages between health checks. Ends when the
 /// Epilog has forgotten the job, or when the job's slurmstepd has gone (or
-/// never came).
+/// never came). For an online job it only watches for a foreign
+/// `terminate_client` of the job's clients ([`watch_online`]).
 pub fn watch(config: &Config, job: u32, node: Option<&str>) -> anyhow::Result<()> {
     let ns = NodeState::new(config.paths.state_dir.as_path());
     let interval = Duration::from_millis(config.health.police_interval_ms);
+    if is_online_here(&ns, job)? {
+        return watch_online(config, &ns, job, interval);
+    }
     let nvml = match config.paths.nvml_library.as_ref() {
         Some(p) => nvml_wrapper::Nvml::builder()
             .lib_path(p.as_path().as_os_str())
@@ -845,24 +837,12 @@ pub fn watch(config: &Config, job: u32, node: Option<&str>) -> anyhow::Result<()
                 sampler = Some(child);
             }
         }
-        // Every GPU the job is on (a k-GPU job: k).
-        let gpus = ns.job_gpus(job)?;
-        if gpus.is_empty() {
-            tracing::info!(job, "muxflow-police: job forgotten by the Epilog; done");
+        if let Some(why) = watch_over(&ns, &procfs, job, started, &mut stepd_seen)? {
+            tracing::info!(job, "muxflow-police: {why}; done");
             return Ok(());
         }
-        match (procfs.stepd_of_job_runs(job), stepd_seen) {
-            (true, _) => stepd_seen = true,
-            (false, true) => {
-                tracing::info!(job, "muxflow-police: the job's slurmstepd is gone; done");
-                return Ok(());
-            }
-            (false, false) if started.elapsed() > NO_STEPD_GIVE_UP => {
-                tracing::info!(job, "muxflow-police: the job never started here; done");
-                return Ok(());
-            }
-            (false, false) => {}
-        }
+        // Every GPU the job is on (a k-GPU job: k).
+        let gpus = ns.job_gpus(job)?;
         // Every GPU of the node: a process of the job on another GPU (its
         // own CUDA_VISIBLE_DEVICES and pipe directory) is caught within an
         // interval too, not only at the next health step.
@@ -922,6 +902,103 @@ pub fn watch(config: &Config, job: u32, node: Option<&str>) -> anyhow::Result<()
         }
         // After the locks: a call to slurmctld must not hold up the GPUs.
         escalate(config, &ns, job);
+    }
+}
+
+/// Whether `job` is recorded on this node's GPUs as an online job.
+fn is_online_here(ns: &NodeState, job: u32) -> anyhow::Result<bool> {
+    for gpu in ns.job_gpus(job)? {
+        let jobs = ns.jobs(gpu).unwrap_or_default();
+        if jobs
+            .iter()
+            .any(|r| r.job_id == job && r.mode == muxflow::Mode::Online)
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Why a watcher of `job` stops now, if it does: the Epilog forgot the
+/// job, its slurmstepd is gone, or it never came. `stepd_seen` remembers
+/// a sighting across passes.
+fn watch_over(
+    ns: &NodeState,
+    procfs: &Procfs,
+    job: u32,
+    started: Instant,
+    stepd_seen: &mut bool,
+) -> anyhow::Result<Option<&'static str>> {
+    if ns.job_gpus(job)?.is_empty() {
+        return Ok(Some("job forgotten by the Epilog"));
+    }
+    Ok(match (procfs.stepd_of_job_runs(job), *stepd_seen) {
+        (true, _) => {
+            *stepd_seen = true;
+            None
+        }
+        (false, true) => Some("the job's slurmstepd is gone"),
+        (false, false) if started.elapsed() > NO_STEPD_GIVE_UP => {
+            Some("the job never started here")
+        }
+        (false, false) => None,
+    })
+}
+
+/// `muxflow-police` for online job `job`: the online job owns its GPUs and
+/// is not policed, but a `terminate_client` someone else sends ends its
+/// clients as readily as an offline job's. Every `interval` it notes the
+/// GPUs' clients and records, while the job runs, a foreign
+/// `terminate_client` of the job's own client ([`notice_terminations_of`]):
+/// its AdminComment then says so, and its ending is never left to a
+/// health step that comes after its Epilog. Ends as the offline watcher does.
+fn watch_online(
+    config: &Config,
+    ns: &NodeState,
+    job: u32,
+    interval: Duration,
+) -> anyhow::Result<()> {
+    let Some(_claim) = ns.try_claim_police(job)? else {
+        tracing::info!(
+            job,
+            "muxflow-police: another watcher runs for the job; done"
+        );
+        return Ok(());
+    };
+    let procfs = Procfs::default();
+    let started = Instant::now();
+    let mut stepd_seen = false;
+    let mut control_offsets: BTreeMap<u32, BTreeMap<String, u64>> = BTreeMap::new();
+    for gpu in ns.job_gpus(job)? {
+        let mps = MpsDaemon::for_gpu(config, gpu);
+        let offsets = control_offsets.entry(gpu).or_default();
+        crate::sysmon::scan_log(mps.log_dir(), "control.log", offsets);
+    }
+    tracing::info!(
+        job,
+        ?interval,
+        "muxflow-police: watching online job's MPS clients"
+    );
+    loop {
+        std::thread::sleep(interval);
+        if let Some(why) = watch_over(ns, &procfs, job, started, &mut stepd_seen)? {
+            tracing::info!(job, "muxflow-police: {why}; done");
+            return Ok(());
+        }
+        for gpu in ns.job_gpus(job)? {
+            let mps = MpsDaemon::for_gpu(config, gpu);
+            let lock = match ns.lock_gpu(gpu) {
+                Ok(lock) => lock,
+                Err(e) => {
+                    tracing::warn!(job, gpu, "muxflow-police: {e}");
+                    continue;
+                }
+            };
+            note_clients(ns, &procfs, gpu, &mps_clients(&mps));
+            let offsets = control_offsets.entry(gpu).or_default();
+            notice_terminations_of(ns, &mps, gpu, job, offsets);
+            drop(lock);
+        }
     }
 }
 
@@ -1024,9 +1101,10 @@ pub fn cancel_reason(text: &str, limit: u32) -> Option<String> {
     ))
 }
 
-/// Starts muxflow-police again for each offline job recorded on the node
-/// whose watcher is gone (killed, crashed): a health step's part, so a
-/// process out of bounds is back to being stopped within an interval.
+/// Starts muxflow-police again for each job recorded on the node whose
+/// watcher is gone (killed, crashed): a health step's part, so a process
+/// out of bounds is back to being stopped, and a foreign terminate_client
+/// of an online job's client recorded, within an interval.
 pub fn restart_watchers(ns: &NodeState) {
     let Some(path) = crate::config_path() else {
         return;
@@ -1034,9 +1112,7 @@ pub fn restart_watchers(ns: &NodeState) {
     let mut jobs = BTreeSet::new();
     for gpu in ns.gpus().unwrap_or_default() {
         for r in ns.jobs(gpu).unwrap_or_default() {
-            if r.mode == muxflow::Mode::Offline {
-                jobs.insert(r.job_id);
-            }
+            jobs.insert(r.job_id);
         }
     }
     let procfs = Procfs::default();
@@ -1061,7 +1137,7 @@ pub fn restart_watchers(ns: &NodeState) {
     }
 }
 
-/// Starts `muxflow-police` (next to this program) for offline job `job`,
+/// Starts `muxflow-police` (next to this program) for job `job`,
 /// detached in its own process group with the config `config_path`. A
 /// failure is logged: the job is then policed at the health steps only.
 pub fn spawn_watcher(config_path: &Path, job: u32) {
@@ -1220,6 +1296,23 @@ fn wait_briefly(mut writers: Vec<&mut std::process::Child>, limit: Duration) {
 
 /// coreutils' `timeout`: bounds the writer of [`tell_process`].
 const TIMEOUT: &str = "/usr/bin/timeout";
+
+/// Notes whose each of the GPU's MPS clients (`clients`) is, while it
+/// runs: a foreign terminate_client is usually read after the client and
+/// its job are gone ([`crate::clients`]). The caller holds the GPU's lock.
+fn note_clients(ns: &NodeState, procfs: &Procfs, gpu: u32, clients: &BTreeMap<u32, u32>) {
+    let seen: Vec<(u32, crate::clients::Owner)> = clients
+        .keys()
+        .map(|&pid| {
+            let owner = crate::clients::Owner {
+                job: crate::sysmon::process_job(pid).0,
+                uid: process_ids(procfs, pid).map(|(uid, _)| uid),
+            };
+            (pid, owner)
+        })
+        .collect();
+    crate::clients::remember(ns, gpu, &seen, unix_now_s());
+}
 
 /// The clients of the GPU's MPS servers: pid -> server.
 fn mps_clients(mps: &MpsDaemon) -> BTreeMap<u32, u32> {

@@ -72,3 +72,54 @@ fn a_line_break_in_a_muxflow_jobs_name_comment_or_path_is_refused_at_submit() {
     c.scancel(&[id]);
     c.assert_no_drain();
 }
+
+/// The batch script's path is printed as `Command=` in `scontrol show job`:
+/// a line break in a directory's name there forges a slot line as well as
+/// the options above do. A muxflow job whose script path holds one is
+/// refused at submit, the message naming the path and the fix; a plain
+/// job is Slurm's to judge.
+#[test]
+fn a_line_break_in_a_muxflow_jobs_script_path_is_refused_at_submit() {
+    use std::os::unix::fs::PermissionsExt;
+    let c = Cluster::get();
+    let base = c.scratch("script-path");
+    muxflow_tests::open_to_all(&base);
+    // The file's own name is plain (sbatch names the job after it, which
+    // the job-name check already covers): the forged line is in its directory.
+    let dir = base.join("x\n     Nodes=node4 CPU_IDs=0 Mem=0 GRES=mfslot:g0:1(IDX:0)");
+    std::fs::create_dir(&dir).unwrap();
+    muxflow_tests::open_to_all(&dir);
+    let script = dir.join("job.sh");
+    std::fs::write(&script, "#!/bin/sh\necho ran\n").unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let submit = |args: &[&str]| {
+        let mut cmd = c.cmd_as(USER, "sbatch");
+        cmd.current_dir(&base)
+            .args(["--parsable", "--begin=now+1hour"])
+            .args(args)
+            .arg(&script);
+        c.run(cmd)
+    };
+    for mode in ["--muxflow=offline", "--muxflow=online"] {
+        let mut args = vec![mode];
+        if mode == "--muxflow=online" {
+            args.push("--gres=gpu:1");
+        }
+        let (ok, stdout, err) = submit(&args);
+        assert!(
+            !ok,
+            "{mode}: a script path with a line break was accepted: job {stdout}"
+        );
+        assert!(
+            err.contains("muxflow:")
+                && err.contains("batch script path (Command=")
+                && err.contains("control character (code 10")
+                && err.contains("Rename the directory or script"),
+            "{mode}: {err}"
+        );
+    }
+    let (ok, stdout, err) = submit(&[]);
+    assert!(ok, "a plain job: {err}");
+    c.scancel(&[stdout.trim().parse().unwrap()]);
+    c.assert_no_drain();
+}

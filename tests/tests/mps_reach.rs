@@ -16,6 +16,10 @@
 //!   root's offline client: the job it ended is told in its AdminComment
 //!   (`terminated_by_other`) while it runs, and the node log names that
 //!   job and its user, and no sender.
+//! * The same sent to root's online client, whose job ends seconds later
+//!   (its Epilog runs before the next health step) while `nobody` has an
+//!   offline job on that GPU: the online job's AdminComment says so, and
+//!   neither its watcher nor the later health step blames `nobody`.
 
 use std::time::Duration;
 
@@ -363,6 +367,129 @@ fn a_terminate_client_from_anyone_is_recorded_for_the_job_it_ended() {
     assert_eq!(c.job_field(online, "JobState"), "RUNNING");
     c.scancel(&[online]);
     c.wait(online, WAIT);
+    c.sim_load(node, gpu, 0.0);
+    c.assert_no_drain();
+}
+
+/// The online job's client `pid` on `gpu`: the server whose client list
+/// names it, asked as `nobody` (anyone who reaches the socket can ask).
+fn server_of(c: &Cluster, pipe: &std::path::Path, pid: &str) -> String {
+    let start = std::time::Instant::now();
+    loop {
+        let servers = mps_command_as_nobody(c, pipe, "get_server_list");
+        let server = servers.split_whitespace().find(|s| {
+            mps_command_as_nobody(c, pipe, &format!("get_client_list {s}"))
+                .split_whitespace()
+                .any(|p| p == pid)
+        });
+        if let Some(s) = server {
+            return s.to_string();
+        }
+        assert!(start.elapsed() < WAIT, "{pid} never attached: {servers}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn a_terminate_client_of_an_online_client_is_recorded_for_it_before_its_epilog() {
+    let c = Cluster::get();
+    let node = "node2";
+    const PREFIX: &str = "mfo-";
+    c.cancel_named(PREFIX);
+    let _cancel = muxflow_tests::CancelNamed(&c, PREFIX);
+    let cfg = c.health_config(
+        "foreign-terminate-online",
+        "min_dwell_s = 1\nrecovery_quiet_s = 1",
+    );
+    // Root's service; its batch step ends 3 s after its client does, as a
+    // service's teardown would: its Epilog comes before any health step.
+    for g in 0..2 {
+        c.sim_load(node, g, 0.05);
+    }
+    let script = format!(
+        "#!/bin/sh\n{}\necho online-exit=$?\nsleep 3\n",
+        c.workload("online --rate 20 --alloc-mib 1000")
+    );
+    let online = c
+        .sbatch(
+            &[
+                "--muxflow=online",
+                "--gres=gpu:1",
+                "-w",
+                node,
+                "--job-name",
+                &format!("{PREFIX}online"),
+            ],
+            &script,
+        )
+        .unwrap();
+    c.wait_running(online, WAIT);
+    let out = c.wait_output(online, "pid=", WAIT);
+    let pid = muxflow_tests::kv(&out.replace('\n', " "), "pid").unwrap_or_else(|| panic!("{out}"));
+    let gres = c.gres_detail(online);
+    let gpu: u32 = gres
+        .strip_prefix("gpu:1(IDX:")
+        .and_then(|s| s.strip_suffix(')'))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("job {online}: GRES '{gres}'"));
+    c.sim_load(node, 1 - gpu, 0.0);
+    c.settle_healthy(&cfg, node, gpu, 1000);
+    // Another user on that GPU: nobody's offline job, which an attribution
+    // by the GPU's jobs at the next step would blame.
+    let other = c
+        .sbatch(
+            &[
+                AS_NOBODY,
+                "--muxflow=offline",
+                "--job-name",
+                &format!("{PREFIX}offline"),
+            ],
+            &format!(
+                "#!/bin/sh\n{}\n",
+                c.workload("offline --duration 300 --alloc-mib 256")
+            ),
+        )
+        .unwrap();
+    c.place(other, node, gpu);
+    c.wait_output(other, "pid=", WAIT);
+    let pipe = c
+        .node_path("var/run/muxflow/{node}/mps", node)
+        .join(gpu.to_string());
+    let server = server_of(&c, &pipe, &pid);
+    // A service that has run a while (its watcher saw it as a client).
+    std::thread::sleep(Duration::from_secs(3));
+    mps_command_as_nobody(&c, &pipe, &format!("terminate_client {server} {pid}"));
+    let end = c.wait(online, WAIT);
+    let out = c.output_or_empty(online);
+    assert!(out.contains("online-exit="), "{end:?}: {out}");
+    let line = c.sacct_until(online, "AdminComment", |l| l.contains("mode="));
+    let text = line.split('|').nth(1).unwrap();
+    let report =
+        muxflow::records::report::JobReport::decode(text).unwrap_or_else(|e| panic!("{e}: {line}"));
+    assert_eq!(report.terminated_by_other, Some(1), "{line}");
+    // The health step after the Epilog reads the command too: it names the
+    // ended client's job and user (root), never nobody's job or nobody.
+    let step = c.health_step(&cfg, node);
+    let node_log = std::fs::read_to_string(c.dir.join(format!("log/muxflow-{node}.log"))).unwrap();
+    let said: Vec<&str> = node_log
+        .lines()
+        .chain(step.lines())
+        .filter(|l| l.contains("terminate_client muxflow did not send"))
+        .filter(|l| l.contains(&format!("client=Some({pid})")))
+        .collect();
+    assert!(!said.is_empty(), "{step}");
+    for l in &said {
+        assert!(
+            l.contains(&format!("job=Some({online})"))
+                && l.contains("uid=Some(0)")
+                && !l.contains(&format!("job=Some({other})"))
+                && !l.contains("uid=Some(65534)"),
+            "{said:?}"
+        );
+    }
+    assert_eq!(c.job_field(other, "JobState"), "RUNNING");
+    c.scancel(&[other]);
+    c.wait(other, WAIT);
     c.sim_load(node, gpu, 0.0);
     c.assert_no_drain();
 }

@@ -1,6 +1,8 @@
-//! `muxflow-police`: started by the Prolog for each offline job, checks the
-//! job's processes against its limits every `health.police_interval_ms`
-//! until the Epilog has forgotten the job (see `muxflow_node::police`).
+//! `muxflow-police`: started by the Prolog for each muxflow job; for an
+//! offline job it checks the job's processes against its limits every
+//! `health.police_interval_ms`, for an online job it records a foreign
+//! `terminate_client` of its clients within that interval; until the Epilog
+//! has forgotten the job (see `muxflow_node::police`).
 //! Like the other node programs it never fails the node.
 
 fn main() {

@@ -207,48 +207,46 @@ pub(crate) unsafe fn cuMemAllocManaged(p: *mut Dptr, size: usize, _flags: c_uint
     alloc_out(p, size as u64, Mem::Linear)
 }
 
-pub(crate) unsafe fn cuMemAllocAsync(p: *mut Dptr, size: usize, _s: Handle) -> CUresult {
-    alloc_out(p, size as u64, Mem::Linear)
+// Stream-ordered allocations and frees: on a capturing stream, graph
+// memory nodes of the capture (driver/graphmem.rs).
+pub(crate) unsafe fn cuMemAllocAsync(p: *mut Dptr, size: usize, s: Handle) -> CUresult {
+    done(stream_alloc(size as u64, s, false).and_then(|a| put(p, a)))
 }
 
-pub(crate) unsafe fn cuMemAllocAsync_ptsz(p: *mut Dptr, size: usize, _s: Handle) -> CUresult {
-    alloc_out(p, size as u64, Mem::Linear)
+pub(crate) unsafe fn cuMemAllocAsync_ptsz(p: *mut Dptr, size: usize, s: Handle) -> CUresult {
+    done(stream_alloc(size as u64, s, true).and_then(|a| put(p, a)))
 }
 
 pub(crate) unsafe fn cuMemAllocFromPoolAsync(
     p: *mut Dptr,
     size: usize,
     pool: Handle,
-    _s: Handle,
+    s: Handle,
 ) -> CUresult {
-    match pool_check(pool) {
-        Ok(()) => alloc_out(p, size as u64, Mem::Linear),
-        Err(e) => e,
-    }
+    done(
+        pool_check(pool).and_then(|()| stream_alloc(size as u64, s, false).and_then(|a| put(p, a))),
+    )
 }
 
 pub(crate) unsafe fn cuMemAllocFromPoolAsync_ptsz(
     p: *mut Dptr,
     size: usize,
     pool: Handle,
-    _s: Handle,
+    s: Handle,
 ) -> CUresult {
-    match pool_check(pool) {
-        Ok(()) => alloc_out(p, size as u64, Mem::Linear),
-        Err(e) => e,
-    }
+    done(pool_check(pool).and_then(|()| stream_alloc(size as u64, s, true).and_then(|a| put(p, a))))
 }
 
 pub(crate) unsafe fn cuMemFree_v2(p: Dptr) -> CUresult {
     done(mem_free(p, Mem::Linear))
 }
 
-pub(crate) unsafe fn cuMemFreeAsync(p: Dptr, _s: Handle) -> CUresult {
-    done(mem_free(p, Mem::Linear))
+pub(crate) unsafe fn cuMemFreeAsync(p: Dptr, s: Handle) -> CUresult {
+    done(stream_free(p, s, false))
 }
 
-pub(crate) unsafe fn cuMemFreeAsync_ptsz(p: Dptr, _s: Handle) -> CUresult {
-    done(mem_free(p, Mem::Linear))
+pub(crate) unsafe fn cuMemFreeAsync_ptsz(p: Dptr, s: Handle) -> CUresult {
+    done(stream_free(p, s, true))
 }
 
 pub(crate) unsafe fn cuMemCreate(
@@ -592,9 +590,9 @@ pub(crate) unsafe fn cuGraphDestroy(g: Handle) -> CUresult {
     done(graph_destroy(g))
 }
 
-// Graph memory is not modelled beyond its nodes (below): nothing to trim.
+// Graph memory: driver/graphmem.rs.
 pub(crate) unsafe fn cuDeviceGraphMemTrim(d: c_int) -> CUresult {
-    done(with_proc(|p| p.dev(d).map(|_| ())))
+    done(graph_mem_trim(d))
 }
 
 // The un-suffixed v1 entry points (CUDA 3.1 and older ABI): 32-bit sizes and device pointers.
@@ -744,8 +742,8 @@ pub(crate) unsafe fn cuMemUnmap(ptr: Dptr, _size: usize) -> CUresult {
     done(unmap(ptr))
 }
 
-// Graph memory nodes: the model takes the memory when the node is added
-// and gives it back at its free node (or cuMemFree of the address).
+// Graph memory nodes: an allocation node reserves an address; memory is
+// mapped at launch into the graph pool (driver/graphmem.rs).
 pub(crate) unsafe fn cuGraphCreate(g: *mut Handle, _flags: c_uint) -> CUresult {
     done(graph_create().and_then(|h| put(g, h)))
 }
@@ -761,7 +759,7 @@ pub(crate) unsafe fn cuGraphAddMemAllocNode(
         return cu::INVALID_VALUE;
     };
     done(graph_node(g).and_then(|n| {
-        prm.dptr = mem_alloc(prm.bytesize as u64, Mem::Linear)?;
+        prm.dptr = graph_alloc_node(g, prm.bytesize as u64)?;
         put(node, n)
     }))
 }
@@ -774,7 +772,7 @@ pub(crate) unsafe fn cuGraphAddMemFreeNode(
     dptr: Dptr,
 ) -> CUresult {
     done(graph_node(g).and_then(|n| {
-        mem_free(dptr, Mem::Linear)?;
+        graph_free_node(g, dptr)?;
         put(node, n)
     }))
 }

@@ -177,6 +177,20 @@ pub unsafe extern "C" fn simgpu_calls(name: *const c_char) -> u64 {
     n.to_str().ok().and_then(calls_of).unwrap_or(u64::MAX)
 }
 
+/// Test hook: what this process holds on device `dev` by the driver's
+/// own books (`used`) and the most it held at once (`peak`), in bytes;
+/// `CUDA_ERROR_NOT_INITIALIZED` before `cuInit`.
+///
+/// # Safety
+/// `used` and `peak` are valid out-pointers (or null: INVALID_VALUE).
+#[no_mangle]
+pub unsafe extern "C" fn simgpu_mem_books(dev: c_int, used: *mut u64, peak: *mut u64) -> CUresult {
+    guard(|| {
+        // SAFETY: the caller's out-pointers (checked for null by put).
+        done(mem_books(dev).and_then(|(u, p)| unsafe { put(used, u).and_then(|()| put(peak, p)) }))
+    })
+}
+
 pub const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: u64 = 2;
 pub const STATUS_SUCCESS: c_int = 0;
 pub const STATUS_SYMBOL_NOT_FOUND: c_int = 1;

@@ -143,9 +143,9 @@ impl Books {
             return rc;
         }
         *self.pool.entry(dev).or_default() += grow;
+        let key = key();
+        let alive = self.execs.remove(&key).map(|x| x.alive).unwrap_or_default();
         if !recipe.is_empty() {
-            let key = key();
-            let alive = self.execs.remove(&key).map(|x| x.alive).unwrap_or_default();
             self.execs.insert(key, Exec { dev, recipe, alive });
         }
         rc
@@ -340,12 +340,14 @@ impl GraphMem {
         b.set_exec(cap, dev, 0, recipe, call, exec)
     }
 
-    /// `cuGraphExecUpdate*`: executable graph `e` takes graph `g`'s node
-    /// parameters. Its need becomes what either graph allocates (an upper
-    /// bound: what a launch before the update left alive stays counted),
-    /// the pool's charge grown to that before the driver's `call`, refused
-    /// when it does not fit; a failed update changes nothing. `dev`: the
-    /// current context's device, where `e` is not known yet.
+    /// `cuGraphExecUpdate*`: executable graph `e` takes graph `g`'s nodes,
+    /// so its need becomes `g`'s. What a launch before the update left
+    /// alive and `g` does not allocate is no longer `e`'s: it stays counted
+    /// as an orphan until it is freed. The pool's charge grows to the new
+    /// demand before the driver's `call`, refused when it does not fit; a
+    /// failed update changes nothing. `dev`: the current context's device,
+    /// where `e` is not known yet. (Keeping both graphs' needs, as before,
+    /// refused allocations the driver had room for.)
     pub fn exec_updated(
         &self,
         cap: &MemCap,
@@ -355,13 +357,30 @@ impl GraphMem {
         call: impl FnOnce() -> u32,
     ) -> u32 {
         let mut b = self.books();
-        let (mut recipe, dev) = match b.execs.get(&e) {
-            Some(x) => (x.recipe.clone(), x.dev),
-            None => (Recipe::default(), dev),
+        let recipe = b.graphs.get(&g).cloned().unwrap_or_default();
+        let (before, dev, left) = match b.execs.get(&e) {
+            Some(x) => {
+                let left: Vec<(u64, u64)> = x
+                    .alive
+                    .iter()
+                    .filter(|d| !recipe.allocs.contains_key(d))
+                    .map(|&d| (d, x.recipe.allocs.get(&d).copied().unwrap_or(0)))
+                    .collect();
+                let kept = left.iter().fold(0u64, |a, l| a.saturating_add(l.1));
+                (x.recipe.need().saturating_sub(kept), x.dev, left)
+            }
+            None => (0, dev, Vec::new()),
         };
-        let before = recipe.need();
-        recipe.merge(b.graphs.get(&g).cloned().unwrap_or_default());
-        b.set_exec(cap, dev, before, recipe, call, || e)
+        let rc = b.set_exec(cap, dev, before, recipe, call, || e);
+        if rc == cu::SUCCESS {
+            for (d, size) in left {
+                if let Some(x) = b.execs.get_mut(&e) {
+                    x.alive.remove(&d);
+                }
+                b.orphans.insert(d, (dev, size));
+            }
+        }
+        rc
     }
 
     /// After `cuGraphLaunch`: what the graph frees of others' is freed
@@ -448,18 +467,21 @@ mod tests {
     }
 
     /// An executable graph updated with a graph that allocates more holds
-    /// the larger need from the update on, refused when that does not fit;
-    /// a failed update leaves the books as they were.
+    /// that graph's need from the update on, refused when it does not fit;
+    /// a failed update leaves the books as they were; what a launch before
+    /// the update left alive stays counted until it is freed.
     #[test]
-    fn an_update_that_allocates_more_is_charged_before_the_driver_runs_it() {
+    fn an_update_takes_the_new_graphs_need_charged_before_the_driver_runs_it() {
         const G2: u64 = 0x101;
         const G3: u64 = 0x102;
         let cap = MemCap::new(Some(Q));
         let m = GraphMem::default();
-        m.alloc_node(G, 0xa000, Q / 4);
+        m.alloc_node(G, 0xa000, Q / 4); // escapes: alive after a launch
         assert_eq!(instantiate(&m, &cap, G, 0xe), cu::SUCCESS);
+        assert_eq!(m.launched(&cap, 0xe, cu::SUCCESS), cu::SUCCESS);
         assert_eq!(cap.used(), Q / 4);
         m.alloc_node(G2, 0xb000, Q / 2);
+        m.free_node(G2, 0xb000);
         let update = |g: u64, rc: u32| m.exec_updated(&cap, 0xe, g, 0, || rc);
         assert_eq!(
             update(G2, cu::GRAPH_EXEC_UPDATE_FAILURE),
@@ -467,18 +489,23 @@ mod tests {
         );
         assert_eq!(cap.used(), Q / 4, "a failed update charges nothing");
         assert_eq!(update(G2, cu::SUCCESS), cu::SUCCESS);
-        assert_eq!(cap.used(), 3 * Q / 4, "both graphs' allocations");
-        assert_eq!(m.pool(), 3 * Q / 4);
-        m.alloc_node(G3, 0xc000, Q / 2);
+        assert_eq!(
+            cap.used(),
+            3 * Q / 4,
+            "G2's need beside G's allocation, still alive"
+        );
+        m.alloc_node(G3, 0xc000, Q); // beside the orphan: 5Q/4
         assert_eq!(update(G3, cu::SUCCESS), cu::OUT_OF_MEMORY);
         assert_eq!(cap.used(), 3 * Q / 4);
-        // Updated again with a graph it already covers: nothing more.
-        assert_eq!(update(G, cu::SUCCESS), cu::SUCCESS);
-        assert_eq!(cap.used(), 3 * Q / 4);
-        // Destroyed and trimmed: all of it comes back.
-        assert_eq!(m.exec_destroyed(0xe, cu::SUCCESS), cu::SUCCESS);
+        // G's allocation freed, the pool trimmed: G2's need alone.
+        m.freed(0xa000);
         assert_eq!(m.trimmed(&cap, 0, cu::SUCCESS), cu::SUCCESS);
+        assert_eq!(cap.used(), Q / 2, "the update left only G2's need");
+        // Updated with a graph of no memory nodes: nothing is needed.
+        assert_eq!(update(0x999, cu::SUCCESS), cu::SUCCESS);
+        m.trimmed(&cap, 0, cu::SUCCESS);
         assert_eq!(cap.used(), 0);
+        assert_eq!(m.exec_destroyed(0xe, cu::SUCCESS), cu::SUCCESS);
     }
 
     /// The case: a graph that allocates Q/2 and frees it itself

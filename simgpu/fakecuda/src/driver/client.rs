@@ -204,6 +204,7 @@ pub(super) fn detach(p: &Proc, dev: usize) {
         return;
     }
     l.allocs.retain(|_, (d, _, _)| *d != dev);
+    l.graphs.forget_device(dev);
     l.tails.retain(|_, (d, _)| *d != dev);
     let others = l.clients.iter().any(Option::is_some);
     let mps = l.mps.clone().flatten();

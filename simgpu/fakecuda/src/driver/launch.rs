@@ -201,12 +201,14 @@ pub fn end_capture(s: Handle, pt: bool) -> R<Handle> {
     if let Some(g) = l.capture_into.remove(&key) {
         if let Some(Obj::Graph(all)) = l.objs.get_mut(&g) {
             all.extend(ks);
+            graphmem::capture_ended(&mut l, key, g);
             return Ok(g as Handle);
         }
         return Err(cu::STREAM_CAPTURE_INVALIDATED);
     }
     let h = alloc_id(&mut l);
     l.objs.insert(h, Obj::Graph(ks));
+    graphmem::capture_ended(&mut l, key, h);
     Ok(h as Handle)
 }
 
@@ -219,13 +221,14 @@ pub fn graph_instantiate(g: Handle) -> R<Handle> {
     };
     let h = alloc_id(&mut l);
     l.objs.insert(h, Obj::Graph(ks));
+    graphmem::copy_nodes(&mut l, g as usize, h);
     Ok(h as Handle)
 }
 
 /// cuGraphExecUpdate: the executable graph takes the graph's kernels when
 /// the two have as many (the fake's "topologically identical"), else
 /// CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, as the driver answers a changed
-/// topology.
+/// topology; its memory nodes become the graph's.
 pub fn graph_exec_update(e: Handle, g: Handle) -> R<()> {
     let p = proc_()?;
     let mut l = p.local();
@@ -236,6 +239,7 @@ pub fn graph_exec_update(e: Handle, g: Handle) -> R<()> {
     match l.objs.get_mut(&(e as usize)) {
         Some(Obj::Graph(old)) if old.len() == ks.len() => {
             *old = ks;
+            graphmem::copy_nodes(&mut l, g as usize, e as usize);
             Ok(())
         }
         Some(Obj::Graph(_)) => Err(cu::GRAPH_EXEC_UPDATE_FAILURE),
@@ -252,13 +256,18 @@ pub fn graph_launch(e: Handle, s: Handle, pt: bool) -> R<()> {
     };
     let key = stream_key(&l, s, pt, dev)?;
     drop(l);
+    graphmem::launch(p, dev, e as usize)?;
     enqueue(p, dev, key, &ks)
 }
 
 pub fn graph_destroy(g: Handle) -> R<()> {
     let p = proc_()?;
-    match p.local().objs.remove(&(g as usize)) {
-        Some(Obj::Graph(_)) => Ok(()),
+    let mut l = p.local();
+    match l.objs.remove(&(g as usize)) {
+        Some(Obj::Graph(_)) => {
+            graphmem::destroyed(&mut l, g as usize);
+            Ok(())
+        }
         _ => Err(cu::INVALID_HANDLE),
     }
 }

@@ -56,16 +56,7 @@ pub fn mem_alloc_at(size: u64, kind: Mem, narrow: bool) -> R<u64> {
     if size == 0 {
         return Err(cu::INVALID_VALUE);
     }
-    let d = &p.devs[dev];
-    let mut t = d.gpu.lock();
-    let used = t.mem_used();
-    let s = t.slot_of(p.pid).ok_or(cu::INVALID_CONTEXT)?;
-    let c = &mut t.clients[s];
-    if c.mem_used + size > c.mem_limit || used + size > d.cfg.memory_bytes() {
-        return Err(cu::OUT_OF_MEMORY);
-    }
-    c.mem_used += size;
-    drop(t);
+    charge(p, dev, size)?;
     let mut l = p.local();
     let id = alloc_id(&mut l) as u64;
     let addr = if narrow {
@@ -88,11 +79,43 @@ pub fn mem_alloc_at(size: u64, kind: Mem, narrow: bool) -> R<u64> {
     Ok(addr)
 }
 
-/// Gives a `kind` allocation's memory back.
+/// Takes `size` bytes of the client's and the GPU's memory on `dev`
+/// (`CUDA_ERROR_OUT_OF_MEMORY` past either), the client's peak noted.
+pub(super) fn charge(p: &Proc, dev: usize, size: u64) -> R<()> {
+    let d = &p.devs[dev];
+    let mut t = d.gpu.lock();
+    let used = t.mem_used();
+    let s = t.slot_of(p.pid).ok_or(cu::INVALID_CONTEXT)?;
+    let c = &mut t.clients[s];
+    if c.mem_used + size > c.mem_limit || used + size > d.cfg.memory_bytes() {
+        return Err(cu::OUT_OF_MEMORY);
+    }
+    c.mem_used += size;
+    p.mem_peak[dev].fetch_max(c.mem_used, Ordering::Relaxed);
+    Ok(())
+}
+
+/// What this process holds on `dev` by the driver's books, and the most
+/// it held at once: (used, peak) bytes.
+pub fn mem_books(dev: c_int) -> R<(u64, u64)> {
+    let p = proc_()?;
+    let d = p.dev(dev)?;
+    let t = d.gpu.lock();
+    let used = t.slot_of(p.pid).map_or(0, |s| t.clients[s].mem_used);
+    Ok((used, p.mem_peak[dev as usize].load(Ordering::Relaxed)))
+}
+
+/// Gives a `kind` allocation's memory back; a graph allocation's goes back
+/// to its device's graph pool ([`super::graphmem`]).
 pub fn mem_free(addr: u64, kind: Mem) -> R<()> {
     let p = proc_()?;
     let (dev, size) = {
         let mut l = p.local();
+        if kind == Mem::Linear {
+            if let Some(r) = graphmem::free_outside(&mut l, addr) {
+                return r;
+            }
+        }
         match l.allocs.get(&addr) {
             Some(&(dev, size, k)) if k == kind => {
                 l.allocs.remove(&addr);

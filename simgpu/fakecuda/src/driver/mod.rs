@@ -8,11 +8,13 @@
 
 mod client;
 mod context;
+mod graphmem;
 mod launch;
 mod memory;
 
 use client::*;
 pub use context::*;
+pub use graphmem::{graph_alloc_node, graph_free_node, graph_mem_trim, stream_alloc, stream_free};
 pub use launch::*;
 pub use memory::*;
 
@@ -105,6 +107,8 @@ struct Local {
     host: std::collections::HashSet<usize>,
     clients: Vec<Option<ClientState>>,
     mps: Option<Option<(PathBuf, Grant)>>,
+    /// Graph memory: nodes, live graph allocations, graph pools.
+    graphs: graphmem::GraphBooks,
 }
 
 pub struct Proc {
@@ -112,6 +116,9 @@ pub struct Proc {
     pub devs: Vec<Dev>,
     pid: i32,
     local: Mutex<Local>,
+    /// Per device: the most memory this client held at once (test hook
+    /// `simgpu_mem_books`).
+    mem_peak: Vec<std::sync::atomic::AtomicU64>,
 }
 
 static PROC: OnceLock<Result<Proc, u32>> = OnceLock::new();
@@ -170,7 +177,9 @@ fn load() -> Result<Proc, u32> {
             host: Default::default(),
             clients: (0..n).map(|_| None).collect(),
             mps: None,
+            graphs: Default::default(),
         }),
+        mem_peak: (0..n).map(|_| Default::default()).collect(),
     })
 }
 

@@ -3,7 +3,7 @@
 
 use super::api::count_row;
 use super::resolve::{pt, Resolver};
-use super::{check, setup, Res, H, MIB};
+use super::{check, die, setup, Res, H, MIB};
 use cuda_abi::{fnty, MemAllocNodeParams};
 use std::ffi::{c_int, c_void};
 
@@ -156,6 +156,37 @@ impl Graphs {
         (g, p)
     }
 
+    /// A graph whose only node frees `dptr` (another graph's allocation).
+    pub fn frees(&self, dptr: u64) -> H {
+        let null: H = std::ptr::null_mut();
+        let (mut g, mut node) = (null, null);
+        // SAFETY: resolved entry points with valid arguments.
+        unsafe {
+            check((self.create)(&mut g, 0), "cuGraphCreate");
+            check(
+                (self.free_node)(&mut node, g, std::ptr::null(), 0, dptr),
+                "cuGraphAddMemFreeNode",
+            );
+        }
+        g
+    }
+
+    /// A graph recorded by stream capture whose only work is
+    /// `cuMemFreeAsync(dptr)` (another graph's allocation).
+    pub fn captured_free(&self, dptr: u64) -> H {
+        let mut g: H = std::ptr::null_mut();
+        // SAFETY: resolved entry points with valid arguments.
+        unsafe {
+            check((self.begin_v2)(self.stream, 0), "cuStreamBeginCapture_v2");
+            check(
+                (self.free_async)(dptr, self.stream),
+                "captured cuMemFreeAsync",
+            );
+            check((self.end)(self.stream, &mut g), "cuStreamEndCapture");
+        }
+        g
+    }
+
     /// Instantiates `g` with entry point `which`: (result, executable graph).
     pub fn instantiate(&self, which: Inst, g: H) -> (Res, H) {
         let mut e: H = std::ptr::null_mut();
@@ -288,9 +319,9 @@ pub fn graph_quota(r: &Resolver) {
         println!("freed_outside={i},{l},{before},{f},{after},{a},{f2}");
         check(gr.drop_exec(e), "cuGraphExecDestroy");
         check((gr.destroy)(g), "cuGraphDestroy");
-        // An executable graph of Q/4 updated with a graph of Q: refused
-        // (both held would be 5Q/4); with one of Q/2: 3Q/4 held, so Q/2
-        // more is refused.
+        // An executable graph of Q/4 updated with a graph of Q: fits (its
+        // need replaces Q/4's); then with one of Q/2: the pool's charge
+        // stays at Q until a trim, so Q/2 more is refused.
         let (small, _) = gr.explicit(q / 4, true);
         let (i, e) = gr.instantiate(Inst::Flags, small);
         let (whole, _) = gr.explicit(q, true);
@@ -306,4 +337,151 @@ pub fn graph_quota(r: &Resolver) {
         }
     }
     println!("meminfo_free={}", free_now());
+}
+
+/// `graph-path PATH`: one way graph memory is allocated or freed, in a
+/// process of its own (the driver's peak is the process's), under a 64 MiB
+/// quota Q. Prints `PATH=<results>` (2 = refused by the quota), then,
+/// after every graph is destroyed and the pool trimmed, `fit=<result>` of a
+/// 3Q/4 `cuMemAlloc` (nothing must be left counted) and
+/// `driver=<used>,<peak>`: what the simulated driver itself held then and
+/// at its peak, read from its own books.
+pub fn graph_path(r: &Resolver, path: &str) {
+    let (cu, _ctx, _f) = setup(r, c"sim_kernel_1us");
+    let gr = Graphs::new(r);
+    let q = 64 * MIB;
+    let mut p = 0u64;
+    let mut graphs: Vec<H> = Vec::new();
+    let mut execs: Vec<H> = Vec::new();
+    // SAFETY: resolved entry points with valid arguments (a double free is
+    // the driver's to refuse, which is what the rows show).
+    let row: Vec<Res> = unsafe {
+        match path {
+            // An allocation node freed by the graph itself: every launch
+            // within one charge, 3Q/4 beside it refused, Q/2 beside it fits.
+            "free_same" => {
+                let (g, _) = gr.explicit(q / 2, true);
+                let (i, e) = gr.instantiate(Inst::Flags, g);
+                graphs.push(g);
+                execs.push(e);
+                let (l1, l2) = (gr.launch(e), gr.launch(e));
+                let over = (cu.alloc)(&mut p, 3 * q / 4);
+                let fits = (cu.alloc)(&mut p, q / 2);
+                let f = (cu.free)(p);
+                vec![i, l1, l2, over, fits, f]
+            }
+            // An allocation node the graph does not free: alive after the
+            // launch; a second launch before it is freed is the driver's
+            // error; freed with cuMemFree, launched again, freed again.
+            "alloc_node" => {
+                let (g, x) = gr.explicit(q / 2, false);
+                let (i, e) = gr.instantiate(Inst::Flags, g);
+                graphs.push(g);
+                execs.push(e);
+                let l1 = gr.launch(e);
+                let again = gr.launch(e);
+                let f1 = (cu.free)(x);
+                let l2 = gr.launch(e);
+                let f2 = (cu.free)(x);
+                let over = (cu.alloc)(&mut p, 3 * q / 4);
+                vec![i, l1, again, f1, l2, f2, over]
+            }
+            // Allocated in one graph, freed by a free node of another.
+            "free_other" => {
+                let (a, x) = gr.explicit(q / 2, false);
+                let b = gr.frees(x);
+                let (ia, ea) = gr.instantiate(Inst::Flags, a);
+                let (ib, eb) = gr.instantiate(Inst::Flags, b);
+                graphs.extend([a, b]);
+                execs.extend([ea, eb]);
+                let (l1, l2, l3, l4) = (gr.launch(ea), gr.launch(eb), gr.launch(ea), gr.launch(eb));
+                let fits = (cu.alloc)(&mut p, q / 2);
+                let over = (cu.alloc)(&mut 0, q / 4);
+                let f = (cu.free)(p);
+                vec![ia, ib, l1, l2, l3, l4, fits, over, f]
+            }
+            // A graph allocation freed with cuMemFree, then once more (the
+            // driver refuses the second; nothing is given back twice).
+            "mem_free" | "mem_free_async" => {
+                let (g, x) = gr.explicit(q / 2, false);
+                let (i, e) = gr.instantiate(Inst::Flags, g);
+                graphs.push(g);
+                execs.push(e);
+                let l = gr.launch(e);
+                let free = |d: u64| match path {
+                    "mem_free" => (cu.free)(d),
+                    _ => (gr.free_async)(d, gr.stream),
+                };
+                let (f1, f2) = (free(x), free(x));
+                let fits = (cu.alloc)(&mut p, q / 2);
+                let over = (cu.alloc)(&mut 0, MIB);
+                let f = (cu.free)(p);
+                vec![i, l, f1, f2, fits, over, f]
+            }
+            // The graph, then its executable graph destroyed while its
+            // allocation is alive: the pool keeps it through a trim until
+            // it is freed.
+            "destroy" => {
+                let (g, x) = gr.explicit(q / 2, false);
+                let (i, e) = gr.instantiate(Inst::Flags, g);
+                let l = gr.launch(e);
+                let dg = (gr.destroy)(g);
+                let f1 = (cu.free)(x);
+                let l2 = gr.launch(e);
+                let de = (gr.exec_destroy)(e);
+                let t1 = (gr.trim)(0);
+                let over = (cu.alloc)(&mut p, 3 * q / 4);
+                let f = (cu.free)(x);
+                vec![i, l, dg, f1, l2, de, t1, over, f]
+            }
+            // An executable graph of Q/4 updated with a graph of Q/2 and
+            // launched: its need is Q/2 from then on, so Q/2 more fits.
+            "update" => {
+                let (small, _) = gr.explicit(q / 4, true);
+                let (i, e) = gr.instantiate(Inst::Flags, small);
+                let l1 = gr.launch(e);
+                let (half, _) = gr.explicit(q / 2, true);
+                let mut info = [0u8; 24];
+                let u = (gr.update)(e, half, info.as_mut_ptr().cast());
+                let l2 = gr.launch(e);
+                let fits = (cu.alloc)(&mut p, q / 2);
+                let f = (cu.free)(p);
+                graphs.extend([small, half]);
+                execs.push(e);
+                vec![i, l1, u, l2, fits, f]
+            }
+            // Stream capture: one capture allocates Q/2, another frees it.
+            "captured" => {
+                let (a, x) = gr.captured(Begin::V2, q / 2, false);
+                let b = gr.captured_free(x);
+                let (ia, ea) = gr.instantiate(Inst::Flags, a);
+                let (ib, eb) = gr.instantiate(Inst::Flags, b);
+                graphs.extend([a, b]);
+                execs.extend([ea, eb]);
+                let (l1, l2, l3, l4) = (gr.launch(ea), gr.launch(eb), gr.launch(ea), gr.launch(eb));
+                let fits = (cu.alloc)(&mut p, q / 2);
+                let over = (cu.alloc)(&mut 0, q / 4);
+                let f = (cu.free)(p);
+                vec![ia, ib, l1, l2, l3, l4, fits, over, f]
+            }
+            _ => die("graph-path: free_same|alloc_node|free_other|mem_free|mem_free_async|destroy|update|captured"),
+        }
+    };
+    let list: Vec<String> = row.iter().map(|r| r.to_string()).collect();
+    println!("{path}={}", list.join(","));
+    // SAFETY: resolved entry points with valid arguments.
+    unsafe {
+        for e in execs {
+            check((gr.exec_destroy)(e), "cuGraphExecDestroy");
+        }
+        for g in graphs {
+            check((gr.destroy)(g), "cuGraphDestroy");
+        }
+        check((gr.trim)(0), "cuDeviceGraphMemTrim");
+        println!("fit={}", (cu.alloc)(&mut p, 3 * q / 4));
+    }
+    match r.driver_books() {
+        Some((used, peak)) => println!("driver={used},{peak}"),
+        None => println!("driver=none"),
+    }
 }

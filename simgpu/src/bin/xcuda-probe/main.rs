@@ -13,6 +13,9 @@
 //!   SCENARIO  api        every gated and capped entry point once; quota checks
 //!             graph      graph memory against the quota: in-graph allocations
 //!                        (explicit nodes, stream capture), destroy and trim
+//!             graph-path P   one path of graph memory (free_same, alloc_node,
+//!                        free_other, mem_free, mem_free_async, destroy,
+//!                        update, captured) and the fake driver's own books
 //!             storm N    8 threads x N x (two 20 MiB cuMemAlloc, then their cuMemFree)
 //!             launches N N back-to-back launches; ns per launch
 //!             allocs N   N cuMemAlloc/cuMemFree pairs; ns per pair
@@ -143,6 +146,7 @@ fn main() {
         Some(&"signals") => signals::signals(&r, rest.get(1).copied().unwrap_or("")),
         Some(&"fork-quota") => fork::fork_quota(&r),
         Some(&"graph") => graphs::graph_quota(&r),
+        Some(&"graph-path") => graphs::graph_path(&r, rest.get(1).copied().unwrap_or("")),
         Some(&"ctx") => signals::ctx_then_sigterm(&r, rest.get(1).copied().unwrap_or("")),
         Some(&"storm") => bench::storm(&r, n),
         Some(&"launches") => bench::launches(&r, n),

@@ -129,6 +129,21 @@ impl Resolver {
         unsafe { cudaload::as_fn::<Calls>(p)(c.as_ptr()) }
     }
 
+    /// What this process holds on device 0 by the fake driver's own books
+    /// and the most it held at once, in bytes (its test hook; None without
+    /// the fake or before `cuInit`).
+    pub fn driver_books(&self) -> Option<(u64, u64)> {
+        type Books = unsafe extern "C" fn(c_int, *mut u64, *mut u64) -> u32;
+        let p = self.driver.dlsym(c"simgpu_mem_books");
+        if p == 0 {
+            return None;
+        }
+        let (mut used, mut peak) = (0u64, 0u64);
+        // SAFETY: the fake's `simgpu_mem_books(int, u64*, u64*)` with valid out-pointers.
+        let rc = unsafe { cudaload::as_fn::<Books>(p)(0, &mut used, &mut peak) };
+        (rc == 0).then_some((used, peak))
+    }
+
     /// Which library and symbol each resolved pointer is.
     pub fn report(&self) {
         let mut inside = 0;
