@@ -72,6 +72,9 @@ fn main() -> anyhow::Result<()> {
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
+        // Colour codes only on a terminal: under systemd the journal (or a
+        // file) would keep them as escape sequences in every line.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .init();
     if cli.evaluate {
@@ -86,6 +89,7 @@ fn main() -> anyhow::Result<()> {
             &mut HistoryCache::default(),
             &mut Kept::default(),
             cli.dry_run,
+            Duration::from_secs(cli.interval.unwrap_or(config.matcher.interval_s).max(1)),
         )?;
         if cli.json {
             println!("{}", plan.json());
@@ -123,13 +127,21 @@ fn main() -> anyhow::Result<()> {
     let mut history = HistoryCache::default();
     // And the last round, for an incremental next one (round_cache).
     let mut kept = Kept::default();
-    let mut metrics = MatcherMetrics::default();
+    let mut metrics = MatcherMetrics::new(muxflow_slurm::version::version_string());
     for n in 0u64.. {
         let start = Instant::now();
-        match round(&config, &slurm, &mut history, &mut kept, cli.dry_run) {
+        match round(
+            &config,
+            &slurm,
+            &mut history,
+            &mut kept,
+            cli.dry_run,
+            interval,
+        ) {
             Ok(plan) => {
                 tracing::info!("{}", plan.summary_line());
-                metrics.round_done(&plan.summary, start.elapsed().as_secs_f64());
+                let now_s = muxflow::records::sm_page::now_ms() as f64 / 1000.0;
+                metrics.round_done(&plan, start.elapsed().as_secs_f64(), now_s);
             }
             // The next round reads Slurm afresh.
             Err(e) => {
@@ -207,13 +219,16 @@ struct Kept {
     cache: RoundCache,
 }
 
-/// One round: read, predict, match, apply.
+/// One round: read, predict, match, apply. `interval`: the time between
+/// rounds in effect (`--interval` or `[matcher] interval_s`), which the
+/// parked jobs' notes tell their users.
 fn round(
     config: &muxflow::Config,
     slurm: &SlurmCli,
     history: &mut HistoryCache,
     kept: &mut Kept,
     dry_run: bool,
+    interval: Duration,
 ) -> anyhow::Result<Plan> {
     let names = Names::from_config(&config.slurm);
     let (state, shapes) = slurm
@@ -266,7 +281,7 @@ fn round(
                 }
             }
         }
-        write_waiting_notes(config, slurm, &state, &plan);
+        write_waiting_notes(config, slurm, &state, &plan, interval.as_secs());
     }
     Ok(plan)
 }
@@ -280,6 +295,7 @@ fn write_waiting_notes(
     slurm: &SlurmCli,
     state: &ClusterState,
     plan: &Plan,
+    interval_s: u64,
 ) {
     let since = muxflow_slurm::cli::slurm_time(std::time::SystemTime::now());
     let budget = plan.notes_budget(&config.matcher);
@@ -289,7 +305,7 @@ fn write_waiting_notes(
             .binary_search_by_key(&d.job, |p| p.id)
             .ok()
             .map(|k| &state.pending[k])?;
-        hints::note_args(job, d.waiting?, &since, config.matcher.interval_s)
+        hints::note_args(job, d.waiting?, &since, interval_s)
     });
     for call in notes.take(budget) {
         if let Err(e) = slurm.scontrol(&call) {
