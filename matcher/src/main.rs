@@ -41,7 +41,7 @@ predicted, confidence, reason}]}."
 struct Cli {
     /// muxflow config file [default: muxflow.toml beside $SLURM_CONF, else
     /// /etc/slurm/muxflow.toml].
-    #[arg(long)]
+    #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Run one round and exit.
     #[arg(long)]
@@ -53,21 +53,63 @@ struct Cli {
     #[arg(long)]
     json: bool,
     /// Seconds between rounds (default: matcher.interval_s).
-    #[arg(long)]
+    #[arg(long, value_name = "SECONDS")]
     interval: Option<u64>,
     /// Print the predictor's held-out error and pairing quality next to the baselines' and exit.
     #[arg(long)]
     evaluate: bool,
     /// With --evaluate: read history from this `sacct --json` file.
-    #[arg(long, requires = "evaluate")]
+    #[arg(long, requires = "evaluate", value_name = "FILE")]
     sacct_json: Option<PathBuf>,
     /// With --evaluate: use N synthetic jobs' history (a contention model).
-    #[arg(long, requires = "evaluate", conflicts_with = "sacct_json")]
+    #[arg(
+        long,
+        requires = "evaluate",
+        conflicts_with = "sacct_json",
+        value_name = "N"
+    )]
     synthetic: Option<usize>,
 }
 
+/// The man page's sections beyond `--help`.
+const PAGE: muxflow::man::Page = muxflow::man::Page {
+    section: "8",
+    files: &[
+        ("/etc/slurm/muxflow.toml", "the configuration, [matcher] and [metrics] (muxflow.toml(5))"),
+        ("/var/lib/muxflow-matcher/cluster-shape", "the cluster's shape, rewritten every round for job_submit.lua ([matcher] shape_file)"),
+        ("/etc/default/muxflow-matcher", "the service's settings: MUXFLOW_MATCHER_ARGS, SLURM_CONF, RUST_LOG"),
+        ("/usr/lib/systemd/system/muxflow-matcher.service", "the systemd unit (Type=notify, runs as SlurmUser)"),
+        ("/usr/share/muxflow/job_submit.lua", "the job_submit.lua to install beside slurm.conf"),
+        ("/usr/share/muxflow/prometheus/muxflow-alerts.yml", "example Prometheus alert rules on the matcher's metrics"),
+    ],
+    environment: &[
+        ("SLURM_CONF", "the cluster's slurm.conf; muxflow.toml is looked for beside it first"),
+        ("RUST_LOG", "log filter (error, warn, info, debug; default info); the log goes to stderr, the journal under the unit"),
+        ("NOTIFY_SOCKET", "set by systemd: readiness (READY=1) once the config is read"),
+    ],
+    signals: &[
+        ("SIGHUP", "re-reads muxflow.toml before the next round (systemctl reload); a bad file is logged and the previous settings kept"),
+        ("SIGTERM", "stops at once; it keeps no state that matters, and the next start repairs the hints from Slurm"),
+    ],
+    examples: &[
+        ("systemctl enable --now muxflow-matcher", "runs it as a service on the controller host"),
+        ("sudo -u slurm muxflow-matcher --once --dry-run", "one round, printed as a table, nothing written to Slurm"),
+        ("muxflow-matcher --once --dry-run --json", "the same as JSON"),
+        ("muxflow-matcher --evaluate", "the predictor's held-out error on the cluster's finished jobs"),
+    ],
+    see_also: &[
+        "muxflow-doctor(8)",
+        "muxflow.toml(5)",
+        "muxflow-report(1)",
+        "spank-muxflow(8)",
+        "scontrol(1)",
+        "squeue(1)",
+        "systemctl(1)",
+    ],
+};
+
 fn main() -> anyhow::Result<()> {
-    let cli: Cli = muxflow::man::parse_or_print("8");
+    let cli: Cli = muxflow::man::parse_or_print(&PAGE);
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),

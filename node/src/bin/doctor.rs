@@ -49,8 +49,39 @@ struct Cli {
     json: bool,
 }
 
+/// The man page's sections beyond `--help`.
+const PAGE: muxflow::man::Page = muxflow::man::Page {
+    section: "8",
+    files: &[
+        ("/etc/slurm/slurm.conf", "Slurm's configuration: JobSubmitPlugins, GresTypes, PlugStackConfig, Prolog, Epilog, HealthCheckProgram, PrologFlags and this node's NodeName line (Include files are followed)"),
+        ("/etc/slurm/plugstack.conf", "and plugstack.conf.d/: the plugin's line"),
+        ("/etc/slurm/gres.conf", "this node's GPUs and offline slots"),
+        ("/etc/slurm/muxflow.toml", "muxflow's configuration (muxflow.toml(5))"),
+        ("/etc/slurm/job_submit.lua", "with --controller: muxflow's job_submit.lua, beside slurm.conf"),
+        ("/var/lib/muxflow-matcher/cluster-shape", "with --controller: the matcher's shape file ([matcher] shape_file)"),
+    ],
+    environment: &[
+        ("SLURM_CONF", "the slurm.conf to check when --slurm-conf is not given"),
+    ],
+    signals: &[],
+    examples: &[
+        ("muxflow-doctor", "checks this node, one line per check"),
+        ("muxflow-doctor --node gpu01", "checks this host as the Slurm node gpu01 (where the host name is not its NodeName)"),
+        ("muxflow-doctor --controller", "checks the controller host: job_submit.lua, the matcher and its shape file"),
+        ("muxflow-doctor --json | jq '.checks[] | select(.ok | not)'", "the failed checks, for monitoring"),
+    ],
+    see_also: &[
+        "muxflow.toml(5)",
+        "muxflow-matcher(8)",
+        "muxflow-health(8)",
+        "spank-muxflow(8)",
+        "slurm.conf(5)",
+        "gres.conf(5)",
+    ],
+};
+
 fn main() {
-    let cli: Cli = muxflow::man::parse_or_print("8");
+    let cli: Cli = muxflow::man::parse_or_print(&PAGE);
     let json = cli.json;
     match run(cli) {
         Ok(checks) => {
