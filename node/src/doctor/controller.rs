@@ -209,6 +209,23 @@ pub fn check_shape_file(
     )
 }
 
+/// The `--interval S` (or `--interval=S`) of a matcher's command line
+/// (`/proc/PID/cmdline`: NUL-separated).
+pub fn interval_arg(cmdline: &[u8]) -> Option<u64> {
+    let args: Vec<String> = cmdline
+        .split(|b| *b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    args.iter().enumerate().find_map(|(i, a)| {
+        let value = match a.strip_prefix("--interval") {
+            Some("") => args.get(i + 1)?.as_str(),
+            Some(rest) => rest.strip_prefix('=')?,
+            None => return None,
+        };
+        value.parse().ok()
+    })
+}
+
 /// PIDs of this host's processes named `comm`.
 fn processes_named(comm: &str) -> Vec<u32> {
     let mut out: Vec<u32> = std::fs::read_dir("/proc")
@@ -303,7 +320,16 @@ pub fn run(inputs: &Inputs, now_s: u64) -> Vec<Check> {
         .join("job_submit.lua");
     let lua = std::fs::read_to_string(&lua_path).ok();
     checks.push(check_job_submit_lua(&lua_path, lua.as_deref()));
-    checks.push(check_matcher_process(&processes_named(MATCHER_COMM)));
+    let matchers = processes_named(MATCHER_COMM);
+    checks.push(check_matcher_process(&matchers));
+    // A matcher started with --interval rounds at that pace, not the config's.
+    let interval_s = matchers
+        .iter()
+        .find_map(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            interval_arg(&cmdline)
+        })
+        .unwrap_or(config.matcher.interval_s);
 
     let shape_path = config.matcher.shape_file.as_path();
     let shape = std::fs::read_to_string(shape_path).map_err(|e| e.to_string());
@@ -320,11 +346,7 @@ pub fn run(inputs: &Inputs, now_s: u64) -> Vec<Check> {
             source: format!("{}'s written_at", shape_path.display()),
         })
     });
-    checks.push(check_matcher_rounds(
-        last.as_ref(),
-        now_s,
-        config.matcher.interval_s,
-    ));
+    checks.push(check_matcher_rounds(last.as_ref(), now_s, interval_s));
     let lua_reads = slurmctld_shape_env(inputs.slurm_conf)
         .or_else(|| lua.as_deref().and_then(lua_default_shape_file));
     checks.push(check_shape_file(
@@ -416,6 +438,28 @@ mod tests {
             let c = check_matcher_rounds(last.as_ref(), now, interval);
             assert_eq!(c.fix.is_none(), passes, "{case}: {}", c.line());
             assert!(c.line().contains(want), "{case}: {}", c.line());
+        }
+    }
+
+    #[test]
+    fn a_matchers_own_interval_is_read_from_its_command_line() {
+        // (command line, interval)
+        let rows: [(&[u8], Option<u64>); 4] = [
+            (
+                b"muxflow-matcher\0--config\0/x.toml\0--interval\010\0",
+                Some(10),
+            ),
+            (b"muxflow-matcher\0--interval=30\0", Some(30)),
+            (b"muxflow-matcher\0--once\0", None),
+            (b"muxflow-matcher\0--interval\0", None),
+        ];
+        for (cmdline, want) in rows {
+            assert_eq!(
+                interval_arg(cmdline),
+                want,
+                "{}",
+                String::from_utf8_lossy(cmdline)
+            );
         }
     }
 
