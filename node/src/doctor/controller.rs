@@ -446,7 +446,7 @@ mod tests {
         // (command line, interval)
         let rows: [(&[u8], Option<u64>); 4] = [
             (
-                b"muxflow-matcher\0--config\0/x.toml\0--interval\010\0",
+                b"muxflow-matcher\0--config\0/x.toml\0--interval\x0010\0",
                 Some(10),
             ),
             (b"muxflow-matcher\0--interval=30\0", Some(30)),
