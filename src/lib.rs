@@ -7,7 +7,6 @@
 //! is `muxflow-slurm` (`slurm/`).
 
 pub mod config;
-#[cfg(feature = "man")]
 pub mod man;
 pub mod mode;
 pub mod node;

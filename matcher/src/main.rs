@@ -41,7 +41,7 @@ predicted, confidence, reason}]}."
 struct Cli {
     /// muxflow config file [default: muxflow.toml beside $SLURM_CONF, else
     /// /etc/slurm/muxflow.toml].
-    #[arg(long)]
+    #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Run one round and exit.
     #[arg(long)]
@@ -53,25 +53,70 @@ struct Cli {
     #[arg(long)]
     json: bool,
     /// Seconds between rounds (default: matcher.interval_s).
-    #[arg(long)]
+    #[arg(long, value_name = "SECONDS")]
     interval: Option<u64>,
     /// Print the predictor's held-out error and pairing quality next to the baselines' and exit.
     #[arg(long)]
     evaluate: bool,
     /// With --evaluate: read history from this `sacct --json` file.
-    #[arg(long, requires = "evaluate")]
+    #[arg(long, requires = "evaluate", value_name = "FILE")]
     sacct_json: Option<PathBuf>,
     /// With --evaluate: use N synthetic jobs' history (a contention model).
-    #[arg(long, requires = "evaluate", conflicts_with = "sacct_json")]
+    #[arg(
+        long,
+        requires = "evaluate",
+        conflicts_with = "sacct_json",
+        value_name = "N"
+    )]
     synthetic: Option<usize>,
 }
 
+/// The man page's sections beyond `--help`.
+const PAGE: muxflow::man::Page = muxflow::man::Page {
+    section: "8",
+    files: &[
+        ("/etc/slurm/muxflow.toml", "the configuration, [matcher] and [metrics] (muxflow.toml(5))"),
+        ("/var/lib/muxflow-matcher/cluster-shape", "the cluster's shape, rewritten every round for job_submit.lua ([matcher] shape_file)"),
+        ("/etc/default/muxflow-matcher", "the service's settings: MUXFLOW_MATCHER_ARGS, SLURM_CONF, RUST_LOG"),
+        ("/usr/lib/systemd/system/muxflow-matcher.service", "the systemd unit (Type=notify, runs as SlurmUser)"),
+        ("/usr/share/muxflow/job_submit.lua", "the job_submit.lua to install beside slurm.conf"),
+        ("/usr/share/muxflow/prometheus/muxflow-alerts.yml", "example Prometheus alert rules on the matcher's metrics"),
+    ],
+    environment: &[
+        ("SLURM_CONF", "the cluster's slurm.conf; muxflow.toml is looked for beside it first"),
+        ("RUST_LOG", "log filter (error, warn, info, debug; default info); the log goes to stderr, the journal under the unit"),
+        ("NOTIFY_SOCKET", "set by systemd: readiness (READY=1) once the config is read"),
+    ],
+    signals: &[
+        ("SIGHUP", "re-reads muxflow.toml before the next round (systemctl reload); a bad file is logged and the previous settings kept"),
+        ("SIGTERM", "stops at once; it keeps no state that matters, and the next start repairs the hints from Slurm"),
+    ],
+    examples: &[
+        ("systemctl enable --now muxflow-matcher", "runs it as a service on the controller host"),
+        ("sudo -u slurm muxflow-matcher --once --dry-run", "one round, printed as a table, nothing written to Slurm"),
+        ("muxflow-matcher --once --dry-run --json", "the same as JSON"),
+        ("muxflow-matcher --evaluate", "the predictor's held-out error on the cluster's finished jobs"),
+    ],
+    see_also: &[
+        "muxflow-doctor(8)",
+        "muxflow.toml(5)",
+        "muxflow-report(1)",
+        "spank-muxflow(8)",
+        "scontrol(1)",
+        "squeue(1)",
+        "systemctl(1)",
+    ],
+};
+
 fn main() -> anyhow::Result<()> {
-    let cli: Cli = muxflow::man::parse_or_print("8");
+    let cli: Cli = muxflow::man::parse_or_print(&PAGE);
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
+        // Colour codes only on a terminal: under systemd the journal (or a
+        // file) would keep them as escape sequences in every line.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .init();
     if cli.evaluate {
@@ -86,6 +131,7 @@ fn main() -> anyhow::Result<()> {
             &mut HistoryCache::default(),
             &mut Kept::default(),
             cli.dry_run,
+            Duration::from_secs(cli.interval.unwrap_or(config.matcher.interval_s).max(1)),
         )?;
         if cli.json {
             println!("{}", plan.json());
@@ -123,13 +169,21 @@ fn main() -> anyhow::Result<()> {
     let mut history = HistoryCache::default();
     // And the last round, for an incremental next one (round_cache).
     let mut kept = Kept::default();
-    let mut metrics = MatcherMetrics::default();
+    let mut metrics = MatcherMetrics::new(muxflow_slurm::version::version_string());
     for n in 0u64.. {
         let start = Instant::now();
-        match round(&config, &slurm, &mut history, &mut kept, cli.dry_run) {
+        match round(
+            &config,
+            &slurm,
+            &mut history,
+            &mut kept,
+            cli.dry_run,
+            interval,
+        ) {
             Ok(plan) => {
                 tracing::info!("{}", plan.summary_line());
-                metrics.round_done(&plan.summary, start.elapsed().as_secs_f64());
+                let now_s = muxflow::records::sm_page::now_ms() as f64 / 1000.0;
+                metrics.round_done(&plan, start.elapsed().as_secs_f64(), now_s);
             }
             // The next round reads Slurm afresh.
             Err(e) => {
@@ -207,13 +261,16 @@ struct Kept {
     cache: RoundCache,
 }
 
-/// One round: read, predict, match, apply.
+/// One round: read, predict, match, apply. `interval`: the time between
+/// rounds in effect (`--interval` or `[matcher] interval_s`), which the
+/// parked jobs' notes tell their users.
 fn round(
     config: &muxflow::Config,
     slurm: &SlurmCli,
     history: &mut HistoryCache,
     kept: &mut Kept,
     dry_run: bool,
+    interval: Duration,
 ) -> anyhow::Result<Plan> {
     let names = Names::from_config(&config.slurm);
     let (state, shapes) = slurm
@@ -266,7 +323,7 @@ fn round(
                 }
             }
         }
-        write_waiting_notes(config, slurm, &state, &plan);
+        write_waiting_notes(config, slurm, &state, &plan, interval.as_secs());
     }
     Ok(plan)
 }
@@ -280,6 +337,7 @@ fn write_waiting_notes(
     slurm: &SlurmCli,
     state: &ClusterState,
     plan: &Plan,
+    interval_s: u64,
 ) {
     let since = muxflow_slurm::cli::slurm_time(std::time::SystemTime::now());
     let budget = plan.notes_budget(&config.matcher);
@@ -289,7 +347,7 @@ fn write_waiting_notes(
             .binary_search_by_key(&d.job, |p| p.id)
             .ok()
             .map(|k| &state.pending[k])?;
-        hints::note_args(job, d.waiting?, &since, config.matcher.interval_s)
+        hints::note_args(job, d.waiting?, &since, interval_s)
     });
     for call in notes.take(budget) {
         if let Err(e) = slurm.scontrol(&call) {

@@ -2,18 +2,26 @@
 //! round, served on `[metrics] listen` (`GET /metrics`) and written to
 //! `[metrics] textfile_dir` (`muxflow-matcher.prom`) when set.
 //!
+//! * `muxflow_matcher_build_info{version, slurm}` — always 1: which build
+//!   runs, for the Slurm release it was built for;
 //! * `muxflow_matcher_rounds_total`, `…_round_failures_total`,
 //!   `…_round_duration_seconds` (the last round), `…_round_duration_seconds_total`;
+//! * `muxflow_matcher_last_success_timestamp_seconds` — when the last
+//!   successful round ended (Unix time): the series to alert on, since a
+//!   matcher that stops rounding leaves every offline job held;
 //! * `muxflow_matcher_offline_jobs` by `state`: `pending` (held, waiting for
-//!   a GPU), `placed` (placed by the last round);
-//! * `muxflow_matcher_placements_total`;
+//!   a GPU), `placed` (placed by the last round, or kept where it was),
+//!   `parked` (left waiting by it);
+//! * `muxflow_matcher_placements_total` — new placements (a job kept where
+//!   it was placed counts once);
 //! * `muxflow_matcher_gpus` by `state`: `online` (holding an online job),
 //!   `open` (Healthy with a free offline slot);
 //! * `muxflow_matcher_predicted_throughput` — the last round's total
 //!   predicted normalized throughput;
 //! * `muxflow_matcher_predictor_mae_ratio` — the predictor's mean absolute
 //!   error on held-out pairs of the finished jobs' history (the figure
-//!   `--evaluate` prints), with `…_predictor_test_pairs`.
+//!   `--evaluate` prints), with `…_predictor_test_pairs`; absent while no
+//!   pair was held out (a 0 would read as a perfect predictor).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -31,7 +39,7 @@ use muxflow::records::metrics::Exposition;
 use tokio::sync::{watch, Semaphore};
 
 use crate::predict::Evaluation;
-use crate::round::Summary;
+use crate::round::{Action, Plan, Summary};
 
 /// The textfile's name in `textfile_dir`.
 pub const TEXTFILE: &str = "muxflow-matcher.prom";
@@ -44,17 +52,42 @@ pub struct MatcherMetrics {
     placements: u64,
     seconds_total: f64,
     last_seconds: Option<f64>,
+    /// Unix time the last successful round ended.
+    last_success_s: Option<f64>,
     last: Option<Summary>,
+    /// The last round's jobs left waiting.
+    last_parked: usize,
     evaluation: Option<Evaluation>,
+    /// The Slurm release the build is for (`build_info`'s `slurm` label).
+    slurm_release: String,
 }
 
 impl MatcherMetrics {
-    pub fn round_done(&mut self, summary: &Summary, seconds: f64) {
+    /// Metrics of a matcher built for Slurm `slurm_release` (`22.05.8`; the
+    /// daemon passes `muxflow_slurm::version::version_string()`, which this
+    /// module cannot call: it builds without the Slurm client too).
+    pub fn new(slurm_release: impl Into<String>) -> MatcherMetrics {
+        MatcherMetrics {
+            slurm_release: slurm_release.into(),
+            ..MatcherMetrics::default()
+        }
+    }
+
+    /// A round that produced `plan` in `seconds`, ending at Unix time `now_s`.
+    pub fn round_done(&mut self, plan: &Plan, seconds: f64, now_s: f64) {
         self.rounds += 1;
-        self.placements += summary.placed as u64;
+        // `summary.placed` also counts jobs kept where an earlier round put
+        // them: counted here, a job would add one per round it waits to start.
+        self.placements += plan
+            .decisions
+            .iter()
+            .filter(|d| d.action == Action::Place)
+            .count() as u64;
         self.seconds_total += seconds;
         self.last_seconds = Some(seconds);
-        self.last = Some(summary.clone());
+        self.last_success_s = Some(now_s);
+        self.last = Some(plan.summary.clone());
+        self.last_parked = plan.parked().count();
     }
 
     pub fn round_failed(&mut self, seconds: f64) {
@@ -70,6 +103,17 @@ impl MatcherMetrics {
 
     pub fn exposition(&self) -> Exposition {
         let mut e = Exposition::default();
+        e.gauge(
+            "muxflow_matcher_build_info",
+            "Always 1: the matcher's version and the Slurm release it was built for.",
+        )
+        .sample(
+            &[
+                ("version", env!("CARGO_PKG_VERSION").into()),
+                ("slurm", self.slurm_release.clone()),
+            ],
+            1.0,
+        );
         e.counter("muxflow_matcher_rounds_total", "Matching rounds run.")
             .sample(&[], self.rounds as f64);
         e.counter(
@@ -89,18 +133,26 @@ impl MatcherMetrics {
             )
             .sample(&[], s);
         }
+        if let Some(t) = self.last_success_s {
+            e.gauge(
+                "muxflow_matcher_last_success_timestamp_seconds",
+                "Unix time the last successful round ended; alert when it falls behind (offline jobs stay held without rounds).",
+            )
+            .sample(&[], t);
+        }
         e.counter(
             "muxflow_matcher_placements_total",
-            "Offline jobs placed on a GPU.",
+            "Offline jobs placed on a GPU (a job kept where it was placed counts once).",
         )
         .sample(&[], self.placements as f64);
         if let Some(s) = &self.last {
             let jobs = e.gauge(
                 "muxflow_matcher_offline_jobs",
-                "Offline jobs in the last round: pending (held, waiting for a GPU) and placed by it.",
+                "Offline jobs in the last round: pending (held, waiting for a GPU), placed (by it, or kept where placed) and parked (left waiting by it).",
             );
             jobs.sample(&[("state", "pending".into())], s.pending_offline as f64);
             jobs.sample(&[("state", "placed".into())], s.placed as f64);
+            jobs.sample(&[("state", "parked".into())], self.last_parked as f64);
             let gpus = e.gauge(
                 "muxflow_matcher_gpus",
                 "GPUs in the last round: holding an online job, and open (Healthy, a free offline slot).",
@@ -119,11 +171,15 @@ impl MatcherMetrics {
             .sample(&[], f64::from(u8::from(s.full_graph)));
         }
         if let Some(ev) = &self.evaluation {
-            e.gauge(
-                "muxflow_matcher_predictor_mae_ratio",
-                "Mean absolute error of the predicted normalized throughput on held-out pairs of finished jobs.",
-            )
-            .sample(&[], ev.model_mae);
+            // No held-out pair: nothing was measured, and the evaluation's
+            // 0 would read as a perfect predictor.
+            if ev.test_pairs > 0 {
+                e.gauge(
+                    "muxflow_matcher_predictor_mae_ratio",
+                    "Mean absolute error of the predicted normalized throughput on held-out pairs of finished jobs.",
+                )
+                .sample(&[], ev.model_mae);
+            }
             e.gauge(
                 "muxflow_matcher_predictor_test_pairs",
                 "Held-out pairs the predictor error is measured on.",
@@ -321,25 +377,61 @@ mod tests {
 
     #[test]
     fn rounds_and_failures_add_up_and_the_endpoint_serves_them() {
-        let mut m = MatcherMetrics::default();
-        let s = Summary {
-            pending_offline: 5,
-            online_gpus: 8,
-            open_gpus: 3,
-            placed: 2,
-            predicted_total: 1.5,
-            full_graph: true,
-            ..Summary::default()
+        let mut m = MatcherMetrics::new("22.05.8");
+        let plan = Plan {
+            summary: Summary {
+                pending_offline: 5,
+                online_gpus: 8,
+                open_gpus: 3,
+                placed: 2,
+                predicted_total: 1.5,
+                full_graph: true,
+                ..Summary::default()
+            },
+            decisions: vec![
+                decision(1, Action::Place),
+                decision(2, Action::Keep),
+                decision(3, Action::Park),
+                decision(4, Action::None),
+                decision(5, Action::None),
+            ],
+            notes: vec![],
         };
-        m.round_done(&s, 0.25);
+        let before = m.exposition().render();
+        assert!(
+            !before.contains("last_success_timestamp"),
+            "no round yet: {before}"
+        );
+        m.round_done(&plan, 0.25, 1_795_000_000.5);
         m.round_failed(0.5);
         let text = m.exposition().render();
         assert!(text.contains("muxflow_matcher_rounds_total 2\n"), "{text}");
         assert!(text.contains("muxflow_matcher_round_failures_total 1\n"));
-        assert!(text.contains("muxflow_matcher_placements_total 2\n"));
+        // The kept job was placed by an earlier round: one new placement.
+        assert!(
+            text.contains("muxflow_matcher_placements_total 1\n"),
+            "{text}"
+        );
         assert!(text.contains("muxflow_matcher_offline_jobs{state=\"pending\"} 5\n"));
+        assert!(text.contains("muxflow_matcher_offline_jobs{state=\"placed\"} 2\n"));
+        assert!(
+            text.contains("muxflow_matcher_offline_jobs{state=\"parked\"} 3\n"),
+            "{text}"
+        );
         assert!(text.contains("muxflow_matcher_round_duration_seconds 0.5\n"));
         assert!(text.contains("muxflow_matcher_round_exact_over_every_pair 1\n"));
+        // A failed round leaves the last success where it was.
+        assert!(
+            text.contains("muxflow_matcher_last_success_timestamp_seconds 1795000000.5\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "muxflow_matcher_build_info{{version=\"{}\",slurm=\"22.05.8\"}} 1\n",
+                env!("CARGO_PKG_VERSION")
+            )),
+            "{text}"
+        );
 
         let endpoint = serve("127.0.0.1:0".parse().unwrap()).unwrap();
         endpoint.publish(text.clone());
@@ -384,6 +476,97 @@ mod tests {
         assert!(got.is_empty() || got.starts_with("HTTP/1.1 431"), "{got}");
         let e = serve(addr).unwrap_err();
         assert!(e.to_string().contains("[metrics] listen"), "{e}");
+    }
+
+    fn decision(job: u32, action: Action) -> crate::round::Decision {
+        crate::round::Decision {
+            job,
+            name: format!("j{job}"),
+            user: "u".into(),
+            action,
+            node: None,
+            gpu: None,
+            gpus: vec![],
+            slots: vec![],
+            predicted: None,
+            confidence: None,
+            reason: String::new(),
+            waiting: None,
+            update: None,
+        }
+    }
+
+    #[test]
+    fn the_predictor_error_is_absent_until_a_pair_was_held_out() {
+        let evaluation = |test_pairs, model_mae| Evaluation {
+            records: 4,
+            train_pairs: 3,
+            test_pairs,
+            default_mae: 0.0,
+            rowcol_mae: 0.0,
+            model_mae,
+            default_pairing: 0.0,
+            rowcol_pairing: 0.0,
+            model_pairing: 0.0,
+            model_sd: 0.0,
+        };
+        let mut m = MatcherMetrics::new("22.05.8");
+        m.evaluated(evaluation(0, 0.0));
+        let text = m.exposition().render();
+        assert!(
+            !text.contains("muxflow_matcher_predictor_mae_ratio"),
+            "{text}"
+        );
+        assert!(
+            text.contains("muxflow_matcher_predictor_test_pairs 0\n"),
+            "{text}"
+        );
+        m.evaluated(evaluation(7, 0.125));
+        let text = m.exposition().render();
+        assert!(
+            text.contains("muxflow_matcher_predictor_mae_ratio 0.125\n"),
+            "{text}"
+        );
+    }
+
+    /// Every series etc/prometheus/muxflow-alerts.yml names is one muxflow
+    /// exports, and promtool (where installed) accepts the file.
+    #[test]
+    fn the_example_alert_rules_name_exported_series() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let rules = root.join("etc/prometheus/muxflow-alerts.yml");
+        let text = std::fs::read_to_string(&rules).unwrap();
+        let mut exported = String::new();
+        for source in ["matcher/src/metrics.rs", "node/src/metrics.rs"] {
+            exported += &std::fs::read_to_string(root.join(source)).unwrap();
+        }
+        let names: Vec<&str> = text
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| w.starts_with("muxflow_"))
+            .collect();
+        assert!(names.len() >= 4, "{names:?}");
+        for name in names {
+            assert!(
+                exported.contains(&format!("\"{name}\"")),
+                "{name}: named in {} but exported by no muxflow program",
+                rules.display()
+            );
+        }
+        match std::process::Command::new("promtool")
+            .args(["check", "rules"])
+            .arg(&rules)
+            .output()
+        {
+            Ok(out) => assert!(
+                out.status.success(),
+                "promtool check rules: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+            // Not installed: the names above are what can be checked.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => panic!("promtool: {e}"),
+        }
     }
 
     #[test]

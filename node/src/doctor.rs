@@ -10,6 +10,8 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+pub mod controller;
+
 use muxflow::node::mps::{ComputeCapability, MpsDaemon, ServerMode, MULTIUSER_FLAG};
 use muxflow::Config;
 
@@ -66,8 +68,11 @@ pub fn conf_values(text: &str) -> BTreeMap<String, String> {
 }
 
 /// The plugstack line that loads muxflow's plugin, from plugstack.conf
-/// texts (the file and its `plugstack.conf.d/` includes).
-pub fn check_plugstack(texts: &[(PathBuf, String)]) -> Check {
+/// texts (the file and its `plugstack.conf.d/` includes). `config_in_use`
+/// is the muxflow config the node programs read (the doctor's): the
+/// plugin's `config=` (default [`muxflow::config::DEFAULT_PATH`]) must name
+/// the same file, or the plugin and the Prolog follow different configs.
+pub fn check_plugstack(texts: &[(PathBuf, String)], config_in_use: &Path) -> Check {
     const NAME: &str = "plugstack";
     for (path, text) in texts {
         for line in text.lines().map(str::trim) {
@@ -76,21 +81,59 @@ pub fn check_plugstack(texts: &[(PathBuf, String)]) -> Check {
             if line.starts_with('#') || !so.ends_with("spank_muxflow.so") {
                 continue;
             }
-            if words[0] != "required" && words[0] != "optional" {
-                return Check::fail(
-                    NAME,
-                    format!("{}: '{line}' starts with '{}'", path.display(), words[0]),
-                    "start the line with `required`",
-                );
+            let at = path.display();
+            match words[0] {
+                "required" => {}
+                // Slurm goes on without an optional plugin that fails to
+                // load: offline jobs would then run with no limits at all.
+                "optional" => {
+                    return Check::fail(
+                        NAME,
+                        format!("{at}: '{line}' is optional: where the plugin fails to load, jobs run without it, offline jobs unlimited"),
+                        "start the line with `required`",
+                    )
+                }
+                other => {
+                    return Check::fail(
+                        NAME,
+                        format!("{at}: '{line}' starts with '{other}'"),
+                        "start the line with `required`",
+                    )
+                }
             }
             if !Path::new(so).is_file() {
                 return Check::fail(
                     NAME,
-                    format!("{}: {so} does not exist", path.display()),
+                    format!("{at}: {so} does not exist"),
                     "install the plugin there or correct the path",
                 );
             }
-            return Check::ok(NAME, format!("{}: {line}", path.display()));
+            let args =
+                match muxflow::config::plugstack::PluginArgs::parse(words[2..].iter().copied()) {
+                    Ok(a) => a,
+                    Err(e) => {
+                        return Check::fail(
+                            NAME,
+                            format!("{at}: {e}"),
+                            "correct the muxflow line's arguments (config=/etc/slurm/muxflow.toml)",
+                        )
+                    }
+                };
+            if !same_file(&args.config, config_in_use) {
+                return Check::fail(
+                    NAME,
+                    format!(
+                        "{at}: the plugin reads config={}, but the Prolog, Epilog and health check read {}: jobs would be set up by one config and checked by another",
+                        args.config.display(),
+                        config_in_use.display()
+                    ),
+                    format!(
+                        "set config={} on the plugstack line, then restart the slurmds",
+                        config_in_use.display()
+                    ),
+                );
+            }
+            return Check::ok(NAME, format!("{at}: {line}"));
         }
     }
     let tried: Vec<String> = texts.iter().map(|(p, _)| p.display().to_string()).collect();
@@ -98,6 +141,109 @@ pub fn check_plugstack(texts: &[(PathBuf, String)]) -> Check {
         NAME,
         format!("no spank_muxflow.so line in {}", tried.join(", ")),
         "link /usr/share/muxflow/plugstack.conf into plugstack.conf.d/ (or add its line to plugstack.conf)",
+    )
+}
+
+/// Whether two paths name one file: the same text, or (both existing) the
+/// same file once links are followed.
+fn same_file(a: &Path, b: &Path) -> bool {
+    a == b
+        || matches!(
+            (std::fs::canonicalize(a), std::fs::canonicalize(b)),
+            (Ok(x), Ok(y)) if x == y
+        )
+}
+
+/// `JobSubmitPlugins` loads lua: without it job_submit.lua never runs, so
+/// offline jobs are neither parked for the matcher nor given their slot.
+pub fn check_job_submit_plugins(slurm_conf: &BTreeMap<String, String>) -> Check {
+    const NAME: &str = "job submit";
+    let setting = slurm_conf
+        .get("jobsubmitplugins")
+        .map(String::as_str)
+        .unwrap_or("");
+    if setting
+        .split(',')
+        .map(str::trim)
+        .any(|p| p == "lua" || p == "job_submit/lua")
+    {
+        Check::ok(NAME, format!("JobSubmitPlugins={setting}"))
+    } else {
+        Check::fail(
+            NAME,
+            format!("JobSubmitPlugins='{setting}' lacks lua: job_submit.lua never runs, so offline jobs are neither parked for the matcher nor given an offline slot"),
+            "add lua to JobSubmitPlugins in slurm.conf (JobSubmitPlugins=lua), put /usr/share/muxflow/job_submit.lua beside slurm.conf, and restart slurmctld",
+        )
+    }
+}
+
+/// `GresTypes` names gpu and the offline slot's GRES: Slurm ignores a node's
+/// GRES of a type it does not list, so no offline job could be given a slot.
+pub fn check_gres_types(slurm_conf: &BTreeMap<String, String>, offline_gres: &str) -> Check {
+    const NAME: &str = "gres types";
+    let setting = slurm_conf
+        .get("grestypes")
+        .map(String::as_str)
+        .unwrap_or("");
+    let listed: Vec<&str> = setting.split(',').map(str::trim).collect();
+    let missing: Vec<&str> = ["gpu", offline_gres]
+        .into_iter()
+        .filter(|t| !listed.contains(t))
+        .collect();
+    if missing.is_empty() {
+        return Check::ok(NAME, format!("GresTypes={setting}"));
+    }
+    Check::fail(
+        NAME,
+        format!(
+            "GresTypes='{setting}' lacks {}: Slurm knows no such GRES, so offline jobs cannot be given a slot",
+            missing.join(" and ")
+        ),
+        format!("set GresTypes=gpu,{offline_gres} in slurm.conf (with any other types the site uses) and restart slurmctld and the slurmds"),
+    )
+}
+
+/// This node's definition in slurm.conf: the `Gres=` of the `NodeName=`
+/// line naming it (or of the `NodeName=DEFAULT` line before it); None when
+/// no line names it.
+pub fn node_gres(slurm_conf_text: &str, node: &str) -> Option<String> {
+    let mut default_gres = String::new();
+    for line in slurm_conf_text.lines() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        let kv: Vec<(String, &str)> = line
+            .split_whitespace()
+            .filter_map(|w| w.split_once('='))
+            .map(|(k, v)| (k.to_ascii_lowercase(), v))
+            .collect();
+        let Some(("nodename", names)) = kv.first().map(|(k, v)| (k.as_str(), *v)) else {
+            continue;
+        };
+        let gres = kv.iter().find(|(k, _)| k == "gres").map(|(_, v)| *v);
+        if names.eq_ignore_ascii_case("DEFAULT") {
+            default_gres = gres.unwrap_or("").to_string();
+        } else if hostlist_contains(names, node) {
+            return Some(gres.map_or_else(|| default_gres.clone(), str::to_string));
+        }
+    }
+    None
+}
+
+/// The `node` line: whether slurm.conf defines this node at all (the
+/// checks of its gres.conf lines mean nothing otherwise).
+pub fn check_node_defined(node: &str, slurm_conf: &Path, found: bool) -> Check {
+    if found {
+        return Check::ok(
+            "node",
+            format!("NodeName={node} in {}", slurm_conf.display()),
+        );
+    }
+    Check::fail(
+        "node",
+        format!(
+            "no NodeName={node} in {} (nor its Includes): this host is not a Slurm node by that name",
+            slurm_conf.display()
+        ),
+        "pass --node NAME (this node's NodeName in slurm.conf); on the controller host, run muxflow-doctor --controller",
     )
 }
 
@@ -216,8 +362,10 @@ fn expand_files(spec: &str) -> Vec<String> {
     let mut out = Vec::new();
     for r in ranges.split(',') {
         let (a, z) = r.split_once('-').unwrap_or((r, r));
+        // Slurm keeps a range's zero padding: gpu[01-04] is gpu01..gpu04.
+        let width = if a.starts_with('0') { a.len() } else { 0 };
         if let (Ok(a), Ok(z)) = (a.parse::<u32>(), z.parse::<u32>()) {
-            out.extend((a..=z.min(a + 1024)).map(|i| format!("{head}{i}{tail}")));
+            out.extend((a..=z.min(a + 1024)).map(|i| format!("{head}{i:0width$}{tail}")));
         }
     }
     out
@@ -254,25 +402,15 @@ pub fn check_gres(
     let mut gpus: Vec<String> = Vec::new();
     // GPU file -> (type, file named) of each slot record leading there.
     let mut slots: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
-    for line in text.lines() {
-        let line = line.split('#').next().unwrap_or("").trim();
-        let kv: BTreeMap<String, String> = line
-            .split_whitespace()
-            .filter_map(|w| w.split_once('='))
-            .map(|(k, v)| (k.to_ascii_lowercase(), v.to_string()))
-            .collect();
-        if let Some(nodes) = kv.get("nodename") {
-            if !crate::doctor::hostlist_contains(nodes, node) {
-                continue;
-            }
-        }
-        let files = kv.get("file").map(|f| expand_files(f)).unwrap_or_default();
-        match kv.get("name").map(String::as_str) {
-            Some("gpu") => gpus.extend(files),
-            Some(n) if n == offline_gres => {
-                let ty = kv.get("type").cloned().unwrap_or_default();
-                for f in files {
-                    slots.entry(resolve(&f)).or_default().push((ty.clone(), f));
+    for r in gres_records(text, node) {
+        match r.name.as_str() {
+            "gpu" => gpus.extend(r.files),
+            n if n == offline_gres => {
+                for f in r.files {
+                    slots
+                        .entry(resolve(&f))
+                        .or_default()
+                        .push((r.ty.clone(), f));
                 }
             }
             _ => {}
@@ -322,6 +460,141 @@ pub fn check_gres(
     Check::ok(
         NAME,
         format!("{} GPUs, {per_gpu} {offline_gres} slot(s) each", gpus.len()),
+    )
+}
+
+/// One gres.conf line that applies to a node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GresRecord {
+    pub name: String,
+    /// `Type=`, empty when none.
+    pub ty: String,
+    /// `File=`, its bracket range expanded.
+    pub files: Vec<String>,
+    /// `Count=`, else the number of files, else 1.
+    pub count: u64,
+}
+
+/// gres.conf's lines for `node`: those without `NodeName=` and those whose
+/// `NodeName=` names it (comments dropped, keys without case).
+pub fn gres_records(text: &str, node: &str) -> Vec<GresRecord> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        let kv: BTreeMap<String, String> = line
+            .split_whitespace()
+            .filter_map(|w| w.split_once('='))
+            .map(|(k, v)| (k.to_ascii_lowercase(), v.to_string()))
+            .collect();
+        if let Some(nodes) = kv.get("nodename") {
+            if !hostlist_contains(nodes, node) {
+                continue;
+            }
+        }
+        let Some(name) = kv.get("name") else { continue };
+        let files = kv.get("file").map(|f| expand_files(f)).unwrap_or_default();
+        let count = kv
+            .get("count")
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(files.len().max(1) as u64);
+        out.push(GresRecord {
+            name: name.clone(),
+            ty: kv.get("type").cloned().unwrap_or_default(),
+            files,
+            count,
+        });
+    }
+    out
+}
+
+/// GPUs and offline slots per type (`g0` → 1) that a GRES text counts.
+type GresCounts = (u64, BTreeMap<String, u64>);
+
+/// Counts of slurm.conf's `Gres=gpu:2,mfslot:g0:1,mfslot:g1:1` (a GPU type
+/// and a `(S:0-1)` socket suffix allowed: `gpu:a100:4(S:0-1)`).
+fn slurm_gres_counts(gres: &str, offline_gres: &str) -> GresCounts {
+    let mut gpus = 0;
+    let mut slots = BTreeMap::new();
+    let mut depth = 0;
+    let mut start = 0;
+    let b = gres.as_bytes();
+    for i in 0..=b.len() {
+        match b.get(i) {
+            Some(b'(') => depth += 1,
+            Some(b')') => depth -= 1,
+            Some(b',') | None if depth == 0 => {
+                let entry = gres[start..i].split('(').next().unwrap_or("").trim();
+                start = i + 1;
+                let parts: Vec<&str> = entry.split(':').collect();
+                let (name, ty, count) = match parts.as_slice() {
+                    [n] => (*n, "", Some(1)),
+                    [n, c] if c.parse::<u64>().is_ok() => (*n, "", c.parse().ok()),
+                    [n, t] => (*n, *t, Some(1)),
+                    [n, t, c, ..] => (*n, *t, c.parse().ok()),
+                    _ => continue,
+                };
+                let count = count.unwrap_or(0);
+                if name == "gpu" {
+                    gpus += count;
+                } else if name == offline_gres {
+                    *slots.entry(ty.to_string()).or_insert(0) += count;
+                }
+            }
+            _ => {}
+        }
+    }
+    (gpus, slots)
+}
+
+fn gres_conf_counts(records: &[GresRecord], offline_gres: &str) -> GresCounts {
+    let mut gpus = 0;
+    let mut slots = BTreeMap::new();
+    for r in records {
+        if r.name == "gpu" {
+            gpus += r.count;
+        } else if r.name == offline_gres {
+            *slots.entry(r.ty.clone()).or_insert(0) += r.count;
+        }
+    }
+    (gpus, slots)
+}
+
+/// `gpu:2,mfslot:g0:1,mfslot:g1:1` of counts.
+fn gres_string((gpus, slots): &GresCounts, offline_gres: &str) -> String {
+    let mut out = format!("gpu:{gpus}");
+    for (ty, n) in slots {
+        out.push_str(&format!(",{offline_gres}:{ty}:{n}"));
+    }
+    out
+}
+
+/// slurm.conf's `Gres=` for `node` against its gres.conf lines: the same
+/// number of GPUs and of offline slots of each type. slurmd registers what
+/// gres.conf has; slurmctld drains a node that has less than slurm.conf
+/// says, and never offers what slurm.conf leaves out.
+pub fn check_gres_agreement(
+    node: &str,
+    slurm_gres: &str,
+    gres_conf: &str,
+    offline_gres: &str,
+) -> Check {
+    const NAME: &str = "slurm.conf gres";
+    let said = slurm_gres_counts(slurm_gres, offline_gres);
+    let has = gres_conf_counts(&gres_records(gres_conf, node), offline_gres);
+    if said == has {
+        return Check::ok(
+            NAME,
+            format!("NodeName={node} Gres={slurm_gres} matches gres.conf"),
+        );
+    }
+    let has_text = gres_string(&has, offline_gres);
+    Check::fail(
+        NAME,
+        format!(
+            "NodeName={node} has Gres='{slurm_gres}' ({}) but gres.conf lists {has_text} for it: slurmctld drains a node with less than slurm.conf says and offers nothing slurm.conf leaves out",
+            gres_string(&said, offline_gres)
+        ),
+        format!("set Gres={has_text} on NodeName={node} in slurm.conf (or correct gres.conf: etc/gres-muxflow prints both), then restart slurmctld and the node's slurmd"),
     )
 }
 
@@ -440,13 +713,20 @@ pub fn check_executable(name: &'static str, path: &Path, setting: &str) -> Check
     }
 }
 
-/// Everything, for node `node` with `config`, the slurm.conf `slurm_conf`
-/// and the installed `slurmd -V` answer.
-pub fn run(config: &Config, node: &str, slurm_conf: &Path, slurmd_v: &str) -> Vec<Check> {
+/// What the doctor is run with: the muxflow config and where it was
+/// found, and the slurm.conf in use.
+pub struct Inputs<'a> {
+    pub config: &'a Config,
+    pub config_path: &'a Path,
+    pub slurm_conf: &'a Path,
+}
+
+/// Everything, for node `node` and the installed `slurmd -V` answer.
+pub fn run(inputs: &Inputs, node: &str, slurmd_v: &str) -> Vec<Check> {
     let mut checks = Vec::new();
-    slurm_checks(&mut checks, config, node, slurm_conf, slurmd_v);
-    gpu_checks(&mut checks, config);
-    directory_checks(&mut checks, config);
+    slurm_checks(&mut checks, inputs, node, slurmd_v);
+    gpu_checks(&mut checks, inputs.config);
+    directory_checks(&mut checks, inputs.config);
     checks
 }
 
@@ -455,17 +735,39 @@ fn read(p: &Path) -> String {
     std::fs::read_to_string(p).unwrap_or_default()
 }
 
+/// slurm.conf's text with its `Include` files in place (relative to its
+/// directory, a few levels deep): node lines often live in an include.
+pub fn slurm_conf_text(path: &Path) -> String {
+    fn expand(path: &Path, dir: &Path, depth: u8, out: &mut String) {
+        for line in read(path).lines() {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            match words.as_slice() {
+                [kw, file] if kw.eq_ignore_ascii_case("include") && depth < 4 => {
+                    let f = Path::new(file);
+                    expand(&dir.join(f), dir, depth + 1, out);
+                }
+                _ => {
+                    out.push_str(line);
+                    out.push('\n');
+                }
+            }
+        }
+    }
+    let mut out = String::new();
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    expand(path, dir, 0, &mut out);
+    out
+}
+
 /// Slurm's side: plugstack.conf and its includes, the release the build is
-/// for, the Prolog/Epilog/health wiring, gres.conf.
-fn slurm_checks(
-    checks: &mut Vec<Check>,
-    config: &Config,
-    node: &str,
-    slurm_conf: &Path,
-    slurmd_v: &str,
-) {
+/// for, job_submit and GresTypes, the Prolog/Epilog/health wiring, this
+/// node's definition, gres.conf and its agreement with slurm.conf.
+fn slurm_checks(checks: &mut Vec<Check>, inputs: &Inputs, node: &str, slurmd_v: &str) {
+    let config = inputs.config;
+    let slurm_conf = inputs.slurm_conf;
     let conf_dir = slurm_conf.parent().unwrap_or(Path::new("/"));
-    let conf = conf_values(&read(slurm_conf));
+    let text = slurm_conf_text(slurm_conf);
+    let conf = conf_values(&text);
     let rel = |v: Option<&String>, default: &str| {
         let p = PathBuf::from(v.map(String::as_str).unwrap_or(default));
         if p.is_absolute() {
@@ -486,11 +788,13 @@ fn slurm_checks(
             (p, t)
         }));
     }
-    checks.push(check_plugstack(&texts));
+    checks.push(check_plugstack(&texts, inputs.config_path));
     checks.push(check_slurm_version(
         &muxflow_slurm::version::version_string(),
         slurmd_v,
     ));
+    checks.push(check_job_submit_plugins(&conf));
+    checks.push(check_gres_types(&conf, &config.slurm.offline_gres));
 
     // Prolog/Epilog drop-in directories: the scripts a glob names.
     let scripts = |key: &str| -> Vec<(PathBuf, String)> {
@@ -518,21 +822,41 @@ fn slurm_checks(
         nhc,
     ));
 
+    let node_gres = node_gres(&text, node);
+    checks.push(check_node_defined(node, slurm_conf, node_gres.is_some()));
+    // Not a node by that name: its gres.conf lines would be judged for
+    // another host, and say nothing true.
+    let Some(node_gres) = node_gres else { return };
     let gres = conf_dir.join("gres.conf");
-    checks.push(match std::fs::read_to_string(&gres) {
-        Ok(text) => check_gres(
-            &text,
-            node,
-            &config.slurm.offline_gres,
-            config.policy.offline_per_gpu,
-            device_behind,
-        ),
-        Err(e) => Check::fail(
+    match std::fs::read_to_string(&gres) {
+        Ok(text) => {
+            let own = check_gres(
+                &text,
+                node,
+                &config.slurm.offline_gres,
+                config.policy.offline_per_gpu,
+                device_behind,
+            );
+            let own_failed = own.fix.is_some();
+            checks.push(own);
+            // gres.conf wrong on its own: its fix comes first, and the
+            // comparison with slurm.conf would say the same thing again.
+            if own_failed {
+                return;
+            }
+            checks.push(check_gres_agreement(
+                node,
+                &node_gres,
+                &text,
+                &config.slurm.offline_gres,
+            ));
+        }
+        Err(e) => checks.push(Check::fail(
             "gres.conf",
             format!("{}: {e}", gres.display()),
             "write gres.conf (etc/gres-muxflow prints it)",
-        ),
-    });
+        )),
+    }
 }
 
 /// The GPUs' side: the MPS control program, NVML, MPS v3, the driver's and
@@ -1350,20 +1674,60 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let so = dir.path().join("spank_muxflow.so");
         std::fs::write(&so, "").unwrap();
-        let line = format!("required {} config=/etc/slurm/muxflow.toml\n", so.display());
+        let in_use = Path::new("/etc/slurm/muxflow.toml");
         let p = PathBuf::from("/etc/slurm/plugstack.conf");
-        assert!(check_plugstack(&[(p.clone(), line.clone())]).fix.is_none());
-        assert!(check_plugstack(&[(p.clone(), format!("# {line}"))])
-            .fix
-            .is_some());
-        let missing = check_plugstack(&[(p.clone(), "required /nope/spank_muxflow.so\n".into())]);
-        assert!(
-            missing
-                .line()
-                .contains("/nope/spank_muxflow.so does not exist"),
-            "{}",
-            missing.line()
-        );
+        let so = so.display();
+        // (case, plugstack text, passes, line contains)
+        let rows = [
+            (
+                "the shipped line",
+                format!("required {so} config=/etc/slurm/muxflow.toml\n"),
+                true,
+                "required",
+            ),
+            (
+                "no config=: the plugin's default is the file in use",
+                format!("required {so}\n"),
+                true,
+                "required",
+            ),
+            (
+                "commented out",
+                format!("# required {so}\n"),
+                false,
+                "no spank_muxflow.so line",
+            ),
+            (
+                "optional",
+                format!("optional {so} config=/etc/slurm/muxflow.toml\n"),
+                false,
+                "is optional: where the plugin fails to load, jobs run without it, offline jobs unlimited; fix: start the line with `required`",
+            ),
+            (
+                "config= another file",
+                format!("required {so} config=/srv/muxflow.toml\n"),
+                false,
+                "the plugin reads config=/srv/muxflow.toml, but the Prolog, Epilog and health check read /etc/slurm/muxflow.toml: jobs would be set up by one config and checked by another; fix: set config=/etc/slurm/muxflow.toml on the plugstack line",
+            ),
+            (
+                "an unknown argument",
+                format!("required {so} conf=/etc/slurm/muxflow.toml\n"),
+                false,
+                "unknown muxflow argument key 'conf'",
+            ),
+            (
+                "the plugin missing",
+                "required /nope/spank_muxflow.so\n".to_string(),
+                false,
+                "/nope/spank_muxflow.so does not exist",
+            ),
+        ];
+        for (case, text, passes, want) in rows {
+            let c = check_plugstack(&[(p.clone(), text)], in_use);
+            assert_eq!(c.fix.is_none(), passes, "{case}: {}", c.line());
+            assert!(c.line().contains(want), "{case}: {}", c.line());
+        }
+        let so = dir.path().join("spank_muxflow.so");
 
         assert!(check_slurm_version("22.05.8", "slurm-wlm 22.05.8\n")
             .fix
@@ -1417,5 +1781,152 @@ mod tests {
             "{}",
             users.line()
         );
+    }
+
+    #[test]
+    fn job_submit_plugins_must_load_lua() {
+        // (case, slurm.conf, passes)
+        let rows = [
+            ("lua", "JobSubmitPlugins=lua\n", true),
+            (
+                "lua among others",
+                "JobSubmitPlugins=all_partitions, job_submit/lua\n",
+                true,
+            ),
+            ("commented out", "#JobSubmitPlugins=lua\n", false),
+            ("missing", "ClusterName=c\n", false),
+            ("another plugin", "JobSubmitPlugins=pbs\n", false),
+        ];
+        for (case, text, passes) in rows {
+            let c = check_job_submit_plugins(&conf_values(text));
+            assert_eq!(c.fix.is_none(), passes, "{case}: {}", c.line());
+            if !passes {
+                assert!(
+                    c.line().contains("lacks lua")
+                        && c.line().contains("fix: add lua to JobSubmitPlugins"),
+                    "{case}: {}",
+                    c.line()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn gres_types_must_name_gpu_and_the_slot() {
+        // (case, slurm.conf, passes, line contains)
+        let rows = [
+            (
+                "both",
+                "GresTypes=gpu,mfslot\n",
+                true,
+                "GresTypes=gpu,mfslot",
+            ),
+            (
+                "with others",
+                "GresTypes=gpu, shard ,mfslot\n",
+                true,
+                "shard",
+            ),
+            ("no mfslot", "GresTypes=gpu\n", false, "lacks mfslot"),
+            (
+                "commented out",
+                "# GresTypes=gpu,mfslot\n",
+                false,
+                "lacks gpu and mfslot",
+            ),
+        ];
+        for (case, text, passes, want) in rows {
+            let c = check_gres_types(&conf_values(text), "mfslot");
+            assert_eq!(c.fix.is_none(), passes, "{case}: {}", c.line());
+            assert!(c.line().contains(want), "{case}: {}", c.line());
+            if !passes {
+                assert!(
+                    c.line().contains("fix: set GresTypes=gpu,mfslot"),
+                    "{}",
+                    c.line()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_host_slurm_conf_does_not_name_is_not_a_node() {
+        let conf = "NodeName=DEFAULT Gres=gpu:1,mfslot:g0:1\nNodeName=gpu[01-04] CPUs=8\nnodename=big Gres=gpu:8 # comment\n#NodeName=vm Gres=gpu:1\n";
+        assert_eq!(
+            node_gres(conf, "gpu03").as_deref(),
+            Some("gpu:1,mfslot:g0:1")
+        );
+        assert_eq!(node_gres(conf, "big").as_deref(), Some("gpu:8"));
+        assert_eq!(node_gres(conf, "vm"), None);
+        let c = check_node_defined("vm", Path::new("/etc/slurm/slurm.conf"), false);
+        assert_eq!(
+            c.line(),
+            "FAIL node: no NodeName=vm in /etc/slurm/slurm.conf (nor its Includes): this host is not a Slurm node by that name; fix: pass --node NAME (this node's NodeName in slurm.conf); on the controller host, run muxflow-doctor --controller"
+        );
+        assert!(check_node_defined("gpu03", Path::new("/x"), true)
+            .fix
+            .is_none());
+    }
+
+    #[test]
+    fn node_lines_in_an_include_count() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("nodes.conf"), "NodeName=n1 Gres=gpu:2\n").unwrap();
+        std::fs::write(
+            dir.path().join("slurm.conf"),
+            "ClusterName=c\nInclude nodes.conf\nGresTypes=gpu,mfslot\n",
+        )
+        .unwrap();
+        let text = slurm_conf_text(&dir.path().join("slurm.conf"));
+        assert_eq!(node_gres(&text, "n1").as_deref(), Some("gpu:2"));
+        assert_eq!(
+            conf_values(&text).get("grestypes").map(String::as_str),
+            Some("gpu,mfslot")
+        );
+    }
+
+    #[test]
+    fn slurm_conf_gres_must_match_gres_conf() {
+        let two_per_gpu = "Name=gpu File=/dev/nvidia[0-1]\nName=mfslot Type=g0 File=/dev/nvidia0\nName=mfslot Type=g0 File=/s2/nvidia0\nName=mfslot Type=g1 File=/dev/nvidia1\nName=mfslot Type=g1 File=/s2/nvidia1\n";
+        // (case, slurm.conf Gres=, gres.conf, passes, line contains)
+        let rows = [
+            ("the pattern", "gpu:2,mfslot:g0:1,mfslot:g1:1", GOOD_GRES, true, "matches gres.conf"),
+            ("typed GPUs and sockets", "gpu:a100:2(S:0-1),mfslot:g0:1,mfslot:g1:1", GOOD_GRES, true, "matches"),
+            ("two slots per GPU", "gpu:2,mfslot:g0:2,mfslot:g1:2", two_per_gpu, true, "matches"),
+            (
+                "a GPU fewer in slurm.conf",
+                "gpu:1,mfslot:g0:1",
+                GOOD_GRES,
+                false,
+                "has Gres='gpu:1,mfslot:g0:1' (gpu:1,mfslot:g0:1) but gres.conf lists gpu:2,mfslot:g0:1,mfslot:g1:1",
+            ),
+            (
+                "no slots in slurm.conf",
+                "gpu:2",
+                GOOD_GRES,
+                false,
+                "fix: set Gres=gpu:2,mfslot:g0:1,mfslot:g1:1 on NodeName=n1",
+            ),
+            (
+                "one slot per GPU where gres.conf has two",
+                "gpu:2,mfslot:g0:1,mfslot:g1:1",
+                two_per_gpu,
+                false,
+                "gres.conf lists gpu:2,mfslot:g0:2,mfslot:g1:2",
+            ),
+            (
+                "another node's lines are not this node's",
+                "gpu:1,mfslot:g0:1",
+                "NodeName=n1 Name=gpu File=/dev/nvidia0\nNodeName=n1 Name=mfslot Type=g0 File=/dev/nvidia0\nNodeName=n2 Name=gpu File=/dev/nvidia1\n",
+                true,
+                "matches",
+            ),
+            ("Count= instead of files", "gpu:4", "Name=gpu Count=4\n", true, "matches"),
+        ];
+        for (case, gres, conf, passes, want) in rows {
+            let c = check_gres_agreement("n1", gres, conf, "mfslot");
+            assert_eq!(c.fix.is_none(), passes, "{case}: {}", c.line());
+            assert!(c.line().contains(want), "{case}: {}", c.line());
+        }
     }
 }

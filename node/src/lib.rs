@@ -15,7 +15,7 @@ use muxflow::Config;
 pub struct Cli {
     /// muxflow config file [default: muxflow.toml beside the slurm.conf in
     /// use ($SLURM_CONF, or slurmd's), else /etc/slurm/muxflow.toml].
-    #[arg(long)]
+    #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// muxflow-health only: report what is wrong on stdout and exit 1
     /// instead of draining (for an NHC check, which drains with its own
@@ -25,11 +25,170 @@ pub struct Cli {
 }
 
 impl Cli {
-    /// The command line of node program `program` (its `--version` names it).
+    /// The command line of node program `program` (its `--version` names
+    /// it; `--print-man-page` prints its page, [`program_page`]).
     pub fn parse_for(program: &'static str) -> Cli {
         use clap::{CommandFactory, FromArgMatches};
-        let matches = Cli::command().name(program).get_matches();
+        let (about, long_about, page) = program_page(program);
+        let cmd = Cli::command()
+            .name(program)
+            .about(about)
+            .long_about(long_about)
+            .after_help(NODE_PROGRAM_NOTES);
+        let matches = muxflow::man::print_if_asked(cmd, &page);
         Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+    }
+}
+
+/// What every node program's page says of how it fails.
+const NODE_PROGRAM_NOTES: &str = "Exit status: 0, also when muxflow itself failed (logged to \
+[paths] node_log): a node program never fails a job or drains a node for muxflow's own \
+errors. muxflow-health drains a node only for a lost GPU; with --report it prints the \
+problems and exits 1 instead.";
+
+/// The environment slurmd gives a node program, as its pages list it.
+const SLURMD_ENVIRONMENT: &[(&str, &str)] = &[
+    (
+        "SLURM_CONF",
+        "the slurm.conf in use; muxflow.toml is looked for beside it first",
+    ),
+    ("SLURM_JOB_ID", "the job the Prolog or Epilog runs for"),
+    (
+        "SLURMD_NODENAME",
+        "this node's Slurm name (expands {node} in muxflow.toml's paths)",
+    ),
+    (
+        "SPANK_MUXFLOW_MODE",
+        "the job's mode, online or offline, as the plugin exported it at submit",
+    ),
+    (
+        "MUXFLOW_LOG",
+        "log filter (error, warn, info, debug; default info)",
+    ),
+];
+
+/// The files every node program reads or writes (the defaults of
+/// muxflow.toml's [paths]).
+const NODE_FILES: &[(&str, &str)] = &[
+    (
+        "/etc/slurm/muxflow.toml",
+        "the configuration (muxflow.toml(5))",
+    ),
+    (
+        "/var/log/muxflow/node.log",
+        "the node programs' log ([paths] node_log)",
+    ),
+    (
+        "/var/lib/muxflow",
+        "each GPU's health state and the jobs on it ([paths] state_dir)",
+    ),
+    (
+        "/run/muxflow/mps",
+        "each GPU's MPS pipe directory ([paths] mps_pipe_root)",
+    ),
+    (
+        "/var/log/muxflow/mps",
+        "each GPU's MPS log directory ([paths] mps_log_root)",
+    ),
+];
+
+const NODE_SEE_ALSO: &[&str] = &[
+    "muxflow-prolog(8)",
+    "muxflow-epilog(8)",
+    "muxflow-health(8)",
+    "muxflow-police(8)",
+    "muxflow-sampler(8)",
+    "muxflow-doctor(8)",
+    "muxflow.toml(5)",
+    "spank-muxflow(8)",
+    "slurm.conf(5)",
+];
+
+/// Node program `program`'s one-line purpose, its description, and its
+/// man page's sections (section 8: run by slurmd as root).
+pub fn program_page(program: &str) -> (&'static str, &'static str, muxflow::man::Page) {
+    let page = |examples| muxflow::man::Page {
+        section: "8",
+        files: NODE_FILES,
+        environment: SLURMD_ENVIRONMENT,
+        signals: &[],
+        examples,
+        see_also: NODE_SEE_ALSO,
+    };
+    match program {
+        "muxflow-prolog" => (
+            "muxflow's Prolog: starts the MPS daemons of a muxflow job's GPUs and records the job",
+            "muxflow's Prolog, run by slurmd as root when a job is allocated (slurm.conf \
+Prolog=/etc/slurm/prolog.d/* with PrologFlags=Alloc, through the drop-in \
+/etc/slurm/prolog.d/50-muxflow). For a muxflow job it makes sure each of the job's GPUs \
+has its MPS control daemon (multi-user where the config and GPU allow), records the job \
+on the GPU, starts muxflow-police for an offline job, and steps the GPUs' health state \
+machine. Jobs without --muxflow are left alone.",
+            page(&[(
+                "Prolog=/etc/slurm/prolog.d/*",
+                "slurm.conf: runs every drop-in, muxflow's 50-muxflow among the site's own",
+            )]),
+        ),
+        "muxflow-epilog" => (
+            "muxflow's Epilog: forgets a muxflow job and stops a GPU's MPS daemon once no muxflow job is left on it",
+            "muxflow's Epilog, run by slurmd as root when a job ends (slurm.conf \
+Epilog=/etc/slurm/epilog.d/*, through the drop-in /etc/slurm/epilog.d/50-muxflow). It \
+removes the job's record from its GPUs, stops a GPU's MPS control daemon once no muxflow \
+job is left on it, and steps the GPUs' health state machine.",
+            page(&[(
+                "Epilog=/etc/slurm/epilog.d/*",
+                "slurm.conf: runs every drop-in, muxflow's 50-muxflow among the site's own",
+            )]),
+        ),
+        "muxflow-health" => (
+            "muxflow's health check: steps each GPU's health state machine and publishes the GPU states",
+            "muxflow's health check, run by slurmd as root every HealthCheckInterval \
+(slurm.conf HealthCheckProgram=/usr/sbin/muxflow-health). It steps each GPU's health \
+state machine (Healthy, Busy, Overloaded, Faulty, Recovering) from NVML, the kernel log's \
+Xid records and the MPS logs, handles detected errors (resets an MPS client or server), \
+and publishes the GPU states in the node's Extra for the matcher, which places offline \
+work only on Healthy GPUs. It drains a node only for a lost GPU. With NHC, use \
+--report from NHC's check instead (etc/nhc/muxflow.nhc).",
+            page(&[
+                (
+                    "HealthCheckProgram=/usr/sbin/muxflow-health",
+                    "slurm.conf: with HealthCheckInterval=60 and HealthCheckNodeState=ANY",
+                ),
+                (
+                    "muxflow-health --report",
+                    "as NHC's check_muxflow runs it: one line per problem, exit 1, no drain",
+                ),
+            ]),
+        ),
+        "muxflow-police" => (
+            "muxflow's police: keeps an offline job's processes within its limits",
+            "Started by the Prolog for each offline job, as root; it checks the job's \
+processes against its limits every [health] police_interval_ms until the Epilog has \
+forgotten the job: a process out of bounds (relaunched in a loop, on a GPU the job was \
+not placed on, without xCUDA) is terminated and the reason recorded (policed=... in the job's \
+AdminComment); after [health] police_cancel_after of them the job is cancelled. Not \
+meant to be run by hand.",
+            page(&[(
+                "muxflow-report JOBID",
+                "shows what the police did to a job (its policed= figures)",
+            )]),
+        ),
+        "muxflow-sampler" => (
+            "muxflow's SM activity sampler: one per node, for the health checks and the police",
+            "The node's one SM activity sampler, started by the health steps and \
+muxflow-police when none runs, as root; it samples the GPUs' SM activity for the \
+health checks and the police, and exits once the node has not needed it for \
+[health] sampler_linger_s. Not meant to be run by hand.",
+            page(&[(
+                "muxflow-doctor",
+                "checks the node's installation, the programs' paths and directories among it",
+            )]),
+        ),
+        _ => (
+            "a muxflow node program",
+            "a muxflow node program",
+            muxflow::man::Page::bare("8"),
+        ),
     }
 }
 

@@ -36,12 +36,35 @@ struct Cli {
     timeout_s: u64,
     /// muxflow.toml (for the Slurm client's paths); default: beside
     /// $SLURM_CONF, then /etc/slurm, else built-in defaults.
-    #[arg(long)]
+    #[arg(long, value_name = "FILE")]
     config: Option<std::path::PathBuf>,
 }
 
+/// The man page's sections beyond `--help`.
+const PAGE: muxflow::man::Page = muxflow::man::Page {
+    section: "1",
+    files: &[(
+        "/etc/slurm/muxflow.toml",
+        "muxflow's configuration, read for the Slurm client's paths (muxflow.toml(5))",
+    )],
+    environment: &[(
+        "SLURM_CONF",
+        "the cluster's slurm.conf; muxflow.toml is looked for beside it first",
+    )],
+    signals: &[],
+    examples: &[
+        ("muxflow-report 1234", "what sharing did to job 1234"),
+        ("muxflow-report 1234 --json", "the same as JSON"),
+        (
+            "muxflow-report 1234 --days 90",
+            "with 90 days of earlier runs for the speed estimate",
+        ),
+    ],
+    see_also: &["muxflow(7)", "spank-muxflow(8)", "sacct(1)", "sbatch(1)"],
+};
+
 fn main() -> ExitCode {
-    let cli: Cli = muxflow::man::parse_or_print("1");
+    let cli: Cli = muxflow::man::parse_or_print(&PAGE);
     match run(&cli) {
         Ok(text) => {
             print!("{text}");

@@ -6,6 +6,7 @@ fn muxflow_report_prints_its_man_page() {
         std::path::Path::new(env!("CARGO_BIN_EXE_muxflow-report")),
         "muxflow-report",
         "1",
+        std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/..")),
     )
     .unwrap();
     assert!(page.contains("\\-\\-json"), "{page}");

@@ -133,8 +133,41 @@ fn read(path: &Path) -> anyhow::Result<Vec<u8>> {
     std::fs::read(path).with_context(|| format!("reading {}", path.display()))
 }
 
+/// The man page's sections beyond `--help`.
+const PAGE: muxflow::man::Page = muxflow::man::Page {
+    section: "1",
+    files: &[
+        (
+            "/usr/share/doc/muxflow-sim/README.md",
+            "the replay's model, its inputs and every figure's meaning",
+        ),
+        (
+            "/usr/share/doc/muxflow-sim/replay.md",
+            "what the replay shows of a whole cluster",
+        ),
+    ],
+    // None is read; the progress bar is drawn only when stderr is a terminal.
+    environment: &[],
+    signals: &[],
+    examples: &[
+        (
+            "muxflow-sim",
+            "the shipped default: OpenB's nodes, 80% online, 7 days, four policies",
+        ),
+        (
+            "muxflow-sim --plot week.svg --json",
+            "the table as JSON, and GPU utilization and JCT plotted",
+        ),
+        (
+            "muxflow-sim predictor",
+            "the production predictor scored on the measured pair table",
+        ),
+    ],
+    see_also: &["muxflow-matcher(8)", "muxflow-report(1)"],
+};
+
 fn main() -> anyhow::Result<()> {
-    let cli: Cli = muxflow::man::parse_or_print("1");
+    let cli: Cli = muxflow::man::parse_or_print(&PAGE);
     if let Some(Command::Predictor {
         interference,
         observed,

@@ -305,6 +305,7 @@ fn muxflow_sim_prints_its_man_page() {
         std::path::Path::new(env!("CARGO_BIN_EXE_muxflow-sim")),
         "muxflow-sim",
         "1",
+        std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/..")),
     )
     .unwrap();
     assert!(page.contains("\\-\\-policies"), "{page}");

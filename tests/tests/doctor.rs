@@ -24,7 +24,28 @@ fn copy_node_config(c: &Cluster, dir: &Path) -> PathBuf {
             &format!("PlugStackConfig={}/plugstack.conf", dir.display()),
         );
     std::fs::write(dir.join("slurm.conf"), conf).unwrap();
+    // The plugin's config= names the copy the doctor is given.
+    edit(&dir.join("plugstack.conf"), |t| {
+        t.replace(
+            &format!("config={}/muxflow.toml", etc.display()),
+            &format!("config={}/muxflow.toml", dir.display()),
+        )
+    });
     dir.join("slurm.conf")
+}
+
+/// `text` with each line starting with `prefix` passed through `f`.
+fn map_lines(text: &str, prefix: &str, f: impl Fn(&str) -> String) -> String {
+    text.lines()
+        .map(|l| {
+            if l.starts_with(prefix) {
+                f(l)
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// (exit code, output) of the doctor for node1 with this slurm.conf;
@@ -61,7 +82,11 @@ fn the_doctor_passes_a_correct_node_and_names_each_breakage_with_its_fix() {
         "epilog",
         "health check",
         "prolog flags",
+        "job submit",
+        "gres types",
+        "node",
         "gres.conf",
+        "slurm.conf gres",
         "mps control",
         "nvml",
         "xcuda",
@@ -138,6 +163,74 @@ fn the_doctor_passes_a_correct_node_and_names_each_breakage_with_its_fix() {
             fix: "fix: add `Name=mfslot Type=g1 File=",
         },
         Row {
+            name: "JobSubmitPlugins commented out",
+            breaks: |dir, _| {
+                edit(&dir.join("slurm.conf"), |t| {
+                    map_lines(&t, "JobSubmitPlugins=", |l| format!("#{l}"))
+                })
+            },
+            fails: "FAIL job submit: JobSubmitPlugins='' lacks lua",
+            fix: "fix: add lua to JobSubmitPlugins",
+        },
+        Row {
+            name: "mfslot missing from GresTypes",
+            breaks: |dir, _| {
+                edit(&dir.join("slurm.conf"), |t| {
+                    map_lines(&t, "GresTypes=", |_| "GresTypes=gpu".into())
+                })
+            },
+            fails: "FAIL gres types: GresTypes='gpu' lacks mfslot",
+            fix: "fix: set GresTypes=gpu,mfslot",
+        },
+        Row {
+            name: "the plugstack line optional",
+            breaks: |dir, _| {
+                edit(&dir.join("plugstack.conf"), |t| {
+                    t.lines()
+                        .map(|l| {
+                            if l.contains("spank_muxflow.so") {
+                                l.replacen("required", "optional", 1)
+                            } else {
+                                l.to_string()
+                            }
+                        })
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                })
+            },
+            fails: "is optional: where the plugin fails to load",
+            fix: "fix: start the line with `required`",
+        },
+        Row {
+            name: "plugstack's config= another file",
+            breaks: |dir, _| {
+                edit(&dir.join("plugstack.conf"), |t| {
+                    t.replace("/muxflow.toml", "/elsewhere.toml")
+                })
+            },
+            fails: "/elsewhere.toml, but the Prolog, Epilog and health check read",
+            fix: "fix: set config=",
+        },
+        Row {
+            name: "slurm.conf's Gres= with a slot fewer than gres.conf",
+            breaks: |dir, _| {
+                edit(&dir.join("slurm.conf"), |t| {
+                    map_lines(&t, "NodeName=node1 ", |l| {
+                        // The last entry of Gres= dropped.
+                        l.split(' ')
+                            .map(|w| match w.strip_prefix("Gres=") {
+                                Some(g) => format!("Gres={}", g.rsplit_once(',').unwrap().0),
+                                None => w.to_string(),
+                            })
+                            .collect::<Vec<_>>()
+                            .join(" ")
+                    })
+                })
+            },
+            fails: "FAIL slurm.conf gres: NodeName=node1 has Gres=",
+            fix: "fix: set Gres=gpu:",
+        },
+        Row {
             name: "no MPS control program",
             breaks: |_, toml| set_key(toml, "mps_control", "/nonexistent/nvidia-cuda-mps-control"),
             fails: "FAIL mps control: /nonexistent/nvidia-cuda-mps-control",
@@ -189,4 +282,91 @@ fn the_doctor_passes_a_correct_node_and_names_each_breakage_with_its_fix() {
         assert!(fails[0].contains(row.fails), "{}: {out}", row.name);
         assert!(fails[0].contains(row.fix), "{}: {out}", row.name);
     }
+}
+
+/// A host slurm.conf does not name is told so (not judged by another
+/// node's gres.conf lines).
+#[test]
+fn the_doctor_on_a_host_that_is_not_a_node_says_pass_node() {
+    let c = Cluster::get();
+    let out = Command::new(target().join("muxflow-doctor"))
+        .args(["--node", "not-a-node", "--slurm-conf"])
+        .arg(&c.slurm_conf)
+        .env("SLURMD_NODENAME", "node1")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("FAIL node: no NodeName=not-a-node in ")
+            && text.contains("fix: pass --node NAME"),
+        "{text}"
+    );
+    assert!(!text.contains("gres.conf"), "{text}");
+}
+
+/// `--controller` on the dev cluster's controller: slurm.conf's settings and
+/// job_submit.lua pass; each broken in a copy fails with its fix; `--json`
+/// carries the same checks.
+#[test]
+fn the_doctor_checks_the_controller() {
+    let c = Cluster::get();
+    let run = |slurm_conf: &Path, json: bool| {
+        let mut cmd = Command::new(target().join("muxflow-doctor"));
+        cmd.arg("--controller")
+            .arg("--slurm-conf")
+            .arg(slurm_conf)
+            .arg("--config")
+            .arg(c.dir.join("etc/muxflow.toml"));
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd.output().unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (code, out) = run(&c.slurm_conf, false);
+    assert_ne!(code, 2, "{out}");
+    for ok in [
+        "ok   job submit: ",
+        "ok   gres types: ",
+        "ok   job_submit.lua: ",
+    ] {
+        assert!(out.contains(ok), "{ok}: {out}");
+    }
+    // Whether a matcher runs and rounds depends on the other tests; the
+    // lines are there either way.
+    for name in ["matcher: ", "matcher rounds: ", "shape file: "] {
+        assert!(out.contains(name), "{name}: {out}");
+    }
+
+    let (_, json) = run(&c.slurm_conf, true);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let checks = v["checks"].as_array().unwrap();
+    assert_eq!(checks.len(), out.lines().count(), "{json}");
+    let failed = checks.iter().filter(|c| c["ok"] == false).count();
+    assert_eq!(v["failed"], failed, "{json}");
+
+    // A copy without job_submit.lua and with JobSubmitPlugins commented out.
+    let dir = c.scratch("doctor-controller");
+    let conf = std::fs::read_to_string(&c.slurm_conf).unwrap();
+    std::fs::write(
+        dir.join("slurm.conf"),
+        map_lines(&conf, "JobSubmitPlugins=", |l| format!("#{l}")),
+    )
+    .unwrap();
+    let (code, out) = run(&dir.join("slurm.conf"), false);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("FAIL job submit: JobSubmitPlugins='' lacks lua"),
+        "{out}"
+    );
+    assert!(
+        out.contains("FAIL job_submit.lua: ")
+            && out.contains("does not exist")
+            && out.contains("fix: cp /usr/share/muxflow/job_submit.lua"),
+        "{out}"
+    );
 }

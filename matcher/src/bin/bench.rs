@@ -92,7 +92,7 @@ fn main() -> anyhow::Result<()> {
         slots_per_gpu,
         pricing_budget_ms,
         daemon_round,
-    } = muxflow::man::parse_or_print("1");
+    } = muxflow::man::parse_or_print(&muxflow::man::Page::bare("1"));
     let args = BenchArgs {
         gpus,
         jobs,
