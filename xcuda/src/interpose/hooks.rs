@@ -427,8 +427,12 @@ fn queued(s: Handle, pt: bool) {
 }
 
 /// Has stream `s` nothing in flight (`cuStreamQuery`)? None when the
-/// driver cannot say (an error other than "not ready").
+/// driver cannot say (an error other than "not ready"), or must not be
+/// asked: while a capture is open, a query would invalidate it.
 fn stream_empty(s: Handle, pt: bool) -> Option<bool> {
+    if graphmem().capturing() {
+        return None;
+    }
     static F: [OnceLock<usize>; 2] = [OnceLock::new(), OnceLock::new()];
     let p = match pt {
         false => own_call(&F[0], c"cuStreamQuery")?,

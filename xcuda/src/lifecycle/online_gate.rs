@@ -70,7 +70,7 @@ impl OnlineGate {
         };
         if let Some(bound) = self.bound.as_mut() {
             let b = match reading {
-                Some(r) => bound.step(r),
+                Some(r) => bound.step(r, queue::take_admitted_while_busy() > 0),
                 None => bound.current(),
             };
             queue::set_busy_bound(b);

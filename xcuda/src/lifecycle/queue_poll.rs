@@ -80,7 +80,7 @@ fn run(path: &'static Path) {
     }
 }
 
-/// A torn read tells nothing new: keep the limit as it is.
+/// A torn read tells nothing new: keep the verdict as it is.
 fn continue_busy() -> bool {
-    queue::limit_is_busy()
+    queue::online_busy()
 }

@@ -218,6 +218,12 @@ impl GraphMem {
         self.open.store(0, SeqCst);
     }
 
+    /// Is any stream capture open? (A `cuStreamQuery` then is refused and,
+    /// in the global capture mode, invalidates the capture.)
+    pub fn capturing(&self) -> bool {
+        self.open.load(SeqCst) != 0
+    }
+
     /// Bytes charged for the graph pools.
     pub fn pool(&self) -> u64 {
         self.books()

@@ -19,7 +19,7 @@
 //! trainer run beside its requests, and one it hurts holds it off them.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use muxflow::records::online_page::Reading;
@@ -38,6 +38,11 @@ static LIMIT: AtomicU32 = AtomicU32::new(OFF);
 /// The bound while the online job is idle (the setting) and while it is busy (adaptive).
 static IDLE_BOUND: AtomicU32 = AtomicU32::new(OFF);
 static BUSY_BOUND: AtomicU32 = AtomicU32::new(0);
+/// The poller's verdict, and the launches admitted while it said busy (the
+/// busy bound grows only on evidence that launching beside requests is
+/// harmless: [`BusyBound::step`]).
+static ONLINE_BUSY: AtomicBool = AtomicBool::new(false);
+static ADMITTED_WHILE_BUSY: AtomicU64 = AtomicU64::new(0);
 /// Launches that waited, and how long in all (ns), for the stats file.
 static HELD: AtomicU64 = AtomicU64::new(0);
 static HELD_NS: AtomicU64 = AtomicU64::new(0);
@@ -73,13 +78,18 @@ pub fn set_online_busy(busy: bool) {
         true => BUSY_BOUND.load(Relaxed).min(idle),
         false => idle,
     };
+    ONLINE_BUSY.store(busy, Relaxed);
     LIMIT.store(limit, Relaxed);
 }
 
-/// Is the limit now the busy one (the poller's last verdict)?
-pub fn limit_is_busy() -> bool {
-    let idle = IDLE_BOUND.load(Relaxed);
-    idle != OFF && LIMIT.load(Relaxed) != idle
+/// The poller's last verdict.
+pub fn online_busy() -> bool {
+    ONLINE_BUSY.load(Relaxed)
+}
+
+/// Launches admitted while the online job was busy since the last call.
+pub fn take_admitted_while_busy() -> u64 {
+    ADMITTED_WHILE_BUSY.swap(0, Relaxed)
 }
 
 /// The watcher's busy bound, from [`BusyBound`].
@@ -146,6 +156,9 @@ fn admit_bounded(
             false => std::thread::sleep(POLL),
         }
     }
+    if ONLINE_BUSY.load(Relaxed) {
+        ADMITTED_WHILE_BUSY.fetch_add(1, Relaxed);
+    }
     if let Some(t) = start {
         HELD.fetch_add(1, Relaxed);
         HELD_NS.fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
@@ -162,7 +175,8 @@ fn admit_bounded(
 /// | `dev >= 3b` (hurt) | 0 |
 /// | `b < dev < 3b` (slowed) | halved |
 /// | `b/3 < dev <= b` (dead band) | held |
-/// | `dev <= b/3`, or the online job idle | one more, up to the idle bound |
+/// | `dev <= b/3`, or the online job idle, and the trainer launched beside its requests since the last window (or the bound is 0) | one more, up to the idle bound |
+/// | the same, with no launch beside its requests | held (no evidence: a paused trainer learns nothing) |
 /// | page says nothing | the idle bound (no online job to protect) |
 #[derive(Debug, Clone)]
 pub struct BusyBound {
@@ -182,7 +196,9 @@ impl BusyBound {
         }
     }
 
-    pub fn step(&mut self, r: Reading) -> u32 {
+    /// `tried`: the trainer launched while the online job was busy since
+    /// the last step (what the reading says something about).
+    pub fn step(&mut self, r: Reading, tried: bool) -> u32 {
         let b = self.deviation;
         if r == Reading::Absent {
             self.engaged = false;
@@ -197,7 +213,8 @@ impl BusyBound {
             Reading::Deviation(d) if d >= 3.0 * b => 0,
             Reading::Deviation(d) if d > b => self.bound / 2,
             Reading::Deviation(d) if d > b / 3.0 => self.bound,
-            _ => (self.bound + 1).min(self.idle),
+            _ if tried || self.bound == 0 => (self.bound + 1).min(self.idle),
+            _ => self.bound,
         };
         self.bound
     }
@@ -255,9 +272,17 @@ mod tests {
         ];
         for (name, readings, want) in rows {
             let mut q = BusyBound::new(b, 4);
-            let got: Vec<u32> = readings.iter().map(|r| q.step(*r)).collect();
+            let got: Vec<u32> = readings.iter().map(|r| q.step(*r, true)).collect();
             assert_eq!(&got, want, "{name}");
         }
+        // A trainer that does not launch beside the requests (paused, or
+        // between its steps) learns nothing: past 1 the bound holds.
+        let mut q = BusyBound::new(b, 4);
+        let got: Vec<u32> = [Reading::Idle; 5]
+            .iter()
+            .map(|r| q.step(*r, false))
+            .collect();
+        assert_eq!(got, [0, 1, 1, 1, 1]);
     }
 
     // One test touches the process-wide limit: the others in this binary
