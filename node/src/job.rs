@@ -1070,7 +1070,7 @@ mod tests {
             let m = std::fs::symlink_metadata(&dir).unwrap();
             assert!(m.is_dir(), "{what}");
             assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "{what}");
-            online_page::create(&online_page::path(state.dir(), 0), 1000, 1000).unwrap();
+            online_page::create(&online_page::path(state.dir(), 0), 7, 1000, 1000).unwrap();
             // A mount is not allowed everywhere (a container, not root):
             // there the directory is a plain one.
             let mounted = std::fs::read_to_string("/proc/self/mounts")

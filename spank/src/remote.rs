@@ -601,7 +601,7 @@ fn prepare_online(
     // keeps it (its baseline is the job's).
     let ours = JobLimits::read_trusted(&dir, ctx.job_id, 0).is_ok();
     if !ours {
-        online_page::create(&page, spank.job_uid()?, spank.job_gid()?)?;
+        online_page::create(&page, ctx.job_id, spank.job_uid()?, spank.job_gid()?)?;
     }
     let mut env = XcudaEnv::from_config(&config.xcuda, ctx.gpu);
     env.role = xcuda_env::Role::Online;

@@ -277,7 +277,66 @@ pub fn open_trusted(path: &Path, root: u32) -> Result<std::fs::File, PageError> 
             "must be a regular file not writable by group or others".into(),
         ));
     }
+    // The page speaks for the job root named beside it, and only if that
+    // job's user owns it: a page whose job is gone (its Epilog removes the
+    // note) or whose owner is not that job's user says nothing.
+    let note = job_note_path(path);
+    let job = read_job_note(&note, root).map_err(|why| untrusted(why))?;
+    if m.uid() != job.uid {
+        return Err(untrusted(format!(
+            "owned by uid {}, not by the user of job {} (uid {})",
+            m.uid(),
+            job.job_id,
+            job.uid
+        )));
+    }
     Ok(f)
+}
+
+/// The job a page speaks for, as root noted it beside the page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageJob {
+    pub job_id: u32,
+    pub uid: u32,
+}
+
+/// Root's note of the page's job: `<page>.job`, in the same root directory.
+pub fn job_note_path(page: &Path) -> PathBuf {
+    let mut name = page.file_name().unwrap_or_default().to_os_string();
+    name.push(".job");
+    page.with_file_name(name)
+}
+
+/// Reads root's note (`job=<id> uid=<uid>`): owned by `root`, a regular
+/// file not writable by others, at most 128 bytes. Err: why not.
+pub fn read_job_note(note: &Path, root: u32) -> Result<PageJob, String> {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(note)
+        .map_err(|e| format!("no note of its job ({}: {e})", note.display()))?;
+    let m = f
+        .metadata()
+        .map_err(|e| format!("{}: {e}", note.display()))?;
+    if !m.is_file() || m.uid() != root || m.mode() & 0o022 != 0 {
+        return Err(format!(
+            "{} must be root's regular file, not writable by others",
+            note.display()
+        ));
+    }
+    let mut b = [0u8; 128];
+    let n = f
+        .read_at(&mut b, 0)
+        .map_err(|e| format!("{}: {e}", note.display()))?;
+    let text = std::str::from_utf8(&b[..n]).unwrap_or("");
+    let field = |k: &str| {
+        text.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('=')?.parse::<u32>().ok())
+    };
+    match (field("job"), field("uid")) {
+        (Some(job_id), Some(uid)) => Ok(PageJob { job_id, uid }),
+        _ => Err(format!("{}: not a note of a job", note.display())),
+    }
 }
 
 /// The record and the busy line of an open page (one `pread`); the line is
@@ -307,10 +366,11 @@ pub fn read_trusted(path: &Path, root: u32) -> Result<Record, PageError> {
     read_open(&f, path).map(|(rec, _)| rec)
 }
 
-/// Creates the page of an online job anew (as root): a fresh file owned by
-/// `uid:gid`, mode 0644, renamed over the old one, in the pages' directory
-/// (made root's 0755 if missing; refused if it is anyone else's).
-pub fn create(path: &Path, uid: u32, gid: u32) -> Result<(), PageError> {
+/// Creates the page of online job `job_id` anew (as root): a fresh file
+/// owned by `uid:gid`, mode 0644, renamed over the old one, in the pages'
+/// directory (made root's 0755 if missing; refused if it is anyone
+/// else's), with root's note of the job beside it ([`job_note_path`]).
+pub fn create(path: &Path, job_id: u32, uid: u32, gid: u32) -> Result<(), PageError> {
     let io = |p: &Path| {
         let p = p.to_path_buf();
         move |source| PageError::Io { path: p, source }
@@ -344,6 +404,20 @@ pub fn create(path: &Path, uid: u32, gid: u32) -> Result<(), PageError> {
     f.write_all_at(&encode_busy(0), BUSY_OFFSET)
         .map_err(io(&tmp))?;
     std::os::unix::fs::fchown(&f, Some(uid), Some(gid)).map_err(io(&tmp))?;
+    // The note first: a reader never finds the new page without its job.
+    let note = job_note_path(path);
+    let note_tmp = dir.join(format!(".{name}.job.tmp.{}", std::process::id()));
+    let _ = std::fs::remove_file(&note_tmp);
+    let n = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&note_tmp)
+        .map_err(io(&note_tmp))?;
+    n.write_all_at(format!("job={job_id} uid={uid}\n").as_bytes(), 0)
+        .map_err(io(&note_tmp))?;
+    std::fs::rename(&note_tmp, &note).map_err(io(&note))?;
     std::fs::rename(&tmp, path).map_err(io(path))
 }
 
@@ -581,7 +655,14 @@ mod tests {
         let p = path(t.path(), 0);
         std::fs::create_dir(dir(t.path())).unwrap();
         std::fs::set_permissions(dir(t.path()), std::fs::Permissions::from_mode(0o755)).unwrap();
-        create(&p, me, me).unwrap();
+        create(&p, 12, me, me).unwrap();
+        assert_eq!(
+            read_job_note(&job_note_path(&p), me),
+            Ok(PageJob {
+                job_id: 12,
+                uid: me
+            })
+        );
         // Created empty: no record yet.
         assert!(matches!(read_trusted(&p, me), Err(PageError::Torn { .. })));
         let r = Record {
@@ -596,6 +677,31 @@ mod tests {
             .unwrap()
             .write_all_at(&r.encode(), 0)
             .unwrap();
+        assert_eq!(read_trusted(&p, me).unwrap(), r);
+        // The page speaks only for the job root noted beside it, and only
+        // when that job's user owns it.
+        let note = job_note_path(&p);
+        for (case, text, mode) in [
+            (
+                "another user's job",
+                format!("job=12 uid={}", me + 1),
+                0o644,
+            ),
+            ("a note others may write", format!("job=12 uid={me}"), 0o666),
+            ("not a note", "hello".to_string(), 0o644),
+        ] {
+            std::fs::write(&note, text).unwrap();
+            std::fs::set_permissions(&note, std::fs::Permissions::from_mode(mode)).unwrap();
+            assert!(
+                matches!(read_trusted(&p, me), Err(PageError::Untrusted { .. })),
+                "{case}"
+            );
+        }
+        std::fs::remove_file(&note).unwrap();
+        let e = read_trusted(&p, me).unwrap_err().to_string();
+        assert!(e.contains("no note of its job"), "{e}");
+        std::fs::write(&note, format!("job=12 uid={me}\n")).unwrap();
+        std::fs::set_permissions(&note, std::fs::Permissions::from_mode(0o644)).unwrap();
         assert_eq!(read_trusted(&p, me).unwrap(), r);
         // Another uid's directory: refused.
         assert!(matches!(

@@ -1367,12 +1367,21 @@ fn sync_rows_end_the_online_busy_period() {
     }
 }
 
+/// Root's note of the job a page speaks for, as the plugin writes it
+/// (`muxflow::records::online_page::create`): this test's own uid owns both.
+fn note_page_job(page: &Path) {
+    use muxflow::records::online_page::job_note_path;
+    // SAFETY: geteuid cannot fail and touches no memory.
+    let me = unsafe { libc::geteuid() };
+    std::fs::write(job_note_path(page), format!("job=1 uid={me}\n")).unwrap();
+}
+
 /// The offline gate brakes on the online page with the clock flat and the
 /// GPU idle (the clock law sees room), and ignores a page others may write.
 #[test]
 fn an_offline_gate_brakes_on_a_hurt_online_page_and_not_on_a_forged_one() {
     use muxflow::records::online_page::{now_ns, Record};
-    use muxflow::records::xcuda_env::ONLINE_PAGE;
+    use muxflow::records::xcuda_env::{ONLINE_PAGE, QUEUE_INFLIGHT};
     use std::os::unix::fs::PermissionsExt;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
@@ -1392,6 +1401,7 @@ fn an_offline_gate_brakes_on_a_hurt_online_page_and_not_on_a_forged_one() {
         let _ = std::fs::remove_file(&page);
         std::fs::write(&page, Record::default().encode()).unwrap();
         std::fs::set_permissions(&page, std::fs::Permissions::from_mode(mode)).unwrap();
+        note_page_job(&page);
         // An online job 50 % slower than its baseline, window after window.
         let stop = Arc::new(AtomicBool::new(false));
         let writer = {
@@ -1426,7 +1436,9 @@ fn an_offline_gate_brakes_on_a_hurt_online_page_and_not_on_a_forged_one() {
             ],
             true,
         );
-        c.env(ONLINE_PAGE, &page);
+        // The online trigger's per-launch law (the queue off: with it on,
+        // the queue's busy bound replaces that delay).
+        c.env(ONLINE_PAGE, &page).env(QUEUE_INFLIGHT, "0");
         let child = c.spawn().unwrap();
         let pid = child.id();
         let o = child.wait_with_output().unwrap();
@@ -1464,6 +1476,7 @@ fn the_offline_queue_holds_launches_while_the_online_job_serves_a_request() {
         let _ = std::fs::remove_file(&page);
         std::fs::write(&page, Record::default().encode()).unwrap();
         std::fs::set_permissions(&page, std::fs::Permissions::from_mode(0o644)).unwrap();
+        note_page_job(&page);
         // An online job hurt (x1.5 its baseline), serving requests 45 ms of
         // every 50 (busy), or idle throughout.
         let stop = Arc::new(AtomicBool::new(false));
@@ -1508,16 +1521,13 @@ fn the_offline_queue_holds_launches_while_the_online_job_serves_a_request() {
             true,
         );
         c.env(ONLINE_PAGE, &page);
-        if let Some(q) = queue {
-            c.env(QUEUE_INFLIGHT, q);
-        }
+        c.env(QUEUE_INFLIGHT, queue.unwrap_or("0"));
         let (o, r) = run(c);
         stop.store(true, Ordering::SeqCst);
         writer.join().unwrap();
         assert!(o.status.success(), "{name}: {o:?}");
         steps.insert(name, r["steps"].parse::<u64>().unwrap());
     }
-    eprintln!("steps: {steps:?}");
     let s = |n: &str| steps[n];
     // Held while it serves: about a tenth of the steps (its idle tenth).
     assert!(
