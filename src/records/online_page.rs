@@ -281,7 +281,7 @@ pub fn open_trusted(path: &Path, root: u32) -> Result<std::fs::File, PageError> 
     // job's user owns it: a page whose job is gone (its Epilog removes the
     // note) or whose owner is not that job's user says nothing.
     let note = job_note_path(path);
-    let job = read_job_note(&note, root).map_err(|why| untrusted(why))?;
+    let job = read_job_note(&note, root).map_err(&untrusted)?;
     if m.uid() != job.uid {
         return Err(untrusted(format!(
             "owned by uid {}, not by the user of job {} (uid {})",
