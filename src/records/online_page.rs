@@ -21,9 +21,12 @@
 //! and its Epilog detaches: the page cannot grow past it, and it dies with
 //! the job (a process of the job left behind writes into a filesystem no
 //! reader sees). Where the Prolog may not mount, it is a plain directory
-//! (unbounded), still removed with the job. A reader
+//! (unbounded), still removed with the job. Beside the page root writes a
+//! note of the job it speaks for (`page.job`: job id and uid). A reader
 //! trusts a page only there: the directory checked as root's, the file a
-//! regular one (no symlink followed), not writable by group or others, its
+//! regular one (no symlink followed), not writable by group or others,
+//! owned by the user of the job root's note names (a note that is missing
+//! — the job ended — or not root's makes the page say nothing), its
 //! record whole (magic, checksum). So an offline job of another user cannot
 //! forge "online idle" (it cannot write the page) nor point its gate at
 //! another page (the path comes from its root-written limits file). What the
