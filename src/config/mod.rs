@@ -411,8 +411,9 @@ pub struct Xcuda {
     /// launches of an offline thread in flight on a stream while the GPU's
     /// online job is idle, and none new while it is busy unless its
     /// measured slowdown allows; 0 leaves it off (the online trigger's
-    /// per-launch delay instead). 2, chosen on the h200-like simulated GPU
-    /// (xcuda/README.md: 1, 2 and 4 compared).
+    /// per-launch delay instead). Off by default: on the simulated
+    /// h200-like GPU it did not beat the online trigger (xcuda/README.md),
+    /// and no real GPU has measured it yet.
     pub queue_inflight: u64,
 }
 
@@ -427,7 +428,7 @@ impl Default for Xcuda {
             release_factor: Fraction(0.9),
             online_counting: true,
             online_brake_deviation: Fraction(0.04),
-            queue_inflight: 2,
+            queue_inflight: 0,
         }
     }
 }
