@@ -21,9 +21,9 @@ use crate::model::Protection;
 /// The file, carried in the binary so a replay needs nothing beside it.
 pub const MEASURED: &str = include_str!("../data/protection.toml");
 
-/// Which brake muxflow runs: xCUDA's online trigger with the clock law
-/// kept (the file's `online_trigger` rows).
-const MUXFLOW_BRAKE: &str = "online_trigger";
+/// Which brake muxflow runs: xCUDA's bounded offline queue, the shipped
+/// default (`[xcuda] queue_inflight = 2`; the file's `bounded_queue` rows).
+const MUXFLOW_BRAKE: &str = "bounded_queue";
 
 /// What `--protection` chooses.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
