@@ -194,6 +194,9 @@ pub struct SqueueJob {
     /// 22.05's text beside `state_reason` (`job requeued in held state`).
     #[serde(deserialize_with = "nullable")]
     pub state_description: String,
+    /// When it was submitted (or requeued), Unix seconds.
+    #[serde(deserialize_with = "number")]
+    pub submit_time: u64,
     /// The job's begin time, Unix seconds: `--begin`, or the delay Slurm
     /// gives a requeued job (0: none; a held job without one shows 0).
     #[serde(deserialize_with = "number")]

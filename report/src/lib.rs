@@ -290,8 +290,8 @@ pub fn report(job_id: u32, listing: &[SacctJob], viewer: &Viewer) -> Result<Answ
     // A pending offline job: why it waits (a requeued one too, whatever
     // its text still says of the run before).
     if let Ok(c) = &comment {
-        let pending = job.time.end == 0
-            && muxflow_matcher::reader::has_state(&job.state.current, "PENDING");
+        let pending =
+            job.time.end == 0 && muxflow_matcher::reader::has_state(&job.state.current, "PENDING");
         if pending && c.mode() == Some(Mode::Offline) {
             return Ok(Answer::Waiting(waiting_report(job, c)));
         }
@@ -752,6 +752,129 @@ mod tests {
         let e = report(14, &l, &alice()).unwrap_err();
         assert!(matches!(e, Refusal::NoFigures { job: 14, .. }), "{e:?}");
         assert!(e.to_string().contains("when its batch step ends"));
+    }
+
+    #[test]
+    fn of_alone_only_where_the_job_ran_on_an_idle_gpu() {
+        // Jobs 10–12 all ran beside online job 1: no solo measurement.
+        let r = figures(report(12, &listing(), &alice()));
+        let s = r.speed.clone().unwrap();
+        assert_eq!((s.solo_runs, s.normalized), (0, None));
+        let text = r.to_string();
+        assert!(text.contains("of alone: not enough history"), "{text}");
+        assert!(
+            !text.contains("0 of alone") && !text.contains("1.00 of alone"),
+            "{text}"
+        );
+        // One run on an idle GPU (no partner, no peers): a ratio, and says
+        // how many runs it stands on.
+        let mut l = listing();
+        l.push(rec(
+            16,
+            "alice",
+            "train",
+            500,
+            "muxflow:v1 mode=offline node=n1 gpu=1 sm_pct=100 run_s=100 claim.launches=100000",
+        ));
+        let r = figures(report(12, &l, &alice()));
+        let s = r.speed.clone().unwrap();
+        assert_eq!(s.solo_runs, 1);
+        assert!(s.normalized.is_some(), "{s:?}");
+        assert!(
+            r.to_string().contains("(1 run of this job on an idle GPU)"),
+            "{r}"
+        );
+    }
+
+    #[test]
+    fn a_pending_offline_job_says_why_since_when_and_what_for() {
+        let pending = |comment: &str| {
+            let mut j = rec(30, "alice", "train", 0, comment);
+            j.state.current = vec!["PENDING".into()];
+            j
+        };
+        let waiting = |a: Result<Answer, Refusal>| match a {
+            Ok(Answer::Waiting(w)) => w,
+            other => panic!("not waiting: {other:?}"),
+        };
+        struct Case {
+            name: &'static str,
+            comment: &'static str,
+            says: &'static [&'static str],
+        }
+        let cases = [
+            Case {
+                name: "the matcher's reason",
+                comment: "muxflow:v1 mode=offline waiting=same_user_only since=2026-11-23T12:14:05 rounds_every=60s",
+                says: &[
+                    "held by          muxflow, not you",
+                    "why              waiting for a GPU it may share",
+                    "since            2026-11-23T12:14:05",
+                    "waits for        a GPU that runs no other user's job",
+                    "every 60s",
+                ],
+            },
+            Case {
+                name: "not looked at yet",
+                comment: "muxflow:v1 mode=offline",
+                says: &[
+                    "held by          muxflow",
+                    "until muxflow's placement service (the matcher) looks at it",
+                    "since            ",
+                    "the matcher is not running: tell your administrator",
+                ],
+            },
+            Case {
+                name: "placed, Slurm starting it",
+                comment: "muxflow:v1 mode=offline placed=n1:g0",
+                says: &["placed by muxflow on n1:g0", "Slurm to start it there"],
+            },
+            Case {
+                name: "refused once by its node",
+                comment: "muxflow:v1 mode=offline refused=gpu_faulty refusals=1 waiting=free_gpu since=t rounds_every=60s",
+                says: &["refused          1 time by its node (gpu_faulty)"],
+            },
+        ];
+        for case in &cases {
+            let w = waiting(report(30, &[pending(case.comment)], &alice()));
+            let text = w.to_string();
+            for want in case.says {
+                assert!(
+                    text.contains(want),
+                    "{}: {want:?} not in:\n{text}",
+                    case.name
+                );
+            }
+        }
+        // As JSON: the code and the time, for scripts.
+        let w = waiting(report(30, &[pending(cases[0].comment)], &alice()));
+        let json = serde_json::to_value(Answer::Waiting(w)).unwrap();
+        assert_eq!(json["waiting"], "same_user_only");
+        assert_eq!(json["since"], "2026-11-23T12:14:05");
+        // Another user's waiting job stays refused.
+        let bob = Viewer {
+            user: "bob".into(),
+            admin: false,
+        };
+        assert_eq!(
+            report(30, &[pending(cases[0].comment)], &bob),
+            Err(Refusal::NotYours(30))
+        );
+    }
+
+    #[test]
+    fn an_array_task_is_named_as_its_owner_names_it() {
+        let mut l = listing();
+        l[4].array = muxflow_matcher::reader::SacctArray {
+            job_id: 9,
+            task_id: Some(2),
+        };
+        let r = figures(report(12, &l, &alice()));
+        assert_eq!(r.array_task.as_deref(), Some("9_2"));
+        assert!(
+            r.to_string().starts_with("job 12 (array task 9_2) (train)"),
+            "{r}"
+        );
     }
 
     #[test]

@@ -17,7 +17,8 @@ use muxflow::records::admin_comment::{key as admin_key, AdminComment};
 use muxflow::records::published;
 use muxflow::Mode;
 use muxflow_matcher::reader::{
-    expand_hostlist, has_state, parse_gres, slot_index, Names, SinfoNode, SqueueJob,
+    expand_hostlist, has_state, parse_gres, slot_index, Names, SacctArray, SacctComment, SacctJob,
+    SacctState, SacctTime, SinfoNode, SqueueJob,
 };
 
 use crate::Viewer;
@@ -149,9 +150,7 @@ impl<'a> Live<'a> {
         match c.waiting() {
             Some(w) => format!(
                 "waiting since {}: {}",
-                c.fields()
-                    .get(admin_key::SINCE)
-                    .map_or("-", String::as_str),
+                c.fields().get(admin_key::SINCE).map_or("-", String::as_str),
                 w.words()
             ),
             None => "held until the matcher's next round".to_string(),
@@ -176,9 +175,9 @@ impl<'a> Live<'a> {
             .map(who)
             .collect();
         let pending = || {
-            self.jobs.iter().filter(|(j, m, _)| {
-                *m == Mode::Offline && has_state(&j.job_state, "PENDING")
-            })
+            self.jobs
+                .iter()
+                .filter(|(j, m, _)| *m == Mode::Offline && has_state(&j.job_state, "PENDING"))
         };
         let placed_here: Vec<JobWho> = pending()
             .filter(|(j, _, _)| {
@@ -259,17 +258,66 @@ impl<'a> Live<'a> {
     }
 }
 
+/// Pending job `id` (an array task: `task` of array `id`, split out or
+/// still in the array's record) as a sacct record: Slurm's own state now,
+/// where sacct may lag behind a fresh submission or the matcher's latest
+/// reason by seconds. None when squeue holds no such pending job.
+pub fn pending_record(jobs: &[SqueueJob], id: u32, task: Option<u32>) -> Option<SacctJob> {
+    let pending = |j: &&SqueueJob| has_state(&j.job_state, "PENDING");
+    let j = match task {
+        None => jobs.iter().filter(pending).find(|j| j.job_id == id)?,
+        Some(t) => jobs
+            .iter()
+            .filter(pending)
+            .find(|j| {
+                j.array_job_id == id && j.array_task_string.is_empty() && j.array_task_id == t
+            })
+            .or_else(|| {
+                jobs.iter()
+                    .filter(pending)
+                    .find(|j| j.array_job_id == id && task_in(&j.array_task_string, t))
+            })?,
+    };
+    Some(SacctJob {
+        job_id: j.job_id,
+        name: j.name.clone(),
+        user: j.user_name.clone(),
+        state: SacctState {
+            current: j.job_state.clone(),
+        },
+        comment: SacctComment {
+            administrator: (!j.admin_comment.is_empty()).then(|| j.admin_comment.clone()),
+        },
+        time: SacctTime {
+            end: 0,
+            submission: j.submit_time,
+        },
+        array: SacctArray {
+            job_id: j.array_job_id,
+            task_id: (j.array_job_id != 0).then_some(task.unwrap_or(j.array_task_id)),
+        },
+    })
+}
+
+/// Is `task` in an array's task string (`1-7`, `1,3,5-7:2%2`)?
+fn task_in(tasks: &str, task: u32) -> bool {
+    let tasks = tasks.split('%').next().unwrap_or("");
+    tasks.split(',').any(|item| {
+        let (range, step) = item.split_once(':').unwrap_or((item, "1"));
+        let step: u32 = step.parse().unwrap_or(1).max(1);
+        let (a, b) = range.split_once('-').unwrap_or((range, range));
+        match (a.parse::<u32>(), b.parse::<u32>()) {
+            (Ok(a), Ok(b)) => (a..=b).contains(&task) && (task - a) % step == 0,
+            _ => false,
+        }
+    })
+}
+
 /// Does the placement text `node:g0,g1` name `gpu`?
 fn placement_has(placed: &str, gpu: &Gpu) -> bool {
-    placed
-        .rsplit_once(':')
-        .is_some_and(|(node, list)| {
-            node == gpu.0
-                && list
-                    .split(',')
-                    .filter_map(slot_index)
-                    .any(|i| i == gpu.1)
-        })
+    placed.rsplit_once(':').is_some_and(|(node, list)| {
+        node == gpu.0 && list.split(',').filter_map(slot_index).any(|i| i == gpu.1)
+    })
 }
 
 /// The GPUs a running muxflow job holds: an online job's `gpu` indices,
@@ -351,7 +399,11 @@ impl std::fmt::Display for RunningReport {
             "online" => writeln!(
                 f,
                 "  shared now with  offline job{} {} (running)",
-                if self.offline_partners.len() > 1 { "s" } else { "" },
+                if self.offline_partners.len() > 1 {
+                    "s"
+                } else {
+                    ""
+                },
                 list(&self.offline_partners)
             )?,
             _ => {
@@ -368,7 +420,11 @@ impl std::fmt::Display for RunningReport {
                     writeln!(
                         f,
                         "  and with         offline job{} {}",
-                        if self.offline_partners.len() > 1 { "s" } else { "" },
+                        if self.offline_partners.len() > 1 {
+                            "s"
+                        } else {
+                            ""
+                        },
                         list(&self.offline_partners)
                     )?;
                 }
@@ -402,7 +458,10 @@ pub fn mine_text(rows: &[MineRow]) -> String {
         return "no muxflow job of yours is pending or running\n".to_string();
     }
     let w = rows.iter().map(|r| r.job.len()).max().unwrap_or(5).max(5);
-    let mut out = format!("{:<w$}  {:<8} {:<8} {:<16} WHERE, OR WHY IT WAITS\n", "JOBID", "MODE", "STATE", "NAME");
+    let mut out = format!(
+        "{:<w$}  {:<8} {:<8} {:<16} WHERE, OR WHY IT WAITS\n",
+        "JOBID", "MODE", "STATE", "NAME"
+    );
     for r in rows {
         out += &format!(
             "{:<w$}  {:<8} {:<8} {:<16} {}\n",
@@ -481,7 +540,12 @@ impl std::fmt::Display for GpuReport {
         }
         for (k, (why, jobs)) in self.parked.iter().enumerate() {
             let t = if k == 0 { "waiting for any" } else { "" };
-            writeln!(f, "  {t:<16} {why}: job{} {}", if jobs.len() > 1 { "s" } else { "" }, jobs.join(", "))?;
+            writeln!(
+                f,
+                "  {t:<16} {why}: job{} {}",
+                if jobs.len() > 1 { "s" } else { "" },
+                jobs.join(", ")
+            )?;
         }
         Ok(())
     }
@@ -496,4 +560,228 @@ pub fn parse_gpu(s: &str) -> Result<Gpu, String> {
         return Err(bad());
     }
     Ok((node.to_string(), index.parse().map_err(|_| bad())?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use muxflow_matcher::reader::{parse_sinfo, parse_squeue};
+
+    fn names() -> Names {
+        Names {
+            offline_gres: "mfslot".into(),
+        }
+    }
+
+    /// node1 GPU 0: bob's service 1 with alice's offline job 2 and bob's 3;
+    /// GPU 1: a plain job 4; alice's 5 parked, 6 placed on GPU 0, 7 an
+    /// array task waiting; bob's 8 not looked at yet.
+    fn squeue() -> Vec<SqueueJob> {
+        parse_squeue(
+            r#"{"jobs": [
+            {"job_id": 1, "name": "svc", "user_name": "bob", "job_state": "RUNNING", "nodes": "node1",
+             "admin_comment": "muxflow:v1 mode=online", "gres_detail": ["gpu:1(IDX:0)"]},
+            {"job_id": 2, "name": "train", "user_name": "alice", "job_state": "RUNNING", "nodes": "node1",
+             "admin_comment": "muxflow:v1 mode=offline placed=node1:g0", "gres_detail": ["mfslot:g0:1(IDX:0)"]},
+            {"job_id": 3, "name": "tune", "user_name": "bob", "job_state": "RUNNING", "nodes": "node1",
+             "admin_comment": "muxflow:v1 mode=offline placed=node1:g0", "gres_detail": ["mfslot:g0:1(IDX:1)"]},
+            {"job_id": 4, "name": "plain", "user_name": "carol", "job_state": "RUNNING", "nodes": "node1",
+             "admin_comment": "", "gres_detail": ["gpu:1(IDX:1)"]},
+            {"job_id": 5, "name": "train", "user_name": "alice", "job_state": "PENDING", "state_reason": "JobHeldAdmin",
+             "admin_comment": "muxflow:v1 mode=offline waiting=free_gpu since=2026-11-23T12:14:05 rounds_every=60s"},
+            {"job_id": 6, "name": "train", "user_name": "alice", "job_state": "PENDING", "state_reason": "Resources",
+             "admin_comment": "muxflow:v1 mode=offline placed=node1:g0"},
+            {"job_id": 9, "name": "sweep", "user_name": "alice", "job_state": "PENDING", "state_reason": "JobHeldAdmin",
+             "array_job_id": 7, "array_task_id": 3,
+             "admin_comment": "muxflow:v1 mode=offline waiting=older_jobs_first since=2026-11-23T12:15:00 rounds_every=60s"},
+            {"job_id": 8, "name": "eval", "user_name": "bob", "job_state": "PENDING", "state_reason": "JobHeldUser",
+             "admin_comment": "muxflow:v1 mode=offline"}
+            ]}"#,
+        )
+        .unwrap()
+    }
+
+    fn nodes(state: &str) -> Vec<SinfoNode> {
+        parse_sinfo(&format!(
+            r#"{{"nodes": [{{"name": "node1", "state": "mixed",
+            "extra": "muxflow:v1 gpu0.state={state} gpu0.mem_mib=16000 gpu1.state=healthy gpu1.mem_mib=16000"}}]}}"#
+        ))
+        .unwrap()
+    }
+
+    fn viewer(user: &str) -> Viewer {
+        Viewer {
+            user: user.into(),
+            admin: false,
+        }
+    }
+
+    #[test]
+    fn a_running_jobs_partners_now_are_the_jobs_on_its_gpus() {
+        let jobs = squeue();
+        let live = Live::new(&jobs, &names());
+        let online = live.running_job(1).unwrap();
+        assert_eq!(online.offline_partners, [2, 3]);
+        assert_eq!(online.gpus, ["node1 GPU 0"]);
+        let text = online.to_string();
+        assert!(
+            text.contains("shared now with  offline jobs 2, 3 (running)"),
+            "{text}"
+        );
+        let offline = live.running_job(2).unwrap();
+        assert_eq!(
+            (
+                offline.online_partners.as_slice(),
+                offline.offline_partners.as_slice()
+            ),
+            (&[1][..], &[3][..])
+        );
+        // Pending, or not muxflow's: no running report.
+        assert!(live.running_job(5).is_none());
+        assert!(live.running_job(4).is_none());
+    }
+
+    #[test]
+    fn mine_lists_the_users_own_jobs_where_they_run_or_why_they_wait() {
+        let jobs = squeue();
+        let rows = Live::new(&jobs, &names()).mine(&viewer("alice"));
+        let by_job: BTreeMap<&str, &str> = rows
+            .iter()
+            .map(|r| (r.job.as_str(), r.detail.as_str()))
+            .collect();
+        assert_eq!(
+            by_job.keys().copied().collect::<Vec<_>>(),
+            ["2", "5", "6", "7_3"]
+        );
+        assert_eq!(by_job["2"], "on node1 GPU 0, beside online job 1");
+        assert!(
+            by_job["5"].starts_with("waiting since 2026-11-23T12:14:05: waiting for a Healthy GPU")
+        );
+        assert_eq!(
+            by_job["6"],
+            "placed on node1:g0, Slurm starting it (its reason: Resources)"
+        );
+        assert!(by_job["7_3"].contains("waiting behind other held offline jobs"));
+        // Nothing of bob's, not even his job's name beside hers.
+        let text = mine_text(&rows);
+        assert!(!text.contains("tune") && !text.contains("svc"), "{text}");
+        let none = Live::new(&jobs, &names()).mine(&viewer("dave"));
+        assert!(mine_text(&none).starts_with("no muxflow job of yours"));
+    }
+
+    #[test]
+    fn the_gpu_view_says_who_shares_who_starts_who_waits_and_why() {
+        let jobs = squeue();
+        let live = Live::new(&jobs, &names());
+        let g = live.gpu(&("node1".into(), 0), &nodes("healthy"), 2);
+        let ids = |v: &[JobWho]| v.iter().map(|j| j.job.clone()).collect::<Vec<_>>();
+        assert_eq!(ids(&g.online), ["1"]);
+        assert_eq!(ids(&g.offline), ["2", "3"]);
+        assert_eq!(ids(&g.placed_here), ["6"]);
+        assert_eq!(g.placed_here[0].reason.as_deref(), Some("Resources"));
+        assert_eq!(g.parked["free_gpu"], ["5"]);
+        assert_eq!(g.parked["older_jobs_first"], ["7_3"]);
+        assert_eq!(g.parked["not looked at yet"], ["8"]);
+        assert!(
+            g.takes_offline.contains("offline slots are taken (2 of 2)"),
+            "{g:?}"
+        );
+        let text = g.to_string();
+        assert!(text.contains("job 1 (bob, svc)"), "{text}");
+        // Why a GPU takes no offline work, case by case.
+        let cases = [
+            (
+                "one slot free",
+                nodes("healthy"),
+                3,
+                ("node1", 0),
+                "takes offline work: 1 of 3",
+            ),
+            (
+                "unhealthy",
+                nodes("overloaded"),
+                3,
+                ("node1", 0),
+                "the GPU is overloaded",
+            ),
+            (
+                "a plain job's",
+                nodes("healthy"),
+                1,
+                ("node1", 1),
+                "held by job 4, submitted without --muxflow",
+            ),
+            (
+                "no record",
+                nodes("healthy"),
+                1,
+                ("node1", 5),
+                "publishes no muxflow record for GPU 5",
+            ),
+            (
+                "no node",
+                nodes("healthy"),
+                1,
+                ("node9", 0),
+                "no node node9",
+            ),
+        ];
+        for (name, nodes, slots, (node, i), says) in cases {
+            let g = live.gpu(&(node.to_string(), i), &nodes, slots);
+            assert!(
+                g.takes_offline.contains(says),
+                "{name}: {}",
+                g.takes_offline
+            );
+        }
+    }
+
+    #[test]
+    fn a_pending_job_or_array_task_is_read_from_squeue() {
+        let mut jobs = squeue();
+        jobs.extend(
+            parse_squeue(
+                r#"{"jobs": [{"job_id": 20, "name": "grid", "user_name": "alice", "job_state": "PENDING",
+                "array_job_id": 20, "array_task_string": "1-5:2%2", "submit_time": 1700000000,
+                "admin_comment": "muxflow:v1 mode=offline"}]}"#,
+            )
+            .unwrap(),
+        );
+        let r = pending_record(&jobs, 5, None).unwrap();
+        assert_eq!((r.job_id, r.user.as_str()), (5, "alice"));
+        assert!(r
+            .comment
+            .administrator
+            .unwrap()
+            .contains("waiting=free_gpu"));
+        // Split out: the task's own record.
+        let r = pending_record(&jobs, 7, Some(3)).unwrap();
+        assert_eq!((r.job_id, r.array.task_id), (9, Some(3)));
+        // Not split yet: the array's record stands for tasks it holds.
+        let r = pending_record(&jobs, 20, Some(3)).unwrap();
+        assert_eq!(
+            (r.job_id, r.array.task_id, r.time.submission),
+            (20, Some(3), 1_700_000_000)
+        );
+        for (task, held) in [(1, true), (5, true), (2, false), (7, false)] {
+            assert_eq!(
+                pending_record(&jobs, 20, Some(task)).is_some(),
+                held,
+                "task {task}"
+            );
+        }
+        // Running, or unknown: not pending.
+        assert!(pending_record(&jobs, 2, None).is_none());
+        assert!(pending_record(&jobs, 99, None).is_none());
+    }
+
+    #[test]
+    fn a_gpu_is_named_node_colon_index() {
+        assert_eq!(parse_gpu("node3:0"), Ok(("node3".into(), 0)));
+        assert_eq!(parse_gpu("node3:g1"), Ok(("node3".into(), 1)));
+        for bad in ["node3", ":0", "node3:x", "node3:-1"] {
+            let e = parse_gpu(bad).unwrap_err();
+            assert!(e.contains(bad) && e.contains("NODE:INDEX"), "{e}");
+        }
+    }
 }

@@ -8,8 +8,8 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use muxflow_matcher::slurm::SlurmCli;
 use muxflow_matcher::reader::Names;
+use muxflow_matcher::slurm::SlurmCli;
 use muxflow_report::{live, report, Refusal, Viewer};
 
 #[derive(Parser)]
@@ -72,7 +72,9 @@ impl std::fmt::Display for JobSpec {
 }
 
 fn parse_job(s: &str) -> Result<JobSpec, String> {
-    let bad = || format!("'{s}' is not a job ID: give a number (1234), or ARRAYID_TASK for an array task (1234_5)");
+    let bad = || {
+        format!("'{s}' is not a job ID: give a number (1234), or ARRAYID_TASK for an array task (1234_5)")
+    };
     let (id, task) = match s.split_once('_') {
         Some((id, task)) => (id, Some(task.parse().map_err(|_| bad())?)),
         None => (s, None),
@@ -176,6 +178,15 @@ fn run(cli: &Cli) -> anyhow::Result<String> {
     let Some(spec) = cli.job else {
         anyhow::bail!("give a job ID (e.g. muxflow-report 1234), --mine, or --gpu NODE:INDEX");
     };
+    // A pending job: Slurm's record now (sacct lags behind it by seconds).
+    let jobs = slurm.squeue().context("reading the job from squeue")?;
+    if let Some(job) = live::pending_record(&jobs, spec.id, spec.task) {
+        let answer = report(job.job_id, &[job], &viewer)?;
+        return Ok(match cli.json {
+            true => serde_json::to_string_pretty(&answer)? + "\n",
+            false => answer.to_string(),
+        });
+    }
     let mut listing = slurm
         .sacct(&["-j".into(), spec.to_string()])
         .context("reading the job from sacct")?;
@@ -272,7 +283,6 @@ fn run(cli: &Cli) -> anyhow::Result<String> {
         // A running job: who shares its GPUs now, from squeue (the
         // figures come when its batch step ends).
         Err(e @ Refusal::NoFigures { .. }) => {
-            let jobs = slurm.squeue().context("reading the running jobs from squeue")?;
             match live::Live::new(&jobs, &names).running_job(job_id) {
                 Some(r) => {
                     return Ok(match cli.json {
@@ -339,4 +349,29 @@ fn user_name(uid: u32) -> Option<String> {
     // SAFETY: on success pw_name points into `buf`, NUL-terminated.
     let name = unsafe { std::ffi::CStr::from_ptr(pw.pw_name) };
     Some(name.to_string_lossy().into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_is_a_number_or_an_array_task() {
+        let ok = [
+            ("1234", 1234, None),
+            ("16_1", 16, Some(1)),
+            ("16_0", 16, Some(0)),
+        ];
+        for (arg, id, task) in ok {
+            assert_eq!(parse_job(arg), Ok(JobSpec { id, task }), "{arg}");
+            assert_eq!(parse_job(arg).unwrap().to_string(), arg);
+        }
+        for bad in ["", "x", "16_", "_1", "16_x", "16_1_2", "-3", "16.1"] {
+            let e = parse_job(bad).unwrap_err();
+            assert!(
+                e.contains(&format!("'{bad}'")) && e.contains("1234_5"),
+                "{e}"
+            );
+        }
+    }
 }

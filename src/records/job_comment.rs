@@ -51,7 +51,11 @@ mod tests {
     fn muxflow_writes_only_an_empty_comment_or_its_own() {
         let cases = [
             ("empty", "", true),
-            ("job_submit.lua's", "muxflow: held until placed on a GPU", true),
+            (
+                "job_submit.lua's",
+                "muxflow: held until placed on a GPU",
+                true,
+            ),
             ("the matcher's", &waiting(Waiting::FreeGpu, "t"), true),
             ("the user's", "run 3 of the sweep", false),
             ("the user's, naming muxflow", "muxflow run 3", false),
@@ -64,9 +68,20 @@ mod tests {
     #[test]
     fn each_text_says_why_and_since_or_where() {
         let w = waiting(Waiting::SameUserOnly, "2026-11-23T12:14:05");
-        assert!(w.starts_with("muxflow: waiting since 2026-11-23T12:14:05: waiting for a GPU it may share"), "{w}");
-        assert_eq!(placed("node3", &[1]), "muxflow: placed on node3 GPU 1, released to Slurm");
-        assert_eq!(placed("node3", &[0, 1]), "muxflow: placed on node3 GPUs 0,1, released to Slurm");
+        assert!(
+            w.starts_with(
+                "muxflow: waiting since 2026-11-23T12:14:05: waiting for a GPU it may share"
+            ),
+            "{w}"
+        );
+        assert_eq!(
+            placed("node3", &[1]),
+            "muxflow: placed on node3 GPU 1, released to Slurm"
+        );
+        assert_eq!(
+            placed("node3", &[0, 1]),
+            "muxflow: placed on node3 GPUs 0,1, released to Slurm"
+        );
         // No text of muxflow's holds a line break (Slurm keeps the Comment on one line).
         for w in Waiting::ALL {
             assert!(!waiting(w, "t").contains('\n'));
