@@ -126,7 +126,7 @@ pub struct OnlineCost {
 #[serde(untagged)]
 pub enum Answer {
     Figures(Box<UserReport>),
-    Waiting(WaitingReport),
+    Waiting(Box<WaitingReport>),
 }
 
 impl std::fmt::Display for Answer {
@@ -293,7 +293,7 @@ pub fn report(job_id: u32, listing: &[SacctJob], viewer: &Viewer) -> Result<Answ
         let pending =
             job.time.end == 0 && muxflow_matcher::reader::has_state(&job.state.current, "PENDING");
         if pending && c.mode() == Some(Mode::Offline) {
-            return Ok(Answer::Waiting(waiting_report(job, c)));
+            return Ok(Answer::Waiting(Box::new(waiting_report(job, c))));
         }
     }
     // A placed job's record is the matcher's placement until its batch
@@ -794,7 +794,7 @@ mod tests {
             j
         };
         let waiting = |a: Result<Answer, Refusal>| match a {
-            Ok(Answer::Waiting(w)) => w,
+            Ok(Answer::Waiting(w)) => *w,
             other => panic!("not waiting: {other:?}"),
         };
         struct Case {
@@ -848,7 +848,7 @@ mod tests {
         }
         // As JSON: the code and the time, for scripts.
         let w = waiting(report(30, &[pending(cases[0].comment)], &alice()));
-        let json = serde_json::to_value(Answer::Waiting(w)).unwrap();
+        let json = serde_json::to_value(Answer::Waiting(Box::new(w))).unwrap();
         assert_eq!(json["waiting"], "same_user_only");
         assert_eq!(json["since"], "2026-11-23T12:14:05");
         // Another user's waiting job stays refused.

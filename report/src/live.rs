@@ -307,7 +307,7 @@ fn task_in(tasks: &str, task: u32) -> bool {
         let step: u32 = step.parse().unwrap_or(1).max(1);
         let (a, b) = range.split_once('-').unwrap_or((range, range));
         match (a.parse::<u32>(), b.parse::<u32>()) {
-            (Ok(a), Ok(b)) => (a..=b).contains(&task) && (task - a) % step == 0,
+            (Ok(a), Ok(b)) => (a..=b).contains(&task) && (task - a).is_multiple_of(step),
             _ => false,
         }
     })
