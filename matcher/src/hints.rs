@@ -7,7 +7,11 @@
 //!   [`Waiting`]) with an operator's hold (`Priority=0` from root:
 //!   Reason=JobHeldAdmin), so `squeue` does not show the user's own hold,
 //!   `scontrol show job` says why, and its owner cannot release it
-//!   ([`note_args`]). It is rewritten only when the reason changes.
+//!   ([`note_args`]). It is rewritten only when the reason changes. The
+//!   reason in words goes into the job's Comment too, the column a user
+//!   can ask squeue for, unless the Comment is the user's own
+//!   ([`muxflow::records::job_comment`]); a placement replaces it with
+//!   where the job went ([`with_placed_comment`]).
 //! * **Placed** on (node K, GPU I): `ReqNodeList=K`, `Gres=<slot>:gI:1`, the
 //!   placement in its AdminComment (`placed=K:gI`, see
 //!   [`muxflow::records::placement`]: only root and SlurmUser can write it, and the
