@@ -222,3 +222,49 @@ fn a_running_online_jobs_report_and_its_gpu_name_the_jobs_beside_it() {
         "{err}"
     );
 }
+
+#[test]
+fn a_requeue_for_an_online_job_leaves_a_line_with_that_runs_figures() {
+    let c = Cluster::get();
+    let _turn = one_at_a_time();
+    c.cancel_named("rvq-");
+    let _cancel = CancelNamed(&c, "rvq-");
+    let node = "node3";
+    let script = format!("#!/bin/sh\n{}\n", c.workload("offline --duration 300"));
+    let offline = c.offline_as_nobody("rvq-train", node, 0, &script);
+    c.wait_running(offline, WAIT);
+    c.wait_output(offline, "pid=", WAIT);
+    // An online job that needs every GPU of the node requeues it.
+    let online = c
+        .sbatch(
+            &[
+                "--muxflow=online",
+                "--gres=gpu:2",
+                "-w",
+                node,
+                "--job-name",
+                "rvq-serve",
+            ],
+            "#!/bin/sh\nexec sleep 300\n",
+        )
+        .unwrap();
+    c.wait_requeued_held(offline, WAIT);
+    let out = c.wait_output(offline, "muxflow: requeued", WAIT);
+    let line = out
+        .lines()
+        .find(|l| l.contains("muxflow: requeued"))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        line.contains(&format!("online job {online} needed GPU 0 of {node}")),
+        "{line}"
+    );
+    assert!(
+        line.contains("This run: ") && line.contains(" launches ("),
+        "{line}"
+    );
+    // A job that ends otherwise gets no such line.
+    c.scancel(&[online]);
+    let plain = c.offline_as_nobody("rvq-short", node, 1, "#!/bin/sh\ntrue\n");
+    c.wait(plain, WAIT);
+    assert!(!c.output_or_empty(plain).contains("muxflow: requeued"));
+}
