@@ -165,6 +165,9 @@ pub struct WaitingReport {
     /// The last node refusal's code and how many there were.
     pub refused: Option<String>,
     pub refusals: u32,
+    /// A requeued job's run before, while its AdminComment still holds
+    /// that run's figures (until the matcher writes its reason).
+    pub last_run: Option<String>,
 }
 
 /// What a parked job waits for, for each of the matcher's reasons.
@@ -227,7 +230,20 @@ fn waiting_report(job: &SacctJob, comment: &AdminComment) -> WaitingReport {
         placed,
         refused: field(admin_key::REFUSED),
         refusals: comment.refusals(),
+        last_run: comment.report().ok().and_then(|r| last_run(&r)),
     }
+}
+
+/// A run's figures in a line: where, how long, beside whom, how much.
+fn last_run(r: &JobReport) -> Option<String> {
+    let (node, gpu, run_s) = (r.node.as_ref()?, r.gpu?, r.run_s?);
+    let beside = r.partner.map_or_else(String::new, |p| {
+        format!(", online job {p} on its GPU at the end")
+    });
+    let launches = r
+        .launches
+        .map_or_else(String::new, |n| format!(", {n} launches"));
+    Some(format!("{run_s} s on {node} GPU {gpu}{beside}{launches}"))
 }
 
 impl std::fmt::Display for WaitingReport {
@@ -256,6 +272,9 @@ impl std::fmt::Display for WaitingReport {
         writeln!(f, "  waits for        {}", self.waits_for)?;
         if let Some(every) = &self.rounds_every {
             writeln!(f, "  looked at        every {every} by the matcher")?;
+        }
+        if let Some(run) = &self.last_run {
+            writeln!(f, "  run before       {run} (requeued)")?;
         }
         if self.refusals > 0 {
             writeln!(
@@ -828,6 +847,14 @@ mod tests {
                 name: "placed, Slurm starting it",
                 comment: "muxflow:v1 mode=offline placed=n1:g0",
                 says: &["placed by muxflow on n1:g0", "Slurm to start it there"],
+            },
+            Case {
+                name: "requeued, its run's figures not yet replaced",
+                comment: "muxflow:v1 mode=offline node=node4 gpu=0 sm_pct=80 partner=90 run_s=7 claim.launches=11180",
+                says: &[
+                    "held by          muxflow",
+                    "run before       7 s on node4 GPU 0, online job 90 on its GPU at the end, 11180 launches (requeued)",
+                ],
             },
             Case {
                 name: "refused once by its node",

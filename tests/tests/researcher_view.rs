@@ -262,6 +262,17 @@ fn a_requeue_for_an_online_job_leaves_a_line_with_that_runs_figures() {
         line.contains("This run: ") && line.contains(" launches ("),
         "{line}"
     );
+    // Its report, held again: muxflow's hold, and the run before until
+    // the matcher writes its reason over those figures.
+    let (ok, out, err) = report(&c, Some(USER), &[&offline.to_string()]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("held by          muxflow"), "{out}");
+    assert!(
+        out.contains(&format!(
+            "on {node} GPU 0, online job {online} on its GPU at the end"
+        )),
+        "{out}"
+    );
     // A job that ends otherwise gets no such line.
     c.scancel(&[online]);
     let plain = c.offline_as_nobody("rvq-short", node, 1, "#!/bin/sh\ntrue\n");
