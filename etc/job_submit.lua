@@ -78,6 +78,9 @@ local KEY_PLACED = "placed"
 local PLACED_ANY = "any"
 local MODE_OFFLINE = "offline"
 local MODE_ONLINE = "online"
+-- The start of muxflow's words in a job's Comment (the matcher writes over
+-- a Comment that starts so, never over a user's own).
+local COMMENT_PREFIX = "muxflow: "
 -- Slurm's NO_VAL (32-bit): job_desc.priority when the update leaves it alone.
 local NO_VAL = 4294967294
 -- Fields that can carry a GRES request.
@@ -172,6 +175,31 @@ end
 
 local function set(v)
 	return v ~= nil and v ~= NO_VAL and v ~= 0
+end
+
+-- Does the job name GPUs in any field (--gres=gpu:N, --gpus=N, per task
+-- or socket), whatever the count, zero included?
+local function names_gpus(job_desc)
+	for _, field in ipairs(TRES_FIELDS) do
+		local tres = job_desc[field]
+		if tres ~= nil then
+			for item in string.gmatch(tres, "[^,]+") do
+				if string.match(item, "^gres[:/]gpu") then
+					return true
+				end
+			end
+		end
+	end
+	return false
+end
+
+-- GPUs the job asks for in all its fields.
+local function gpus_asked(job_desc)
+	local n = 0
+	for _, field in ipairs(TRES_FIELDS) do
+		n = n + gpu_count(job_desc[field])
+	end
+	return n
 end
 
 -- GPUs an offline job asks for on its one node (--gres=gpu:N, --gpus=N):
@@ -448,6 +476,7 @@ function muxflow_job_submit(job_desc)
 		end
 		-- Read before the GPU request is dropped below.
 		local gpus = offline_gpus(job_desc)
+		local asked = gpus_asked(job_desc)
 		local never = never_placeable(job_desc, gpus)
 		if never ~= nil then
 			slurm.log_user("muxflow: %s", never)
@@ -479,11 +508,39 @@ function muxflow_job_submit(job_desc)
 			)
 			return slurm.ERROR
 		end
+		-- Said at submit, where the user looks first: the GPU count they get
+		-- when they named none, and that the hold Slurm shows is muxflow's.
+		if asked == 0 then
+			slurm.log_user("muxflow: no GPU requested: this offline job gets one GPU (ask for more with --gres=gpu:N)")
+		end
+		if PARK_OFFLINE then
+			slurm.log_user(
+				"muxflow: held by muxflow until it places the job on a GPU (squeue shows JobHeldUser, then "
+					.. "JobHeldAdmin; you cannot release it and need not). Why it waits: muxflow-report <jobid>, "
+					.. "or squeue -O JobID,Reason,Comment"
+			)
+			-- The reason column shows Slurm's words only; Comment (squeue -O
+			-- Comment, scontrol show job) is the one field a user looks at
+			-- that muxflow may write for a pending job. A user's own comment
+			-- is kept: the matcher writes only over muxflow's.
+			if job_desc.comment == nil or job_desc.comment == "" then
+				job_desc.comment = COMMENT_PREFIX .. "held until placed on a GPU"
+			end
+		end
 		job_desc.admin_comment = TAG
 			.. " " .. KEY_MODE .. "=" .. MODE_OFFLINE
 			.. (gpus > 1 and (" " .. KEY_GPUS .. "=" .. gpus) or "")
 			.. (PARK_OFFLINE and "" or (" " .. KEY_PLACED .. "=" .. PLACED_ANY))
 	elseif mode == MODE_ONLINE then
+		-- An explicit zero (--gres=gpu:0, --gpus=0) leaves an online job no
+		-- GPU to own: nothing would be protected and nothing shared.
+		if names_gpus(job_desc) and gpus_asked(job_desc) == 0 then
+			slurm.log_user(
+				"muxflow: --muxflow=online with zero GPUs (--gres=gpu:0 or --gpus=0): an online job owns the GPUs it "
+					.. "serves on. Ask for them (--gres=gpu:1), or submit without --muxflow"
+			)
+			return slurm.ERROR
+		end
 		job_desc.admin_comment = TAG .. " " .. KEY_MODE .. "=" .. MODE_ONLINE
 	else
 		-- The plugin validates the value at submit; anything else was forged.

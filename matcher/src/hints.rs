@@ -7,7 +7,11 @@
 //!   [`Waiting`]) with an operator's hold (`Priority=0` from root:
 //!   Reason=JobHeldAdmin), so `squeue` does not show the user's own hold,
 //!   `scontrol show job` says why, and its owner cannot release it
-//!   ([`note_args`]). It is rewritten only when the reason changes.
+//!   ([`note_args`]). It is rewritten only when the reason changes. The
+//!   reason in words goes into the job's Comment too, the column a user
+//!   can ask squeue for, unless the Comment is the user's own
+//!   ([`muxflow::records::job_comment`]); a placement replaces it with
+//!   where the job went ([`with_placed_comment`]).
 //! * **Placed** on (node K, GPU I): `ReqNodeList=K`, `Gres=<slot>:gI:1`, the
 //!   placement in its AdminComment (`placed=K:gI`, see
 //!   [`muxflow::records::placement`]: only root and SlurmUser can write it, and the
@@ -30,6 +34,8 @@
 //! Parking by a constraint no node has is not possible: Slurm 22.05 rejects
 //! such a job at submit ("Invalid feature specification").
 
+use muxflow::records::admin_comment::AdminComment;
+use muxflow::records::job_comment;
 use muxflow::records::placement::{Placement, Waiting};
 
 use crate::reader::{Names, PendingJob};
@@ -113,16 +119,19 @@ pub fn update_args(job: &PendingJob, target: &Target, names: &Names) -> Option<V
 /// The scontrol call that records why parked `job` waits (`waiting`, since
 /// `since`, local time as Slurm prints it; rounds every `every_s`) and
 /// holds it as an operator, or `None` when Slurm already shows that reason.
+/// Where `comment` (the job's Comment is empty or muxflow's), the reason
+/// goes into its Comment too, where `squeue -O Comment` shows it.
 pub fn note_args(
     job: &PendingJob,
     waiting: Waiting,
     since: &str,
     every_s: u64,
+    comment: bool,
 ) -> Option<Vec<String>> {
     if !job.held || job.waiting == Some(waiting) {
         return None;
     }
-    Some(vec![
+    let mut call = vec![
         "update".to_string(),
         format!("JobId={}", job.id),
         // On a held job, root's Priority=0 turns the user's hold into an
@@ -132,7 +141,30 @@ pub fn note_args(
             "AdminComment={}",
             waiting.admin_comment(job.gpus, job.refusals, since, every_s)
         ),
-    ])
+    ];
+    if comment {
+        call.push(format!("Comment={}", job_comment::waiting(waiting, since)));
+    }
+    Some(call)
+}
+
+/// `call` (one of [`update_args`]'s) with the placement it writes also in
+/// the job's Comment, replacing the waiting reason there; `call` as it is
+/// when it places nothing.
+pub fn with_placed_comment(mut call: Vec<String>) -> Vec<String> {
+    let placement = call
+        .iter()
+        .filter_map(|a| a.strip_prefix("AdminComment="))
+        .find_map(|c| AdminComment::parse(c).ok()?.placement());
+    let comment = match placement {
+        Some(Placement::Gpu { node, gpu }) => job_comment::placed(&node, &[gpu]),
+        Some(Placement::Gang { node, gpus }) => job_comment::placed(&node, &gpus),
+        Some(Placement::AnySlot) | None => return call,
+    };
+    if call.first().map(String::as_str) == Some("update") {
+        call.push(format!("Comment={comment}"));
+    }
+    call
 }
 
 #[cfg(test)]
@@ -268,7 +300,7 @@ mod tests {
     #[test]
     fn a_parked_jobs_reason_is_written_once_per_change_and_only_while_held() {
         let fresh = held("", None);
-        let call = note_args(&fresh, Waiting::FreeGpu, "2026-11-23T12:14:05", 60).unwrap();
+        let call = note_args(&fresh, Waiting::FreeGpu, "2026-11-23T12:14:05", 60, false).unwrap();
         assert_eq!(
             call,
             [
@@ -278,19 +310,28 @@ mod tests {
                 "AdminComment=muxflow:v1 mode=offline waiting=free_gpu since=2026-11-23T12:14:05 rounds_every=60s"
             ]
         );
+        // Where the Comment is muxflow's to write, the reason is there too.
+        let call = note_args(&fresh, Waiting::FreeGpu, "2026-11-23T12:14:05", 60, true).unwrap();
+        assert_eq!(
+            call[4],
+            format!(
+                "Comment=muxflow: waiting since 2026-11-23T12:14:05: {}",
+                Waiting::FreeGpu.words()
+            )
+        );
         let noted = PendingJob {
             waiting: Some(Waiting::FreeGpu),
             ..held("", None)
         };
-        assert_eq!(note_args(&noted, Waiting::FreeGpu, "later", 60), None);
-        let changed = note_args(&noted, Waiting::OlderJobsFirst, "later", 60).unwrap();
+        assert_eq!(note_args(&noted, Waiting::FreeGpu, "later", 60, true), None);
+        let changed = note_args(&noted, Waiting::OlderJobsFirst, "later", 60, false).unwrap();
         assert!(
             changed[3].contains("waiting=older_jobs_first since=later"),
             "{changed:?}"
         );
         // Not held (placed, or being parked by `hold` this round): nothing.
         assert_eq!(
-            note_args(&job("node1", Some(0)), Waiting::FreeGpu, "t", 60),
+            note_args(&job("node1", Some(0)), Waiting::FreeGpu, "t", 60, true),
             None
         );
         // A gang keeps its GPU count.
@@ -298,8 +339,38 @@ mod tests {
             gpus: 3,
             ..held("", None)
         };
-        let call = note_args(&gang, Waiting::FreeNode, "t", 60).unwrap();
+        let call = note_args(&gang, Waiting::FreeNode, "t", 60, false).unwrap();
         assert!(call[3].contains(" gpus=3 waiting=free_node "), "{call:?}");
+    }
+
+    #[test]
+    fn a_placement_replaces_the_waiting_reason_in_the_comment() {
+        let n = names();
+        let one = Target::Gpus {
+            node: "node3".into(),
+            gpus: vec![1],
+            slots: vec![1],
+        };
+        let calls = update_args(&held("", None), &one, &n).unwrap();
+        let update = with_placed_comment(calls[0].clone());
+        assert_eq!(
+            update.last().unwrap(),
+            "Comment=muxflow: placed on node3 GPU 1, released to Slurm"
+        );
+        // The release, and a call that places nothing, stay as they are.
+        assert_eq!(with_placed_comment(calls[1].clone()), calls[1]);
+        let hold = vec!["hold".to_string(), "7".to_string()];
+        assert_eq!(with_placed_comment(hold.clone()), hold);
+        let gang = Target::Gpus {
+            node: "node2".into(),
+            gpus: vec![0, 1],
+            slots: vec![1, 1],
+        };
+        let calls = update_args(&held("", None), &gang, &n).unwrap();
+        assert!(with_placed_comment(calls[0].clone())
+            .last()
+            .unwrap()
+            .ends_with("node2 GPUs 0,1, released to Slurm"));
     }
 
     #[test]

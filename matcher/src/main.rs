@@ -314,7 +314,13 @@ fn round(
     tracing::debug!(kind = ?kept.cache.last, "round solved");
     if !dry_run {
         for d in &mut plan.decisions {
+            // The owner's own Comment is kept; muxflow's says where it went.
+            let comment = !state.user_comments.contains(&d.job);
             for call in d.update.iter().flatten() {
+                let call = match comment {
+                    true => &hints::with_placed_comment(call.clone()),
+                    false => call,
+                };
                 if let Err(e) = slurm.scontrol(call) {
                     // The next round sees Slurm's real hints and retries.
                     tracing::warn!("job {}: {e}", d.job);
@@ -347,7 +353,8 @@ fn write_waiting_notes(
             .binary_search_by_key(&d.job, |p| p.id)
             .ok()
             .map(|k| &state.pending[k])?;
-        hints::note_args(job, d.waiting?, &since, interval_s)
+        let comment = !state.user_comments.contains(&job.id);
+        hints::note_args(job, d.waiting?, &since, interval_s, comment)
     });
     for call in notes.take(budget) {
         if let Err(e) = slurm.scontrol(&call) {

@@ -93,6 +93,34 @@ where
     })
 }
 
+/// [`number`], where unset (22.05's `null`, a later release's
+/// `{"set": false}`, or infinite) is `None` rather than the default.
+fn optional_number<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    #[derive(Deserialize)]
+    struct NoVal<T> {
+        #[serde(default)]
+        set: bool,
+        #[serde(default)]
+        infinite: bool,
+        number: Option<T>,
+    }
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Number<T> {
+        Plain(T),
+        Struct(NoVal<T>),
+    }
+    Ok(match Option::<Number<T>>::deserialize(d)? {
+        Some(Number::Plain(v)) => Some(v),
+        Some(Number::Struct(n)) if n.set && !n.infinite => n.number,
+        _ => None,
+    })
+}
+
 /// A number as 22.05 writes it, or 24.11's `{"set", "infinite", "number"}`
 /// (not set, or infinite: the default, as for `null`).
 fn number<'de, D, T>(d: D) -> Result<T, D::Error>
@@ -146,6 +174,10 @@ pub struct SqueueJob {
     pub nodes: String,
     #[serde(deserialize_with = "nullable")]
     pub admin_comment: String,
+    /// The job's Comment: its owner's, or muxflow's words for them
+    /// ([`muxflow::records::job_comment`]).
+    #[serde(deserialize_with = "nullable")]
+    pub comment: String,
     #[serde(deserialize_with = "nullable")]
     pub tres_per_node: String,
     /// One entry per allocated node: `gpu:1(IDX:0)`, `mfslot:g1:1(IDX:1)`.
@@ -162,6 +194,9 @@ pub struct SqueueJob {
     /// 22.05's text beside `state_reason` (`job requeued in held state`).
     #[serde(deserialize_with = "nullable")]
     pub state_description: String,
+    /// When it was submitted (or requeued), Unix seconds.
+    #[serde(deserialize_with = "number")]
+    pub submit_time: u64,
     /// The job's begin time, Unix seconds: `--begin`, or the delay Slurm
     /// gives a requeued job (0: none; a held job without one shows 0).
     #[serde(deserialize_with = "number")]
@@ -324,6 +359,9 @@ pub struct SacctState {
 pub struct SacctTime {
     #[serde(deserialize_with = "number")]
     pub end: u64,
+    /// When it was submitted (a requeued job: when it was requeued).
+    #[serde(deserialize_with = "number")]
+    pub submission: u64,
 }
 
 /// One job of `sacct --json -X`.
@@ -342,6 +380,21 @@ pub struct SacctJob {
     pub comment: SacctComment,
     #[serde(deserialize_with = "nullable")]
     pub time: SacctTime,
+    /// The array it is a task of (`job_id` 0: not an array task).
+    #[serde(deserialize_with = "nullable")]
+    pub array: SacctArray,
+}
+
+/// A sacct record's array: the array's ID and this record's task.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct SacctArray {
+    #[serde(deserialize_with = "number")]
+    pub job_id: u32,
+    /// Unset (22.05: null; later: `{"set": false}`) for a record that is
+    /// not one task.
+    #[serde(deserialize_with = "optional_number")]
+    pub task_id: Option<u32>,
 }
 
 /// What one range of Slurm releases writes, as this reader takes it: the
@@ -825,6 +878,9 @@ pub struct ClusterState {
     /// none (priority/basic) or it could not be read: users by their
     /// oldest job.
     pub fair_share: BTreeMap<String, f64>,
+    /// Pending offline jobs whose Comment is their owner's own: muxflow
+    /// writes its words only into an empty Comment or its own.
+    pub user_comments: BTreeSet<u32>,
 }
 
 impl ClusterState {
@@ -916,6 +972,9 @@ impl ClusterState {
                 }
             }
             (Some(Mode::Offline), false) if has_state(&j.job_state, "PENDING") => {
+                if !muxflow::records::job_comment::is_muxflows(&j.comment) {
+                    self.user_comments.insert(j.job_id);
+                }
                 self.pending
                     .push(pending_job(j, comment.as_ref(), names, now_s));
             }

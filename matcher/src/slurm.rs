@@ -101,14 +101,8 @@ impl SlurmCli {
         &self,
         names: &Names,
     ) -> Result<(ClusterState, Vec<crate::shape::NodeShape>), SlurmError> {
-        // 22.05's `squeue --json` ignores filters: ask for everything once.
-        let jobs = reader::parse_squeue(&self.client.command("squeue", &["--json"])?)?;
-        let nodes = match reader::release_json(self.release()?).nodes {
-            ["scontrol", args @ ..] => self.client.scontrol(args)?,
-            [program, args @ ..] => self.client.command(program, args)?,
-            [] => unreachable!("every row of reader::RELEASES names a command"),
-        };
-        let nodes = reader::parse_sinfo(&nodes)?;
+        let jobs = self.squeue()?;
+        let nodes = self.nodes()?;
         let mut state = ClusterState::build(&jobs, &nodes, names);
         let facts = self.config_facts()?;
         state.memory_consumable = facts.memory_consumable;
@@ -198,6 +192,25 @@ impl SlurmCli {
         let runs = self.runs_since(cache.lookback_s(now, days))?;
         cache.merge(runs, now, days);
         Ok(())
+    }
+
+    /// Every job Slurm holds now (`squeue --json`), parsed.
+    pub fn squeue(&self) -> Result<Vec<reader::SqueueJob>, SlurmError> {
+        // 22.05's `squeue --json` ignores filters: ask for everything once.
+        Ok(reader::parse_squeue(
+            &self.client.command("squeue", &["--json"])?,
+        )?)
+    }
+
+    /// Every node, from the listing this release gives per node
+    /// ([`reader::release_json`]), parsed.
+    pub fn nodes(&self) -> Result<Vec<reader::SinfoNode>, SlurmError> {
+        let nodes = match reader::release_json(self.release()?).nodes {
+            ["scontrol", args @ ..] => self.client.scontrol(args)?,
+            [program, args @ ..] => self.client.command(program, args)?,
+            [] => unreachable!("every row of reader::RELEASES names a command"),
+        };
+        Ok(reader::parse_sinfo(&nodes)?)
     }
 
     /// `sacct --json -X` with `args` (filters), parsed.

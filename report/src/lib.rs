@@ -14,11 +14,14 @@
 
 use serde::Serialize;
 
-use muxflow::records::admin_comment::AdminComment;
+use muxflow::records::admin_comment::{key as admin_key, AdminComment};
+use muxflow::records::placement::Waiting;
 use muxflow::records::report::{JobReport, ReportError};
 use muxflow::Mode;
 use muxflow_matcher::predict::{estimate, progress, runs_from_sacct, Model, Run, Signal};
 use muxflow_matcher::reader::SacctJob;
+
+pub mod live;
 
 /// Who asks.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,7 +51,11 @@ pub struct Speed {
     pub shared: f64,
     /// The job's estimated speed alone (from its runs the viewer may see).
     pub solo_estimate: Option<f64>,
-    /// shared / solo_estimate.
+    /// Its runs on an idle GPU (no online partner, no offline peer): the
+    /// solo measurements behind the estimate. Without one the estimate
+    /// only extrapolates its shared runs, and no ratio is given.
+    pub solo_runs: usize,
+    /// shared / solo_estimate, where `solo_runs` > 0.
     pub normalized: Option<f64>,
     /// The predictor's normalized throughput for this pair, trained on the
     /// history before this run (mean, sd).
@@ -69,6 +76,8 @@ pub struct OfflinePartner {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct UserReport {
     pub job_id: u32,
+    /// `<array>_<task>` for an array task.
+    pub array_task: Option<String>,
     pub name: String,
     pub state: String,
     pub mode: &'static str,
@@ -111,10 +120,179 @@ pub struct OnlineCost {
     pub p99_factor: f64,
 }
 
+/// What `muxflow-report JOBID` answers: a finished run's figures, or why
+/// a pending offline job waits.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum Answer {
+    Figures(Box<UserReport>),
+    Waiting(Box<WaitingReport>),
+}
+
+impl std::fmt::Display for Answer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Answer::Figures(r) => r.fmt(f),
+            Answer::Waiting(w) => w.fmt(f),
+        }
+    }
+}
+
+/// A pending offline job: whose hold it is, why it waits, since when, and
+/// what it waits for, from what muxflow wrote into its AdminComment.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WaitingReport {
+    pub job_id: u32,
+    /// `<array>_<task>` for an array task.
+    pub array_task: Option<String>,
+    pub name: String,
+    pub state: String,
+    pub mode: &'static str,
+    /// The matcher's reason code (`free_gpu`…); None before its first
+    /// look, or once placed.
+    pub waiting: Option<&'static str>,
+    /// The reason in words.
+    pub why: String,
+    /// What has to happen for it to move on.
+    pub waits_for: String,
+    /// Since when (local time as Slurm prints it): the reason's start, or
+    /// the submission (or requeue) while the matcher has not looked yet.
+    pub since: Option<String>,
+    /// How often the matcher looks again.
+    pub rounds_every: Option<String>,
+    /// Where the matcher placed it, while Slurm has yet to start it.
+    pub placed: Option<String>,
+    /// The last node refusal's code and how many there were.
+    pub refused: Option<String>,
+    pub refusals: u32,
+    /// A requeued job's run before, while its AdminComment still holds
+    /// that run's figures (until the matcher writes its reason).
+    pub last_run: Option<String>,
+}
+
+/// What a parked job waits for, for each of the matcher's reasons.
+fn waits_for(w: Waiting) -> &'static str {
+    match w {
+        Waiting::FreeGpu => "a Healthy GPU with a free offline slot: an offline job there to end, or an online job's load to leave room",
+        Waiting::FreeNode => "as many such GPUs free at once on one node as it asked for",
+        Waiting::FasterJobsFirst => "a round where a GPU it fits is left after the jobs predicted to run faster there",
+        Waiting::OlderJobsFirst => "its turn: each round takes users in turns, oldest jobs first",
+        Waiting::NodeRoom => "CPUs and memory to free up on the node of a free GPU (asking for less with -c, --mem places it sooner)",
+        Waiting::SameUserOnly => "a GPU that runs no other user's job",
+        Waiting::CoLocateRule => "a GPU without the jobs the site's co_locate rule keeps it apart from",
+        Waiting::BeginTime => "its begin time (--begin, or the two minutes Slurm waits after a requeue)",
+        Waiting::Dependency => "its --dependency to be satisfied",
+    }
+}
+
+/// `A_T` of a sacct record that is one task of an array.
+fn array_task(job: &SacctJob) -> Option<String> {
+    let task = job.array.task_id?;
+    (job.array.job_id != 0).then(|| format!("{}_{task}", job.array.job_id))
+}
+
+/// The waiting report of pending offline job `job` (its AdminComment
+/// `comment`).
+fn waiting_report(job: &SacctJob, comment: &AdminComment) -> WaitingReport {
+    let field = |k: &str| comment.fields().get(k).cloned();
+    let waiting = comment.waiting();
+    let placed = comment.placement().map(|p| p.to_string());
+    let (why, waits) = match (waiting, &placed) {
+        (_, Some(p)) => (
+            format!("placed by muxflow on {p}; Slurm has yet to start it"),
+            "Slurm to start it there (squeue's reason says why not yet: usually the node's CPUs or memory, for seconds)".to_string(),
+        ),
+        (Some(w), None) => (w.words().to_string(), waits_for(w).to_string()),
+        (None, None) => (
+            "held until muxflow's placement service (the matcher) looks at it".to_string(),
+            "the matcher's next round (every minute by default; if this lasts several minutes the matcher is not running: tell your administrator)".to_string(),
+        ),
+    };
+    let since = match waiting {
+        Some(_) if placed.is_none() => field(admin_key::SINCE),
+        _ => (job.time.submission > 0).then(|| {
+            muxflow_slurm::cli::slurm_time(
+                std::time::UNIX_EPOCH + std::time::Duration::from_secs(job.time.submission),
+            )
+        }),
+    };
+    WaitingReport {
+        job_id: job.job_id,
+        array_task: array_task(job),
+        name: job.name.clone(),
+        state: job.state.current.join(",").to_lowercase(),
+        mode: Mode::Offline.as_str(),
+        waiting: waiting.filter(|_| placed.is_none()).map(Waiting::code),
+        why,
+        waits_for: waits,
+        since,
+        rounds_every: field(admin_key::ROUNDS_EVERY).filter(|_| waiting.is_some()),
+        placed,
+        refused: field(admin_key::REFUSED),
+        refusals: comment.refusals(),
+        last_run: comment.report().ok().and_then(|r| last_run(&r)),
+    }
+}
+
+/// A run's figures in a line: where, how long, beside whom, how much.
+fn last_run(r: &JobReport) -> Option<String> {
+    let (node, gpu, run_s) = (r.node.as_ref()?, r.gpu?, r.run_s?);
+    let beside = r.partner.map_or_else(String::new, |p| {
+        format!(", online job {p} on its GPU at the end")
+    });
+    let launches = r
+        .launches
+        .map_or_else(String::new, |n| format!(", {n} launches"));
+    Some(format!("{run_s} s on {node} GPU {gpu}{beside}{launches}"))
+}
+
+impl std::fmt::Display for WaitingReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "job {}{} ({}), {} muxflow job, {}",
+            self.job_id,
+            self.array_task
+                .as_ref()
+                .map_or_else(String::new, |t| format!(" (array task {t})")),
+            muxflow::text::printable(&self.name),
+            self.mode,
+            self.state
+        )?;
+        if self.placed.is_none() {
+            writeln!(
+                f,
+                "  held by          muxflow, not you (squeue shows JobHeldUser or JobHeldAdmin: you need not release it, and cannot)"
+            )?;
+        }
+        writeln!(f, "  why              {}", self.why)?;
+        if let Some(since) = &self.since {
+            writeln!(f, "  since            {since}")?;
+        }
+        writeln!(f, "  waits for        {}", self.waits_for)?;
+        if let Some(every) = &self.rounds_every {
+            writeln!(f, "  looked at        every {every} by the matcher")?;
+        }
+        if let Some(run) = &self.last_run {
+            writeln!(f, "  run before       {run} (requeued)")?;
+        }
+        if self.refusals > 0 {
+            writeln!(
+                f,
+                "  refused          {} time{} by its node ({}): placed again; after 3 it fails",
+                self.refusals,
+                if self.refusals > 1 { "s" } else { "" },
+                self.refused.as_deref().unwrap_or("-")
+            )?;
+        }
+        Ok(())
+    }
+}
+
 /// The report of job `job_id` from `listing` (sacct records: the job, the
 /// viewer's history, and the jobs that ran beside it), as `viewer` may see
 /// it.
-pub fn report(job_id: u32, listing: &[SacctJob], viewer: &Viewer) -> Result<UserReport, Refusal> {
+pub fn report(job_id: u32, listing: &[SacctJob], viewer: &Viewer) -> Result<Answer, Refusal> {
     let job = listing
         .iter()
         .find(|j| j.job_id == job_id)
@@ -127,9 +305,18 @@ pub fn report(job_id: u32, listing: &[SacctJob], viewer: &Viewer) -> Result<User
         job: job_id,
         state: job.state.current.join(",").to_lowercase(),
     };
+    let comment = AdminComment::parse(text);
+    // A pending offline job: why it waits (a requeued one too, whatever
+    // its text still says of the run before).
+    if let Ok(c) = &comment {
+        let pending =
+            job.time.end == 0 && muxflow_matcher::reader::has_state(&job.state.current, "PENDING");
+        if pending && c.mode() == Some(Mode::Offline) {
+            return Ok(Answer::Waiting(Box::new(waiting_report(job, c))));
+        }
+    }
     // A placed job's record is the matcher's placement until its batch
     // step ends and the node writes the figures over it.
-    let comment = AdminComment::parse(text);
     if comment.as_ref().is_ok_and(|c| c.placement().is_some()) {
         return Err(no_figures());
     }
@@ -142,6 +329,7 @@ pub fn report(job_id: u32, listing: &[SacctJob], viewer: &Viewer) -> Result<User
     let mode = r.mode.unwrap_or(Mode::Offline);
     let mut out = UserReport {
         job_id,
+        array_task: array_task(job),
         name: job.name.clone(),
         state: job.state.current.join(",").to_lowercase(),
         mode: mode.as_str(),
@@ -188,7 +376,7 @@ pub fn report(job_id: u32, listing: &[SacctJob], viewer: &Viewer) -> Result<User
             out.cost = online_cost(job, &r, listing);
         }
     }
-    Ok(out)
+    Ok(Answer::Figures(Box::new(out)))
 }
 
 /// This online run's p99 against the same service's unshared runs.
@@ -227,6 +415,7 @@ fn speed(job: &SacctJob, r: &JobReport, listing: &[SacctJob]) -> Option<Speed> {
         .unwrap_or(Signal::LaunchesPerS);
     let shared = progress(r, signal)?;
     let solo = profile.and_then(|p| p.solo);
+    let solo_runs = profile.map_or(0, |p| p.alone_runs);
     // What the matcher could have known: runs that ended before this one
     // began (its end less its run time).
     let began = job.time.end.saturating_sub(r.run_s.unwrap_or(0));
@@ -258,7 +447,10 @@ fn speed(job: &SacctJob, r: &JobReport, listing: &[SacctJob]) -> Option<Speed> {
         },
         shared,
         solo_estimate: solo,
-        normalized: solo.filter(|s| *s > 0.0).map(|s| shared / s),
+        solo_runs,
+        normalized: solo
+            .filter(|s| *s > 0.0 && solo_runs > 0)
+            .map(|s| shared / s),
         predicted,
     })
 }
@@ -271,8 +463,11 @@ impl std::fmt::Display for UserReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "job {} ({}), {} muxflow job, {}",
+            "job {}{} ({}), {} muxflow job, {}",
             self.job_id,
+            self.array_task
+                .as_ref()
+                .map_or_else(String::new, |t| format!(" (array task {t})")),
             muxflow::text::printable(&self.name),
             self.mode,
             self.state
@@ -324,17 +519,22 @@ impl std::fmt::Display for UserReport {
             }
             match &self.speed {
                 Some(s) => {
-                    let solo = s
-                        .solo_estimate
-                        .map_or_else(|| "unknown".into(), |v| format!("{v:.2} {}", s.unit));
-                    let norm = s
-                        .normalized
-                        .map_or_else(|| "-".into(), |v| format!("{v:.2}"));
-                    writeln!(
-                        f,
-                        "  speed            {:.2} {} shared; alone about {solo} (estimated from your runs of this job): {norm} of alone",
-                        s.shared, s.unit
-                    )?;
+                    match (s.solo_estimate, s.normalized) {
+                        (Some(solo), Some(norm)) => writeln!(
+                            f,
+                            "  speed            {:.2} {} shared; alone about {solo:.2} {} ({} run{} of this job on an idle GPU): {norm:.2} of alone",
+                            s.shared,
+                            s.unit,
+                            s.unit,
+                            s.solo_runs,
+                            if s.solo_runs > 1 { "s" } else { "" }
+                        )?,
+                        _ => writeln!(
+                            f,
+                            "  speed            {:.2} {} shared; of alone: not enough history (no run of this job on an idle GPU to compare with)",
+                            s.shared, s.unit
+                        )?,
+                    }
                     if let Some((m, sd)) = s.predicted {
                         writeln!(
                             f,
@@ -409,7 +609,11 @@ mod tests {
             comment: SacctComment {
                 administrator: (!comment.is_empty()).then(|| comment.to_string()),
             },
-            time: SacctTime { end },
+            time: SacctTime {
+                end,
+                submission: 1_700_000_000,
+            },
+            array: Default::default(),
         }
     }
 
@@ -456,6 +660,13 @@ mod tests {
         ]
     }
 
+    fn figures(a: Result<Answer, Refusal>) -> UserReport {
+        match a {
+            Ok(Answer::Figures(r)) => *r,
+            other => panic!("not figures: {other:?}"),
+        }
+    }
+
     fn alice() -> Viewer {
         Viewer {
             user: "alice".into(),
@@ -465,7 +676,7 @@ mod tests {
 
     #[test]
     fn the_owner_sees_limits_throttling_speed_and_partner_ids_only() {
-        let r = report(12, &listing(), &alice()).unwrap();
+        let r = figures(report(12, &listing(), &alice()));
         assert_eq!(
             (r.mode, r.partner, r.sm_pct),
             ("offline", Some(1), Some(40))
@@ -493,7 +704,7 @@ mod tests {
             3500,
             "muxflow:v1 mode=offline node=n1 gpu=0 sm_pct=20 partner=1 peers=12,16 run_s=100",
         ));
-        let r = report(15, &l, &alice()).unwrap();
+        let r = figures(report(15, &l, &alice()));
         assert_eq!(r.offline_peers, [12, 16]);
         let text = r.to_string();
         assert!(
@@ -513,7 +724,7 @@ mod tests {
             user: "root".into(),
             admin: true,
         };
-        let r = report(1, &listing(), &admin).unwrap();
+        let r = figures(report(1, &listing(), &admin));
         let partners: Vec<u32> = r.offline_partners.iter().map(|p| p.job_id).collect();
         assert_eq!(partners, vec![10, 12]);
         assert!(r.to_string().contains("offline partner  job 10"));
@@ -535,7 +746,7 @@ mod tests {
             user: "root".into(),
             admin: true,
         };
-        let r = report(1, &l, &admin).unwrap();
+        let r = figures(report(1, &l, &admin));
         let c = r.cost.clone().unwrap();
         assert_eq!((c.alone_p99_ms, c.alone_runs), (4.0, 3));
         assert!((c.p99_factor - 4.5 / 4.0).abs() < 1e-9, "{c:?}");
@@ -543,7 +754,7 @@ mod tests {
             .to_string()
             .contains("p99 x1.12 of its runs without partners"));
         // No unshared run: said so.
-        let r = report(1, &listing(), &admin).unwrap();
+        let r = figures(report(1, &listing(), &admin));
         assert!(r.cost.is_none());
         assert!(r.to_string().contains("sharing cost     unknown"), "{r}");
     }
@@ -563,9 +774,140 @@ mod tests {
     }
 
     #[test]
+    fn of_alone_only_where_the_job_ran_on_an_idle_gpu() {
+        // Jobs 10–12 all ran beside online job 1: no solo measurement.
+        let r = figures(report(12, &listing(), &alice()));
+        let s = r.speed.clone().unwrap();
+        assert_eq!((s.solo_runs, s.normalized), (0, None));
+        let text = r.to_string();
+        assert!(text.contains("of alone: not enough history"), "{text}");
+        assert!(
+            !text.contains("0 of alone") && !text.contains("1.00 of alone"),
+            "{text}"
+        );
+        // One run on an idle GPU (no partner, no peers): a ratio, and says
+        // how many runs it stands on.
+        let mut l = listing();
+        l.push(rec(
+            16,
+            "alice",
+            "train",
+            500,
+            "muxflow:v1 mode=offline node=n1 gpu=1 sm_pct=100 run_s=100 claim.launches=100000",
+        ));
+        let r = figures(report(12, &l, &alice()));
+        let s = r.speed.clone().unwrap();
+        assert_eq!(s.solo_runs, 1);
+        assert!(s.normalized.is_some(), "{s:?}");
+        assert!(
+            r.to_string().contains("(1 run of this job on an idle GPU)"),
+            "{r}"
+        );
+    }
+
+    #[test]
+    fn a_pending_offline_job_says_why_since_when_and_what_for() {
+        let pending = |comment: &str| {
+            let mut j = rec(30, "alice", "train", 0, comment);
+            j.state.current = vec!["PENDING".into()];
+            j
+        };
+        let waiting = |a: Result<Answer, Refusal>| match a {
+            Ok(Answer::Waiting(w)) => *w,
+            other => panic!("not waiting: {other:?}"),
+        };
+        struct Case {
+            name: &'static str,
+            comment: &'static str,
+            says: &'static [&'static str],
+        }
+        let cases = [
+            Case {
+                name: "the matcher's reason",
+                comment: "muxflow:v1 mode=offline waiting=same_user_only since=2026-11-23T12:14:05 rounds_every=60s",
+                says: &[
+                    "held by          muxflow, not you",
+                    "why              waiting for a GPU it may share",
+                    "since            2026-11-23T12:14:05",
+                    "waits for        a GPU that runs no other user's job",
+                    "every 60s",
+                ],
+            },
+            Case {
+                name: "not looked at yet",
+                comment: "muxflow:v1 mode=offline",
+                says: &[
+                    "held by          muxflow",
+                    "until muxflow's placement service (the matcher) looks at it",
+                    "since            ",
+                    "the matcher is not running: tell your administrator",
+                ],
+            },
+            Case {
+                name: "placed, Slurm starting it",
+                comment: "muxflow:v1 mode=offline placed=n1:g0",
+                says: &["placed by muxflow on n1:g0", "Slurm to start it there"],
+            },
+            Case {
+                name: "requeued, its run's figures not yet replaced",
+                comment: "muxflow:v1 mode=offline node=node4 gpu=0 sm_pct=80 partner=90 run_s=7 claim.launches=11180",
+                says: &[
+                    "held by          muxflow",
+                    "run before       7 s on node4 GPU 0, online job 90 on its GPU at the end, 11180 launches (requeued)",
+                ],
+            },
+            Case {
+                name: "refused once by its node",
+                comment: "muxflow:v1 mode=offline refused=gpu_faulty refusals=1 waiting=free_gpu since=t rounds_every=60s",
+                says: &["refused          1 time by its node (gpu_faulty)"],
+            },
+        ];
+        for case in &cases {
+            let w = waiting(report(30, &[pending(case.comment)], &alice()));
+            let text = w.to_string();
+            for want in case.says {
+                assert!(
+                    text.contains(want),
+                    "{}: {want:?} not in:\n{text}",
+                    case.name
+                );
+            }
+        }
+        // As JSON: the code and the time, for scripts.
+        let w = waiting(report(30, &[pending(cases[0].comment)], &alice()));
+        let json = serde_json::to_value(Answer::Waiting(Box::new(w))).unwrap();
+        assert_eq!(json["waiting"], "same_user_only");
+        assert_eq!(json["since"], "2026-11-23T12:14:05");
+        // Another user's waiting job stays refused.
+        let bob = Viewer {
+            user: "bob".into(),
+            admin: false,
+        };
+        assert_eq!(
+            report(30, &[pending(cases[0].comment)], &bob),
+            Err(Refusal::NotYours(30))
+        );
+    }
+
+    #[test]
+    fn an_array_task_is_named_as_its_owner_names_it() {
+        let mut l = listing();
+        l[4].array = muxflow_matcher::reader::SacctArray {
+            job_id: 9,
+            task_id: Some(2),
+        };
+        let r = figures(report(12, &l, &alice()));
+        assert_eq!(r.array_task.as_deref(), Some("9_2"));
+        assert!(
+            r.to_string().starts_with("job 12 (array task 9_2) (train)"),
+            "{r}"
+        );
+    }
+
+    #[test]
     fn the_prediction_uses_only_runs_that_ended_before() {
         // Job 10 is the first run: nothing before it, so the default.
-        let r = report(10, &listing(), &alice()).unwrap();
+        let r = figures(report(10, &listing(), &alice()));
         let (m, sd) = r.speed.unwrap().predicted.unwrap();
         assert_eq!(sd, muxflow_matcher::predict::DEFAULT_SD);
         assert!(m > 0.0);

@@ -10,4 +10,7 @@ fn muxflow_report_prints_its_man_page() {
     )
     .unwrap();
     assert!(page.contains("\\-\\-json"), "{page}");
+    // The views besides a job's report, with their arguments.
+    assert!(page.contains("\\-\\-mine"), "{page}");
+    assert!(page.contains("NODE:INDEX"), "{page}");
 }

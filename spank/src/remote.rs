@@ -354,6 +354,11 @@ impl RemoteState {
         }
         let report = build_report(&ctx);
         let text = report.encode();
+        if let Some(line) = requeue_line(&ctx, &report) {
+            // slurmstepd writes its log of the batch step into the job's
+            // own output, beside Slurm's "CANCELLED … DUE TO JOB REQUEUE".
+            slurm_spank::spank_log(slurm_spank::LogLevel::Error, &line);
+        }
         // A cancelled or preempted job has already ended for slurmctld:
         // the record then goes into its accounting record.
         match Scontrol::new(&ctx.config).record_admin_comment(ctx.job_id, &text) {
@@ -716,6 +721,49 @@ fn write_limits(dir: &Path, limits: &JobLimits, stop: &StopBounds, gid: u32) -> 
     Ok(())
 }
 
+/// The line an offline job requeued for an online job leaves in its own
+/// output: why, and this run's figures. Its accounting record of this run
+/// keeps only its placement (Slurm closed it at the requeue, before these
+/// figures existed), and the matcher's next placement replaces them in
+/// the job's live AdminComment, so the output is where they stay. Known
+/// by the latest release an online job's Prolog set in the job's
+/// root-owned limits file (`make_room`: nothing else sets it, and a
+/// restart's Prolog clears what a run before left); None for any other
+/// end.
+fn requeue_line(ctx: &ReportContext, r: &JobReport) -> Option<String> {
+    if ctx.mode != Mode::Offline {
+        return None;
+    }
+    let state = NodeState::new(ctx.config.paths.state_dir.as_path());
+    StopBounds::read_trusted(&state.limits_dir(), ctx.job_id, 0)
+        .ok()?
+        .release_by_unix_ms?;
+    Some(requeue_words(r))
+}
+
+/// [`requeue_line`]'s text from the run's figures.
+fn requeue_words(r: &JobReport) -> String {
+    let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+    let by = r.partner.map_or_else(
+        || "an online job".to_string(),
+        |p| format!("online job {p}"),
+    );
+    format!(
+        "muxflow: requeued: {by} needed GPU {} of {}; this job goes back to the queue, held, and muxflow places it again. \
+         This run: {} s, SM share {}%, memory cap {} MiB, {} launches ({} delayed, {} ms), OOM refusals {} \
+         (its AdminComment keeps them until it is placed again: muxflow-report)",
+        opt(r.gpu.map(|g| g.to_string())),
+        opt(r.node.clone()),
+        opt(r.run_s.map(|v| v.to_string())),
+        opt(r.sm_pct.map(|v| v.to_string())),
+        opt(r.mem_cap_mib.map(|v| v.to_string())),
+        opt(r.launches.map(|v| v.to_string())),
+        opt(r.delayed.map(|v| v.to_string())),
+        opt(r.delay_ms.map(|v| v.to_string())),
+        opt(r.oom.map(|v| v.to_string())),
+    )
+}
+
 /// The job's figures: where it ran, what the policies gave it and what the
 /// node measured and policed (root-owned files), then the job's own claims
 /// from its stats directory (xCUDA counters, the workload's figures), each
@@ -917,4 +965,32 @@ fn client_env(
         ),
     ]);
     env
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_requeue_line_names_the_online_job_the_gpu_and_this_runs_figures() {
+        let r = JobReport::decode(
+            "muxflow:v1 mode=offline node=node4 gpu=0 sm_pct=80 mem_cap_mib=79511 partner=90 \
+             run_s=7 claim.launches=11180 claim.delayed=3 claim.delay_ms=40 claim.oom=0",
+        )
+        .unwrap();
+        let line = requeue_words(&r);
+        for want in [
+            "muxflow: requeued: online job 90 needed GPU 0 of node4",
+            "This run: 7 s, SM share 80%, memory cap 79511 MiB, 11180 launches (3 delayed, 40 ms), OOM refusals 0",
+        ] {
+            assert!(line.contains(want), "{want:?} not in {line}");
+        }
+        // One line: slurmstepd prefixes each line of its log.
+        assert!(!line.contains('\n'));
+        // No partner recorded: said without an ID.
+        let r = JobReport::decode("muxflow:v1 mode=offline node=n1 gpu=1 run_s=2").unwrap();
+        assert!(
+            requeue_words(&r).starts_with("muxflow: requeued: an online job needed GPU 1 of n1")
+        );
+    }
 }

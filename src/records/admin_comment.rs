@@ -69,7 +69,7 @@ pub const NODE_CONFIG: &str = "node_config";
 
 /// What `etc/job_submit.lua` must define, name and value, for the texts it
 /// writes and reads; a test reads the script and compares.
-pub const LUA_CONSTANTS: [(&str, &str); 7] = [
+pub const LUA_CONSTANTS: [(&str, &str); 8] = [
     ("TAG", TAG),
     ("KEY_MODE", key::MODE),
     ("KEY_GPUS", key::GPUS),
@@ -77,6 +77,7 @@ pub const LUA_CONSTANTS: [(&str, &str); 7] = [
     ("PLACED_ANY", PLACED_ANY),
     ("MODE_OFFLINE", "offline"),
     ("MODE_ONLINE", "online"),
+    ("COMMENT_PREFIX", crate::records::job_comment::PREFIX),
 ];
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

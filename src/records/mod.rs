@@ -5,6 +5,7 @@
 //! module says who writes it, who reads it and what the reader may trust.
 
 pub mod admin_comment;
+pub mod job_comment;
 pub mod kv;
 pub mod limits;
 pub mod metrics;

@@ -1,8 +1,8 @@
 //! `muxflow-report JOBID` on the dev cluster (issue 18): a user reads what
 //! sharing did to their own job from the real sacct; another user is
 //! refused without learning any name; an administrator sees every job; a
-//! running job and a job submitted without --muxflow get errors that say
-//! what to do.
+//! running job says where it runs and when its figures come; a job
+//! submitted without --muxflow gets an error that says what to do.
 
 use std::time::Duration;
 
@@ -31,9 +31,13 @@ fn a_user_reads_their_job_others_are_refused_admins_see_all() {
     // root's service, named so that a leak would show.
     let (online, gpu) = c.online_workload("mfr-secret-service", node, 0.2, 512);
 
-    // While the service runs it has no figures yet.
-    let (ok, _, err) = report(&c, None, &[&online.to_string()]);
-    assert!(!ok && err.contains("no figures yet"), "{err}");
+    // While the service runs: where, and that its figures come at the end.
+    let (ok, out, err) = report(&c, None, &[&online.to_string()]);
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.contains("runs on") && out.contains("written when its batch step ends"),
+        "{out}"
+    );
 
     let script = format!("#!/bin/sh\n{}\n", c.workload("offline --duration 3"));
     let offline = c

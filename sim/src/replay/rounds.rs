@@ -398,6 +398,7 @@ impl Sim<'_> {
             },
             time: SacctTime {
                 end: self.now as u64,
+                ..SacctTime::default()
             },
             ..SacctJob::default()
         };
