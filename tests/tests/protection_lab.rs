@@ -61,7 +61,11 @@ fn the_lab_plans_one_device_window() {
     std::fs::create_dir_all(&old).unwrap();
     std::fs::write(old.join("libmuxflow_xcuda.so"), b"an older xCUDA").unwrap();
     let mut cmd = Command::new(lab());
-    cmd.arg("--out").arg(&out).arg("--bin").arg(&old).arg("--plan");
+    cmd.arg("--out")
+        .arg(&out)
+        .arg("--bin")
+        .arg(&old)
+        .arg("--plan");
     let (ok, stdout, stderr) = c.run(cmd);
     assert!(ok, "{stdout}{stderr}");
     assert!(
@@ -155,4 +159,56 @@ fn the_lab_runs_on_the_simulated_gpu() {
     let cfg =
         std::fs::read_to_string(c.dir.join("sim/state/nodes/node1/gpus/0/config.toml")).unwrap();
     assert!(!cfg.contains("h200-like"), "{cfg}");
+}
+
+/// The one device command (`real-gpu/device-session`), on the simulated
+/// GPU: the device-names check, then the lab's trigger and queue, packed
+/// into at most three files with a summary that names each result.
+#[test]
+fn the_device_session_runs_on_the_simulated_gpu() {
+    let c = Cluster::get();
+    let out = c.scratch("device-session");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../real-gpu/device-session");
+    let mut cmd = Command::new(script);
+    cmd.arg("--out").arg(&out).arg("--sim").arg(&c.dir).args([
+        "--window-s",
+        "2",
+        "--warmup-s",
+        "1",
+        "--settle-s",
+        "0.5",
+        "--budget-s",
+        "300",
+    ]);
+    let (ok, stdout, stderr) = c.run(cmd);
+    assert!(ok, "{stdout}{stderr}");
+    let summary = std::fs::read_to_string(out.join("summary.txt")).unwrap();
+    for want in [
+        "device_names=done gpus=2 gpu1_checked=yes as_documented=yes",
+        "case=resnet50-0.6/trigger ",
+        "case=resnet50-0.6/queue ",
+        "lab=done sim=yes",
+        "session=done",
+    ] {
+        assert!(summary.contains(want), "{want}: {summary}");
+    }
+    let mut names: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["log.txt", "session.tgz", "summary.txt"]);
+    let listed = Command::new("tar")
+        .arg("tzf")
+        .arg(out.join("session.tgz"))
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    for f in [
+        "./lab/results.txt",
+        "./lab/windows.txt",
+        "./names/device-names.txt",
+    ] {
+        assert!(listed.lines().any(|l| l == f), "{f}: {listed}");
+    }
 }
