@@ -147,6 +147,9 @@ fn csv_error(file: &str, e: csv::Error) -> InputError {
     }
 }
 
+/// The node list's optional memory column.
+pub const MEM_COLUMN: &str = "gpu_mem_mib";
+
 /// One node of the node list.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Node {
@@ -154,10 +157,40 @@ pub struct Node {
     pub gpus: u32,
     /// GPU model, as `gpu_spec` names it.
     pub model: String,
+    /// Memory of each GPU, MiB: the optional `gpu_mem_mib` column, else the
+    /// model's ([`gpu_memory_mib`]).
+    pub mem_mib: u64,
 }
 
-/// `sn,gpu,model` (the format of `openb_node_list_gpu_node.csv`). Nodes
-/// without GPUs are kept out.
+/// GPU memory by model name, MiB, for node lists without a `gpu_mem_mib`
+/// column: the boards' nominal memory (NVIDIA's data sheets; the H200 as
+/// `nvidia-smi` showed it on the lent H200, real-gpu/README.md), under the
+/// names a Slurm site or the OpenB trace gives them. `G2` and `G3` are the
+/// OpenB trace's anonymized models: their memory is not published, and the
+/// shipped replay takes them as 16 GiB (sim/README.md). None: unknown —
+/// the node list must say (never guessed).
+pub fn gpu_memory_mib(model: &str) -> Option<u64> {
+    const GIB: u64 = 1024;
+    let m = model.to_ascii_uppercase().replace(['_', ' '], "-");
+    Some(match m.as_str() {
+        "P100" | "V100" | "V100M16" | "V100-16GB" | "G2" | "G3" => 16 * GIB,
+        "V100M32" | "V100-32GB" => 32 * GIB,
+        "T4" => 15 * GIB,
+        "A10" | "A10G" | "A30" | "L4" => 24 * GIB,
+        "A40" | "L40" | "L40S" | "RTX-A6000" => 48 * GIB,
+        "A100-40GB" | "A100-PCIE-40GB" | "A100-SXM4-40GB" => 40 * GIB,
+        "A100" | "A100-80GB" | "A100-SXM4-80GB" | "A800" | "H100" | "H100-80GB"
+        | "H100-SXM" | "H100-PCIE" | "H800" => 80 * GIB,
+        "H100-NVL" => 94 * GIB,
+        "H20" | "GH200" => 96 * GIB,
+        "H200" | "H200-141GB" => 143_771,
+        _ => return None,
+    })
+}
+
+/// `sn,gpu,model` (the format of `openb_node_list_gpu_node.csv`), and an
+/// optional `gpu_mem_mib` (memory per GPU) that any model needs whose
+/// memory [`gpu_memory_mib`] does not know. Nodes without GPUs are kept out.
 pub fn read_nodes(src: &Source) -> Result<Vec<Node>, InputError> {
     let t = Table::read(
         src,
@@ -180,13 +213,36 @@ pub fn read_nodes(src: &Source) -> Result<Vec<Node>, InputError> {
                 expected: "a node name without spaces".into(),
             });
         }
-        if gpus > 0 {
-            out.push(Node {
-                name: name.to_string(),
-                gpus,
-                model: t.get(row, "model").to_string(),
-            });
+        if gpus == 0 {
+            continue;
         }
+        let model = t.get(row, "model").to_string();
+        let given = t.columns.contains_key(MEM_COLUMN) && !t.get(row, MEM_COLUMN).is_empty();
+        let mem_mib = match given {
+            true => t.parse(
+                *line,
+                row,
+                MEM_COLUMN,
+                "MiB of memory per GPU (1024 to 1048576)",
+                |m: &u64| (1024..=1 << 20).contains(m),
+            )?,
+            false => gpu_memory_mib(&model).ok_or_else(|| InputError::BadValue {
+                file: t.file.clone(),
+                line: *line,
+                column: "model".into(),
+                value: model.clone(),
+                expected: format!(
+                    "a GPU model whose memory is known, or the node list's {MEM_COLUMN} column \
+                     (MiB per GPU) for it: the replay never guesses a board's memory"
+                ),
+            })?,
+        };
+        out.push(Node {
+            name: name.to_string(),
+            gpus,
+            model,
+            mem_mib,
+        });
     }
     if out.is_empty() {
         return Err(InputError::Content {
@@ -479,6 +535,28 @@ mod tests {
     }
 
     #[test]
+    fn gpu_memory_comes_from_the_column_else_the_model_and_is_never_guessed() {
+        let nodes = read_nodes(&src(
+            "sn,gpu,model,gpu_mem_mib\n\
+             a,8,H200,\n\
+             b,8,h100_nvl,\n\
+             c,4,MI300X,196608\n\
+             d,2,T4,16000\n",
+        ))
+        .unwrap();
+        let mem: Vec<u64> = nodes.iter().map(|n| n.mem_mib).collect();
+        assert_eq!(mem, [143_771, 94 * 1024, 196_608, 16_000]);
+        // The shipped node list's models are all known.
+        let shipped = read_nodes(&Source {
+            name: "openb".into(),
+            bytes: include_bytes!("../data/openb_node_list_gpu_node.csv"),
+        })
+        .unwrap();
+        assert!(shipped.iter().all(|n| n.mem_mib >= 15 * 1024));
+        assert_eq!(gpu_memory_mib("B9000"), None);
+    }
+
+    #[test]
     fn bad_rows_name_file_line_column_and_what_was_expected() {
         struct Case {
             what: &'static str,
@@ -496,6 +574,18 @@ mod tests {
                 text: "sn,gpu,model\nn1,2,V100\nn2,two,V100\n",
                 read: nodes,
                 want: "t.csv:3: column 'gpu': 'two' is not a GPU count (0 to 64)",
+            },
+            Case {
+                what: "a GPU model whose memory is not known, and no memory column",
+                text: "sn,gpu,model\nn1,2,V100\nn2,8,MI300X\n",
+                read: nodes,
+                want: "t.csv:3: column 'model': 'MI300X' is not a GPU model whose memory is known, or the node list's gpu_mem_mib column",
+            },
+            Case {
+                what: "a memory column with a value that is no memory",
+                text: "sn,gpu,model,gpu_mem_mib\nn1,2,X1,lots\n",
+                read: nodes,
+                want: "t.csv:2: column 'gpu_mem_mib': 'lots' is not MiB of memory per GPU",
             },
             Case {
                 what: "missing column",

@@ -94,18 +94,6 @@ impl Default for Settings {
     }
 }
 
-/// GPU memory by model, MiB. Models not listed (the trace's internal G2,
-/// G3) are taken as 16 GiB.
-pub fn gpu_memory_mib(model: &str) -> u64 {
-    match model {
-        "V100M32" => 32_768,
-        "A10" => 24_576,
-        "A100" => 81_920,
-        "T4" => 15_360,
-        _ => 16_384,
-    }
-}
-
 #[derive(Debug, Clone, PartialEq)]
 pub struct Gpu {
     pub node: u32,
@@ -255,7 +243,7 @@ pub fn build(
                 node: (sc.nodes.len() - 1) as u32,
                 index,
                 model,
-                mem_mib: gpu_memory_mib(&n.model),
+                mem_mib: n.mem_mib,
             });
         }
     }
