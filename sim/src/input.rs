@@ -179,8 +179,8 @@ pub fn gpu_memory_mib(model: &str) -> Option<u64> {
         "A10" | "A10G" | "A30" | "L4" => 24 * GIB,
         "A40" | "L40" | "L40S" | "RTX-A6000" => 48 * GIB,
         "A100-40GB" | "A100-PCIE-40GB" | "A100-SXM4-40GB" => 40 * GIB,
-        "A100" | "A100-80GB" | "A100-SXM4-80GB" | "A800" | "H100" | "H100-80GB"
-        | "H100-SXM" | "H100-PCIE" | "H800" => 80 * GIB,
+        "A100" | "A100-80GB" | "A100-SXM4-80GB" | "A800" | "H100" | "H100-80GB" | "H100-SXM"
+        | "H100-PCIE" | "H800" => 80 * GIB,
         "H100-NVL" => 94 * GIB,
         "H20" | "GH200" => 96 * GIB,
         "H200" | "H200-141GB" => 143_771,
@@ -536,13 +536,11 @@ mod tests {
 
     #[test]
     fn gpu_memory_comes_from_the_column_else_the_model_and_is_never_guessed() {
-        let nodes = read_nodes(&src(
-            "sn,gpu,model,gpu_mem_mib\n\
+        let nodes = read_nodes(&src("sn,gpu,model,gpu_mem_mib\n\
              a,8,H200,\n\
              b,8,h100_nvl,\n\
              c,4,MI300X,196608\n\
-             d,2,T4,16000\n",
-        ))
+             d,2,T4,16000\n"))
         .unwrap();
         let mem: Vec<u64> = nodes.iter().map(|n| n.mem_mib).collect();
         assert_eq!(mem, [143_771, 94 * 1024, 196_608, 16_000]);
