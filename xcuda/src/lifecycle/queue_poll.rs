@@ -76,7 +76,8 @@ fn run(path: &'static Path) {
             None => false,
         };
         queue::set_online_busy(busy);
-        std::thread::sleep(POLL);
+        // No page (no online job on the GPU): nothing to watch closely.
+        std::thread::sleep(if page.is_some() { POLL } else { REOPEN });
     }
 }
 
