@@ -200,3 +200,63 @@ fn the_daemon_rebuilds_it_from_its_history() {
     let none = FailedPlacements::from_runs(&[run(1, 1, 8_000)], |_, _| None);
     assert_eq!(none.job(&key("j")), JobLessons::default());
 }
+
+/// Through the round: job J fails beside service S1 on GPU a (the GPU
+/// the model prefers for it); the next round puts it beside S2 on b,
+/// which leaves it more room, and the model alone would have tried a
+/// again.
+#[test]
+fn the_round_does_not_propose_a_failed_placement_again() {
+    use crate::reader::ClusterState;
+    use crate::round::plan;
+    let at = |node: &str, online: u32, solo: u8, online_mem: u64| {
+        let mut g = state(A100, online);
+        g.node = node.into();
+        g.published.solo_sm_pct = Some(solo);
+        g.published.online_mem_mib = Some(online_mem);
+        g
+    };
+    let cfg = muxflow::Config::default();
+    let cluster = ClusterState {
+        gpus: vec![at("a", 1, 10, 30_000), at("b", 2, 60, 4_000)],
+        pending: vec![PendingJob {
+            id: 9,
+            user: "u".into(),
+            account: String::new(),
+            name: "j".into(),
+            required_nodes: String::new(),
+            slot_gpus: Vec::new(),
+            gpus: 1,
+            slots: Vec::new(),
+            held: true,
+            waiting: None,
+            refusals: 0,
+            need: Default::default(),
+            array_task: None,
+            unstartable: None,
+        }],
+        ..ClusterState::default()
+    };
+    let names = crate::reader::Names::from_config(&muxflow::config::Slurm::default());
+    let model = Model::default();
+    let node_of = |failed: &FailedPlacements| {
+        let p = plan(
+            &cluster,
+            &Remembering {
+                model: &model,
+                failed,
+            },
+            &cfg.policy,
+            &cfg.matcher,
+            &names,
+        );
+        p.decisions[0].node.clone()
+    };
+    let mut f = FailedPlacements::default();
+    f.note_partner(1, &key("s1"));
+    f.note_partner(2, &key("s2"));
+    assert_eq!(node_of(&f).as_deref(), Some("a"), "nothing learned yet");
+    let room_a = crate::predict::memory_room_mib(&cluster.gpus[0], &cfg.policy);
+    f.failed(&start(&key("j"), Some(&key("s1")), A100, room_a), 1_000);
+    assert_eq!(node_of(&f).as_deref(), Some("b"));
+}
