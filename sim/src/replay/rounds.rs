@@ -245,9 +245,7 @@ impl Sim<'_> {
         // (its cap where it ran over it), a run beside a partner as
         // evidence against a failure's reach. The daemon reads both from
         // its history every round; here each start is recorded as it
-        // happens. A record from an idle GPU carries no cap (the plugin
-        // writes none there): the daemon learns only its peak from it, and
-        // so does the replay.
+        // happens.
         if let (Some(svc), Some(cap_mib)) = (self.online[g as usize].as_ref(), cap) {
             let key = sim_key(&self.sc.tasks[job.task as usize].name);
             let partner = sim_key(&self.sc.tasks[svc.task as usize].name);
@@ -263,6 +261,22 @@ impl Sim<'_> {
             } else {
                 self.learning.failed.failed(&s, job.mem_mib.min(cap_mib));
             }
+        } else if let (false, Some(cap_mib)) = (starts, cap) {
+            // On an idle GPU, beside other offline jobs (`muxflow-nK`): its
+            // part of the room ran out, a need above it. The replay's record
+            // of an idle GPU names no cap, so a daemon reading it would
+            // learn only the job's peak and its failures beside offline
+            // jobs (`Profile::beside_offline_fail`); the replay keeps the
+            // need, as it did before the lessons moved into the matcher.
+            let key = sim_key(&self.sc.tasks[job.task as usize].name);
+            let s = Start {
+                job: &key,
+                partner: None,
+                model_mib: self.sc.gpus[g as usize].mem_mib,
+                cap_mib,
+                beside_offline: !self.gpus[g as usize].offline.is_empty(),
+            };
+            self.learning.failed.failed(&s, job.mem_mib.min(cap_mib));
         }
         let seat = JobSeat {
             sm_pct,
