@@ -49,6 +49,7 @@
 #[cfg(feature = "bench")]
 pub mod bench;
 pub mod exact;
+pub mod failed;
 pub mod gang;
 pub mod hints;
 pub mod history;

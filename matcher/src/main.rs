@@ -14,11 +14,13 @@
 //!   and pairing quality of the default, row-col means and the model (the
 //!   figures `muxflow-sim predictor` reports).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Parser;
+use muxflow_matcher::failed::{FailedPlacements, Remembering};
 use muxflow_matcher::hints;
 use muxflow_matcher::history::HistoryCache;
 use muxflow_matcher::metrics::MatcherMetrics;
@@ -302,9 +304,21 @@ fn round(
     }
     // The cache keeps the plan too: this round's copy takes the update
     // failures' words.
+    // What failed placements teach, from the same history: the GPUs'
+    // models are read from the state, so it is rebuilt every round (one
+    // pass over the runs).
+    let models: BTreeMap<(&str, u32), u64> = (state.gpus.iter())
+        .map(|g| ((g.node.as_str(), g.index), g.published.mem_mib))
+        .collect();
+    let failed = FailedPlacements::from_runs(kept.runs.as_deref().unwrap_or_default(), |n, i| {
+        models.get(&(n, i)).copied()
+    });
     let mut plan = std::sync::Arc::unwrap_or_clone(plan_cached(
         &state,
-        &kept.model,
+        &Remembering {
+            model: &kept.model,
+            failed: &failed,
+        },
         &config.policy,
         &config.matcher,
         &names,

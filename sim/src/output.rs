@@ -95,6 +95,12 @@ fn pct<const D: i32>(v: Fixed<D>) -> String {
     format!("{:.1}%", v.shown() * 100.0)
 }
 
+/// A row of the online GPUs' time while offline work waited (`-` for a
+/// policy without rounds).
+fn waiting(f: fn(&crate::replay::WhileWaiting) -> Fixed<1>) -> Box<dyn Fn(&Outcome) -> String> {
+    Box::new(move |p: &Outcome| shown(p.while_waiting.as_ref().map(f), |v| format!("{v:.0}")))
+}
+
 fn count(v: Option<u64>) -> String {
     v.map_or("-".into(), |v| v.to_string())
 }
@@ -211,6 +217,31 @@ fn figure_rows() -> Vec<Row> {
         (
             "placements failed (memory)",
             Box::new(|p| count(p.oom_starts)),
+        ),
+        (
+            "while offline waits: held, GPU-h",
+            waiting(|w| w.held_gpu_hours),
+        ),
+        (
+            "  unused beside it, GPU-h",
+            waiting(|w| w.held_unused_gpu_hours),
+        ),
+        (
+            "  work the brake held back",
+            waiting(|w| w.braked_gpu_hours),
+        ),
+        ("  open: health, GPU-h", waiting(|w| w.health_gpu_hours)),
+        (
+            "  open: before a round, GPU-h",
+            waiting(|w| w.rounds_gpu_hours),
+        ),
+        (
+            "  open: no job fits memory",
+            waiting(|w| w.memory_gpu_hours),
+        ),
+        (
+            "  open: left by the round",
+            waiting(|w| w.unplaced_gpu_hours),
         ),
         (
             "gang jobs (k GPUs) arrived/done",

@@ -94,6 +94,24 @@ fn json_has_every_documented_field_and_a_seed_gives_byte_identical_output() {
     assert_eq!(policies[0]["lent_gpu_hours"], 0.0);
     assert!(policies[3]["rounds"].is_u64());
     assert!(policies[3]["round_total_s"].is_null(), "--no-timing");
+    // Where muxflow's online GPUs' time went while offline work waited;
+    // the other policies have no rounds to wait for.
+    assert!(policies[0]["while_waiting"].is_null());
+    let w = &policies[3]["while_waiting"];
+    for field in [
+        "held_gpu_hours",
+        "held_unused_gpu_hours",
+        "braked_gpu_hours",
+        "health_gpu_hours",
+        "rounds_gpu_hours",
+        "memory_gpu_hours",
+        "unplaced_gpu_hours",
+    ] {
+        assert!(
+            w[field].as_f64().is_some_and(|v| v >= 0.0),
+            "{field} in {w}"
+        );
+    }
     assert_eq!(v["inputs"]["gpus"], 6);
     assert_eq!(v["inputs"]["nodes"], "nodes.csv");
 

@@ -90,14 +90,14 @@ pub(super) fn partner_load(r: &JobReport) -> f64 {
         .map_or(1.0, |l| f64::from(l.min(100)) / 100.0)
 }
 
-pub(super) fn failed_for_memory(r: &JobReport) -> bool {
+pub fn failed_for_memory(r: &JobReport) -> bool {
     r.oom.unwrap_or(0) > 0
         && progress(r, Signal::StepsPerS).is_none()
         && progress(r, Signal::LaunchesPerS).is_none()
 }
 
 /// The partner as the model names it: its (user, name), else its job id.
-pub(super) fn partner_of(r: &Run) -> Option<JobKey> {
+pub fn partner_of(r: &Run) -> Option<JobKey> {
     r.partner_key
         .clone()
         .or_else(|| Some(unresolved_partner(r.report.partner?)))

@@ -323,6 +323,11 @@ impl Sim<'_> {
             self.tally.sums.lent -= 1;
         }
         self.online[g as usize] = owner;
+        if let Some(svc) = owner {
+            // A replica is its service to what failures teach.
+            let name = &self.sc.tasks[svc.task as usize].name;
+            (self.learning.failed).note_partner(svc.job_id, &super::rounds::sim_key(name));
+        }
         let rt = &mut self.gpus[g as usize];
         rt.solo = None;
         rt.fsm = (owner.is_some() && self.kind.is_muxflow()).then(|| Fsm::new(self.now as u64));

@@ -42,6 +42,7 @@ mod placement;
 mod policy;
 mod rounds;
 mod speeds;
+mod waiting;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -58,6 +59,7 @@ pub use autoscale::Churn;
 pub use outcome::{quantile, round, Fixed, HourRow, Outcome};
 pub use policy::PolicyKind;
 pub use rounds::scaled_matcher;
+pub use waiting::WhileWaiting;
 
 use autoscale::Scaling;
 use outcome::Tally;
@@ -86,6 +88,8 @@ struct GpuRt {
     fsm: Option<Fsm>,
     /// The online service's figures while alone, as the node keeps them.
     solo: Option<Solo>,
+    /// When its last offline job left (0: never held one).
+    open_since_s: f64,
 }
 
 /// A running job's part on one of its GPUs (a k-GPU job has k).
@@ -254,7 +258,9 @@ pub fn run(
             Ev::Arrival => sim.arrival(),
             Ev::Finish { job, version } => sim.finish(job, version),
             Ev::Round => {
+                sim.waited_for_round();
                 sim.round();
+                sim.sample_waiting(settings.round_interval_s.min(sc.end_s - t));
                 let next = t + settings.round_interval_s;
                 if next < sc.end_s {
                     sim.q.push(next, Ev::Round);

@@ -101,6 +101,9 @@ pub struct Outcome {
     /// Offline jobs that ran on fewer GPUs than they asked for (or on
     /// several nodes): counted from the GPUs each start gave; must be 0.
     pub offline_short_of_gpus: u64,
+    /// muxflow: where the online GPUs' time went while offline jobs
+    /// waited ([`super::WhileWaiting`]); null for the other policies.
+    pub while_waiting: Option<super::WhileWaiting>,
     /// Jobs asking for more than one GPU (gangs): arrived, finished, and
     /// their part of `offline_gpu_hours`.
     pub gang_arrived: u64,
@@ -223,6 +226,8 @@ pub(super) struct Tally {
     pub(super) oom: u64,
     pub(super) peer_runs: u64,
     pub(super) refused: u64,
+    /// muxflow: where the online GPUs' time went while offline work waited.
+    pub(super) waiting: super::waiting::WaitingSums,
 }
 
 impl Default for Tally {
@@ -248,6 +253,7 @@ impl Default for Tally {
             oom: 0,
             peer_runs: 0,
             refused: 0,
+            waiting: Default::default(),
         }
     }
 }
@@ -387,6 +393,7 @@ impl Sim<'_> {
             peer_runs: mux.then_some(self.tally.peer_runs),
             refused_placements: mux.then_some(self.tally.refused),
             offline_short_of_gpus: self.jobs.iter().filter(|j| j.short).count() as u64,
+            while_waiting: mux.then(|| self.tally.waiting.hours()),
             gang_arrived: self.sc.jobs[..self.next_arrival]
                 .iter()
                 .filter(|j| j.gpus > 1)

@@ -246,11 +246,15 @@ impl Sim<'_> {
         let gs: Vec<u32> = std::mem::take(&mut job.seats).iter().map(|s| s.g).collect();
         job.version += 1;
         self.tally.sums.running -= 1;
+        let now = self.now;
         for &g in &gs {
             let online = self.online[g as usize].is_some();
             let rt = &mut self.gpus[g as usize];
             rt.offline.retain(|&k| k != j);
             let now_free = rt.offline.is_empty();
+            if now_free {
+                rt.open_since_s = now;
+            }
             // Force new speeds for the jobs left (their partners changed).
             rt.rates.offline_speed = -1.0;
             self.publish(g);

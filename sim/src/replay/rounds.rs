@@ -3,18 +3,17 @@
 //! the true values, its placements started (or failed at once for memory,
 //! and learned), and the AdminComment records the predictor learns from.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Instant;
 
-use muxflow::config::Policy;
 use muxflow::policy::health::{Fsm, HealthState};
 use muxflow::records::published::GpuPublished;
 use muxflow::records::report::{add_peers, GangGpu, JobReport};
 use muxflow::Mode;
-use muxflow_matcher::predict::{runs_from_sacct, GpuTerms, JobTerms, Model, Run, Seat};
-use muxflow_matcher::reader::{GpuState, PendingJob, SacctComment, SacctJob, SacctTime};
-use muxflow_matcher::round::{plan_cached, Action, Decision, IdleSlot, Plan, Predictor};
+use muxflow_matcher::failed::{FailedPlacements, Remembering, Start};
+use muxflow_matcher::predict::{runs_from_sacct, JobKey, Model, Run};
+use muxflow_matcher::reader::{GpuState, SacctComment, SacctJob, SacctTime};
+use muxflow_matcher::round::{plan_cached, Action, Decision, Plan};
 use muxflow_matcher::round_cache::RoundCache;
 
 use super::oracle::Truth;
@@ -118,7 +117,6 @@ impl Sim<'_> {
         // model, so a retraining runs beside its round, not before it.
         let mut chosen_cache = std::mem::take(&mut self.learning.round_cache);
         let mut oracle_cache = std::mem::take(&mut self.learning.oracle_cache);
-        let (no_failed, no_needs) = (Failures::default(), BTreeMap::new());
         let this = &*self;
         let (chosen, oracle, chosen_s, trained) = std::thread::scope(|s| {
             // Only on a sampled round: no thread for the others.
@@ -136,19 +134,11 @@ impl Sim<'_> {
                 })
             });
             let trained = retrain.then(|| Model::train(&this.learning.runs));
-            // What the daemon's next round knows: a new model has learned
-            // the failures since the last one.
-            let learned = match &trained {
-                Some(model) => LearnedNow {
-                    model,
-                    failed: &no_failed,
-                    needs_above: &no_needs,
-                },
-                None => LearnedNow {
-                    model: &this.learning.model,
-                    failed: &this.learning.failed_since_training,
-                    needs_above: &this.learning.needs_above_since_training,
-                },
+            // What the daemon's next round knows: the model of its history
+            // and what the failed placements in it teach.
+            let learned = Remembering {
+                model: trained.as_ref().unwrap_or(&this.learning.model),
+                failed: &this.learning.failed,
             };
             let started = Instant::now();
             let chosen = plan_cached(
@@ -250,27 +240,43 @@ impl Sim<'_> {
         } else {
             pair.is_some() && !over_cap
         };
-        // A pair that cannot share the GPU: what the next model learns
-        // from the failed run's record (predict::estimate's infeasible
-        // pairs). Beside other offline jobs the daemon first reads it as
-        // a need above the slot's cap and learns the pair at the next
-        // failure, alone beside the service: here it is learned at once
-        // (at most one failure fewer per name and service than the
-        // daemon's).
-        let name = &self.sc.tasks[job.task as usize].name;
-        if let (false, Some(svc)) = (starts, self.online[g as usize].as_ref()) {
-            if pair.is_none() {
-                self.learning.failed_since_training.insert(name, svc.job_id);
+        // What the node's record of this start teaches the next round
+        // (muxflow_matcher::failed): a failure at the job's measured peak
+        // (its cap where it ran over it), a run beside a partner as
+        // evidence against a failure's reach. The daemon reads both from
+        // its history every round; here each start is recorded as it
+        // happens.
+        if let (Some(svc), Some(cap_mib)) = (self.online[g as usize].as_ref(), cap) {
+            let key = sim_key(&self.sc.tasks[job.task as usize].name);
+            let partner = sim_key(&self.sc.tasks[svc.task as usize].name);
+            let s = Start {
+                job: &key,
+                partner: Some(&partner),
+                model_mib: self.sc.gpus[g as usize].mem_mib,
+                cap_mib,
+                beside_offline: !self.gpus[g as usize].offline.is_empty(),
+            };
+            if starts {
+                self.learning.failed.ran(&s);
+            } else {
+                self.learning.failed.failed(&s, job.mem_mib.min(cap_mib));
             }
-        }
-        // Over its cap: a need above it.
-        if let (false, true, Some(c)) = (starts, over_cap, cap) {
-            let need = self
-                .learning
-                .needs_above_since_training
-                .entry(name.clone())
-                .or_default();
-            *need = (*need).max(c);
+        } else if let (false, Some(cap_mib)) = (starts, cap) {
+            // On an idle GPU, beside other offline jobs (`muxflow-nK`): its
+            // part of the room ran out, a need above it. The replay's record
+            // of an idle GPU names no cap, so a daemon reading it would
+            // learn only the job's peak and its failures beside offline
+            // jobs (`Profile::beside_offline_fail`); the replay keeps the
+            // need, as it did before the lessons moved into the matcher.
+            let key = sim_key(&self.sc.tasks[job.task as usize].name);
+            let s = Start {
+                job: &key,
+                partner: None,
+                model_mib: self.sc.gpus[g as usize].mem_mib,
+                cap_mib,
+                beside_offline: !self.gpus[g as usize].offline.is_empty(),
+            };
+            self.learning.failed.failed(&s, job.mem_mib.min(cap_mib));
         }
         let seat = JobSeat {
             sm_pct,
@@ -291,8 +297,12 @@ impl Sim<'_> {
         for g in 0..sc.gpus.len() as u32 {
             let gpu = &sc.gpus[g as usize];
             let svc = sc.online[g as usize].as_ref();
-            if svc.is_some() {
+            if let Some(svc) = svc {
                 self.gpus[g as usize].fsm = Some(Fsm::new(0));
+                let name = &sc.tasks[svc.task as usize].name;
+                self.learning
+                    .failed
+                    .note_partner(svc.job_id, &sim_key(name));
             }
             self.state_index[g as usize] = self.state.gpus.len();
             self.state.gpus.push(GpuState {
@@ -438,40 +448,10 @@ pub fn scaled_matcher(
     }
 }
 
-/// (job name, online partner) pairs that failed at start: the daemon's
-/// model keys a job by (user, name), and every replayed job's user is the
-/// same. Kept by name, and the partners alone, for the round's lookups per
-/// job and per GPU (a scan of every pair each time cost more than the
-/// round's scoring in busy hours).
-#[derive(Debug, Default)]
-pub(super) struct Failures {
-    by_name: BTreeMap<String, BTreeSet<u32>>,
-    partners: BTreeSet<u32>,
-}
-
-impl Failures {
-    fn insert(&mut self, name: &str, partner: u32) {
-        match self.by_name.get_mut(name) {
-            Some(p) => {
-                p.insert(partner);
-            }
-            None => {
-                self.by_name
-                    .insert(name.to_owned(), BTreeSet::from([partner]));
-            }
-        }
-        self.partners.insert(partner);
-    }
-
-    fn clear(&mut self) {
-        self.by_name.clear();
-        self.partners.clear();
-    }
-
-    /// The partners job `name` failed beside, ascending.
-    fn partners_of(&self, name: &str) -> impl Iterator<Item = u32> + '_ {
-        self.by_name.get(name).into_iter().flatten().copied()
-    }
+/// A replayed job's or service's key as the matcher's history names it:
+/// (user, name), every replayed job's user the same.
+pub(super) fn sim_key(name: &str) -> JobKey {
+    ("sim".into(), name.into())
 }
 
 /// What `muxflow`'s matcher has learned: the runs parsed back from the
@@ -485,20 +465,15 @@ pub(super) struct Learning {
     trained_on_runs: usize,
     /// The daemon's round cache, for the learned model's rounds and the
     /// oracle's; `epoch` names the learned model (retrained: a new one;
-    /// failures since are each job's key, [`LearnedNow`]).
+    /// what failed since is each job's key, `Remembering::job_key`).
     round_cache: RoundCache,
     oracle_cache: RoundCache,
     epoch: u64,
-    /// (job name, online partner) pairs whose placement failed at start
-    /// since the model was last trained: not proposed again before it
-    /// learns them ([`LearnedNow`]). The daemon retrains every round, so a
-    /// failure is in its next round's model; the replay retrains more
-    /// rarely and must not propose the pair again meanwhile.
-    failed_since_training: Failures,
-    /// Per job name, the largest memory cap a start failed under since the
-    /// model was trained: its need is above it (what the model learns
-    /// from such a run, `Profile::peak_mib`).
-    needs_above_since_training: BTreeMap<String, u64>,
+    /// What the failed placements teach (`muxflow_matcher::failed`): the
+    /// daemon rebuilds it from its whole history every round, and the
+    /// history window (30 days) outlasts the replay, so nothing in it is
+    /// forgotten at a retraining.
+    pub(super) failed: FailedPlacements,
 }
 
 impl Learning {
@@ -511,8 +486,7 @@ impl Learning {
             round_cache: RoundCache::default(),
             oracle_cache: RoundCache::default(),
             epoch: 0,
-            failed_since_training: Failures::default(),
-            needs_above_since_training: BTreeMap::new(),
+            failed: FailedPlacements::default(),
         }
     }
 
@@ -528,108 +502,17 @@ impl Learning {
     }
 
     /// `model`, trained on the first `runs` runs, replaces the model: a new
-    /// epoch, nothing failed since.
+    /// epoch.
     fn trained(&mut self, model: Model, runs: usize) {
         self.model = model;
         self.trained_on_runs = runs;
-        self.failed_since_training.clear();
-        self.needs_above_since_training.clear();
         self.epoch += 1;
-    }
-}
-
-/// The production model, less the pairs that failed at start since it was
-/// trained ([`Learning::failed_since_training`]): what the daemon's next round
-/// would know.
-struct LearnedNow<'a> {
-    model: &'a Model,
-    failed: &'a Failures,
-    /// Job name -> a cap it failed under.
-    needs_above: &'a BTreeMap<String, u64>,
-}
-
-impl LearnedNow<'_> {
-    fn failed_beside(&self, job: &(JobTerms, Vec<u32>), gpu: &(GpuTerms, Option<u32>)) -> bool {
-        gpu.1.is_some_and(|p| job.1.contains(&p))
-    }
-}
-
-impl Predictor for LearnedNow<'_> {
-    /// The model's terms and the partners the job failed beside.
-    type Job = (JobTerms, Vec<u32>);
-    type Gpu = (GpuTerms, Option<u32>);
-    fn job_terms(&self, job: &PendingJob) -> Self::Job {
-        let failed_beside = self.failed.partners_of(&job.name).collect();
-        let mut terms = Predictor::job_terms(self.model, job);
-        if let Some(&cap) = self.needs_above.get(&job.name) {
-            terms.peak_mib = Some(terms.peak_mib.unwrap_or(0).max(cap.saturating_add(1)));
-        }
-        (terms, failed_beside)
-    }
-    fn gpu_terms(&self, gpu: &GpuState, policy: &Policy, seat: Seat) -> Self::Gpu {
-        (
-            Predictor::gpu_terms(self.model, gpu, policy, seat),
-            gpu.online_jobs.first().copied(),
-        )
-    }
-    fn predict(&self, job: &Self::Job, gpu: &Self::Gpu) -> Option<f64> {
-        if self.failed_beside(job, gpu) {
-            return None;
-        }
-        Predictor::predict(self.model, &job.0, &gpu.0)
-    }
-    fn estimate(&self, job: &Self::Job, gpu: &Self::Gpu) -> Option<(f64, f64)> {
-        if self.failed_beside(job, gpu) {
-            return None;
-        }
-        Predictor::estimate(self.model, &job.0, &gpu.0)
-    }
-    fn solo(&self, job: &Self::Job, gpu: &GpuState, slot: &IdleSlot) -> Option<(f64, f64)> {
-        Predictor::solo(self.model, &job.0, gpu, slot)
-    }
-    /// The model's key, and the online job where some job failed beside it.
-    fn column_key(
-        &self,
-        at: usize,
-        gpu: &GpuState,
-        terms: Option<&Self::Gpu>,
-        key: &mut Vec<u64>,
-    ) -> bool {
-        let Some((terms, online)) = terms else {
-            return Predictor::column_key(self.model, at, gpu, None, key);
-        };
-        let failed_here = online.filter(|o| self.failed.partners.contains(o));
-        key.push(failed_here.map_or(u64::MAX, u64::from));
-        Predictor::column_key(self.model, at, gpu, Some(terms), key)
-    }
-    /// What was learned of its name since training: the partners it
-    /// failed beside and the cap it failed under.
-    fn job_key(&self, job: &PendingJob) -> u64 {
-        let fnv = |h: u64, v: u64| (h ^ v).wrapping_mul(0x0100_0000_01b3);
-        let h = (self.failed.partners_of(&job.name))
-            .fold(0xcbf2_9ce4_8422_2325, |h, p| fnv(h, u64::from(p)));
-        fnv(h, self.needs_above.get(&job.name).map_or(u64::MAX, |&c| c))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn failures_are_kept_by_name_and_by_partner() {
-        let mut f = Failures::default();
-        f.insert("a", 7);
-        f.insert("a", 3);
-        f.insert("b", 7);
-        assert_eq!(f.partners_of("a").collect::<Vec<_>>(), [3, 7]);
-        assert_eq!(f.partners_of("b").collect::<Vec<_>>(), [7]);
-        assert_eq!(f.partners_of("c").count(), 0);
-        assert_eq!(f.partners, BTreeSet::from([3, 7]));
-        f.clear();
-        assert_eq!(f.partners_of("a").count(), 0);
-        assert!(f.partners.is_empty());
-    }
 
     #[test]
     fn the_update_bound_keeps_the_daemons_rate_per_hour() {

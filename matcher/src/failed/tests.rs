@@ -1,0 +1,262 @@
+use super::*;
+use muxflow::records::report::JobReport;
+
+fn key(name: &str) -> JobKey {
+    ("u".into(), name.into())
+}
+
+const V100: u64 = 16_384;
+const A100: u64 = 81_920;
+
+/// Job `j` beside partner `p` on a `model` GPU, its slot capped at `cap`.
+fn start<'a>(j: &'a JobKey, p: Option<&'a JobKey>, model: u64, cap: u64) -> Start<'a> {
+    Start {
+        job: j,
+        partner: p,
+        model_mib: model,
+        cap_mib: cap,
+        beside_offline: false,
+    }
+}
+
+/// A GPU of `model` whose online job is `online`.
+fn state(model: u64, online: u32) -> GpuState {
+    use muxflow::policy::health::HealthState;
+    use muxflow::records::published::GpuPublished;
+    GpuState {
+        node: "n1".into(),
+        index: 0,
+        published: GpuPublished {
+            index: 0,
+            state: HealthState::Healthy,
+            solo_sm_pct: None,
+            online_mem_mib: None,
+            mem_mib: model,
+            offline: 0,
+            multiuser: true,
+        },
+        online_jobs: vec![online],
+        slots_used: 0,
+        offline_jobs: 0,
+        owners: Vec::new(),
+    }
+}
+
+fn gpu(f: &FailedPlacements, partner: Option<&JobKey>, model: u64) -> GpuLessons {
+    GpuLessons {
+        model_mib: model,
+        partner: partner.and_then(|p| f.partner_index.get(p).copied()),
+    }
+}
+
+/// One row per case: what a failure of job J beside S (V100, cap 8,000 MiB,
+/// J's peak 5,000: the GPU was full) rules out, and what it leaves open.
+#[test]
+fn a_device_full_failure_reaches_partners_at_least_as_large_on_that_model() {
+    let (j, s, t) = (key("j"), key("s"), key("t"));
+    let mut f = FailedPlacements::default();
+    f.failed(&start(&j, Some(&s), V100, 8_000), 5_000);
+    let l = f.job(&j);
+    let cases: [(&str, Option<&JobKey>, u64, u64, bool); 6] = [
+        (
+            "the same partner, model and room",
+            Some(&s),
+            V100,
+            8_000,
+            true,
+        ),
+        (
+            "the same partner with less room",
+            Some(&s),
+            V100,
+            6_000,
+            true,
+        ),
+        (
+            "another partner leaving no more room",
+            Some(&t),
+            V100,
+            8_000,
+            true,
+        ),
+        (
+            "another partner leaving more room",
+            Some(&t),
+            V100,
+            9_000,
+            false,
+        ),
+        (
+            "the same partner on another model",
+            Some(&s),
+            A100,
+            8_000,
+            false,
+        ),
+        (
+            "the same partner leaving more room",
+            Some(&s),
+            V100,
+            8_001,
+            false,
+        ),
+    ];
+    for (what, p, model, room, out) in cases {
+        assert_eq!(l.rules_out(&gpu(&f, p, model), room), out, "{what}");
+    }
+    assert_eq!(l.needs_above_mib, None, "its own peak stayed below its cap");
+}
+
+#[test]
+fn a_run_at_least_as_tight_withdraws_the_reach_but_never_the_exact_pair() {
+    let (j, s, t) = (key("j"), key("s"), key("t"));
+    let mut f = FailedPlacements::default();
+    f.failed(&start(&j, Some(&s), V100, 8_000), 5_000);
+    // A run beside T with only 7,000 MiB: memory was not what failed
+    // beside S (S uses more than it published).
+    f.ran(&start(&j, Some(&t), V100, 7_000));
+    let l = f.job(&j);
+    assert!(!l.rules_out(&gpu(&f, Some(&t), V100), 8_000), "T again");
+    assert!(
+        l.rules_out(&gpu(&f, Some(&s), V100), 8_000),
+        "S never again"
+    );
+    // A looser run elsewhere is no evidence against the reach.
+    let mut g = FailedPlacements::default();
+    g.failed(&start(&j, Some(&s), V100, 8_000), 5_000);
+    g.ran(&start(&j, Some(&t), V100, 9_000));
+    assert!(g.job(&j).rules_out(&gpu(&g, Some(&t), V100), 8_000));
+    // The pair itself ran with as much room since: new evidence.
+    let mut h = FailedPlacements::default();
+    h.failed(&start(&j, Some(&s), V100, 8_000), 5_000);
+    h.ran(&start(&j, Some(&s), V100, 7_000));
+    h.ran(&start(&j, Some(&s), V100, 8_000));
+    assert!(!h.job(&j).rules_out(&gpu(&h, Some(&s), V100), 8_000));
+}
+
+#[test]
+fn a_peak_at_the_cap_is_a_need_above_it_anywhere() {
+    let (j, s) = (key("j"), key("s"));
+    let cases: [(&str, u64, bool, Option<u64>); 3] = [
+        ("its peak reached its cap", 8_000, false, Some(8_000)),
+        ("beside other offline jobs", 3_000, true, Some(8_000)),
+        ("below its cap, alone beside S", 3_000, false, None),
+    ];
+    for (what, peak, beside_offline, needs) in cases {
+        let mut f = FailedPlacements::default();
+        f.failed(
+            &Start {
+                beside_offline,
+                ..start(&j, Some(&s), V100, 8_000)
+            },
+            peak,
+        );
+        assert_eq!(f.job(&j).needs_above_mib, needs, "{what}");
+    }
+    // On an idle GPU there is no partner to blame: its own need.
+    let mut f = FailedPlacements::default();
+    f.failed(&start(&j, None, V100, 12_000), 3_000);
+    assert_eq!(f.job(&j).needs_above_mib, Some(12_000));
+}
+
+#[test]
+fn every_replica_of_a_partner_is_that_partner() {
+    let (j, s) = (key("j"), key("s"));
+    let mut f = FailedPlacements::default();
+    f.note_partner(41, &s);
+    f.note_partner(42, &s);
+    f.failed(&start(&j, Some(&s), V100, 8_000), 5_000);
+    f.ran(&start(&j, Some(&key("t")), V100, 1_000));
+    let g = f.gpu(&state(V100, 42));
+    assert_eq!(g.partner, f.partner_index.get(&s).copied());
+    assert!(f.job(&j).rules_out(&g, 8_000), "the other replica");
+    let other = f.gpu(&state(V100, 43));
+    assert!(!f.job(&j).rules_out(&other, 8_000), "another service");
+}
+
+/// The daemon's memory from its history: a failed run and a run beside
+/// the same partner in the records, the GPU's model read from the state.
+#[test]
+fn the_daemon_rebuilds_it_from_its_history() {
+    let run = |id: u32, oom: u64, cap: u64| Run {
+        job_id: id,
+        key: key("j"),
+        report: JobReport {
+            node: Some("n1".into()),
+            gpu: Some(0),
+            partner: Some(7),
+            mem_cap_mib: Some(cap),
+            measured_peak_mib: Some(4_000),
+            oom: Some(oom),
+            ..JobReport::default()
+        },
+        end_s: 1,
+        partner_key: Some(key("s")),
+    };
+    let model_of = |node: &str, gpu: u32| (node == "n1" && gpu == 0).then_some(V100);
+    let f = FailedPlacements::from_runs(&[run(1, 1, 8_000)], model_of);
+    assert!(f.job(&key("j")).rules_out(&f.gpu(&state(V100, 7)), 8_000));
+    // A GPU the state no longer lists teaches nothing of a model.
+    let none = FailedPlacements::from_runs(&[run(1, 1, 8_000)], |_, _| None);
+    assert_eq!(none.job(&key("j")), JobLessons::default());
+}
+
+/// Through the round: job J fails beside service S1 on GPU a (the GPU
+/// the model prefers for it); the next round puts it beside S2 on b,
+/// which leaves it more room, and the model alone would have tried a
+/// again.
+#[test]
+fn the_round_does_not_propose_a_failed_placement_again() {
+    use crate::reader::ClusterState;
+    use crate::round::plan;
+    let at = |node: &str, online: u32, solo: u8, online_mem: u64| {
+        let mut g = state(A100, online);
+        g.node = node.into();
+        g.published.solo_sm_pct = Some(solo);
+        g.published.online_mem_mib = Some(online_mem);
+        g
+    };
+    let cfg = muxflow::Config::default();
+    let cluster = ClusterState {
+        gpus: vec![at("a", 1, 10, 30_000), at("b", 2, 60, 4_000)],
+        pending: vec![PendingJob {
+            id: 9,
+            user: "u".into(),
+            account: String::new(),
+            name: "j".into(),
+            required_nodes: String::new(),
+            slot_gpus: Vec::new(),
+            gpus: 1,
+            slots: Vec::new(),
+            held: true,
+            waiting: None,
+            refusals: 0,
+            need: Default::default(),
+            array_task: None,
+            unstartable: None,
+        }],
+        ..ClusterState::default()
+    };
+    let names = crate::reader::Names::from_config(&muxflow::config::Slurm::default());
+    let model = Model::default();
+    let node_of = |failed: &FailedPlacements| {
+        let p = plan(
+            &cluster,
+            &Remembering {
+                model: &model,
+                failed,
+            },
+            &cfg.policy,
+            &cfg.matcher,
+            &names,
+        );
+        p.decisions[0].node.clone()
+    };
+    let mut f = FailedPlacements::default();
+    f.note_partner(1, &key("s1"));
+    f.note_partner(2, &key("s2"));
+    assert_eq!(node_of(&f).as_deref(), Some("a"), "nothing learned yet");
+    let room_a = crate::predict::memory_room_mib(&cluster.gpus[0], &cfg.policy);
+    f.failed(&start(&key("j"), Some(&key("s1")), A100, room_a), 1_000);
+    assert_eq!(node_of(&f).as_deref(), Some("b"));
+}
