@@ -43,6 +43,8 @@ pub fn ensure_started() {
 
 fn start(first: bool) {
     gate().set_restart(ensure_started);
+    // Before any launch of this process takes the fast path without a fence.
+    crate::state::gate::register_barrier();
     let s = settings();
     if s.env.role == muxflow::records::xcuda_env::Role::Online {
         // Counting mode: no gate to move, no cap, the application's signals

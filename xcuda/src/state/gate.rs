@@ -1,19 +1,135 @@
 //! The launch gate: one atomic word that every gated launch reads.
 //!
-//! Fast path (gate open): one `fetch_add` on `entered`, one load of `state`,
-//! the driver call, one `fetch_add` on `left`. No lock, no allocation. The two
-//! counters let the graceful exit wait until no launch is inside the driver
-//! (`entered == left`) after it closed the gate; they also count launches.
+//! Fast path (gate open), for a thread that holds one of the [`SLOTS`]: a
+//! plain store of its slot's "inside the driver" flag, a load of `state`,
+//! the driver call, a plain increment of its slot's launch count and a
+//! plain store clearing the flag. No locked instruction, no lock, no
+//! allocation: the graceful exit pays instead, with a process-wide barrier
+//! (`membarrier`, [`Gate::drain`]) before it reads the flags — the
+//! asymmetric fence user-space RCU uses. Where the kernel refuses that
+//! barrier, the fast path carries a full fence itself.
+//!
+//! Every other launch — a thread without a slot (more threads than slots),
+//! a delayed, held or closing gate — takes the counted path: one
+//! `fetch_add` on `entered` before the driver, one on `left` after. The
+//! exit waits until no slot is inside and `entered == left`, so no launch
+//! is inside the driver after it closed the gate; the counters and the
+//! slots' counts are the launch counts.
 //!
 //! In a child forked after start-up no watcher runs to move the gate: the
 //! fork handler puts it in the restart state, and the child's first gated
 //! launch (off the fast path, since the state is not open) calls the
 //! gate's restart function, which starts the child's own watcher.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::cell::Cell;
+use std::sync::atomic::{
+    compiler_fence, fence, AtomicBool, AtomicU64, AtomicU8, AtomicUsize,
+    Ordering::{Relaxed, Release, SeqCst},
+};
 use std::time::{Duration, Instant};
 
 use crate::abi::cu;
+
+/// Threads that launch through a slot of their own (more take the counted
+/// path, as every thread did before).
+const SLOT_COUNT: usize = 256;
+
+/// One launching thread's: whether it is inside the driver on the fast
+/// path, and its fast-path launches (written only by its owner, so plain
+/// load-and-store, never a locked increment). A cache line each.
+#[repr(align(64))]
+struct Slot {
+    /// 0: free; else taken by a thread (until it exits).
+    taken: AtomicBool,
+    inside: AtomicBool,
+    launched: AtomicU64,
+}
+
+static SLOTS: [Slot; SLOT_COUNT] = [const {
+    Slot {
+        taken: AtomicBool::new(false),
+        inside: AtomicBool::new(false),
+        launched: AtomicU64::new(0),
+    }
+}; SLOT_COUNT];
+
+/// The process-wide barrier: 0 not yet asked for, 1 registered (the fast
+/// path needs only a compiler fence), 2 refused (the fast path fences).
+static BARRIER: AtomicU8 = AtomicU8::new(0);
+const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
+const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
+
+fn membarrier(cmd: libc::c_long) -> bool {
+    // SAFETY: membarrier takes (cmd, flags, cpu_id) by value and touches no memory of ours.
+    unsafe {
+        libc::syscall(
+            libc::SYS_membarrier,
+            cmd,
+            0 as libc::c_long,
+            0 as libc::c_long,
+        ) == 0
+    }
+}
+
+/// Registers this process for the expedited barrier, once (start-up).
+pub fn register_barrier() {
+    if BARRIER.load(SeqCst) == 0 {
+        let ok = membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED);
+        BARRIER.store(if ok { 1 } else { 2 }, SeqCst);
+    }
+}
+
+/// Releases the thread's slot when it exits (its counts stay: they are
+/// the process's).
+struct SlotRelease(usize);
+impl Drop for SlotRelease {
+    fn drop(&mut self) {
+        SLOTS[self.0].inside.store(false, Release);
+        SLOTS[self.0].taken.store(false, Release);
+        MY_SLOT.with(|m| m.set(NO_SLOT));
+    }
+}
+
+const NO_SLOT: usize = usize::MAX;
+/// Not yet tried.
+const UNTRIED: usize = usize::MAX - 1;
+
+thread_local! {
+    static MY_SLOT: Cell<usize> = const { Cell::new(UNTRIED) };
+    static RELEASE: Cell<Option<SlotRelease>> = const { Cell::new(None) };
+}
+
+/// This thread's slot, taken at its first launch; None: none free (or the
+/// thread is exiting).
+#[inline(always)]
+fn my_slot() -> Option<&'static Slot> {
+    let i = MY_SLOT.try_with(Cell::get).unwrap_or(NO_SLOT);
+    match i {
+        UNTRIED => take_slot(),
+        NO_SLOT => None,
+        i => Some(&SLOTS[i]),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn take_slot() -> Option<&'static Slot> {
+    let found = SLOTS.iter().position(|s| {
+        s.taken
+            .compare_exchange(false, true, SeqCst, SeqCst)
+            .is_ok()
+    });
+    let i = found.unwrap_or(NO_SLOT);
+    let _ = MY_SLOT.try_with(|m| m.set(i));
+    if i != NO_SLOT {
+        // The destructor gives the slot back at thread exit; a thread whose
+        // TLS is gone already keeps it (it launches no more).
+        if RELEASE.try_with(|r| r.set(Some(SlotRelease(i)))).is_err() {
+            return None;
+        }
+    }
+    SLOTS.get(i)
+}
 
 /// `state` values: 0 = open; 1..=MAX_DELAY_NS = delay each launch by that
 /// many ns; the top four values are the closed states.
@@ -50,6 +166,9 @@ pub struct Gate {
     /// the lifecycle layer at start-up ([`Gate::set_restart`]), so this
     /// layer does not know that one.
     restart: AtomicUsize,
+    /// Launches through the threads' [`SLOTS`] (the process's one gate;
+    /// a gate of a unit test counts on its own).
+    slots: bool,
 }
 
 /// Counters for the stats file.
@@ -67,6 +186,7 @@ impl Default for Gate {
 }
 
 impl Gate {
+    /// A gate whose every launch is counted (no thread slots).
     pub const fn new() -> Gate {
         Gate {
             state: AtomicU64::new(OPEN),
@@ -76,6 +196,16 @@ impl Gate {
             delayed: AtomicU64::new(0),
             delay_ns: AtomicU64::new(0),
             restart: AtomicUsize::new(0),
+            slots: false,
+        }
+    }
+
+    /// The process's gate: open launches through the threads' slots. One
+    /// per process (the slots are process-wide).
+    pub const fn with_thread_slots() -> Gate {
+        Gate {
+            slots: true,
+            ..Gate::new()
         }
     }
 
@@ -97,6 +227,22 @@ impl Gate {
         ] {
             c.store(0, SeqCst);
         }
+        // Only the forking thread lives on: the other threads' slots are
+        // free, and no slot is inside the driver. The child is a process of
+        // its own: its barrier is asked for again at its start-up.
+        if !self.slots {
+            self.state.store(RESTART, SeqCst);
+            return;
+        }
+        BARRIER.store(0, SeqCst);
+        let mine = MY_SLOT.try_with(Cell::get).unwrap_or(NO_SLOT);
+        for (i, slot) in SLOTS.iter().enumerate() {
+            slot.launched.store(0, SeqCst);
+            slot.inside.store(false, SeqCst);
+            if i != mine {
+                slot.taken.store(false, SeqCst);
+            }
+        }
         self.state.store(RESTART, SeqCst);
     }
 
@@ -104,6 +250,30 @@ impl Gate {
     /// released the contexts, refuses with `CUDA_ERROR_DEINITIALIZED`.
     #[inline]
     pub fn pass(&self, launch: impl FnOnce() -> u32) -> u32 {
+        if let Some(slot) = self.slots.then(my_slot).flatten() {
+            slot.inside.store(true, Relaxed);
+            // The store above must be seen before the load below, by the
+            // exit's drain (the Dekker pattern): the drain's membarrier
+            // orders it when registered, else a full fence here.
+            if BARRIER.load(Relaxed) == 1 {
+                compiler_fence(SeqCst);
+            } else {
+                fence(SeqCst);
+            }
+            if self.state.load(Relaxed) == OPEN {
+                let rc = launch();
+                slot.launched
+                    .store(slot.launched.load(Relaxed).wrapping_add(1), Relaxed);
+                slot.inside.store(false, Release);
+                return rc;
+            }
+            slot.inside.store(false, Release);
+        }
+        self.counted(launch)
+    }
+
+    /// The counted path: a thread without a slot, or a gate not open.
+    fn counted(&self, launch: impl FnOnce() -> u32) -> u32 {
         self.entered.fetch_add(1, SeqCst);
         let s = self.state.load(SeqCst);
         if s == OPEN {
@@ -183,11 +353,23 @@ impl Gate {
 
     /// Waits until no launch is inside the driver; false if `deadline` passed first.
     pub fn drain(&self, deadline: Instant) -> bool {
+        // Every thread passes a full barrier after the gate closed: a
+        // fast-path launch either saw it closed or its slot shows inside.
+        if self.slots && BARRIER.load(SeqCst) == 1 && !membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)
+        {
+            // Refused now (it never should be once registered): later
+            // launches fence themselves, and a store a launch made before
+            // is out of its CPU's store buffer long before 10 ms.
+            BARRIER.store(2, SeqCst);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        fence(SeqCst);
         loop {
             // `left` first: if the two then agree, nothing was in flight at that moment.
             let l = self.left.load(SeqCst);
             let e = self.entered.load(SeqCst);
-            if e == l {
+            let slots_out = !self.slots || SLOTS.iter().all(|s| !s.inside.load(SeqCst));
+            if e == l && slots_out {
                 return true;
             }
             if Instant::now() >= deadline {
@@ -204,8 +386,17 @@ impl Gate {
 
     pub fn counts(&self) -> GateCounts {
         let left = self.left.load(SeqCst);
+        let fast: u64 = match self.slots {
+            true => SLOTS
+                .iter()
+                .map(|s| s.launched.load(Relaxed))
+                .fold(0, u64::wrapping_add),
+            false => 0,
+        };
         GateCounts {
-            launches: left.saturating_sub(self.not_launched.load(SeqCst)),
+            launches: left
+                .saturating_sub(self.not_launched.load(SeqCst))
+                .wrapping_add(fast),
             delayed: self.delayed.load(SeqCst),
             delay_us: self.delay_ns.load(SeqCst) / 1000,
         }
@@ -290,6 +481,52 @@ mod tests {
                 delay_us: 0
             }
         );
+    }
+
+    /// The process's gate (thread slots, the barrier): the one test that
+    /// uses the slots, so no other test's launches are counted in them.
+    static SLOTTED: Gate = Gate::with_thread_slots();
+
+    #[test]
+    fn the_fast_path_counts_per_thread_and_the_drain_waits_for_it() {
+        let g = &SLOTTED;
+        register_barrier();
+        assert_ne!(BARRIER.load(SeqCst), 0);
+        assert_eq!(g.pass(|| 5), 5);
+        let t = std::thread::spawn(|| SLOTTED.pass(|| 0));
+        assert_eq!(t.join().unwrap(), 0);
+        // Two fast-path launches, two slots (the second thread's given back).
+        assert_eq!(g.counts().launches, 2);
+        assert!(!SLOTS.iter().any(|s| s.inside.load(SeqCst)));
+        let inside = Arc::new(AtomicBool::new(false));
+        let release = Arc::new(AtomicBool::new(false));
+        let (i2, r2) = (inside.clone(), release.clone());
+        let h = std::thread::spawn(move || {
+            SLOTTED.pass(|| {
+                i2.store(true, SeqCst);
+                while !r2.load(SeqCst) {
+                    std::thread::yield_now();
+                }
+                0
+            })
+        });
+        while !inside.load(SeqCst) {
+            std::thread::yield_now();
+        }
+        g.begin_shutdown();
+        // A launch inside the driver on the fast path holds the drain.
+        assert!(!g.drain(Instant::now() + Duration::from_millis(20)));
+        release.store(true, SeqCst);
+        assert!(g.drain(Instant::now() + Duration::from_secs(10)));
+        assert_eq!(h.join().unwrap(), 0);
+        assert_eq!(g.counts().launches, 3);
+        // Closed: a launch takes the counted path and waits, then is refused.
+        let held = std::thread::spawn(|| SLOTTED.pass(|| panic!("must not reach the driver")));
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(!held.is_finished());
+        g.finish_shutdown();
+        assert_eq!(held.join().unwrap(), cu::DEINITIALIZED);
+        assert_eq!(g.counts().launches, 3);
     }
 
     #[test]

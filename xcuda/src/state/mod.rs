@@ -23,7 +23,7 @@ use memcap::MemCap;
 pub use settings::{settings, Settings, Source};
 use stats::Counters;
 
-static GATE: Gate = Gate::new();
+static GATE: Gate = Gate::with_thread_slots();
 
 pub fn gate() -> &'static Gate {
     &GATE
