@@ -1367,6 +1367,30 @@ fn sync_rows_end_the_online_busy_period() {
     }
 }
 
+/// A trainer of 2 s, 4 kernels of 200 us a step: the page tests' offline job.
+const SHORT_TRAINER: &[&str] = &[
+    "offline",
+    "--duration",
+    "2",
+    "--kernels-per-step",
+    "4",
+    "--kernel-us",
+    "200",
+];
+
+/// An online page's record of a service 50 % slower than its baseline,
+/// written at `now` (the `seq`-th write).
+fn hurt_record(seq: u64, now: u64) -> muxflow::records::online_page::Record {
+    muxflow::records::online_page::Record {
+        seq,
+        heartbeat_ns: now,
+        window_at_ns: now,
+        window_ns_per_launch: 1.5e6,
+        baseline_ns_per_launch: 1.0e6,
+        launches: seq * 10,
+    }
+}
+
 /// Root's note of the job a page speaks for, as the plugin writes it
 /// (`muxflow::records::online_page::create`): this test's own uid owns both.
 fn note_page_job(page: &Path) {
@@ -1411,31 +1435,13 @@ fn an_offline_gate_brakes_on_a_hurt_online_page_and_not_on_a_forged_one() {
                 while !stop.load(Ordering::SeqCst) {
                     seq += 1;
                     let now = now_ns();
-                    let r = Record {
-                        seq,
-                        heartbeat_ns: now,
-                        window_at_ns: now,
-                        window_ns_per_launch: 1.5e6,
-                        baseline_ns_per_launch: 1.0e6,
-                        launches: seq * 10,
-                    };
+                    let r = hurt_record(seq, now);
                     let _ = std::fs::write(&page, r.encode());
                     std::thread::sleep(Duration::from_millis(50));
                 }
             })
         };
-        let mut c = sim.workload(
-            &[
-                "offline",
-                "--duration",
-                "2",
-                "--kernels-per-step",
-                "4",
-                "--kernel-us",
-                "200",
-            ],
-            true,
-        );
+        let mut c = sim.workload(SHORT_TRAINER, true);
         // The online trigger's per-launch law (the queue off: with it on,
         // the queue's busy bound replaces that delay).
         c.env(ONLINE_PAGE, &page).env(QUEUE_INFLIGHT, "0");
@@ -1488,14 +1494,7 @@ fn the_offline_queue_holds_launches_while_the_online_job_serves_a_request() {
                 while !stop.load(Ordering::SeqCst) {
                     seq += 1;
                     let now = now_ns();
-                    let r = Record {
-                        seq,
-                        heartbeat_ns: now,
-                        window_at_ns: now,
-                        window_ns_per_launch: 1.5e6,
-                        baseline_ns_per_launch: 1.0e6,
-                        launches: seq * 10,
-                    };
+                    let r = hurt_record(seq, now);
                     f.write_all_at(&r.encode(), 0).unwrap();
                     let serving = busy && t0.elapsed().as_millis() % 50 < 45;
                     let since = if serving {
@@ -1508,18 +1507,7 @@ fn the_offline_queue_holds_launches_while_the_online_job_serves_a_request() {
                 }
             })
         };
-        let mut c = sim.workload(
-            &[
-                "offline",
-                "--duration",
-                "2",
-                "--kernels-per-step",
-                "4",
-                "--kernel-us",
-                "200",
-            ],
-            true,
-        );
+        let mut c = sim.workload(SHORT_TRAINER, true);
         c.env(ONLINE_PAGE, &page);
         c.env(QUEUE_INFLIGHT, queue.unwrap_or("0"));
         let (o, r) = run(c);
