@@ -838,6 +838,28 @@ impl Cluster {
             .unwrap_or_else(|| panic!("{node} gpu{gpu} not published: {p:?}"))
     }
 
+    /// Offline job `job`'s xCUDA counters on `node`, summed over its
+    /// processes' stats files: (launches, delayed). A launch the queue held
+    /// for the online job's request counts as delayed.
+    pub fn xcuda_counters(&self, config: &Path, node: &str, job: u32) -> (u64, u64) {
+        let dir = self.node_view(node, &self.node_state(config, node).xcuda_stats_dir(job));
+        let (mut launches, mut delayed) = (0, 0);
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if !e.file_name().to_string_lossy().starts_with("xcuda.") {
+                continue;
+            }
+            let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+            let n = |k| {
+                kv(&text, k)
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0)
+            };
+            launches += n("launches");
+            delayed += n("delayed");
+        }
+        (launches, delayed)
+    }
+
     /// `node`'s muxflow state directory (per-GPU health, job registry).
     pub fn node_state(&self, config: &Path, node: &str) -> muxflow::node::state::NodeState {
         let cfg = muxflow::Config::load(config)

@@ -9,11 +9,10 @@
 //! test waits for the page to show the slowdown and for the offline job's
 //! delayed launches to keep growing after its slow start.
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use muxflow::records::online_page::{self, Reading};
-use muxflow_tests::{kv, CancelNamed, Cluster};
+use muxflow_tests::{CancelNamed, Cluster};
 
 const WAIT: Duration = Duration::from_secs(90);
 const USER: &str = "nobody";
@@ -55,26 +54,6 @@ impl Drop for GpuModel {
             let _ = std::fs::write(p, old);
         }
     }
-}
-
-/// The offline job's xCUDA counters, summed over its processes.
-fn counters(c: &Cluster, config: &Path, job: u32) -> (u64, u64) {
-    let dir = c.node_view(NODE, &c.node_state(config, NODE).xcuda_stats_dir(job));
-    let (mut launches, mut delayed) = (0, 0);
-    for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-        if !e.file_name().to_string_lossy().starts_with("xcuda.") {
-            continue;
-        }
-        let text = std::fs::read_to_string(e.path()).unwrap_or_default();
-        let n = |k| {
-            kv(&text, k)
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0)
-        };
-        launches += n("launches");
-        delayed += n("delayed");
-    }
-    (launches, delayed)
 }
 
 fn wait_until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
@@ -180,9 +159,9 @@ fn the_brake_reacts_to_the_online_jobs_slowdown_with_the_clock_flat() {
     // The slow start is over within a few seconds; the brake then acts on
     // the slowdown: delayed launches keep growing.
     std::thread::sleep(Duration::from_secs(5));
-    let (l0, d0) = counters(&c, &config, offline);
+    let (l0, d0) = c.xcuda_counters(&config, NODE, offline);
     let grown = wait_until("the offline job's delayed launches to grow", || {
-        let (l, d) = counters(&c, &config, offline);
+        let (l, d) = c.xcuda_counters(&config, NODE, offline);
         (d > d0 && l > l0).then_some(d - d0)
     });
     // With the clock at its maximum the whole time.
