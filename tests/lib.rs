@@ -454,6 +454,11 @@ impl Cluster {
     /// [`write_placement`](Self::write_placement) with `slots` of the GPU's
     /// offline slots.
     pub fn write_placement_slots(&self, id: u32, node: &str, gpu: u32, slots: u32) {
+        // As the matcher: the job's refusals and earlier runs so far stay.
+        let prior = muxflow::records::admin_comment::AdminComment::parse(&self.admin_comment(id));
+        let (refusals, earlier) = prior
+            .map(|c| (c.refusals(), c.runs_before()))
+            .unwrap_or_default();
         let mut c = self.cmd("scontrol");
         c.args([
             "update",
@@ -466,11 +471,7 @@ impl Cluster {
                     node: node.to_string(),
                     gpu
                 }
-                // As the matcher: the job's refusals so far stay.
-                .admin_comment(
-                    muxflow::records::admin_comment::AdminComment::parse(&self.admin_comment(id))
-                        .map_or(0, |c| c.refusals())
-                )
+                .admin_comment(refusals, &earlier)
             ),
         ]);
         let (ok, out, err) = self.run(c);

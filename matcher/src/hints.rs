@@ -96,7 +96,7 @@ pub fn update_args(job: &PendingJob, target: &Target, names: &Names) -> Option<V
                 format!("Gres={}", gres.join(",")),
                 format!(
                     "AdminComment={}",
-                    Placement::on(node, gpus).admin_comment(job.refusals)
+                    Placement::on(node, gpus).admin_comment(job.refusals, &job.earlier)
                 ),
             ];
             let mut calls = Vec::new();
@@ -139,7 +139,7 @@ pub fn note_args(
         "Priority=0".to_string(),
         format!(
             "AdminComment={}",
-            waiting.admin_comment(job.gpus, job.refusals, since, every_s)
+            waiting.admin_comment(job.gpus, job.refusals, since, every_s, &job.earlier)
         ),
     ];
     if comment {
@@ -190,6 +190,7 @@ mod tests {
             held: false,
             waiting: None,
             refusals: 0,
+            earlier: Default::default(),
             need: Default::default(),
             array_task: None,
             unstartable: None,

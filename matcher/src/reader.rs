@@ -45,6 +45,7 @@ use muxflow::policy::health::HealthState;
 use muxflow::records::admin_comment::AdminComment;
 use muxflow::records::placement::Waiting;
 use muxflow::records::published::{self, GpuPublished};
+use muxflow::records::runs::EarlierRuns;
 use muxflow::Mode;
 use serde::Deserialize;
 
@@ -677,6 +678,10 @@ pub struct PendingJob {
     /// How often Prologs refused it so far (`refusals=` of its
     /// AdminComment), which the matcher's own texts keep.
     pub refusals: u32,
+    /// Its runs before a requeue, which the matcher's own texts keep too
+    /// (with the run a requeued job's report is about:
+    /// [`AdminComment::runs_before`]).
+    pub earlier: EarlierRuns,
     /// The CPUs and memory it asks for on its node (zero: not known, no
     /// limit).
     pub need: NodeRoom,
@@ -845,6 +850,7 @@ fn pending_job(
             .then(|| comment?.waiting())
             .flatten(),
         refusals: comment.map_or(0, AdminComment::refusals),
+        earlier: comment.map(AdminComment::runs_before).unwrap_or_default(),
         need: tres_need(&j.tres_req_str),
         // The array's own record (its id is the array's): all its pending
         // tasks, or its last one. Updating it by the plain id would change
@@ -1322,6 +1328,57 @@ mod tests {
         for (dep, ok) in cases {
             assert_eq!(dependency_satisfied(dep), ok, "{dep}");
         }
+    }
+
+    /// A requeued job's text is its run's report: the matcher's reason,
+    /// then its placement, carry that run on (Slurm's accounting of the
+    /// run keeps only where it was placed).
+    #[test]
+    fn the_matchers_texts_carry_a_requeued_jobs_runs_on() {
+        let names = Names {
+            offline_gres: "mfslot".into(),
+        };
+        let report =
+            "muxflow:v1 mode=offline node=n4 gpu=0 sm_pct=80 run_s=7 requeued=1 partner=90 \
+                      claim.launches=11180 peers=3";
+        let j = SqueueJob {
+            job_id: 5,
+            job_state: vec!["PENDING".into()],
+            state_reason: USER_HOLD.into(),
+            state_description: "job requeued in held state".into(),
+            admin_comment: report.into(),
+            ..SqueueJob::default()
+        };
+        let comment = AdminComment::parse(&j.admin_comment).ok();
+        let job = pending_job(&j, comment.as_ref(), &names, 0);
+        assert_eq!(job.earlier.count, 1);
+        let run1 =
+            " runs_before=1 run1.node=n4 run1.gpu=0 run1.sm_pct=80 run1.partner=90 run1.run_s=7 \
+                    run1.requeued=1 run1.claim.launches=11180";
+        let note = crate::hints::note_args(&job, Waiting::BeginTime, "t", 60, false).unwrap();
+        assert!(note[3].ends_with(run1), "{note:?}");
+        let target = crate::hints::Target::Gpus {
+            node: "n2".into(),
+            gpus: vec![1],
+            slots: vec![1],
+        };
+        let calls = crate::hints::update_args(&job, &target, &names).unwrap();
+        assert!(
+            calls[0].contains(&format!(
+                "AdminComment=muxflow:v1 mode=offline placed=n2:g1{run1}"
+            )),
+            "{calls:?}"
+        );
+        // Read back from the note, the next text carries the same run.
+        let noted = SqueueJob {
+            admin_comment: note[3].strip_prefix("AdminComment=").unwrap().into(),
+            ..j
+        };
+        let comment = AdminComment::parse(&noted.admin_comment).ok();
+        assert_eq!(
+            pending_job(&noted, comment.as_ref(), &names, 0).earlier,
+            job.earlier
+        );
     }
 
     /// A user-level hold is its owner's only beside a placement, and not

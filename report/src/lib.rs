@@ -17,6 +17,7 @@ use serde::Serialize;
 use muxflow::records::admin_comment::{key as admin_key, AdminComment};
 use muxflow::records::placement::Waiting;
 use muxflow::records::report::{JobReport, ReportError};
+use muxflow::records::runs::{EarlierRuns, MAX_KEPT};
 use muxflow::Mode;
 use muxflow_matcher::predict::{estimate, progress, runs_from_sacct, Model, Run, Signal};
 use muxflow_matcher::reader::SacctJob;
@@ -107,6 +108,121 @@ pub struct UserReport {
     pub p99_ms: Option<f64>,
     /// Online jobs: what sharing cost the service, from its own figures.
     pub cost: Option<OnlineCost>,
+    /// A requeued job's runs before this one.
+    pub runs_before: RunsBefore,
+}
+
+/// A job's runs before its current one (an online job requeued it, or
+/// Slurm did), from its AdminComment: Slurm's accounting keeps only where
+/// each was placed.
+#[derive(Debug, Clone, PartialEq, Serialize, Default)]
+pub struct RunsBefore {
+    /// How many there were.
+    pub count: u32,
+    /// The latest of them, oldest first, with their figures (the record
+    /// keeps the last few).
+    pub kept: Vec<EarlierRun>,
+}
+
+/// One earlier run's figures.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EarlierRun {
+    /// Its number, from 1.
+    pub run: u32,
+    pub node: Option<String>,
+    pub gpu: Option<u32>,
+    pub run_s: Option<u64>,
+    /// An online job's arrival on its GPU ended it.
+    pub requeued: bool,
+    /// The online job on its GPU (at its start, else at its end).
+    pub partner: Option<u32>,
+    pub sm_pct: Option<u8>,
+    pub mem_cap_mib: Option<u64>,
+    pub measured_peak_mib: Option<u64>,
+    pub launches: Option<u64>,
+    pub delayed_launches: Option<u64>,
+    pub throttled_s: Option<f64>,
+    pub oom_refusals: Option<u64>,
+    pub steps: Option<u64>,
+    pub policed: Option<String>,
+}
+
+impl RunsBefore {
+    pub fn new(runs: &EarlierRuns) -> RunsBefore {
+        let kept = runs
+            .kept
+            .iter()
+            .map(|(n, r)| EarlierRun {
+                run: *n,
+                node: r.node.clone(),
+                gpu: r.gpu,
+                run_s: r.run_s,
+                requeued: r.requeued,
+                partner: r.partner,
+                sm_pct: r.sm_pct,
+                mem_cap_mib: r.mem_cap_mib,
+                measured_peak_mib: r.measured_peak_mib,
+                launches: r.launches,
+                delayed_launches: r.delayed,
+                throttled_s: r.delay_ms.map(|ms| ms as f64 / 1000.0),
+                oom_refusals: r.oom,
+                steps: r.steps,
+                policed: r.policed.clone(),
+            })
+            .collect();
+        RunsBefore {
+            count: runs.count,
+            kept,
+        }
+    }
+
+    /// ` (run N)` after the current run's place, where it had runs before.
+    pub(crate) fn this_run(&self) -> String {
+        match self.count {
+            0 => String::new(),
+            n => format!(" (run {})", n + 1),
+        }
+    }
+
+    /// A line per kept run, after a line for those not kept.
+    pub(crate) fn write(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let not_kept = self.count.saturating_sub(self.kept.len() as u32);
+        if not_kept > 0 {
+            writeln!(
+                f,
+                "  earlier runs     {} in all; the figures of the {not_kept} first are not kept (its record keeps the last {MAX_KEPT})",
+                self.count
+            )?;
+        }
+        for r in &self.kept {
+            let ended = match (r.requeued, r.partner) {
+                (true, Some(p)) => format!(", requeued for online job {p}"),
+                (true, None) => ", requeued for an online job".to_string(),
+                (false, Some(p)) => format!(", beside online job {p}"),
+                (false, None) => String::new(),
+            };
+            let steps = r.steps.map_or_else(String::new, |s| format!(", {s} steps"));
+            writeln!(
+                f,
+                "  {:<17}{} on {} GPU {}{ended}: SM share {}, memory cap {}, {} launches ({} delayed, {} throttled), OOM refusals {}{steps}",
+                format!("run {}", r.run),
+                opt(r.run_s, " s"),
+                opt(r.node.as_deref(), ""),
+                opt(r.gpu, ""),
+                opt(r.sm_pct, "%"),
+                opt(r.mem_cap_mib, " MiB"),
+                opt(r.launches, ""),
+                opt(r.delayed_launches, ""),
+                r.throttled_s
+                    .map_or_else(|| "-".into(), |s| format!("{s:.1} s")),
+                opt(r.oom_refusals, ""),
+            )?;
+            if let Some(p) = &r.policed {
+                writeln!(f, "  {:<17}policed {p}", "")?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// An online run's p99 over the p99 of the same service's runs (same user
@@ -165,9 +281,8 @@ pub struct WaitingReport {
     /// The last node refusal's code and how many there were.
     pub refused: Option<String>,
     pub refusals: u32,
-    /// A requeued job's run before, while its AdminComment still holds
-    /// that run's figures (until the matcher writes its reason).
-    pub last_run: Option<String>,
+    /// A requeued job's runs before, the last one included.
+    pub runs_before: RunsBefore,
 }
 
 /// What a parked job waits for, for each of the matcher's reasons.
@@ -230,20 +345,8 @@ fn waiting_report(job: &SacctJob, comment: &AdminComment) -> WaitingReport {
         placed,
         refused: field(admin_key::REFUSED),
         refusals: comment.refusals(),
-        last_run: comment.report().ok().and_then(|r| last_run(&r)),
+        runs_before: RunsBefore::new(&comment.runs_before()),
     }
-}
-
-/// A run's figures in a line: where, how long, beside whom, how much.
-fn last_run(r: &JobReport) -> Option<String> {
-    let (node, gpu, run_s) = (r.node.as_ref()?, r.gpu?, r.run_s?);
-    let beside = r.partner.map_or_else(String::new, |p| {
-        format!(", online job {p} on its GPU at the end")
-    });
-    let launches = r
-        .launches
-        .map_or_else(String::new, |n| format!(", {n} launches"));
-    Some(format!("{run_s} s on {node} GPU {gpu}{beside}{launches}"))
 }
 
 impl std::fmt::Display for WaitingReport {
@@ -273,9 +376,7 @@ impl std::fmt::Display for WaitingReport {
         if let Some(every) = &self.rounds_every {
             writeln!(f, "  looked at        every {every} by the matcher")?;
         }
-        if let Some(run) = &self.last_run {
-            writeln!(f, "  run before       {run} (requeued)")?;
-        }
+        self.runs_before.write(f)?;
         if self.refusals > 0 {
             writeln!(
                 f,
@@ -353,6 +454,7 @@ pub fn report(job_id: u32, listing: &[SacctJob], viewer: &Viewer) -> Result<Answ
         p50_ms: r.p50_ms,
         p99_ms: r.p99_ms,
         cost: None,
+        runs_before: RunsBefore::new(&r.earlier),
     };
     match mode {
         Mode::Offline => out.speed = speed(job, &r, listing),
@@ -474,10 +576,11 @@ impl std::fmt::Display for UserReport {
         )?;
         writeln!(
             f,
-            "  ran on           {} GPU {} for {}",
+            "  ran on           {} GPU {} for {}{}",
             opt(self.node.as_deref(), ""),
             opt(self.gpu, ""),
-            opt(self.run_s, " s")
+            opt(self.run_s, " s"),
+            self.runs_before.this_run()
         )?;
         match (self.mode, self.partner) {
             ("offline", Some(p)) => writeln!(f, "  shared with      online job {p}")?,
@@ -589,7 +692,7 @@ impl std::fmt::Display for UserReport {
                 "  policed          {p} (the node terminated a process out of its limits)"
             )?;
         }
-        Ok(())
+        self.runs_before.write(f)
     }
 }
 
@@ -850,10 +953,30 @@ mod tests {
             },
             Case {
                 name: "requeued, its run's figures not yet replaced",
-                comment: "muxflow:v1 mode=offline node=node4 gpu=0 sm_pct=80 partner=90 run_s=7 claim.launches=11180",
+                comment: "muxflow:v1 mode=offline node=node4 gpu=0 sm_pct=80 partner=90 run_s=7 requeued=1 claim.launches=11180",
                 says: &[
                     "held by          muxflow",
-                    "run before       7 s on node4 GPU 0, online job 90 on its GPU at the end, 11180 launches (requeued)",
+                    "run 1            7 s on node4 GPU 0, requeued for online job 90: SM share 80%, memory cap -, 11180 launches (- delayed, - throttled), OOM refusals -",
+                ],
+            },
+            Case {
+                name: "requeued, its reason written over its run's report",
+                comment: "muxflow:v1 mode=offline waiting=begin_time since=t rounds_every=60s runs_before=1 \
+                          run1.node=node4 run1.gpu=0 run1.sm_pct=80 run1.partner=90 run1.run_s=7 run1.requeued=1 \
+                          run1.claim.launches=11180 run1.claim.delayed=2 run1.claim.delay_ms=1500 run1.claim.oom=0",
+                says: &[
+                    "why              Slurm starts it no earlier than its begin time",
+                    "run 1            7 s on node4 GPU 0, requeued for online job 90: SM share 80%, memory cap -, 11180 launches (2 delayed, 1.5 s throttled), OOM refusals 0",
+                ],
+            },
+            Case {
+                name: "placed again after two requeues",
+                comment: "muxflow:v1 mode=offline placed=n2:g1 runs_before=2 run1.node=node4 run1.gpu=0 run1.run_s=7 \
+                          run1.requeued=1 run2.node=n3 run2.gpu=1 run2.run_s=30",
+                says: &[
+                    "placed by muxflow on n2:g1",
+                    "run 1            7 s on node4 GPU 0, requeued for an online job:",
+                    "run 2            30 s on n3 GPU 1: SM share -",
                 ],
             },
             Case {
@@ -886,6 +1009,44 @@ mod tests {
         assert_eq!(
             report(30, &[pending(cases[0].comment)], &bob),
             Err(Refusal::NotYours(30))
+        );
+    }
+
+    #[test]
+    fn a_requeued_jobs_report_shows_its_earlier_runs_and_which_run_it_is() {
+        let mut l = listing();
+        l.push(rec(
+            40,
+            "alice",
+            "train",
+            4000,
+            "muxflow:v1 mode=offline node=n1 gpu=1 sm_pct=100 run_s=300 claim.launches=90000 \
+             runs_before=6 run5.node=node4 run5.gpu=0 run5.sm_pct=80 run5.mem_cap_mib=79511 run5.partner=90 \
+             run5.run_s=7 run5.requeued=1 run5.claim.launches=11180 run5.claim.delayed=0 run5.claim.delay_ms=0 \
+             run5.claim.oom=0 run5.claim.steps=12 run6.node=n2 run6.gpu=0 run6.run_s=40 run6.policed=memory",
+        ));
+        let r = figures(report(40, &l, &alice()));
+        assert_eq!(r.runs_before.count, 6);
+        let runs: Vec<u32> = r.runs_before.kept.iter().map(|k| k.run).collect();
+        assert_eq!(runs, [5, 6]);
+        let text = r.to_string();
+        for want in [
+            "ran on           n1 GPU 1 for 300 s (run 7)",
+            "earlier runs     6 in all; the figures of the 4 first are not kept (its record keeps the last 4)",
+            "run 5            7 s on node4 GPU 0, requeued for online job 90: SM share 80%, memory cap 79511 MiB, 11180 launches (0 delayed, 0.0 s throttled), OOM refusals 0, 12 steps",
+            "run 6            40 s on n2 GPU 0: SM share -",
+            "policed memory",
+        ] {
+            assert!(text.contains(want), "{want:?} not in:\n{text}");
+        }
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["runs_before"]["count"], 6);
+        assert_eq!(json["runs_before"]["kept"][0]["partner"], 90);
+        // A job never requeued says nothing of it.
+        let text = figures(report(12, &listing(), &alice())).to_string();
+        assert!(
+            !text.contains("(run ") && !text.contains("  run 1") && !text.contains("earlier runs"),
+            "{text}"
         );
     }
 

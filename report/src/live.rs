@@ -21,7 +21,7 @@ use muxflow_matcher::reader::{
     SacctState, SacctTime, SinfoNode, SqueueJob,
 };
 
-use crate::Viewer;
+use crate::{RunsBefore, Viewer};
 
 /// A (node, GPU index).
 pub type Gpu = (String, u32);
@@ -87,6 +87,9 @@ impl<'a> Live<'a> {
             gpus: gpus.iter().map(gpu_words).collect(),
             online_partners: ids(Mode::Online),
             offline_partners: ids(Mode::Offline),
+            runs_before: AdminComment::parse(&job.admin_comment)
+                .map(|c| RunsBefore::new(&c.runs_before()))
+                .unwrap_or_default(),
         })
     }
 
@@ -380,6 +383,8 @@ pub struct RunningReport {
     pub online_partners: Vec<u32>,
     /// Offline jobs on its GPUs now (for an offline job: its peers).
     pub offline_partners: Vec<u32>,
+    /// A requeued job's runs before this one.
+    pub runs_before: RunsBefore,
 }
 
 impl std::fmt::Display for RunningReport {
@@ -391,7 +396,12 @@ impl std::fmt::Display for RunningReport {
             muxflow::text::printable(&self.name),
             self.mode
         )?;
-        writeln!(f, "  runs on          {}", self.gpus.join(", "))?;
+        writeln!(
+            f,
+            "  runs on          {}{}",
+            self.gpus.join(", "),
+            self.runs_before.this_run()
+        )?;
         match self.mode {
             "online" if self.offline_partners.is_empty() => {
                 writeln!(f, "  shared now with  no offline job")?
@@ -434,7 +444,8 @@ impl std::fmt::Display for RunningReport {
             f,
             "  figures          written when its batch step ends: run muxflow-report {} then",
             self.job_id
-        )
+        )?;
+        self.runs_before.write(f)
     }
 }
 
@@ -636,6 +647,25 @@ mod tests {
             ),
             (&[1][..], &[3][..])
         );
+        assert!(
+            !offline.to_string().contains("(run ") && !offline.to_string().contains("  run 1"),
+            "{offline}"
+        );
+        // Placed again after a requeue: its earlier run with it.
+        let mut jobs = squeue();
+        jobs[1].admin_comment.push_str(
+            " runs_before=1 run1.node=node2 run1.gpu=1 run1.run_s=7 run1.requeued=1 run1.partner=90",
+        );
+        let text = Live::new(&jobs, &names())
+            .running_job(2)
+            .unwrap()
+            .to_string();
+        for want in [
+            "runs on          node1 GPU 0 (run 2)",
+            "run 1            7 s on node2 GPU 1, requeued for online job 90:",
+        ] {
+            assert!(text.contains(want), "{want:?} not in:\n{text}");
+        }
         // Pending, or not muxflow's: no running report.
         assert!(live.running_job(5).is_none());
         assert!(live.running_job(4).is_none());

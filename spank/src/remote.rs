@@ -19,6 +19,7 @@ use muxflow::node::state::{write_atomic, NodeState};
 use muxflow::records::admin_comment::{self, AdminComment};
 use muxflow::records::limits::{EnforcedBy, Enforcer, JobLimits, StopBounds};
 use muxflow::records::report::{add_peers, JobReport};
+use muxflow::records::runs::EarlierRuns;
 use muxflow::records::xcuda_env::{self, XcudaEnv};
 use muxflow::{node::mps, records::online_page, Config, Mode};
 use muxflow_slurm::cli::{OfflineJob, Scontrol};
@@ -352,12 +353,16 @@ impl RemoteState {
             let dir = online_page::limits_dir(ctx.config.paths.state_dir.as_path());
             let _ = std::fs::remove_file(muxflow::records::limits::path(&dir, ctx.job_id));
         }
-        let report = build_report(&ctx);
+        let mut report = build_report(&ctx);
+        if ctx.mode == Mode::Offline {
+            report.requeued = requeued(&ctx);
+            report.earlier = earlier_runs(&ctx);
+        }
         let text = report.encode();
-        if let Some(line) = requeue_line(&ctx, &report) {
+        if report.requeued {
             // slurmstepd writes its log of the batch step into the job's
             // own output, beside Slurm's "CANCELLED … DUE TO JOB REQUEUE".
-            slurm_spank::spank_log(slurm_spank::LogLevel::Error, &line);
+            slurm_spank::spank_log(slurm_spank::LogLevel::Error, &requeue_words(&report));
         }
         // A cancelled or preempted job has already ended for slurmctld:
         // the record then goes into its accounting record.
@@ -721,27 +726,53 @@ fn write_limits(dir: &Path, limits: &JobLimits, stop: &StopBounds, gid: u32) -> 
     Ok(())
 }
 
-/// The line an offline job requeued for an online job leaves in its own
-/// output: why, and this run's figures. Its accounting record of this run
-/// keeps only its placement (Slurm closed it at the requeue, before these
-/// figures existed), and the matcher's next placement replaces them in
-/// the job's live AdminComment, so the output is where they stay. Known
-/// by the latest release an online job's Prolog set in the job's
-/// root-owned limits file (`make_room`: nothing else sets it, and a
-/// restart's Prolog clears what a run before left); None for any other
-/// end.
-fn requeue_line(ctx: &ReportContext, r: &JobReport) -> Option<String> {
-    if ctx.mode != Mode::Offline {
-        return None;
-    }
+/// Whether an online job requeued this offline run, which then leaves a
+/// line in its own output ([`requeue_words`]) and says so in its report
+/// (`requeued=1`). Known by the latest release an online job's Prolog set
+/// in the job's root-owned limits file (`make_room`: nothing else sets it,
+/// and a restart's Prolog clears what a run before left); false for any
+/// other end.
+fn requeued(ctx: &ReportContext) -> bool {
     let state = NodeState::new(ctx.config.paths.state_dir.as_path());
     StopBounds::read_trusted(&state.limits_dir(), ctx.job_id, 0)
-        .ok()?
-        .release_by_unix_ms?;
-    Some(requeue_words(r))
+        .is_ok_and(|b| b.release_by_unix_ms.is_some())
 }
 
-/// [`requeue_line`]'s text from the run's figures.
+/// The runs before this one that the job's text so far keeps
+/// ([`AdminComment::runs_before`]), for this run's report to carry on:
+/// Slurm closed their accounting records at each requeue with the
+/// placement only. Read as the Prolog reads the placement: a field of the
+/// job that forges a line of Slurm's makes the text unreadable, and then
+/// nothing is carried.
+fn earlier_runs(ctx: &ReportContext) -> EarlierRuns {
+    let gres = &ctx.config.slurm.offline_gres;
+    match Scontrol::new(&ctx.config).offline_job(ctx.job_id, &ctx.node, gres) {
+        Ok(OfflineJob {
+            admin_comment: Some(text),
+            ..
+        }) => AdminComment::parse(&text)
+            .map(|c| c.runs_before())
+            .unwrap_or_default(),
+        Ok(_) => {
+            tracing::warn!(
+                job = ctx.job_id,
+                "muxflow: the job's record is unreadable (a forged line): its earlier runs are not carried"
+            );
+            EarlierRuns::default()
+        }
+        Err(e) => {
+            tracing::warn!(
+                job = ctx.job_id,
+                "muxflow: cannot read the job's earlier runs: {e}"
+            );
+            EarlierRuns::default()
+        }
+    }
+}
+
+/// The line an offline job requeued for an online job leaves in its own
+/// output: why, and this run's figures (which its AdminComment keeps
+/// through its later runs: [`muxflow::records::runs`]).
 fn requeue_words(r: &JobReport) -> String {
     let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
     let by = r.partner.map_or_else(
@@ -751,7 +782,7 @@ fn requeue_words(r: &JobReport) -> String {
     format!(
         "muxflow: requeued: {by} needed GPU {} of {}; this job goes back to the queue, held, and muxflow places it again. \
          This run: {} s, SM share {}%, memory cap {} MiB, {} launches ({} delayed, {} ms), OOM refusals {} \
-         (its AdminComment keeps them until it is placed again: muxflow-report)",
+         (its AdminComment keeps them through its next runs: muxflow-report)",
         opt(r.gpu.map(|g| g.to_string())),
         opt(r.node.clone()),
         opt(r.run_s.map(|v| v.to_string())),

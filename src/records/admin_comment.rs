@@ -9,13 +9,15 @@
 //! | writer (context) | when | encoder | text |
 //! |---|---|---|---|
 //! | `etc/job_submit.lua` (slurmctld) | submit | Lua, keys checked against [`LUA_CONSTANTS`] by a test | `muxflow:v1 mode=offline [gpus=k] [placed=any]`, `muxflow:v1 mode=online` |
-//! | muxflow-matcher | a placement | [`Placement::admin_comment`] | `… placed=node3:g1` (a gang: `gpus=2 placed=node3:g0,g1`) |
+//! | muxflow-matcher | a placement | [`Placement::admin_comment`] | `… placed=node3:g1` (a gang: `gpus=2 placed=node3:g0,g1`) [`runs_before=1 run1.…`] |
 //! | muxflow-matcher | a parked job | [`Waiting::admin_comment`] | `… waiting=free_gpu since=… rounds_every=60s` |
 //! | Prolog (root) | a refusal | [`crate::records::placement::refused_admin_comment`] | `… refused=gpu_faulty refusals=1` |
 //! | slurmstepd (root, the plugin) | the batch step's end | [`JobReport::encode`] | the job's figures ([`crate::records::report`]) |
 //! | slurmstepd (root, the plugin) | a node whose config is unreadable | [`node_config_failed`] | the text so far plus `failed=node_config` |
 //!
-//! Every text of an offline job keeps its `gpus=` and `refusals=`; readers
+//! Every text of an offline job keeps its `gpus=` and `refusals=`, and
+//! after a requeue its earlier runs (`runs_before=`, `run<n>.*`:
+//! [`crate::records::runs`], written last); readers
 //! ignore keys they do not know, so newer writers stay readable. Readers:
 //! the Prolog (the placement), the matcher's cluster reader (mode, GPU
 //! count, why it waits, refusals: one parse per job), the plugin (refusals),
@@ -30,6 +32,7 @@ use std::collections::BTreeMap;
 use crate::records::kv;
 use crate::records::placement::{Placement, Waiting};
 use crate::records::report::{JobReport, ReportError};
+use crate::records::runs::EarlierRuns;
 use crate::Mode;
 
 /// The tag every muxflow text starts with.
@@ -174,6 +177,15 @@ impl AdminComment {
     /// The job's figures ([`crate::records::report`]).
     pub fn report(&self) -> Result<JobReport, ReportError> {
         JobReport::from_fields(&self.fields)
+    }
+
+    /// The runs before the job's next one, which its next text carries
+    /// ([`EarlierRuns::carried`]); none where the text does not read as
+    /// a report (its writer then writes its own text without them).
+    pub fn runs_before(&self) -> EarlierRuns {
+        self.report()
+            .map(|r| EarlierRuns::carried(&r))
+            .unwrap_or_default()
     }
 }
 

@@ -29,6 +29,7 @@
 use std::fmt;
 
 use crate::records::admin_comment::{key, offline_record, AdminComment, PLACED_ANY};
+use crate::records::runs::EarlierRuns;
 
 /// Why a parked offline job waits, as the matcher writes it into the job's
 /// AdminComment (`waiting=<code>`), so that `scontrol show job` says it.
@@ -126,14 +127,22 @@ impl Waiting {
     }
 
     /// The AdminComment of a parked job of `gpus` GPUs (refused `refusals`
-    /// times so far) that waits for this
+    /// times so far, with `earlier` runs) that waits for this
     /// reason since `since` (local time, `YYYY-MM-DDTHH:MM:SS`), checked by
     /// a matcher round every `every_s` seconds.
-    pub fn admin_comment(self, gpus: u32, refusals: u32, since: &str, every_s: u64) -> String {
+    pub fn admin_comment(
+        self,
+        gpus: u32,
+        refusals: u32,
+        since: &str,
+        every_s: u64,
+        earlier: &EarlierRuns,
+    ) -> String {
         let mut w = offline_record(gpus as usize, refusals);
         w.push(key::WAITING, self.code())
             .push(key::SINCE, since)
             .push(key::ROUNDS_EVERY, format!("{every_s}s"));
+        earlier.push(&mut w);
         w.finish()
     }
 }
@@ -205,14 +214,15 @@ impl Placement {
     }
 
     /// The AdminComment the matcher writes with the slot (for a job
-    /// refused `refusals` times so far).
-    pub fn admin_comment(&self, refusals: u32) -> String {
+    /// refused `refusals` times so far, with `earlier` runs).
+    pub fn admin_comment(&self, refusals: u32, earlier: &EarlierRuns) -> String {
         let gpus = match self {
             Placement::Gang { gpus, .. } => gpus.len(),
             _ => 1,
         };
         let mut w = offline_record(gpus, refusals);
         w.push(key::PLACED, self);
+        earlier.push(&mut w);
         w.finish()
     }
 
@@ -232,21 +242,28 @@ impl Placement {
 
 /// The AdminComment the Prolog writes for an offline job it refused, whose
 /// AdminComment was `prior`: `code` is one word (`[a-z0-9_]`), the full
-/// reason goes to the job's stderr. The job's GPU count stays and its
-/// refusals count one more.
+/// reason goes to the job's stderr. The job's GPU count and earlier runs
+/// stay and its refusals count one more.
 pub fn refused_admin_comment(code: &str, prior: &str) -> String {
     let prior = AdminComment::parse(prior)
         .ok()
         .filter(|c| c.mode() == Some(crate::Mode::Offline));
-    let (gpus, refusals) = prior.map_or((1, 0), |c| (c.gpus(), c.refusals()));
+    let (gpus, refusals) = prior.as_ref().map_or((1, 0), |c| (c.gpus(), c.refusals()));
     let mut w = offline_record(gpus as usize, refusals + 1);
     w.push(key::REFUSED, code);
+    if let Some(c) = &prior {
+        c.runs_before().push(&mut w);
+    }
     w.finish()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn none() -> EarlierRuns {
+        EarlierRuns::default()
+    }
 
     fn placement(text: &str) -> Option<Placement> {
         AdminComment::parse(text).ok()?.placement()
@@ -354,10 +371,10 @@ mod tests {
             Placement::on("node3", &[1, 0]),
             Placement::AnySlot,
         ] {
-            assert_eq!(placement(&p.admin_comment(0)), Some(p));
+            assert_eq!(placement(&p.admin_comment(0, &none())), Some(p));
         }
         // The report and the job mode still read it.
-        let text = gpu("n", 0).unwrap().admin_comment(0);
+        let text = gpu("n", 0).unwrap().admin_comment(0, &none());
         assert_eq!(
             crate::records::report::JobReport::decode(&text)
                 .unwrap()
@@ -376,14 +393,14 @@ mod tests {
         assert_eq!(refusals(&first), 1);
         // The matcher's next texts keep the count; the next refusal adds one.
         let waiting =
-            Waiting::FreeGpu.admin_comment(1, refusals(&first), "2026-11-23T12:14:05", 60);
-        let placed = Placement::on("n", &[0]).admin_comment(refusals(&waiting));
+            Waiting::FreeGpu.admin_comment(1, refusals(&first), "2026-11-23T12:14:05", 60, &none());
+        let placed = Placement::on("n", &[0]).admin_comment(refusals(&waiting), &none());
         assert_eq!(placed, "muxflow:v1 mode=offline refusals=1 placed=n:g0");
         assert_eq!(placement(&placed), Placement::on("n", &[0]).into());
         let second = refused_admin_comment("wrong_slot", &placed);
         assert_eq!(refusals(&second), 2);
         // A gang keeps its GPU count through a refusal.
-        let gang = Placement::on("n", &[0, 1]).admin_comment(0);
+        let gang = Placement::on("n", &[0, 1]).admin_comment(0, &none());
         assert_eq!(
             refused_admin_comment("gpu_busy", &gang),
             "muxflow:v1 mode=offline gpus=2 refusals=1 refused=gpu_busy"
@@ -401,12 +418,12 @@ mod tests {
     #[test]
     fn a_parked_jobs_reason_round_trips_keeps_its_gpu_count_and_is_no_placement() {
         for w in Waiting::ALL {
-            let one = w.admin_comment(1, 0, "2026-11-23T12:14:05", 60);
+            let one = w.admin_comment(1, 0, "2026-11-23T12:14:05", 60, &none());
             assert_eq!(waiting(&one), Some(w), "{one}");
             assert_eq!(placement(&one), None, "{one}");
             assert!(!w.words().is_empty());
         }
-        let gang = Waiting::FreeNode.admin_comment(4, 0, "2026-11-23T12:14:05", 60);
+        let gang = Waiting::FreeNode.admin_comment(4, 0, "2026-11-23T12:14:05", 60, &none());
         assert_eq!(
             gang,
             "muxflow:v1 mode=offline gpus=4 waiting=free_node since=2026-11-23T12:14:05 rounds_every=60s"
@@ -436,7 +453,7 @@ mod tests {
         assert!(!p.allows("node1", &[]), "no slot");
         let gang = Placement::on("node1", &[1, 0]);
         assert_eq!(
-            gang.admin_comment(0),
+            gang.admin_comment(0, &none()),
             "muxflow:v1 mode=offline gpus=2 placed=node1:g0,g1"
         );
         assert_eq!(Placement::on("node1", &[0]), p, "one GPU: the single form");

@@ -27,6 +27,7 @@
 //! | enforced_by | offline: who held its limits, `mem:<who>,sm:<who>` with who one of driver (an MPS static SM partition or MPS v3 namespace), kernel (cgroup `dmem.max`), xcuda (xCUDA and MPS's client variables, policed), policed (docs/security.md, "Who enforces each limit") |
 //! | terminated_by_other | how many of its MPS clients a `terminate_client` muxflow did not send ended (NVIDIA's daemon takes it from any user on the node; the sender is not known) |
 //! | run_s | seconds from the batch step's start to this report, by the node's clock (turns `claim.launches` into launches/s) |
+//! | requeued | `1`: an online job's Prolog requeued this run (it needed the GPU) |
 //! | partner_load_pct | offline: the online partner's mean SM utilization while this run ran, percent of the largest seen in the run (muxflow-police samples NVML's per-process utilization every check; [`Measured`]) |
 //! | peers | offline: the other offline jobs that shared one of its GPUs (`[policy] offline_per_gpu` > 1), job ids, comma-separated, at most [`MAX_PEERS`]: those recorded on the GPU at its start, at muxflow-police's checks and at this report |
 //! | claim.launches, claim.delayed, claim.delay_ms | xCUDA: kernel launches, launches it delayed, total delay |
@@ -36,6 +37,7 @@
 //! | claims_refused | claims left out for being out of bounds |
 //! | gpus | a k-GPU offline job (tag `muxflow:v2`): its GPUs in order; the first one's figures are the keys above |
 //! | g\<i\>.sm_pct, g\<i\>.mem_cap_mib, g\<i\>.partner | the same for each further GPU `i` of a k-GPU job |
+//! | runs_before, run\<n\>.\<key\> | a requeued job's earlier runs and the figures kept of each ([`crate::records::runs`]) |
 //!
 //! Every key but `mode` is optional; unknown keys are ignored when reading, so
 //! newer writers stay readable. Records written before the `claim.` prefix
@@ -45,6 +47,7 @@ use std::collections::BTreeMap;
 
 use crate::records::admin_comment::{key, AdminComment, AdminCommentError, TAG, TAG_V2};
 use crate::records::kv::{self, Fields, KvError};
+use crate::records::runs::EarlierRuns;
 use crate::Mode;
 
 /// Most GPUs of one job a record carries figures for.
@@ -140,7 +143,15 @@ pub struct JobReport {
     pub claims_refused: Option<String>,
     /// A k-GPU job's GPUs after the first, in order ([`TAG_V2`] records).
     pub gang: Vec<GangGpu>,
+    /// An online job's Prolog requeued this run (the node set its latest
+    /// release: `requeued=1`).
+    pub requeued: bool,
+    /// A requeued job's runs before this one ([`crate::records::runs`]).
+    pub earlier: EarlierRuns,
 }
+
+/// The key of [`JobReport::requeued`].
+const REQUEUED: &str = "requeued";
 
 /// The largest value a claim may have. Far above anything real (a GPU of
 /// 1 TiB, 10^15 launches, a million steps or requests per second), far
@@ -300,37 +311,47 @@ impl JobReport {
     pub fn encode(&self) -> String {
         let tag = if self.gang.is_empty() { TAG } else { TAG_V2 };
         let mut w = kv::Writer::new().tag(tag);
-        w.push_opt(key::MODE, self.mode)
-            .push_opt("node", self.node.as_deref())
-            .push_opt("gpu", self.gpu)
-            .push_opt("sm_pct", self.sm_pct)
-            .push_opt("mem_cap_mib", self.mem_cap_mib)
-            .push_opt("partner", self.partner)
-            .push_opt("measured_peak_mib", self.measured_peak_mib)
-            .push_opt("policed", self.policed.as_deref())
-            .push_opt("terminated_by_other", self.terminated_by_other)
-            .push_opt("run_s", self.run_s)
-            .push_opt("partner_load_pct", self.partner_load_pct)
+        w.push_opt(key::MODE, self.mode);
+        self.push_figures(&mut w, "");
+        self.earlier.push(&mut w);
+        w.finish()
+    }
+
+    /// Every figure but `mode` and the earlier runs, each key after
+    /// `prefix` (an earlier run's `run<n>.`, [`crate::records::runs`]).
+    pub(crate) fn push_figures(&self, w: &mut kv::Writer, prefix: &str) {
+        let k = |key: &str| format!("{prefix}{key}");
+        w.push_opt(&k("node"), self.node.as_deref())
+            .push_opt(&k("gpu"), self.gpu)
+            .push_opt(&k("sm_pct"), self.sm_pct)
+            .push_opt(&k("mem_cap_mib"), self.mem_cap_mib)
+            .push_opt(&k("partner"), self.partner)
+            .push_opt(&k("measured_peak_mib"), self.measured_peak_mib)
+            .push_opt(&k("policed"), self.policed.as_deref())
+            .push_opt(&k("terminated_by_other"), self.terminated_by_other)
+            .push_opt(&k("run_s"), self.run_s)
+            .push_opt(&k(REQUEUED), self.requeued.then_some(1))
+            .push_opt(&k("partner_load_pct"), self.partner_load_pct)
             .push_opt(
-                "peers",
+                &k("peers"),
                 (!self.peers.is_empty()).then(|| format_peers(&self.peers)),
             )
-            .push_opt("claim.launches", self.launches)
-            .push_opt("claim.delayed", self.delayed)
-            .push_opt("claim.delay_ms", self.delay_ms)
-            .push_opt("claim.oom", self.oom)
-            .push_opt("claim.peak_mib", self.peak_mib)
-            .push_opt("claim.steps", self.steps)
+            .push_opt(&k("claim.launches"), self.launches)
+            .push_opt(&k("claim.delayed"), self.delayed)
+            .push_opt(&k("claim.delay_ms"), self.delay_ms)
+            .push_opt(&k("claim.oom"), self.oom)
+            .push_opt(&k("claim.peak_mib"), self.peak_mib)
+            .push_opt(&k("claim.steps"), self.steps)
             .push_opt(
-                "claim.steps_per_s",
+                &k("claim.steps_per_s"),
                 self.steps_per_s.filter(|v| v.is_finite()),
             )
-            .push_opt("claim.requests", self.requests)
-            .push_opt("claim.rps", self.rps.filter(|v| v.is_finite()))
-            .push_opt("claim.p50_ms", self.p50_ms.filter(|v| v.is_finite()))
-            .push_opt("claim.p99_ms", self.p99_ms.filter(|v| v.is_finite()))
-            .push_opt("claims_refused", self.claims_refused.as_deref())
-            .push_opt("enforced_by", self.enforced_by.as_deref());
+            .push_opt(&k("claim.requests"), self.requests)
+            .push_opt(&k("claim.rps"), self.rps.filter(|v| v.is_finite()))
+            .push_opt(&k("claim.p50_ms"), self.p50_ms.filter(|v| v.is_finite()))
+            .push_opt(&k("claim.p99_ms"), self.p99_ms.filter(|v| v.is_finite()))
+            .push_opt(&k("claims_refused"), self.claims_refused.as_deref())
+            .push_opt(&k("enforced_by"), self.enforced_by.as_deref());
         if !self.gang.is_empty() {
             let gpus: Vec<String> = self
                 .gpu
@@ -338,15 +359,14 @@ impl JobReport {
                 .chain(self.gang.iter().map(|g| g.gpu))
                 .map(|g| g.to_string())
                 .collect();
-            w.push(key::GPUS, gpus.join(","));
+            w.push(&k(key::GPUS), gpus.join(","));
             for g in self.gang.iter().take(MAX_GANG_GPUS) {
                 let i = g.gpu;
-                w.push_opt(&format!("g{i}.sm_pct"), g.sm_pct)
-                    .push_opt(&format!("g{i}.mem_cap_mib"), g.mem_cap_mib)
-                    .push_opt(&format!("g{i}.partner"), g.partner);
+                w.push_opt(&k(&format!("g{i}.sm_pct")), g.sm_pct)
+                    .push_opt(&k(&format!("g{i}.mem_cap_mib")), g.mem_cap_mib)
+                    .push_opt(&k(&format!("g{i}.partner")), g.partner);
             }
         }
-        w.finish()
     }
 
     /// The report in a job's AdminComment (one parse: [`AdminComment`]).
@@ -356,15 +376,30 @@ impl JobReport {
 
     /// The report in an AdminComment's words ([`AdminComment::report`]).
     pub(crate) fn from_fields(map: &BTreeMap<String, String>) -> Result<JobReport, ReportError> {
+        let mode = Fields(map).get(key::MODE)?.ok_or(ReportError::NoMode)?;
+        Ok(JobReport {
+            mode: Some(mode),
+            earlier: EarlierRuns::read(map)?,
+            ..JobReport::read_figures(map, "")?
+        })
+    }
+
+    /// The figures [`JobReport::push_figures`] wrote after `prefix`
+    /// (without `mode` and the earlier runs).
+    pub(crate) fn read_figures(
+        map: &BTreeMap<String, String>,
+        prefix: &str,
+    ) -> Result<JobReport, KvError> {
         let f = Fields(map);
+        let k = |key: &str| format!("{prefix}{key}");
         // A claim under its `claim.` key, or under the bare key of records
         // written before the prefix.
         let claim_key = |key: &'static str| -> String {
-            let prefixed = format!("claim.{key}");
+            let prefixed = k(&format!("claim.{key}"));
             if map.contains_key(&prefixed) {
                 prefixed
             } else {
-                key.to_string()
+                k(key)
             }
         };
         let claim = |key: &'static str| -> Result<Option<u64>, KvError> { f.get(&claim_key(key)) };
@@ -379,19 +414,19 @@ impl JobReport {
                 v => Ok(v),
             }
         };
-        let r = JobReport {
-            mode: Some(f.get(key::MODE)?.ok_or(ReportError::NoMode)?),
-            node: f.get("node")?,
-            gpu: f.get("gpu")?,
-            sm_pct: f.get("sm_pct")?,
-            mem_cap_mib: f.get("mem_cap_mib")?,
-            partner: f.get("partner")?,
-            measured_peak_mib: f.get("measured_peak_mib")?,
-            policed: f.get("policed")?,
-            enforced_by: f.get("enforced_by")?,
-            terminated_by_other: f.get("terminated_by_other")?,
-            run_s: f.get("run_s")?,
-            partner_load_pct: f.get("partner_load_pct")?,
+        let mut r = JobReport {
+            mode: None,
+            node: f.get(&k("node"))?,
+            gpu: f.get(&k("gpu"))?,
+            sm_pct: f.get(&k("sm_pct"))?,
+            mem_cap_mib: f.get(&k("mem_cap_mib"))?,
+            partner: f.get(&k("partner"))?,
+            measured_peak_mib: f.get(&k("measured_peak_mib"))?,
+            policed: f.get(&k("policed"))?,
+            enforced_by: f.get(&k("enforced_by"))?,
+            terminated_by_other: f.get(&k("terminated_by_other"))?,
+            run_s: f.get(&k("run_s"))?,
+            partner_load_pct: f.get(&k("partner_load_pct"))?,
             launches: claim("launches")?,
             delayed: claim("delayed")?,
             delay_ms: claim("delay_ms")?,
@@ -403,48 +438,48 @@ impl JobReport {
             rps: finite("rps")?,
             p50_ms: finite("p50_ms")?,
             p99_ms: finite("p99_ms")?,
-            claims_refused: f.get("claims_refused")?,
-            peers: match map.get("peers") {
+            claims_refused: f.get(&k("claims_refused"))?,
+            requeued: f.get::<u8>(&k(REQUEUED))? == Some(1),
+            peers: match map.get(&k("peers")) {
                 Some(list) => {
-                    let mut p = id_list("peers", list, MAX_PEERS)?;
+                    let mut p = id_list(&k("peers"), list, MAX_PEERS)?;
                     add_peers(&mut p, None, []);
                     p
                 }
                 None => Vec::new(),
             },
             gang: Vec::new(),
+            earlier: EarlierRuns::default(),
         };
-        let mut r = r;
-        if let Some(list) = map.get(key::GPUS) {
-            let gpus = id_list("gpus", list, MAX_GANG_GPUS + 1)?;
+        let gpus_key = k(key::GPUS);
+        if let Some(list) = map.get(&gpus_key) {
+            let gpus = id_list(&gpus_key, list, MAX_GANG_GPUS + 1)?;
             let mut seen = std::collections::BTreeSet::new();
             if let Some(dup) = gpus.iter().find(|g| !seen.insert(**g)) {
                 return Err(KvError::BadValue {
-                    key: "gpus".into(),
+                    key: gpus_key,
                     value: list.clone(),
                     why: format!("names GPU {dup} twice"),
-                }
-                .into());
+                });
             }
             // The list starts with the record's own GPU.
             match (r.gpu, gpus.first()) {
                 (None, first) => r.gpu = first.copied(),
                 (Some(g), Some(&first)) if g != first => {
                     return Err(KvError::BadValue {
-                        key: "gpus".into(),
+                        key: gpus_key,
                         value: list.clone(),
                         why: format!("does not start with the record's gpu={g}"),
-                    }
-                    .into())
+                    })
                 }
                 _ => {}
             }
             for &gpu in gpus.iter().skip(1) {
                 r.gang.push(GangGpu {
                     gpu,
-                    sm_pct: f.get(&format!("g{gpu}.sm_pct"))?,
-                    mem_cap_mib: f.get(&format!("g{gpu}.mem_cap_mib"))?,
-                    partner: f.get(&format!("g{gpu}.partner"))?,
+                    sm_pct: f.get(&k(&format!("g{gpu}.sm_pct")))?,
+                    mem_cap_mib: f.get(&k(&format!("g{gpu}.mem_cap_mib")))?,
+                    partner: f.get(&k(&format!("g{gpu}.partner")))?,
                 });
             }
         }
@@ -589,6 +624,8 @@ mod tests {
             claims_refused: Some("steps".into()),
             peers: Vec::new(),
             gang: Vec::new(),
+            requeued: true,
+            earlier: EarlierRuns::default(),
         }
     }
 
@@ -633,7 +670,7 @@ mod tests {
         let text = full().encode();
         assert!(
             text.contains(
-                " measured_peak_mib=2050 policed=priority,no_xcuda terminated_by_other=1 run_s=600 partner_load_pct=40 claim.launches=52000 "
+                " measured_peak_mib=2050 policed=priority,no_xcuda terminated_by_other=1 run_s=600 requeued=1 partner_load_pct=40 claim.launches=52000 "
             ) && text.contains(" claim.steps_per_s=98.38 "),
             "{text}"
         );

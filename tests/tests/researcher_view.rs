@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use muxflow_tests::{one_at_a_time, target, CancelNamed, Cluster};
+use muxflow_tests::{decision, one_at_a_time, target, CancelNamed, Cluster};
 
 const USER: &str = "nobody";
 const WAIT: Duration = Duration::from_secs(60);
@@ -230,7 +230,12 @@ fn a_requeue_for_an_online_job_leaves_a_line_with_that_runs_figures() {
     c.cancel_named("rvq-");
     let _cancel = CancelNamed(&c, "rvq-");
     let node = "node3";
-    let script = format!("#!/bin/sh\n{}\n", c.workload("offline --duration 300"));
+    // Its first run lasts until the requeue; the run after it ends soon.
+    let script = format!(
+        "#!/bin/sh\nif [ \"${{SLURM_RESTART_COUNT:-0}}\" -gt 0 ]; then exec {}; fi\nexec {}\n",
+        c.workload("offline --duration 3"),
+        c.workload("offline --duration 300")
+    );
     let offline = c.offline_as_nobody("rvq-train", node, 0, &script);
     c.wait_running(offline, WAIT);
     c.wait_output(offline, "pid=", WAIT);
@@ -259,20 +264,72 @@ fn a_requeue_for_an_online_job_leaves_a_line_with_that_runs_figures() {
         "{line}"
     );
     assert!(
-        line.contains("This run: ") && line.contains(" launches ("),
+        line.contains("This run: ")
+            && line.contains(" launches (")
+            && line.contains("keeps them through its next runs"),
         "{line}"
     );
-    // Its report, held again: muxflow's hold, and the run before until
-    // the matcher writes its reason over those figures.
+    // The figures of run 1 as the line gives them, which every report of
+    // the job shows from now on: its length and launches.
+    let figure = |before: &str| {
+        line.split(before)
+            .next()
+            .and_then(|l| l.rsplit(' ').next())
+            .unwrap_or_else(|| panic!("no '{before}' in {line}"))
+            .to_string()
+    };
+    let run1 = format!(
+        "run 1            {} s on {node} GPU 0, requeued for online job {online}: SM share",
+        line.split("This run: ")
+            .nth(1)
+            .and_then(|l| l.split(' ').next())
+            .unwrap_or_else(|| panic!("{line}"))
+    );
+    let launches = format!(", {} launches (", figure(" launches ("));
+    let shows_run1 = |what: &str, out: &str| {
+        assert!(
+            out.contains(&run1) && out.contains(&launches),
+            "{what}: {run1:?} and {launches:?} not in:\n{out}"
+        );
+    };
+    // Held again: muxflow's hold, and run 1.
     let (ok, out, err) = report(&c, Some(USER), &[&offline.to_string()]);
     assert!(ok, "{out}{err}");
     assert!(out.contains("held by          muxflow"), "{out}");
-    assert!(
-        out.contains(&format!(
-            "on {node} GPU 0, online job {online} on its GPU at the end"
-        )),
-        "{out}"
+    shows_run1("held after the requeue", &out);
+    // The matcher writes its reason over the run's report, then places it
+    // again: run 1 stays in each.
+    let round = c.matcher_once();
+    assert_eq!(
+        decision(&round, offline)["waiting"],
+        "begin_time",
+        "{round}"
     );
+    let (ok, out, err) = report(&c, Some(USER), &[&offline.to_string()]);
+    assert!(ok, "{out}{err}");
+    shows_run1("its reason written", &out);
+    c.start_now(offline);
+    let round = c.matcher_once();
+    assert_eq!(decision(&round, offline)["action"], "place", "{round}");
+    c.wait_running(offline, WAIT);
+    let (ok, out, err) = report(&c, Some(USER), &[&offline.to_string()]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("(run 2)"), "{out}");
+    shows_run1("running again", &out);
+    // Its second run's report (sacct's record of the job) keeps run 1.
+    c.wait(offline, WAIT);
+    let start = std::time::Instant::now();
+    let out = loop {
+        let (ok, out, err) = report(&c, Some(USER), &[&offline.to_string()]);
+        if ok && out.contains("ran on ") {
+            break out;
+        }
+        assert!(start.elapsed() < WAIT, "no report of run 2: {out}{err}");
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert!(out.contains(" (run 2)"), "{out}");
+    shows_run1("finished", &out);
+
     // A job that ends otherwise gets no such line.
     c.scancel(&[online]);
     let plain = c.offline_as_nobody("rvq-short", node, 1, "#!/bin/sh\ntrue\n");

@@ -91,6 +91,7 @@ pub fn daemon_state(
                 held: true,
                 waiting: None,
                 refusals: 0,
+                earlier: Default::default(),
                 need: Default::default(),
                 array_task: None,
                 unstartable: None,

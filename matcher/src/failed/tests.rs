@@ -231,6 +231,7 @@ fn the_round_does_not_propose_a_failed_placement_again() {
             held: true,
             waiting: None,
             refusals: 0,
+            earlier: Default::default(),
             need: Default::default(),
             array_task: None,
             unstartable: None,

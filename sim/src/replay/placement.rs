@@ -141,6 +141,7 @@ impl Sim<'_> {
                 held: true,
                 waiting: None,
                 refusals: 0,
+                earlier: Default::default(),
                 // The traces name no CPU or memory request: GPUs only.
                 need: Default::default(),
                 array_task: None,

@@ -48,6 +48,7 @@ fn job(id: u32, name: &str, held: bool, req: &str, slot: Option<u32>) -> Pending
         held,
         waiting: None,
         refusals: 0,
+        earlier: Default::default(),
         need: Default::default(),
         array_task: None,
         unstartable: None,
