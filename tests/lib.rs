@@ -889,6 +889,19 @@ impl Cluster {
     /// its GPU busy (an external load on the simulated GPU) and holds
     /// `mem_mib`; returns (job, GPU index Slurm gave it).
     pub fn online_workload(&self, name: &str, node: &str, sm: f64, mem_mib: u64) -> (u32, u32) {
+        self.online_workload_as(name, node, sm, mem_mib, &[])
+    }
+
+    /// [`online_workload`](Self::online_workload) with more sbatch
+    /// arguments (`AS_NOBODY`: the service is nobody's).
+    pub fn online_workload_as(
+        &self,
+        name: &str,
+        node: &str,
+        sm: f64,
+        mem_mib: u64,
+        more: &[&str],
+    ) -> (u32, u32) {
         // Slurm picks the GPU: load both, then take the load off the other.
         for g in 0..2 {
             self.sim_load(node, g, sm);
@@ -897,7 +910,7 @@ impl Cluster {
             "#!/bin/sh\n{}\n",
             self.workload(&format!("online --rate 20 --alloc-mib {mem_mib}"))
         );
-        let args = [
+        let mut args = vec![
             "--muxflow=online",
             "--gres=gpu:1",
             "-w",
@@ -905,6 +918,7 @@ impl Cluster {
             "--job-name",
             name,
         ];
+        args.extend_from_slice(more);
         let id = self
             .sbatch(&args, &script)
             .unwrap_or_else(|e| panic!("sbatch {name}: {e}"));

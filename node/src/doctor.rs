@@ -964,6 +964,47 @@ fn directory_checks(checks: &mut Vec<Check>, config: &Config) {
         }
         checks.push(c);
     }
+    checks.push(check_pipe_access(config.paths.mps_pipe_root.as_path()));
+}
+
+/// Whether the filesystem of the MPS pipe directories keeps ACLs, so that
+/// only users with a job on a GPU reach its daemon
+/// (muxflow::node::pipe_access): tried on a directory the doctor makes
+/// there and removes.
+fn check_pipe_access(root: &Path) -> Check {
+    use muxflow::node::pipe_access::{admit_only, Access};
+    const NAME: &str = "mps access";
+    let existing = root
+        .ancestors()
+        .find(|p| p.is_dir())
+        .unwrap_or(Path::new("/"));
+    let probe = existing.join(format!(".muxflow-doctor-acl-{}", std::process::id()));
+    let tried = std::fs::create_dir(&probe)
+        .map_err(|e| e.to_string())
+        .and_then(|()| admit_only(&probe, &[65534].into()).map_err(|e| e.to_string()));
+    let _ = std::fs::remove_dir(&probe);
+    match tried {
+        Ok(Access::Users(_)) => Check::ok(
+            NAME,
+            format!(
+                "{}: a GPU's MPS daemon is reached only by users with a job on it (the pipe directory's ACL)",
+                root.display()
+            ),
+        ),
+        Ok(Access::Open) => Check::fail(
+            NAME,
+            format!(
+                "{} keeps no ACLs: every user on the node reaches every GPU's MPS daemon and can send it commands (terminate_client, quit)",
+                existing.display()
+            ),
+            "put paths.mps_pipe_root on a filesystem with POSIX ACLs (tmpfs with CONFIG_TMPFS_POSIX_ACL, ext4, xfs); jobs run either way, the police judge every client".to_string(),
+        ),
+        Err(e) => Check::fail(
+            NAME,
+            format!("cannot try an ACL in {}: {e}", existing.display()),
+            "run muxflow-doctor as root".to_string(),
+        ),
+    }
 }
 
 /// GPU `gpu`'s MPS multi-user mode: whether jobs of different users can

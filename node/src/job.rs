@@ -21,7 +21,8 @@
 use anyhow::{Context, Result};
 use muxflow::node::mps::MpsDaemon;
 use muxflow::node::mps_v3::Protocol;
-use muxflow::node::state::{free_offline_slots, JobRecord, NodeState};
+use muxflow::node::pipe_access::{self, Access};
+use muxflow::node::state::{free_offline_slots, GpuLock, JobRecord, NodeState};
 use muxflow::policy::health::HealthState;
 use muxflow::records::admin_comment::AdminComment;
 use muxflow::records::online_page;
@@ -246,6 +247,7 @@ pub fn start(config: &Config, env: &JobEnv) -> Result<()> {
                 let lock = state.lock_gpu(g)?;
                 drop_namespace(config, &state, &lock, g, job.id);
                 state.remove_job(&lock, g, job.id)?;
+                admit_recorded_users(config, &state, &lock, g);
             }
             return Ok(());
         }
@@ -349,6 +351,8 @@ fn record_on_gpu(
     }
     recorded.push(gpu);
     tracing::info!(job = job.id, gpu, mode = %job.mode, slots = ?record.slots, "recorded muxflow job");
+    // Before the job's first step: its user may now reach the GPU's daemon.
+    admit_recorded_users(config, state, &lock, gpu);
     if job.mode == Mode::Online {
         return Ok(None);
     }
@@ -849,6 +853,43 @@ fn remove_online_page(dir: &std::path::Path) -> std::io::Result<()> {
     }
 }
 
+/// GPU `gpu`'s MPS pipe directory opened to the users of the jobs recorded
+/// there and closed to every other user (muxflow::node::pipe_access), under
+/// the GPU's lock whenever its jobs change and at each health step. It
+/// never fails a job: where it cannot, the police still judge every client.
+pub fn admit_recorded_users(config: &Config, state: &NodeState, _lock: &GpuLock, gpu: u32) {
+    let dir = muxflow::node::mps::pipe_dir(config, gpu);
+    // No directory, no daemon: the Prolog that starts one comes here next.
+    if !dir.is_dir() {
+        return;
+    }
+    let uids = match state.jobs(gpu) {
+        Ok(jobs) => jobs.iter().map(|j| j.uid).collect(),
+        Err(e) => {
+            tracing::warn!(
+                gpu,
+                "cannot read the GPU's jobs to set who may reach its MPS daemon: {e}"
+            );
+            return;
+        }
+    };
+    match pipe_access::admit_only(&dir, &uids) {
+        Ok(Access::Users(users)) => {
+            tracing::debug!(
+                gpu,
+                ?users,
+                "MPS pipe directory open to its jobs' users only"
+            )
+        }
+        Ok(Access::Open) => tracing::debug!(
+            gpu,
+            "{} keeps no ACLs: its MPS daemon stays reachable by every user",
+            dir.display()
+        ),
+        Err(e) => tracing::warn!(gpu, "{e}"),
+    }
+}
+
 /// Epilog: forget the job; stop a GPU's daemon when no muxflow job is left.
 pub fn end(config: &Config, env: &JobEnv) -> Result<()> {
     let Some(job) = job(env)? else { return Ok(()) };
@@ -895,6 +936,8 @@ fn forget(config: &Config, state: &NodeState, job_id: u32) -> Result<()> {
         }
         if left.is_empty() {
             stop_daemon(&MpsDaemon::for_gpu(config, gpu));
+        } else {
+            admit_recorded_users(config, state, &lock, gpu);
         }
     }
     if let Err(e) = state.forget_refusal(job_id) {

@@ -318,6 +318,9 @@ fn step_gpu(
         }
     }
 
+    // After any restart above: a daemon started again may have made its
+    // pipe directory afresh, open to every user.
+    crate::job::admit_recorded_users(config, ns, &lock, gpu);
     if let Some(r) = reading {
         for t in crate::police::police_gpu(config, ns, &mps, gpu, &r.processes) {
             rec.count(&format!("policed.{}", t.verdict.code));
@@ -719,7 +722,7 @@ pub fn attribute_termination(ns: &NodeState, gpu: u32, client: Option<u32>, jobs
         client = ?client,
         job = ?victim,
         uid = ?owner,
-        "an MPS client was ended by a terminate_client muxflow did not send; NVIDIA's daemon names no sender: anyone who can reach the GPU's MPS socket (any user on the node) or an administrator"
+        "an MPS client was ended by a terminate_client muxflow did not send; NVIDIA's daemon names no sender: anyone who can reach the GPU's MPS socket (a user with a job on the GPU; any user on the node where its pipe directory keeps no ACL) or an administrator"
     );
     // Only for a job the node still runs: a forgotten job's files are gone
     // with it, and a job that is not muxflow's has none.

@@ -8,6 +8,7 @@ pub mod jobproc;
 pub mod mps;
 pub mod mps_v3;
 pub mod offline_procs;
+pub mod pipe_access;
 pub mod process;
 pub mod sm_partition;
 pub mod state;

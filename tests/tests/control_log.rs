@@ -23,8 +23,15 @@ fn a_flood_of_commands_is_emptied_by_the_next_health_step() {
         .unwrap()
         .for_node(node)
         .unwrap();
-    // The GPU's daemon runs while its online job does.
-    let (online, gpu) = c.online_workload(&format!("{PREFIX}online"), node, 0.05, 100);
+    // The GPU's daemon runs while its online job does: nobody's, so nobody
+    // reaches the daemon (only users with a job on the GPU do).
+    let (online, gpu) = c.online_workload_as(
+        &format!("{PREFIX}online"),
+        node,
+        0.05,
+        100,
+        &[muxflow_tests::AS_NOBODY],
+    );
     let pipe = muxflow::node::mps::pipe_dir(&cfg, gpu);
     let log = cfg
         .paths

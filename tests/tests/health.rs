@@ -681,9 +681,12 @@ fn only_a_lost_gpu_drains_and_only_muxflows_drain_is_undone() {
 }
 
 /// Sends `line` to the GPU's MPS control daemon as user `nobody`, the way
-/// any job user can (the daemon's socket is open to every client's user).
+/// any user with a job on the GPU can. The pair's records are root's, so
+/// nobody is let in first as a job of its own would let it in (the pipe
+/// directory's ACL; the next health step closes it again).
 fn mps_command_as_nobody(c: &Cluster, mps: &MpsDaemon, line: &str) -> String {
     use std::io::Write;
+    muxflow::node::pipe_access::admit_only(mps.pipe_dir(), &[65534].into()).unwrap();
     let mut child = Command::new("runuser")
         .args(["-u", "nobody", "--", "env"])
         .arg(format!(

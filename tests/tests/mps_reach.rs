@@ -1,19 +1,25 @@
 //! Who may be a client of a GPU's MPS daemon, tried as the unprivileged
-//! user `nobody`: every job on the node can name any GPU's pipe directory,
-//! so the police judge each client by its job, not by how it got there.
+//! user `nobody`: only users with a job recorded on the GPU reach its pipe
+//! directory (its ACL, set by the Prolog and the Epilog), and among their
+//! processes the police judge each client by its job, not by how it got
+//! there.
 //!
-//! * A plain job (no `--muxflow`, no GPU) and an online job of another GPU
-//!   that point `CUDA_MPS_PIPE_DIRECTORY` at the pipe of root's online GPU,
-//!   priority 0 and every SM: both are evicted by the next health step and
-//!   told why; the online job runs on.
+//! * `nobody`, with no job on root's online GPU, cannot reach its daemon
+//!   (not even a `get_server_list`); with an offline job placed there it
+//!   can; once that job ended, not again.
+//! * While it can: a plain job of `nobody` (no `--muxflow`, no GPU) and its
+//!   online job of the other GPU point `CUDA_MPS_PIPE_DIRECTORY` at that
+//!   GPU's pipe, priority 0 and every SM: both are evicted by the next
+//!   health step and told why; the online job runs on.
 //! * An offline job whose own preload maps one executable page of the real
 //!   xCUDA library in place of loading it: mapped, never started, it is
 //!   evicted as `no_xcuda` by its muxflow-police.
-//! * `quit` sent to an online GPU's daemon by another user: the health step
-//!   starts the daemon again, and a fatal fault after that does not
-//!   restart it under the online job, which its list no longer names.
-//! * `terminate_client` sent by `nobody`, who has no job on the node, to
-//!   root's offline client: the job it ended is told in its AdminComment
+//! * `quit` sent to an online GPU's daemon by another user with a job on
+//!   it: the health step starts the daemon again, and a fatal fault after
+//!   that does not restart it under the online job, which its list no
+//!   longer names.
+//! * `terminate_client` sent by `nobody`, whose online job shares the GPU,
+//!   to root's offline client: the job it ended is told in its AdminComment
 //!   (`terminated_by_other`) while it runs, and the node log names that
 //!   job and its user, and no sender.
 //! * The same sent to root's online client, whose job ends seconds later
@@ -48,6 +54,21 @@ fn clients_of_jobs_that_are_not_the_gpus_are_evicted() {
     let pipe = c
         .node_path("var/run/muxflow/{node}/mps", node)
         .join(gpu.to_string());
+    // No job of nobody's on the GPU: its daemon is out of reach.
+    let refused = mps_answer_as_nobody(&c, &pipe, "get_server_list");
+    assert!(
+        refused.contains("Permission denied"),
+        "nobody reached the daemon of a GPU it has no job on: {refused}"
+    );
+    // An offline job of nobody's placed there (it only waits): now it can.
+    let waiting = c.offline_as_nobody(
+        &format!("{PREFIX}offline"),
+        node,
+        gpu,
+        "#!/bin/sh\necho pid=$$\nsleep 600\n",
+    );
+    c.wait_output(waiting, "pid=", WAIT);
+    mps_command_as_nobody(&c, &pipe, "get_server_list");
     let attack = |what: &str| {
         format!(
             "#!/bin/sh\n{}echo {what}-start\n{}\necho {what}-exit=$?\n",
@@ -112,6 +133,14 @@ fn clients_of_jobs_that_are_not_the_gpus_are_evicted() {
     }
     // The online job was not touched.
     assert_eq!(c.job_field(online, "JobState"), "RUNNING");
+    // Nobody's job gone (its Epilog ran): out of reach again.
+    c.scancel(&[waiting]);
+    c.wait(waiting, WAIT);
+    let refused = mps_answer_as_nobody(&c, &pipe, "get_server_list");
+    assert!(
+        refused.contains("Permission denied"),
+        "nobody still reaches the daemon after its job ended: {refused}"
+    );
     c.scancel(&[online]);
     c.wait(online, WAIT);
     c.sim_load(node, gpu, 0.0);
@@ -186,8 +215,20 @@ fn an_offline_process_that_only_maps_xcuda_is_evicted() {
 }
 
 /// Sends `command` as `nobody` to the MPS control daemon of `pipe`;
-/// returns its answer.
+/// returns its answer (nobody must reach it).
 fn mps_command_as_nobody(c: &Cluster, pipe: &std::path::Path, command: &str) -> String {
+    let (ok, out) = mps_send_as_nobody(c, pipe, command);
+    assert!(ok, "{command}: {out}");
+    out
+}
+
+/// What the control program printed, stdout and stderr, for `command`
+/// sent as `nobody`, whether or not it reached the daemon.
+fn mps_answer_as_nobody(c: &Cluster, pipe: &std::path::Path, command: &str) -> String {
+    mps_send_as_nobody(c, pipe, command).1
+}
+
+fn mps_send_as_nobody(c: &Cluster, pipe: &std::path::Path, command: &str) -> (bool, String) {
     use std::io::Write;
     let mut child = std::process::Command::new("runuser")
         .args(["-u", "nobody", "--", "env"])
@@ -205,8 +246,12 @@ fn mps_command_as_nobody(c: &Cluster, pipe: &std::path::Path, command: &str) -> 
         .write_all(format!("{command}\n").as_bytes())
         .unwrap();
     let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "{command}: {out:?}");
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    if out.status.success() {
+        (true, text)
+    } else {
+        (false, text + &String::from_utf8_lossy(&out.stderr))
+    }
 }
 
 fn counter(c: &Cluster, cfg: &std::path::Path, node: &str, gpu: u32, key: &str) -> u64 {
@@ -259,6 +304,15 @@ fn a_foreign_quit_does_not_lead_to_a_restart_under_the_online_job() {
     let pipe = c
         .node_path("var/run/muxflow/{node}/mps", node)
         .join(gpu.to_string());
+    // Another user with a job on the GPU (only they reach its daemon):
+    // nobody's offline job, which only waits.
+    let waiting = c.offline_as_nobody(
+        &format!("{PREFIX}offline"),
+        node,
+        gpu,
+        "#!/bin/sh\necho pid=$$\nsleep 600\n",
+    );
+    c.wait_output(waiting, "pid=", WAIT);
     // Read first: a health step slurmd runs may restart the daemon too.
     let restarted = counter(&c, &cfg, node, gpu, "action.restart_mps_daemon");
     mps_command_as_nobody(&c, &pipe, "quit");
@@ -285,8 +339,9 @@ fn a_foreign_quit_does_not_lead_to_a_restart_under_the_online_job() {
         "{log}"
     );
     assert_eq!(c.job_field(online, "JobState"), "RUNNING");
-    c.scancel(&[online]);
+    c.scancel(&[online, waiting]);
     c.wait(online, WAIT);
+    c.wait(waiting, WAIT);
     c.sim_load(node, gpu, 0.0);
     c.assert_no_drain();
 }
@@ -299,7 +354,9 @@ fn a_terminate_client_from_anyone_is_recorded_for_the_job_it_ended() {
     c.cancel_named(PREFIX);
     let _cancel = muxflow_tests::CancelNamed(&c, PREFIX);
     let cfg = c.health_config("foreign-terminate", "min_dwell_s = 1\nrecovery_quiet_s = 1");
-    let (online, gpu) = c.online_workload(&format!("{PREFIX}online"), node, 0.05, 1000);
+    // Nobody's service: nobody has a job on the GPU, so reaches its daemon.
+    let (online, gpu) =
+        c.online_workload_as(&format!("{PREFIX}online"), node, 0.05, 1000, &[AS_NOBODY]);
     c.settle_healthy(&cfg, node, gpu, 1000);
     // Root's offline job. Its batch step outlives its trainer by a few
     // seconds, as a trainer's own teardown would: the record is made within
@@ -372,7 +429,8 @@ fn a_terminate_client_from_anyone_is_recorded_for_the_job_it_ended() {
 }
 
 /// The online job's client `pid` on `gpu`: the server whose client list
-/// names it, asked as `nobody` (anyone who reaches the socket can ask).
+/// names it, asked as `nobody` (anyone who reaches the socket can ask:
+/// every user with a job on the GPU).
 fn server_of(c: &Cluster, pipe: &std::path::Path, pid: &str) -> String {
     let start = std::time::Instant::now();
     loop {

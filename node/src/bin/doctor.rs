@@ -21,8 +21,9 @@ line (required, its config= the file in use) and the Slurm release the build is 
 JobSubmitPlugins and GresTypes, the Prolog, Epilog and health-check wiring, this node's \
 NodeName line and its Gres= against gres.conf's GPUs and offline slots, the MPS control \
 program and its multi-user mode, NVML, xCUDA, the driver's limits (SM partitions, MPS v3, \
-dmem), and the state, pipe and log directories (root-owned, not writable by users). \
-With --controller, on the slurmctld host instead: JobSubmitPlugins and GresTypes, \
+dmem), the state, pipe and log directories (root-owned, not writable by users), and \
+whether the pipe directories keep ACLs (only users with a job on a GPU reach its MPS \
+daemon). With --controller, on the slurmctld host instead: JobSubmitPlugins and GresTypes, \
 job_submit.lua beside slurm.conf, the matcher running and rounding, and its shape file \
 fresh where job_submit.lua reads it. One line per check, `ok` or `FAIL ...; fix: ...`.",
     after_help = "Exit status: 0 when every check passed, 1 when any failed, 2 when the \
