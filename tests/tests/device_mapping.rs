@@ -170,6 +170,13 @@ fn the_two_users_check_judges_by_the_control_log() {
         (Some("yes".into()), Some("yes".into())),
         "{stdout}{stderr}"
     );
+    // The pipe directory as muxflow leaves it: the ACL's user served, the
+    // other kept out of both the control program and the daemon.
+    assert_eq!(
+        (kv(last, "acl_shared"), kv(last, "acl_kept_out")),
+        (Some("yes".into()), Some("yes".into())),
+        "{stdout}{stderr}"
+    );
     let versions = stdout
         .lines()
         .find(|l| l.starts_with("case=versions "))

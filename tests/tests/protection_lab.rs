@@ -162,7 +162,8 @@ fn the_lab_runs_on_the_simulated_gpu() {
 }
 
 /// The one device command (`real-gpu/device-session`), on the simulated
-/// GPU: the device-names check, then the lab's trigger and queue, packed
+/// GPU: the device-names check, two users with the pipe directory's ACL,
+/// then the lab's trigger and queue, packed
 /// into at most three files with a summary that names each result.
 #[test]
 fn the_device_session_runs_on_the_simulated_gpu() {
@@ -185,6 +186,7 @@ fn the_device_session_runs_on_the_simulated_gpu() {
     let summary = std::fs::read_to_string(out.join("summary.txt")).unwrap();
     for want in [
         "device_names=done gpus=2 gpu1_checked=yes as_documented=yes",
+        "acl_shared=yes acl_kept_out=yes",
         "case=resnet50-0.6/trigger ",
         "case=resnet50-0.6/queue ",
         "lab=done sim=yes",
@@ -208,6 +210,7 @@ fn the_device_session_runs_on_the_simulated_gpu() {
         "./lab/results.txt",
         "./lab/windows.txt",
         "./names/device-names.txt",
+        "./two-users/two-users.txt",
     ] {
         assert!(listed.lines().any(|l| l == f), "{f}: {listed}");
     }
