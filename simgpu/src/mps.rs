@@ -233,8 +233,19 @@ fn cgroup_within(cg: &str, bound: &str) -> bool {
     })
 }
 
+/// Where the daemon tells client `pid` that it was terminated. The daemon
+/// makes it empty when the client connects; the client opens it then and
+/// keeps it open, and `terminate_client` writes into it: like the real
+/// client's connection, it keeps reaching the client after its user can
+/// no longer enter the pipe directory (muxflow's ACL, once its job ended).
 pub fn terminated_marker(pipe_dir: &Path, pid: i32) -> PathBuf {
     pipe_dir.join("terminated").join(pid.to_string())
+}
+
+/// Has the daemon terminated the client whose marker this is (opened at
+/// connect, [`terminated_marker`])?
+pub fn is_terminated(marker: &std::fs::File) -> bool {
+    marker.metadata().is_ok_and(|m| m.len() > 0)
 }
 
 /// The credentials of the process at the other end of a connection.
@@ -678,7 +689,11 @@ impl Daemon {
             ["terminate_client", spid, cpid] => {
                 match (find(&self.servers, spid), cpid.parse::<i32>()) {
                     (Some(i), Ok(c)) if self.servers[i].clients.contains(&c) => {
-                        let _ = std::fs::write(terminated_marker(&self.pipe_dir, c), b"");
+                        let _ = std::fs::OpenOptions::new()
+                            .append(true)
+                            .create(true)
+                            .open(terminated_marker(&self.pipe_dir, c))
+                            .and_then(|mut f| f.write_all(b"t"));
                         self.server_log(self.servers[i].pid, &format!("Terminating client {c}"));
                         String::new()
                     }
@@ -996,6 +1011,8 @@ impl Daemon {
             Some(n) => (n.name.clone(), n.pct, n.mem, n.priority),
             None => ("-".to_string(), None, None, None),
         };
+        // Its termination marker, empty: the client opens it now.
+        let _ = std::fs::write(terminated_marker(&self.pipe_dir, pid), b"");
         let s = &mut self.servers[i];
         s.clients.push(pid);
         let mut mem = s.mem.clone();

@@ -7,10 +7,12 @@ use super::*;
 /// Per-call check of the client's device: terminated by MPS, lost, sticky.
 pub(super) fn check(p: &Proc, dev: usize) -> R<()> {
     let mps = p.local().mps.clone().flatten();
-    if let Some((pipe, _)) = &mps {
-        if mps::terminated_marker(pipe, p.pid).exists() {
-            return Err(cu::MPS_CLIENT_TERMINATED);
-        }
+    if p.local()
+        .terminated
+        .as_ref()
+        .is_some_and(mps::is_terminated)
+    {
+        return Err(cu::MPS_CLIENT_TERMINATED);
     }
     let d = &p.devs[dev];
     if d.gpu.is_lost() {
@@ -80,7 +82,11 @@ pub(super) fn mps_connect(p: &Proc) -> R<Option<(PathBuf, Grant)>> {
             let partition = std::env::var(mps::ENV_PARTITION).ok();
             loop {
                 match mps::connect(&dir, p.pid, uid, partition.as_deref()) {
-                    Ok(ConnectReply::Ok(g)) => break Some((dir, g)),
+                    Ok(ConnectReply::Ok(g)) => {
+                        p.local().terminated =
+                            std::fs::File::open(mps::terminated_marker(&dir, p.pid)).ok();
+                        break Some((dir, g));
+                    }
                     Ok(ConnectReply::NoPartition) => {
                         return Err(cu::INVALID_RESOURCE_CONFIGURATION)
                     }

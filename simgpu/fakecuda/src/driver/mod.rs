@@ -107,6 +107,9 @@ struct Local {
     host: std::collections::HashSet<usize>,
     clients: Vec<Option<ClientState>>,
     mps: Option<Option<(PathBuf, Grant)>>,
+    /// The daemon's termination marker for this client, opened at connect
+    /// (mps::terminated_marker).
+    terminated: Option<std::fs::File>,
     /// Graph memory: nodes, live graph allocations, graph pools.
     graphs: graphmem::GraphBooks,
 }
@@ -177,6 +180,7 @@ fn load() -> Result<Proc, u32> {
             host: Default::default(),
             clients: (0..n).map(|_| None).collect(),
             mps: None,
+            terminated: None,
             graphs: Default::default(),
         }),
         mem_peak: (0..n).map(|_| Default::default()).collect(),
