@@ -93,6 +93,7 @@ fn the_doctor_passes_a_correct_node_and_names_each_breakage_with_its_fix() {
         "state dir",
         "mps pipe dir",
         "mps log dir",
+        "mps access",
     ] {
         assert!(out.contains(&format!("ok   {name}: ")), "{name}: {out}");
     }
@@ -282,6 +283,38 @@ fn the_doctor_passes_a_correct_node_and_names_each_breakage_with_its_fix() {
         assert!(fails[0].contains(row.fails), "{}: {out}", row.name);
         assert!(fails[0].contains(row.fix), "{}: {out}", row.name);
     }
+
+    // The pipe directories on a filesystem that keeps no ACLs (ramfs has
+    // no extended attributes): every user would reach every GPU's daemon.
+    let dir = c.scratch("doctor-noacl");
+    let conf = copy_node_config(&c, &dir);
+    // Under the cluster's own directory: no ancestor others can write (the
+    // scratch directories' parent is one, which the pipe dir check fails).
+    let mnt = c.dir.join(format!("var/noacl-{}", std::process::id()));
+    std::fs::create_dir_all(&mnt).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "ramfs", "-o", "mode=0755", "none"])
+        .arg(&mnt)
+        .status()
+        .unwrap();
+    assert!(mounted.success(), "mount ramfs at {}", mnt.display());
+    set_key(
+        &dir.join("muxflow.toml"),
+        "mps_pipe_root",
+        mnt.join("mps").to_str().unwrap(),
+    );
+    let (code, out) = doctor(&conf, Some(&dir.join("bin")));
+    let _ = Command::new("umount").arg(&mnt).status();
+    let _ = std::fs::remove_dir(&mnt);
+    assert_eq!(code, 1, "{out}");
+    let fails: Vec<&str> = out.lines().filter(|l| l.starts_with("FAIL")).collect();
+    assert_eq!(fails.len(), 1, "exactly one check fails: {out}");
+    assert!(
+        fails[0].starts_with("FAIL mps access: ")
+            && fails[0].contains("keeps no ACLs")
+            && fails[0].contains("fix: put paths.mps_pipe_root on a filesystem with POSIX ACLs"),
+        "{out}"
+    );
 }
 
 /// A host slurm.conf does not name is told so (not judged by another
