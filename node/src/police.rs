@@ -409,6 +409,11 @@ pub fn police_gpu(
                 let _ = child.wait();
             });
         }
+        // Recorded first: a process that exits at once on its eviction ends
+        // its job's step, whose report reads this record.
+        if let Some(job) = job {
+            record(ns, job, pid, verdict);
+        }
         let done = match server {
             Some(server) => mps.terminate_client(server, pid).map_err(|e| e.to_string()),
             None => {
@@ -421,10 +426,11 @@ pub fn police_gpu(
         };
         if let Err(e) = done {
             tracing::error!(gpu, pid, ?job, code = verdict.code, "cannot terminate: {e}");
+            // Not evicted: the next pass must try again, not skip it.
+            if let Some(job) = job {
+                unrecord(ns, job, pid, verdict);
+            }
             continue;
-        }
-        if let Some(job) = job {
-            record(ns, job, pid, verdict);
         }
         out.push(terminated);
     }
@@ -1376,6 +1382,29 @@ fn record(ns: &NodeState, job: u32, pid: u32, verdict: &Verdict) {
     );
 }
 
+/// Takes back the line [`record`] wrote for `pid` (its eviction failed).
+fn unrecord(ns: &NodeState, job: u32, pid: u32, verdict: &Verdict) {
+    let path = ns.policed_file(job);
+    let line = format!("{} pid={pid} {}", verdict.code, verdict.reason);
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return;
+    };
+    let mut lines: Vec<&str> = text.lines().collect();
+    let Some(at) = lines.iter().rposition(|l| *l == line) else {
+        return;
+    };
+    lines.remove(at);
+    let kept: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    if let Err(e) = muxflow::node::state::write_atomic(&path, kept.as_bytes()) {
+        tracing::warn!(
+            job,
+            pid,
+            "cannot take back the policed record in {}: {e}",
+            path.display()
+        );
+    }
+}
+
 /// The code of a process the node evicted for its GPU's health.
 pub const GPU_HEALTH: &str = "gpu_health";
 
@@ -1426,6 +1455,27 @@ mod tests {
         let cancelled = three + &line(CANCELLED, 0);
         assert_eq!(cancel_reason(&cancelled, 3), None, "once only");
         assert_eq!(cancel_reason("", 1), None);
+    }
+
+    /// Recorded before the eviction (its process may exit and end the step
+    /// at once); taken back where the eviction failed, so the next pass
+    /// tries again instead of taking it as done.
+    #[test]
+    fn a_failed_eviction_takes_its_record_back() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ns = NodeState::new(tmp.path());
+        std::fs::create_dir_all(ns.limits_dir()).unwrap();
+        let verdict = |code| Verdict {
+            code,
+            reason: "its SM share was raised".into(),
+        };
+        record(&ns, 5, 41, &verdict("sm_pct"));
+        record(&ns, 5, 42, &verdict("sm_pct"));
+        unrecord(&ns, 5, 42, &verdict("sm_pct"));
+        assert!(already_policed(&ns, 5, 41));
+        assert!(!already_policed(&ns, 5, 42));
+        let text = std::fs::read_to_string(ns.policed_file(5)).unwrap();
+        assert_eq!(text, "sm_pct pid=41 its SM share was raised\n");
     }
 
     #[test]
