@@ -61,13 +61,7 @@ fn clients_of_jobs_that_are_not_the_gpus_are_evicted() {
         "nobody reached the daemon of a GPU it has no job on: {refused}"
     );
     // An offline job of nobody's placed there (it only waits): now it can.
-    let waiting = c.offline_as_nobody(
-        &format!("{PREFIX}offline"),
-        node,
-        gpu,
-        "#!/bin/sh\necho pid=$$\nsleep 600\n",
-    );
-    c.wait_output(waiting, "pid=", WAIT);
+    let waiting = nobody_waits_on(&c, &format!("{PREFIX}offline"), node, gpu);
     mps_command_as_nobody(&c, &pipe, "get_server_list");
     let attack = |what: &str| {
         format!(
@@ -214,6 +208,14 @@ fn an_offline_process_that_only_maps_xcuda_is_evicted() {
     c.assert_no_drain();
 }
 
+/// An offline job of `nobody` placed on `node`'s GPU `gpu` that only
+/// waits, running: nobody has a job there, so reaches its daemon.
+fn nobody_waits_on(c: &Cluster, name: &str, node: &str, gpu: u32) -> u32 {
+    let id = c.offline_as_nobody(name, node, gpu, "#!/bin/sh\necho pid=$$\nsleep 600\n");
+    c.wait_output(id, "pid=", WAIT);
+    id
+}
+
 /// Sends `command` as `nobody` to the MPS control daemon of `pipe`;
 /// returns its answer (nobody must reach it).
 fn mps_command_as_nobody(c: &Cluster, pipe: &std::path::Path, command: &str) -> String {
@@ -306,13 +308,7 @@ fn a_foreign_quit_does_not_lead_to_a_restart_under_the_online_job() {
         .join(gpu.to_string());
     // Another user with a job on the GPU (only they reach its daemon):
     // nobody's offline job, which only waits.
-    let waiting = c.offline_as_nobody(
-        &format!("{PREFIX}offline"),
-        node,
-        gpu,
-        "#!/bin/sh\necho pid=$$\nsleep 600\n",
-    );
-    c.wait_output(waiting, "pid=", WAIT);
+    let waiting = nobody_waits_on(&c, &format!("{PREFIX}offline"), node, gpu);
     // Read first: a health step slurmd runs may restart the daemon too.
     let restarted = counter(&c, &cfg, node, gpu, "action.restart_mps_daemon");
     mps_command_as_nobody(&c, &pipe, "quit");
