@@ -281,7 +281,21 @@ pub fn pending_record(jobs: &[SqueueJob], id: u32, task: Option<u32>) -> Option<
                     .find(|j| j.array_job_id == id && task_in(&j.array_task_string, t))
             })?,
     };
-    Some(SacctJob {
+    Some(as_sacct(j, task))
+}
+
+/// Job `id` as squeue holds it now, in any state, as a sacct record; None
+/// once Slurm forgot it.
+pub fn current_record(jobs: &[SqueueJob], id: u32) -> Option<SacctJob> {
+    jobs.iter()
+        .find(|j| j.job_id == id)
+        .map(|j| as_sacct(j, None))
+}
+
+/// squeue's record `j` as sacct's; `task` names the array task it stands
+/// for where the record still holds several.
+fn as_sacct(j: &SqueueJob, task: Option<u32>) -> SacctJob {
+    SacctJob {
         job_id: j.job_id,
         name: j.name.clone(),
         user: j.user_name.clone(),
@@ -299,7 +313,50 @@ pub fn pending_record(jobs: &[SqueueJob], id: u32, task: Option<u32>) -> Option<
             job_id: j.array_job_id,
             task_id: (j.array_job_id != 0).then_some(task.unwrap_or(j.array_task_id)),
         },
-    })
+    }
+}
+
+/// `listing` (sacct's records of job ID `job_id`, perhaps of other IDs too)
+/// cut to the one record of the job meant: the latest. Where Slurm still
+/// holds the job (`jobs`, from squeue) and sacct has not caught up with it
+/// (a job that just started), its record now, lest an older job of the
+/// same ID (IDs start over after a cluster's state is reset) stand for it.
+pub fn keep_the_job(listing: &mut Vec<SacctJob>, jobs: &[SqueueJob], job_id: u32) {
+    listing.retain(|j| j.job_id == job_id);
+    let now = current_record(jobs, job_id);
+    if let Some(now) = &now {
+        if !listing
+            .iter()
+            .any(|j| j.time.submission >= now.time.submission)
+        {
+            listing.push(now.clone());
+        }
+    }
+    latest_per_id(listing);
+    // Slurm's owner where it still holds the job: 22.05's `sacct --json`
+    // names none for a job without an association, and its first record of
+    // a job root submitted with `--uid` names root (seen on the dev
+    // cluster; a user was refused their own job).
+    if let (Some(job), Some(now)) = (listing.first_mut(), now) {
+        job.user = now.user;
+    }
+}
+
+/// One record per job ID: the latest submission (a job ID comes back once a
+/// cluster's state is reset; a requeue submits the job again), and of one
+/// submission the running record, else the last to end.
+pub fn latest_per_id(listing: &mut Vec<SacctJob>) {
+    let recency = |j: &SacctJob| {
+        (
+            j.time.submission,
+            match j.time.end {
+                0 => u64::MAX,
+                e => e,
+            },
+        )
+    };
+    listing.sort_by(|a, b| a.job_id.cmp(&b.job_id).then(recency(b).cmp(&recency(a))));
+    listing.dedup_by_key(|j| j.job_id);
 }
 
 /// Is `task` in an array's task string (`1-7`, `1,3,5-7:2%2`)?
@@ -803,6 +860,56 @@ mod tests {
         // Running, or unknown: not pending.
         assert!(pending_record(&jobs, 2, None).is_none());
         assert!(pending_record(&jobs, 99, None).is_none());
+    }
+
+    #[test]
+    fn a_reused_job_id_is_the_job_slurm_holds_now() {
+        let sacct = |user: &str, submission: u64, end: u64| SacctJob {
+            job_id: 250,
+            user: user.into(),
+            time: SacctTime { end, submission },
+            ..SacctJob::default()
+        };
+        let now = parse_squeue(
+            r#"{"jobs": [{"job_id": 250, "name": "train", "user_name": "nobody",
+            "job_state": "RUNNING", "submit_time": 1700000500}]}"#,
+        )
+        .unwrap();
+        // sacct lags: it holds only an older job 250 (root's, from before a
+        // state reset, its end never recorded).
+        let mut listing = vec![sacct("root", 1_700_000_000, 0)];
+        keep_the_job(&mut listing, &now, 250);
+        assert_eq!(listing.len(), 1);
+        assert_eq!(listing[0].user, "nobody");
+        // Caught up: sacct's record of this submission, not squeue's.
+        let mut listing = vec![
+            sacct("root", 1_700_000_000, 0),
+            sacct("nobody", 1_700_000_500, 0),
+        ];
+        listing[1].name = "from sacct".into();
+        keep_the_job(&mut listing, &now, 250);
+        assert_eq!(listing.len(), 1);
+        assert_eq!(listing[0].name, "from sacct");
+        // ... that names no owner, or root for a job root submitted with
+        // --uid: Slurm's owner.
+        for user in ["", "root"] {
+            let mut listing = vec![sacct(user, 1_700_000_500, 0)];
+            keep_the_job(&mut listing, &now, 250);
+            assert_eq!(listing[0].user, "nobody");
+        }
+        // Forgotten by Slurm: the latest submission; of one submission
+        // (requeued runs) the running record, else the last to end.
+        let mut listing = vec![
+            sacct("nobody", 1_700_000_500, 1_700_000_600),
+            sacct("root", 1_700_000_000, 0),
+            sacct("nobody", 1_700_000_500, 1_700_000_900),
+        ];
+        keep_the_job(&mut listing, &[], 250);
+        assert_eq!(listing.len(), 1);
+        assert_eq!(
+            (listing[0].user.as_str(), listing[0].time.end),
+            ("nobody", 1_700_000_900)
+        );
     }
 
     #[test]

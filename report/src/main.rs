@@ -209,10 +209,7 @@ fn run(cli: &Cli) -> anyhow::Result<String> {
                 )
             })?,
     };
-    listing.retain(|j| j.job_id == job_id);
-    // A job ID the database holds twice (IDs start over after a cluster's
-    // state is reset): the latest record is the job meant.
-    latest_per_id(&mut listing);
+    live::keep_the_job(&mut listing, &jobs, job_id);
     if let Some(job) = listing.first_mut() {
         if job.user.is_empty() {
             job.user = slurm
@@ -277,7 +274,7 @@ fn run(cli: &Cli) -> anyhow::Result<String> {
         // The job's own record first: it wins over its copies in `more`.
         more.retain(|j| j.job_id != job_id);
         listing.extend(more);
-        latest_per_id(&mut listing);
+        live::latest_per_id(&mut listing);
     }
     let answer = match report(job_id, &listing, &viewer) {
         // A running job: who shares its GPUs now, from squeue (the
@@ -302,17 +299,6 @@ fn run(cli: &Cli) -> anyhow::Result<String> {
     })
 }
 
-/// One record per job ID, the latest (a running job's end is 0: latest).
-fn latest_per_id(listing: &mut Vec<muxflow_matcher::reader::SacctJob>) {
-    let recency = |j: &muxflow_matcher::reader::SacctJob| match j.time.end {
-        0 => u64::MAX,
-        e => e,
-    };
-    listing.sort_by(|a, b| a.job_id.cmp(&b.job_id).then(recency(b).cmp(&recency(a))));
-    listing.dedup_by_key(|j| j.job_id);
-}
-
-/// The user name of `uid` from the password database.
 /// The uid of user `name`, if this host knows the name.
 fn user_id(name: &str) -> Option<u32> {
     let name = std::ffi::CString::new(name).ok()?;
@@ -335,6 +321,7 @@ fn user_id(name: &str) -> Option<u32> {
     (rc == 0 && !out.is_null()).then_some(pw.pw_uid)
 }
 
+/// The user name of `uid` from the password database.
 fn user_name(uid: u32) -> Option<String> {
     let mut buf = vec![0 as libc::c_char; 16384];
     // SAFETY: an all-zero passwd is a valid value to be overwritten.
