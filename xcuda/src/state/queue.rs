@@ -5,12 +5,17 @@
 //! flight (XSched's "progressive command launching", at the granularity an
 //! LD_PRELOAD layer has: whole kernels, a stream's emptiness).
 //!
-//! In flight is counted per thread and stream: the launches since the
-//! stream was last seen empty (`cuStreamQuery`). At the limit the thread
-//! waits until the stream drains or the limit rises (the online job went
-//! idle); a limit of 0 holds every launch until it rises. Two threads on
-//! one stream each count their own (up to twice the limit in flight);
-//! graph launches count as one launch each.
+//! In flight is counted per stream: the launches since the stream was last
+//! seen empty (`cuStreamQuery`), whichever thread made them (PyTorch's
+//! autograd launches a step's backward pass from a thread of its own onto
+//! the forward pass's stream). A per-thread default stream is its thread's
+//! alone, and so is its count. At the limit the thread waits until the
+//! stream drains or the limit rises (the online job went idle); a limit of
+//! 0 holds every launch until it rises. Threads that launch on one stream
+//! at the same instant may pass the limit by one each (the count takes no
+//! lock); past [`STREAMS`] distinct streams a stream is counted per thread
+//! again (each thread's own launches on it); graph launches count as one
+//! launch each.
 //!
 //! The busy bound adapts to the online job's measured slowdown
 //! ([`BusyBound`], stepped per new window of the online page): halved when
@@ -19,7 +24,7 @@
 //! trainer run beside its requests, and one it hurts holds it off them.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use muxflow::records::online_page::Reading;
@@ -49,8 +54,102 @@ static HELD: AtomicU64 = AtomicU64::new(0);
 static HELD_NS: AtomicU64 = AtomicU64::new(0);
 
 thread_local! {
-    /// (stream, per-thread flag, launches since it was seen empty).
+    /// (stream, per-thread flag, launches since it was seen empty): the
+    /// count of a per-thread default stream, or of a stream past the table.
     static MINE: Cell<(usize, bool, u32)> = const { Cell::new((0, false, 0)) };
+}
+
+/// Streams counted process-wide: an open-addressed table, a slot claimed
+/// for good by the first launch on its stream (key: the handle + 1, so the
+/// legacy default stream, 0, has one; 0 marks a free slot). A training
+/// process uses a handful of streams; a program that makes more than this
+/// many gets per-thread counts for the rest.
+const STREAMS: usize = 64;
+struct Slot {
+    key: AtomicUsize,
+    inflight: AtomicU32,
+}
+static TABLE: [Slot; STREAMS] = [const {
+    Slot {
+        key: AtomicUsize::new(0),
+        inflight: AtomicU32::new(0),
+    }
+}; STREAMS];
+
+/// `stream`'s slot in [`TABLE`], claimed if new; None once the table is
+/// full.
+fn slot(stream: usize) -> Option<&'static Slot> {
+    let key = stream.wrapping_add(1);
+    // Handles are pointers: their low bits are alignment.
+    let start = (stream >> 4) % STREAMS;
+    // A plain load finds a known stream (no locked instruction on the
+    // launch path); only a new stream's claim takes one.
+    for i in 0..STREAMS {
+        let s = &TABLE[(start + i) % STREAMS];
+        match s.key.load(Relaxed) {
+            k if k == key => return Some(s),
+            0 => match s.key.compare_exchange(0, key, Relaxed, Relaxed) {
+                Ok(_) => return Some(s),
+                Err(k) if k == key => return Some(s),
+                Err(_) => continue,
+            },
+            _ => continue,
+        }
+    }
+    None
+}
+
+/// The count a launch on (stream, per-thread flag) reads and adds to.
+enum Count {
+    Shared(&'static Slot),
+    Mine,
+}
+
+impl Count {
+    fn of(stream: usize, pt: bool) -> Count {
+        match pt {
+            false => slot(stream).map_or(Count::Mine, Count::Shared),
+            true => Count::Mine,
+        }
+    }
+
+    fn get(&self, stream: usize, pt: bool) -> u32 {
+        match self {
+            Count::Shared(s) => s.inflight.load(Relaxed),
+            Count::Mine => {
+                let (s, p, n) = MINE.with(Cell::get);
+                if (s, p) == (stream, pt) {
+                    n
+                } else {
+                    0
+                }
+            }
+        }
+    }
+
+    /// The stream was seen empty: nothing in flight.
+    fn drained(&self, stream: usize, pt: bool) {
+        match self {
+            Count::Shared(s) => s.inflight.store(0, Relaxed),
+            Count::Mine => MINE.with(|m| m.set((stream, pt, 0))),
+        }
+    }
+
+    /// One launch more in flight.
+    fn add(&self, stream: usize, pt: bool) {
+        match self {
+            // A load and a store, not a locked add: two threads adding at
+            // the same instant may count one (one launch more in flight),
+            // which the launch path's budget is worth.
+            Count::Shared(s) => s
+                .inflight
+                .store(s.inflight.load(Relaxed).saturating_add(1), Relaxed),
+            Count::Mine => {
+                let n = self.get(stream, pt);
+                MINE.with(|m| m.set((stream, pt, n.saturating_add(1))));
+            }
+        }
+    }
 }
 
 /// Switches the queue on with `inflight` launches while the online job is
@@ -109,6 +208,9 @@ pub fn held() -> (u64, u64) {
 pub fn after_fork() {
     HELD.store(0, Relaxed);
     HELD_NS.store(0, Relaxed);
+    for s in &TABLE {
+        s.inflight.store(0, Relaxed);
+    }
     set_online_busy(false);
 }
 
@@ -138,21 +240,18 @@ fn admit_bounded(
     empty: &dyn Fn() -> Option<bool>,
     closing: &dyn Fn() -> bool,
 ) {
-    let (s, p, mut n) = MINE.with(Cell::get);
-    if (s, p) != (stream, pt) {
-        n = 0;
-    }
+    let count = Count::of(stream, pt);
     let mut start: Option<Instant> = None;
     // Counted as a delay only when the online job's request held it: a
     // drain at the idle bound is the queue's pace, not a brake.
     let mut braked = false;
     loop {
         let limit = LIMIT.load(Relaxed);
-        if limit == OFF || n < limit || closing() {
+        if limit == OFF || count.get(stream, pt) < limit || closing() {
             break;
         }
         if limit > 0 && empty() != Some(false) {
-            n = 0;
+            count.drained(stream, pt);
             break;
         }
         braked |= ONLINE_BUSY.load(Relaxed);
@@ -168,7 +267,7 @@ fn admit_bounded(
         HELD.fetch_add(1, Relaxed);
         HELD_NS.fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
     }
-    MINE.with(|m| m.set((stream, pt, n.saturating_add(1))));
+    count.add(stream, pt);
 }
 
 /// The busy bound's law, one step per new window of the online page, with
@@ -341,5 +440,54 @@ mod tests {
         admit(9, true, || None, never);
         admit(9, true, || None, never);
         assert_eq!(held().0, 1);
+
+        // One stream, two threads (a forward pass, then autograd's thread
+        // for the backward pass): one count. The other thread's two
+        // launches leave this one's third waiting for the drain.
+        let drained = AtomicBool::new(false);
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                admit(0x7f00_1000, false, busy_stream, never);
+                admit(0x7f00_1000, false, busy_stream, never);
+            })
+            .join()
+            .unwrap();
+            sc.spawn(|| {
+                std::thread::sleep(Duration::from_millis(30));
+                drained.store(true, Relaxed);
+            });
+            let t = Instant::now();
+            admit(0x7f00_1000, false, || Some(drained.load(Relaxed)), never);
+            assert!(t.elapsed() >= Duration::from_millis(30));
+        });
+        // A per-thread default stream is each thread's own: another
+        // thread's launches on it do not count here.
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                admit(0, true, busy_stream, never);
+                admit(0, true, busy_stream, never);
+            })
+            .join()
+            .unwrap();
+        });
+        admit(0, true, || panic!("not at the limit: never queried"), never);
+        admit(0, true, || panic!("not at the limit: never queried"), never);
+        // Past the table's streams, each thread counts its own.
+        for s in 1..=STREAMS {
+            let _ = slot(0x5000_0000 + (s << 4));
+        }
+        assert!(slot(0x6000_0000).is_none());
+        admit(0x6000_0000, false, busy_stream, never);
+        admit(0x6000_0000, false, busy_stream, never);
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                admit(
+                    0x6000_0000,
+                    false,
+                    || panic!("another thread's count"),
+                    never,
+                );
+            });
+        });
     }
 }
