@@ -71,9 +71,10 @@ pub enum ProtectionError {
 
 fn table() -> Result<Table, ProtectionError> {
     let mut value: toml::Table = toml::from_str(MEASURED)?;
-    // The other tables (source, raw) are not modes.
-    value.remove("source");
-    value.remove("raw");
+    // The other tables (source, raw, superseded) are not modes.
+    for other in ["source", "raw", "superseded"] {
+        value.remove(other);
+    }
     Ok(toml::Value::Table(value).try_into()?)
 }
 

@@ -59,12 +59,27 @@ fn the_protection_file_reads_and_agrees_with_its_runs() {
             .filter(|l| l.get("gpu") == Some(&mode))
             .collect();
         assert!(!runs.is_empty(), "{mode}: no raw lines");
+        if mode == "h200-like" {
+            assert!(
+                runs.iter().all(|l| l.contains_key("queue_p99_x")),
+                "{mode}: the queue's figures"
+            );
+        }
         let (shared, ..) = spread(&runs, "shared_p99_x");
+        // The bounded queue's row, where the mode's lines carry it (the
+        // others' are of runs kept apart, in `queue_lines`).
+        let queue = runs
+            .iter()
+            .all(|l| l.contains_key("queue_p99_x"))
+            .then_some(("bounded_queue", "queue_p99_x", Some("queue_steps_x")));
         for (brake, p99_key, steps_key) in [
             ("none", "shared_p99_x", None),
             ("clock_brake", "clock_p99_x", Some("clock_steps_x")),
             ("online_trigger", "online_p99_x", Some("online_steps_x")),
-        ] {
+        ]
+        .into_iter()
+        .chain(queue)
+        {
             let b: Brake = doc[mode][brake]
                 .clone()
                 .try_into()

@@ -379,6 +379,8 @@ pub const SAMPLE_INTERVAL_MS: std::ops::RangeInclusive<u64> = 1..=10_000;
 pub const MAX_DELAY_US: std::ops::RangeInclusive<u64> = 0..=10_000_000;
 /// `[xcuda] queue_inflight`: 0 (off) or a bound of launches in flight.
 pub const QUEUE_INFLIGHT: std::ops::RangeInclusive<u64> = 0..=1024;
+/// `[xcuda] queue_inflight_us`: 0 (launches only) or up to 100 ms of work.
+pub const QUEUE_INFLIGHT_US: std::ops::RangeInclusive<u64> = 0..=100_000;
 pub const DELAY_STEP_US: std::ops::RangeInclusive<u64> = 1..=1_000_000;
 
 /// xCUDA's launch gate.
@@ -416,6 +418,15 @@ pub struct Xcuda {
     /// kept 0.37, at the same p99 (xcuda/README.md); no real GPU has
     /// measured it yet.
     pub queue_inflight: u64,
+    /// The work the queue keeps in flight while the online job is idle, in
+    /// microseconds of GPU time, measured at each drain: the bound in
+    /// launches grows past `queue_inflight` while what is in flight takes
+    /// less than this to drain (a trainer of short kernels: a few hundred
+    /// a step, as a real ResNet-50 step) and falls back when it takes more.
+    /// 0 keeps the bound at `queue_inflight` launches. 250 by default: a
+    /// twentieth of the H200 service's request (5.6 ms of kernels), what a
+    /// request that arrives waits behind at most (xcuda/README.md).
+    pub queue_inflight_us: u64,
 }
 
 impl Default for Xcuda {
@@ -430,6 +441,7 @@ impl Default for Xcuda {
             online_counting: true,
             online_brake_deviation: Fraction(0.04),
             queue_inflight: 2,
+            queue_inflight_us: 250,
         }
     }
 }
@@ -844,6 +856,14 @@ impl Config {
                 *QUEUE_INFLIGHT.start(),
                 *QUEUE_INFLIGHT.end(),
                 "0 is off; a few launches (4 to 16) is the useful range",
+            ),
+            r(
+                "xcuda",
+                "queue_inflight_us",
+                x.queue_inflight_us,
+                *QUEUE_INFLIGHT_US.start(),
+                *QUEUE_INFLIGHT_US.end(),
+                "0 keeps the bound in launches; a twentieth of the online job's request time is the aim",
             ),
             r(
                 "xcuda",

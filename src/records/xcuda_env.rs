@@ -27,15 +27,19 @@ pub const ONLINE_PAGE: &str = "MUXFLOW_XCUDA_ONLINE_PAGE";
 pub const ONLINE_BRAKE_DEVIATION: &str = "MUXFLOW_XCUDA_ONLINE_BRAKE_DEVIATION";
 /// The bounded offline queue's launches in flight (0: off).
 pub const QUEUE_INFLIGHT: &str = "MUXFLOW_XCUDA_QUEUE_INFLIGHT";
+/// The bounded offline queue's work in flight, in microseconds of GPU time
+/// (0: the bound stays at its launches).
+pub const QUEUE_INFLIGHT_US: &str = "MUXFLOW_XCUDA_QUEUE_INFLIGHT_US";
 /// The root-owned directory of the per-job limits files (see
 /// [`crate::records::limits`]); the only variable xCUDA reads inside a job, and only
 /// to find a file it then checks.
 pub const LIMITS_DIR: &str = "MUXFLOW_XCUDA_LIMITS_DIR";
 
 /// Every variable, for clearing user-set values.
-pub const ALL: [&str; 15] = [
+pub const ALL: [&str; 16] = [
     ROLE,
     QUEUE_INFLIGHT,
+    QUEUE_INFLIGHT_US,
     ONLINE_PAGE,
     ONLINE_BRAKE_DEVIATION,
     MEM_LIMIT_BYTES,
@@ -78,8 +82,11 @@ pub struct XcudaEnv {
     /// its baseline (0.03: 3 %).
     pub online_brake_deviation: f64,
     /// The bounded offline queue: launches in flight per stream while the
-    /// online job is idle; 0 = off.
+    /// online job is idle, at least; 0 = off.
     pub queue_inflight: u32,
+    /// The queue's work in flight while the online job is idle, in us of
+    /// GPU time (the bound in launches follows it); 0 = launches only.
+    pub queue_inflight_us: u32,
 }
 
 /// Which side of the GPU the process is on.
@@ -128,6 +135,7 @@ impl XcudaEnv {
             online_page: None,
             online_brake_deviation: cfg.online_brake_deviation.get(),
             queue_inflight: cfg.queue_inflight as u32,
+            queue_inflight_us: cfg.queue_inflight_us as u32,
         }
     }
 
@@ -147,6 +155,7 @@ impl XcudaEnv {
                 self.online_brake_deviation.to_string(),
             ),
             (QUEUE_INFLIGHT, self.queue_inflight.to_string()),
+            (QUEUE_INFLIGHT_US, self.queue_inflight_us.to_string()),
         ];
         if let Some(m) = self.mem_limit_bytes {
             v.push((MEM_LIMIT_BYTES, m.to_string()));
@@ -225,6 +234,11 @@ impl XcudaEnv {
         let delay_step_us = num(DELAY_STEP_US, config::DELAY_STEP_US, d.delay_step_us);
         // A bad bound keeps the default (off: the per-launch brakes still work).
         let queue_inflight = num(QUEUE_INFLIGHT, config::QUEUE_INFLIGHT, d.queue_inflight) as u32;
+        let queue_inflight_us = num(
+            QUEUE_INFLIGHT_US,
+            config::QUEUE_INFLIGHT_US,
+            d.queue_inflight_us,
+        ) as u32;
         let mut fraction = |var: &'static str, fallback: f64| -> f64 {
             let Some(v) = get(var) else {
                 return fallback;
@@ -287,6 +301,7 @@ impl XcudaEnv {
             online_page: path(ONLINE_PAGE),
             online_brake_deviation,
             queue_inflight,
+            queue_inflight_us,
         };
         (env, problems)
     }

@@ -61,7 +61,7 @@ fn start(first: bool) {
     super::shutdown::install();
     // A forked child's inherited delay means nothing: open until its watcher says.
     gate().set(Mode::Delay(Duration::ZERO));
-    crate::state::queue::enable(s.env.queue_inflight);
+    crate::state::queue::enable(s.env.queue_inflight, s.env.queue_inflight_us);
     if crate::state::queue::enabled() {
         super::queue_poll::spawn(s);
     }

@@ -17,6 +17,15 @@
 //! again (each thread's own launches on it); graph launches count as one
 //! launch each.
 //!
+//! The idle bound follows the work in flight (`queue_inflight_us`): a
+//! thread at the bound times the drain it waits for, which is what a
+//! request arriving then would wait behind. Longer than the target, the
+//! bound falls in proportion (never below `queue_inflight`); under half of
+//! it (or drained at once) it grows by one, up to [`MAX_IDLE_BOUND`]. So a
+//! trainer of short kernels (a real ResNet-50 step: hundreds of kernels of
+//! tens of us) keeps the GPU fed with a bound of several launches, and one
+//! of long kernels stays at its floor.
+//!
 //! The busy bound adapts to the online job's measured slowdown
 //! ([`BusyBound`], stepped per new window of the online page): halved when
 //! the online job is slowed, zero when hurt, one more launch while it runs
@@ -40,9 +49,17 @@ const POLL: Duration = Duration::from_micros(20);
 
 /// The limit every launch reads: [`OFF`], or launches in flight allowed now.
 static LIMIT: AtomicU32 = AtomicU32::new(OFF);
-/// The bound while the online job is idle (the setting) and while it is busy (adaptive).
+/// The bound while the online job is idle (from the setting, adapted to
+/// the work in flight: [`drained_after`]) and while it is busy (adaptive).
 static IDLE_BOUND: AtomicU32 = AtomicU32::new(OFF);
 static BUSY_BOUND: AtomicU32 = AtomicU32::new(0);
+/// The idle bound's floor (`queue_inflight`) and the work in flight it
+/// aims at, ns of GPU time (`queue_inflight_us`; 0: the floor is the bound).
+static FLOOR: AtomicU32 = AtomicU32::new(OFF);
+static TARGET_NS: AtomicU64 = AtomicU64::new(0);
+/// The most launches the idle bound grows to, however short the kernels:
+/// past this a drain is rare enough that its cost is nothing.
+pub const MAX_IDLE_BOUND: u32 = 64;
 /// The poller's verdict, and the launches admitted while it said busy (the
 /// busy bound grows only on evidence that launching beside requests is
 /// harmless: [`BusyBound::step`]).
@@ -155,13 +172,62 @@ impl Count {
 /// Switches the queue on with `inflight` launches while the online job is
 /// idle (start-up; 0 leaves it off). Until the poller first reads the page
 /// the idle bound applies.
-pub fn enable(inflight: u32) {
+/// `inflight_us` (0: none): the work in flight the idle bound aims at.
+pub fn enable(inflight: u32, inflight_us: u32) {
     if inflight == 0 {
         return;
     }
+    FLOOR.store(inflight, Relaxed);
+    TARGET_NS.store(u64::from(inflight_us) * 1000, Relaxed);
     IDLE_BOUND.store(inflight, Relaxed);
     BUSY_BOUND.store(0, Relaxed);
     LIMIT.store(inflight, Relaxed);
+}
+
+/// The idle bound now (launches; [`OFF`] while the queue is off).
+pub fn idle_bound() -> u32 {
+    IDLE_BOUND.load(Relaxed)
+}
+
+/// A thread at the idle bound `bound` waited `waited` for its stream to
+/// drain: what was in flight took that long. Above the target the bound
+/// falls in proportion (never below the floor); under half of it the bound
+/// grows by one (up to [`MAX_IDLE_BOUND`]): kernels short enough that a
+/// request arriving now would wait behind less than the target. A stream
+/// found empty at once (waited 0: the GPU keeps up with the launches)
+/// grows it too.
+pub fn idle_bound_after(bound: u32, waited: Duration, floor: u32, target: Duration) -> u32 {
+    if target.is_zero() {
+        return floor;
+    }
+    let w = waited.as_nanos() as u64;
+    let t = target.as_nanos() as u64;
+    if w > t {
+        let scaled = (u64::from(bound) * t / w) as u32;
+        scaled.max(floor)
+    } else if w < t / 2 {
+        (bound + 1).min(MAX_IDLE_BOUND.max(floor))
+    } else {
+        bound
+    }
+}
+
+/// The idle bound after a drain that took `waited` at `bound`; the limit
+/// follows at once while the online job is idle (the poller keeps it
+/// otherwise).
+fn drained_after(bound: u32, waited: Duration) {
+    let target = Duration::from_nanos(TARGET_NS.load(Relaxed));
+    let floor = FLOOR.load(Relaxed);
+    if floor == OFF || target.is_zero() || bound != IDLE_BOUND.load(Relaxed) {
+        return;
+    }
+    let next = idle_bound_after(bound, waited, floor, target);
+    if next != bound {
+        IDLE_BOUND.store(next, Relaxed);
+        if !ONLINE_BUSY.load(Relaxed) {
+            LIMIT.store(next, Relaxed);
+        }
+    }
 }
 
 pub fn enabled() -> bool {
@@ -250,9 +316,19 @@ fn admit_bounded(
         if limit == OFF || count.get(stream, pt) < limit || closing() {
             break;
         }
-        if limit > 0 && empty() != Some(false) {
-            count.drained(stream, pt);
-            break;
+        if limit > 0 {
+            match empty() {
+                Some(false) => {}
+                e => {
+                    // What was in flight drained in this long (0: at
+                    // once); a stream that cannot say teaches nothing.
+                    if e.is_some() && !ONLINE_BUSY.load(Relaxed) {
+                        drained_after(limit, start.map_or(Duration::ZERO, |t| t.elapsed()));
+                    }
+                    count.drained(stream, pt);
+                    break;
+                }
+            }
         }
         braked |= ONLINE_BUSY.load(Relaxed);
         match start.get_or_insert_with(Instant::now).elapsed() < SPIN {
@@ -395,7 +471,8 @@ mod tests {
     fn a_thread_waits_at_the_limit_until_its_stream_drains_or_the_online_job_goes_idle() {
         use std::sync::atomic::AtomicBool;
         use std::sync::Arc;
-        enable(2);
+        // No target: the bound stays at its 2 launches.
+        enable(2, 0);
         let never = || false;
         let busy_stream = || Some(false);
         // Two launches pass; the third waits for the drain.
@@ -489,5 +566,53 @@ mod tests {
                 );
             });
         });
+
+        // With a target of work in flight (1 ms): a stream found drained
+        // at once raises the bound by one launch; one that took longer
+        // than the target to drain lowers it in proportion.
+        enable(2, 1000);
+        for _ in 0..2 {
+            admit(0x7100_0000, false, busy_stream, never);
+        }
+        admit(0x7100_0000, false, || Some(true), never);
+        assert_eq!(idle_bound(), 3);
+        for _ in 0..2 {
+            admit(0x7100_0000, false, busy_stream, never);
+        }
+        let drained = AtomicBool::new(false);
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                std::thread::sleep(Duration::from_millis(30));
+                drained.store(true, Relaxed);
+            });
+            admit(0x7100_0000, false, || Some(drained.load(Relaxed)), never);
+        });
+        assert_eq!(idle_bound(), 2, "30 ms at 3 launches: far past the target");
+    }
+
+    #[test]
+    fn the_idle_bound_follows_the_work_in_flight() {
+        let us = Duration::from_micros;
+        let t = us(250);
+        // (bound, drained in, want)
+        let rows = [
+            (2, us(0), 3),     // drained at once: the GPU keeps up
+            (2, us(100), 3),   // under half the target
+            (8, us(200), 8),   // within it
+            (8, us(2000), 2),  // 8 x 250/2000 = 1, never below the floor
+            (40, us(500), 20), // twice the target: halved
+            (64, us(10), 64),  // never past the most
+        ];
+        for (bound, waited, want) in rows {
+            assert_eq!(
+                idle_bound_after(bound, waited, 2, t),
+                want,
+                "bound {bound}, drained in {waited:?}"
+            );
+        }
+        // No target: the floor.
+        assert_eq!(idle_bound_after(9, us(0), 2, Duration::ZERO), 2);
+        // A floor above the most is kept.
+        assert_eq!(idle_bound_after(100, us(0), 100, t), 100);
     }
 }
