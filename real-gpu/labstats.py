@@ -95,14 +95,18 @@ def latency_ratios(pairs, boot=1000, seed=1):
 
 def rate_ratio(pairs, boot=1000, seed=1):
     """pairs: [(shared rate, solo rate)] one per repeat. Returns (point, lo,
-    hi) of shared / solo: geometric mean over repeats, repeats resampled."""
+    hi) of shared / solo: the arithmetic mean over repeats, repeats
+    resampled. Arithmetic, not geometric: a window in which the trainer
+    finished no step is a fraction of 0, which a geometric mean can only
+    drop (and so report the trainer faster than it ran)."""
     ratios = [s / solo for s, solo in pairs if s is not None and solo]
     if not ratios:
         return None, None, None
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     rng = random.Random(seed)
-    reps = [geomean([ratios[rng.randrange(len(ratios))] for _ in ratios]) for _ in range(boot)]
-    lo, hi = _percentiles([r for r in reps if r is not None])
-    return geomean(ratios), lo, hi
+    reps = [mean([ratios[rng.randrange(len(ratios))] for _ in ratios]) for _ in range(boot)]
+    lo, hi = _percentiles(reps)
+    return mean(ratios), lo, hi
 
 
 def fmt(x, digits=2):

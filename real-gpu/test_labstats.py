@@ -77,8 +77,14 @@ class Intervals(unittest.TestCase):
 
     def test_trainer_fraction(self):
         x, lo, hi = ls.rate_ratio([(20.0, 50.0), (25.0, 50.0), (30.0, 50.0)], boot=500)
-        self.assertAlmostEqual(x, (0.4 * 0.5 * 0.6) ** (1 / 3))
+        self.assertAlmostEqual(x, 0.5)
         self.assertTrue(0.4 <= lo <= x <= hi <= 0.6, (lo, x, hi))
+        # A window with no step counts as 0, not as no window.
+        x, lo, hi = ls.rate_ratio([(0.0, 50.0), (25.0, 50.0), (0.0, 50.0)], boot=500)
+        self.assertAlmostEqual(x, 0.5 / 3)
+        self.assertEqual(lo, 0.0)
+        x, lo, hi = ls.rate_ratio([(0.0, 50.0)] * 3, boot=50)
+        self.assertEqual((x, lo, hi), (0.0, 0.0, 0.0))
 
 
 class Lines(unittest.TestCase):
