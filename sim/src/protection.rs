@@ -22,7 +22,8 @@ use crate::model::Protection;
 pub const MEASURED: &str = include_str!("../data/protection.toml");
 
 /// Which brake muxflow runs: xCUDA's bounded offline queue, the shipped
-/// default (`[xcuda] queue_inflight = 2`; the file's `bounded_queue` rows).
+/// default (`[xcuda] queue_inflight = 2`, `queue_inflight_us = 250`; the
+/// file's `bounded_queue` rows).
 const MUXFLOW_BRAKE: &str = "bounded_queue";
 
 /// What `--protection` chooses.

@@ -409,14 +409,14 @@ pub struct Xcuda {
     /// at 0.36-0.41 of its speed, 0.04 x0.92-1.06 and 0.58-0.73, 0.06
     /// x1.01-1.63 and 0.73-0.84 (xcuda/README.md).
     pub online_brake_deviation: Fraction,
-    /// The bounded offline queue (xcuda/README.md): at most this many
-    /// launches of an offline thread in flight on a stream while the GPU's
-    /// online job is idle, and none new while it is busy unless its
-    /// measured slowdown allows; 0 leaves it off (the online trigger's
-    /// per-launch delay instead). 2 by default: on the simulated h200-like
-    /// GPU it kept the trainer at 0.45 of its solo speed where the trigger
-    /// kept 0.37, at the same p99 (xcuda/README.md); no real GPU has
-    /// measured it yet.
+    /// The bounded offline queue (xcuda/README.md): at least this many
+    /// launches in flight on a stream while the GPU's online job is idle
+    /// (more as `queue_inflight_us` allows), and none new while it is busy
+    /// unless its measured slowdown allows; 0 leaves it off (the online
+    /// trigger's per-launch delay instead). 2 by default: on the simulated
+    /// h200-like GPU the queue kept the service at x1.03-1.04 at p50 and
+    /// p99 with the trainer at 0.39-0.40 of its solo speed, the trigger
+    /// 0.16 (xcuda/README.md); no real GPU has measured it yet.
     pub queue_inflight: u64,
     /// The work the queue keeps in flight while the online job is idle, in
     /// microseconds of GPU time, measured at each drain: the bound in

@@ -465,12 +465,38 @@ mod tests {
         assert_eq!(got, [0, 1, 1, 1, 1]);
     }
 
+    /// Two launches on (`stream`, `pt`) from a thread of their own, its
+    /// stream never drained.
+    fn two_launches_on_another_thread(stream: usize, pt: bool) {
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                for _ in 0..2 {
+                    admit(stream, pt, || Some(false), || false);
+                }
+            });
+        });
+    }
+
+    /// One launch on `stream` whose stream drains 30 ms from now; how long
+    /// it waited.
+    fn admit_drained_after_30ms(stream: usize) -> Duration {
+        use std::sync::atomic::AtomicBool;
+        let drained = AtomicBool::new(false);
+        let t = Instant::now();
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                std::thread::sleep(Duration::from_millis(30));
+                drained.store(true, Relaxed);
+            });
+            admit(stream, false, || Some(drained.load(Relaxed)), || false);
+        });
+        t.elapsed()
+    }
+
     // One test touches the process-wide limit: the others in this binary
     // never enable the queue, so they see it off.
     #[test]
     fn a_thread_waits_at_the_limit_until_its_stream_drains_or_the_online_job_goes_idle() {
-        use std::sync::atomic::AtomicBool;
-        use std::sync::Arc;
         // No target: the bound stays at its 2 launches.
         enable(2, 0);
         let never = || false;
@@ -478,17 +504,7 @@ mod tests {
         // Two launches pass; the third waits for the drain.
         admit(7, false, busy_stream, never);
         admit(7, false, busy_stream, never);
-        let drained = Arc::new(AtomicBool::new(false));
-        let d2 = drained.clone();
-        let t = Instant::now();
-        std::thread::scope(|sc| {
-            sc.spawn(|| {
-                std::thread::sleep(Duration::from_millis(30));
-                d2.store(true, Relaxed);
-            });
-            admit(7, false, || Some(drained.load(Relaxed)), never);
-        });
-        assert!(t.elapsed() >= Duration::from_millis(30));
+        assert!(admit_drained_after_30ms(7) >= Duration::from_millis(30));
         // A drain at the idle bound is the queue's pace, not a brake.
         assert_eq!(held().0, 0);
         // The online job busy with a bound of 0: held even on an empty
@@ -521,32 +537,11 @@ mod tests {
         // One stream, two threads (a forward pass, then autograd's thread
         // for the backward pass): one count. The other thread's two
         // launches leave this one's third waiting for the drain.
-        let drained = AtomicBool::new(false);
-        std::thread::scope(|sc| {
-            sc.spawn(|| {
-                admit(0x7f00_1000, false, busy_stream, never);
-                admit(0x7f00_1000, false, busy_stream, never);
-            })
-            .join()
-            .unwrap();
-            sc.spawn(|| {
-                std::thread::sleep(Duration::from_millis(30));
-                drained.store(true, Relaxed);
-            });
-            let t = Instant::now();
-            admit(0x7f00_1000, false, || Some(drained.load(Relaxed)), never);
-            assert!(t.elapsed() >= Duration::from_millis(30));
-        });
+        two_launches_on_another_thread(0x7f00_1000, false);
+        assert!(admit_drained_after_30ms(0x7f00_1000) >= Duration::from_millis(30));
         // A per-thread default stream is each thread's own: another
         // thread's launches on it do not count here.
-        std::thread::scope(|sc| {
-            sc.spawn(|| {
-                admit(0, true, busy_stream, never);
-                admit(0, true, busy_stream, never);
-            })
-            .join()
-            .unwrap();
-        });
+        two_launches_on_another_thread(0, true);
         admit(0, true, || panic!("not at the limit: never queried"), never);
         admit(0, true, || panic!("not at the limit: never queried"), never);
         // Past the table's streams, each thread counts its own.
@@ -579,14 +574,7 @@ mod tests {
         for _ in 0..2 {
             admit(0x7100_0000, false, busy_stream, never);
         }
-        let drained = AtomicBool::new(false);
-        std::thread::scope(|sc| {
-            sc.spawn(|| {
-                std::thread::sleep(Duration::from_millis(30));
-                drained.store(true, Relaxed);
-            });
-            admit(0x7100_0000, false, || Some(drained.load(Relaxed)), never);
-        });
+        admit_drained_after_30ms(0x7100_0000);
         assert_eq!(idle_bound(), 2, "30 ms at 3 launches: far past the target");
     }
 
