@@ -44,17 +44,17 @@ fn a_job_relaunching_on_another_gpu_is_stopped_each_time_and_cancelled_at_the_li
     let out = c.output_or_empty(offline);
     assert_eq!(end.state, "CANCELLED", "{end:?}: {out}");
     // Each try was stopped (killed: no MPS server serves it there) and told
-    // why; the job was cancelled at the third.
+    // why, and none ran to its end; the job was cancelled (unpoliced, or
+    // uncancelled, its ten tries end and it completes). The police cancels
+    // at the third; a try or two more may start and be stopped while the
+    // cancel reaches the step on a loaded machine (CI saw a fifth start).
     let stopped = out
         .matches(&format!(
             "it uses GPU {other}, but the job was placed on GPU {gpu}"
         ))
         .count();
     assert!(stopped >= 3, "{out}");
-    assert!(
-        !out.contains("try-3-exit=0") && !out.contains("try-4-"),
-        "{out}"
-    );
+    assert!(!out.contains("exit=0"), "{out}");
     let line = c.sacct_until(offline, "AdminComment", |l| l.contains("policed="));
     let text = line.split('|').nth(1).unwrap();
     let report = JobReport::decode(text).unwrap_or_else(|e| panic!("{e}: {line}"));
