@@ -41,6 +41,8 @@ pub struct Reading {
     pub metrics: Metrics,
     pub mem_used_mib: u64,
     pub mem_total_mib: u64,
+    /// The enforced power limit, W; None where NVML gives none.
+    pub power_limit_w: Option<u32>,
     pub processes: Vec<Process>,
 }
 
@@ -246,6 +248,9 @@ fn read_one(dev: &nvml_wrapper::Device) -> Result<Reading, (&'static str, NvmlEr
         },
         mem_used_mib: mem.used / MIB,
         mem_total_mib: total_mib,
+        // Not every board reports one (NotSupported): the share policy then
+        // sizes the offline share in space.
+        power_limit_w: dev.enforced_power_limit().ok().map(|mw| mw / 1000),
         processes,
     })
 }

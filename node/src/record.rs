@@ -54,6 +54,10 @@ pub struct GpuRecord {
     pub since_s: u64,
     pub lost: bool,
     pub mem_total_mib: u64,
+    /// The board's enforced power limit, W (the last NVML gave; records of
+    /// an older muxflow have none).
+    #[serde(default)]
+    pub power_limit_w: Option<u32>,
     pub history: VecDeque<Sample>,
     pub solo: Option<Solo>,
     /// Byte offsets of the MPS log files already scanned.
@@ -71,6 +75,7 @@ impl GpuRecord {
             since_s: now_s,
             lost: false,
             mem_total_mib: 0,
+            power_limit_w: None,
             history: VecDeque::new(),
             solo: None,
             log_offsets: BTreeMap::new(),
@@ -99,6 +104,7 @@ impl GpuRecord {
             mem_mib: self.mem_total_mib,
             offline: self.offline,
             multiuser,
+            power_w: self.power_limit_w,
         }
     }
 

@@ -42,6 +42,7 @@ fn save_record(ns: &NodeState, lock: &GpuLock, gpu: u32, r: &GpuRecord) -> anyho
         online_solo_sm_pct: p.solo_sm_pct,
         online_mem_mib: p.online_mem_mib,
         mem_total_mib: (p.mem_mib > 0).then_some(p.mem_mib),
+        power_limit_w: p.power_w,
     };
     if ns.facts(gpu).ok() != Some(facts) {
         ns.set_facts(lock, gpu, &facts)?;
@@ -417,6 +418,7 @@ fn record_sample(rec: &mut GpuRecord, r: &Reading, jobs: &[JobRecord], now: u64,
     let offline = registered(Mode::Offline).max(running(Mode::Offline));
     let solo = online > 0 && offline == 0;
     rec.mem_total_mib = r.mem_total_mib;
+    rec.power_limit_w = r.power_limit_w.or(rec.power_limit_w);
     rec.offline = offline;
     rec.history.push_back(Sample {
         t_s: now,

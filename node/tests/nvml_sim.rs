@@ -45,6 +45,9 @@ fn sm_activity_is_read_over_the_gpus_refresh_period() {
     assert!(sm > 50.0, "SM activity {sm} beside a trainer on every SM");
     let short = read(&lib, Duration::from_millis(2));
     assert_eq!(short.metrics.sm_activity_pct, Some(0.0), "2 ms apart");
+    // The board's power limit (the share policy's test of a power-capped
+    // board): the simulated GPU's default mode models a 70 W T4.
+    assert_eq!(r.power_limit_w, Some(70));
 
     let _ = trainer.kill();
     let _ = trainer.wait();

@@ -108,6 +108,20 @@ pub fn mode_of_model(model: &str) -> &'static str {
     }
 }
 
+/// A board's power limit, W, as the node would read it from NVML and
+/// publish it (it decides the offline share under the bounded queue:
+/// `muxflow::policy::share::offline_sm_budget`): NVIDIA's figures for the
+/// power-limited inference boards `t4-like` stands for (T4 70 W, A10
+/// 150 W); every other model as a data-centre board of 300 W (a V100's; a
+/// P100 has 250 W, the trace's anonymized G2/G3 are taken as such boards).
+pub fn power_limit_w(model: &str) -> u32 {
+    match model {
+        "T4" => 70,
+        "A10" => 150,
+        _ => 300,
+    }
+}
+
 /// Each of `models` (the scenario's GPU model names) under `choice`.
 pub fn per_model(choice: &Choice, models: &[String]) -> Result<Vec<Protection>, ProtectionError> {
     models

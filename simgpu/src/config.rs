@@ -60,6 +60,10 @@ pub struct GpuConfig {
     /// simgpu/README.md, "Static SM partitions").
     #[serde(default = "default_sm_per_chunk")]
     pub sm_per_chunk: u32,
+    /// The enforced power limit NVML reports, W. Unset: the mode's board
+    /// ([`GpuConfig::power_limit_w`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power_limit_w: Option<u32>,
 }
 
 fn default_sm_per_chunk() -> u32 {
@@ -178,7 +182,18 @@ impl GpuConfig {
             resident_wait: None,
             queue_wait: None,
             sm_per_chunk: default_sm_per_chunk(),
+            power_limit_w: None,
         }
+    }
+
+    /// The enforced power limit NVML reports, W: the configured one, else
+    /// the mode's board: `t4-like` a T4's 70 W (the power-limited board it
+    /// models), `h100-like` and `h200-like` an SXM board's 700 W.
+    pub fn power_limit_w(&self) -> u32 {
+        self.power_limit_w.unwrap_or(match self.model {
+            GpuModel::T4Like => 70,
+            GpuModel::H100Like | GpuModel::H200Like => 700,
+        })
     }
 
     /// [`compute_capability`](Self::compute_capability) as numbers; None

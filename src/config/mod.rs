@@ -324,7 +324,8 @@ impl Default for Slurm {
 pub struct Policy {
     /// Lowest SM share an offline job gets.
     pub sm_floor: Percent,
-    /// Highest SM share an offline job gets.
+    /// Highest SM share an offline job gets; the share under the bounded
+    /// queue ([`OfflineGuard::Queue`]) on a board of full power.
     pub sm_ceiling: Percent,
     /// Margin kept above the online job's solo SM activity.
     pub sm_headroom: Percent,
@@ -332,6 +333,12 @@ pub struct Policy {
     pub sm_default: Percent,
     /// GPU memory kept free for the online job's growth, MiB.
     pub memory_reserve_mib: u64,
+    /// Under the bounded queue the offline share is `sm_ceiling` only on
+    /// boards whose enforced power limit is at least this many watts; below
+    /// it (power-capped inference boards: T4 70 W, A10 150 W) a wider share
+    /// pulls the online job's SM clock down, so the share stays sized from
+    /// its solo activity ([`crate::policy::share::offline_sm_budget`]).
+    pub queue_ceiling_min_power_w: u32,
     /// Offline slots of one GPU, N ([`OFFLINE_PER_GPU`]); an offline job
     /// holding s of them gets a fixed s/N of the GPU's offline SM budget
     /// and memory room ([`crate::policy::share::offline_slot_share`]). gres.conf
@@ -340,6 +347,43 @@ pub struct Policy {
     /// Whose jobs may share a GPU ([`CoLocate`]); MPS's own rule (one user
     /// per GPU where the daemon is not multi-user) applies on top.
     pub co_locate: CoLocate,
+    /// What keeps offline jobs off the online job's requests, which decides
+    /// how many SMs their share must leave it ([`OfflineGuard`]). Not a key:
+    /// [`Config::parse`] derives it from `[xcuda]` and `[mps]`.
+    #[serde(skip)]
+    pub guard: OfflineGuard,
+}
+
+/// What keeps an offline job off its online partner's requests: the SMs
+/// its MPS share leaves the online job (space), or xCUDA's bounded queue
+/// holding its launches while the online job serves a request (time).
+/// Derived, never set: [`OfflineGuard::of`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OfflineGuard {
+    /// The share leaves the online job the SMs it was measured to use, plus
+    /// headroom (`[policy] sm_*`); xCUDA's brakes act on top.
+    Share,
+    /// xCUDA's bounded queue is on and the online job publishes its busy
+    /// periods (`[xcuda] queue_inflight` > 0 with `online_counting`): the
+    /// offline job runs in the online job's gaps, so on a board that is not
+    /// power-capped (`queue_ceiling_min_power_w`) its share is `[policy]
+    /// sm_ceiling` and bounds only what it has in flight when a request
+    /// arrives (xcuda/README.md, "The bounded offline queue").
+    #[default]
+    Queue,
+}
+
+impl OfflineGuard {
+    /// The guard a config gives: the queue where it is on, the online job
+    /// counted and no static SM partitions (a partition holds an offline
+    /// job to its SMs whatever the queue does, so it is sized as a share).
+    pub fn of(xcuda: &Xcuda, mps: &Mps) -> OfflineGuard {
+        if xcuda.queue_inflight > 0 && xcuda.online_counting && !mps.sm_partitions {
+            OfflineGuard::Queue
+        } else {
+            OfflineGuard::Share
+        }
+    }
 }
 
 /// `[policy] co_locate`: a site's rule for whose jobs may share one GPU
@@ -367,8 +411,10 @@ impl Default for Policy {
             sm_headroom: Percent(10),
             sm_default: Percent(30),
             memory_reserve_mib: 2048,
+            queue_ceiling_min_power_w: 200,
             offline_per_gpu: 1,
             co_locate: CoLocate::Any,
+            guard: OfflineGuard::Queue,
         }
     }
 }
@@ -629,10 +675,11 @@ impl Config {
 
     /// Parses config text; `path` only names the file in errors.
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
-        let cfg: Config = toml::from_str(text).map_err(|e| {
+        let mut cfg: Config = toml::from_str(text).map_err(|e| {
             let span = e.span().unwrap_or(0..0);
             invalid(text, path, span, e.message())
         })?;
+        cfg.policy.guard = OfflineGuard::of(&cfg.xcuda, &cfg.mps);
         cfg.validate(text, path)?;
         Ok(cfg)
     }
@@ -832,6 +879,14 @@ impl Config {
                 0,
                 1 << 20,
                 "MiB of GPU memory kept for the online job; no GPU has more than 1 TiB",
+            ),
+            r(
+                "policy",
+                "queue_ceiling_min_power_w",
+                u64::from(p.queue_ceiling_min_power_w),
+                0,
+                10_000,
+                "watts of a board's power limit; 0 gives every board the ceiling under the queue",
             ),
             r(
                 "xcuda",
@@ -1119,6 +1174,36 @@ mod tests {
         assert_eq!(c.matcher.interval_s, 60);
         assert_eq!(c.gpu_device(3), PathBuf::from("/dev/nvidia3"));
         assert!(c.paths.nvml_library.is_none());
+    }
+
+    #[test]
+    fn the_offline_guard_follows_the_queue_and_the_partitions() {
+        let cases: &[(&str, OfflineGuard, &str)] = &[
+            ("", OfflineGuard::Queue, "the defaults: the queue on"),
+            (
+                "[xcuda]\nqueue_inflight = 0\n",
+                OfflineGuard::Share,
+                "the queue off",
+            ),
+            (
+                "[xcuda]\nonline_counting = false\n",
+                OfflineGuard::Share,
+                "no online page: no busy periods to gate on",
+            ),
+            (
+                "[mps]\nsm_partitions = true\n",
+                OfflineGuard::Share,
+                "a static partition holds the job to its SMs",
+            ),
+            (
+                "[policy]\nsm_ceiling = 60\n[xcuda]\nqueue_inflight = 4\n",
+                OfflineGuard::Queue,
+                "any bound",
+            ),
+        ];
+        for (text, want, why) in cases {
+            assert_eq!(parse(text).unwrap().policy.guard, *want, "{why}");
+        }
     }
 
     #[test]

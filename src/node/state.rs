@@ -529,7 +529,8 @@ impl NodeState {
         let mut w = kv::Writer::new();
         w.push_opt("online_solo_sm_pct", facts.online_solo_sm_pct)
             .push_opt("online_mem_mib", facts.online_mem_mib)
-            .push_opt("mem_total_mib", facts.mem_total_mib);
+            .push_opt("mem_total_mib", facts.mem_total_mib)
+            .push_opt("power_limit_w", facts.power_limit_w);
         write_atomic(&self.facts_file(gpu), (w.finish() + "\n").as_bytes())
     }
 
@@ -555,6 +556,7 @@ impl NodeState {
                 .get("online_mem_mib")
                 .map_err(|e| corrupt(e.to_string()))?,
             mem_total_mib: f.get("mem_total_mib").map_err(|e| corrupt(e.to_string()))?,
+            power_limit_w: f.get("power_limit_w").map_err(|e| corrupt(e.to_string()))?,
         })
     }
 
@@ -1047,6 +1049,7 @@ mod tests {
             online_solo_sm_pct: Some(35),
             online_mem_mib: None,
             mem_total_mib: Some(81559),
+            power_limit_w: Some(700),
         };
         ns.set_facts(&lock, 1, &facts).unwrap();
         assert_eq!(ns.facts(1).unwrap(), facts);

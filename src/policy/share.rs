@@ -1,7 +1,7 @@
 //! Dynamic SM allocation and the memory cap of an offline job: pure functions
 //! of what the health checks recorded about its online partner.
 
-use crate::config::Policy;
+use crate::config::{OfflineGuard, Policy};
 
 /// What the node knows about a GPU and its online job when an offline job
 /// starts there.
@@ -13,6 +13,10 @@ pub struct GpuFacts {
     pub online_mem_mib: Option<u64>,
     /// The GPU's memory, MiB.
     pub mem_total_mib: Option<u64>,
+    /// The board's enforced power limit, W (NVML); None where NVML gives
+    /// none. Decides whether a wider share costs the online job its clock
+    /// ([`offline_sm_budget`]).
+    pub power_limit_w: Option<u32>,
 }
 
 impl GpuFacts {
@@ -28,13 +32,36 @@ impl GpuFacts {
             online_solo_sm_pct: Some(0),
             online_mem_mib: None,
             mem_total_mib: self.mem_total_mib,
+            power_limit_w: self.power_limit_w,
         }
     }
 }
 
-/// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for the offline job: the SMs the online
-/// job leaves idle, less a headroom, within [floor, ceiling]; the default
-/// when the online job's solo activity was never measured.
+/// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE for the offline jobs of a GPU together
+/// (their budget). Under the bounded queue ([`OfflineGuard::Queue`]) on a
+/// board whose power limit is at least `[policy] queue_ceiling_min_power_w`,
+/// the ceiling: the queue keeps the offline job off the online job's
+/// requests in time, and a share sized for them only slows it in the gaps
+/// (h200-like closed loop: the trainer at 0.39–0.40 of its solo speed at
+/// 44 %, 0.54–0.56 at 80 %, the service as close to alone). Below that
+/// limit, or where NVML gives none, and without the queue: sized in space
+/// ([`offline_sm_percent`]), since on a power-capped board (T4 70 W, A10
+/// 150 W) a wider share pulls the service's SM clock down (t4-like: 80 %
+/// gave the service ×1.08 at p50 and the trainer fewer steps than 60 %,
+/// ×1.05; xcuda/README.md).
+pub fn offline_sm_budget(policy: &Policy, facts: &GpuFacts) -> u8 {
+    let full_power = facts
+        .power_limit_w
+        .is_some_and(|w| w >= policy.queue_ceiling_min_power_w);
+    if policy.guard == OfflineGuard::Queue && full_power {
+        return policy.sm_ceiling.get();
+    }
+    offline_sm_percent(policy, facts.online_solo_sm_pct)
+}
+
+/// The share sized in space: the SMs the online job leaves idle, less a
+/// headroom, within [floor, ceiling]; the default when the online job's
+/// solo activity was never measured.
 pub fn offline_sm_percent(policy: &Policy, online_solo_sm_pct: Option<u8>) -> u8 {
     let floor = policy.sm_floor.get();
     let ceiling = policy.sm_ceiling.get();
@@ -88,7 +115,7 @@ pub struct SlotShare {
 /// alone, fewer when it puts jobs side by side).
 pub fn offline_slot_share(policy: &Policy, facts: &GpuFacts, slots: u32) -> SlotShare {
     let n = u32::from(policy.offline_per_gpu.max(1));
-    let budget = offline_sm_percent(policy, facts.online_solo_sm_pct);
+    let budget = offline_sm_budget(policy, facts);
     SlotShare {
         sm_pct: offline_part(u64::from(budget), slots, n) as u8,
         mem_cap_mib: offline_mem_cap_mib(policy, facts).map(|room| offline_part(room, slots, n)),
@@ -126,8 +153,70 @@ mod tests {
     use super::*;
     use crate::config::Percent;
 
+    /// The share sized in space (the queue off): floor 10, ceiling 80,
+    /// headroom 10, default 30, reserve 2048.
     fn policy() -> Policy {
-        Policy::default() // floor 10, ceiling 80, headroom 10, default 30, reserve 2048
+        Policy {
+            guard: OfflineGuard::Share,
+            ..Policy::default()
+        }
+    }
+
+    #[test]
+    fn under_the_queue_a_full_power_board_gives_the_ceiling() {
+        let mut p = Policy::default();
+        assert_eq!(p.guard, OfflineGuard::Queue, "the shipped default");
+        let at = |solo: Option<u8>, watts: Option<u32>| GpuFacts {
+            online_solo_sm_pct: solo,
+            power_limit_w: watts,
+            ..GpuFacts::default()
+        };
+        // (solo SM %, power limit W, budget, why)
+        let cases: &[(Option<u8>, Option<u32>, u8, &str)] = &[
+            (
+                Some(46),
+                Some(700),
+                80,
+                "an H200 beside its service: the ceiling",
+            ),
+            (
+                None,
+                Some(700),
+                80,
+                "never measured: the ceiling all the same",
+            ),
+            (Some(100), Some(200), 80, "at the limit exactly: full power"),
+            (Some(30), Some(70), 60, "a T4: power-capped, sized in space"),
+            (Some(30), Some(199), 60, "just below the limit"),
+            (Some(30), None, 60, "no power reading: sized in space"),
+            (
+                None,
+                Some(70),
+                30,
+                "power-capped, never measured: the default",
+            ),
+        ];
+        for (solo, watts, want, why) in cases {
+            assert_eq!(offline_sm_budget(&p, &at(*solo, *watts)), *want, "{why}");
+        }
+        // Without the queue every board is sized in space.
+        p.guard = OfflineGuard::Share;
+        assert_eq!(offline_sm_budget(&p, &at(Some(46), Some(700))), 44);
+        p.guard = OfflineGuard::Queue;
+        p.sm_ceiling = Percent::new(60).unwrap();
+        assert_eq!(offline_sm_budget(&p, &at(Some(46), Some(700))), 60);
+        p.queue_ceiling_min_power_w = 0;
+        assert_eq!(
+            offline_sm_budget(&p, &at(Some(30), None)),
+            60,
+            "0: every board"
+        );
+        // Two slots of a GPU split the ceiling as they split any budget.
+        p.offline_per_gpu = 2;
+        assert_eq!(
+            offline_slot_share(&p, &at(Some(46), Some(700)), 1).sm_pct,
+            30
+        );
     }
 
     #[test]
@@ -167,6 +256,7 @@ mod tests {
             online_solo_sm_pct: None,
             online_mem_mib: online,
             mem_total_mib: total,
+            power_limit_w: None,
         };
         let cases: &[(GpuFacts, Option<u64>, &str)] = &[
             (
@@ -271,6 +361,7 @@ mod tests {
                 online_solo_sm_pct: r.solo_sm_pct,
                 online_mem_mib: r.online_mem_mib,
                 mem_total_mib: r.mem_total_mib,
+                power_limit_w: None,
             };
             let s = offline_slot_share(&p, &facts, 1);
             assert_eq!((s.sm_pct, s.mem_cap_mib), r.want, "{}", r.name);
@@ -307,6 +398,7 @@ mod tests {
             online_solo_sm_pct: Some(70),
             online_mem_mib: Some(40_000),
             mem_total_mib: Some(81_559),
+            power_limit_w: None,
         };
         let idle = left_behind.without_online();
         assert_eq!(

@@ -7,7 +7,8 @@
 //!
 //! `solo_sm` is the online job's SM activity (percent) measured while no
 //! offline client ran on that GPU; absent when never measured.
-//! `multiuser=1`: the GPU's MPS daemon serves every user's clients in one
+//! `power_w`: the board's enforced power limit (W), absent where NVML gives
+//! none. `multiuser=1`: the GPU's MPS daemon serves every user's clients in one
 //! server (`crate::node::mps`); `0`, or absent (a node of an older muxflow): one
 //! user at a time, so only one user's jobs may share the GPU.
 
@@ -28,6 +29,22 @@ pub struct GpuPublished {
     pub offline: u32,
     /// Its MPS daemon serves clients of every user (multi-user mode).
     pub multiuser: bool,
+    /// The board's enforced power limit, W; None where NVML gives none (or
+    /// a node of an older muxflow).
+    pub power_w: Option<u32>,
+}
+
+impl GpuPublished {
+    /// What the share policy knows of this GPU
+    /// ([`crate::policy::share::offline_sm_budget`]).
+    pub fn facts(&self) -> crate::policy::share::GpuFacts {
+        crate::policy::share::GpuFacts {
+            online_solo_sm_pct: self.solo_sm_pct,
+            online_mem_mib: self.online_mem_mib,
+            mem_total_mib: Some(self.mem_mib),
+            power_limit_w: self.power_w,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -47,7 +64,8 @@ pub fn encode(gpus: &[GpuPublished]) -> String {
             .push_opt(&k("online_mem_mib"), g.online_mem_mib)
             .push(&k("mem_mib"), g.mem_mib)
             .push(&k("offline"), g.offline)
-            .push(&k("multiuser"), u8::from(g.multiuser));
+            .push(&k("multiuser"), u8::from(g.multiuser))
+            .push_opt(&k("power_w"), g.power_w);
     }
     w.finish()
 }
@@ -78,6 +96,7 @@ pub fn decode(extra: &str) -> Result<Vec<GpuPublished>, PublishedError> {
                 mem_mib: f.require(&k("mem_mib"))?,
                 offline: f.get(&k("offline"))?.unwrap_or(0),
                 multiuser: f.get::<u8>(&k("multiuser"))?.unwrap_or(0) == 1,
+                power_w: f.get(&k("power_w"))?,
             })
         })
         .collect()
@@ -96,6 +115,8 @@ mod tests {
             mem_mib: 81559,
             offline: 1,
             multiuser: index.is_multiple_of(2),
+            // Published where NVML gave one, absent where not.
+            power_w: (index == 0).then_some(700),
         }
     }
 

@@ -3,8 +3,9 @@
 //! `gpus=2`, muxflow-matcher places it as a gang on both GPUs of the one
 //! node whose two online jobs leave room (the other GPUs are held by plain
 //! jobs), Slurm starts it on both slots, and each of its tasks gets its own
-//! GPU: its CUDA_VISIBLE_DEVICES, MPS pipe, SM share (the two online jobs
-//! differ, so the shares do) and limits; each runs a workload through xCUDA
+//! GPU: its CUDA_VISIBLE_DEVICES, MPS pipe, SM share (the policy's for its
+//! GPU: the ceiling under the bounded queue; sized in space, the two online
+//! jobs differ, so the shares do) and limits; each runs a workload through xCUDA
 //! on its GPU without being policed, and on `scancel` (SIGTERM) both leave
 //! gracefully, each releasing its own context.
 //!
@@ -145,14 +146,21 @@ fn a_two_gpu_offline_job_runs_as_a_gang_each_task_on_its_own_gpu() {
         assert!(field(line, "limits").ends_with(&format!("/g{g}")), "{line}");
         assert!(field(line, "mem").starts_with("0="), "{line}");
     }
-    // Each its GPU's SM share: less beside the busier online job.
-    let pct = |line: &str| field(line, "pct").parse::<u32>().unwrap();
-    let (p_busy, p_quiet) = if busy == 0 {
-        (pct(&t0), pct(&t1))
-    } else {
-        (pct(&t1), pct(&t0))
+    // Each its GPU's SM share, as the policy gives it beside that GPU's
+    // online job (under the bounded queue, the cluster's default, the
+    // ceiling on both; sized in space, less beside the busier one: unit
+    // tests of src/policy/share.rs).
+    let config = c.dir.join("etc/muxflow.toml");
+    let policy = muxflow::Config::load(&config).unwrap().policy;
+    let ns = c.node_state(&config, NODE);
+    let want = |g: u32| {
+        let facts = ns.facts(g).unwrap();
+        u32::from(muxflow::policy::share::offline_slot_share(&policy, &facts, 1).sm_pct)
     };
-    assert!(p_busy < p_quiet, "busy {p_busy} vs quiet {p_quiet}\n{out}");
+    let pct = |line: &str| field(line, "pct").parse::<u32>().unwrap();
+    for (line, g) in [(&t0, 0u32), (&t1, 1)] {
+        assert_eq!(pct(line), want(g), "GPU {g}: {line}\n{out}");
+    }
     // Both workloads ran through xCUDA on their GPU and left gracefully on
     // SIGTERM (a report line each), and none was policed.
     assert_eq!(

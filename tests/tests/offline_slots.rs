@@ -18,6 +18,11 @@
 //!   idle GPU gets both, and with more jobs waiting than GPUs it puts two on
 //!   each GPU, one slot each, all running.
 //!
+//! - under the bounded queue (the cluster's default), a board of full power
+//!   (NVML's power limit at or above `[policy] queue_ceiling_min_power_w`)
+//!   gives an offline job beside an online one the SM ceiling, where the
+//!   dev cluster's t4-like GPUs (70 W) size it from the online job.
+//!
 //! They all use the one node's GPUs, so they run one at a time.
 
 use std::collections::BTreeSet;
@@ -25,14 +30,16 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use muxflow::config::OfflineGuard;
 use muxflow::node::mps::MpsDaemon;
-use muxflow::policy::share::{offline_slot_share, offline_sm_percent};
+use muxflow::policy::share::{offline_slot_share, offline_sm_budget, offline_sm_percent};
 use muxflow::records::report::JobReport;
 use muxflow::Mode;
 use muxflow_tests::{decision, kv, CancelNamed, Cluster};
 
 const PREFIX: &str = "mfs-";
 const WHOLE: &str = "mfswhole-";
+const POWER: &str = "mfspower-";
 const WAIT: Duration = Duration::from_secs(60);
 const NODE: &str = "node1";
 /// Held by each test for its whole run: both use node1's GPUs.
@@ -178,7 +185,7 @@ fn two_offline_jobs_share_one_gpu_beside_an_online_job_under_one_brake() {
     assert_eq!(slots, [0, 1].into(), "{records:?}");
     // The GPU's facts are frozen while offline jobs run (no solo samples).
     let facts = ns.facts(gpu).unwrap();
-    let budget = offline_sm_percent(&policy, facts.online_solo_sm_pct);
+    let budget = offline_sm_budget(&policy, &facts);
     let mut sum = 0;
     for (&id, out) in offline.iter().zip(&outputs) {
         let want = offline_slot_share(&policy, &facts, 1);
@@ -324,11 +331,7 @@ fn an_offline_job_holding_all_slots_of_its_gpu_gets_the_whole_budget() {
     let want = offline_slot_share(&one_per_gpu, &facts, 1);
     let pct: u8 = kv(&out, "pct").unwrap().parse().unwrap();
     assert_eq!(pct, want.sm_pct, "{out} (facts {facts:?})");
-    assert_eq!(
-        pct,
-        offline_sm_percent(&policy, facts.online_solo_sm_pct),
-        "{out}"
-    );
+    assert_eq!(pct, offline_sm_budget(&policy, &facts), "{out}");
     let cap = want.mem_cap_mib.expect("GPU memory recorded");
     assert_eq!(kv(&out, "mem").unwrap(), format!("0={cap}M"), "{out}");
 
@@ -430,5 +433,79 @@ fn the_matcher_gives_a_lone_job_every_slot_and_splits_gpus_when_jobs_wait() {
     for &id in &jobs {
         c.wait(id, WAIT);
     }
+    c.assert_no_drain();
+}
+
+/// A simulated GPU's power limit set for a test and put back (its
+/// config.toml, read by every NVML client at its start).
+struct PowerLimit {
+    config: std::path::PathBuf,
+    before: String,
+}
+
+impl PowerLimit {
+    fn set(c: &Cluster, node: &str, gpu: u32, watts: u32) -> PowerLimit {
+        let config = c
+            .dir
+            .join(format!("sim/state/nodes/{node}/gpus/{gpu}/config.toml"));
+        let before = std::fs::read_to_string(&config).unwrap();
+        assert!(!before.contains("power_limit_w"), "{before}");
+        std::fs::write(&config, format!("{before}power_limit_w = {watts}\n")).unwrap();
+        PowerLimit { config, before }
+    }
+}
+
+impl Drop for PowerLimit {
+    fn drop(&mut self) {
+        let _ = std::fs::write(&self.config, &self.before);
+    }
+}
+
+#[test]
+fn under_the_queue_a_full_power_board_gives_the_ceiling() {
+    let _one = one_at_a_time();
+    let c = Cluster::get();
+    c.cancel_named(POWER);
+    let _cancel = CancelNamed(&c, POWER);
+    let policy = muxflow::Config::load(&c.dir.join("etc/muxflow.toml"))
+        .unwrap()
+        .policy;
+    assert_eq!(policy.guard, OfflineGuard::Queue, "the cluster's default");
+    let quick = c.health_config("slots-health", "min_dwell_s = 1\nrecovery_quiet_s = 1");
+
+    let (_online, gpu) = c.online_workload(&format!("{POWER}online"), NODE, 0.30, 1000);
+    {
+        // NVML says 700 W (an SXM board's): the health step records it.
+        let _power = PowerLimit::set(&c, NODE, gpu, 700);
+        c.settle_healthy(&quick, NODE, gpu, 1000);
+        let facts = c.node_state(&quick, NODE).facts(gpu).unwrap();
+        assert_eq!(facts.power_limit_w, Some(700), "{facts:?}");
+        let ceiling = policy.sm_ceiling.get();
+        assert!(
+            offline_sm_percent(&policy, facts.online_solo_sm_pct) < ceiling,
+            "sized in space the share must differ: {facts:?}"
+        );
+        let script = "#!/bin/sh\necho pct=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE\nsleep 300\n";
+        let job = c
+            .sbatch(
+                &["--muxflow=offline", "--job-name", &format!("{POWER}job")],
+                script,
+            )
+            .unwrap();
+        c.place(job, NODE, gpu);
+        assert_eq!(c.wait_running(job, WAIT), NODE);
+        let out = c.wait_output(job, "pct=", WAIT);
+        assert_eq!(
+            kv(&out, "pct").as_deref(),
+            Some(ceiling.to_string().as_str()),
+            "{out}"
+        );
+        c.cancel_named(POWER);
+    }
+    // Back to the dev cluster's 70 W at the next health step.
+    let ns = c.node_state(&quick, NODE);
+    c.step_until(&quick, NODE, "the GPU's power limit back to 70 W", || {
+        ns.facts(gpu).unwrap().power_limit_w == Some(70)
+    });
     c.assert_no_drain();
 }

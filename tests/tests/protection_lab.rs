@@ -149,6 +149,20 @@ fn the_lab_runs_on_the_simulated_gpu() {
         }
         assert!(number(&line, "trainer_of_solo") <= 1.2, "{line}");
     }
+    // The share each trainer ran at: the policy's beside the H200's
+    // service without the queue, its ceiling under the queue.
+    for (m, pct) in [
+        ("none", "100"),
+        ("mps", "44"),
+        ("trigger", "44"),
+        ("queue", "80"),
+    ] {
+        assert_eq!(
+            kv(&case(m), "share_pct").as_deref(),
+            Some(pct),
+            "{m}: {results}"
+        );
+    }
     // On h200-like, sharing unprotected (no priority, all SMs) costs the
     // service: its median rises.
     assert!(number(&case("none"), "p50_x") > 1.1, "{results}");

@@ -54,6 +54,7 @@ pub fn daemon_state(
                     mem_mib: 81_559,
                     offline: 0,
                     multiuser: true,
+                    power_w: None,
                 },
                 online_jobs: if online { vec![1_000_000 + g] } else { vec![] },
                 slots_used: 0,

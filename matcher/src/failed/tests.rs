@@ -34,6 +34,7 @@ fn state(model: u64, online: u32) -> GpuState {
             mem_mib: model,
             offline: 0,
             multiuser: true,
+            power_w: None,
         },
         online_jobs: vec![online],
         slots_used: 0,

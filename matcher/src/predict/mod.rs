@@ -86,7 +86,8 @@ pub use scoring::*;
 use std::collections::{BTreeMap, BTreeSet};
 
 use muxflow::config::Policy;
-use muxflow::policy::share::{offline_mem_cap_mib, offline_part, offline_sm_percent, GpuFacts};
+use muxflow::policy::share::{offline_mem_cap_mib, offline_part, offline_sm_budget};
+use muxflow::records::published::GpuPublished;
 use muxflow::records::report::JobReport;
 use muxflow::Mode;
 use nalgebra::{SMatrix, SVector};

@@ -381,10 +381,10 @@ impl Model {
     pub fn gpu_terms(&self, gpu: &GpuState, policy: &Policy, seat: Seat) -> GpuTerms {
         let n = u32::from(policy.offline_per_gpu);
         GpuTerms {
-            share: sm_share_of(gpu.published.solo_sm_pct, policy, seat.slots),
+            share: sm_share_of(&gpu.published, policy, seat.slots),
             room_mib: offline_part(memory_room_mib(gpu, policy), seat.slots, n),
             others: seat.offline_jobs.saturating_sub(1),
-            budget: sm_share(gpu.published.solo_sm_pct, policy),
+            budget: sm_share(&gpu.published, policy),
             partner: gpu
                 .online_jobs
                 .iter()

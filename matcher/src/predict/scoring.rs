@@ -53,30 +53,21 @@ impl GpuTerms {
     }
 }
 
-/// The SM share muxflow's policy gives an offline job next to an online job
-/// with this solo SM activity (fraction): [`offline_sm_percent`].
-pub fn sm_share(solo_sm_pct: Option<u8>, p: &Policy) -> f64 {
-    f64::from(offline_sm_percent(p, solo_sm_pct)) / 100.0
+/// The SM budget muxflow's policy gives the offline jobs of this GPU
+/// (fraction): [`offline_sm_budget`] of what the node published.
+pub fn sm_share(gpu: &GpuPublished, p: &Policy) -> f64 {
+    f64::from(offline_sm_budget(p, &gpu.facts())) / 100.0
 }
 
 /// The SM share of a job holding `slots` of the GPU's offline slots: its part
-/// ([`offline_part`]) of [`offline_sm_percent`], `slots` of `[policy]
+/// ([`offline_part`]) of [`offline_sm_budget`], `slots` of `[policy]
 /// offline_per_gpu`.
-pub fn sm_share_of(solo_sm_pct: Option<u8>, p: &Policy, slots: u32) -> f64 {
-    let budget = u64::from(offline_sm_percent(p, solo_sm_pct));
+pub fn sm_share_of(gpu: &GpuPublished, p: &Policy, slots: u32) -> f64 {
+    let budget = u64::from(offline_sm_budget(p, &gpu.facts()));
     offline_part(budget, slots, u32::from(p.offline_per_gpu)) as f64 / 100.0
 }
 
 /// GPU memory the offline jobs may use there together: [`offline_mem_cap_mib`].
 pub fn memory_room_mib(gpu: &GpuState, p: &Policy) -> u64 {
-    let g = &gpu.published;
-    offline_mem_cap_mib(
-        p,
-        &GpuFacts {
-            online_solo_sm_pct: g.solo_sm_pct,
-            online_mem_mib: g.online_mem_mib,
-            mem_total_mib: Some(g.mem_mib),
-        },
-    )
-    .unwrap_or(0)
+    offline_mem_cap_mib(p, &gpu.published.facts()).unwrap_or(0)
 }

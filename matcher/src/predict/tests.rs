@@ -453,6 +453,7 @@ fn gpu_with(solo: u8, online: Vec<u32>) -> GpuState {
             mem_mib: 80_000,
             offline: 0,
             multiuser: true,
+            power_w: None,
         },
         online_jobs: online,
         offline_jobs: 0,
@@ -463,11 +464,27 @@ fn gpu_with(solo: u8, online: Vec<u32>) -> GpuState {
 
 #[test]
 fn share_and_room_are_the_policys() {
-    let p = Policy::default();
-    assert_eq!(sm_share(Some(35), &p), 0.55);
-    assert_eq!(sm_share(Some(95), &p), 0.10);
-    assert_eq!(sm_share(Some(0), &p), 0.80);
-    assert_eq!(sm_share(None, &p), 0.30);
+    let at = |solo: Option<u8>, watts: Option<u32>| {
+        let mut g = gpu_with(0, vec![1]).published;
+        g.solo_sm_pct = solo;
+        g.power_w = watts;
+        g
+    };
+    // Under the bounded queue (the default) a full-power board gets the
+    // ceiling; a power-capped one, or one without a reading, is sized in
+    // space (the node's own rule: muxflow::policy::share).
+    let queue = Policy::default();
+    assert_eq!(sm_share(&at(Some(35), Some(700)), &queue), 0.80);
+    assert_eq!(sm_share(&at(Some(35), Some(70)), &queue), 0.55);
+    assert_eq!(sm_share(&at(Some(35), None), &queue), 0.55);
+    let p = Policy {
+        guard: muxflow::config::OfflineGuard::Share,
+        ..Policy::default()
+    };
+    assert_eq!(sm_share(&at(Some(35), Some(700)), &p), 0.55);
+    assert_eq!(sm_share(&at(Some(95), None), &p), 0.10);
+    assert_eq!(sm_share(&at(Some(0), None), &p), 0.80);
+    assert_eq!(sm_share(&at(None, None), &p), 0.30);
     assert_eq!(
         memory_room_mib(&gpu_with(10, vec![1]), &p),
         80_000 - 10_000 - 2048

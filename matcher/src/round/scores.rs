@@ -131,6 +131,7 @@ pub fn idle_room_mib(gpu: &GpuState, policy: &Policy) -> u64 {
         online_solo_sm_pct: None,
         online_mem_mib: None,
         mem_total_mib: (gpu.published.mem_mib > 0).then_some(gpu.published.mem_mib),
+        power_limit_w: None,
     };
     offline_mem_cap_mib(policy, &facts.without_online()).unwrap_or(0)
 }

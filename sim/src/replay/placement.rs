@@ -3,7 +3,7 @@
 //! reads, starts (all of a gang's GPUs together), finishes, and what a
 //! node publishes for the next start ([`Sim::policy_for`]).
 
-use muxflow::policy::share::{offline_mem_cap_mib, offline_part, offline_sm_percent, GpuFacts};
+use muxflow::policy::share::{offline_mem_cap_mib, offline_part, offline_sm_budget};
 use muxflow::records::report::add_peers;
 use muxflow_matcher::reader::PendingJob;
 
@@ -364,17 +364,13 @@ impl Sim<'_> {
     /// together).
     pub(super) fn budget_for(&self, g: u32) -> (u8, Option<u64>) {
         let p = &self.state.gpus[self.state_index[g as usize]].published;
-        let mut facts = GpuFacts {
-            online_solo_sm_pct: p.solo_sm_pct,
-            online_mem_mib: p.online_mem_mib,
-            mem_total_mib: Some(p.mem_mib),
-        };
+        let mut facts = p.facts();
         if self.online[g as usize].is_none() {
             // What the plugin gives on a GPU with no online job.
             facts = facts.without_online();
         }
         (
-            offline_sm_percent(&self.cfg.policy, facts.online_solo_sm_pct),
+            offline_sm_budget(&self.cfg.policy, &facts),
             offline_mem_cap_mib(&self.cfg.policy, &facts),
         )
     }

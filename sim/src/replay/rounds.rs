@@ -316,6 +316,9 @@ impl Sim<'_> {
                     mem_mib: gpu.mem_mib,
                     offline: 0,
                     multiuser: true,
+                    power_w: Some(crate::protection::power_limit_w(
+                        &sc.models[gpu.model as usize],
+                    )),
                 },
                 // Empty: an idle GPU, the round's solo candidate.
                 online_jobs: svc.map(|s| s.job_id).into_iter().collect(),

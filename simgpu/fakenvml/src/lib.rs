@@ -340,6 +340,25 @@ pub unsafe extern "C" fn nvmlDeviceGetClock(
     guard(|| put(c, clock(gpu(d)?.1, ty, id != 0)?))
 }
 
+/// The enforced power limit, milliwatts (the GPU's config:
+/// `GpuConfig::power_limit_w`).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetEnforcedPowerLimit(
+    d: nvmlDevice_t,
+    limit: *mut c_uint,
+) -> Ret {
+    guard(|| put(limit, gpu(d)?.1.cfg.power_limit_w().saturating_mul(1000)))
+}
+
+/// The power management limit: as enforced (no other limit is modelled).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPowerManagementLimit(
+    d: nvmlDevice_t,
+    limit: *mut c_uint,
+) -> Ret {
+    guard(|| put(limit, gpu(d)?.1.cfg.power_limit_w().saturating_mul(1000)))
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(d: nvmlDevice_t, m: *mut nvmlMemory_t) -> Ret {
     guard(|| {

@@ -27,6 +27,7 @@ fn gpu(node: &str, state: HealthState, solo: u8, online_mem: u64, used: bool) ->
             mem_mib: 81_559,
             offline: 0,
             multiuser: true,
+            power_w: None,
         },
         online_jobs: vec![1],
         slots_used: u32::from(used),
