@@ -460,9 +460,10 @@ pub struct Xcuda {
     /// (more as `queue_inflight_us` allows), and none new while it is busy
     /// unless its measured slowdown allows; 0 leaves it off (the online
     /// trigger's per-launch delay instead). 2 by default: on the simulated
-    /// h200-like GPU the queue kept the service at x1.03-1.04 at p50 and
-    /// p99 with the trainer at 0.39-0.40 of its solo speed, the trigger
-    /// 0.16 (xcuda/README.md); no real GPU has measured it yet.
+    /// h200-like GPU the queue kept the service at x1.04-1.05 at p50 and
+    /// x1.02-1.04 at p99 with the trainer (at the SM ceiling the policy
+    /// gives under the queue) at 0.54-0.56 of its solo speed, the trigger
+    /// 0.15 (xcuda/README.md); no real GPU has measured it yet.
     pub queue_inflight: u64,
     /// The work the queue keeps in flight while the online job is idle, in
     /// microseconds of GPU time, measured at each drain: the bound in
