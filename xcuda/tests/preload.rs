@@ -49,14 +49,29 @@ impl Sim {
         self.cmd(&built("muxflow-workload"), args, preload)
     }
     /// Writes health state `state` and checks that `pid` then launches
-    /// nothing: its stats file (rewritten every second) postdates the change
-    /// after 1.5 s and shows the same count 2.5 s later. Returns that count.
+    /// nothing: the gate closes at the watcher's next read of the file,
+    /// which a loaded machine can delay past a stats rewrite (every second),
+    /// so the count must first hold across a rewrite (within 20 s), then
+    /// show the same 2.5 s later. Returns that count.
     fn assert_paused_by(&self, state: &str, pid: u32) -> u64 {
         std::fs::write(self.health(), format!("{state}\n")).unwrap();
-        std::thread::sleep(Duration::from_millis(1500));
-        let a = self.stats_of(pid).unwrap()["launches"];
+        let launches = || self.stats_of(pid).unwrap()["launches"];
+        let end = Instant::now() + Duration::from_secs(20);
+        let mut a = launches();
+        loop {
+            std::thread::sleep(Duration::from_millis(1200));
+            let now = launches();
+            if now == a {
+                break;
+            }
+            assert!(
+                Instant::now() < end,
+                "{pid} still launching 20 s after {state}"
+            );
+            a = now;
+        }
         std::thread::sleep(Duration::from_millis(2500));
-        let b = self.stats_of(pid).unwrap()["launches"];
+        let b = launches();
         assert_eq!(a, b, "{pid} launched while {state}");
         b
     }
