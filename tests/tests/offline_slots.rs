@@ -495,9 +495,12 @@ fn under_the_queue_a_full_power_board_gives_the_ceiling() {
         c.place(job, NODE, gpu);
         assert_eq!(c.wait_running(job, WAIT), NODE);
         let out = c.wait_output(job, "pct=", WAIT);
+        // The GPU's budget is the ceiling; the job's one slot of N its part.
+        assert_eq!(offline_sm_budget(&policy, &facts), ceiling, "{facts:?}");
+        let want = offline_slot_share(&policy, &facts, 1).sm_pct;
         assert_eq!(
             kv(&out, "pct").as_deref(),
-            Some(ceiling.to_string().as_str()),
+            Some(want.to_string().as_str()),
             "{out}"
         );
         c.cancel_named(POWER);
