@@ -27,9 +27,13 @@ struct FullStateDir {
 impl FullStateDir {
     fn new(dir: &Path) -> FullStateDir {
         let d = dir.display();
+        // slurmd's own health checks keep writing the node's files: a copy
+        // can meet one created under it ("File exists"), so it is tried
+        // again (a second copy overwrites what the first made).
         let (ok, out) = sh(&format!(
             "set -e; t=$(mktemp -d); cp -a {d}/. $t/; mount -t tmpfs -o size=2m muxflow-full {d}; \
-             cp -a $t/. {d}/; rm -rf $t; dd if=/dev/zero of={d}/filler bs=64k 2>/dev/null || true"
+             ok=; for i in 1 2 3; do if cp -a $t/. {d}/; then ok=1; break; fi; sleep 0.2; done; \
+             [ -n \"$ok\" ]; rm -rf $t; dd if=/dev/zero of={d}/filler bs=64k 2>/dev/null || true"
         ));
         assert!(ok, "cannot fill {d}: {out}");
         let (_, df) = sh(&format!("df -k {d} | tail -1"));
