@@ -79,6 +79,9 @@ struct Cli {
     /// Longest warning before a requeue, seconds (the plugin's cap).
     #[arg(long, default_value_t = 25.0)]
     requeue_grace: f64,
+    /// The online load the offline side's measured slowdowns apply at: now (each hour's load: the slowdown in proportion to it, the simulated GPU's closed loop at 0.1 to 1 of the service's rate) or peak (every hour as measured, both jobs busy).
+    #[arg(long, value_enum, default_value_t = muxflow_sim::scenario::PairLoad::Now)]
+    pair_load: muxflow_sim::scenario::PairLoad,
     /// Print JSON instead of the table.
     #[arg(long)]
     json: bool,
@@ -226,6 +229,7 @@ fn main() -> anyhow::Result<()> {
             on_requeue: cli.checkpoint_on_requeue,
             grace_s: cli.requeue_grace,
         },
+        pair_load: cli.pair_load,
     };
     let files: Vec<Option<Vec<u8>>> = [
         &cli.nodes,

@@ -41,6 +41,31 @@ impl Protection {
         latency_excess_left: 1.0,
         offline_speed: 1.0,
     };
+
+    /// The protection beside a service at `load` of its daily peak: the
+    /// brake's cost to the offline job ([`at_load`]; measured at the
+    /// closed loop's service, the replay's peak), its part of the latency
+    /// excess as measured.
+    pub fn at_load(self, load: f64) -> Protection {
+        Protection {
+            offline_speed: at_load(self.offline_speed, load),
+            ..self
+        }
+    }
+}
+
+/// An offline speed factor measured beside a service at its daily peak
+/// (`x`: the pair table's `x_off`, measured with both jobs busy, or the
+/// brake's `offline_speed`), beside that service at `load` of its peak:
+/// `1 − load × (1 − x)`, the slowdown in proportion to the load (none
+/// beside an idle service). The production predictor's own form
+/// (`matcher/src/predict`); on the simulated GPU the closed loop at a
+/// quarter, a half and the whole of the service's rate follows it within
+/// the figures of sim/README.md ("The model"). The online side's latency
+/// excess is not scaled: a request meets the offline job's kernels
+/// whatever the hour.
+pub fn at_load(x: f64, load: f64) -> f64 {
+    1.0 - load.clamp(0.0, 1.0) * (1.0 - x)
 }
 
 /// `priority`: MPS client priority 1 for the offline job moves this part
@@ -298,6 +323,19 @@ mod tests {
         assert_eq!(muxflow(x_off, x_on, 0.6, 0.5, Protection::NONE), (0.6, 2.0));
         // A share below the job's demand slows it in proportion.
         assert!((muxflow(x_off, x_on, 0.25, 0.5, P).0 - 0.6 * 0.825 * 0.5).abs() < 1e-12);
+    }
+
+    #[test]
+    fn offline_slowdowns_follow_the_online_load() {
+        assert_eq!(at_load(0.6, 1.0), 0.6);
+        assert_eq!(at_load(0.6, 0.0), 1.0);
+        assert!((at_load(0.6, 0.25) - 0.9).abs() < 1e-12);
+        // Out of range loads are clamped, never a speed above 1 or below x.
+        assert_eq!(at_load(0.6, 1.5), 0.6);
+        assert_eq!(at_load(0.6, -1.0), 1.0);
+        let p = P.at_load(0.5);
+        assert!((p.offline_speed - (1.0 - 0.5 * 0.175)).abs() < 1e-12);
+        assert_eq!(p.latency_excess_left, P.latency_excess_left);
     }
 
     #[test]

@@ -72,8 +72,8 @@ pub enum ProtectionError {
 
 fn table() -> Result<Table, ProtectionError> {
     let mut value: toml::Table = toml::from_str(MEASURED)?;
-    // The other tables (source, raw, superseded) are not modes.
-    for other in ["source", "raw", "superseded"] {
+    // The other tables (source, raw, superseded, load_curve) are not modes.
+    for other in ["source", "raw", "superseded", "load_curve"] {
         value.remove(other);
     }
     Ok(toml::Value::Table(value).try_into()?)

@@ -30,6 +30,21 @@ pub struct Settings {
     /// What a requeue for a landing replica costs the offline jobs there
     /// (`--checkpoint-*`).
     pub checkpoint: Checkpointing,
+    /// The online load the offline side's measured slowdowns are taken at
+    /// (`--pair-load`; sim/README.md, "The model").
+    pub pair_load: PairLoad,
+}
+
+/// The online load at which the pair table's offline slowdown and xCUDA's
+/// cost to the offline job apply ([`crate::model::at_load`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum PairLoad {
+    /// The service's load at each hour: the slowdown in proportion to it.
+    #[default]
+    Now,
+    /// Its daily peak, every hour: the pairs as measured (both jobs busy),
+    /// which overstates what a quiet service costs the offline job.
+    Peak,
 }
 
 /// How the replayed offline jobs save their work (sim/README.md,
@@ -90,6 +105,7 @@ impl Default for Settings {
             health_interval_s: 300.0,
             autoscale: false,
             checkpoint: Checkpointing::default(),
+            pair_load: PairLoad::Now,
         }
     }
 }

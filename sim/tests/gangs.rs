@@ -10,7 +10,7 @@ use common::*;
 use muxflow::config::Percent;
 use muxflow_sim::protection::{mode_of_model, of_mode};
 use muxflow_sim::replay::{Outcome, PolicyKind};
-use muxflow_sim::scenario::{OfflineJob, Scenario, Settings};
+use muxflow_sim::scenario::{OfflineJob, PairLoad, Scenario, Settings};
 
 const PAIRS: &str = "job_a,job_b,solo_a,solo_b,shared_a,shared_b\nA,A,10,10,5,5\n";
 
@@ -22,6 +22,9 @@ fn settings() -> Settings {
         // The traces below are written for rounds every 900 s (the
         // default was 900 s before issue 30; now matcher.interval_s, 60 s).
         round_interval_s: 900.0,
+        // The pairs as measured at every hour: the hand computations
+        // below (the load's part: hand_trace.rs's last test).
+        pair_load: PairLoad::Peak,
         ..Settings::default()
     }
 }

@@ -9,7 +9,7 @@ use std::sync::atomic::AtomicU64;
 
 use common::*;
 use muxflow_sim::replay::{run, PolicyKind, RunOptions};
-use muxflow_sim::scenario::{Checkpointing, Settings};
+use muxflow_sim::scenario::{Checkpointing, PairLoad, Settings};
 use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
@@ -85,6 +85,13 @@ fn trace() -> impl Strategy<Value = Trace> {
                         checkpoint: Checkpointing {
                             on_requeue: seed % 4 == 3,
                             ..Checkpointing::default()
+                        },
+                        // The slowdowns at each hour's load, or at the
+                        // peak: the properties hold under either.
+                        pair_load: if seed % 3 == 0 {
+                            PairLoad::Peak
+                        } else {
+                            PairLoad::Now
                         },
                     },
                 }

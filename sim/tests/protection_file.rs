@@ -140,3 +140,59 @@ fn the_protection_file_reads_and_agrees_with_its_runs() {
         }
     }
 }
+
+/// The replay's `--pair-load now` (`model::at_load`) against the closed
+/// loop at a part of the service's rate: the unprotected trainer (at the
+/// queue's share) loses the service's part of its speed in proportion to
+/// the load, and the bounded queue costs it no more than in proportion.
+#[test]
+fn the_load_curve_follows_the_models_form() {
+    use muxflow_sim::model::at_load;
+    let text =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/data/protection.toml"))
+            .unwrap();
+    let doc: toml::Table = toml::from_str(&text).unwrap();
+    let lines: Vec<String> = doc["load_curve"]["lines"].clone().try_into().unwrap();
+    let num = |l: &BTreeMap<&str, &str>, k: &str| -> f64 {
+        l[k].parse().unwrap_or_else(|_| panic!("{k}: {l:?}"))
+    };
+    let runs: Vec<(f64, f64, f64)> = lines
+        .iter()
+        .map(|l| {
+            let l = kv(l);
+            (
+                num(&l, "online_load"),
+                num(&l, "wide_steps_per_s"),
+                num(&l, "queue_steps_x"),
+            )
+        })
+        .collect();
+    let loads: Vec<f64> = runs.iter().map(|r| r.0).collect();
+    assert!(
+        loads.contains(&1.0) && loads.iter().any(|&l| l <= 0.25),
+        "the peak and a quiet hour: {loads:?}"
+    );
+    // The trainer beside no service: the least-squares line's value at 0.
+    let n = runs.len() as f64;
+    let (mx, my) = (
+        runs.iter().map(|r| r.0).sum::<f64>() / n,
+        runs.iter().map(|r| r.1).sum::<f64>() / n,
+    );
+    let slope = runs.iter().map(|r| (r.0 - mx) * (r.1 - my)).sum::<f64>()
+        / runs.iter().map(|r| (r.0 - mx).powi(2)).sum::<f64>();
+    let alone = my - slope * mx;
+    let peak = runs.iter().find(|r| r.0 == 1.0).unwrap();
+    for &(load, wide, queue) in &runs {
+        let model = at_load(peak.1 / alone, load);
+        assert!(
+            (wide / alone - model).abs() <= 0.01,
+            "unprotected at load {load}: {:.3} measured, {model:.3} by the model",
+            wide / alone
+        );
+        let kept = at_load(peak.2, load);
+        assert!(
+            queue >= kept - 0.01,
+            "the queue at load {load}: {queue} measured, the model keeps {kept:.3}"
+        );
+    }
+}

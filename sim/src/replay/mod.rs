@@ -53,7 +53,7 @@ use muxflow_matcher::reader::{ClusterState, Names};
 
 use crate::engine::EventQueue;
 use crate::model::{self, GpuRates};
-use crate::scenario::{Checkpointing, Scenario, Service};
+use crate::scenario::{Checkpointing, PairLoad, Scenario, Service};
 
 pub use autoscale::Churn;
 pub use outcome::{quantile, round, Fixed, HourRow, Outcome};
@@ -187,6 +187,7 @@ struct Sim<'a> {
     /// `--autoscale`: the services' replicas.
     scaling: Option<Scaling>,
     checkpoint: Checkpointing,
+    pair_load: PairLoad,
     idle_free: BTreeSet<u32>,
     slot_free: BTreeSet<u32>,
     queue: BTreeSet<u32>,
@@ -306,6 +307,7 @@ impl<'a> Sim<'a> {
             online: sc.online.clone(),
             scaling: settings.autoscale.then(|| Scaling::of(sc)),
             checkpoint: settings.checkpoint,
+            pair_load: settings.pair_load,
             jobs: sc
                 .jobs
                 .iter()

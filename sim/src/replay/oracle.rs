@@ -133,8 +133,9 @@ impl<'s, 'a> Predictor for Truth<'s, 'a> {
         let pair = self.sim.sc.pairs.pair(job.job_type, gpu.online_type)?;
         let unknown = job.mean_speed.powi(gpu.unknown);
         if self.sim.gpus[gpu.g as usize].offline.is_empty() && gpu.share >= gpu.budget {
-            let p = self.sim.protection[gpu.g as usize];
-            return Some(model::muxflow(pair.0, pair.1, gpu.share, job.demand, p).0 * unknown);
+            let (x_off, x_on) = self.sim.pair_now(gpu.g, pair);
+            let p = self.sim.protection_now(gpu.g);
+            return Some(model::muxflow(x_off, x_on, gpu.share, job.demand, p).0 * unknown);
         }
         let on = &self.sim.gpus[gpu.g as usize].offline;
         if on.iter().any(|&k| {
@@ -165,10 +166,12 @@ impl<'s, 'a> Predictor for Truth<'s, 'a> {
         let sim = self.sim;
         let g = at as u32;
         let on = &sim.gpus[g as usize].offline;
-        let p = sim.protection[g as usize];
+        // At the service's load now: the speeds follow it.
+        let p = sim.protection_now(g);
         key.extend([
             p.latency_excess_left.to_bits(),
             p.offline_speed.to_bits(),
+            sim.pair_now(g, (0.0, 1.0)).0.to_bits(),
             on.len() as u64,
         ]);
         key.extend(

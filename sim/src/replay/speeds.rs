@@ -5,20 +5,51 @@
 
 use super::outcome::latency_bin;
 use super::{Ev, JobSeat, PolicyKind, Sim};
-use crate::model::{self, gpu_rates, GpuRates, OfflineSide, OnlineSide, SlotJob, OFFLINE_SM};
+use crate::scenario::PairLoad;
+use crate::model::{
+    self, gpu_rates, GpuRates, OfflineSide, OnlineSide, Protection, SlotJob, OFFLINE_SM,
+};
 
 impl Sim<'_> {
-    fn online_side(&self, g: u32) -> Option<OnlineSide> {
-        let gpu = &self.sc.gpus[g as usize];
-        let load = match &self.scaling {
+    /// GPU `g`'s online load now, fraction of its daily peak (its
+    /// service's under `--autoscale`).
+    fn online_load(&self, g: u32) -> f64 {
+        match &self.scaling {
             Some(sc) => sc.service_of[g as usize].map_or(self.load, |s| sc.load[s as usize]),
             None => self.load,
-        };
+        }
+    }
+
+    fn online_side(&self, g: u32) -> Option<OnlineSide> {
+        let gpu = &self.sc.gpus[g as usize];
         self.online[g as usize].as_ref().map(|s| OnlineSide {
             share: s.share,
-            load,
+            load: self.online_load(g),
             mem: s.mem_mib as f64 / gpu.mem_mib as f64,
         })
+    }
+
+    /// A measured pair (x_off, x_on) with GPU `g`'s service, at its load
+    /// now ([`model::at_load`]: the offline side's slowdown follows it).
+    pub(super) fn pair_now(&self, g: u32, (x_off, x_on): (f64, f64)) -> (f64, f64) {
+        (model::at_load(x_off, self.pair_load(g)), x_on)
+    }
+
+    /// xCUDA's protection on GPU `g` at its service's load now.
+    pub(super) fn protection_now(&self, g: u32) -> Protection {
+        let p = self.protection[g as usize];
+        match self.online[g as usize] {
+            Some(_) => p.at_load(self.pair_load(g)),
+            None => p,
+        }
+    }
+
+    /// The load the measured slowdowns on GPU `g` apply at (`--pair-load`).
+    fn pair_load(&self, g: u32) -> f64 {
+        match self.pair_load {
+            PairLoad::Now => self.online_load(g),
+            PairLoad::Peak => 1.0,
+        }
     }
 
     /// Job `j`'s seat on GPU `g` (it runs there).
@@ -44,7 +75,7 @@ impl Sim<'_> {
                     let job = &self.sc.jobs[j as usize];
                     let seat = self.seat(j, g);
                     SlotJob {
-                        with_online: online.and(seat.pair),
+                        with_online: online.and(seat.pair).map(|p| self.pair_now(g, p)),
                         share: f64::from(seat.sm_pct) / 100.0,
                         budget: f64::from(seat.budget_pct) / 100.0,
                         demand: OFFLINE_SM * job.share,
@@ -60,7 +91,7 @@ impl Sim<'_> {
                 // A start checks that every pair of them can co-locate.
                 self.sc.pairs.speed(types[i], types[k]).unwrap_or(0.0)
             };
-            model::muxflow_slots(&members, between, paused, self.protection[g as usize])
+            model::muxflow_slots(&members, between, paused, self.protection_now(g))
         } else {
             // One offline job at most.
             let mut latency = 1.0;
@@ -69,7 +100,8 @@ impl Sim<'_> {
                 .iter()
                 .map(|&j| match (online.is_some(), self.seat(j, g).pair) {
                     (false, _) | (true, None) => 1.0,
-                    (true, Some((x_off, x_on))) => {
+                    (true, Some(pair)) => {
+                        let (x_off, x_on) = self.pair_now(g, pair);
                         let (speed, lat) = match self.kind {
                             PolicyKind::Priority => model::priority(x_off, x_on),
                             _ => model::time_sharing(x_off, x_on),
@@ -220,16 +252,22 @@ impl Sim<'_> {
 
     /// The model's speed of a new job (`new`, of type `job_type`) joining
     /// GPU `g`'s offline jobs ([`model::muxflow_slots`]).
+    /// Its pair with the service is the measured one; the model takes it
+    /// at the service's load now.
     pub(super) fn speed_beside(&self, g: u32, new: SlotJob, job_type: u16) -> f64 {
+        let new = SlotJob {
+            with_online: new.with_online.map(|p| self.pair_now(g, p)),
+            ..new
+        };
+        let p = self.protection_now(g);
         let on = &self.gpus[g as usize].offline;
         if on.is_empty() && new.share >= new.budget {
-            return model::muxflow_slots(&[new], |_, _| 1.0, false, self.protection[g as usize]).0
-                [0];
+            return model::muxflow_slots(&[new], |_, _| 1.0, false, p).0[0];
         }
         let partners = on.iter().map(|&k| {
             let t = self.sc.jobs[k as usize].job_type;
             self.sc.pairs.speed(job_type, t).unwrap_or(0.0)
         });
-        model::slot_speed(&new, partners, self.protection[g as usize])
+        model::slot_speed(&new, partners, p)
     }
 }

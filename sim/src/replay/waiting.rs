@@ -115,7 +115,7 @@ impl Sim<'_> {
             if !rt.offline.is_empty() {
                 w.held += dt;
                 w.held_unused += dt * (1.0 - rt.rates.util).max(0.0);
-                let kept = self.protection[g as usize].offline_speed;
+                let kept = self.protection_now(g).offline_speed;
                 if kept > 0.0 {
                     w.braked += dt * rt.rates.offline_speed.max(0.0) * (1.0 / kept - 1.0);
                 }
