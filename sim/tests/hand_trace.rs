@@ -294,7 +294,11 @@ fn the_offline_slowdown_follows_the_online_load() {
         );
         let mut sc = muxflow_sim::prepare(&inputs, &settings).expect("valid inputs");
         sc.jobs = vec![job(1, 0.0, 1200.0, 1, 0)];
-        let at = if pair_load == PairLoad::Now { load } else { 1.0 };
+        let at = if pair_load == PairLoad::Now {
+            load
+        } else {
+            1.0
+        };
         // x_off = 0.5 measured: 1 − 0.325 × 0.5 beside the service now.
         let x = 1.0 - at * 0.5;
         let kept = 1.0 - at * (1.0 - p.offline_speed);
@@ -318,6 +322,10 @@ fn the_offline_slowdown_follows_the_online_load() {
     for kind in [PolicyKind::TimeSharing, PolicyKind::Muxflow] {
         let of = |l| p99s.iter().find(|r| r.0 == kind && r.1 == l).unwrap().2;
         assert_eq!(of(PairLoad::Now), of(PairLoad::Peak), "{}", kind.name());
-        assert!(of(PairLoad::Now) > 1.0, "{}: shared long enough", kind.name());
+        assert!(
+            of(PairLoad::Now) > 1.0,
+            "{}: shared long enough",
+            kind.name()
+        );
     }
 }

@@ -5,10 +5,10 @@
 
 use super::outcome::latency_bin;
 use super::{Ev, JobSeat, PolicyKind, Sim};
-use crate::scenario::PairLoad;
 use crate::model::{
     self, gpu_rates, GpuRates, OfflineSide, OnlineSide, Protection, SlotJob, OFFLINE_SM,
 };
+use crate::scenario::PairLoad;
 
 impl Sim<'_> {
     /// GPU `g`'s online load now, fraction of its daily peak (its
