@@ -19,6 +19,15 @@
 //! history window holds; the replay keeps one for the whole replay and
 //! records each start as it happens.
 //!
+//! Beside memory, a count: a partner that no job has run beside, after
+//! `k` jobs failed beside it with the GPU full, is left without new jobs
+//! on that model; a job that has run beside no partner, after failing
+//! beside `k` of them, is placed on idle GPUs only. `k` is the fewest
+//! straight failures a typical pair of this cluster shows less than once
+//! in a hundred (`r^k ≤ 1 %`, r the rate of device-full failures among
+//! starts beside partners; 2 to 8, [`FailedPlacements::shun_after`]). A
+//! run beside it lifts either; the history window's end forgets it.
+//!
 //! A GPU model is named by its total memory ([`GpuPublished::mem_mib`]):
 //! what decides whether two jobs fit together is how much memory there is,
 //! and the node publishes nothing else of the board.
@@ -82,6 +91,9 @@ struct Lessons {
     /// Its largest cap run under per (partner, model): new evidence
     /// against the exact lesson where it is at least the failure's.
     ran_beside: BTreeMap<(u32, u64), u64>,
+    /// Its runs beside any partner: one keeps it from being left to idle
+    /// GPUs.
+    runs_beside: u32,
 }
 
 impl Lessons {
@@ -100,10 +112,24 @@ impl Lessons {
     }
 }
 
+/// A partner's starts on one GPU model: jobs that failed beside it with
+/// the GPU full, and runs beside it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct PartnerTally {
+    failed: u32,
+    ran: u32,
+}
+
 /// The failed placements of the cluster's offline jobs and what each
 /// teaches (module docs).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct FailedPlacements {
+    /// (partner, model) -> its starts.
+    partners: BTreeMap<(u32, u64), PartnerTally>,
+    /// Starts beside a partner (device-full failures and runs), and the
+    /// failures among them: the cluster's rate for [`Self::shun_after`].
+    beside_starts: u64,
+    beside_fails: u64,
     jobs: BTreeMap<JobKey, Lessons>,
     partner_index: BTreeMap<JobKey, u32>,
     /// Online job id -> its partner index (every replica of a service
@@ -180,6 +206,9 @@ impl FailedPlacements {
         let Some(p) = partner else { return };
         let m = l.on_model(s.model_mib);
         m.full_at_mib = m.full_at_mib.max(Some(s.cap_mib));
+        self.beside_starts += 1;
+        self.beside_fails += 1;
+        self.partners.entry((p, s.model_mib)).or_default().failed += 1;
         let e = l.exact.entry((p, s.model_mib)).or_insert(0);
         *e = (*e).max(s.cap_mib);
         // Newer than any run of the pair: those no longer say it fits.
@@ -196,11 +225,25 @@ impl FailedPlacements {
         if s.beside_offline {
             return;
         }
+        self.beside_starts += 1;
+        self.partners.entry((p, s.model_mib)).or_default().ran += 1;
         let l = self.jobs.entry(s.job.clone()).or_default();
+        l.runs_beside += 1;
         let m = l.on_model(s.model_mib);
         m.ran_at_mib = Some(m.ran_at_mib.map_or(s.cap_mib, |r| r.min(s.cap_mib)));
         let e = l.ran_beside.entry((p, s.model_mib)).or_insert(0);
         *e = (*e).max(s.cap_mib);
+    }
+
+    /// Straight failures with no run that single out a partner (on one
+    /// model) or a job: the fewest `k` with `r^k ≤ 0.01`, `r` the cluster's
+    /// rate of device-full failures among starts beside partners (shrunk
+    /// towards 1/2 by one start each way), from 2 to 8. A pair as likely
+    /// to fail as the cluster's typical one fails `k` times running less
+    /// than once in a hundred.
+    pub fn shun_after(&self) -> u32 {
+        let r = (self.beside_fails as f64 + 1.0) / (self.beside_starts as f64 + 2.0);
+        ((0.01f64.ln() / r.ln()).ceil() as u32).clamp(2, 8)
     }
 
     /// What a round needs of job `key`, looked up once.
@@ -208,7 +251,11 @@ impl FailedPlacements {
         let Some(l) = self.jobs.get(key) else {
             return JobLessons::default();
         };
+        // Distinct partners it failed beside (per model, as the exact
+        // lessons are kept).
+        let failed_beside = l.exact.len() as u64;
         JobLessons {
+            idle_only: l.runs_beside == 0 && failed_beside >= u64::from(self.shun_after()),
             needs_above_mib: l.needs_above_mib,
             full: (l.models.iter())
                 .filter_map(|m| Some((m.model_mib, m.bound()?)))
@@ -223,16 +270,29 @@ impl FailedPlacements {
     /// What a round needs of GPU `gpu`: its model, and its online partner
     /// as the memory names it.
     pub fn gpu(&self, gpu: &GpuState) -> GpuLessons {
+        let model_mib = gpu.published.mem_mib;
+        let partner = (gpu.online_jobs.iter()).find_map(|id| self.partner_of_id.get(id).copied());
         GpuLessons {
-            model_mib: gpu.published.mem_mib,
-            partner: (gpu.online_jobs.iter()).find_map(|id| self.partner_of_id.get(id).copied()),
+            model_mib,
+            partner,
+            shunned: self.shunned(partner, model_mib),
         }
+    }
+
+    /// Partner `p` on `model_mib` failed `k` jobs and hosted none.
+    fn shunned(&self, partner: Option<u32>, model_mib: u64) -> bool {
+        partner
+            .and_then(|p| self.partners.get(&(p, model_mib)))
+            .is_some_and(|t| t.ran == 0 && t.failed >= self.shun_after())
     }
 }
 
 /// A job's lessons as a round reads them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct JobLessons {
+    /// It failed beside `k` partners and ran beside none
+    /// ([`FailedPlacements::shun_after`]): idle GPUs only.
+    pub idle_only: bool,
     pub needs_above_mib: Option<u64>,
     /// (model, room): kept off that model's shared GPUs with at most that
     /// room.
@@ -245,9 +305,12 @@ pub struct JobLessons {
 impl JobLessons {
     /// Beside an online job on `gpu`, with `room_mib` for the job.
     pub fn rules_out(&self, gpu: &GpuLessons, room_mib: u64) -> bool {
-        self.full
-            .iter()
-            .any(|&(m, r)| m == gpu.model_mib && room_mib <= r)
+        self.idle_only
+            || gpu.shunned
+            || self
+                .full
+                .iter()
+                .any(|&(m, r)| m == gpu.model_mib && room_mib <= r)
             || gpu.partner.is_some_and(|p| {
                 (self.exact.iter()).any(|&(q, m, r)| q == p && m == gpu.model_mib && room_mib <= r)
             })
@@ -256,7 +319,7 @@ impl JobLessons {
     fn key(&self) -> u64 {
         let fnv = |h: u64, v: u64| (h ^ v).wrapping_mul(0x0100_0000_01b3);
         let mut h = fnv(
-            0xcbf2_9ce4_8422_2325,
+            fnv(0xcbf2_9ce4_8422_2325, u64::from(self.idle_only)),
             self.needs_above_mib.unwrap_or(u64::MAX),
         );
         for &(m, r) in &self.full {
@@ -274,6 +337,9 @@ impl JobLessons {
 pub struct GpuLessons {
     pub model_mib: u64,
     pub partner: Option<u32>,
+    /// Its partner, on this model, failed `k` jobs and hosted none
+    /// ([`FailedPlacements::shun_after`]): no new job beside it.
+    pub shunned: bool,
 }
 
 /// The production model, less what the failed placements rule out: the
@@ -334,6 +400,7 @@ impl Predictor for Remembering<'_> {
         let failed_here = (lessons.partner).filter(|p| self.failed.failed_beside.contains(p));
         key.push(failed_here.map_or(u64::MAX, u64::from));
         key.push(lessons.model_mib);
+        key.push(u64::from(lessons.shunned));
         Predictor::column_key(self.model, at, gpu, Some(terms), key)
     }
     /// What was learned of the job: its lessons change its values.

@@ -44,9 +44,11 @@ fn state(model: u64, online: u32) -> GpuState {
 }
 
 fn gpu(f: &FailedPlacements, partner: Option<&JobKey>, model: u64) -> GpuLessons {
+    let partner = partner.and_then(|p| f.partner_index.get(p).copied());
     GpuLessons {
         model_mib: model,
-        partner: partner.and_then(|p| f.partner_index.get(p).copied()),
+        partner,
+        shunned: f.shunned(partner, model),
     }
 }
 
@@ -261,4 +263,83 @@ fn the_round_does_not_propose_a_failed_placement_again() {
     let room_a = crate::predict::memory_room_mib(&cluster.gpus[0], &cfg.policy);
     f.failed(&start(&key("j"), Some(&key("s1")), A100, room_a), 1_000);
     assert_eq!(node_of(&f).as_deref(), Some("b"));
+}
+
+/// A partner that failed `k` jobs (the GPU full each time) and hosted none
+/// gets no new job on that model; one run beside it lifts that. `k`
+/// follows the cluster's failure rate beside partners.
+#[test]
+fn a_partner_that_failed_k_jobs_and_hosted_none_gets_no_new_one() {
+    let (s, t, x) = (key("s"), key("t"), key("x"));
+    let jobs: Vec<JobKey> = (0..10).map(|i| key(&format!("j{i}"))).collect();
+    let mut f = FailedPlacements::default();
+    // No starts yet: r = 1/2, the fewest k with r^k <= 1 % is 7.
+    assert_eq!(f.shun_after(), 7);
+    // Twenty runs beside t: the cluster's rate falls, k with it.
+    let others: Vec<JobKey> = (0..20).map(|i| key(&format!("o{i}"))).collect();
+    for o in &others {
+        f.ran(&start(o, Some(&t), V100, 8_000));
+    }
+    assert_eq!(f.shun_after(), 2, "r = 1/22");
+    f.failed(&start(&jobs[0], Some(&s), V100, 8_000), 5_000);
+    assert!(!gpu(&f, Some(&s), V100).shunned, "one failure");
+    f.failed(&start(&jobs[1], Some(&s), V100, 8_000), 5_000);
+    let k = f.shun_after();
+    for j in &jobs[2..] {
+        if gpu(&f, Some(&s), V100).shunned {
+            break;
+        }
+        f.failed(&start(j, Some(&s), V100, 8_000), 5_000);
+    }
+    assert!(gpu(&f, Some(&s), V100).shunned, "after {k} and more");
+    // Even with a great deal of room, a new job is kept off it there ...
+    assert!(f.job(&x).rules_out(&gpu(&f, Some(&s), V100), 16_000));
+    // ... not on another model, nor beside a partner that hosted jobs.
+    assert!(!f.job(&x).rules_out(&gpu(&f, Some(&s), A100), 16_000));
+    assert!(!f.job(&x).rules_out(&gpu(&f, Some(&t), V100), 16_000));
+    // A job whose own peak reached its cap does not count against it.
+    let mut g = FailedPlacements::default();
+    for o in &others {
+        g.ran(&start(o, Some(&t), V100, 8_000));
+    }
+    for j in &jobs {
+        g.failed(&start(j, Some(&s), V100, 8_000), 8_000);
+    }
+    assert!(!gpu(&g, Some(&s), V100).shunned, "the jobs' own needs");
+    // One run beside it lifts it.
+    f.ran(&start(&x, Some(&s), V100, 8_000));
+    assert!(!gpu(&f, Some(&s), V100).shunned);
+}
+
+/// A job that failed beside `k` partners (the GPU full) and ran beside
+/// none goes to idle GPUs only; a run beside a partner lifts that.
+#[test]
+fn a_job_that_failed_beside_k_partners_and_ran_beside_none_goes_idle_only() {
+    let j = key("j");
+    let partners: Vec<JobKey> = (0..10).map(|i| key(&format!("s{i}"))).collect();
+    let mut f = FailedPlacements::default();
+    let others: Vec<JobKey> = (0..20).map(|i| key(&format!("o{i}"))).collect();
+    for o in &others {
+        f.ran(&start(o, Some(&partners[9]), V100, 8_000));
+    }
+    // A lot of room beside a partner it never met: not ruled out yet.
+    f.failed(&start(&j, Some(&partners[0]), V100, 8_000), 5_000);
+    assert!(!f.job(&j).idle_only);
+    assert!(!f
+        .job(&j)
+        .rules_out(&gpu(&f, Some(&partners[8]), V100), 9_000));
+    for p in &partners[1..8] {
+        if f.job(&j).idle_only {
+            break;
+        }
+        f.failed(&start(&j, Some(p), V100, 8_000), 5_000);
+    }
+    let l = f.job(&j);
+    assert!(l.idle_only);
+    assert!(l.rules_out(&gpu(&f, Some(&partners[8]), A100), 80_000));
+    // An idle GPU is not beside a partner: the round asks solo() there,
+    // which the lessons leave to the model (the_round_does_not_propose_…).
+    assert_ne!(l.key(), FailedPlacements::default().job(&j).key());
+    f.ran(&start(&j, Some(&partners[9]), A100, 40_000));
+    assert!(!f.job(&j).idle_only);
 }
