@@ -25,7 +25,7 @@
 //! beside `k` of them, is placed on idle GPUs only. `k` is the fewest
 //! straight failures a typical pair of this cluster shows less than once
 //! in a hundred (`r^k ≤ 1 %`, r the rate of device-full failures among
-//! starts beside partners; 2 to 8, [`FailedPlacements::shun_after`]). A
+//! starts beside partners; 3 to 8, [`FailedPlacements::shun_after`]). A
 //! run beside it lifts either; the history window's end forgets it.
 //!
 //! A GPU model is named by its total memory ([`GpuPublished::mem_mib`]):
@@ -238,12 +238,13 @@ impl FailedPlacements {
     /// Straight failures with no run that single out a partner (on one
     /// model) or a job: the fewest `k` with `r^k ≤ 0.01`, `r` the cluster's
     /// rate of device-full failures among starts beside partners (shrunk
-    /// towards 1/2 by one start each way), from 2 to 8. A pair as likely
+    /// towards 1/2 by one start each way), from 3 to 8. A pair as likely
     /// to fail as the cluster's typical one fails `k` times running less
-    /// than once in a hundred.
+    /// than once in a hundred; never fewer than 3 (with 2, the replay kept
+    /// more services' GPUs from jobs that would have run there: sim/README.md).
     pub fn shun_after(&self) -> u32 {
         let r = (self.beside_fails as f64 + 1.0) / (self.beside_starts as f64 + 2.0);
-        ((0.01f64.ln() / r.ln()).ceil() as u32).clamp(2, 8)
+        ((0.01f64.ln() / r.ln()).ceil() as u32).clamp(3, 8)
     }
 
     /// What a round needs of job `key`, looked up once.
@@ -342,6 +343,9 @@ pub struct GpuLessons {
     pub shunned: bool,
 }
 
+/// A job kept to idle GPUs ([`JobLessons::idle_only`]) that finds none.
+pub const IDLE_ONLY_REASON: &str = "no candidate: its starts beside online jobs failed for memory, beside several of them, and it has run beside none: it waits for an idle GPU";
+
 /// The production model, less what the failed placements rule out: the
 /// round's predictor in the daemon and in the replay.
 pub struct Remembering<'a> {
@@ -383,6 +387,9 @@ impl Predictor for Remembering<'_> {
     }
     fn solo(&self, job: &Self::Job, gpu: &GpuState, slot: &IdleSlot) -> Option<(f64, f64)> {
         Predictor::solo(self.model, &job.0, gpu, slot)
+    }
+    fn kept_off_shared(&self, job: &Self::Job) -> Option<&'static str> {
+        job.1.idle_only.then_some(IDLE_ONLY_REASON)
     }
     /// The model's key, the GPU's model, and its partner where some job
     /// failed beside it exactly (other partners read alike: a column of

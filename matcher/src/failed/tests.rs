@@ -263,6 +263,34 @@ fn the_round_does_not_propose_a_failed_placement_again() {
     let room_a = crate::predict::memory_room_mib(&cluster.gpus[0], &cfg.policy);
     f.failed(&start(&key("j"), Some(&key("s1")), A100, room_a), 1_000);
     assert_eq!(node_of(&f).as_deref(), Some("b"));
+    // Failed beside k services and run beside none: no GPU beside an
+    // online job is a candidate, and its reason says why it waits.
+    let mut g = FailedPlacements::default();
+    g.note_partner(1, &key("s1"));
+    g.note_partner(2, &key("s2"));
+    let others: Vec<JobKey> = (0..40).map(|i| key(&format!("o{i}"))).collect();
+    for o in &others {
+        g.ran(&start(o, Some(&key("t")), V100, 8_000));
+    }
+    for i in 0..g.shun_after() {
+        g.failed(
+            &start(&key("j"), Some(&key(&format!("x{i}"))), V100, 8_000),
+            1_000,
+        );
+    }
+    assert!(g.job(&key("j")).idle_only);
+    let p = plan(
+        &cluster,
+        &Remembering {
+            model: &model,
+            failed: &g,
+        },
+        &cfg.policy,
+        &cfg.matcher,
+        &names,
+    );
+    assert_eq!(p.decisions[0].node, None);
+    assert_eq!(p.decisions[0].reason, IDLE_ONLY_REASON);
 }
 
 /// A partner that failed `k` jobs (the GPU full each time) and hosted none
@@ -280,7 +308,7 @@ fn a_partner_that_failed_k_jobs_and_hosted_none_gets_no_new_one() {
     for o in &others {
         f.ran(&start(o, Some(&t), V100, 8_000));
     }
-    assert_eq!(f.shun_after(), 2, "r = 1/22");
+    assert_eq!(f.shun_after(), 3, "r = 1/22: 2 by the rate, 3 at least");
     f.failed(&start(&jobs[0], Some(&s), V100, 8_000), 5_000);
     assert!(!gpu(&f, Some(&s), V100).shunned, "one failure");
     f.failed(&start(&jobs[1], Some(&s), V100, 8_000), 5_000);

@@ -251,7 +251,10 @@ impl<P: Predictor> Round<'_, P> {
             .iter()
             .any(|r| r.is_none_or(|r| r.holds(need, true)))
         {
-            parked(NO_CANDIDATE.to_string(), Some(Waiting::FreeGpu))
+            let words = (self.model)
+                .kept_off_shared(&self.job_terms[j].0)
+                .unwrap_or(NO_CANDIDATE);
+            parked(words.to_string(), Some(Waiting::FreeGpu))
         } else {
             parked(no_room_reason(need), Some(Waiting::NodeRoom))
         }

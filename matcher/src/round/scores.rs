@@ -37,6 +37,12 @@ pub trait Predictor: Sync {
     /// a candidate (its memory does not fit `slot.room_mib`, or the GPU is
     /// not one it may use).
     fn solo(&self, job: &Self::Job, gpu: &GpuState, slot: &IdleSlot) -> Option<(f64, f64)>;
+    /// Why the job is no candidate beside any online job, where the
+    /// predictor keeps it off them all (its reason when it finds no GPU);
+    /// `None` by default.
+    fn kept_off_shared(&self, _job: &Self::Job) -> Option<&'static str> {
+        None
+    }
     /// What the weights of GPU `gpu`, `at` in the state's list, depend on
     /// beyond its [`GpuState`] and the predictor's epoch ([`super::plan_cached`]):
     /// a value that changes when that does. [`Model`] reads only the state.
