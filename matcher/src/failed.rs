@@ -21,7 +21,10 @@
 //!
 //! Beside memory, a count: a partner that no job has run beside, after
 //! `k` jobs failed beside it with the GPU full, is left without new jobs
-//! on that model; a job that has run beside no partner, after failing
+//! on that model — the jobs of every user where the failures came from
+//! two users or more, else only the jobs of the one user they came from
+//! (so one user cannot, by failing jobs on purpose, keep everyone else's
+//! jobs from a service: a job name is the user's to choose); a job that has run beside no partner, after failing
 //! beside `k` of them, is placed on idle GPUs only. `k` is the fewest
 //! straight failures a typical pair of this cluster shows less than once
 //! in a hundred (`r^k ≤ 1 %`, r the rate of device-full failures among
@@ -114,10 +117,25 @@ impl Lessons {
 
 /// A partner's starts on one GPU model: jobs that failed beside it with
 /// the GPU full, and runs beside it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct PartnerTally {
     failed: u32,
     ran: u32,
+    /// The users whose jobs failed there (their index in
+    /// `FailedPlacements::user_index`): a shun reaches every user only
+    /// where two or more of them failed.
+    users: BTreeSet<u32>,
+}
+
+/// Whose new jobs a partner is kept from ([`FailedPlacements::shun_after`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Shunned {
+    #[default]
+    No,
+    /// The failures came from two users or more: every user's jobs.
+    All,
+    /// They all came from one user (its index): that user's jobs only.
+    For(u32),
 }
 
 /// The failed placements of the cluster's offline jobs and what each
@@ -132,6 +150,8 @@ pub struct FailedPlacements {
     beside_fails: u64,
     jobs: BTreeMap<JobKey, Lessons>,
     partner_index: BTreeMap<JobKey, u32>,
+    /// Users whose jobs failed beside a partner -> an index.
+    user_index: BTreeMap<String, u32>,
     /// Online job id -> its partner index (every replica of a service
     /// shares its (user, name)).
     partner_of_id: BTreeMap<u32, u32>,
@@ -206,13 +226,17 @@ impl FailedPlacements {
         let Some(p) = partner else { return };
         let m = l.on_model(s.model_mib);
         m.full_at_mib = m.full_at_mib.max(Some(s.cap_mib));
-        self.beside_starts += 1;
-        self.beside_fails += 1;
-        self.partners.entry((p, s.model_mib)).or_default().failed += 1;
         let e = l.exact.entry((p, s.model_mib)).or_insert(0);
         *e = (*e).max(s.cap_mib);
         // Newer than any run of the pair: those no longer say it fits.
         l.ran_beside.remove(&(p, s.model_mib));
+        self.beside_starts += 1;
+        self.beside_fails += 1;
+        let next = self.user_index.len() as u32;
+        let user = *self.user_index.entry(s.job.0.clone()).or_insert(next);
+        let tally = self.partners.entry((p, s.model_mib)).or_default();
+        tally.failed += 1;
+        tally.users.insert(user);
         self.failed_beside.insert(p);
     }
 
@@ -249,13 +273,18 @@ impl FailedPlacements {
 
     /// What a round needs of job `key`, looked up once.
     pub fn job(&self, key: &JobKey) -> JobLessons {
+        let user = self.user_index.get(&key.0).copied();
         let Some(l) = self.jobs.get(key) else {
-            return JobLessons::default();
+            return JobLessons {
+                user,
+                ..JobLessons::default()
+            };
         };
         // Distinct partners it failed beside (per model, as the exact
         // lessons are kept).
         let failed_beside = l.exact.len() as u64;
         JobLessons {
+            user,
             idle_only: l.runs_beside == 0 && failed_beside >= u64::from(self.shun_after()),
             needs_above_mib: l.needs_above_mib,
             full: (l.models.iter())
@@ -280,17 +309,28 @@ impl FailedPlacements {
         }
     }
 
-    /// Partner `p` on `model_mib` failed `k` jobs and hosted none.
-    fn shunned(&self, partner: Option<u32>, model_mib: u64) -> bool {
-        partner
-            .and_then(|p| self.partners.get(&(p, model_mib)))
-            .is_some_and(|t| t.ran == 0 && t.failed >= self.shun_after())
+    /// Partner `p` on `model_mib` failed `k` jobs and hosted none: whose
+    /// jobs it is kept from.
+    fn shunned(&self, partner: Option<u32>, model_mib: u64) -> Shunned {
+        let Some(t) = partner.and_then(|p| self.partners.get(&(p, model_mib))) else {
+            return Shunned::No;
+        };
+        if t.ran > 0 || t.failed < self.shun_after() {
+            return Shunned::No;
+        }
+        match (t.users.len(), t.users.first()) {
+            (1, Some(&user)) => Shunned::For(user),
+            _ => Shunned::All,
+        }
     }
 }
 
 /// A job's lessons as a round reads them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct JobLessons {
+    /// Its user's index where that user's jobs failed beside a partner:
+    /// a partner only they failed beside is kept from their jobs alone.
+    pub user: Option<u32>,
     /// It failed beside `k` partners and ran beside none
     /// ([`FailedPlacements::shun_after`]): idle GPUs only.
     pub idle_only: bool,
@@ -307,7 +347,11 @@ impl JobLessons {
     /// Beside an online job on `gpu`, with `room_mib` for the job.
     pub fn rules_out(&self, gpu: &GpuLessons, room_mib: u64) -> bool {
         self.idle_only
-            || gpu.shunned
+            || match gpu.shunned {
+                Shunned::No => false,
+                Shunned::All => true,
+                Shunned::For(user) => self.user == Some(user),
+            }
             || self
                 .full
                 .iter()
@@ -320,8 +364,11 @@ impl JobLessons {
     fn key(&self) -> u64 {
         let fnv = |h: u64, v: u64| (h ^ v).wrapping_mul(0x0100_0000_01b3);
         let mut h = fnv(
-            fnv(0xcbf2_9ce4_8422_2325, u64::from(self.idle_only)),
-            self.needs_above_mib.unwrap_or(u64::MAX),
+            fnv(
+                fnv(0xcbf2_9ce4_8422_2325, u64::from(self.idle_only)),
+                self.needs_above_mib.unwrap_or(u64::MAX),
+            ),
+            self.user.map_or(u64::MAX, u64::from),
         );
         for &(m, r) in &self.full {
             h = fnv(fnv(h, m), r);
@@ -339,8 +386,9 @@ pub struct GpuLessons {
     pub model_mib: u64,
     pub partner: Option<u32>,
     /// Its partner, on this model, failed `k` jobs and hosted none
-    /// ([`FailedPlacements::shun_after`]): no new job beside it.
-    pub shunned: bool,
+    /// ([`FailedPlacements::shun_after`]): no new job beside it, of
+    /// every user or of the one whose jobs failed there.
+    pub shunned: Shunned,
 }
 
 /// A job kept to idle GPUs ([`JobLessons::idle_only`]) that finds none.
@@ -407,17 +455,23 @@ impl Predictor for Remembering<'_> {
         let failed_here = (lessons.partner).filter(|p| self.failed.failed_beside.contains(p));
         key.push(failed_here.map_or(u64::MAX, u64::from));
         key.push(lessons.model_mib);
-        key.push(u64::from(lessons.shunned));
+        key.push(match lessons.shunned {
+            Shunned::No => u64::MAX,
+            Shunned::All => u64::MAX - 1,
+            Shunned::For(user) => u64::from(user),
+        });
         Predictor::column_key(self.model, at, gpu, Some(terms), key)
     }
     /// What was learned of the job: its lessons change its values.
     fn job_key(&self, job: &PendingJob) -> u64 {
-        self.failed
-            .jobs
-            .get(&(job.user.clone(), job.name.clone()))
-            .map_or(0, |_| {
-                self.failed.job(&(job.user.clone(), job.name.clone())).key()
-            })
+        let key = (job.user.clone(), job.name.clone());
+        let known =
+            self.failed.jobs.contains_key(&key) || self.failed.user_index.contains_key(&key.0);
+        if known {
+            self.failed.job(&key).key()
+        } else {
+            0
+        }
     }
 }
 

@@ -310,16 +310,18 @@ fn a_partner_that_failed_k_jobs_and_hosted_none_gets_no_new_one() {
     }
     assert_eq!(f.shun_after(), 3, "r = 1/22: 2 by the rate, 3 at least");
     f.failed(&start(&jobs[0], Some(&s), V100, 8_000), 5_000);
-    assert!(!gpu(&f, Some(&s), V100).shunned, "one failure");
+    let shunned =
+        |f: &FailedPlacements, p: &JobKey, model| gpu(f, Some(p), model).shunned != Shunned::No;
+    assert!(!shunned(&f, &s, V100), "one failure");
     f.failed(&start(&jobs[1], Some(&s), V100, 8_000), 5_000);
     let k = f.shun_after();
     for j in &jobs[2..] {
-        if gpu(&f, Some(&s), V100).shunned {
+        if shunned(&f, &s, V100) {
             break;
         }
         f.failed(&start(j, Some(&s), V100, 8_000), 5_000);
     }
-    assert!(gpu(&f, Some(&s), V100).shunned, "after {k} and more");
+    assert!(shunned(&f, &s, V100), "after {k} and more");
     // Even with a great deal of room, a new job is kept off it there ...
     assert!(f.job(&x).rules_out(&gpu(&f, Some(&s), V100), 16_000));
     // ... not on another model, nor beside a partner that hosted jobs.
@@ -333,10 +335,55 @@ fn a_partner_that_failed_k_jobs_and_hosted_none_gets_no_new_one() {
     for j in &jobs {
         g.failed(&start(j, Some(&s), V100, 8_000), 8_000);
     }
-    assert!(!gpu(&g, Some(&s), V100).shunned, "the jobs' own needs");
+    assert!(!shunned(&g, &s, V100), "the jobs' own needs");
     // One run beside it lifts it.
     f.ran(&start(&x, Some(&s), V100, 8_000));
-    assert!(!gpu(&f, Some(&s), V100).shunned);
+    assert!(!shunned(&f, &s, V100));
+}
+
+/// One user's failures beside a partner keep only that user's jobs from
+/// it, whatever names they carry: a user could otherwise fail `k` jobs on
+/// purpose and keep every other user's jobs from that service. A second
+/// user's failure there makes it everyone's.
+#[test]
+fn one_users_failures_keep_only_that_users_jobs_from_a_partner() {
+    let s = key("s");
+    let mallory: Vec<JobKey> = (0..10)
+        .map(|i| ("mallory".into(), format!("m{i}")))
+        .collect();
+    let mallory_next: JobKey = ("mallory".into(), "fresh".into());
+    let alice: JobKey = ("alice".into(), "train".into());
+    let bob: JobKey = ("bob".into(), "train".into());
+    let mut f = FailedPlacements::default();
+    let others: Vec<JobKey> = (0..20).map(|i| key(&format!("o{i}"))).collect();
+    for o in &others {
+        f.ran(&start(o, Some(&key("t")), V100, 8_000));
+    }
+    let k = f.shun_after() as usize;
+    for m in &mallory[..k] {
+        f.failed(&start(m, Some(&s), V100, 8_000), 5_000);
+    }
+    let on_s = gpu(&f, Some(&s), V100);
+    assert!(
+        matches!(on_s.shunned, Shunned::For(_)),
+        "{:?}",
+        on_s.shunned
+    );
+    assert!(
+        f.job(&mallory_next).rules_out(&on_s, 16_000),
+        "the user's own next job"
+    );
+    assert!(
+        !f.job(&alice).rules_out(&on_s, 16_000),
+        "another user's job"
+    );
+    // The class key tells the two users' lesson-free jobs apart.
+    assert_ne!(f.job(&mallory_next).key(), f.job(&alice).key());
+    // A failure of another user's job there: every user's jobs.
+    f.failed(&start(&bob, Some(&s), V100, 8_000), 5_000);
+    let on_s = gpu(&f, Some(&s), V100);
+    assert_eq!(on_s.shunned, Shunned::All);
+    assert!(f.job(&alice).rules_out(&on_s, 16_000));
 }
 
 /// A job that failed beside `k` partners (the GPU full) and ran beside
