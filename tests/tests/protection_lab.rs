@@ -93,7 +93,7 @@ fn the_lab_runs_on_the_simulated_gpu() {
         "--loads",
         "0.3",
         "--mechanisms",
-        "none,mps,trigger,queue",
+        "none,mps,trigger,queue,queue2",
         "--window-s",
         "2",
         "--warmup-s",
@@ -108,7 +108,7 @@ fn the_lab_runs_on_the_simulated_gpu() {
     let last = stdout.lines().last().unwrap_or_default();
     assert!(
         last.starts_with(
-            "lab=done sim=yes model=h200-like blocks=1 cases=6 windows=18 repeats=3 window_s=2 \
+            "lab=done sim=yes model=h200-like blocks=1 cases=7 windows=21 repeats=3 window_s=2 \
              warmup_s=1 unavailable=none interval=bootstrap95"
         ),
         "{stdout}{stderr}"
@@ -127,7 +127,7 @@ fn the_lab_runs_on_the_simulated_gpu() {
     // percentiles). A trainer's fraction may be 0 (the online trigger's
     // per-launch delays can leave a 650-launch step unfinished in a short
     // window); a latency ratio may not.
-    for m in ["none", "mps", "trigger", "queue"] {
+    for m in ["none", "mps", "trigger", "queue", "queue2"] {
         let line = case(m);
         assert_eq!(kv(&line, "available").as_deref(), Some("yes"), "{line}");
         assert!(number(&line, "requests") > 100.0, "{line}");
@@ -147,7 +147,10 @@ fn the_lab_runs_on_the_simulated_gpu() {
                 "{q}: {lo} {x} {hi} in {line}"
             );
         }
-        assert!(number(&line, "trainer_of_solo") <= 1.2, "{line}");
+        // queue2's figure is its two trainers' steps summed.
+        let trainers = if m == "queue2" { 2.0 } else { 1.0 };
+        assert_eq!(number(&line, "trainers"), trainers, "{line}");
+        assert!(number(&line, "trainer_of_solo") <= 1.2 * trainers, "{line}");
     }
     // The share each trainer ran at: the policy's beside the H200's
     // service without the queue, its ceiling under the queue.
@@ -156,6 +159,7 @@ fn the_lab_runs_on_the_simulated_gpu() {
         ("mps", "44"),
         ("trigger", "44"),
         ("queue", "80"),
+        ("queue2", "40"),
     ] {
         assert_eq!(
             kv(&case(m), "share_pct").as_deref(),
@@ -171,10 +175,10 @@ fn the_lab_runs_on_the_simulated_gpu() {
     assert!(number(&case("solo"), "steps_per_s") > 1.0, "{results}");
     assert!(number(&case("alone"), "p99_ms") > 0.0, "{results}");
     let windows = std::fs::read_to_string(out.join("windows.txt")).unwrap();
-    assert_eq!(windows.lines().count(), 18, "{windows}");
+    assert_eq!(windows.lines().count(), 21, "{windows}");
     let svg = std::fs::read_to_string(out.join("lab.svg")).unwrap();
     assert!(
-        svg.starts_with("<svg") && svg.matches("<rect").count() == 4,
+        svg.starts_with("<svg") && svg.matches("<rect").count() == 5,
         "{svg}"
     );
     // The simulated GPU is back in its own mode.
@@ -185,7 +189,7 @@ fn the_lab_runs_on_the_simulated_gpu() {
 
 /// The one device command (`real-gpu/device-session`), on the simulated
 /// GPU: the device-names check, two users with the pipe directory's ACL,
-/// then the lab's trigger and queue, packed
+/// then the lab's queue and two jobs under it (queue2), packed
 /// into at most three files with a summary that names each result.
 #[test]
 fn the_device_session_runs_on_the_simulated_gpu() {
@@ -210,8 +214,8 @@ fn the_device_session_runs_on_the_simulated_gpu() {
     for want in [
         "device_names=done gpus=2 gpu1_checked=yes as_documented=yes",
         "acl_shared=yes acl_kept_out=yes",
-        "case=resnet50-0.6/trigger ",
         "case=resnet50-0.6/queue ",
+        "case=resnet50-0.6/queue2 ",
         "lab=done sim=yes",
         "session=done",
     ] {
