@@ -844,6 +844,7 @@ fn build_report(ctx: &ReportContext) -> JobReport {
     r.measured_peak_mib = measured.peak_mib;
     if r.partner.is_some() {
         r.partner_load_pct = measured.partner_load_pct;
+        r.partner_sm_pct = measured.partner_sm_pct;
     }
     if ctx.mode == Mode::Offline {
         // At the start, at muxflow-police's checks, and now.

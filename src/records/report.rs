@@ -8,7 +8,7 @@
 //! Two kinds of figures, told apart by their keys:
 //! * what the node decided or measured itself (root, nothing the job can
 //!   write): `mode node gpu sm_pct mem_cap_mib partner measured_peak_mib
-//!   policed run_s partner_load_pct peers`;
+//!   policed run_s partner_load_pct partner_sm_pct peers`;
 //! * the job's own claims, `claim.*`: read from files in the job's stats
 //!   directory, which its user can write (xCUDA runs inside the job's
 //!   process; the workload writes `$MUXFLOW_JOB_REPORT`). Each is bounded
@@ -29,6 +29,7 @@
 //! | run_s | seconds from the batch step's start to this report, by the node's clock (turns `claim.launches` into launches/s) |
 //! | requeued | `1`: an online job's Prolog requeued this run (it needed the GPU) |
 //! | partner_load_pct | offline: the online partner's mean SM utilization while this run ran, percent of the largest seen in the run (muxflow-police samples NVML's per-process utilization every check; [`Measured`]) |
+//! | partner_sm_pct | offline: the online partner's mean SM utilization while this run ran, percent of the GPU (the same samples): read against the partner's busiest runs, it says how loaded the partner was, which the within-run figure cannot for a run at a steady load |
 //! | peers | offline: the other offline jobs that shared one of its GPUs (`[policy] offline_per_gpu` > 1), job ids, comma-separated, at most [`MAX_PEERS`]: those recorded on the GPU at its start, at muxflow-police's checks and at this report |
 //! | claim.launches, claim.delayed, claim.delay_ms | xCUDA: kernel launches, launches it delayed, total delay |
 //! | claim.oom, claim.peak_mib | xCUDA: allocations refused by the cap, peak GPU memory |
@@ -125,6 +126,9 @@ pub struct JobReport {
     pub run_s: Option<u64>,
     /// The online partner's mean load during the run, percent of its peak.
     pub partner_load_pct: Option<u8>,
+    /// The online partner's mean SM utilization during the run, percent
+    /// of the GPU.
+    pub partner_sm_pct: Option<u8>,
     /// Other offline jobs that shared one of its GPUs, sorted.
     pub peers: Vec<u32>,
     // The job's claims (`claim.*`), bounded.
@@ -207,6 +211,8 @@ pub struct Measured {
     /// Mean partner utilization over the largest sample, percent; None
     /// without samples, or when the partner never used the GPU.
     pub partner_load_pct: Option<u8>,
+    /// Mean partner utilization, percent of the GPU; None without samples.
+    pub partner_sm_pct: Option<u8>,
     /// Sorted; an unreadable list reads as none.
     pub peers: Vec<u32>,
 }
@@ -224,9 +230,14 @@ impl Measured {
             }
             _ => None,
         };
+        let sm = match (num("load_n"), num("load_sum")) {
+            (Some(n), Some(sum)) if n > 0 => Some((sum as f64 / n as f64).round().min(100.0) as u8),
+            _ => None,
+        };
         Measured {
             peak_mib: num("peak_mib"),
             partner_load_pct: load,
+            partner_sm_pct: sm,
             peers: map.get("peers").map_or_else(Vec::new, |l| parse_peers(l)),
         }
     }
@@ -332,6 +343,7 @@ impl JobReport {
             .push_opt(&k("run_s"), self.run_s)
             .push_opt(&k(REQUEUED), self.requeued.then_some(1))
             .push_opt(&k("partner_load_pct"), self.partner_load_pct)
+            .push_opt(&k("partner_sm_pct"), self.partner_sm_pct)
             .push_opt(
                 &k("peers"),
                 (!self.peers.is_empty()).then(|| format_peers(&self.peers)),
@@ -427,6 +439,7 @@ impl JobReport {
             terminated_by_other: f.get(&k("terminated_by_other"))?,
             run_s: f.get(&k("run_s"))?,
             partner_load_pct: f.get(&k("partner_load_pct"))?,
+            partner_sm_pct: f.get(&k("partner_sm_pct"))?,
             launches: claim("launches")?,
             delayed: claim("delayed")?,
             delay_ms: claim("delay_ms")?,
@@ -610,6 +623,7 @@ mod tests {
             terminated_by_other: Some(1),
             run_s: Some(600),
             partner_load_pct: Some(40),
+            partner_sm_pct: Some(22),
             launches: Some(52000),
             delayed: Some(1200),
             delay_ms: Some(830),
@@ -670,7 +684,7 @@ mod tests {
         let text = full().encode();
         assert!(
             text.contains(
-                " measured_peak_mib=2050 policed=priority,no_xcuda terminated_by_other=1 run_s=600 requeued=1 partner_load_pct=40 claim.launches=52000 "
+                " measured_peak_mib=2050 policed=priority,no_xcuda terminated_by_other=1 run_s=600 requeued=1 partner_load_pct=40 partner_sm_pct=22 claim.launches=52000 "
             ) && text.contains(" claim.steps_per_s=98.38 "),
             "{text}"
         );
@@ -896,6 +910,7 @@ mod tests {
         let m = Measured::parse("load_max=80 load_n=4 load_sum=200 peak_mib=3000\n");
         assert_eq!(m.peak_mib, Some(3000));
         assert_eq!(m.partner_load_pct, Some(63));
+        assert_eq!(m.partner_sm_pct, Some(50));
         assert_eq!(Measured::parse("peak_mib=10").partner_load_pct, None);
         assert_eq!(
             Measured::parse("load_n=3 load_sum=0 load_max=0").partner_load_pct,

@@ -190,6 +190,13 @@ fn online_and_offline_share_one_daemon_and_report_to_sacct() {
         .partner_load_pct
         .unwrap_or_else(|| panic!("no partner_load_pct: {line}"));
     assert!((1..=100).contains(&load), "{line}");
+    // And its mean in percent of the GPU: what the predictor reads against
+    // the partner's busiest runs (a run at a steady load is at 100 % of
+    // itself, whatever the load).
+    let sm = report
+        .partner_sm_pct
+        .unwrap_or_else(|| panic!("no partner_sm_pct: {line}"));
+    assert!((1..=100).contains(&sm), "{line}");
     let line = c.sacct_until(online, "AdminComment", |l| l.contains("requests="));
     let report = JobReport::decode(line.split('|').nth(1).unwrap()).unwrap();
     assert_eq!(report.mode, Some(Mode::Online));

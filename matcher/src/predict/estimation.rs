@@ -70,6 +70,7 @@ pub fn estimate(runs: &[Run]) -> Estimates {
     // One name per partner: the resolved one wherever any run resolved it
     // (read by reference: the map goes back into `out` at the end).
     let names = std::mem::take(&mut out.partner_ids);
+    let peaks = partner_peaks(runs, &names);
     // Jobs are independent: contiguous blocks of them on the workers (the
     // retraining holds up the daemon's round and the replay's), merged in
     // job order, so the estimates are those of one pass over the jobs.
@@ -77,7 +78,7 @@ pub fn estimate(runs: &[Run]) -> Estimates {
     let parts = crate::workers::blocks(by_job.len(), threads, |r| {
         let (mut part, mut spread) = (Estimates::default(), Spread::default());
         for (key, job_runs) in &by_job[r] {
-            estimate_job(key, job_runs, &names, &mut part, &mut spread);
+            estimate_job(key, job_runs, &names, &peaks, &mut part, &mut spread);
         }
         (part, spread)
     });
@@ -147,6 +148,7 @@ fn estimate_job(
     key: &JobKey,
     job_runs: &[&Run],
     names: &BTreeMap<u32, JobKey>,
+    peaks: &BTreeMap<JobKey, u8>,
     out: &mut Estimates,
     spread: &mut Spread,
 ) {
@@ -182,7 +184,7 @@ fn estimate_job(
     } else {
         Signal::LaunchesPerS
     };
-    let (partners, obs) = observations(job_runs, signal, names);
+    let (partners, obs) = observations(job_runs, signal, names, peaks);
     if obs.is_empty() {
         out.profiles.insert(key.clone(), prof);
         return;
@@ -204,7 +206,8 @@ fn estimate_job(
     prof.alone_runs = alone.len();
     let (sigma, d) = fit_solo(&obs, partners.len(), alone);
     prof.solo = Some(sigma);
-    prof.beside_offline = beside_offline_factor(job_runs, signal, sigma, &partners, &d, names);
+    prof.beside_offline =
+        beside_offline_factor(job_runs, signal, sigma, &partners, &d, names, peaks);
     for (k, partner) in partners.into_iter().enumerate() {
         let mine: Vec<&Obs> = obs.iter().filter(|o| o.partner == Some(k)).collect();
         let n = mine.len() as f64;
@@ -234,6 +237,7 @@ fn observations(
     job_runs: &[&Run],
     signal: Signal,
     names: &BTreeMap<u32, JobKey>,
+    peaks: &BTreeMap<JobKey, u8>,
 ) -> (Vec<JobKey>, Vec<Obs>) {
     let mut partners: Vec<JobKey> = Vec::new();
     let mut obs: Vec<Obs> = Vec::new();
@@ -262,7 +266,7 @@ fn observations(
         };
         obs.push(Obs {
             partner,
-            load: partner_load(&r.report),
+            load: partner_load(&r.report, peak_of(names, peaks, r)),
             p,
             share: r
                 .report
@@ -272,6 +276,11 @@ fn observations(
         });
     }
     (partners, obs)
+}
+
+/// The busiest `partner_sm_pct` seen beside run `r`'s partner.
+fn peak_of(names: &BTreeMap<u32, JobKey>, peaks: &BTreeMap<JobKey, u8>, r: &Run) -> Option<u8> {
+    canonical_partner(names, r).and_then(|k| peaks.get(k).copied())
 }
 
 /// The one name of run `r`'s partner ([`estimate`]'s `names`).
@@ -300,6 +309,7 @@ pub(super) fn beside_offline_factor(
     partners: &[JobKey],
     d: &[f64],
     names: &BTreeMap<u32, JobKey>,
+    peaks: &BTreeMap<JobKey, u8>,
 ) -> Option<(f64, u32)> {
     let logs: Vec<f64> = runs
         .iter()
@@ -310,7 +320,7 @@ pub(super) fn beside_offline_factor(
                 None => sigma,
                 Some(k) => {
                     let i = partners.iter().position(|x| x == k)?;
-                    sigma * (1.0 - partner_load(&r.report) * d[i])
+                    sigma * (1.0 - partner_load(&r.report, peak_of(names, peaks, r)) * d[i])
                 }
             };
             (without > 0.0).then(|| {

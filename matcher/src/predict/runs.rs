@@ -84,10 +84,33 @@ pub(super) fn beside_its_partner_only(r: &JobReport) -> bool {
     one_partner(r) && r.peers.is_empty()
 }
 
-/// The partner's load during the run, a fraction (1 when not measured).
-pub(super) fn partner_load(r: &JobReport) -> f64 {
-    r.partner_load_pct
-        .map_or(1.0, |l| f64::from(l.min(100)) / 100.0)
+/// The partner's load during the run, a fraction: its mean SM utilization
+/// in the run (`partner_sm_pct`) over the busiest any run beside it saw
+/// (`peak_sm_pct`, [`partner_peaks`]); else the node's within-run figure
+/// (`partner_load_pct`: the mean over the run's largest sample, which
+/// reads a run at a steady load as full load whatever the load); else 1.
+pub(super) fn partner_load(r: &JobReport, peak_sm_pct: Option<u8>) -> f64 {
+    match (r.partner_sm_pct, peak_sm_pct) {
+        (Some(_), Some(0)) => 0.0,
+        (Some(sm), Some(peak)) => (f64::from(sm) / f64::from(peak)).min(1.0),
+        _ => r
+            .partner_load_pct
+            .map_or(1.0, |l| f64::from(l.min(100)) / 100.0),
+    }
+}
+
+/// Per partner (its one name, [`canonical_partner`]): the largest
+/// `partner_sm_pct` among the runs beside it, its busiest seen: what a
+/// run's own figure is read against ([`partner_load`]).
+pub(super) fn partner_peaks(runs: &[Run], names: &BTreeMap<u32, JobKey>) -> BTreeMap<JobKey, u8> {
+    let mut peaks: BTreeMap<JobKey, u8> = BTreeMap::new();
+    for r in runs {
+        if let (Some(sm), Some(k)) = (r.report.partner_sm_pct, canonical_partner(names, r)) {
+            let e = peaks.entry(k.clone()).or_insert(0);
+            *e = (*e).max(sm);
+        }
+    }
+    peaks
 }
 
 pub fn failed_for_memory(r: &JobReport) -> bool {

@@ -679,3 +679,57 @@ fn a_partner_sacct_did_not_list_is_found_by_its_job_id() {
     // progress = σ(1 − load·d): 500 at 0.3, 380 at 0.9 → σ = 560, x = 0.64.
     assert!((e.mean - 0.64).abs() < 0.08, "{e:?}");
 }
+
+/// Runs each at a steady partner load (night, evening, peak): the node's
+/// within-run figure reads every one as full load, so the slowdown seen
+/// at night is taken for the pair's whole; the partner's mean SM
+/// utilization, read against its busiest run, gives each run its load
+/// back and the pair's slowdown at full load.
+#[test]
+fn the_partners_utilization_against_its_busiest_run_gives_steady_runs_their_load() {
+    let (sigma, x) = (1000.0, 0.5);
+    let mut id = 100;
+    let mut run = |partner: Option<u32>, load: f64, with_sm: bool| {
+        id += 1;
+        Run {
+            job_id: id,
+            key: key("u", "a"),
+            report: JobReport {
+                mode: Some(Mode::Offline),
+                partner,
+                partner_load_pct: partner.map(|_| 100),
+                partner_sm_pct: partner
+                    .filter(|_| with_sm)
+                    .map(|_| (50.0 * load).round() as u8),
+                run_s: Some(100),
+                launches: Some((sigma * (1.0 - load * (1.0 - x)) * 100.0) as u64),
+                ..JobReport::default()
+            },
+            end_s: 0,
+            partner_key: partner.map(|p| key("svc", &format!("s{p}"))),
+        }
+    };
+    let mut history = |with_sm: bool| -> Vec<Run> {
+        let mut v = vec![run(None, 0.0, with_sm)];
+        for load in [1.0, 0.6, 0.25, 0.1, 0.1, 0.25] {
+            v.push(run(Some(1), load, with_sm));
+        }
+        v
+    };
+    let pair_x = |runs: &[Run]| {
+        let e = estimate(runs);
+        let p = e
+            .pairs
+            .iter()
+            .find(|p| p.job == key("u", "a"))
+            .expect("the pair");
+        p.x
+    };
+    let with = pair_x(&history(true));
+    assert!(
+        (with - x).abs() < 0.03,
+        "with the partner's utilization: {with}"
+    );
+    let without = pair_x(&history(false));
+    assert!(without > x + 0.1, "the within-run figure alone: {without}");
+}

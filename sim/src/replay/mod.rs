@@ -146,6 +146,13 @@ struct JobRt {
     /// Progress (seconds alone) its last checkpoint holds beyond the
     /// periodic ones: one written at a requeue's warning.
     saved_s: f64,
+    /// Its first GPU's online load as the pair's slowdown follows it
+    /// (0 beside no service) since `last_s`, its integral over this run
+    /// until then and its largest: the node's figures of the partner's
+    /// utilization in the record ([`Sim::report`]).
+    partner_load: f64,
+    partner_load_s: f64,
+    partner_load_max: f64,
 }
 
 /// Options that are not part of the scenario.

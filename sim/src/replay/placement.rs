@@ -179,6 +179,7 @@ impl Sim<'_> {
         job.run_start_s = self.now;
         job.run_remaining_s = job.remaining_s;
         job.speed = 0.0;
+        (job.partner_load, job.partner_load_s, job.partner_load_max) = (0.0, 0.0, 0.0);
         job.peers.clear();
         let gs: Vec<u32> = seats.iter().map(|s| s.g).collect();
         job.seats = seats;

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::scenario::PairLoad;
 use muxflow::policy::health::{Fsm, HealthState};
 use muxflow::records::published::GpuPublished;
 use muxflow::records::report::{add_peers, GangGpu, JobReport};
@@ -177,9 +178,14 @@ impl Sim<'_> {
             self.tally.pair_true += gs.len() as f64 * truth;
         }
         // The predictor's error counts the pairs only: on an idle GPU
-        // the round predicts the solo speed, 1 by definition.
+        // the round predicts the solo speed, 1 by definition. It predicts
+        // a pair at its partner's full load (`x`, matcher/src/predict), so
+        // it is scored against the truth there, not at the hour's load.
         if !idle {
-            self.tally.pred_err += (d.predicted.unwrap_or(0.0) - truth).abs();
+            let now = std::mem::replace(&mut self.pair_load, PairLoad::Peak);
+            let at_peak = self.true_speed_on(j, gs, &d.slots);
+            self.pair_load = now;
+            self.tally.pred_err += (d.predicted.unwrap_or(0.0) - at_peak).abs();
             self.tally.pred_n += 1;
         }
     }
@@ -364,6 +370,16 @@ impl Sim<'_> {
         // The workload reports no steps: its progress is xCUDA's launch
         // count over the node's run time (`LAUNCHES_PER_STEP` a step).
         let run_s = wall.round().max(1.0);
+        // The partner's utilization as muxflow-police samples it: the
+        // service's share of the GPU at its load, its mean over the run in
+        // percent of the GPU and over its largest.
+        let (mean_load, max_load) = if wall > 0.0 {
+            let load_s = rt.partner_load_s + rt.partner_load * (self.now - rt.last_s);
+            (load_s / wall, rt.partner_load_max.max(rt.partner_load))
+        } else {
+            (0.0, 0.0)
+        };
+        let measured = svc.filter(|_| wall > 0.0);
         // Those that shared its GPUs during the run, and those there now
         // (a start refused for memory: the jobs it met).
         let mut peers = rt.peers.clone();
@@ -386,6 +402,11 @@ impl Sim<'_> {
             measured_peak_mib: Some(peak_mib),
             peak_mib: Some(peak_mib),
             run_s: Some(run_s as u64),
+            partner_load_pct: measured
+                .filter(|_| max_load > 0.0)
+                .map(|_| (100.0 * mean_load / max_load).round().min(100.0) as u8),
+            partner_sm_pct: measured
+                .map(|s| (100.0 * s.share * mean_load).round().min(100.0) as u8),
             launches: steps_per_s.map(|s| (s * LAUNCHES_PER_STEP * run_s).round() as u64),
             peers,
             gang: seats[1..]

@@ -225,8 +225,14 @@ impl Sim<'_> {
 
     pub(super) fn set_speed(&mut self, j: u32, speed: f64) {
         let gpus = f64::from(self.sc.jobs[j as usize].gpus);
+        let load = (self.jobs[j as usize].seats.first())
+            .filter(|s| s.partner.is_some())
+            .map_or(0.0, |s| self.pair_load(s.g));
         let job = &mut self.jobs[j as usize];
         job.remaining_s = (job.remaining_s - job.speed * (self.now - job.last_s)).max(0.0);
+        job.partner_load_s += job.partner_load * (self.now - job.last_s);
+        job.partner_load = load;
+        job.partner_load_max = job.partner_load_max.max(load);
         job.last_s = self.now;
         if job.speed == speed && !job.seats.is_empty() {
             return;
