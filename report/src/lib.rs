@@ -94,6 +94,8 @@ pub struct UserReport {
     pub mem_cap_mib: Option<u64>,
     pub measured_peak_mib: Option<u64>,
     pub partner_load_pct: Option<u8>,
+    /// The partner's mean SM utilization while it ran, percent of the GPU.
+    pub partner_sm_pct: Option<u8>,
     pub launches: Option<u64>,
     pub delayed_launches: Option<u64>,
     pub throttled_s: Option<f64>,
@@ -443,6 +445,7 @@ pub fn report(job_id: u32, listing: &[SacctJob], viewer: &Viewer) -> Result<Answ
         mem_cap_mib: r.mem_cap_mib,
         measured_peak_mib: r.measured_peak_mib,
         partner_load_pct: r.partner_load_pct,
+        partner_sm_pct: r.partner_sm_pct,
         launches: r.launches,
         delayed_launches: r.delayed,
         throttled_s: r.delay_ms.map(|ms| ms as f64 / 1000.0),
@@ -617,8 +620,19 @@ impl std::fmt::Display for UserReport {
                 "  OOM refusals     {} (allocations over the cap, refused by xCUDA)",
                 opt(self.oom_refusals, "")
             )?;
-            if let Some(load) = self.partner_load_pct {
-                writeln!(f, "  partner's load   {load}% of its peak while this ran")?;
+            match (self.partner_sm_pct, self.partner_load_pct) {
+                (Some(sm), Some(load)) => writeln!(
+                    f,
+                    "  partner's load   {sm}% of the GPU's SMs on average while this ran ({load}% of its busiest moment then)"
+                )?,
+                (None, Some(load)) => {
+                    writeln!(f, "  partner's load   {load}% of its busiest moment while this ran")?
+                }
+                (Some(sm), None) => writeln!(
+                    f,
+                    "  partner's load   {sm}% of the GPU's SMs on average while this ran"
+                )?,
+                (None, None) => {}
             }
             match &self.speed {
                 Some(s) => {
@@ -729,7 +743,7 @@ mod tests {
                 end,
                 &format!(
                     "muxflow:v1 mode=offline node=n1 gpu=0 sm_pct=40 mem_cap_mib=60000 partner={partner} \
-                     measured_peak_mib=2000 run_s=100 partner_load_pct=80 claim.launches={launches} \
+                     measured_peak_mib=2000 run_s=100 partner_load_pct=80 partner_sm_pct=24 claim.launches={launches} \
                      claim.delayed=50 claim.delay_ms=1500 claim.oom=2"
                 ),
             )
@@ -791,6 +805,10 @@ mod tests {
         assert!((s.shared - 600.0).abs() < 1e-9);
         let text = r.to_string();
         assert!(text.contains("online job 1"), "{text}");
+        assert!(
+            text.contains("partner's load   24% of the GPU's SMs on average while this ran (80% of its busiest moment then)"),
+            "{text}"
+        );
         assert!(!text.contains("offline job"), "no peers: {text}");
         assert!(!text.contains("secret"), "no partner names: {text}");
         let json = serde_json::to_string(&r).unwrap();
