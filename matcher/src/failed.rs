@@ -24,8 +24,9 @@
 //! on that model — the jobs of every user where the failures came from
 //! two users or more, else only the jobs of the one user they came from
 //! (so one user cannot, by failing jobs on purpose, keep everyone else's
-//! jobs from a service: a job name is the user's to choose); a job that has run beside no partner, after failing
-//! beside `k` of them, is placed on idle GPUs only. `k` is the fewest
+//! jobs from a service: a job name is the user's to choose); a job that
+//! has run beside no partner, after failing beside `k` of them, is placed
+//! on idle GPUs only. `k` is the fewest
 //! straight failures a typical pair of this cluster shows less than once
 //! in a hundred (`r^k ≤ 1 %`, r the rate of device-full failures among
 //! starts beside partners; 3 to 8, [`FailedPlacements::shun_after`]). A

@@ -6,7 +6,6 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::scenario::PairLoad;
 use muxflow::policy::health::{Fsm, HealthState};
 use muxflow::records::published::GpuPublished;
 use muxflow::records::report::{add_peers, GangGpu, JobReport};
@@ -19,6 +18,7 @@ use muxflow_matcher::round_cache::RoundCache;
 
 use super::oracle::Truth;
 use super::{JobSeat, Sim};
+use crate::scenario::PairLoad;
 
 /// xCUDA launches per training step of the replay's offline jobs (any
 /// constant: a job's speed is only compared with its own).
